@@ -1,0 +1,44 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Message is one event as a broker delivers it.
+type Message struct {
+	Subject string
+	Data    []byte // owned by the receiver once delivered
+	Cursor  string // position in the broker's history; "" where it keeps none (Core NATS)
+}
+
+// Outgoing is one event to publish.
+type Outgoing struct {
+	Subject string
+	Data    []byte
+	ID      string // idempotency id; brokers that deduplicate use it, others ignore it
+}
+
+// Handler receives batches of messages in broker order, on one goroutine.
+// arrived is when the batch's first message reached this process.
+type Handler func(batch []Message, arrived time.Time)
+
+// Broker is what the ws role (and the ingest role) need from a broker.
+type Broker interface {
+	// Publish publishes msgs in order and returns each one's cursor ("" on
+	// brokers without history). It returns when the broker has them (Core
+	// NATS: after a flush round-trip; durable brokers: after the ack).
+	Publish(ctx context.Context, msgs []Outgoing) ([]string, error)
+	// Consume delivers every message on the node's subject space from now
+	// on to h, until ctx is done or the broker is closed. It returns the
+	// reason it stopped.
+	Consume(ctx context.Context, h Handler) error
+	// Ready reports whether the broker connection is up.
+	Ready() bool
+	// Close releases the connection; it waits for the broker's goroutines.
+	Close() error
+}
+
+// ErrClosed is returned by operations on a closed broker.
+var ErrClosed = errors.New("broker: closed")

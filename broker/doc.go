@@ -1,0 +1,10 @@
+// Package broker connects fanwire's roles to a message broker: NATS Core
+// (this file set), and behind the same interface the durable brokers.
+//
+// Concurrency contract: a Broker is safe for concurrent use. Consume runs its
+// delivery loop on the caller's goroutine and calls the handler from it, one
+// batch at a time, until its context is cancelled or the broker is closed;
+// the handler must not retain the batch slice (it may retain each Message's
+// Data, which the broker does not reuse). Close stops Consume and waits for
+// every goroutine the broker started.
+package broker

@@ -1,0 +1,211 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+)
+
+// NATSConfig configures a Core NATS broker.
+type NATSConfig struct {
+	URL      string         // nats://host:port[,nats://…]; ignored when Server is set
+	Server   *server.Server // embedded server to connect to in-process (no socket)
+	Subjects []string       // the subject space Consume subscribes to, e.g. ["db.>","app.>"]
+	Name     string         // client name shown by the server
+	Logger   *zap.Logger
+	// OnDrop is called with the number of messages the client library
+	// dropped because Consume's buffer was full (a NATS slow consumer).
+	OnDrop func(n int)
+	// OnState is called when the connection goes up (true) or down (false).
+	OnState func(up bool)
+}
+
+// consumeBuffer is the client-side buffer between the NATS read loop and the
+// dispatcher: 64 Ki messages absorb a burst of that size while the
+// dispatcher is busy; beyond it the library drops and OnDrop counts.
+const consumeBuffer = 64 << 10
+
+// maxBatch bounds one handler call so the dispatcher's read lock on the
+// subscription index is short.
+const maxBatch = 256
+
+// NATS is the Core NATS broker: at-most-once, no history, no cursors.
+type NATS struct {
+	cfg NATSConfig // static
+	nc  *nats.Conn // static after DialNATS
+	log *zap.Logger
+
+	mu      sync.Mutex
+	dropped map[*nats.Subscription]int // guarded by mu: last Dropped() seen per subscription
+}
+
+// DialNATS connects to NATS. It keeps reconnecting forever after a loss;
+// Ready reports the state meanwhile.
+func DialNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
+	if len(cfg.Subjects) == 0 {
+		cfg.Subjects = []string{">"}
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	b := &NATS{cfg: cfg, log: log, dropped: make(map[*nats.Subscription]int)}
+	opts := []nats.Option{
+		nats.Name(cfg.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		nats.RetryOnFailedConnect(false),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("nats disconnected", zap.Error(err))
+			b.state(false)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("nats reconnected", zap.String("url", nc.ConnectedUrlRedacted()))
+			b.state(true)
+		}),
+		nats.ErrorHandler(b.asyncError),
+	}
+	url := cfg.URL
+	if cfg.Server != nil {
+		opts = append(opts, nats.InProcessServer(cfg.Server))
+		url = cfg.Server.ClientURL()
+	}
+	// nats.Connect takes no context: bound its dial by ctx's deadline.
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("connect to nats %s: %w", url, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		opts = append(opts, nats.Timeout(max(time.Until(dl), time.Millisecond)))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nats %s: %w", url, err)
+	}
+	b.nc = nc
+	b.state(true)
+	return b, nil
+}
+
+func (b *NATS) state(up bool) {
+	if b.cfg.OnState != nil {
+		b.cfg.OnState(up)
+	}
+}
+
+func (b *NATS) asyncError(_ *nats.Conn, sub *nats.Subscription, err error) {
+	if sub == nil || err != nats.ErrSlowConsumer {
+		b.log.Warn("nats async error", zap.Error(err))
+		return
+	}
+	d, _ := sub.Dropped()
+	b.mu.Lock()
+	n := d - b.dropped[sub]
+	b.dropped[sub] = d
+	b.mu.Unlock()
+	if n > 0 && b.cfg.OnDrop != nil {
+		b.cfg.OnDrop(n)
+	}
+	b.log.Warn("nats slow consumer: messages dropped", zap.String("subject", sub.Subject), zap.Int("dropped", n))
+}
+
+// Conn exposes the underlying connection (for the loadtest and tests).
+func (b *NATS) Conn() *nats.Conn { return b.nc }
+
+// Publish publishes msgs and flushes, so that when it returns the server has
+// them. Core NATS has no history: cursors are empty.
+func (b *NATS) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
+	for _, m := range msgs {
+		if err := b.nc.Publish(m.Subject, m.Data); err != nil {
+			return nil, fmt.Errorf("publish %q: %w", m.Subject, err)
+		}
+	}
+	if err := b.flush(ctx); err != nil {
+		return nil, fmt.Errorf("publish: %w", err)
+	}
+	return make([]string, len(msgs)), nil
+}
+
+// Consume subscribes once to each pattern of the subject space (not once
+// per client pattern: overlapping NATS subscriptions would deliver one event
+// twice, and one subscription per node keeps the server's interest graph
+// small) and delivers batches to h on the calling goroutine.
+func (b *NATS) Consume(ctx context.Context, h Handler) error {
+	ch := make(chan *nats.Msg, consumeBuffer)
+	var subs []*nats.Subscription
+	defer func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}()
+	for _, subj := range b.cfg.Subjects {
+		s, err := b.nc.ChanSubscribe(subj, ch)
+		if err != nil {
+			return fmt.Errorf("subscribe %q: %w", subj, err)
+		}
+		subs = append(subs, s)
+	}
+	if err := b.flush(ctx); err != nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	closed := make(chan struct{})
+	b.nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+	if b.nc.IsClosed() {
+		return ErrClosed
+	}
+	batch := make([]Message, 0, maxBatch)
+	for {
+		var m *nats.Msg
+		select {
+		case m = <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-closed:
+			return ErrClosed
+		}
+		arrived := time.Now()
+		batch = append(batch[:0], Message{Subject: m.Subject, Data: m.Data})
+	fill:
+		for len(batch) < maxBatch {
+			select {
+			case m = <-ch:
+				batch = append(batch, Message{Subject: m.Subject, Data: m.Data})
+			default:
+				break fill
+			}
+		}
+		h(batch, arrived)
+		clear(batch)
+	}
+}
+
+// flushTimeout bounds a flush round-trip when ctx has no deadline of its own
+// (the nats client requires one).
+const flushTimeout = 10 * time.Second
+
+func (b *NATS) flush(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, flushTimeout)
+		defer cancel()
+	}
+	if err := b.nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("flush: %w", err)
+	}
+	return nil
+}
+
+// Ready reports whether the connection is up.
+func (b *NATS) Ready() bool { return b.nc.IsConnected() }
+
+// Close drains nothing: the ws role does not own messages in flight (Core
+// NATS is at-most-once). It closes the connection.
+func (b *NATS) Close() error {
+	b.nc.Close()
+	return nil
+}

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fanwire/fanwire/loadtest"
+)
+
+func loadtestCommand() *command {
+	c := newCommand("loadtest", "Measure a gateway: N clients, M events, every delivery verified (no gap, no duplicate).")
+	c.usage = `Either --spawn (start "fanwire dev" as a child process and measure it) or --url and --nats
+(an existing gateway and the NATS it consumes; add --pid to sample its CPU and RSS).
+Exits 1 on any gap, duplicate, missing or unexpected delivery.`
+	var (
+		cfg        loadtest.Config
+		spawn      bool
+		spawnFlags string
+		pid        int
+		asJSON     bool
+	)
+	fs := c.fs
+	fs.IntVar(&cfg.Clients, "clients", loadtest.DefaultClients, "WebSocket clients, each subscribed to the hot subject")
+	fs.IntVar(&cfg.Events, "events", loadtest.DefaultEvents, "events to publish")
+	fs.IntVar(&cfg.Size, "size", loadtest.DefaultSize, "bytes per event (its JSON data)")
+	fs.IntVar(&cfg.Rate, "rate", 0, "events per second; 0 = burst, as fast as possible")
+	fs.StringVar(&cfg.URL, "url", "", "gateway WebSocket URL, e.g. ws://127.0.0.1:8080/ws")
+	fs.StringVar(&cfg.NATSURL, "nats", "", "NATS URL the gateway consumes; events are published there")
+	fs.StringVar(&cfg.Subject, "subject", "", "subject to publish on (default loadtest.<run id>.hot)")
+	fs.DurationVar(&cfg.Timeout, "timeout", loadtest.DefaultTimeout, "give up after this long without delivery progress")
+	fs.BoolVar(&spawn, "spawn", false, "start \"fanwire dev\" on free ports as a child process and measure it")
+	fs.StringVar(&spawnFlags, "spawn-flags", "", "extra flags for the spawned gateway, space-separated (e.g. \"--mailbox-messages 8192\")")
+	fs.IntVar(&pid, "pid", 0, "sample this existing gateway process's CPU and RSS from /proc")
+	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of the table")
+	c.run = func([]string) error {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		if spawn {
+			if cfg.URL != "" || cfg.NATSURL != "" || pid != 0 {
+				return errors.New("--spawn starts its own gateway: drop --url, --nats and --pid")
+			}
+			child, err := spawnDev(ctx, strings.Fields(spawnFlags))
+			if err != nil {
+				return err
+			}
+			defer child.stop()
+			cfg.URL, cfg.NATSURL, pid = child.wsURL, child.natsURL, child.cmd.Process.Pid
+		} else if cfg.URL == "" || cfg.NATSURL == "" {
+			return errors.New("give --spawn, or both --url and --nats")
+		}
+		cfg.Proc = loadtest.ProcSampler{PID: pid}
+		if !asJSON {
+			cfg.Progress = os.Stderr
+		}
+		res, err := loadtest.Run(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			if err := res.WriteJSON(os.Stdout); err != nil {
+				return err
+			}
+		} else {
+			res.WriteTable(os.Stdout)
+		}
+		if !res.OK() {
+			return exitCode(1)
+		}
+		return nil
+	}
+	return c
+}
+
+type devChild struct {
+	cmd     *exec.Cmd
+	dir     string
+	wsURL   string
+	natsURL string
+}
+
+// spawnDev starts "fanwire dev" (this binary) on free ports with a fresh data
+// directory and waits until /readyz says ready.
+func spawnDev(ctx context.Context, extra []string) (*devChild, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("spawn: %w", err)
+	}
+	httpPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	natsPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "fanwire-loadtest-")
+	if err != nil {
+		return nil, fmt.Errorf("spawn: %w", err)
+	}
+	listen := "127.0.0.1:" + strconv.Itoa(httpPort)
+	args := append([]string{"dev", "--listen", listen, "--nats-port", strconv.Itoa(natsPort),
+		"--data-dir", dir, "--console=false", "--log-level", "warn"}, extra...)
+	cmd := exec.Command(exe, args...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("spawn %s: %w", exe, err)
+	}
+	ch := &devChild{cmd: cmd, dir: dir, wsURL: "ws://" + listen + "/ws", natsURL: "nats://127.0.0.1:" + strconv.Itoa(natsPort)}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+listen+"/readyz", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return ch, nil
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			ch.stop()
+			return nil, fmt.Errorf("spawned gateway not ready at %s within 20s", listen)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop ends the child with SIGTERM (graceful), SIGKILL after 10 s.
+func (c *devChild) stop() {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-done
+	}
+	os.RemoveAll(c.dir)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,229 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/gateway"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/sync/errgroup"
+)
+
+// wsFlags are the ws role's flags, shared by "ws" and "dev".
+type wsFlags struct {
+	listen           string
+	natsURL          string
+	subjects         listFlag
+	apiKey           string
+	console          bool
+	allowedOrigins   listFlag
+	maxConnections   int
+	maxSubscriptions int
+	mailboxMessages  int
+	mailboxBytes     int
+	readLimit        int64
+	maxFrameBytes    int
+	pingInterval     time.Duration
+	pingTimeout      time.Duration
+	shutdownTimeout  time.Duration
+	logLevel         string
+	logFormat        string
+}
+
+func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP address: /ws, /api/publish, /healthz, /readyz, /metrics (and / for the console)")
+	if !dev {
+		fs.StringVar(&f.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	}
+	f.subjects = listFlag{">"}
+	fs.Var(&f.subjects, "subjects", "the subject space this node consumes, comma-separated NATS patterns (e.g. db.>,app.>); patterns must not overlap")
+	fs.StringVar(&f.apiKey, "api-key", "", "when set, POST /api/publish requires Authorization: Bearer <key>")
+	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
+	fs.Var(&f.allowedOrigins, "allowed-origins", "browser origins allowed to connect besides same-origin, comma-separated host patterns (e.g. app.example.com,*.example.com)")
+	fs.IntVar(&f.maxConnections, "max-connections", 100_000, "connections over this get 503 with Retry-After")
+	fs.IntVar(&f.maxSubscriptions, "max-subscriptions", 256, "subscriptions per connection")
+	fs.IntVar(&f.mailboxMessages, "mailbox-messages", 4096, "per-connection queue bound in messages; over it: close 4008 (slow consumer)")
+	fs.IntVar(&f.mailboxBytes, "mailbox-bytes", 4<<20, "per-connection queue bound in bytes; over it: close 4008 (slow consumer)")
+	fs.Int64Var(&f.readLimit, "read-limit", 64<<10, "largest client frame in bytes; over it: close 1009")
+	fs.IntVar(&f.maxFrameBytes, "max-frame-bytes", 64<<10, "the writer coalesces queued messages into frames up to this size")
+	fs.DurationVar(&f.pingInterval, "ping-interval", 30*time.Second, "server WebSocket ping period")
+	fs.DurationVar(&f.pingTimeout, "ping-timeout", 10*time.Second, "a ping unanswered this long closes the connection")
+	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT: time to drain and close connections with 1001 before cutting them")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	def := "json"
+	if dev {
+		def = "console"
+	}
+	fs.StringVar(&f.logFormat, "log-format", def, "json or console")
+}
+
+func newLogger(level, format string) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	var cfg zap.Config
+	switch format {
+	case "json":
+		cfg = zap.NewProductionConfig()
+	case "console":
+		cfg = zap.NewDevelopmentConfig()
+		cfg.DisableStacktrace = true
+	default:
+		return nil, fmt.Errorf("--log-format: %q is not json or console", format)
+	}
+	cfg.Level = zap.NewAtomicLevelAt(lvl)
+	cfg.Sampling = nil
+	return cfg.Build()
+}
+
+func wsCommand() *command {
+	c := newCommand("ws", "Run the ws role: fan events from a NATS broker out to WebSocket clients.")
+	var f wsFlags
+	f.register(c.fs, false)
+	c.run = func([]string) error {
+		log, err := newLogger(f.logLevel, f.logFormat)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = log.Sync() }()
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		return serveGateway(ctx, log, &f, nil)
+	}
+	return c
+}
+
+func devCommand() *command {
+	c := newCommand("dev", "Run everything in one process with an embedded NATS server: nothing else to install.")
+	var f wsFlags
+	f.register(c.fs, true)
+	var dataDir string
+	var natsPort int
+	c.fs.StringVar(&dataDir, "data-dir", "./.fanwire", "directory for the embedded NATS server's JetStream store")
+	c.fs.IntVar(&natsPort, "nats-port", 0, "port of the embedded NATS server on 127.0.0.1 (0: a free port)")
+	c.run = func([]string) error {
+		log, err := newLogger(f.logLevel, f.logFormat)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = log.Sync() }()
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{Port: natsPort, JetStream: true, StoreDir: filepath.Join(dataDir, "nats")})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}()
+		log.Info("embedded NATS started", zap.String("url", ns.ClientURL()), zap.String("store", filepath.Join(dataDir, "nats")))
+		return serveGateway(ctx, log, &f, ns)
+	}
+	return c
+}
+
+// serveGateway runs the ws role until ctx is done, then shuts down
+// gracefully: stop accepting, drain and close every connection with 1001,
+// stop consuming, close the broker.
+func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.Server) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	b, err := broker.DialNATS(dialCtx, broker.NATSConfig{
+		URL:      f.natsURL,
+		Server:   ns,
+		Subjects: f.subjects,
+		Name:     "fanwire-ws",
+		Logger:   log.Named("nats"),
+	})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+
+	srv, err := gateway.New(gateway.Config{
+		Broker:           b,
+		Subjects:         f.subjects,
+		Logger:           log,
+		Registry:         reg,
+		MaxConnections:   f.maxConnections,
+		MaxSubscriptions: f.maxSubscriptions,
+		MailboxMessages:  f.mailboxMessages,
+		MailboxBytes:     f.mailboxBytes,
+		ReadLimit:        f.readLimit,
+		MaxFrameBytes:    f.maxFrameBytes,
+		PingInterval:     f.pingInterval,
+		PingTimeout:      f.pingTimeout,
+		APIKey:           f.apiKey,
+		AllowedOrigins:   f.allowedOrigins,
+		Console:          f.console,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	hs := &http.Server{
+		Handler:           srv.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          zap.NewStdLog(log.Named("http")),
+	}
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error { return srv.Run(runCtx) })
+
+	addr := ln.Addr().String()
+	log.Info("fanwire ws role ready",
+		zap.String("websocket", "ws://"+addr+"/ws"),
+		zap.String("publish", "http://"+addr+"/api/publish"),
+		zap.String("metrics", "http://"+addr+"/metrics"))
+	if f.console {
+		fmt.Fprintf(os.Stderr, "\n  fanwire is up: open http://%s/ in a browser\n  websocket: ws://%s/ws   publish: curl -d '{\"subject\":\"demo.hello\",\"data\":{\"hi\":1}}' http://%s/api/publish\n\n", addr, addr, addr)
+	}
+
+	<-gctx.Done()
+	log.Info("shutting down: draining connections", zap.Duration("timeout", f.shutdownTimeout))
+	sctx, scancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
+	defer scancel()
+	var errs []error
+	if err := hs.Shutdown(sctx); err != nil {
+		errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+	}
+	if err := srv.Shutdown(sctx); err != nil {
+		errs = append(errs, err)
+	}
+	stopRun()
+	if err := g.Wait(); err != nil {
+		errs = append(errs, err)
+	}
+	log.Info("stopped")
+	return errors.Join(errs...)
+}

@@ -1,0 +1,26 @@
+// Package gateway is the ws role: it consumes one broker subscription per
+// node and fans every event out to native WebSocket clients.
+//
+// Data flow: the broker's consume loop hands batches to Server.dispatch,
+// which validates each message once and builds one immutable Event (the
+// envelope's head and tail around the data, see envelope.go). The hub
+// matches the event's subject against the subscription index (index.go,
+// match.go) and queues a 16-byte item per matching connection into that
+// connection's bounded mailbox (mailbox.go). Each connection's writer splices
+// its pre-encoded subscription list into the shared bytes while it builds a
+// frame, so a delivery never copies or re-encodes the event.
+//
+// Concurrency contract:
+//   - Run owns the dispatching goroutine (the broker's Consume loop). It is
+//     the only goroutine that calls hub.dispatch; the dispatcher never blocks
+//     on a connection: a full mailbox closes that connection with 4008.
+//   - Each connection has two goroutines: the HTTP handler's goroutine reads
+//     (and owns the connection's subscriptions), and a writer it starts and
+//     waits for. Only the writer writes to the socket.
+//   - Shutdown refuses new connections, asks every writer to drain and close
+//     with 1001, and waits for every connection's goroutines. Cancel Run's
+//     context after Shutdown returns.
+//   - The subscription index is guarded by one RWMutex: the dispatcher holds
+//     it for reading for one batch (≤ 256 events); subscribe and unsubscribe
+//     take it briefly for writing.
+package gateway

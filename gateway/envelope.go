@@ -1,0 +1,189 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"unicode/utf8"
+)
+
+// Event is one broker message prepared for fan-out. It is encoded once, when
+// it arrives, and then shared read-only by every delivery: a delivery splices
+// the connection's encoded subscription list between head and tail, so the
+// data is never copied into an intermediate value or re-serialized.
+//
+//	head: {"type":"event","subject":"orders.42"[,"cursor":"js:7"],"subs":
+//	tail: ,"data":<data>}
+type Event struct {
+	Subject string
+	Cursor  string
+	buf     []byte // head followed by tail; immutable
+	split   int    // len(head); -1 for a control message that is written whole
+}
+
+// subsList is the JSON array of the subscription ids of one connection that
+// match a set of patterns, e.g. ["s1","s3"]. It is computed when the
+// subscription set changes, never per event, and is immutable.
+type subsList struct {
+	b []byte
+}
+
+// item is a mailbox entry: 16 bytes, no copy of the event.
+type item struct {
+	ev   *Event
+	subs *subsList // nil for control messages
+}
+
+func (it item) size() int {
+	if it.subs == nil {
+		return len(it.ev.buf)
+	}
+	return len(it.ev.buf) + len(it.subs.b)
+}
+
+// appendTo splices the delivery into dst. It allocates only when dst must grow.
+func (it item) appendTo(dst []byte) []byte {
+	if it.subs == nil {
+		return append(dst, it.ev.buf...)
+	}
+	dst = append(dst, it.ev.buf[:it.ev.split]...)
+	dst = append(dst, it.subs.b...)
+	return append(dst, it.ev.buf[it.ev.split:]...)
+}
+
+const (
+	headPrefix  = `{"type":"event","subject":`
+	cursorField = `,"cursor":`
+	subsField   = `,"subs":`
+	dataField   = `,"data":`
+)
+
+// NewEvent validates data as JSON and builds the shared event in one
+// allocation. Data that contains whitespace outside strings is compacted so
+// that no raw newline reaches the wire (the framing uses '\n'). Data that is
+// not JSON is rejected: forwarding it would corrupt every client's stream.
+func NewEvent(subject, cursor string, data []byte) (*Event, error) {
+	if !json.Valid(data) {
+		return nil, fmt.Errorf("event on %q: data is not valid JSON", subject)
+	}
+	n := len(headPrefix) + jsonStringLen(subject) + len(subsField) + len(dataField) + len(data) + 1
+	if cursor != "" {
+		n += len(cursorField) + jsonStringLen(cursor)
+	}
+	buf := make([]byte, 0, n)
+	buf = append(buf, headPrefix...)
+	buf = appendJSONString(buf, subject)
+	if cursor != "" {
+		buf = append(buf, cursorField...)
+		buf = appendJSONString(buf, cursor)
+	}
+	buf = append(buf, subsField...)
+	split := len(buf)
+	buf = append(buf, dataField...)
+	if bytes.IndexAny(data, " \t\r\n") < 0 {
+		buf = append(buf, data...)
+	} else {
+		w := bytes.NewBuffer(buf)
+		if err := json.Compact(w, data); err != nil {
+			return nil, fmt.Errorf("event on %q: compact data: %w", subject, err)
+		}
+		buf = w.Bytes()
+	}
+	buf = append(buf, '}')
+	return &Event{Subject: subject, Cursor: cursor, buf: buf, split: split}, nil
+}
+
+// controlMessage wraps a complete server message (already JSON) so it can
+// travel through the mailbox in order with events.
+func controlMessage(b []byte) *Event {
+	return &Event{buf: b, split: -1}
+}
+
+func encodeSubsList(ids []string) *subsList {
+	n := 2
+	for _, id := range ids {
+		n += jsonStringLen(id) + 1
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '[')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, id)
+	}
+	return &subsList{b: append(b, ']')}
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD,
+// as encoding/json does.
+func appendJSONString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
+			i++
+			continue
+		}
+		if c < utf8.RuneSelf {
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// jsonStringLen is len(appendJSONString(nil, s)), so buffers are sized exactly.
+func jsonStringLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		c := s[i]
+		switch {
+		case c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf:
+			n++
+			i++
+		case c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t':
+			n += 2
+			i++
+		case c < utf8.RuneSelf:
+			n += 6
+			i++
+		default:
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				n += 6
+			} else {
+				n += size
+			}
+			i += size
+		}
+	}
+	return n
+}

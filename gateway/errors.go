@@ -1,0 +1,32 @@
+package gateway
+
+import "errors"
+
+// Error codes sent to native clients in {"type":"error","code":...}. They are
+// the wire contract: docs/protocol.md lists the same set.
+const (
+	CodeBadFrame             = "bad_frame"              // not a JSON object, unknown field, binary frame, wrong field type
+	CodeUnknownType          = "unknown_type"           // "type" is not one the server knows
+	CodeBadPattern           = "bad_pattern"            // invalid subject pattern, or outside the subject space
+	CodeDuplicateID          = "duplicate_id"           // subscribe with an id that is already active
+	CodeUnknownID            = "unknown_id"             // unsubscribe with an id that is not active
+	CodeTooManySubscriptions = "too_many_subscriptions" // over Config.MaxSubscriptions
+	CodeBadID                = "bad_id"                 // missing or oversized subscription id
+)
+
+// WebSocket close codes the server uses.
+const (
+	CloseGoingAway    = 1001 // server draining: reconnect elsewhere
+	ClosePolicy       = 1008 // repeated protocol abuse
+	CloseTooBig       = 1009 // client frame over the read limit (sent by the websocket library)
+	CloseSlowConsumer = 4008 // mailbox overflowed: reconnect (and resume from a cursor where the broker keeps history)
+)
+
+// Sentinel errors; validation errors wrap them with the offending value.
+var (
+	ErrBadPattern   = errors.New("bad pattern")
+	ErrBadFrame     = errors.New("bad frame")
+	ErrUnknownType  = errors.New("unknown type")
+	ErrMailboxFull  = errors.New("mailbox full")
+	ErrServerClosed = errors.New("gateway: server closed")
+)

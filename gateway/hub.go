@@ -1,0 +1,97 @@
+package gateway
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// client is the hub's view of a connection: a mailbox and a way to wake its
+// writer. The transport (native WebSocket, later GraphQL) owns the writer.
+type client struct {
+	mb   mailbox       // first: the dispatcher touches it (and wake) on every delivery
+	wake chan struct{} // static; capacity 1, a pending wake-up is sticky
+
+	// onOverflow is called once, outside the index lock, when a push fails;
+	// the transport closes the connection as a slow consumer.
+	onOverflow func() // static after newClient
+
+	overflowed atomic.Bool
+
+	wakePending bool // owned by the dispatcher: already on this batch's wake list
+}
+
+func newClient(maxItems, maxBytes int, onOverflow func()) *client {
+	return &client{
+		mb:         mailbox{maxItems: maxItems, maxBytes: maxBytes},
+		wake:       make(chan struct{}, 1),
+		onOverflow: onOverflow,
+	}
+}
+
+// signal wakes the writer; it never blocks.
+func (c *client) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// hub fans events out to clients. Dispatch is called by one goroutine at a
+// time (the broker consumer loop); subscribe and unsubscribe by any.
+type hub struct {
+	idx     *index
+	metrics *Metrics
+
+	// owned by the dispatching goroutine
+	m        matcher
+	wakeList []*client
+	overflow []*client
+}
+
+func newHub(m *Metrics) *hub {
+	return &hub{idx: newIndex(), metrics: m}
+}
+
+// dispatch queues each event to every matching client and wakes each
+// client's writer once per batch, however many events it got: fewer wake-ups
+// mean bigger frames, the main lever of fan-out throughput (see NOTES: 1.0 →
+// 1.8 M deliveries/s at 2,000 clients). It never blocks on a client.
+func (h *hub) dispatch(evs []*Event, arrived time.Time) {
+	var n int
+	h.idx.mu.RLock()
+	for _, ev := range evs {
+		for _, d := range h.m.match(h.idx, ev.Subject) {
+			c := d.c
+			wasEmpty, err := c.mb.push(item{ev: ev, subs: d.subs})
+			if err != nil {
+				if c.overflowed.CompareAndSwap(false, true) {
+					h.overflow = append(h.overflow, c)
+				}
+				continue
+			}
+			n++
+			if wasEmpty && !c.wakePending {
+				c.wakePending = true
+				h.wakeList = append(h.wakeList, c)
+			}
+		}
+	}
+	h.idx.mu.RUnlock()
+	for i, c := range h.wakeList {
+		c.wakePending = false
+		c.signal()
+		h.wakeList[i] = nil
+	}
+	h.wakeList = h.wakeList[:0]
+	for i, c := range h.overflow {
+		c.onOverflow()
+		h.overflow[i] = nil
+	}
+	h.overflow = h.overflow[:0]
+	if h.metrics != nil {
+		h.metrics.Deliveries.Add(float64(n))
+		if !arrived.IsZero() {
+			h.metrics.DispatchLatency.Observe(time.Since(arrived).Seconds())
+		}
+	}
+}

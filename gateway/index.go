@@ -1,0 +1,205 @@
+package gateway
+
+import (
+	"slices"
+	"sync"
+)
+
+// index is the subscription index: a token trie in NATS subject syntax. Each
+// trie node where patterns end keeps its subscriptions already grouped per
+// client, with each client's subscription ids pre-encoded as a JSON array, so
+// matching an event returns ready-made deliveries.
+//
+// The result is cached per trie node rather than per subject: high-cardinality
+// subjects (db.orders.<id>) all land on the same few nodes, so a per-subject
+// cache would miss on nearly every event and grow without bound, while the
+// node lists are exact and change only where a subscription changed. A subject
+// that reaches several nodes (orders.* and orders.42) needs the lists merged;
+// the dispatcher caches merges per node set (see matcher).
+//
+// Concurrency: mutations take mu; the dispatcher holds mu.RLock for a whole
+// batch of events, so a subscribe waits at most one batch and a batch waits at
+// most one (microsecond) mutation.
+type index struct {
+	mu   sync.RWMutex
+	root *node  // guarded by mu
+	gen  uint64 // guarded by mu; incremented by every mutation
+	size int    // guarded by mu; number of subscriptions
+}
+
+type node struct {
+	parent *node  // nil for root
+	token  string // token leading here from parent ("*" and ">" included)
+
+	next map[string]*node
+	star *node // child for '*'
+	gt   *node // child for '>' (always terminal)
+
+	// Subscriptions whose pattern ends at this node, grouped per client.
+	deliveries []delivery           // the match result for this node
+	byClient   map[*client]*nodeIDs // client → its ids here and its slot in deliveries
+}
+
+type nodeIDs struct {
+	ids []string
+	pos int
+}
+
+// delivery is one client's share of a matched event.
+type delivery struct {
+	c    *client
+	subs *subsList
+}
+
+func newIndex() *index {
+	return &index{root: &node{}}
+}
+
+// add registers client c's subscription id on pattern. The caller has checked
+// that id is new for c and that pattern is valid.
+func (ix *index) add(c *client, id, pattern string) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	n := ix.root
+	for rest, more := pattern, true; more; {
+		var tok string
+		tok, rest, more = nextToken(rest)
+		n = n.child(tok)
+	}
+	if n.byClient == nil {
+		n.byClient = make(map[*client]*nodeIDs)
+	}
+	e := n.byClient[c]
+	if e == nil {
+		e = &nodeIDs{pos: len(n.deliveries)}
+		n.byClient[c] = e
+		n.deliveries = append(n.deliveries, delivery{c: c})
+	}
+	e.ids = append(e.ids, id)
+	slices.Sort(e.ids)
+	n.deliveries[e.pos].subs = encodeSubsList(e.ids)
+	ix.gen++
+	ix.size++
+}
+
+// remove unregisters client c's subscription id on pattern; it reports
+// whether it was there.
+func (ix *index) remove(c *client, id, pattern string) bool {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	n := ix.root
+	for rest, more := pattern, true; more; {
+		var tok string
+		tok, rest, more = nextToken(rest)
+		if n = n.lookup(tok); n == nil {
+			return false
+		}
+	}
+	e := n.byClient[c]
+	if e == nil {
+		return false
+	}
+	i := slices.Index(e.ids, id)
+	if i < 0 {
+		return false
+	}
+	e.ids = slices.Delete(e.ids, i, i+1)
+	ix.gen++
+	ix.size--
+	if len(e.ids) > 0 {
+		n.deliveries[e.pos].subs = encodeSubsList(e.ids)
+		return true
+	}
+	delete(n.byClient, c)
+	last := len(n.deliveries) - 1
+	if e.pos != last {
+		moved := n.deliveries[last]
+		n.deliveries[e.pos] = moved
+		n.byClient[moved.c].pos = e.pos
+	}
+	n.deliveries[last] = delivery{}
+	n.deliveries = n.deliveries[:last]
+	n.prune()
+	return true
+}
+
+func (n *node) child(tok string) *node {
+	switch tok {
+	case "*":
+		if n.star == nil {
+			n.star = &node{parent: n, token: tok}
+		}
+		return n.star
+	case ">":
+		if n.gt == nil {
+			n.gt = &node{parent: n, token: tok}
+		}
+		return n.gt
+	}
+	c := n.next[tok]
+	if c == nil {
+		if n.next == nil {
+			n.next = make(map[string]*node)
+		}
+		c = &node{parent: n, token: tok}
+		n.next[tok] = c
+	}
+	return c
+}
+
+func (n *node) lookup(tok string) *node {
+	switch tok {
+	case "*":
+		return n.star
+	case ">":
+		return n.gt
+	}
+	return n.next[tok]
+}
+
+// prune removes empty nodes from n up towards the root.
+func (n *node) prune() {
+	for n.parent != nil && len(n.deliveries) == 0 && len(n.next) == 0 && n.star == nil && n.gt == nil {
+		p := n.parent
+		switch n.token {
+		case "*":
+			p.star = nil
+		case ">":
+			p.gt = nil
+		default:
+			delete(p.next, n.token)
+		}
+		n = p
+	}
+}
+
+// collect appends to out every node with subscriptions whose pattern matches
+// subject. The caller holds mu (read). It allocates only if out must grow.
+func (n *node) collect(subject string, out []*node) []*node {
+	tok, rest, more := nextToken(subject)
+	if n.gt != nil && len(n.gt.deliveries) > 0 {
+		out = append(out, n.gt)
+	}
+	if c := n.next[tok]; c != nil {
+		if more {
+			out = c.collect(rest, out)
+		} else if len(c.deliveries) > 0 {
+			out = append(out, c)
+		}
+	}
+	if c := n.star; c != nil {
+		if more {
+			out = c.collect(rest, out)
+		} else if len(c.deliveries) > 0 {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// len reports the number of subscriptions.
+func (ix *index) len() int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.size
+}

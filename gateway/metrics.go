@@ -1,0 +1,57 @@
+package gateway
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the ws role's Prometheus metrics. They are created per Server
+// and registered on the registry given in Config, so tests and several
+// servers in one process don't collide. Hot paths update them once per batch
+// or per frame, never per delivery.
+type Metrics struct {
+	Connections         prometheus.Gauge
+	ConnectionsAccepted prometheus.Counter
+	ConnectionsRejected *prometheus.CounterVec // reason: max_connections, shutting_down, bad_upgrade
+	Disconnects         *prometheus.CounterVec // reason: client, slow_consumer, policy, shutdown, ping_timeout, write_error, read_limit
+	Subscriptions       prometheus.Gauge
+	ClientErrors        *prometheus.CounterVec // code: the protocol error code
+
+	EventsReceived  prometheus.Counter
+	EventsInvalid   prometheus.Counter
+	EventsDropped   *prometheus.CounterVec // reason: broker_slow_consumer
+	Deliveries      prometheus.Counter
+	Frames          prometheus.Counter
+	BytesSent       prometheus.Counter
+	DispatchLatency prometheus.Histogram
+
+	PublishRequests *prometheus.CounterVec // result: ok, bad_request, unauthorized, broker_error
+	PublishedEvents prometheus.Counter
+	BrokerUp        prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Connections:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_connections", Help: "Open WebSocket connections."}),
+		ConnectionsAccepted: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_connections_accepted_total", Help: "WebSocket connections accepted."}),
+		ConnectionsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_connections_rejected_total", Help: "Upgrade requests refused, by reason."}, []string{"reason"}),
+		Disconnects:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_disconnects_total", Help: "Connections ended, by reason (slow_consumer counts 4008 closes)."}, []string{"reason"}),
+		Subscriptions:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_subscriptions", Help: "Active client subscriptions."}),
+		ClientErrors:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_client_errors_total", Help: "Protocol errors sent to clients, by code."}, []string{"code"}),
+
+		EventsReceived:  prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_events_received_total", Help: "Broker messages received for fan-out."}),
+		EventsInvalid:   prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_events_invalid_total", Help: "Broker messages skipped because their data is not JSON."}),
+		EventsDropped:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_events_dropped_total", Help: "Broker messages lost before dispatch, by reason."}, []string{"reason"}),
+		Deliveries:      prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_deliveries_total", Help: "Events queued to connections (one per event per matching connection)."}),
+		Frames:          prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_frames_total", Help: "WebSocket text frames written."}),
+		BytesSent:       prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_bytes_sent_total", Help: "Payload bytes written in frames."}),
+		DispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fanwire_dispatch_latency_seconds", Help: "From a batch's arrival from the broker until all its deliveries are queued.", Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12)}),
+
+		PublishRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_publish_requests_total", Help: "POST /api/publish requests, by result."}, []string{"result"}),
+		PublishedEvents: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_published_events_total", Help: "Events published through the publish API."}),
+		BrokerUp:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_broker_up", Help: "1 while the broker connection is up."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Connections, m.ConnectionsAccepted, m.ConnectionsRejected, m.Disconnects, m.Subscriptions,
+			m.ClientErrors, m.EventsReceived, m.EventsInvalid, m.EventsDropped, m.Deliveries, m.Frames, m.BytesSent,
+			m.DispatchLatency, m.PublishRequests, m.PublishedEvents, m.BrokerUp)
+	}
+	return m
+}

@@ -1,0 +1,141 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"io"
+	"net"
+	"net/http"
+)
+
+// The websocket library writes each frame through the bufio.Writer it gets
+// from the hijacked connection; net/http's is 4 KiB, so a 27 KB frame of
+// coalesced events cost seven write syscalls, and socket writes were half of
+// the gateway's CPU (NOTES.md). hijackWriter hands the library a 16-byte
+// bufio.Writer over frameWriter, which reassembles each frame's pieces and
+// sends the whole frame with one writev. It also swaps net/http's 4 KiB read
+// buffer for a small one: clients send little, and an idle connection should
+// hold as little as possible.
+
+const connReadBuffer = 512
+
+// hijackWriter wraps the handler's ResponseWriter for websocket.Accept.
+type hijackWriter struct {
+	http.ResponseWriter
+}
+
+func (w hijackWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	nc, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	// net/http flushed the 101 response before handing us the connection;
+	// its reader may already hold the client's first frames: keep them.
+	var r io.Reader = nc
+	if n := brw.Reader.Buffered(); n > 0 {
+		b, _ := brw.Reader.Peek(n)
+		r = io.MultiReader(bytes.NewReader(bytes.Clone(b)), nc)
+	}
+	return nc, bufio.NewReadWriter(bufio.NewReaderSize(r, connReadBuffer), bufio.NewWriterSize(&frameWriter{c: nc}, 16)), nil
+}
+
+// frameWriter receives the server's outgoing WebSocket frames as a byte
+// stream, in the pieces a 16-byte bufio.Writer produces (a full 16-byte chunk
+// holding the header and the payload's first bytes, then the rest in one
+// piece), and writes each frame with a single syscall. It parses frame headers
+// to know where a frame ends, so it never holds back the end of a frame.
+type frameWriter struct {
+	c    net.Conn
+	held [16]byte
+	nh   int   // bytes in held
+	need int64 // bytes of the current frame not yet received; 0 at a frame boundary
+	iov  [2][]byte
+	bufs net.Buffers
+}
+
+func (w *frameWriter) Write(p []byte) (int, error) {
+	total := len(p)
+	if w.nh > 0 && w.need == 0 {
+		// A partial header is held (never with a 16-byte bufio.Writer, whose
+		// first chunk holds any header): join it with p and start over.
+		p = append(w.held[:w.nh:w.nh], p...)
+		w.nh = 0
+	}
+	for len(p) > 0 {
+		if w.need > 0 { // inside a frame: this piece completes (part of) it
+			k := min(int64(len(p)), w.need)
+			if err := w.flushHeld(p[:k]); err != nil {
+				return 0, err
+			}
+			w.need -= k
+			p = p[k:]
+			continue
+		}
+		flen, ok := frameLen(p)
+		switch {
+		case !ok: // header incomplete: hold it (len(p) < 14)
+			w.nh = copy(w.held[:], p)
+			return total, nil
+		case flen <= int64(len(p)): // a whole frame
+			if _, err := w.c.Write(p[:flen]); err != nil {
+				return 0, err
+			}
+			p = p[flen:]
+		case len(p) <= len(w.held): // bufio's first chunk: hold it for the writev
+			w.nh = copy(w.held[:], p)
+			w.need = flen - int64(len(p))
+			return total, nil
+		default: // a long partial frame: send it, the rest follows
+			if _, err := w.c.Write(p); err != nil {
+				return 0, err
+			}
+			w.need = flen - int64(len(p))
+			return total, nil
+		}
+	}
+	return total, nil
+}
+
+// flushHeld writes the held bytes followed by p, in one writev when there is
+// something held.
+func (w *frameWriter) flushHeld(p []byte) error {
+	if w.nh == 0 {
+		_, err := w.c.Write(p)
+		return err
+	}
+	w.iov[0], w.iov[1] = w.held[:w.nh], p
+	w.bufs = w.iov[:]
+	_, err := w.bufs.WriteTo(w.c)
+	w.nh = 0
+	w.iov[1] = nil
+	return err
+}
+
+// frameLen returns the total length (header and payload) of the WebSocket
+// frame that starts p, or ok=false when p is too short to hold its header.
+func frameLen(p []byte) (n int64, ok bool) {
+	if len(p) < 2 {
+		return 0, false
+	}
+	hdr := int64(2)
+	if p[1]&0x80 != 0 {
+		hdr += 4 // mask key; servers don't mask, but be exact
+	}
+	switch l := p[1] & 0x7f; l {
+	case 126:
+		if len(p) < 4 {
+			return 0, false
+		}
+		return hdr + 2 + int64(binary.BigEndian.Uint16(p[2:4])), true
+	case 127:
+		if len(p) < 10 {
+			return 0, false
+		}
+		return hdr + 8 + int64(binary.BigEndian.Uint64(p[2:10])), true
+	default:
+		return hdr + int64(l), true
+	}
+}

@@ -1,0 +1,139 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+)
+
+// maxIDLen bounds client-chosen subscription ids.
+const maxIDLen = 128
+
+// clientFrame is one client → server message of the native protocol. Fields
+// are pointers so that "absent" and "empty" differ: each type says which
+// fields it takes, and any other field is an error.
+type clientFrame struct {
+	Type    string  `json:"type"`
+	ID      *string `json:"id"`
+	Subject *string `json:"subject"`
+}
+
+// parseClientFrame decodes and validates one client frame. Every error wraps
+// ErrBadFrame or ErrUnknownType and says what is wrong.
+func parseClientFrame(data []byte) (clientFrame, error) {
+	var f clientFrame
+	if err := decodeObject(data, &f); err != nil {
+		return f, fmt.Errorf("%w: %s", ErrBadFrame, err.Error())
+	}
+	switch f.Type {
+	case "subscribe":
+		if err := checkID(f.ID); err != nil {
+			return f, err
+		}
+		if f.Subject == nil {
+			return f, fmt.Errorf("%w: subscribe needs \"subject\"", ErrBadFrame)
+		}
+	case "unsubscribe":
+		if err := checkID(f.ID); err != nil {
+			return f, err
+		}
+		if f.Subject != nil {
+			return f, fmt.Errorf("%w: unsubscribe takes no \"subject\"", ErrBadFrame)
+		}
+	case "ping":
+		if f.ID != nil || f.Subject != nil {
+			return f, fmt.Errorf("%w: ping takes no other field", ErrBadFrame)
+		}
+	case "":
+		return f, fmt.Errorf("%w: missing \"type\"", ErrBadFrame)
+	default:
+		return f, fmt.Errorf("%w: %q", ErrUnknownType, f.Type)
+	}
+	return f, nil
+}
+
+// decodeObject decodes exactly one JSON object into v, refusing unknown
+// fields and trailing data. Its errors are worded for clients.
+func decodeObject(b []byte, v any) error {
+	if t := bytes.TrimSpace(b); len(t) == 0 || t[0] != '{' {
+		return errors.New("expected one JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return errors.New(jsonErrorText(err))
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("data after the JSON object")
+	}
+	return nil
+}
+
+func checkID(id *string) error {
+	switch {
+	case id == nil || *id == "":
+		return fmt.Errorf("%w: missing \"id\"", ErrBadFrame)
+	case len(*id) > maxIDLen:
+		return fmt.Errorf("%w: \"id\" longer than %d bytes", ErrBadFrame, maxIDLen)
+	}
+	return nil
+}
+
+// jsonErrorText turns encoding/json errors into messages for clients,
+// without Go type names.
+func jsonErrorText(err error) string {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return "invalid JSON at byte " + strconv.FormatInt(se.Offset, 10) + ": " + se.Error()
+	case errors.As(err, &te):
+		return fmt.Sprintf("field %q must be a %s", te.Field, jsonKind(te.Type.Kind().String()))
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "truncated JSON"
+	}
+	return err.Error() // e.g. `json: unknown field "x"`
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "string", "ptr":
+		return "string"
+	case "struct":
+		return "object"
+	}
+	return goKind
+}
+
+// Server → client control messages. Built by hand: they are tiny and the
+// field values are ids we validated or codes we own.
+
+func readyMessage(connID string) []byte {
+	b := append([]byte(`{"type":"ready","connection_id":`), strconv.Quote(connID)...)
+	return append(b, '}')
+}
+
+func replyMessage(typ, id string) []byte {
+	b := append([]byte(`{"type":"`), typ...)
+	b = append(b, `","id":`...)
+	b = appendJSONString(b, id)
+	return append(b, '}')
+}
+
+var pongMessage = []byte(`{"type":"pong"}`)
+
+func errorMessage(id, code, msg string) []byte {
+	b := []byte(`{"type":"error"`)
+	if id != "" {
+		b = append(b, `,"id":`...)
+		b = appendJSONString(b, id)
+	}
+	b = append(b, `,"code":"`...)
+	b = append(b, code...)
+	b = append(b, `","message":`...)
+	b = appendJSONString(b, msg)
+	return append(b, '}')
+}

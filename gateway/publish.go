@@ -1,0 +1,154 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"go.uber.org/zap"
+)
+
+// publishRequest is one event of POST /api/publish.
+type publishRequest struct {
+	Subject *string         `json:"subject"`
+	Data    json.RawMessage `json:"data"`
+	ID      string          `json:"id,omitempty"`
+}
+
+// maxPublishBatch bounds the events of one request.
+const maxPublishBatch = 10_000
+
+// publishTimeout bounds the broker round-trip of one request.
+const publishTimeout = 10 * time.Second
+
+// servePublish publishes one event or an array of them into the broker, so
+// every gateway node on that broker delivers them. It is all or nothing for
+// validation: one bad event rejects the request and names it.
+func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.APIKey != "" && !bearerMatches(r.Header.Get("Authorization"), s.cfg.APIKey) {
+		s.metrics.PublishRequests.WithLabelValues("unauthorized").Inc()
+		w.Header().Set("WWW-Authenticate", `Bearer realm="fanwire"`)
+		writeJSON(w, http.StatusUnauthorized, apiError{Error: "missing or wrong API key (Authorization: Bearer <key>)", Code: "unauthorized"})
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		s.publishError(w, http.StatusUnsupportedMediaType, apiError{Error: "Content-Type must be application/json", Code: "bad_request"})
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxPublishBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			s.publishError(w, http.StatusRequestEntityTooLarge, apiError{Error: fmt.Sprintf("request body over %d bytes", s.cfg.MaxPublishBytes), Code: "too_large"})
+			return
+		}
+		s.publishError(w, http.StatusBadRequest, apiError{Error: "read body: " + err.Error(), Code: "bad_request"})
+		return
+	}
+	msgs, aerr := s.parsePublish(body)
+	if aerr != nil {
+		s.publishError(w, http.StatusBadRequest, *aerr)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
+	defer cancel()
+	cursors, err := s.cfg.Broker.Publish(ctx, msgs)
+	if err != nil {
+		s.metrics.PublishRequests.WithLabelValues("broker_error").Inc()
+		s.log.Warn("publish failed", zap.Error(err), zap.Int("events", len(msgs)))
+		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "broker: " + err.Error(), Code: "broker_unavailable"})
+		return
+	}
+	s.metrics.PublishRequests.WithLabelValues("ok").Inc()
+	s.metrics.PublishedEvents.Add(float64(len(msgs)))
+	resp := struct {
+		Published int      `json:"published"`
+		Cursors   []string `json:"cursors,omitempty"`
+	}{Published: len(msgs)}
+	for _, c := range cursors {
+		if c != "" {
+			resp.Cursors = cursors
+			break
+		}
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (s *Server) publishError(w http.ResponseWriter, status int, e apiError) {
+	s.metrics.PublishRequests.WithLabelValues("bad_request").Inc()
+	writeJSON(w, status, e)
+}
+
+// parsePublish accepts {"subject":…,"data":…} or an array of them.
+func (s *Server) parsePublish(body []byte) ([]broker.Outgoing, *apiError) {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return nil, &apiError{Error: "empty body: send {\"subject\":…,\"data\":…} or an array of them", Code: "bad_request"}
+	}
+	var reqs []publishRequest
+	if trimmed[0] == '[' {
+		var raws []json.RawMessage
+		if err := json.Unmarshal(trimmed, &raws); err != nil {
+			return nil, &apiError{Error: "invalid JSON: " + jsonErrorText(err), Code: "bad_request"}
+		}
+		if len(raws) == 0 {
+			return nil, &apiError{Error: "empty array: nothing to publish", Code: "bad_request"}
+		}
+		if len(raws) > maxPublishBatch {
+			return nil, &apiError{Error: fmt.Sprintf("at most %d events per request", maxPublishBatch), Code: "bad_request"}
+		}
+		reqs = make([]publishRequest, len(raws))
+		for i, raw := range raws {
+			if err := decodeObject(raw, &reqs[i]); err != nil {
+				return nil, &apiError{Error: "invalid event: " + err.Error(), Code: "bad_request", Index: &i}
+			}
+		}
+	} else {
+		reqs = make([]publishRequest, 1)
+		if err := decodeObject(trimmed, &reqs[0]); err != nil {
+			return nil, &apiError{Error: "invalid event: " + err.Error(), Code: "bad_request"}
+		}
+	}
+	msgs := make([]broker.Outgoing, len(reqs))
+	for i, q := range reqs {
+		idx := &i
+		if len(reqs) == 1 && trimmed[0] != '[' {
+			idx = nil
+		}
+		switch {
+		case q.Subject == nil:
+			return nil, &apiError{Error: "\"subject\" is required", Code: "bad_request", Field: "subject", Index: idx}
+		case q.Data == nil:
+			return nil, &apiError{Error: "\"data\" is required (any JSON value)", Code: "bad_request", Field: "data", Index: idx}
+		}
+		if err := ValidateSubject(*q.Subject); err != nil {
+			return nil, &apiError{Error: err.Error(), Code: "bad_subject", Field: "subject", Index: idx}
+		}
+		if err := s.checkPattern(*q.Subject); err != nil {
+			return nil, &apiError{Error: err.Error(), Code: "bad_subject", Field: "subject", Index: idx}
+		}
+		var data bytes.Buffer
+		if err := json.Compact(&data, q.Data); err != nil {
+			return nil, &apiError{Error: "\"data\": " + jsonErrorText(err), Code: "bad_request", Field: "data", Index: idx}
+		}
+		msgs[i] = broker.Outgoing{Subject: *q.Subject, Data: data.Bytes(), ID: q.ID}
+	}
+	return msgs, nil
+}
+
+// bearerMatches compares the bearer token with key in constant time.
+func bearerMatches(header, key string) bool {
+	const prefix = "Bearer "
+	if len(header) < len(prefix) || !strings.EqualFold(header[:len(prefix)], prefix) {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(header[len(prefix):]), []byte(key)) == 1
+}

@@ -1,0 +1,285 @@
+package gateway
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/fanwire/fanwire/broker"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+)
+
+//go:embed console
+var consoleFS embed.FS
+
+// Server is the ws role: it consumes the broker, fans events out to
+// WebSocket clients and serves the HTTP API. See doc.go for its lifecycle.
+type Server struct {
+	cfg     Config   // static after New
+	hub     *hub     // static
+	metrics *Metrics // static
+	log     *zap.Logger
+	mux     *http.ServeMux
+
+	ctx    context.Context // cancelled by Shutdown when its deadline passes
+	cancel context.CancelFunc
+
+	nconns    atomic.Int64
+	consuming atomic.Bool
+
+	mu       sync.Mutex
+	conns    map[*conn]struct{} // guarded by mu
+	draining bool               // guarded by mu
+	wg       sync.WaitGroup     // one per connection being served
+
+	// owned by the Run goroutine
+	events      []*Event
+	invalidLogs rateLimiter
+}
+
+// New validates cfg and builds a Server. It starts nothing: call Run to
+// consume the broker and serve Handler over HTTP.
+func New(cfg Config) (*Server, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("gateway config: %w", err)
+	}
+	m := newMetrics(cfg.Registry)
+	s := &Server{
+		cfg:     cfg,
+		hub:     newHub(m),
+		metrics: m,
+		log:     cfg.Logger,
+		conns:   make(map[*conn]struct{}),
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.invalidLogs = rateLimiter{every: 10 * time.Second}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /ws", s.serveWS)
+	mux.HandleFunc("POST /api/publish", s.servePublish)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", s.serveReady)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
+	if cfg.Console {
+		sub, _ := fs.Sub(consoleFS, "console")
+		mux.Handle("GET /", http.FileServerFS(sub))
+	}
+	s.mux = mux
+	return s, nil
+}
+
+// Handler returns the HTTP handler serving every endpoint.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Metrics returns the server's metrics (for tests).
+func (s *Server) Metrics() *Metrics { return s.metrics }
+
+// Run consumes the broker and dispatches until ctx is done or the broker
+// fails; it returns nil on a clean stop. Run one at a time.
+func (s *Server) Run(ctx context.Context) error {
+	s.consuming.Store(true)
+	defer s.consuming.Store(false)
+	s.metrics.BrokerUp.Set(1)
+	err := s.cfg.Broker.Consume(ctx, s.dispatch)
+	s.metrics.BrokerUp.Set(0)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return fmt.Errorf("consume: %w", err)
+}
+
+// dispatch is the broker handler: it validates each message once, builds the
+// shared event and hands the batch to the hub.
+func (s *Server) dispatch(batch []broker.Message, arrived time.Time) {
+	evs := s.events[:0]
+	for _, m := range batch {
+		ev, err := NewEvent(m.Subject, m.Cursor, m.Data)
+		if err != nil {
+			s.metrics.EventsInvalid.Inc()
+			if s.invalidLogs.allow() {
+				s.log.Warn("skipping broker message that is not JSON (logged at most every 10s)",
+					zap.String("subject", m.Subject), zap.Int("bytes", len(m.Data)), zap.Int64("skipped_since_last_log", s.invalidLogs.suppressed()))
+			}
+			continue
+		}
+		evs = append(evs, ev)
+	}
+	s.metrics.EventsReceived.Add(float64(len(batch)))
+	s.hub.dispatch(evs, arrived)
+	clear(evs)
+	s.events = evs
+}
+
+// checkPattern validates a client pattern and that it can ever match an
+// event of the node's subject space.
+func (s *Server) checkPattern(p string) error {
+	if err := ValidatePattern(p); err != nil {
+		return err
+	}
+	for _, space := range s.cfg.Subjects {
+		if Intersects(p, space) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %q is outside this gateway's subject space %s", ErrBadPattern, p, strings.Join(s.cfg.Subjects, ","))
+}
+
+func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	draining := s.draining
+	s.mu.Unlock()
+	var why []string
+	if draining {
+		why = append(why, "draining")
+	}
+	if !s.cfg.Broker.Ready() {
+		why = append(why, "broker disconnected")
+	}
+	if !s.consuming.Load() {
+		why = append(why, "not consuming")
+	}
+	if len(why) > 0 {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "reasons": why})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
+	if n := s.nconns.Add(1); n > int64(s.cfg.MaxConnections) {
+		s.nconns.Add(-1)
+		s.metrics.ConnectionsRejected.WithLabelValues("max_connections").Inc()
+		w.Header().Set("Retry-After", "5")
+		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "too many connections", Code: "max_connections"})
+		return
+	}
+	defer s.nconns.Add(-1)
+
+	ws, err := websocket.Accept(hijackWriter{w}, r, &websocket.AcceptOptions{
+		OriginPatterns:  s.cfg.AllowedOrigins,
+		CompressionMode: websocket.CompressionDisabled,
+	})
+	if err != nil {
+		s.metrics.ConnectionsRejected.WithLabelValues("bad_upgrade").Inc()
+		s.log.Debug("websocket upgrade failed", zap.Error(err), zap.String("remote", r.RemoteAddr))
+		return // Accept wrote the HTTP error
+	}
+	ws.SetReadLimit(s.cfg.ReadLimit)
+	c := &conn{
+		s:          s,
+		ws:         ws,
+		id:         newConnID(),
+		ctx:        s.ctx,
+		stop:       make(chan struct{}),
+		writerDone: make(chan struct{}),
+		subs:       make(map[string]string),
+	}
+	c.log = s.log.With(zap.String("conn", c.id))
+	c.cl = newClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
+
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		s.metrics.ConnectionsRejected.WithLabelValues("shutting_down").Inc()
+		_ = ws.Close(CloseGoingAway, "server going away")
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	s.metrics.ConnectionsAccepted.Inc()
+	s.metrics.Connections.Inc()
+
+	c.serve()
+
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.metrics.Connections.Dec()
+	s.wg.Done()
+}
+
+// Shutdown drains the server: new upgrades are refused, every connection
+// gets what is queued for it and then a 1001 close (so clients reconnect
+// elsewhere), and Shutdown waits until every connection has ended. When ctx
+// expires first, remaining sockets are cut. Stop Run (cancel its context)
+// after Shutdown so no event is lost for connections still draining.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.draining = true
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.requestClose(CloseGoingAway)
+	}
+	done := make(chan struct{})
+	go func() { // owned here: ends when the last connection does, which the cancel below forces
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		s.cancel()
+		return nil
+	case <-ctx.Done():
+		s.cancel()
+		s.mu.Lock()
+		for c := range s.conns {
+			_ = c.ws.CloseNow()
+		}
+		s.mu.Unlock()
+		<-done
+		return fmt.Errorf("gateway shutdown: %w", ctx.Err())
+	}
+}
+
+type apiError struct {
+	Error string `json:"error"`
+	Code  string `json:"code,omitempty"`
+	Field string `json:"field,omitempty"`
+	Index *int   `json:"index,omitempty"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// rateLimiter lets one log line through per period and counts the rest.
+// Owned by one goroutine.
+type rateLimiter struct {
+	every time.Duration
+	last  time.Time
+	n     int64
+}
+
+func (r *rateLimiter) allow() bool {
+	if now := time.Now(); now.Sub(r.last) >= r.every {
+		r.last = now
+		return true
+	}
+	r.n++
+	return false
+}
+
+func (r *rateLimiter) suppressed() int64 {
+	n := r.n
+	r.n = 0
+	return n
+}

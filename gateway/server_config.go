@@ -1,0 +1,110 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Config configures a Server. Zero values take the defaults below.
+type Config struct {
+	Broker   broker.Broker // required
+	Subjects []string      // the node's subject space (default [">"]); subscriptions outside it are refused
+	Logger   *zap.Logger
+	Registry *prometheus.Registry // metrics are registered here and served at /metrics (default: a new one)
+
+	MaxConnections   int           // over it the upgrade gets 503 + Retry-After (default 100,000)
+	MaxSubscriptions int           // per connection (default 256)
+	MailboxMessages  int           // per-connection queue bound in messages (default 4096)
+	MailboxBytes     int           // per-connection queue bound in bytes (default 4 MiB)
+	ReadLimit        int64         // largest client frame; over it: close 1009 (default 64 KiB)
+	MaxFrameBytes    int           // the writer starts a new frame past this size (default 64 KiB)
+	PingInterval     time.Duration // server ping period (default 30s)
+	PingTimeout      time.Duration // a ping not answered in this time closes the connection (default 10s)
+	CloseTimeout     time.Duration // how long a close (1001, 4008, 1008) may take before the socket is cut (default 5s)
+	MaxClientErrors  int           // protocol errors per ErrorWindow before close 1008 (default 100)
+	ErrorWindow      time.Duration // default 10s
+
+	APIKey          string   // when set, POST /api/publish needs "Authorization: Bearer <key>"
+	MaxPublishBytes int64    // largest publish request body (default 1 MiB)
+	AllowedOrigins  []string // browser origins allowed besides same-origin (host patterns, e.g. "*.example.com")
+	Console         bool     // serve the live console page at /
+}
+
+func (c *Config) setDefaults() {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if len(c.Subjects) == 0 {
+		c.Subjects = []string{">"}
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+	}
+	def(&c.MaxConnections, 100_000)
+	def(&c.MaxSubscriptions, 256)
+	def(&c.MailboxMessages, 4096)
+	def(&c.MailboxBytes, 4<<20)
+	if c.ReadLimit == 0 {
+		c.ReadLimit = 64 << 10
+	}
+	def(&c.MaxFrameBytes, 64<<10)
+	defDur(&c.PingInterval, 30*time.Second)
+	defDur(&c.PingTimeout, 10*time.Second)
+	defDur(&c.CloseTimeout, 5*time.Second)
+	def(&c.MaxClientErrors, 100)
+	defDur(&c.ErrorWindow, 10*time.Second)
+	if c.MaxPublishBytes == 0 {
+		c.MaxPublishBytes = 1 << 20
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.Broker == nil {
+		errs = append(errs, errors.New("Broker is required"))
+	}
+	for _, s := range c.Subjects {
+		if err := ValidatePattern(s); err != nil {
+			errs = append(errs, fmt.Errorf("Subjects: %w", err))
+		}
+	}
+	for i, a := range c.Subjects {
+		for _, b := range c.Subjects[i+1:] {
+			if Intersects(a, b) {
+				errs = append(errs, fmt.Errorf("Subjects: %q and %q overlap: an event would arrive twice", a, b))
+			}
+		}
+	}
+	pos := func(name string, v int64) {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative (got %d)", name, v))
+		}
+	}
+	pos("MaxConnections", int64(c.MaxConnections))
+	pos("MaxSubscriptions", int64(c.MaxSubscriptions))
+	pos("MailboxMessages", int64(c.MailboxMessages))
+	pos("MailboxBytes", int64(c.MailboxBytes))
+	pos("ReadLimit", c.ReadLimit)
+	pos("MaxFrameBytes", int64(c.MaxFrameBytes))
+	pos("PingInterval", int64(c.PingInterval))
+	pos("PingTimeout", int64(c.PingTimeout))
+	pos("CloseTimeout", int64(c.CloseTimeout))
+	pos("MaxClientErrors", int64(c.MaxClientErrors))
+	pos("MaxPublishBytes", c.MaxPublishBytes)
+	return errors.Join(errs...)
+}
