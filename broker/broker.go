@@ -31,9 +31,10 @@ type Broker interface {
 	// NATS: after a flush round-trip; durable brokers: after the ack).
 	Publish(ctx context.Context, msgs []Outgoing) ([]string, error)
 	// Consume delivers every message on the node's subject space from now
-	// on to h, until ctx is done or the broker is closed. It returns the
-	// reason it stopped.
-	Consume(ctx context.Context, h Handler) error
+	// on to h, until ctx is done or the broker is closed. It calls started
+	// (if not nil) once its subscription is in place: every message
+	// published after that is delivered. It returns the reason it stopped.
+	Consume(ctx context.Context, h Handler, started func()) error
 	// Ready reports whether the broker connection is up.
 	Ready() bool
 	// Close releases the connection; it waits for the broker's goroutines.

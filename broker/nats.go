@@ -135,7 +135,7 @@ func (b *NATS) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 // per client pattern: overlapping NATS subscriptions would deliver one event
 // twice, and one subscription per node keeps the server's interest graph
 // small) and delivers batches to h on the calling goroutine.
-func (b *NATS) Consume(ctx context.Context, h Handler) error {
+func (b *NATS) Consume(ctx context.Context, h Handler, started func()) error {
 	ch := make(chan *nats.Msg, consumeBuffer)
 	var subs []*nats.Subscription
 	defer func() {
@@ -157,6 +157,9 @@ func (b *NATS) Consume(ctx context.Context, h Handler) error {
 	b.nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
 	if b.nc.IsClosed() {
 		return ErrClosed
+	}
+	if started != nil {
+		started()
 	}
 	batch := make([]Message, 0, maxBatch)
 	for {

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,11 +30,13 @@ type conn struct {
 	log *zap.Logger     // static
 	ctx context.Context // static: cancelled when the server stops hard
 
-	closeCode  atomic.Int32  // requested close code; 0 while open. Set once.
-	writeErr   atomic.Bool   // the writer failed or a ping went unanswered
-	pingFailed atomic.Bool   //
-	stop       chan struct{} // closed by serve when reading ended: the writer exits
-	writerDone chan struct{} // closed by the writer
+	closeCode  atomic.Int32   // requested close code; 0 while open. Set once.
+	writeErr   atomic.Bool    // the writer failed
+	pingFailed atomic.Bool    // a ping went unanswered
+	pinging    atomic.Bool    // a ping is in flight
+	pings      sync.WaitGroup // the in-flight ping's goroutine; waited for by serve
+	stop       chan struct{}  // closed by serve when reading ended: the writer exits
+	writerDone chan struct{}  // closed by the writer
 
 	watchdogMu sync.Mutex
 	watchdog   *time.Timer // guarded by watchdogMu: cuts the socket if a close stalls
@@ -90,7 +93,8 @@ func (c *conn) serve() {
 
 	close(c.stop)
 	<-c.writerDone
-	_ = c.ws.CloseNow()
+	_ = c.ws.CloseNow() // also ends a ping in flight
+	c.pings.Wait()
 	c.watchdogMu.Lock()
 	if c.watchdog != nil {
 		c.watchdog.Stop()
@@ -120,7 +124,9 @@ func (c *conn) disconnectReason(readErr error) string {
 		return "ping_timeout"
 	case c.writeErr.Load():
 		return "write_error"
-	case websocket.CloseStatus(readErr) == websocket.StatusMessageTooBig:
+	case readErr != nil && strings.Contains(readErr.Error(), "read limited at"):
+		// The websocket library closes with 1009 itself and returns an
+		// untyped error; its text is the only signal.
 		return "read_limit"
 	}
 	return "client"
@@ -230,8 +236,11 @@ func (c *conn) writeLoop() {
 		select {
 		case <-c.cl.wake:
 		case <-ping.C:
-			if !c.ping() {
-				return
+			// The ping runs beside the writer: waiting for the pong here
+			// would stop deliveries for a round trip behind everything the
+			// client has not read yet, and fill the mailbox meanwhile.
+			if c.pinging.CompareAndSwap(false, true) {
+				c.pings.Go(c.ping)
 			}
 			ping.Reset(interval)
 			continue
@@ -315,15 +324,20 @@ func (c *conn) writeFrame(b []byte) error {
 	return nil
 }
 
-func (c *conn) ping() bool {
+// ping sends a ping and waits for the pong; an unanswered ping cuts the
+// connection (the reader then ends and serve cleans up).
+func (c *conn) ping() {
+	defer c.pinging.Store(false)
 	ctx, cancel := context.WithTimeout(c.ctx, c.s.cfg.PingTimeout)
 	defer cancel()
 	if err := c.ws.Ping(ctx); err != nil {
-		c.pingFailed.Store(true)
+		select {
+		case <-c.stop: // the connection was ending anyway
+		default:
+			c.pingFailed.Store(true)
+		}
 		_ = c.ws.CloseNow()
-		return false
 	}
-	return true
 }
 
 // finish closes the connection with code. Going away (1001) and policy

@@ -13,7 +13,7 @@ import (
 func BenchmarkDispatch(b *testing.B) {
 	for _, conns := range []int{10_000} {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
-			h := newHub(nil)
+			h := newHub(nil, 0)
 			clients := make([]*client, conns)
 			for i := range clients {
 				clients[i] = newClient(4096, 4<<20, func() { b.Fatal("overflow") })

@@ -22,20 +22,22 @@ type mailbox struct {
 }
 
 // push queues it. It reports whether the mailbox was empty, in which case the
-// caller must wake the writer (possibly later, once per batch). It returns
-// ErrMailboxFull when the mailbox is over a bound or closed.
-func (m *mailbox) push(it item) (wasEmpty bool, err error) {
+// caller must wake the writer (possibly later, once per batch), and whether
+// it is now over half of either bound. It returns ErrMailboxFull when the
+// mailbox is over a bound or closed.
+func (m *mailbox) push(it item) (wasEmpty, pressured bool, err error) {
 	n := it.size()
 	m.mu.Lock()
 	if m.closed || len(m.items) >= m.maxItems || m.bytes+n > m.maxBytes {
 		m.mu.Unlock()
-		return false, ErrMailboxFull
+		return false, false, ErrMailboxFull
 	}
 	wasEmpty = len(m.items) == 0
 	m.items = append(m.items, it)
 	m.bytes += n
+	pressured = 2*len(m.items) > m.maxItems || 2*m.bytes > m.maxBytes
 	m.mu.Unlock()
-	return wasEmpty, nil
+	return wasEmpty, pressured, nil
 }
 
 // pushControl queues a reply. Replies may exceed the byte bound (they are
@@ -50,6 +52,13 @@ func (m *mailbox) pushControl(it item) (wasEmpty bool, err error) {
 	m.items = append(m.items, it)
 	m.bytes += it.size()
 	return wasEmpty, nil
+}
+
+// overHalf reports whether the mailbox is over half of either bound.
+func (m *mailbox) overHalf() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return 2*len(m.items) > m.maxItems || 2*m.bytes > m.maxBytes
 }
 
 // take returns everything queued and leaves spare (emptied) in its place.

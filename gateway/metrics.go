@@ -21,13 +21,13 @@ type Metrics struct {
 	Frames          prometheus.Counter
 	BytesSent       prometheus.Counter
 	DispatchLatency prometheus.Histogram
+	DispatchPaced   prometheus.Counter
 
 	PublishRequests *prometheus.CounterVec // result: ok, bad_request, unauthorized, broker_error
 	PublishedEvents prometheus.Counter
-	BrokerUp        prometheus.Gauge
 }
 
-func newMetrics(reg prometheus.Registerer) *Metrics {
+func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 	m := &Metrics{
 		Connections:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_connections", Help: "Open WebSocket connections."}),
 		ConnectionsAccepted: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_connections_accepted_total", Help: "WebSocket connections accepted."}),
@@ -42,16 +42,22 @@ func newMetrics(reg prometheus.Registerer) *Metrics {
 		Deliveries:      prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_deliveries_total", Help: "Events queued to connections (one per event per matching connection)."}),
 		Frames:          prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_frames_total", Help: "WebSocket text frames written."}),
 		BytesSent:       prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_bytes_sent_total", Help: "Payload bytes written in frames."}),
+		DispatchPaced:   prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_dispatch_paced_seconds_total", Help: "Time the dispatcher waited because most clients' mailboxes were over half full (node saturated)."}),
 		DispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fanwire_dispatch_latency_seconds", Help: "From a batch's arrival from the broker until all its deliveries are queued.", Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12)}),
 
 		PublishRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_publish_requests_total", Help: "POST /api/publish requests, by result."}, []string{"result"}),
 		PublishedEvents: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_published_events_total", Help: "Events published through the publish API."}),
-		BrokerUp:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_broker_up", Help: "1 while the broker connection is up."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Connections, m.ConnectionsAccepted, m.ConnectionsRejected, m.Disconnects, m.Subscriptions,
 			m.ClientErrors, m.EventsReceived, m.EventsInvalid, m.EventsDropped, m.Deliveries, m.Frames, m.BytesSent,
-			m.DispatchLatency, m.PublishRequests, m.PublishedEvents, m.BrokerUp)
+			m.DispatchLatency, m.DispatchPaced, m.PublishRequests, m.PublishedEvents,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_broker_up", Help: "1 while the broker connection is up."}, func() float64 {
+				if brokerUp() {
+					return 1
+				}
+				return 0
+			}))
 	}
 	return m
 }

@@ -53,10 +53,10 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("gateway config: %w", err)
 	}
-	m := newMetrics(cfg.Registry)
+	m := newMetrics(cfg.Registry, cfg.Broker.Ready)
 	s := &Server{
 		cfg:     cfg,
-		hub:     newHub(m),
+		hub:     newHub(m, cfg.MaxPace),
 		metrics: m,
 		log:     cfg.Logger,
 		conns:   make(map[*conn]struct{}),
@@ -88,11 +88,8 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // Run consumes the broker and dispatches until ctx is done or the broker
 // fails; it returns nil on a clean stop. Run one at a time.
 func (s *Server) Run(ctx context.Context) error {
-	s.consuming.Store(true)
 	defer s.consuming.Store(false)
-	s.metrics.BrokerUp.Set(1)
-	err := s.cfg.Broker.Consume(ctx, s.dispatch)
-	s.metrics.BrokerUp.Set(0)
+	err := s.cfg.Broker.Consume(ctx, s.dispatch, func() { s.consuming.Store(true) })
 	if ctx.Err() != nil {
 		return nil
 	}

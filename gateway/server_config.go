@@ -23,6 +23,7 @@ type Config struct {
 	MailboxBytes     int           // per-connection queue bound in bytes (default 4 MiB)
 	ReadLimit        int64         // largest client frame; over it: close 1009 (default 64 KiB)
 	MaxFrameBytes    int           // the writer starts a new frame past this size (default 64 KiB)
+	MaxPace          time.Duration // longest dispatcher wait per batch when most clients are behind (default 50ms; negative: never wait)
 	PingInterval     time.Duration // server ping period (default 30s)
 	PingTimeout      time.Duration // a ping not answered in this time closes the connection (default 10s)
 	CloseTimeout     time.Duration // how long a close (1001, 4008, 1008) may take before the socket is cut (default 5s)
@@ -63,6 +64,7 @@ func (c *Config) setDefaults() {
 		c.ReadLimit = 64 << 10
 	}
 	def(&c.MaxFrameBytes, 64<<10)
+	defDur(&c.MaxPace, 50*time.Millisecond)
 	defDur(&c.PingInterval, 30*time.Second)
 	defDur(&c.PingTimeout, 10*time.Second)
 	defDur(&c.CloseTimeout, 5*time.Second)

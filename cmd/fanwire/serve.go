@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -37,11 +38,13 @@ type wsFlags struct {
 	mailboxBytes     int
 	readLimit        int64
 	maxFrameBytes    int
+	maxPace          time.Duration
 	pingInterval     time.Duration
 	pingTimeout      time.Duration
 	shutdownTimeout  time.Duration
 	logLevel         string
 	logFormat        string
+	debugListen      string
 }
 
 func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
@@ -60,15 +63,27 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.IntVar(&f.mailboxBytes, "mailbox-bytes", 4<<20, "per-connection queue bound in bytes; over it: close 4008 (slow consumer)")
 	fs.Int64Var(&f.readLimit, "read-limit", 64<<10, "largest client frame in bytes; over it: close 1009")
 	fs.IntVar(&f.maxFrameBytes, "max-frame-bytes", 64<<10, "the writer coalesces queued messages into frames up to this size")
+	fs.DurationVar(&f.maxPace, "max-pace", 50*time.Millisecond, "when most clients' mailboxes are over half full (node saturated), the dispatcher waits up to this long per batch for them to drain instead of disconnecting them; negative: never wait")
 	fs.DurationVar(&f.pingInterval, "ping-interval", 30*time.Second, "server WebSocket ping period")
 	fs.DurationVar(&f.pingTimeout, "ping-timeout", 10*time.Second, "a ping unanswered this long closes the connection")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT: time to drain and close connections with 1001 before cutting them")
+	fs.StringVar(&f.debugListen, "debug-listen", "", "when set, serve Go's /debug/pprof on this address (keep it private)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	def := "json"
 	if dev {
 		def = "console"
 	}
 	fs.StringVar(&f.logFormat, "log-format", def, "json or console")
+}
+
+func debugMux() *http.ServeMux {
+	m := http.NewServeMux()
+	m.HandleFunc("/debug/pprof/", pprof.Index)
+	m.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	m.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	m.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	m.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	return m
 }
 
 func newLogger(level, format string) (*zap.Logger, error) {
@@ -170,6 +185,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		MailboxBytes:     f.mailboxBytes,
 		ReadLimit:        f.readLimit,
 		MaxFrameBytes:    f.maxFrameBytes,
+		MaxPace:          f.maxPace,
 		PingInterval:     f.pingInterval,
 		PingTimeout:      f.pingTimeout,
 		APIKey:           f.apiKey,
@@ -199,6 +215,20 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		return nil
 	})
 	g.Go(func() error { return srv.Run(runCtx) })
+	var ds *http.Server
+	if f.debugListen != "" {
+		dln, err := net.Listen("tcp", f.debugListen)
+		if err != nil {
+			return fmt.Errorf("debug listen: %w", err)
+		}
+		ds = &http.Server{Handler: debugMux(), ReadHeaderTimeout: 10 * time.Second}
+		g.Go(func() error {
+			if err := ds.Serve(dln); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("debug http: %w", err)
+			}
+			return nil
+		})
+	}
 
 	addr := ln.Addr().String()
 	log.Info("fanwire ws role ready",
@@ -219,6 +249,9 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	}
 	if err := srv.Shutdown(sctx); err != nil {
 		errs = append(errs, err)
+	}
+	if ds != nil {
+		_ = ds.Close()
 	}
 	stopRun()
 	if err := g.Wait(); err != nil {

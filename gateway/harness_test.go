@@ -1,0 +1,281 @@
+package gateway_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/fanwire/fanwire/gateway"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// env is one gateway under test: a real embedded NATS server, the gateway
+// consuming it, and an HTTP server in front, all stopped by t.Cleanup.
+type env struct {
+	t    *testing.T
+	ns   *server.Server
+	nc   *nats.Conn // a separate publisher connection
+	srv  *gateway.Server
+	http *httptest.Server
+	reg  *prometheus.Registry
+	stop func() // shuts the gateway down gracefully (idempotent)
+}
+
+func newEnv(t *testing.T, mutate func(*gateway.Config)) *env {
+	t.Helper()
+	ns := brokertest.NATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	b, err := broker.DialNATS(ctx, broker.NATSConfig{URL: ns.ClientURL(), Name: "gateway-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	cfg := gateway.Config{Broker: b, Registry: reg, Console: true}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	srv, err := gateway.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	runCtx, stopRun := context.WithCancel(context.Background())
+	runDone := make(chan error, 1)
+	go func() { runDone <- srv.Run(runCtx) }()
+	waitFor(t, "gateway consuming", func() bool {
+		resp, err := http.Get(hs.URL + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	e := &env{t: t, ns: ns, nc: nc, srv: srv, http: hs, reg: reg}
+	e.stop = func() {
+		once.Do(func() {
+			sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer scancel()
+			if err := srv.Shutdown(sctx); err != nil {
+				t.Errorf("shutdown: %v", err)
+			}
+			stopRun()
+			if err := <-runDone; err != nil {
+				t.Errorf("run: %v", err)
+			}
+			hs.Close()
+			nc.Close()
+			b.Close()
+		})
+	}
+	t.Cleanup(e.stop)
+	return e
+}
+
+func (e *env) wsURL() string { return "ws" + strings.TrimPrefix(e.http.URL, "http") + "/ws" }
+
+// publish publishes raw data on subject straight into NATS and flushes.
+func (e *env) publish(subject, data string) {
+	e.t.Helper()
+	if err := e.nc.Publish(subject, []byte(data)); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.nc.Flush(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// counter reads a counter or gauge from the gateway's registry.
+func (e *env) metric(name string, labels map[string]string) float64 {
+	e.t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// client is a real WebSocket client speaking the native protocol.
+type client struct {
+	t    *testing.T
+	c    *websocket.Conn
+	msgs []map[string]any // received and not yet consumed
+	raw  []string         // the same messages, verbatim
+}
+
+func (e *env) dial() *client {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, e.wsURL(), nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c.SetReadLimit(64 << 20)
+	cl := &client{t: e.t, c: c}
+	e.t.Cleanup(func() { _ = c.CloseNow() })
+	ready := cl.next()
+	if ready["type"] != "ready" || ready["connection_id"] == "" {
+		e.t.Fatalf("first message %v, want ready with a connection_id", ready)
+	}
+	return cl
+}
+
+func (cl *client) send(v string) {
+	cl.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := cl.c.Write(ctx, websocket.MessageText, []byte(v)); err != nil {
+		cl.t.Fatal(err)
+	}
+}
+
+// readFrame reads one frame and queues its messages; it returns the read
+// error (a close, a timeout).
+func (cl *client) readFrame(d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	typ, b, err := cl.c.Read(ctx)
+	if err != nil {
+		return err
+	}
+	if typ != websocket.MessageText {
+		cl.t.Fatalf("server sent a %v frame", typ)
+	}
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		var m map[string]any
+		if err := json.Unmarshal(line, &m); err != nil {
+			cl.t.Fatalf("server message is not JSON: %q: %v", line, err)
+		}
+		cl.msgs = append(cl.msgs, m)
+		cl.raw = append(cl.raw, string(line))
+	}
+	return nil
+}
+
+// next returns the next message, waiting up to 5 s.
+func (cl *client) next() map[string]any {
+	cl.t.Helper()
+	for len(cl.msgs) == 0 {
+		if err := cl.readFrame(5 * time.Second); err != nil {
+			cl.t.Fatalf("waiting for a message: %v", err)
+		}
+	}
+	m := cl.msgs[0]
+	cl.msgs = cl.msgs[1:]
+	cl.raw = cl.raw[1:]
+	return m
+}
+
+// nextRaw returns the next message verbatim.
+func (cl *client) nextRaw() string {
+	cl.t.Helper()
+	for len(cl.raw) == 0 {
+		if err := cl.readFrame(5 * time.Second); err != nil {
+			cl.t.Fatalf("waiting for a message: %v", err)
+		}
+	}
+	r := cl.raw[0]
+	cl.msgs = cl.msgs[1:]
+	cl.raw = cl.raw[1:]
+	return r
+}
+
+// expect reads the next message and checks the given fields.
+func (cl *client) expect(want map[string]any) map[string]any {
+	cl.t.Helper()
+	m := cl.next()
+	for k, v := range want {
+		if !jsonEqual(m[k], v) {
+			cl.t.Fatalf("message %v: field %q = %v, want %v", m, k, m[k], v)
+		}
+	}
+	return m
+}
+
+// quiet asserts that nothing is queued for the client: a ping's pong must
+// be the next message. (A read deadline would close the connection: the
+// websocket library closes it when a read's context expires.)
+func (cl *client) quiet() {
+	cl.t.Helper()
+	cl.send(`{"type":"ping"}`)
+	if m := cl.next(); m["type"] != "pong" {
+		cl.t.Fatalf("unexpected message %v", m)
+	}
+}
+
+// subscribe subscribes and waits for the confirmation.
+func (cl *client) subscribe(id, subject string) {
+	cl.t.Helper()
+	cl.send(`{"type":"subscribe","id":"` + id + `","subject":"` + subject + `"}`)
+	cl.expect(map[string]any{"type": "subscribed", "id": id})
+}
+
+// closeStatus reads until the connection ends and returns its close code.
+func (cl *client) closeStatus(d time.Duration) websocket.StatusCode {
+	cl.t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		err := cl.readFrame(time.Until(deadline))
+		if err != nil {
+			return websocket.CloseStatus(err)
+		}
+	}
+	cl.t.Fatalf("connection still open after %v", d)
+	return 0
+}
+
+func jsonEqual(a, b any) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return bytes.Equal(ja, jb)
+}
+
+// waitFor polls cond until it holds or 10 s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

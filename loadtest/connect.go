@@ -1,0 +1,157 @@
+package loadtest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"syscall"
+
+	"github.com/coder/websocket"
+)
+
+// dialConcurrency bounds the dials in flight, so connecting thousands of
+// clients does not hit the gateway (and its accept backlog) all at once.
+const dialConcurrency = 50
+
+// subID is the subscription id every client uses; ids are per connection.
+const subID = "s1"
+
+// connectAll dials cfg.Clients clients, at most dialConcurrency at a time, and
+// returns once all are subscribed. On the first failure it cancels the rest,
+// closes the clients already connected and returns that failure.
+func connectAll(ctx context.Context, cfg *Config) ([]*client, error) {
+	dctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	clients := make([]*client, cfg.Clients)
+	sem := make(chan struct{}, dialConcurrency)
+	var wg sync.WaitGroup
+dial:
+	for i := range clients {
+		select {
+		case sem <- struct{}{}:
+		case <-dctx.Done():
+			break dial
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			c, err := dialClient(dctx, cfg, i)
+			if err != nil {
+				cancel(err) // the first cause wins; later ones are mostly "context canceled"
+				return
+			}
+			clients[i] = c
+		})
+	}
+	wg.Wait()
+	if dctx.Err() != nil {
+		closeAll(ctx, clients)
+		return nil, context.Cause(dctx)
+	}
+	return clients, nil
+}
+
+// closeAll closes every non-nil client's connection concurrently and waits.
+func closeAll(ctx context.Context, clients []*client) {
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		if c != nil {
+			wg.Go(func() { closeConn(ctx, c.conn) })
+		}
+	}
+	wg.Wait()
+}
+
+// dialClient connects one client and subscribes it to cfg.Subject; the dial
+// and the handshake together get cfg.Timeout.
+func dialClient(ctx context.Context, cfg *Config, id int) (*client, error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	opts := &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled}
+	if cfg.RcvBuf > 0 {
+		d := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, cfg.RcvBuf)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}}
+		opts.HTTPClient = &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
+	}
+	conn, _, err := websocket.Dial(ctx, cfg.URL, opts)
+	if err != nil {
+		return nil, fmt.Errorf("client %d: dial %s: %w", id, cfg.URL, err)
+	}
+	conn.SetReadLimit(readLimit)
+	if err := handshake(ctx, conn, cfg.Subject); err != nil {
+		_ = conn.CloseNow()
+		return nil, fmt.Errorf("client %d: %w", id, err)
+	}
+	return &client{id: id, conn: conn, v: newVerifier(cfg.Events)}, nil
+}
+
+// controlMsg is the union of the handshake messages a client may receive.
+type controlMsg struct {
+	Type         string `json:"type"`
+	ID           string `json:"id"`
+	ConnectionID string `json:"connection_id"`
+	Code         string `json:"code"`
+	Message      string `json:"message"`
+}
+
+// handshake waits for "ready", subscribes and waits for "subscribed".
+func handshake(ctx context.Context, conn *websocket.Conn, subject string) error {
+	if err := await(ctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
+		return fmt.Errorf("await ready: %w", err)
+	}
+	sub, err := json.Marshal(struct {
+		Type    string `json:"type"`
+		ID      string `json:"id"`
+		Subject string `json:"subject"`
+	}{"subscribe", subID, subject})
+	if err != nil {
+		return fmt.Errorf("encode subscribe: %w", err)
+	}
+	if err := conn.Write(ctx, websocket.MessageText, sub); err != nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	err = await(ctx, conn, func(m *controlMsg) bool { return m.Type == "subscribed" && m.ID == subID })
+	if err != nil {
+		return fmt.Errorf("await subscribed: %w", err)
+	}
+	return nil
+}
+
+// await reads messages until want accepts one. An error message fails with
+// ErrRejected; messages want does not accept are skipped. Handshakes are
+// rare, so encoding/json is fine here.
+func await(ctx context.Context, conn *websocket.Conn, want func(*controlMsg) bool) error {
+	for {
+		_, frame, err := conn.Read(ctx)
+		if err != nil {
+			return err
+		}
+		for len(frame) > 0 {
+			var line []byte
+			line, frame = nextMessage(frame)
+			if len(bytes.TrimSpace(line)) == 0 {
+				continue
+			}
+			var m controlMsg
+			if err := json.Unmarshal(line, &m); err != nil {
+				return fmt.Errorf("%w: message %.200q: %w", ErrProtocol, line, err)
+			}
+			if m.Type == "error" {
+				return fmt.Errorf("%w: %s: %s", ErrRejected, m.Code, m.Message)
+			}
+			if want(&m) {
+				return nil
+			}
+		}
+	}
+}

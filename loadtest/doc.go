@@ -1,0 +1,34 @@
+// Package loadtest measures a running fanwire gateway end to end: it connects
+// many WebSocket clients to the gateway's native endpoint, subscribes them all
+// to one subject, publishes numbered, timestamped events straight into NATS and
+// checks that every client receives every event exactly once and in order. It
+// reports delivery throughput, latency percentiles and, when given the
+// gateway's pid, the gateway's CPU time and peak RSS over the run.
+//
+// The client side is built to be cheap, because on a small machine it shares
+// the CPUs with the gateway it measures: events are recognised with
+// bytes.Index and hand-written integer parsing (no encoding/json per event),
+// each connection reuses one read buffer, and the per-event path (parse,
+// verify, record latency) allocates nothing.
+//
+// # Concurrency contract
+//
+// Run owns every goroutine it starts and returns only after all of them have
+// exited:
+//   - up to 50 dial workers while clients connect (dialConcurrency);
+//   - one reader goroutine per client, the only goroutine that reads its
+//     connection and the only writer of that client's tallies;
+//   - one close watcher per client (a context.AfterFunc), which closes the
+//     connection with StatusNormalClosure when the run stops (or at once,
+//     without a handshake, when the caller's context is cancelled); the reader
+//     waits for it before exiting;
+//   - one publisher goroutine.
+//
+// The monitor loop runs on the caller's goroutine: it reads per-client atomic
+// counters (stored once per frame), writes Config.Progress and decides when the
+// run is over. Config.Progress is written only from the goroutine that called
+// Run, so it needs no locking. Run may be called concurrently; each call uses
+// its own subject by default so runs do not see each other's events.
+//
+// ProcSampler reads /proc and works only on Linux.
+package loadtest

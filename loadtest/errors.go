@@ -1,0 +1,15 @@
+package loadtest
+
+import "errors"
+
+// Sentinel errors; Run wraps them with the offending value or server reply.
+var (
+	// ErrInvalidConfig: a Config field is out of range. The message names the field.
+	ErrInvalidConfig = errors.New("invalid config")
+	// ErrRejected: the gateway answered the connection or subscription with
+	// {"type":"error"}. The message carries its code and text.
+	ErrRejected = errors.New("gateway replied with an error")
+	// ErrProtocol: the gateway sent something the native protocol does not allow
+	// during the handshake (not JSON, or the connection closed before "subscribed").
+	ErrProtocol = errors.New("protocol violation")
+)

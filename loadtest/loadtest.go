@@ -1,0 +1,101 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Run connects cfg.Clients clients to the gateway, subscribes them to
+// cfg.Subject, publishes cfg.Events events into NATS and waits until every
+// client has every event, delivery makes no progress for cfg.Timeout, or ctx
+// ends. It returns after every goroutine it started has exited.
+//
+// A run that loses, duplicates or reorders events, or times out, is a result,
+// not an error: Run returns it with a nil error and Result.OK reports false.
+// Run returns an error when it could not carry out the test: an invalid
+// Config, a client that failed to connect or subscribe, a NATS or publish
+// failure, a gateway process that cannot be sampled, or ctx ending.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, fmt.Errorf("loadtest: %w", err)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("loadtest: %w", err)
+	}
+	if cfg.Proc.Enabled() { // fail before connecting anything if the pid is wrong
+		if _, err := cfg.Proc.Sample(); err != nil {
+			return nil, fmt.Errorf("loadtest: sample gateway: %w", err)
+		}
+	}
+	nc, err := connectNATS(ctx, &cfg)
+	if err != nil {
+		return nil, fmt.Errorf("loadtest: %w", err)
+	}
+	defer nc.Close()
+	clients, err := connectAll(ctx, &cfg)
+	if err != nil {
+		return nil, fmt.Errorf("loadtest: connect clients: %w", err)
+	}
+	res, err := execute(ctx, &cfg, nc, clients)
+	if err != nil {
+		return nil, fmt.Errorf("loadtest: %w", err)
+	}
+	return res, nil
+}
+
+// usage is a pair of process samples: the gateway's and our own.
+type usage struct {
+	gateway, self ProcSample
+}
+
+func sampleUsage(cfg *Config) (usage, error) {
+	var u usage
+	var err error
+	if cfg.Proc.Enabled() {
+		if u.gateway, err = cfg.Proc.Sample(); err != nil {
+			return u, fmt.Errorf("sample gateway: %w", err)
+		}
+	}
+	if u.self, err = (ProcSampler{PID: os.Getpid()}).Sample(); err != nil {
+		return u, fmt.Errorf("sample self: %w", err)
+	}
+	return u, nil
+}
+
+// execute runs the measured part: readers start, the publisher starts, the
+// monitor waits for the end, then everything is stopped and waited for.
+func execute(ctx context.Context, cfg *Config, nc *nats.Conn, clients []*client) (*Result, error) {
+	stopCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait() // runs after stop (defers run last-in first-out)
+	defer stop()
+
+	finished := make(chan struct{}, len(clients)) // each reader sends once, so sends never block
+	for _, c := range clients {
+		wg.Go(func() { c.read(ctx, stopCtx, finished) })
+	}
+	before, err := sampleUsage(cfg)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	published := make(chan error, 1)
+	wg.Go(func() { published <- publish(stopCtx, nc, cfg) })
+
+	m := monitor{cfg: cfg, clients: clients, start: start}
+	if err := m.wait(ctx, finished, published); err != nil {
+		return nil, err
+	}
+	after, err := sampleUsage(cfg)
+	if err != nil {
+		return nil, err
+	}
+	stop()
+	wg.Wait() // readers have exited: their tallies are ours to read
+	return collect(cfg, clients, &m, before, after), nil
+}

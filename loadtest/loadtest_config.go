@@ -1,0 +1,112 @@
+package loadtest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Defaults filled in by Run for zero-valued Config fields.
+const (
+	DefaultClients = 200
+	DefaultEvents  = 20000
+	DefaultSize    = 256
+	DefaultTimeout = 15 * time.Second
+)
+
+// maxBitmapBytes bounds the per-client "seen" bitmaps (Clients × Events bits),
+// which are what make the gap/duplicate/missing counts exact.
+const maxBitmapBytes = 1 << 30
+
+// Config describes one load-test run. The zero value of every field except
+// URL and NATSURL selects a default.
+type Config struct {
+	URL      string        // gateway native endpoint, e.g. ws://127.0.0.1:8080/ws (required)
+	NATSURL  string        // NATS server the gateway consumes, e.g. nats://127.0.0.1:4222 (required)
+	Clients  int           // concurrent WebSocket clients; default 200
+	Events   int           // events published; default 20000
+	Size     int           // bytes per event payload (the JSON in "data"); default 256
+	Rate     int           // events/s; 0 publishes as fast as possible (burst)
+	Subject  string        // default "loadtest.<random run id>.hot", so concurrent runs don't mix
+	Timeout  time.Duration // give up after this long without delivery progress; also bounds each dial and the NATS connect; default 15s
+	Progress io.Writer     // one progress line per second; nil for none
+	Proc     ProcSampler   // samples the gateway's CPU and peak RSS; zero value samples nothing
+	// RcvBuf sets each client socket's SO_RCVBUF in bytes; 0 leaves the
+	// kernel's autotuning. On loopback (MTU 64 KiB) autotuned buffers run
+	// into zero-window stalls of 200–800 ms (TCP's persist timer backing
+	// off) whenever clients fall behind a burst; real clients over a real
+	// network don't see those, so the benchmarks use 4 MiB (see
+	// docs/benchmarks.md).
+	RcvBuf int
+}
+
+// setDefaults fills zero-valued fields. It is the only place defaults live.
+func (c *Config) setDefaults() error {
+	if c.Clients == 0 {
+		c.Clients = DefaultClients
+	}
+	if c.Events == 0 {
+		c.Events = DefaultEvents
+	}
+	if c.Size == 0 {
+		c.Size = DefaultSize
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Subject == "" {
+		var id [6]byte
+		if _, err := rand.Read(id[:]); err != nil {
+			return fmt.Errorf("run id: %w", err)
+		}
+		c.Subject = "loadtest." + hex.EncodeToString(id[:]) + ".hot"
+	}
+	return nil
+}
+
+// validate checks a Config after setDefaults.
+func (c *Config) validate() error {
+	switch {
+	case c.URL == "":
+		return fmt.Errorf("%w: URL is required", ErrInvalidConfig)
+	case c.NATSURL == "":
+		return fmt.Errorf("%w: NATSURL is required", ErrInvalidConfig)
+	case c.Clients < 0:
+		return fmt.Errorf("%w: Clients %d is negative", ErrInvalidConfig, c.Clients)
+	case c.Events < 0:
+		return fmt.Errorf("%w: Events %d is negative", ErrInvalidConfig, c.Events)
+	case c.Size < 0:
+		return fmt.Errorf("%w: Size %d is negative", ErrInvalidConfig, c.Size)
+	case c.Rate < 0:
+		return fmt.Errorf("%w: Rate %d is negative", ErrInvalidConfig, c.Rate)
+	case c.RcvBuf < 0:
+		return fmt.Errorf("%w: RcvBuf %d is negative", ErrInvalidConfig, c.RcvBuf)
+	case c.Timeout < 0:
+		return fmt.Errorf("%w: Timeout %v is negative", ErrInvalidConfig, c.Timeout)
+	case c.Proc.PID < 0:
+		return fmt.Errorf("%w: Proc.PID %d is negative", ErrInvalidConfig, c.Proc.PID)
+	case int64(c.Clients)*int64(c.Events)/8 > maxBitmapBytes:
+		return fmt.Errorf("%w: Clients×Events %d×%d needs over 1 GiB of verification bitmaps",
+			ErrInvalidConfig, c.Clients, c.Events)
+	}
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return fmt.Errorf("%w: URL %q: %w", ErrInvalidConfig, c.URL, err)
+	}
+	switch u.Scheme {
+	case "ws", "wss", "http", "https":
+	default:
+		return fmt.Errorf("%w: URL %q: scheme must be ws or wss", ErrInvalidConfig, c.URL)
+	}
+	// A publish subject is concrete: no wildcards, no empty tokens, no whitespace.
+	for _, tok := range strings.Split(c.Subject, ".") {
+		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n*>") {
+			return fmt.Errorf("%w: Subject %q is not a concrete NATS subject", ErrInvalidConfig, c.Subject)
+		}
+	}
+	return nil
+}

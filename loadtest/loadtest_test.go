@@ -1,0 +1,121 @@
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The end-to-end test (Run against a real gateway) lands with the gateway.
+// These cover what Run does before and around it, with real servers only.
+
+func TestRunInvalidConfig(t *testing.T) {
+	valid := Config{URL: "ws://127.0.0.1:1/ws", NATSURL: "nats://127.0.0.1:1"}
+	tests := []struct {
+		name  string
+		mod   func(*Config)
+		field string
+	}{
+		{"no URL", func(c *Config) { c.URL = "" }, "URL"},
+		{"no NATSURL", func(c *Config) { c.NATSURL = "" }, "NATSURL"},
+		{"bad scheme", func(c *Config) { c.URL = "tcp://x/ws" }, "URL"},
+		{"negative clients", func(c *Config) { c.Clients = -1 }, "Clients"},
+		{"negative events", func(c *Config) { c.Events = -1 }, "Events"},
+		{"negative size", func(c *Config) { c.Size = -1 }, "Size"},
+		{"negative rate", func(c *Config) { c.Rate = -1 }, "Rate"},
+		{"negative timeout", func(c *Config) { c.Timeout = -time.Second }, "Timeout"},
+		{"wildcard subject", func(c *Config) { c.Subject = "loadtest.*.hot" }, "Subject"},
+		{"empty token", func(c *Config) { c.Subject = "loadtest..hot" }, "Subject"},
+		{"huge bitmaps", func(c *Config) { c.Clients, c.Events = 100_000, 1_000_000 }, "Clients×Events"},
+		{"negative pid", func(c *Config) { c.Proc.PID = -1 }, "Proc.PID"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := valid
+			tt.mod(&cfg)
+			res, err := Run(t.Context(), cfg)
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tt.field) || res != nil {
+				t.Fatalf("Run = %v, %v; want ErrInvalidConfig naming %s", res, err, tt.field)
+			}
+		})
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	var a, b Config
+	if err := a.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	if a.Clients != 200 || a.Events != 20000 || a.Size != 256 || a.Timeout != 15*time.Second || a.Rate != 0 {
+		t.Errorf("defaults = %+v", a)
+	}
+	if !strings.HasPrefix(a.Subject, "loadtest.") || !strings.HasSuffix(a.Subject, ".hot") || a.Subject == b.Subject {
+		t.Errorf("default subjects %q and %q: want distinct loadtest.<id>.hot", a.Subject, b.Subject)
+	}
+	a.URL, a.NATSURL = "ws://x/ws", "nats://x"
+	if err := a.validate(); err != nil {
+		t.Errorf("default subject rejected: %v", err)
+	}
+}
+
+// closedPort returns a local address nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+func TestRunNATSUnreachable(t *testing.T) {
+	_, err := Run(t.Context(), Config{URL: "ws://" + closedPort(t) + "/ws", NATSURL: "nats://" + closedPort(t), Timeout: 5 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "connect nats") {
+		t.Fatalf("err = %v, want a NATS connect error", err)
+	}
+}
+
+func TestRunGatewayUnreachable(t *testing.T) {
+	start := time.Now()
+	_, err := Run(t.Context(), Config{URL: "ws://" + closedPort(t) + "/ws", NATSURL: startNATS(t), Clients: 120, Timeout: 5 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "connect clients") || !strings.Contains(err.Error(), "dial") {
+		t.Fatalf("err = %v, want a dial error", err)
+	}
+	if took := time.Since(start); took > 4*time.Second {
+		t.Errorf("a refused dial took %v to fail the run", took)
+	}
+}
+
+func TestRunSizeOverMaxPayload(t *testing.T) {
+	_, err := Run(t.Context(), Config{URL: "ws://" + closedPort(t) + "/ws", NATSURL: startNATS(t), Size: 2 << 20})
+	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "max_payload") {
+		t.Fatalf("err = %v, want ErrInvalidConfig about max_payload", err)
+	}
+}
+
+func TestRunNoSuchGatewayProcess(t *testing.T) {
+	_, err := Run(t.Context(), Config{URL: "ws://" + closedPort(t) + "/ws", NATSURL: startNATS(t), Proc: ProcSampler{PID: 1 << 30}})
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("err = %v, want fs.ErrNotExist from sampling a missing pid", err)
+	}
+}
+
+func TestRunCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err := Run(ctx, Config{URL: "ws://" + closedPort(t) + "/ws", NATSURL: startNATS(t)})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+}

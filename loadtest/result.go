@@ -1,0 +1,109 @@
+package loadtest
+
+import (
+	"time"
+)
+
+// Result is what one run measured. Counts are exact; latencies come from a
+// histogram whose buckets are at most 6.25% wide (LatencyMax is exact).
+type Result struct {
+	// The run as configured (after defaults).
+	Clients, Events, Size, Rate int
+	Subject                     string
+
+	// Delivery. Expected = Clients × Events; every count is summed over clients.
+	Expected   int64
+	Delivered  int64 // every event received, duplicates included
+	Gaps       int64 // events skipped over when a later one arrived first
+	Duplicates int64 // events received again after their first arrival
+	OutOfOrder int64 // events whose first arrival came after a later one
+	Missing    int64 // events never received
+	Unexpected int64 // events whose seq is outside 1..Events
+	Malformed  int64 // messages without a type, or events without seq/ts
+	// ServerErrors counts {"type":"error"} messages after subscribing.
+	ServerErrors     int64
+	FirstServerError string // the first such message, verbatim
+	// Disconnects counts clients whose connection ended before the run did.
+	Disconnects     int
+	FirstDisconnect string
+	TimedOut        bool // stopped after Config.Timeout without delivery progress
+
+	// Timing. Elapsed runs from the first publish to the last delivery.
+	Elapsed          time.Duration
+	PublishElapsed   time.Duration // publishing plus the final flush; 0 if it had not finished
+	DeliveriesPerSec float64       // Delivered / Elapsed
+	LatencyP50       time.Duration // publish to receipt of the frame carrying the event
+	LatencyP95       time.Duration
+	LatencyP99       time.Duration
+	LatencyMax       time.Duration
+	LatencyMean      time.Duration
+
+	// Cost, between the first publish and the end of delivery. The gateway
+	// figures are set only when Config.Proc names a process.
+	GatewaySampled           bool
+	GatewayCPUSeconds        float64
+	GatewayRSSHighWaterBytes int64   // VmHWM: the gateway's peak RSS over its whole life, not just this run
+	CPUPerDeliveryMicros     float64 // GatewayCPUSeconds per delivered event, in µs
+	LoadtestCPUSeconds       float64 // this process's CPU over the same window (it shares the machine)
+}
+
+// OK reports whether every client received every event exactly once, in
+// order, and nothing else went wrong on the wire.
+func (r *Result) OK() bool {
+	return r.Gaps == 0 && r.Duplicates == 0 && r.OutOfOrder == 0 && r.Missing == 0 &&
+		r.Unexpected == 0 && r.Malformed == 0 && r.ServerErrors == 0
+}
+
+// collect sums the clients' tallies once their readers have exited.
+func collect(cfg *Config, clients []*client, m *monitor, before, after usage) *Result {
+	r := &Result{
+		Clients: cfg.Clients, Events: cfg.Events, Size: cfg.Size, Rate: cfg.Rate, Subject: cfg.Subject,
+		Expected:       int64(cfg.Clients) * int64(cfg.Events),
+		TimedOut:       m.timedOut,
+		PublishElapsed: m.published,
+	}
+	var lat histogram
+	var last int64
+	for _, c := range clients {
+		r.Delivered += c.v.delivered
+		r.Gaps += c.v.gaps
+		r.Duplicates += c.v.dups
+		r.OutOfOrder += c.v.late
+		r.Missing += c.v.missing()
+		r.Unexpected += c.v.alien
+		r.Malformed += c.malformed
+		r.ServerErrors += c.serverErrors
+		if r.FirstServerError == "" {
+			r.FirstServerError = c.firstServerError
+		}
+		if c.err != nil {
+			r.Disconnects++
+			if r.FirstDisconnect == "" {
+				r.FirstDisconnect = c.err.Error()
+			}
+		}
+		lat.merge(&c.lat)
+		last = max(last, c.lastNanos.Load())
+	}
+	if last > 0 {
+		r.Elapsed = time.Duration(last - m.start.UnixNano())
+	}
+	if r.Elapsed > 0 {
+		r.DeliveriesPerSec = float64(r.Delivered) / r.Elapsed.Seconds()
+	}
+	r.LatencyP50 = lat.quantile(0.50)
+	r.LatencyP95 = lat.quantile(0.95)
+	r.LatencyP99 = lat.quantile(0.99)
+	r.LatencyMax = time.Duration(lat.max)
+	r.LatencyMean = lat.mean()
+	if cfg.Proc.Enabled() {
+		r.GatewaySampled = true
+		r.GatewayCPUSeconds = after.gateway.CPUSeconds - before.gateway.CPUSeconds
+		r.GatewayRSSHighWaterBytes = after.gateway.RSSHighWaterBytes
+		if r.Delivered > 0 {
+			r.CPUPerDeliveryMicros = r.GatewayCPUSeconds * 1e6 / float64(r.Delivered)
+		}
+	}
+	r.LoadtestCPUSeconds = after.self.CPUSeconds - before.self.CPUSeconds
+	return r
+}
