@@ -1,0 +1,62 @@
+# fanwire: `make test` is what CI runs (.ci/run) and what a newcomer runs on
+# a fresh machine. It installs what the tests need when it is missing, then
+# vets, checks formatting and runs every test with the race detector.
+
+GO       ?= go
+FUZZTIME ?= 30s
+PKGS     := ./...
+
+# Debian packages the tests need: real servers, a real browser.
+APT_PKGS := redis-server postgresql chromium
+
+.PHONY: test deps vet fmt-check unit fuzz bench build loadtest
+
+test: deps vet fmt-check unit
+
+# deps installs missing system packages with apt-get (as root, or with sudo).
+deps:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+		if ! command -v apt-get >/dev/null 2>&1; then \
+			echo "make deps: missing$$missing and no apt-get here: install them with your package manager" >&2; exit 1; \
+		fi; \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo"; \
+		echo "make deps: installing$$missing"; \
+		$$sudo apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
+	fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+unit:
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+# fuzz runs every fuzz target for FUZZTIME each (go test allows one target
+# per run). The committed corpora under testdata/fuzz run in every `make test`.
+fuzz:
+	@for pkg in $$($(GO) list $(PKGS)); do \
+		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+			echo "== $$pkg $$f"; \
+			$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		done; \
+	done
+
+# bench runs the hot-path benchmarks 6 times for benchstat.
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./gateway/ ./loadtest/ | tee bench.txt
+
+build:
+	$(GO) build -o fanwire ./cmd/fanwire
+
+# loadtest builds the binary and measures a spawned `fanwire dev`.
+loadtest: build
+	./fanwire loadtest --spawn --clients 200 --events 20000 --size 256
+	./fanwire loadtest --spawn --clients 2000 --events 2000 --size 256
