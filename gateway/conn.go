@@ -231,7 +231,6 @@ func (c *conn) writeLoop() {
 	// Spread pings so 10,000 connections don't ping in the same instant.
 	ping := time.NewTimer(interval/2 + rand.N(interval/2+1))
 	defer ping.Stop()
-	var spare []item
 	for {
 		select {
 		case <-c.cl.wake:
@@ -248,67 +247,65 @@ func (c *conn) writeLoop() {
 			return
 		}
 		if code := c.closeCode.Load(); code != 0 {
-			c.finish(int(code), spare)
+			c.finish(int(code))
 			return
 		}
 		runtime.Gosched()
-		var ok bool
-		if spare, ok = c.drain(spare); !ok {
+		if !c.drain() {
 			return
 		}
 		if code := c.closeCode.Load(); code != 0 {
-			c.finish(int(code), spare)
+			c.finish(int(code))
 			return
-		}
-		if cap(spare) > 256 {
-			spare = nil // an idle connection holds no large buffer
 		}
 	}
 }
 
 // drain writes everything queued, repeating until the mailbox is empty. It
-// returns the emptied item slice for reuse, and false if a write failed.
-func (c *conn) drain(spare []item) ([]item, bool) {
+// returns false if a write failed.
+func (c *conn) drain() bool {
 	for {
-		items := c.cl.mb.take(spare)
-		if len(items) == 0 {
-			return items, true
+		b := c.cl.mb.take()
+		if b.n == 0 {
+			return true
 		}
-		err := c.writeItems(items)
-		clear(items)
-		spare = items
+		err := c.writeBatch(&b)
+		b.release()
 		if err != nil {
 			c.writeErr.Store(true)
 			_ = c.ws.CloseNow() // ends the reader too
-			return spare, false
+			return false
 		}
 		if c.closeCode.Load() != 0 {
-			return spare, true
+			return true
 		}
 	}
 }
 
-// writeItems splices items into frames of at most MaxFrameBytes (a single
-// larger message gets a frame of its own), '\n'-separated, one Write each.
-func (c *conn) writeItems(items []item) error {
+// writeBatch splices the batch's items into frames of at most MaxFrameBytes
+// (a single larger message gets a frame of its own), '\n'-separated, one
+// Write each.
+func (c *conn) writeBatch(bt *batch) error {
 	bp := getFrameBuf()
 	defer putFrameBuf(bp)
-	b := (*bp)[:0]
-	max := c.s.cfg.MaxFrameBytes
-	for _, it := range items {
-		if len(b) > 0 && len(b)+1+it.size() > max {
-			if err := c.writeFrame(b); err != nil {
-				return err
+	buf := (*bp)[:0]
+	limit := c.s.cfg.MaxFrameBytes
+	for s := bt.head; s != nil; s = bt.next(s) {
+		for _, it := range bt.used(s) {
+			if len(buf) > 0 && len(buf)+1+it.size() > limit {
+				if err := c.writeFrame(buf); err != nil {
+					return err
+				}
+				buf = buf[:0]
 			}
-			b = b[:0]
+			if len(buf) > 0 {
+				buf = append(buf, '\n')
+			}
+			buf = it.appendTo(buf)
 		}
-		if len(b) > 0 {
-			b = append(b, '\n')
-		}
-		b = it.appendTo(b)
 	}
-	err := c.writeFrame(b)
-	*bp = b
+	err := c.writeFrame(buf)
+	*bp = buf
 	return err
 }
 
@@ -343,7 +340,7 @@ func (c *conn) ping() {
 // finish closes the connection with code. Going away (1001) and policy
 // (1008) first deliver what is queued (drain, then close); a slow consumer's
 // mailbox was discarded.
-func (c *conn) finish(code int, spare []item) {
+func (c *conn) finish(code int) {
 	reason := "server going away"
 	switch code {
 	case CloseSlowConsumer:
@@ -352,7 +349,7 @@ func (c *conn) finish(code int, spare []item) {
 		reason = "too many protocol errors"
 	}
 	if code != CloseSlowConsumer {
-		if _, ok := c.drain(spare); !ok {
+		if !c.drain() {
 			return
 		}
 	}

@@ -79,6 +79,12 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// CountDropped counts n events lost before dispatch (e.g. the broker
+// client's buffer overflowed); brokers report through this.
+func (s *Server) CountDropped(reason string, n int) {
+	s.metrics.EventsDropped.WithLabelValues(reason).Add(float64(n))
+}
+
 // Handler returns the HTTP handler serving every endpoint.
 func (s *Server) Handler() http.Handler { return s.mux }
 

@@ -14,7 +14,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/loadtest"
+	"github.com/nats-io/nats-server/v2/server"
 )
 
 func loadtestCommand() *command {
@@ -25,6 +27,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	var (
 		cfg        loadtest.Config
 		spawn      bool
+		spawnRole  string
 		spawnFlags string
 		pid        int
 		asJSON     bool
@@ -40,6 +43,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	fs.DurationVar(&cfg.Timeout, "timeout", loadtest.DefaultTimeout, "give up after this long without delivery progress")
 	fs.IntVar(&cfg.RcvBuf, "client-rcvbuf", 4<<20, "SO_RCVBUF of each client socket in bytes (0: kernel autotuning, which on loopback stalls 200-800 ms at zero windows)")
 	fs.BoolVar(&spawn, "spawn", false, "start \"fanwire dev\" on free ports as a child process and measure it")
+	fs.StringVar(&spawnRole, "spawn-role", "dev", "with --spawn: dev (gateway and embedded NATS in one measured process) or ws (the measured process is \"fanwire ws\"; NATS runs embedded in the loadtest process)")
 	fs.StringVar(&spawnFlags, "spawn-flags", "", "extra flags for the spawned gateway, space-separated (e.g. \"--mailbox-messages 8192\")")
 	fs.IntVar(&pid, "pid", 0, "sample this existing gateway process's CPU and RSS from /proc")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of the table")
@@ -50,7 +54,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 			if cfg.URL != "" || cfg.NATSURL != "" || pid != 0 {
 				return errors.New("--spawn starts its own gateway: drop --url, --nats and --pid")
 			}
-			child, err := spawnDev(ctx, strings.Fields(spawnFlags))
+			child, err := spawnGateway(ctx, spawnRole, strings.Fields(spawnFlags))
 			if err != nil {
 				return err
 			}
@@ -85,13 +89,14 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 type devChild struct {
 	cmd     *exec.Cmd
 	dir     string
+	ns      *server.Server // role ws: the NATS server embedded here
 	wsURL   string
 	natsURL string
 }
 
-// spawnDev starts "fanwire dev" (this binary) on free ports with a fresh data
-// directory and waits until /readyz says ready.
-func spawnDev(ctx context.Context, extra []string) (*devChild, error) {
+// spawnGateway starts "fanwire dev" or "fanwire ws" (this binary) on free
+// ports with a fresh data directory and waits until /readyz says ready.
+func spawnGateway(ctx context.Context, role string, extra []string) (*devChild, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("spawn: %w", err)
@@ -100,24 +105,40 @@ func spawnDev(ctx context.Context, extra []string) (*devChild, error) {
 	if err != nil {
 		return nil, err
 	}
-	natsPort, err := freePort()
-	if err != nil {
-		return nil, err
-	}
 	dir, err := os.MkdirTemp("", "fanwire-loadtest-")
 	if err != nil {
 		return nil, fmt.Errorf("spawn: %w", err)
 	}
 	listen := "127.0.0.1:" + strconv.Itoa(httpPort)
-	args := append([]string{"dev", "--listen", listen, "--nats-port", strconv.Itoa(natsPort),
-		"--data-dir", dir, "--console=false", "--log-level", "warn"}, extra...)
+	ch := &devChild{dir: dir, wsURL: "ws://" + listen + "/ws"}
+	var args []string
+	switch role {
+	case "dev":
+		natsPort, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		ch.natsURL = "nats://127.0.0.1:" + strconv.Itoa(natsPort)
+		args = []string{"dev", "--nats-port", strconv.Itoa(natsPort), "--data-dir", dir}
+	case "ws":
+		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{})
+		if err != nil {
+			return nil, fmt.Errorf("spawn: %w", err)
+		}
+		ch.ns, ch.natsURL = ns, ns.ClientURL()
+		args = []string{"ws", "--nats-url", ns.ClientURL()}
+	default:
+		return nil, fmt.Errorf("--spawn-role %q: want dev or ws", role)
+	}
+	args = append(append(args, "--listen", listen, "--console=false", "--log-level", "warn"), extra...)
 	cmd := exec.Command(exe, args...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	ch.cmd = cmd
 	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
+		ch.cmd = nil
+		ch.stop()
 		return nil, fmt.Errorf("spawn %s: %w", exe, err)
 	}
-	ch := &devChild{cmd: cmd, dir: dir, wsURL: "ws://" + listen + "/ws", natsURL: "nats://127.0.0.1:" + strconv.Itoa(natsPort)}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+listen+"/readyz", nil)
@@ -136,16 +157,23 @@ func spawnDev(ctx context.Context, extra []string) (*devChild, error) {
 	}
 }
 
-// stop ends the child with SIGTERM (graceful), SIGKILL after 10 s.
+// stop ends the child with SIGTERM (graceful), SIGKILL after 10 s, then
+// the embedded NATS server if there is one.
 func (c *devChild) stop() {
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = c.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-done
+	if c.cmd != nil {
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = c.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-done
+		}
+	}
+	if c.ns != nil {
+		c.ns.Shutdown()
+		c.ns.WaitForShutdown()
 	}
 	os.RemoveAll(c.dir)
 }

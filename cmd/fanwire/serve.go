@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -160,6 +161,9 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	// The broker reports drops to the server, which exists only after the
+	// broker does.
+	var srvRef atomic.Pointer[gateway.Server]
 	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	b, err := broker.DialNATS(dialCtx, broker.NATSConfig{
@@ -168,6 +172,11 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		Subjects: f.subjects,
 		Name:     "fanwire-ws",
 		Logger:   log.Named("nats"),
+		OnDrop: func(n int) {
+			if s := srvRef.Load(); s != nil {
+				s.CountDropped("broker_slow_consumer", n)
+			}
+		},
 	})
 	if err != nil {
 		return err
@@ -195,6 +204,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	if err != nil {
 		return err
 	}
+	srvRef.Store(srv)
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
