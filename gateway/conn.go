@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -124,9 +123,7 @@ func (c *conn) disconnectReason(readErr error) string {
 		return "ping_timeout"
 	case c.writeErr.Load():
 		return "write_error"
-	case readErr != nil && strings.Contains(readErr.Error(), "read limited at"):
-		// The websocket library closes with 1009 itself and returns an
-		// untyped error; its text is the only signal.
+	case errors.Is(readErr, websocket.ErrMessageTooBig): // the library sent 1009
 		return "read_limit"
 	}
 	return "client"

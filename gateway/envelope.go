@@ -66,6 +66,13 @@ func NewEvent(subject, cursor string, data []byte) (*Event, error) {
 	if !json.Valid(data) {
 		return nil, fmt.Errorf("event on %q: data is not valid JSON", subject)
 	}
+	if !utf8.Valid(data) {
+		// encoding/json accepts invalid UTF-8 inside strings, but a
+		// WebSocket text frame must be UTF-8: browsers fail the whole
+		// connection on one bad byte. Replace each invalid sequence with
+		// U+FFFD, as encoding/json does when it encodes.
+		data = fixUTF8(data)
+	}
 	n := len(headPrefix) + jsonStringLen(subject) + len(subsField) + len(dataField) + len(data) + 1
 	if cursor != "" {
 		n += len(cursorField) + jsonStringLen(cursor)
@@ -100,9 +107,9 @@ func controlMessage(b []byte) *Event {
 }
 
 func encodeSubsList(ids []string) *subsList {
-	n := 2
+	n := 2 + max(len(ids)-1, 0) // brackets and commas
 	for _, id := range ids {
-		n += jsonStringLen(id) + 1
+		n += jsonStringLen(id)
 	}
 	b := make([]byte, 0, n)
 	b = append(b, '[')
@@ -113,6 +120,24 @@ func encodeSubsList(ids []string) *subsList {
 		b = appendJSONString(b, id)
 	}
 	return &subsList{b: append(b, ']')}
+}
+
+// fixUTF8 returns data with each invalid UTF-8 sequence replaced by the
+// JSON escape \ufffd. In valid JSON, invalid bytes can only be inside
+// strings (everything else is ASCII), where the escape is valid.
+func fixUTF8(data []byte) []byte {
+	out := make([]byte, 0, len(data)+16)
+	for i := 0; i < len(data); {
+		r, size := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && size <= 1 {
+			out = append(out, `\ufffd`...)
+			i++
+			continue
+		}
+		out = append(out, data[i:i+size]...)
+		i += size
+	}
+	return out
 }
 
 const hexDigits = "0123456789abcdef"

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"io"
+	"math"
 	"net"
 	"net/http"
 )
@@ -134,7 +135,11 @@ func frameLen(p []byte) (n int64, ok bool) {
 		if len(p) < 10 {
 			return 0, false
 		}
-		return hdr + 8 + int64(binary.BigEndian.Uint64(p[2:10])), true
+		n := binary.BigEndian.Uint64(p[2:10])
+		if n > math.MaxInt64-hdr-8 { // RFC 6455 forbids the top bit; never let it go negative
+			return math.MaxInt64, true
+		}
+		return hdr + 8 + int64(n), true
 	default:
 		return hdr + int64(l), true
 	}

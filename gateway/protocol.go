@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
+	"strings"
 )
 
 // maxIDLen bounds client-chosen subscription ids.
@@ -25,7 +27,7 @@ type clientFrame struct {
 // ErrBadFrame or ErrUnknownType and says what is wrong.
 func parseClientFrame(data []byte) (clientFrame, error) {
 	var f clientFrame
-	if err := decodeObject(data, &f); err != nil {
+	if err := decodeObject(data, &f, "type", "id", "subject"); err != nil {
 		return f, fmt.Errorf("%w: %s", ErrBadFrame, err.Error())
 	}
 	switch f.Type {
@@ -55,19 +57,45 @@ func parseClientFrame(data []byte) (clientFrame, error) {
 	return f, nil
 }
 
-// decodeObject decodes exactly one JSON object into v, refusing unknown
-// fields and trailing data. Its errors are worded for clients.
-func decodeObject(b []byte, v any) error {
+// decodeObject decodes exactly one JSON object into v, whose only allowed
+// keys are fields: encoding/json alone would accept "Type" for "type" (it
+// matches names case-insensitively) and let a repeated key win silently, so
+// the top-level keys are checked first. Errors are worded for clients.
+func decodeObject(b []byte, v any, fields ...string) error {
 	if t := bytes.TrimSpace(b); len(t) == 0 || t[0] != '{' {
 		return errors.New("expected one JSON object")
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if _, err := dec.Token(); err != nil { // '{'
+		return errors.New(jsonErrorText(err))
+	}
+	seen := make(map[string]bool, len(fields))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return errors.New(jsonErrorText(err))
+		}
+		key, _ := tok.(string)
+		if !slices.Contains(fields, key) {
+			return fmt.Errorf("unknown field %q (allowed: %s)", key, strings.Join(fields, ", "))
+		}
+		if seen[key] {
+			return fmt.Errorf("field %q given twice", key)
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return errors.New(jsonErrorText(err))
+		}
+	}
+	if _, err := dec.Token(); err != nil { // '}'
 		return errors.New(jsonErrorText(err))
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return errors.New("data after the JSON object")
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return errors.New(jsonErrorText(err))
 	}
 	return nil
 }

@@ -23,6 +23,8 @@ type publishRequest struct {
 	ID      string          `json:"id,omitempty"`
 }
 
+var publishFields = []string{"subject", "data", "id"}
+
 // maxPublishBatch bounds the events of one request.
 const maxPublishBatch = 10_000
 
@@ -107,13 +109,13 @@ func (s *Server) parsePublish(body []byte) ([]broker.Outgoing, *apiError) {
 		}
 		reqs = make([]publishRequest, len(raws))
 		for i, raw := range raws {
-			if err := decodeObject(raw, &reqs[i]); err != nil {
+			if err := decodeObject(raw, &reqs[i], publishFields...); err != nil {
 				return nil, &apiError{Error: "invalid event: " + err.Error(), Code: "bad_request", Index: &i}
 			}
 		}
 	} else {
 		reqs = make([]publishRequest, 1)
-		if err := decodeObject(trimmed, &reqs[0]); err != nil {
+		if err := decodeObject(trimmed, &reqs[0], publishFields...); err != nil {
 			return nil, &apiError{Error: "invalid event: " + err.Error(), Code: "bad_request"}
 		}
 	}

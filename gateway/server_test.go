@@ -151,7 +151,12 @@ func TestOversizedFrameClosesWith1009(t *testing.T) {
 	e := newEnv(t, nil)
 	cl := e.dial()
 	big := `{"type":"subscribe","id":"` + strings.Repeat("x", 70<<10) + `","subject":"a"}`
-	cl.send(big)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// The write may fail: the server closes as soon as the frame's header
+	// says it is too big, while the rest is still being sent. The close
+	// frame arrives first all the same.
+	_ = cl.c.Write(ctx, websocket.MessageText, []byte(big))
 	if code := cl.closeStatus(5 * time.Second); code != websocket.StatusMessageTooBig {
 		t.Fatalf("close code %v, want 1009", code)
 	}
@@ -163,6 +168,9 @@ func TestOversizedFrameClosesWith1009(t *testing.T) {
 func TestSlowConsumerIsClosedWith4008WhileOthersGetEverything(t *testing.T) {
 	e := newEnv(t, func(c *gateway.Config) {
 		c.MailboxMessages = 1024
+		// The slow client reads only at the end: its close frame must wait
+		// for it rather than be cut.
+		c.CloseTimeout = time.Minute
 	})
 	slow := e.dial()
 	slow.subscribe("s", "bulk.*")

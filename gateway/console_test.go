@@ -1,0 +1,334 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// The console page (gateway/console/index.html) is tested end to end in a real
+// headless Chromium: the page's own WebSocket client against the gateway, and
+// its publish form against /api/publish.
+
+const (
+	// consoleTimeout bounds every step of one subtest together, from loading
+	// the page to the last check, so a page that never reaches a state fails
+	// instead of hanging CI.
+	consoleTimeout = 20 * time.Second
+	// browserStartTimeout bounds Chromium's start: ~3 s under -race on this
+	// 2-core machine, so 30 s leaves room for a loaded CI runner.
+	browserStartTimeout = 30 * time.Second
+	// browserCloseTimeout bounds the graceful close; past it the process is killed.
+	browserCloseTimeout = 10 * time.Second
+)
+
+func TestConsole(t *testing.T) {
+	e := newEnv(t, nil)
+	browser := newBrowser(t) // closed before the gateway: cleanups run last-in first-out
+
+	t.Run("subscribe and publish", func(t *testing.T) {
+		p := openConsole(t, browser, e.http.URL)
+
+		p.typeInto("#pattern", "orders.*")
+		p.do(chromedp.Click(chromedp.ID("subscribe")))
+		p.waitVisible(`#subs li.sub[data-state="active"]`)
+		if got := p.text(`#subs li.sub[data-state="active"] .pat`); got != "orders.*" {
+			t.Fatalf("active subscription shows pattern %q, want orders.*", got)
+		}
+
+		// From outside, straight into NATS. customers.1, which orders.*
+		// does not match, goes first on the same connection: the full log
+		// is checked below.
+		e.publish("customers.1", `{"id":1}`)
+		e.publish("orders.42", `{"id":42,"status":"paid"}`)
+		p.waitVisible(`#events .event[data-subject="orders.42"]`)
+		if got := p.text(`#events .event[data-subject="orders.42"]`); !strings.Contains(got, "paid") || !strings.Contains(got, "subs: s1") {
+			t.Fatalf("orders.42 entry reads %q, want its data (paid) and subs: s1", got)
+		}
+
+		// From the page's own publish form, through /api/publish.
+		p.typeInto("#pub-subject", "orders.7")
+		p.typeInto("#pub-data", `{"id":7}`)
+		p.do(chromedp.Click(chromedp.ID("publish")))
+		p.waitVisible(`#pub-result[data-ok="true"]`)
+		if got := p.text("#pub-result"); !strings.HasPrefix(got, "200 ") || !strings.Contains(got, `"published": 1`) {
+			t.Fatalf("publish result reads %q, want 200 and published: 1", got)
+		}
+		p.waitVisible(`#events .event[data-subject="orders.7"]`)
+		if got := p.text(`#events .event[data-subject="orders.7"]`); !strings.Contains(got, `"id": 7`) {
+			t.Fatalf("orders.7 entry reads %q, want its data", got)
+		}
+
+		// A burst with one flush: the gateway coalesces queued events into
+		// one frame, newline-separated, and the page must split it. All
+		// arrive, in order (the log shows the newest first).
+		const burst = 50
+		for i := range burst {
+			if err := e.nc.Publish(fmt.Sprintf("orders.b%d", i), fmt.Appendf(nil, `{"n":%d}`, i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		p.waitVisible(fmt.Sprintf(`#events .event[data-subject="orders.b%d"]`, burst-1))
+		var want []string
+		for i := burst - 1; i >= 0; i-- {
+			want = append(want, fmt.Sprintf("orders.b%d", i))
+		}
+		want = append(want, "orders.7", "orders.42") // and no customers.1
+		if got := p.eventSubjects(); !slices.Equal(got, want) {
+			t.Fatalf("event log shows subjects %q, want %q", got, want)
+		}
+		n := strconv.Itoa(len(want))
+		if got := p.text("#count"); got != n {
+			t.Fatalf("event counter shows %q, want %s", got, n)
+		}
+		if got := p.text(`#subs li.sub[data-state="active"] .st`); !strings.HasPrefix(got, n+" ev") {
+			t.Fatalf("subscription counter shows %q, want %s ev", got, n)
+		}
+	})
+
+	t.Run("server errors", func(t *testing.T) {
+		p := openConsole(t, browser, e.http.URL)
+		connected := p.text("#status") // "connected · <connection id>"
+
+		// A pattern the server refuses: the sub turns to error with the
+		// code, and the log shows the error with its message.
+		p.typeInto("#pattern", "orders..x")
+		p.do(chromedp.Click(chromedp.ID("subscribe")))
+		p.waitVisible(`#subs li.sub[data-id="s1"][data-state="error"]`)
+		if got := p.text(`#subs li.sub[data-id="s1"] .st`); got != "bad_pattern" {
+			t.Fatalf("refused subscription shows %q, want bad_pattern", got)
+		}
+		p.waitVisible(`#events .entry.error`)
+		if got := p.text(`#events .entry.error`); !strings.Contains(got, "bad_pattern") ||
+			!strings.Contains(got, "id: s1") || !strings.Contains(got, "empty token") {
+			t.Fatalf("error entry reads %q, want the code, the id and the server's message", got)
+		}
+		// A refused subscription costs neither the connection nor the
+		// next subscription.
+		p.typeInto("#pattern", "orders.*")
+		p.do(chromedp.Click(chromedp.ID("subscribe")))
+		p.waitVisible(`#subs li.sub[data-id="s2"][data-state="active"]`)
+		if got := p.text("#status"); got != connected {
+			t.Fatalf("status reads %q after the error, want %q (the same connection)", got, connected)
+		}
+
+		// A publish the server refuses shows its status and error body.
+		p.typeInto("#pub-subject", "orders..x")
+		p.do(chromedp.Click(chromedp.ID("publish")))
+		p.waitVisible(`#pub-result[data-ok="false"]`)
+		if got := p.text("#pub-result"); !strings.HasPrefix(got, "400 ") || !strings.Contains(got, "empty token") {
+			t.Fatalf("refused publish reads %q, want 400 and the server's error", got)
+		}
+	})
+}
+
+// chromiumPath finds Debian's chromium. A missing browser fails the test:
+// skipping would let CI pass without ever running the page.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("chromium"); err == nil {
+		return p
+	}
+	const debian = "/usr/bin/chromium"
+	if _, err := os.Stat(debian); err == nil {
+		return debian
+	}
+	t.Fatal("chromium not found (PATH, /usr/bin/chromium): run `make test`, which installs it, or `apt-get install chromium`")
+	return ""
+}
+
+// newBrowser starts one headless Chromium and returns its chromedp context.
+// Its cleanup closes the browser gracefully and returns only once the process
+// has exited and chromedp's goroutines have ended.
+func newBrowser(t *testing.T) context.Context {
+	t.Helper()
+	exe := chromiumPath(t)
+	dataDir := t.TempDir() // removed after the cleanup below: cleanups run in reverse
+
+	// life bounds the browser: canceling it kills the process.
+	life, endLife := context.WithCancel(context.Background())
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(life, slices.Concat(
+		chromedp.DefaultExecAllocatorOptions[:], // headless, no-first-run, disable-background-networking, disable-sync, ...
+		[]chromedp.ExecAllocatorOption{
+			chromedp.ExecPath(exe),
+			chromedp.NoSandbox, // CI runs as root
+			chromedp.DisableGPU,
+			chromedp.Flag("disable-quic", true),
+			chromedp.Flag("disable-component-update", true),
+			chromedp.UserDataDir(dataDir),
+			chromedp.WindowSize(1280, 900),
+		},
+	)...)
+	ctx, cancelBrowser := chromedp.NewContext(allocCtx)
+	t.Cleanup(func() {
+		cctx, ccancel := context.WithTimeout(ctx, browserCloseTimeout)
+		defer ccancel()
+		// Cancel closes the browser and waits for its process to exit.
+		if err := chromedp.Cancel(cctx); err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("closing chromium: %v", err)
+		}
+		cancelBrowser() // waits for the browser's tab and process
+		cancelAlloc()   // waits for the allocator's goroutines
+		endLife()
+	})
+
+	// The first Run starts the browser and binds its life to ctx, so it
+	// cannot carry a deadline; the watchdog kills a start that hangs.
+	watchdog := time.AfterFunc(browserStartTimeout, endLife)
+	err := chromedp.Do(ctx)
+	if !watchdog.Stop() {
+		t.Fatalf("chromium did not start within %v: %v", browserStartTimeout, err)
+	}
+	if err != nil {
+		t.Fatalf("starting %s: %v", exe, err)
+	}
+	return ctx
+}
+
+// consolePage is one tab on the console page.
+type consolePage struct {
+	t   *testing.T
+	tab context.Context // the tab; it outlives ctx so a failure can still read the page
+	ctx context.Context // every step, bounded by consoleTimeout together
+
+	mu       sync.Mutex
+	messages []chromedp.ConsoleMessage // the page's console, guarded by mu
+}
+
+// openConsole opens the console at base+"/" in a new tab of browser and waits
+// until its WebSocket is connected. Every step in the tab fails after
+// consoleTimeout; its cleanup closes the tab and fails the test on any uncaught
+// exception in the page.
+func openConsole(t *testing.T, browser context.Context, base string) *consolePage {
+	t.Helper()
+	// The tab's own life has a deadline too (its first Run binds it), a
+	// little past the steps' so that fatal can still read the page.
+	life, endLife := context.WithTimeout(browser, consoleTimeout+5*time.Second)
+	tab, closeTab := chromedp.NewContext(life)
+	ctx, cancelSteps := context.WithTimeout(tab, consoleTimeout)
+	p := &consolePage{t: t, tab: tab, ctx: ctx}
+
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancelSteps()
+		closeTab() // closes the tab and waits for it
+		endLife()
+		wg.Wait()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, m := range p.messages {
+			if m.IsException() {
+				t.Errorf("console page threw: %s", m)
+			} else if t.Failed() {
+				t.Logf("page console: %s (%s)", m, m.URL)
+			}
+		}
+	})
+	// Console opens the tab and subscribes before it returns, so the
+	// collector sees the page from its first script on; it ends when the
+	// tab does.
+	messages := chromedp.Console(tab)
+	wg.Go(func() {
+		for m, err := range messages {
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			p.messages = append(p.messages, m)
+			p.mu.Unlock()
+		}
+	})
+
+	p.do(chromedp.Navigate(base + "/"))
+	p.waitVisible(`#status[data-state="connected"]`)
+	return p
+}
+
+// do runs the steps in the tab and fails the test with the page's state if one fails.
+func (p *consolePage) do(steps ...chromedp.Action[chromedp.Void]) {
+	p.t.Helper()
+	if err := chromedp.Do(p.ctx, steps...); err != nil {
+		p.fatal(err)
+	}
+}
+
+func (p *consolePage) waitVisible(sel string) {
+	p.t.Helper()
+	if err := chromedp.Do(p.ctx, chromedp.WaitVisible(chromedp.CSS(sel))); err != nil {
+		p.fatal(fmt.Errorf("waiting for %s: %w", sel, err))
+	}
+}
+
+// typeInto replaces the value of an input or a textarea by typing, as a user
+// does: clear, focus (the pattern field selects its text on focus), keys.
+//
+// The field is cleared with a script: chromedp v0.23.0's SetValue(sel, "")
+// fails ("could not set value"), because it passes "" as a call argument that
+// json v2's omitempty drops, so the page receives undefined. Clear sets the
+// value attribute, which an input ignores once it has been edited.
+func (p *consolePage) typeInto(sel, text string) {
+	p.t.Helper()
+	p.do(
+		chromedp.WaitVisible(chromedp.CSS(sel)),
+		chromedp.Evaluate[chromedp.Void]("document.querySelector("+strconv.Quote(sel)+").value = ''"),
+		chromedp.SendKeys(chromedp.CSS(sel), text),
+	)
+	got, err := chromedp.Run(p.ctx, chromedp.Value(chromedp.CSS(sel)))
+	if err != nil {
+		p.fatal(err)
+	}
+	if got != text {
+		p.t.Fatalf("%s holds %q after typing %q", sel, got, text)
+	}
+}
+
+// text returns the rendered text of the first element matching sel.
+func (p *consolePage) text(sel string) string {
+	p.t.Helper()
+	s, err := chromedp.Run(p.ctx, chromedp.Text(chromedp.CSS(sel)))
+	if err != nil {
+		p.fatal(err)
+	}
+	return strings.TrimSpace(s)
+}
+
+// eventSubjects returns the subjects of the event log's entries, newest first.
+func (p *consolePage) eventSubjects() []string {
+	p.t.Helper()
+	subjects, err := chromedp.Run(p.ctx, chromedp.Evaluate[[]string](
+		`Array.from(document.querySelectorAll("#events .event"), e => e.dataset.subject)`))
+	if err != nil {
+		p.fatal(err)
+	}
+	return subjects
+}
+
+// fatal fails the test with err and what the page shows, read on the tab
+// with a short deadline of its own: p.ctx may be the one that expired.
+func (p *consolePage) fatal(err error) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(p.tab, 2*time.Second)
+	defer cancel()
+	state, serr := chromedp.Run(ctx, chromedp.Evaluate[string](
+		`"status: " + document.getElementById("status").textContent +
+		"\nsubs: " + document.getElementById("subs").innerText +
+		"\npub-result: " + document.getElementById("pub-result").textContent +
+		"\nevents:\n" + document.getElementById("events").innerText`))
+	if serr != nil {
+		state = "(unavailable: " + serr.Error() + ")"
+	}
+	p.t.Fatalf("%v\n--- console page ---\n%s", err, state)
+}

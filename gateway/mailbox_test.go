@@ -1,0 +1,331 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+)
+
+// testEvent returns an event item whose size() is exactly size bytes.
+func testEvent(t testing.TB, size int) item {
+	t.Helper()
+	subs := encodeSubsList([]string{"s"})
+	base, err := NewEvent("a", "", []byte(`""`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pad := size - len(base.buf) - len(subs.b)
+	if pad < 0 {
+		t.Fatalf("testEvent: %d bytes is below the minimum %d", size, len(base.buf)+len(subs.b))
+	}
+	data := make([]byte, pad+2)
+	for i := range data {
+		data[i] = 'x'
+	}
+	data[0], data[len(data)-1] = '"', '"'
+	ev, err := NewEvent("a", "", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	it := item{ev: ev, subs: subs}
+	if it.size() != size {
+		t.Fatalf("testEvent: size %d, want %d", it.size(), size)
+	}
+	return it
+}
+
+// drainBatch returns the batch's items in order and releases it.
+func drainBatch(b batch) []item {
+	defer b.release()
+	var out []item
+	for s := b.head; s != nil; s = b.next(s) {
+		out = append(out, b.used(s)...)
+	}
+	return out
+}
+
+func TestMailboxItemBound(t *testing.T) {
+	m := mailbox{maxItems: 4, maxBytes: 1 << 20}
+	it := testEvent(t, 100)
+	for i := range 4 {
+		wasEmpty, _, err := m.push(it)
+		if err != nil {
+			t.Fatalf("push %d: %v", i, err)
+		}
+		if wasEmpty != (i == 0) {
+			t.Errorf("push %d: wasEmpty = %v", i, wasEmpty)
+		}
+	}
+	if _, _, err := m.push(it); !errors.Is(err, ErrMailboxFull) {
+		t.Fatalf("push over the item bound: %v, want ErrMailboxFull", err)
+	}
+	if _, err := m.pushControl(item{ev: controlMessage(pongMessage)}); !errors.Is(err, ErrMailboxFull) {
+		t.Fatalf("pushControl over the item bound: %v, want ErrMailboxFull", err)
+	}
+	if m.len() != 4 {
+		t.Errorf("len = %d, want 4", m.len())
+	}
+	if got := drainBatch(m.take()); len(got) != 4 {
+		t.Errorf("took %d items, want 4", len(got))
+	}
+	if wasEmpty, _, err := m.push(it); err != nil || !wasEmpty {
+		t.Errorf("push after take: wasEmpty=%v err=%v, want true, nil", wasEmpty, err)
+	}
+}
+
+func TestMailboxByteBound(t *testing.T) {
+	m := mailbox{maxItems: 100, maxBytes: 1000}
+	it := testEvent(t, 300)
+	for i := range 3 {
+		if _, _, err := m.push(it); err != nil {
+			t.Fatalf("push %d: %v", i, err)
+		}
+	}
+	if _, _, err := m.push(it); !errors.Is(err, ErrMailboxFull) { // 1200 > 1000
+		t.Fatalf("push over the byte bound: %v, want ErrMailboxFull", err)
+	}
+	if _, _, err := m.push(testEvent(t, 100)); err != nil { // exactly 1000 fits
+		t.Fatalf("push up to exactly the byte bound: %v", err)
+	}
+	if _, _, err := m.push(testEvent(t, 62)); !errors.Is(err, ErrMailboxFull) {
+		t.Fatalf("push of one byte over: %v, want ErrMailboxFull", err)
+	}
+	if m.len() != 4 {
+		t.Errorf("len = %d, want 4", m.len())
+	}
+
+	// A single item larger than the byte bound never fits, even empty.
+	big := mailbox{maxItems: 100, maxBytes: 200}
+	if _, _, err := big.push(it); !errors.Is(err, ErrMailboxFull) {
+		t.Errorf("push of an item over the whole byte bound: %v, want ErrMailboxFull", err)
+	}
+}
+
+func TestMailboxPushControl(t *testing.T) {
+	m := mailbox{maxItems: 3, maxBytes: 200}
+	ev := testEvent(t, 150)
+	if _, _, err := m.push(ev); err != nil {
+		t.Fatal(err)
+	}
+	// A reply may exceed the byte bound ...
+	ctl := item{ev: controlMessage(make([]byte, 100))}
+	wasEmpty, err := m.pushControl(ctl)
+	if err != nil || wasEmpty {
+		t.Fatalf("pushControl over the byte bound: wasEmpty=%v err=%v, want false, nil", wasEmpty, err)
+	}
+	if !m.overHalf() {
+		t.Error("overHalf = false at 250 of 200 bytes")
+	}
+	// ... which then refuses events, even small ones ...
+	if _, _, err := m.push(testEvent(t, 62)); !errors.Is(err, ErrMailboxFull) {
+		t.Errorf("push after the byte bound was exceeded: %v, want ErrMailboxFull", err)
+	}
+	// ... but not further replies, up to the item bound.
+	if _, err := m.pushControl(ctl); err != nil {
+		t.Errorf("second pushControl: %v", err)
+	}
+	if _, err := m.pushControl(ctl); !errors.Is(err, ErrMailboxFull) {
+		t.Errorf("pushControl over the item bound: %v, want ErrMailboxFull", err)
+	}
+	got := drainBatch(m.take())
+	if len(got) != 3 || got[0].subs == nil || got[1].subs != nil || got[2].subs != nil {
+		t.Errorf("took %d items, want the event then two replies", len(got))
+	}
+	// On an empty mailbox, pushControl reports it was empty.
+	if wasEmpty, err := m.pushControl(ctl); err != nil || !wasEmpty {
+		t.Errorf("pushControl on empty: wasEmpty=%v err=%v", wasEmpty, err)
+	}
+}
+
+func TestMailboxOverHalf(t *testing.T) {
+	tests := []struct {
+		name      string
+		maxItems  int
+		maxBytes  int
+		items     int
+		size      int
+		pressured bool
+	}{
+		{"empty", 10, 10000, 0, 100, false},
+		{"half the items", 10, 10000, 5, 100, false},
+		{"over half the items", 10, 10000, 6, 100, true},
+		{"half the bytes", 100, 1000, 5, 100, false},
+		{"over half the bytes", 100, 1000, 3, 200, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := mailbox{maxItems: tt.maxItems, maxBytes: tt.maxBytes}
+			it := testEvent(t, tt.size)
+			var pressured bool
+			for i := range tt.items {
+				_, p, err := m.push(it)
+				if err != nil {
+					t.Fatalf("push %d: %v", i, err)
+				}
+				pressured = p
+			}
+			if m.overHalf() != tt.pressured {
+				t.Errorf("overHalf = %v, want %v", m.overHalf(), tt.pressured)
+			}
+			if tt.items > 0 && pressured != tt.pressured {
+				t.Errorf("push reported pressured = %v, want %v", pressured, tt.pressured)
+			}
+			drainBatch(m.take())
+			if m.overHalf() {
+				t.Error("overHalf after take")
+			}
+		})
+	}
+}
+
+// TestMailboxTakeOrder queues across several segments and checks that take
+// returns every item in order and leaves the mailbox empty.
+func TestMailboxTakeOrder(t *testing.T) {
+	m := mailbox{maxItems: 10000, maxBytes: 1 << 30}
+	for _, n := range []int{0, 1, segItems - 1, segItems, segItems + 1, 3*segItems + 5} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			var want []*Event
+			for i := range n {
+				ev, err := NewEvent("a", "", []byte(fmt.Sprint(i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, ev)
+				if _, _, err := m.push(item{ev: ev, subs: encodeSubsList(nil)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			b := m.take()
+			if b.n != n {
+				t.Errorf("batch.n = %d, want %d", b.n, n)
+			}
+			if m.len() != 0 || m.overHalf() {
+				t.Errorf("mailbox not empty after take: len %d", m.len())
+			}
+			got := drainBatch(b)
+			if len(got) != n {
+				t.Fatalf("took %d items, want %d", len(got), n)
+			}
+			for i, it := range got {
+				if it.ev != want[i] {
+					t.Fatalf("item %d out of order", i)
+				}
+			}
+		})
+	}
+}
+
+// TestMailboxRecycling: a released batch's segments are cleared (they must
+// not pin events while pooled) and unlinked, and the mailbox keeps working
+// across take/release cycles while new pushes land in fresh segments that
+// the writer's batch does not share.
+func TestMailboxRecycling(t *testing.T) {
+	m := mailbox{maxItems: 10000, maxBytes: 1 << 30}
+	it := testEvent(t, 100)
+	for range 2*segItems + 3 {
+		if _, _, err := m.push(it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := m.take()
+	var segs []*segment
+	for s := b.head; s != nil; s = b.next(s) {
+		segs = append(segs, s)
+	}
+	if len(segs) != 3 {
+		t.Fatalf("%d segments for %d items, want 3", len(segs), 2*segItems+3)
+	}
+	// Pushes while the writer holds the batch go to a new segment.
+	if wasEmpty, _, err := m.push(it); err != nil || !wasEmpty {
+		t.Fatalf("push during a held batch: wasEmpty=%v err=%v", wasEmpty, err)
+	}
+	for _, s := range segs {
+		if s == m.head || s == m.tail {
+			t.Fatal("the mailbox reuses a segment the writer still holds")
+		}
+	}
+	if got := len(drainBatch(b)); got != 2*segItems+3 {
+		t.Errorf("batch grew to %d items after the take", got)
+	}
+	for i, s := range segs {
+		if s.next != nil {
+			t.Errorf("segment %d still linked after release", i)
+		}
+		for j := range s.items {
+			if s.items[j] != (item{}) {
+				t.Fatalf("segment %d item %d not cleared after release", i, j)
+			}
+		}
+	}
+	if got := drainBatch(m.take()); len(got) != 1 || got[0] != it {
+		t.Errorf("second take: %d items", len(got))
+	}
+	// Many cycles, each crossing segment boundaries, stay in order.
+	for cycle := range 20 {
+		n := cycle * 37
+		for i := range n {
+			ev := &Event{Subject: fmt.Sprint(i), buf: []byte("{}"), split: -1}
+			if _, err := m.pushControl(item{ev: ev}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := drainBatch(m.take())
+		if len(got) != n {
+			t.Fatalf("cycle %d: took %d items, want %d", cycle, len(got), n)
+		}
+		for i, it := range got {
+			if it.ev.Subject != fmt.Sprint(i) {
+				t.Fatalf("cycle %d: item %d is %q", cycle, i, it.ev.Subject)
+			}
+		}
+	}
+	// An empty take is an empty batch; releasing it is harmless.
+	e := m.take()
+	if e.n != 0 || e.head != nil {
+		t.Errorf("empty take: %+v", e)
+	}
+	e.release()
+}
+
+func TestMailboxClose(t *testing.T) {
+	m := mailbox{maxItems: 10, maxBytes: 1 << 20}
+	it := testEvent(t, 100)
+	for range 3 {
+		if _, _, err := m.push(it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.close()
+	if m.len() != 0 {
+		t.Errorf("len = %d after close, want 0 (queued items dropped)", m.len())
+	}
+	if _, _, err := m.push(it); !errors.Is(err, ErrMailboxFull) {
+		t.Errorf("push after close: %v, want ErrMailboxFull", err)
+	}
+	if _, err := m.pushControl(item{ev: controlMessage(pongMessage)}); !errors.Is(err, ErrMailboxFull) {
+		t.Errorf("pushControl after close: %v, want ErrMailboxFull", err)
+	}
+	if b := m.take(); b.n != 0 || b.head != nil {
+		t.Errorf("take after close returned %d items", b.n)
+	}
+	if m.overHalf() {
+		t.Error("overHalf after close")
+	}
+	m.close() // idempotent
+}
+
+// TestMailboxCloseWhileWriterHoldsBatch: close drops what is queued but
+// leaves a batch the writer already took intact.
+func TestMailboxCloseWhileWriterHoldsBatch(t *testing.T) {
+	m := mailbox{maxItems: 1000, maxBytes: 1 << 20}
+	it := testEvent(t, 100)
+	for range segItems + 1 {
+		m.push(it)
+	}
+	b := m.take()
+	m.push(it)
+	m.close()
+	if got := drainBatch(b); len(got) != segItems+1 || got[0] != it || got[segItems] != it {
+		t.Errorf("held batch has %d items after close, want %d", len(got), segItems+1)
+	}
+}

@@ -1,0 +1,374 @@
+package gateway
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+func TestValidatePattern(t *testing.T) {
+	long := strings.Repeat("a.", maxSubjectLen/2-1) + "ab" // exactly maxSubjectLen bytes
+	if len(long) != maxSubjectLen {
+		t.Fatalf("test setup: len(long) = %d", len(long))
+	}
+	tests := []struct {
+		name    string
+		pattern string
+		ok      bool
+	}{
+		{"one token", "orders", true},
+		{"two tokens", "orders.42", true},
+		{"star alone", "*", true},
+		{"gt alone", ">", true},
+		{"star middle", "orders.*.items", true},
+		{"star last", "orders.*", true},
+		{"gt last", "orders.>", true},
+		{"star then gt", "*.*.>", true},
+		{"non-ASCII", "zamówienia.ü", true},
+		{"punctuation", "a-b_c/d:e@f", true},
+		{"max length", long, true},
+
+		{"empty", "", false},
+		{"dot", ".", false},
+		{"leading dot", ".a", false},
+		{"trailing dot", "a.", false},
+		{"double dot", "a..b", false},
+		{"space", "a b", false},
+		{"leading space", " a", false},
+		{"tab", "a\tb", false},
+		{"newline", "a\nb", false},
+		{"carriage return", "a\rb", false},
+		{"form feed", "a\fb", false},
+		{"NUL", "a\x00", false},
+		{"DEL", "a\x7f", false},
+		{"gt not last", ">.a", false},
+		{"gt middle", "a.>.b", false},
+		{"star inside token", "orders.a*", false},
+		{"star prefix", "*a", false},
+		{"gt inside token", "a.b>", false},
+		{"double gt", ">>", false},
+		{"double star", "**", false},
+		{"too long", long + "b", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := ValidatePattern(tt.pattern)
+			if (err == nil) != tt.ok {
+				t.Fatalf("ValidatePattern(%q) = %v, want ok=%v", tt.pattern, err, tt.ok)
+			}
+			if err != nil && !errors.Is(err, ErrBadPattern) {
+				t.Fatalf("ValidatePattern(%q) = %v, want it to wrap ErrBadPattern", tt.pattern, err)
+			}
+			if tt.ok && !server.IsValidSubject(tt.pattern) {
+				t.Errorf("we accept %q but NATS IsValidSubject rejects it", tt.pattern)
+			}
+		})
+	}
+}
+
+func TestValidateSubject(t *testing.T) {
+	tests := []struct {
+		name    string
+		subject string
+		ok      bool
+	}{
+		{"one token", "orders", true},
+		{"three tokens", "orders.42.items", true},
+		{"non-ASCII", "zamówienia.ü", true},
+
+		{"empty", "", false},
+		{"star", "*", false},
+		{"gt", ">", false},
+		{"star token", "orders.*", false},
+		{"gt token", "orders.>", false},
+		{"star middle", "a.*.b", false},
+		{"star inside token", "orders.a*", false},
+		{"gt inside token", "a>", false},
+		{"empty token", "a..b", false},
+		{"trailing dot", "a.", false},
+		{"space", "a b", false},
+		{"NUL", "a\x00b", false},
+		{"too long", strings.Repeat("a", maxSubjectLen+1), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := ValidateSubject(tt.subject)
+			if (err == nil) != tt.ok {
+				t.Fatalf("ValidateSubject(%q) = %v, want ok=%v", tt.subject, err, tt.ok)
+			}
+			if err != nil && !errors.Is(err, ErrBadPattern) {
+				t.Fatalf("ValidateSubject(%q) = %v, want it to wrap ErrBadPattern", tt.subject, err)
+			}
+			if tt.ok && !server.IsValidLiteralSubject(tt.subject) {
+				t.Errorf("we accept %q but NATS IsValidLiteralSubject rejects it", tt.subject)
+			}
+		})
+	}
+}
+
+func TestMatchSubject(t *testing.T) {
+	tests := []struct {
+		pattern, subject string
+		want             bool
+	}{
+		{"a", "a", true},
+		{"a", "b", false},
+		{"a", "a.b", false},
+		{"a.b", "a", false},
+		{"a.b", "a.b", true},
+		{"*", "a", true},
+		{"*", "a.b", false},
+		{"a.*", "a", false},
+		{"a.*", "a.b", true},
+		{"a.*", "a.b.c", false},
+		{"*.b", "a.b", true},
+		{"*.b", "a.c", false},
+		{"a.*.c", "a.b.c", true},
+		{"a.*.c", "a.b.d", false},
+		{">", "a", true},
+		{">", "a.b.c", true},
+		{"a.>", "a", false},
+		{"a.>", "a.b", true},
+		{"a.>", "a.b.c", true},
+		{"a.>", "b.c", false},
+		{"*.>", "a", false},
+		{"*.>", "a.b", true},
+		{"a.*.>", "a.b", false},
+		{"a.*.>", "a.b.c.d", true},
+		{"orders", "orders2", false},
+		{"orders2", "orders", false},
+		{"ab.c", "a.bc", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.pattern+"~"+tt.subject, func(t *testing.T) {
+			if got := MatchSubject(tt.pattern, tt.subject); got != tt.want {
+				t.Errorf("MatchSubject(%q, %q) = %v, want %v", tt.pattern, tt.subject, got, tt.want)
+			}
+			if got := server.SubjectMatchesFilter(tt.subject, tt.pattern); got != tt.want {
+				t.Errorf("test table disagrees with NATS: SubjectMatchesFilter(%q, %q) = %v", tt.subject, tt.pattern, got)
+			}
+		})
+	}
+}
+
+func TestIntersects(t *testing.T) {
+	tests := []struct {
+		a, b string
+		want bool
+	}{
+		{"a", "a", true},
+		{"a", "b", false},
+		{"a", "a.b", false},
+		{"*", "a", true},
+		{"*", "a.b", false},
+		{"*", "*", true},
+		{"*", ">", true},
+		{">", ">", true},
+		{">", "a.b.c", true},
+		{"a.>", "a", false},
+		{"a.>", "a.*", true},
+		{"a.>", "b.>", false},
+		{"a.>", "*.b", true},
+		{"a.>", "*.b.>", true},
+		{"a.*", "*.b", true},
+		{"a.*", "b.*", false},
+		{"a.*", "a.b.>", false},
+		{"a.*", "*.b.c", false},
+		{"a.*.c", "*.b.*", true},
+		{"a.*.c", "*.b.d", false},
+		{"*.>", "a", false},
+		{"*.>", ">", true},
+		{"a.b.>", "a.>", true},
+		{"a.b.c", "a.>", true},
+		{"a.b.c", "a.b", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.a+"~"+tt.b, func(t *testing.T) {
+			if got := Intersects(tt.a, tt.b); got != tt.want {
+				t.Errorf("Intersects(%q, %q) = %v, want %v", tt.a, tt.b, got, tt.want)
+			}
+			if got := Intersects(tt.b, tt.a); got != tt.want {
+				t.Errorf("Intersects(%q, %q) = %v, want %v (not symmetric)", tt.b, tt.a, got, tt.want)
+			}
+			if got := server.SubjectsCollide(tt.a, tt.b); got != tt.want {
+				t.Errorf("test table disagrees with NATS: SubjectsCollide(%q, %q) = %v", tt.a, tt.b, got)
+			}
+		})
+	}
+}
+
+// allSubjects returns every token sequence of 1..maxLen tokens drawn from
+// toks; with wildcards, '>' only as the last token.
+func allSubjects(toks []string, maxLen int) []string {
+	var out []string
+	var walk func(prefix string, n int)
+	walk = func(prefix string, n int) {
+		for _, tok := range toks {
+			s := tok
+			if prefix != "" {
+				s = prefix + "." + tok
+			}
+			out = append(out, s)
+			if tok != ">" && n+1 < maxLen {
+				walk(s, n+1)
+			}
+		}
+	}
+	walk("", 0)
+	return out
+}
+
+// TestMatchSubjectAgainstNATS compares MatchSubject with NATS's
+// SubjectMatchesFilter for every pattern of up to four tokens over {a, b, *, >}
+// and every subject of up to four tokens over {a, b, c}.
+func TestMatchSubjectAgainstNATS(t *testing.T) {
+	patterns := allSubjects([]string{"a", "b", "*", ">"}, 4)
+	subjects := allSubjects([]string{"a", "b", "c"}, 4)
+	n := 0
+	for _, p := range patterns {
+		if err := ValidatePattern(p); err != nil {
+			t.Fatalf("generated pattern %q: %v", p, err)
+		}
+		for _, s := range subjects {
+			if err := ValidateSubject(s); err != nil {
+				t.Fatalf("generated subject %q: %v", s, err)
+			}
+			got, want := MatchSubject(p, s), server.SubjectMatchesFilter(s, p)
+			if got != want {
+				t.Errorf("MatchSubject(%q, %q) = %v, NATS SubjectMatchesFilter says %v", p, s, got, want)
+			}
+			if i := Intersects(p, s); i != got {
+				t.Errorf("Intersects(%q, %q) = %v, MatchSubject = %v", p, s, i, got)
+			}
+			n++
+		}
+	}
+	t.Logf("%d pairs", n)
+}
+
+// TestIntersectsAgainstNATS compares Intersects with NATS's SubjectsCollide
+// and with a constructive oracle for every pair of patterns of up to four
+// tokens over {a, b, *, >}.
+func TestIntersectsAgainstNATS(t *testing.T) {
+	patterns := allSubjects([]string{"a", "b", "*", ">"}, 4)
+	for _, a := range patterns {
+		for _, b := range patterns {
+			checkIntersects(t, a, b)
+		}
+	}
+	t.Logf("%d pairs", len(patterns)*len(patterns))
+}
+
+func checkIntersects(t testing.TB, a, b string) {
+	t.Helper()
+	got := Intersects(a, b)
+	if want := server.SubjectsCollide(a, b); got != want {
+		t.Errorf("Intersects(%q, %q) = %v, NATS SubjectsCollide says %v", a, b, got, want)
+	}
+	if rev := Intersects(b, a); rev != got {
+		t.Errorf("Intersects(%q, %q) = %v but Intersects(%q, %q) = %v", a, b, got, b, a, rev)
+	}
+	w, ok := witness(a, b)
+	if got != ok {
+		t.Errorf("Intersects(%q, %q) = %v, but a common subject exists: %v (%q)", a, b, got, ok, w)
+	}
+	if ok && (!MatchSubject(a, w) || !MatchSubject(b, w)) {
+		t.Errorf("witness %q of %q and %q does not match both", w, a, b)
+	}
+}
+
+// witness builds a concrete subject matching both valid patterns, if one
+// exists: literal tokens where either pattern has one, "x" where both are
+// wildcards, and the other pattern's remaining tokens after a '>'.
+func witness(a, b string) (string, bool) {
+	ta, tb := strings.Split(a, "."), strings.Split(b, ".")
+	concrete := func(toks []string) []string {
+		out := make([]string, len(toks))
+		for i, tok := range toks {
+			out[i] = tok
+			if tok == "*" || tok == ">" {
+				out[i] = "x"
+			}
+		}
+		return out
+	}
+	var w []string
+	for i := 0; ; i++ {
+		switch {
+		case i == len(ta) && i == len(tb):
+			return strings.Join(w, "."), true
+		case i == len(ta) || i == len(tb):
+			return "", false
+		case ta[i] == ">":
+			return strings.Join(append(w, concrete(tb[i:])...), "."), true
+		case tb[i] == ">":
+			return strings.Join(append(w, concrete(ta[i:])...), "."), true
+		case ta[i] == "*" && tb[i] == "*":
+			w = append(w, "x")
+		case ta[i] == "*":
+			w = append(w, tb[i])
+		case tb[i] == "*" || ta[i] == tb[i]:
+			w = append(w, ta[i])
+		default:
+			return "", false
+		}
+	}
+}
+
+// FuzzPattern checks the validators, MatchSubject and Intersects against
+// NATS's own implementation wherever our (stricter) validators accept.
+func FuzzPattern(f *testing.F) {
+	for _, s := range [][2]string{
+		{"orders.*", "orders.42"},
+		{"orders.>", "orders"},
+		{">", "a.b.c"},
+		{"*.*", "a.b"},
+		{"a.*.c", "*.b.>"},
+		{"a.>", "*.b"},
+		{"a*", "a"},
+		{"a..b", "a.b"},
+		{"ü.*", "ü.ö"},
+		{"a.\xff", "a.\xff"},
+		{"*.>", ">"},
+		{"a b", "a"},
+		{"", ""},
+	} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		// Documented for valid input only, but must not panic on any.
+		_ = MatchSubject(a, b)
+		_ = Intersects(a, b)
+		aPattern := ValidatePattern(a) == nil
+		bPattern := ValidatePattern(b) == nil
+		bSubject := ValidateSubject(b) == nil
+		if ValidateSubject(a) == nil && !aPattern {
+			t.Fatalf("%q is a valid subject but not a valid pattern", a)
+		}
+		if bSubject && !bPattern {
+			t.Fatalf("%q is a valid subject but not a valid pattern", b)
+		}
+		for _, p := range []string{a, b} {
+			if ValidatePattern(p) == nil && !server.IsValidSubject(p) {
+				t.Fatalf("we accept pattern %q, NATS IsValidSubject rejects it", p)
+			}
+			if ValidateSubject(p) == nil && (!server.IsValidSubject(p) || !server.IsValidLiteralSubject(p)) {
+				t.Fatalf("we accept subject %q, NATS rejects it", p)
+			}
+		}
+		if aPattern && bSubject {
+			got := MatchSubject(a, b)
+			if want := server.SubjectMatchesFilter(b, a); got != want {
+				t.Fatalf("MatchSubject(%q, %q) = %v, NATS SubjectMatchesFilter says %v", a, b, got, want)
+			}
+			if i := Intersects(a, b); i != got {
+				t.Fatalf("Intersects(%q, %q) = %v, MatchSubject = %v", a, b, i, got)
+			}
+		}
+		if aPattern && bPattern {
+			checkIntersects(t, a, b)
+		}
+	})
+}
