@@ -136,7 +136,7 @@ func frameLen(p []byte) (n int64, ok bool) {
 			return 0, false
 		}
 		n := binary.BigEndian.Uint64(p[2:10])
-		if n > math.MaxInt64-hdr-8 { // RFC 6455 forbids the top bit; never let it go negative
+		if n > uint64(math.MaxInt64-hdr-8) { // RFC 6455 forbids the top bit; never let it go negative
 			return math.MaxInt64, true
 		}
 		return hdr + 8 + int64(n), true
