@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 )
@@ -8,7 +9,7 @@ import (
 // client is the hub's view of a connection: a mailbox and a way to wake its
 // writer. The transport (native WebSocket, later GraphQL) owns the writer.
 type client struct {
-	mb   mailbox       // first: the dispatcher touches it (and wake) on every delivery
+	mb   mailbox       // first: the dispatcher touches its first 48 bytes on every delivery
 	wake chan struct{} // static; capacity 1, a pending wake-up is sticky
 
 	// onOverflow is called once, outside the index lock, when a push fails;
@@ -19,11 +20,15 @@ type client struct {
 
 	wakePending bool // owned by the dispatcher: already on this batch's wake list
 	pacePending bool // owned by the dispatcher: already on this batch's pace list
+
+	// Pad to 128 bytes: the allocator places 128-byte objects on 128-byte
+	// boundaries, so the mailbox's hot fields share one cache line.
+	_ [48]byte
 }
 
 func newClient(maxItems, maxBytes int, onOverflow func()) *client {
 	return &client{
-		mb:         mailbox{maxItems: maxItems, maxBytes: maxBytes},
+		mb:         mailbox{maxItems: int32(min(maxItems, math.MaxInt32)), maxBytes: maxBytes},
 		wake:       make(chan struct{}, 1),
 		onOverflow: onOverflow,
 	}

@@ -12,17 +12,21 @@ import "sync"
 // (a doubling slice kept up to twice the peak, twice over with double
 // buffering: 26 MiB of 200 clients' mailboxes in a burst, against 6 here),
 // and an idle connection holds no segment at all.
+//
+// Layout: every push touches only the fields up to closed, which fit in the
+// first 48 bytes so that, with client's alignment, one push costs one cache
+// line of the client (at 10,000 clients two lines per push took dispatch
+// from 22 to 50 ns per delivery).
 type mailbox struct {
-	maxItems int // static
-	maxBytes int // static
-
-	mu     sync.Mutex
-	head   *segment // guarded by mu; nil when empty
-	tail   *segment // guarded by mu
-	tpos   int      // guarded by mu; next free slot in tail
-	n      int      // guarded by mu; queued items
-	bytes  int      // guarded by mu; queued bytes
-	closed bool     // guarded by mu
+	mu       sync.Mutex
+	n        int32    // guarded by mu; queued items
+	tpos     int32    // guarded by mu; next free slot in tail
+	bytes    int      // guarded by mu; queued bytes
+	tail     *segment // guarded by mu
+	maxBytes int      // static
+	maxItems int32    // static
+	closed   bool     // guarded by mu
+	head     *segment // guarded by mu; nil when empty
 }
 
 const segItems = 128
@@ -101,7 +105,7 @@ type batch struct {
 // take detaches everything queued; the mailbox starts empty again.
 func (m *mailbox) take() batch {
 	m.mu.Lock()
-	b := batch{head: m.head, tail: m.tail, tpos: m.tpos, n: m.n}
+	b := batch{head: m.head, tail: m.tail, tpos: int(m.tpos), n: int(m.n)}
 	m.head, m.tail, m.tpos, m.n, m.bytes = nil, nil, 0, 0, 0
 	m.mu.Unlock()
 	return b
@@ -147,7 +151,7 @@ func (m *mailbox) close() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		m.closed = true
-		b := batch{head: m.head, tail: m.tail, tpos: m.tpos}
+		b := batch{head: m.head, tail: m.tail, tpos: int(m.tpos)}
 		m.head, m.tail, m.tpos, m.n, m.bytes = nil, nil, 0, 0, 0
 		return b
 	}()
@@ -158,5 +162,5 @@ func (m *mailbox) close() {
 func (m *mailbox) len() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.n
+	return int(m.n)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"unsafe"
 )
 
 // testEvent returns an event item whose size() is exactly size bytes.
@@ -140,7 +141,7 @@ func TestMailboxPushControl(t *testing.T) {
 func TestMailboxOverHalf(t *testing.T) {
 	tests := []struct {
 		name      string
-		maxItems  int
+		maxItems  int32
 		maxBytes  int
 		items     int
 		size      int
@@ -327,5 +328,20 @@ func TestMailboxCloseWhileWriterHoldsBatch(t *testing.T) {
 	m.close()
 	if got := drainBatch(b); len(got) != segItems+1 || got[0] != it || got[segItems] != it {
 		t.Errorf("held batch has %d items after close, want %d", len(got), segItems+1)
+	}
+}
+
+// TestClientLayout guards the cache-line layout dispatch depends on: a client
+// is exactly 128 bytes (so the allocator aligns it to 128) and every field a
+// push touches is in the mailbox's first 48 bytes.
+func TestClientLayout(t *testing.T) {
+	if got := unsafe.Sizeof(client{}); got != 128 {
+		t.Errorf("client is %d bytes, want 128: adjust its padding", got)
+	}
+	if end := unsafe.Offsetof(mailbox{}.closed); end >= 48 {
+		t.Errorf("mailbox.closed at offset %d: push's fields must stay in the first 48 bytes", end)
+	}
+	if unsafe.Offsetof(client{}.mb) != 0 {
+		t.Error("client.mb must be the first field")
 	}
 }
