@@ -16,29 +16,31 @@ import (
 	"go.uber.org/zap"
 )
 
-// conn is one native-protocol WebSocket connection. The HTTP handler's
-// goroutine runs serve, which is the reader and the owner: it starts the
-// writer, and when reading ends it stops the writer, waits for it and
-// unregisters everything. The writer is the only goroutine that writes to
-// the socket (one writer per socket).
+// conn is one native-protocol WebSocket connection. serve runs on a
+// goroutine the Server owns: it is the reader and the owner of everything
+// else. The writer is the only goroutine that writes to the socket (one
+// writer per socket); it runs only while there is something to write, plus
+// writerLinger, so an idle connection costs one goroutine, not two. Pings
+// run on timer goroutines. When reading ends, serve stops the writer and any
+// ping, waits for them and unregisters everything.
 type conn struct {
 	s   *Server         // static
 	ws  *websocket.Conn // static
 	id  string          // static
 	cl  *client         // static
-	log *zap.Logger     // static
 	ctx context.Context // static: cancelled when the server stops hard
 
-	closeCode  atomic.Int32   // requested close code; 0 while open. Set once.
-	writeErr   atomic.Bool    // the writer failed
-	pingFailed atomic.Bool    // a ping went unanswered
-	pinging    atomic.Bool    // a ping is in flight
-	pings      sync.WaitGroup // the in-flight ping's goroutine; waited for by serve
-	stop       chan struct{}  // closed by serve when reading ended: the writer exits
-	writerDone chan struct{}  // closed by the writer
+	closeCode     atomic.Int32  // requested close code; 0 while open. Set once.
+	writeErr      atomic.Bool   // the writer failed
+	pingFailed    atomic.Bool   // a ping went unanswered
+	writerRunning atomic.Bool   // a writer goroutine exists (see ensureWriter, retire)
+	stop          chan struct{} // closed by serve when reading ended: writer and pings exit
 
-	watchdogMu sync.Mutex
-	watchdog   *time.Timer // guarded by watchdogMu: cuts the socket if a close stalls
+	mu       sync.Mutex
+	closed   bool           // guarded by mu: no new writer or ping may start
+	tasks    sync.WaitGroup // writer and ping goroutines; Add only under mu while !closed
+	pingT    *time.Timer    // guarded by mu
+	watchdog *time.Timer    // guarded by mu: cuts the socket if a close stalls
 
 	// owned by serve (the reader)
 	subs     map[string]string // id → pattern
@@ -59,10 +61,78 @@ func (c *conn) requestClose(code int) {
 	if !c.closeCode.CompareAndSwap(0, int32(code)) {
 		return
 	}
-	c.watchdogMu.Lock()
+	c.mu.Lock()
 	c.watchdog = time.AfterFunc(c.s.cfg.CloseTimeout, func() { _ = c.ws.CloseNow() })
-	c.watchdogMu.Unlock()
+	c.mu.Unlock()
 	c.cl.signal()
+}
+
+// writerLinger is how long a writer waits for more work before it exits.
+const writerLinger = 2 * time.Second
+
+// ensureWriter is the client's wake hook, called after every wake signal:
+// it starts a writer if none is running. The fast path is one atomic load.
+func (c *conn) ensureWriter() {
+	if c.writerRunning.Load() {
+		return
+	}
+	c.mu.Lock()
+	if !c.closed && c.writerRunning.CompareAndSwap(false, true) {
+		c.tasks.Add(1)
+		go c.writeLoop()
+	}
+	c.mu.Unlock()
+}
+
+// retire ends an idle writer. It first clears writerRunning, then looks for
+// a wake that raced with it: a waker either sees writerRunning false (and
+// starts a writer) or left its signal for this check. It reports whether
+// the writer may exit.
+func (c *conn) retire() bool {
+	c.writerRunning.Store(false)
+	select {
+	case <-c.cl.wake:
+		if c.writerRunning.CompareAndSwap(false, true) {
+			c.cl.signal() // put the wake back for this writer's loop
+			return false
+		}
+		c.cl.signal() // the writer that took over gets it
+		return true
+	default:
+		return true
+	}
+}
+
+// schedulePing arms the next ping; guarded by mu.
+func (c *conn) schedulePingLocked(d time.Duration) {
+	if c.closed {
+		return
+	}
+	if c.pingT == nil {
+		c.pingT = time.AfterFunc(d, c.pingTick)
+		return
+	}
+	c.pingT.Reset(d)
+}
+
+// pingTick runs on the timer's goroutine. The ping runs beside the writer:
+// waiting for the pong in the writer would stop deliveries for a round trip
+// behind everything the client has not read yet, and fill the mailbox.
+func (c *conn) pingTick() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.tasks.Add(1)
+	c.mu.Unlock()
+	defer c.tasks.Done()
+	if !c.ping() {
+		return
+	}
+	c.mu.Lock()
+	c.schedulePingLocked(c.s.cfg.PingInterval)
+	c.mu.Unlock()
 }
 
 // overflow is the hub's callback when this connection's mailbox is full.
@@ -73,32 +143,47 @@ func (c *conn) overflow() {
 
 // send queues a control message (reply) in order with events.
 func (c *conn) send(b []byte) {
+	if c.queue(b) {
+		c.cl.signal()
+	}
+}
+
+// queue queues a control message and reports whether the writer must be
+// woken. A full mailbox marks the connection a slow consumer, whose close
+// request wakes the writer itself.
+func (c *conn) queue(b []byte) (wake bool) {
 	wasEmpty, err := c.cl.mb.pushControl(item{ev: controlMessage(b)})
 	if err != nil {
 		c.overflow()
-		return
+		return false
 	}
-	if wasEmpty {
-		c.cl.signal()
-	}
+	return wasEmpty
 }
 
 // serve runs the connection until it ends. It returns when the writer has
 // exited and the connection is unregistered.
 func (c *conn) serve() {
-	go c.writeLoop()
+	c.cl.onWake = c.ensureWriter
+	interval := c.s.cfg.PingInterval
+	c.mu.Lock()
+	// Spread pings so 10,000 connections don't ping in the same instant.
+	c.schedulePingLocked(interval/2 + rand.N(interval/2+1))
+	c.mu.Unlock()
 	c.send(readyMessage(c.id))
 	err := c.readLoop()
 
 	close(c.stop)
-	<-c.writerDone
-	_ = c.ws.CloseNow() // also ends a ping in flight
-	c.pings.Wait()
-	c.watchdogMu.Lock()
+	c.mu.Lock()
+	c.closed = true
+	if c.pingT != nil {
+		c.pingT.Stop()
+	}
 	if c.watchdog != nil {
 		c.watchdog.Stop()
 	}
-	c.watchdogMu.Unlock()
+	c.mu.Unlock()
+	_ = c.ws.CloseNow() // ends a write or a ping in flight
+	c.tasks.Wait()
 	for id, pattern := range c.subs {
 		c.s.hub.idx.remove(c.cl, id, pattern)
 	}
@@ -106,7 +191,9 @@ func (c *conn) serve() {
 	c.cl.mb.close()
 	reason := c.disconnectReason(err)
 	c.s.metrics.Disconnects.WithLabelValues(reason).Inc()
-	c.log.Debug("connection closed", zap.String("reason", reason), zap.Error(err))
+	if ce := c.s.log.Check(zap.DebugLevel, "connection closed"); ce != nil {
+		ce.Write(zap.String("conn", c.id), zap.String("reason", reason), zap.Error(err))
+	}
 }
 
 func (c *conn) disconnectReason(readErr error) string {
@@ -180,11 +267,15 @@ func (c *conn) subscribe(id, pattern string) {
 		c.clientError(id, CodeBadPattern, err.Error())
 		return
 	}
-	// The reply is queued before the subscription becomes visible to the
-	// dispatcher, so no event for it can precede "subscribed".
-	c.send(replyMessage("subscribed", id))
+	// The reply is queued while the index is held: no event for the
+	// subscription can precede it, and the client cannot see it before the
+	// subscription is live.
 	c.subs[id] = pattern
-	c.s.hub.idx.add(c.cl, id, pattern)
+	var wake bool
+	c.s.hub.idx.addThen(c.cl, id, pattern, func() { wake = c.queue(replyMessage("subscribed", id)) })
+	if wake {
+		c.cl.signal()
+	}
 	c.s.metrics.Subscriptions.Inc()
 }
 
@@ -194,13 +285,15 @@ func (c *conn) unsubscribe(id string) {
 		c.clientError(id, CodeUnknownID, "no active subscription with id "+id)
 		return
 	}
-	// Removed before the reply is queued: once the dispatcher's current
-	// batch is done no event lists this id, and "unsubscribed" follows every
-	// event that did.
-	c.s.hub.idx.remove(c.cl, id, pattern)
+	// The reply is queued while the index is held: it follows every event
+	// that lists the id, and none follows it.
+	var wake bool
+	c.s.hub.idx.removeThen(c.cl, id, pattern, func() { wake = c.queue(replyMessage("unsubscribed", id)) })
 	delete(c.subs, id)
 	c.s.metrics.Subscriptions.Dec()
-	c.send(replyMessage("unsubscribed", id))
+	if wake {
+		c.cl.signal()
+	}
 }
 
 // clientError reports a protocol error to the client. A client error never
@@ -221,24 +314,20 @@ func (c *conn) clientError(id, code, msg string) {
 
 // writeLoop is the connection's only writer. Woken by the dispatcher (once
 // per batch) or a reply, it yields once so that more deliveries pile up,
-// then drains the mailbox into as few frames as MaxFrameBytes allows.
+// then drains the mailbox into as few frames as MaxFrameBytes allows. After
+// writerLinger without work it exits; ensureWriter starts a new one.
 func (c *conn) writeLoop() {
-	defer close(c.writerDone)
-	interval := c.s.cfg.PingInterval
-	// Spread pings so 10,000 connections don't ping in the same instant.
-	ping := time.NewTimer(interval/2 + rand.N(interval/2+1))
-	defer ping.Stop()
+	defer c.tasks.Done()
+	idle := time.NewTimer(writerLinger)
+	defer idle.Stop()
 	for {
 		select {
 		case <-c.cl.wake:
-		case <-ping.C:
-			// The ping runs beside the writer: waiting for the pong here
-			// would stop deliveries for a round trip behind everything the
-			// client has not read yet, and fill the mailbox meanwhile.
-			if c.pinging.CompareAndSwap(false, true) {
-				c.pings.Go(c.ping)
+		case <-idle.C:
+			if c.retire() {
+				return
 			}
-			ping.Reset(interval)
+			idle.Reset(writerLinger)
 			continue
 		case <-c.stop:
 			return
@@ -255,6 +344,7 @@ func (c *conn) writeLoop() {
 			c.finish(int(code))
 			return
 		}
+		idle.Reset(writerLinger)
 	}
 }
 
@@ -320,8 +410,7 @@ func (c *conn) writeFrame(b []byte) error {
 
 // ping sends a ping and waits for the pong; an unanswered ping cuts the
 // connection (the reader then ends and serve cleans up).
-func (c *conn) ping() {
-	defer c.pinging.Store(false)
+func (c *conn) ping() bool {
 	ctx, cancel := context.WithTimeout(c.ctx, c.s.cfg.PingTimeout)
 	defer cancel()
 	if err := c.ws.Ping(ctx); err != nil {
@@ -331,7 +420,9 @@ func (c *conn) ping() {
 			c.pingFailed.Store(true)
 		}
 		_ = c.ws.CloseNow()
+		return false
 	}
+	return true
 }
 
 // finish closes the connection with code. Going away (1001) and policy

@@ -15,6 +15,9 @@ type client struct {
 	// onOverflow is called once, outside the index lock, when a push fails;
 	// the transport closes the connection as a slow consumer.
 	onOverflow func() // static after newClient
+	// onWake, if set, runs after each wake signal (the transport starts a
+	// writer if none runs). Set before the client is registered.
+	onWake func()
 
 	overflowed atomic.Bool
 
@@ -23,7 +26,7 @@ type client struct {
 
 	// Pad to 128 bytes: the allocator places 128-byte objects on 128-byte
 	// boundaries, so the mailbox's hot fields share one cache line.
-	_ [48]byte
+	_ [40]byte
 }
 
 func newClient(maxItems, maxBytes int, onOverflow func()) *client {
@@ -39,6 +42,9 @@ func (c *client) signal() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
+	}
+	if c.onWake != nil {
+		c.onWake()
 	}
 }
 

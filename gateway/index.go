@@ -57,9 +57,18 @@ func newIndex() *index {
 
 // add registers client c's subscription id on pattern. The caller has checked
 // that id is new for c and that pattern is valid.
-func (ix *index) add(c *client, id, pattern string) {
+func (ix *index) add(c *client, id, pattern string) { ix.addThen(c, id, pattern, nil) }
+
+// addThen is add, then runs then (if not nil) before releasing the index:
+// no dispatch can happen between the two. The connection queues its
+// "subscribed" reply there, so the reply is never seen before the
+// subscription is live, nor after an event that lists it.
+func (ix *index) addThen(c *client, id, pattern string, then func()) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	if then != nil {
+		defer then()
+	}
 	n := ix.root
 	for rest, more := pattern, true; more; {
 		var tok string
@@ -85,8 +94,17 @@ func (ix *index) add(c *client, id, pattern string) {
 // remove unregisters client c's subscription id on pattern; it reports
 // whether it was there.
 func (ix *index) remove(c *client, id, pattern string) bool {
+	return ix.removeThen(c, id, pattern, nil)
+}
+
+// removeThen is remove, then runs then (if not nil) before releasing the
+// index, like addThen.
+func (ix *index) removeThen(c *client, id, pattern string, then func()) bool {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	if then != nil {
+		defer then()
+	}
 	n := ix.root
 	for rest, more := pattern, true; more; {
 		var tok string

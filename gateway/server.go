@@ -167,7 +167,12 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "too many connections", Code: "max_connections"})
 		return
 	}
-	defer s.nconns.Add(-1)
+	served := false
+	defer func() {
+		if !served {
+			s.nconns.Add(-1)
+		}
+	}()
 
 	ws, err := websocket.Accept(hijackWriter{w}, r, &websocket.AcceptOptions{
 		OriginPatterns:  s.cfg.AllowedOrigins,
@@ -180,15 +185,13 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	}
 	ws.SetReadLimit(s.cfg.ReadLimit)
 	c := &conn{
-		s:          s,
-		ws:         ws,
-		id:         newConnID(),
-		ctx:        s.ctx,
-		stop:       make(chan struct{}),
-		writerDone: make(chan struct{}),
-		subs:       make(map[string]string),
+		s:    s,
+		ws:   ws,
+		id:   newConnID(),
+		ctx:  s.ctx,
+		stop: make(chan struct{}),
+		subs: make(map[string]string),
 	}
-	c.log = s.log.With(zap.String("conn", c.id))
 	c.cl = newClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
 
 	s.mu.Lock()
@@ -204,13 +207,21 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 	s.metrics.ConnectionsAccepted.Inc()
 	s.metrics.Connections.Inc()
 
-	c.serve()
-
-	s.mu.Lock()
-	delete(s.conns, c)
-	s.mu.Unlock()
-	s.metrics.Connections.Dec()
-	s.wg.Done()
+	// The connection runs on a goroutine of ours and the handler returns:
+	// net/http's per-connection state (its 4 KiB read and write buffers,
+	// the request, the handler goroutine's stack grown by request parsing)
+	// would otherwise stay alive as long as the WebSocket does, 3x the
+	// memory of an idle connection. The server's WaitGroup owns it.
+	served = true
+	go func() {
+		defer s.wg.Done()
+		defer s.nconns.Add(-1)
+		c.serve()
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		s.metrics.Connections.Dec()
+	}()
 }
 
 // Shutdown drains the server: new upgrades are refused, every connection

@@ -233,6 +233,7 @@ func TestNonJSONBrokerMessageIsCountedAndSkipped(t *testing.T) {
 	e.publish("m.bad", "not json at all")
 	e.publish("m.bad", `{"truncated":`)
 	e.publish("m.good", `{"ok":true}`)
+	waitFor(t, "three events received", func() bool { return e.metric("fanwire_events_received_total", nil) == 3 })
 	cl.expect(map[string]any{"type": "event", "subject": "m.good"})
 	if n := e.metric("fanwire_events_invalid_total", nil); n != 2 {
 		t.Fatalf("invalid events counted %v, want 2", n)

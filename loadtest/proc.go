@@ -109,3 +109,16 @@ func parseStatusKB(status []byte, key string) (int64, error) {
 	}
 	return 0, fmt.Errorf("status: no %s line", key)
 }
+
+// RSS returns the current resident set size (VmRSS), in bytes.
+func (p ProcSampler) RSS() (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID))
+	if err != nil {
+		return 0, fmt.Errorf("rss of pid %d: %w", p.PID, err)
+	}
+	n, err := parseStatusKB(b, "VmRSS:")
+	if err != nil {
+		return 0, fmt.Errorf("rss of pid %d: %w", p.PID, err)
+	}
+	return n * 1024, nil
+}

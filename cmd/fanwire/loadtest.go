@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -31,6 +32,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 		spawnFlags string
 		pid        int
 		asJSON     bool
+		idle       time.Duration
 	)
 	fs := c.fs
 	fs.IntVar(&cfg.Clients, "clients", loadtest.DefaultClients, "WebSocket clients, each subscribed to the hot subject")
@@ -47,6 +49,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	fs.StringVar(&spawnFlags, "spawn-flags", "", "extra flags for the spawned gateway, space-separated (e.g. \"--mailbox-messages 8192\")")
 	fs.IntVar(&pid, "pid", 0, "sample this existing gateway process's CPU and RSS from /proc")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of the table")
+	fs.DurationVar(&idle, "idle", 0, "instead of publishing: connect --clients subscribed clients, wait this long, and report the gateway's RSS per idle connection")
 	c.run = func([]string) error {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
@@ -64,6 +67,17 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 			return errors.New("give --spawn, or both --url and --nats")
 		}
 		cfg.Proc = loadtest.ProcSampler{PID: pid}
+		if idle > 0 {
+			res, err := loadtest.Idle(ctx, cfg, idle)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(os.Stdout).Encode(res)
+			}
+			res.WriteTable(os.Stdout)
+			return nil
+		}
 		if !asJSON {
 			cfg.Progress = os.Stderr
 		}
