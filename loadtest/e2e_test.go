@@ -1,0 +1,73 @@
+package loadtest
+
+import (
+	"context"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/gateway"
+)
+
+// TestRunAgainstGateway runs the load generator against a real gateway (in
+// this process) on a real embedded NATS server: every client must get every
+// event exactly once and in order, and the gateway's figures are sampled.
+func TestRunAgainstGateway(t *testing.T) {
+	natsURL := startNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := broker.DialNATS(ctx, broker.NATSConfig{URL: natsURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	srv, err := gateway.New(gateway.Config{Broker: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	runCtx, stopRun := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- srv.Run(runCtx) }()
+	defer func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			t.Error(err)
+		}
+		stopRun()
+		if err := <-runDone; err != nil {
+			t.Error(err)
+		}
+	}()
+
+	var progress strings.Builder
+	res, err := Run(ctx, Config{
+		URL:      "ws" + strings.TrimPrefix(hs.URL, "http") + "/ws",
+		NATSURL:  natsURL,
+		Clients:  20,
+		Events:   2000,
+		Size:     200,
+		RcvBuf:   1 << 20,
+		Proc:     ProcSampler{PID: os.Getpid()}, // the gateway runs in this process
+		Progress: &progress,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OK() || res.Delivered != 20*2000 {
+		var out strings.Builder
+		res.WriteTable(&out)
+		t.Fatalf("run not clean:\n%s", out.String())
+	}
+	if !res.GatewaySampled || res.GatewayRSSHighWaterBytes <= 0 || res.LatencyMax <= 0 {
+		t.Errorf("figures missing: sampled %v rss %d max latency %v", res.GatewaySampled, res.GatewayRSSHighWaterBytes, res.LatencyMax)
+	}
+	if !strings.Contains(progress.String(), "delivered") {
+		t.Errorf("no progress line: %q", progress.String())
+	}
+}
