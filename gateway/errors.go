@@ -11,7 +11,6 @@ const (
 	CodeDuplicateID          = "duplicate_id"           // subscribe with an id that is already active
 	CodeUnknownID            = "unknown_id"             // unsubscribe with an id that is not active
 	CodeTooManySubscriptions = "too_many_subscriptions" // over Config.MaxSubscriptions
-	CodeBadID                = "bad_id"                 // missing or oversized subscription id
 )
 
 // WebSocket close codes the server uses.

@@ -87,7 +87,7 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 	for _, ev := range evs {
 		for _, d := range h.m.match(h.idx, ev.Subject) {
 			c := d.c
-			wasEmpty, full, err := c.mb.push(item{ev: ev, subs: d.subs})
+			wasEmpty, full, err := c.mb.push(item{ev: ev, subs: d.subs}, len(ev.buf)+d.subsLen)
 			if err != nil {
 				if c.overflowed.CompareAndSwap(false, true) {
 					h.overflow = append(h.overflow, c)

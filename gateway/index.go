@@ -45,10 +45,17 @@ type nodeIDs struct {
 	pos int
 }
 
-// delivery is one client's share of a matched event.
+// delivery is one client's share of a matched event. subsLen caches
+// len(subs.b) so that queueing a delivery (which needs its size) does not
+// touch the subs list itself: one cache miss less per delivery.
 type delivery struct {
-	c    *client
-	subs *subsList
+	c       *client
+	subs    *subsList
+	subsLen int
+}
+
+func (d *delivery) setSubs(l *subsList) {
+	d.subs, d.subsLen = l, len(l.b)
 }
 
 func newIndex() *index {
@@ -86,7 +93,7 @@ func (ix *index) addThen(c *client, id, pattern string, then func()) {
 	}
 	e.ids = append(e.ids, id)
 	slices.Sort(e.ids)
-	n.deliveries[e.pos].subs = encodeSubsList(e.ids)
+	n.deliveries[e.pos].setSubs(encodeSubsList(e.ids))
 	ix.gen++
 	ix.size++
 }
@@ -125,7 +132,7 @@ func (ix *index) removeThen(c *client, id, pattern string, then func()) bool {
 	ix.gen++
 	ix.size--
 	if len(e.ids) > 0 {
-		n.deliveries[e.pos].subs = encodeSubsList(e.ids)
+		n.deliveries[e.pos].setSubs(encodeSubsList(e.ids))
 		return true
 	}
 	delete(n.byClient, c)

@@ -38,8 +38,8 @@ type segment struct {
 
 var segPool = sync.Pool{New: func() any { return new(segment) }}
 
-// appendLocked adds it; m.mu is held.
-func (m *mailbox) appendLocked(it item) {
+// appendLocked adds it, of size bytes; m.mu is held.
+func (m *mailbox) appendLocked(it item, size int) {
 	if m.tail == nil || m.tpos == segItems {
 		s := segPool.Get().(*segment)
 		if m.tail == nil {
@@ -52,22 +52,22 @@ func (m *mailbox) appendLocked(it item) {
 	m.tail.items[m.tpos] = it
 	m.tpos++
 	m.n++
-	m.bytes += it.size()
+	m.bytes += size
 }
 
-// push queues it. It reports whether the mailbox was empty, in which case the
+// push queues it, whose size (it.size(), passed in so the caller can use a
+// cached value) is n. It reports whether the mailbox was empty, in which case the
 // caller must wake the writer (possibly later, once per batch), and whether
 // it is now over half of either bound. It returns ErrMailboxFull when the
 // mailbox is over a bound or closed.
-func (m *mailbox) push(it item) (wasEmpty, pressured bool, err error) {
-	n := it.size()
+func (m *mailbox) push(it item, n int) (wasEmpty, pressured bool, err error) {
 	m.mu.Lock()
 	if m.closed || m.n >= m.maxItems || m.bytes+n > m.maxBytes {
 		m.mu.Unlock()
 		return false, false, ErrMailboxFull
 	}
 	wasEmpty = m.n == 0
-	m.appendLocked(it)
+	m.appendLocked(it, n)
 	pressured = 2*m.n > m.maxItems || 2*m.bytes > m.maxBytes
 	m.mu.Unlock()
 	return wasEmpty, pressured, nil
@@ -82,7 +82,7 @@ func (m *mailbox) pushControl(it item) (wasEmpty bool, err error) {
 		return false, ErrMailboxFull
 	}
 	wasEmpty = m.n == 0
-	m.appendLocked(it)
+	m.appendLocked(it, it.size())
 	return wasEmpty, nil
 }
 

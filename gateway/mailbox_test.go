@@ -49,7 +49,7 @@ func TestMailboxItemBound(t *testing.T) {
 	m := mailbox{maxItems: 4, maxBytes: 1 << 20}
 	it := testEvent(t, 100)
 	for i := range 4 {
-		wasEmpty, _, err := m.push(it)
+		wasEmpty, _, err := m.pushItem(it)
 		if err != nil {
 			t.Fatalf("push %d: %v", i, err)
 		}
@@ -57,7 +57,7 @@ func TestMailboxItemBound(t *testing.T) {
 			t.Errorf("push %d: wasEmpty = %v", i, wasEmpty)
 		}
 	}
-	if _, _, err := m.push(it); !errors.Is(err, ErrMailboxFull) {
+	if _, _, err := m.pushItem(it); !errors.Is(err, ErrMailboxFull) {
 		t.Fatalf("push over the item bound: %v, want ErrMailboxFull", err)
 	}
 	if _, err := m.pushControl(item{ev: controlMessage(pongMessage)}); !errors.Is(err, ErrMailboxFull) {
@@ -69,7 +69,7 @@ func TestMailboxItemBound(t *testing.T) {
 	if got := drainBatch(m.take()); len(got) != 4 {
 		t.Errorf("took %d items, want 4", len(got))
 	}
-	if wasEmpty, _, err := m.push(it); err != nil || !wasEmpty {
+	if wasEmpty, _, err := m.pushItem(it); err != nil || !wasEmpty {
 		t.Errorf("push after take: wasEmpty=%v err=%v, want true, nil", wasEmpty, err)
 	}
 }
@@ -78,17 +78,17 @@ func TestMailboxByteBound(t *testing.T) {
 	m := mailbox{maxItems: 100, maxBytes: 1000}
 	it := testEvent(t, 300)
 	for i := range 3 {
-		if _, _, err := m.push(it); err != nil {
+		if _, _, err := m.pushItem(it); err != nil {
 			t.Fatalf("push %d: %v", i, err)
 		}
 	}
-	if _, _, err := m.push(it); !errors.Is(err, ErrMailboxFull) { // 1200 > 1000
+	if _, _, err := m.pushItem(it); !errors.Is(err, ErrMailboxFull) { // 1200 > 1000
 		t.Fatalf("push over the byte bound: %v, want ErrMailboxFull", err)
 	}
-	if _, _, err := m.push(testEvent(t, 100)); err != nil { // exactly 1000 fits
+	if _, _, err := m.pushItem(testEvent(t, 100)); err != nil { // exactly 1000 fits
 		t.Fatalf("push up to exactly the byte bound: %v", err)
 	}
-	if _, _, err := m.push(testEvent(t, 62)); !errors.Is(err, ErrMailboxFull) {
+	if _, _, err := m.pushItem(testEvent(t, 62)); !errors.Is(err, ErrMailboxFull) {
 		t.Fatalf("push of one byte over: %v, want ErrMailboxFull", err)
 	}
 	if m.len() != 4 {
@@ -97,7 +97,7 @@ func TestMailboxByteBound(t *testing.T) {
 
 	// A single item larger than the byte bound never fits, even empty.
 	big := mailbox{maxItems: 100, maxBytes: 200}
-	if _, _, err := big.push(it); !errors.Is(err, ErrMailboxFull) {
+	if _, _, err := big.pushItem(it); !errors.Is(err, ErrMailboxFull) {
 		t.Errorf("push of an item over the whole byte bound: %v, want ErrMailboxFull", err)
 	}
 }
@@ -105,7 +105,7 @@ func TestMailboxByteBound(t *testing.T) {
 func TestMailboxPushControl(t *testing.T) {
 	m := mailbox{maxItems: 3, maxBytes: 200}
 	ev := testEvent(t, 150)
-	if _, _, err := m.push(ev); err != nil {
+	if _, _, err := m.pushItem(ev); err != nil {
 		t.Fatal(err)
 	}
 	// A reply may exceed the byte bound ...
@@ -118,7 +118,7 @@ func TestMailboxPushControl(t *testing.T) {
 		t.Error("overHalf = false at 250 of 200 bytes")
 	}
 	// ... which then refuses events, even small ones ...
-	if _, _, err := m.push(testEvent(t, 62)); !errors.Is(err, ErrMailboxFull) {
+	if _, _, err := m.pushItem(testEvent(t, 62)); !errors.Is(err, ErrMailboxFull) {
 		t.Errorf("push after the byte bound was exceeded: %v, want ErrMailboxFull", err)
 	}
 	// ... but not further replies, up to the item bound.
@@ -159,7 +159,7 @@ func TestMailboxOverHalf(t *testing.T) {
 			it := testEvent(t, tt.size)
 			var pressured bool
 			for i := range tt.items {
-				_, p, err := m.push(it)
+				_, p, err := m.pushItem(it)
 				if err != nil {
 					t.Fatalf("push %d: %v", i, err)
 				}
@@ -192,7 +192,7 @@ func TestMailboxTakeOrder(t *testing.T) {
 					t.Fatal(err)
 				}
 				want = append(want, ev)
-				if _, _, err := m.push(item{ev: ev, subs: encodeSubsList(nil)}); err != nil {
+				if _, _, err := m.pushItem(item{ev: ev, subs: encodeSubsList(nil)}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -224,7 +224,7 @@ func TestMailboxRecycling(t *testing.T) {
 	m := mailbox{maxItems: 10000, maxBytes: 1 << 30}
 	it := testEvent(t, 100)
 	for range 2*segItems + 3 {
-		if _, _, err := m.push(it); err != nil {
+		if _, _, err := m.pushItem(it); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -237,7 +237,7 @@ func TestMailboxRecycling(t *testing.T) {
 		t.Fatalf("%d segments for %d items, want 3", len(segs), 2*segItems+3)
 	}
 	// Pushes while the writer holds the batch go to a new segment.
-	if wasEmpty, _, err := m.push(it); err != nil || !wasEmpty {
+	if wasEmpty, _, err := m.pushItem(it); err != nil || !wasEmpty {
 		t.Fatalf("push during a held batch: wasEmpty=%v err=%v", wasEmpty, err)
 	}
 	for _, s := range segs {
@@ -292,7 +292,7 @@ func TestMailboxClose(t *testing.T) {
 	m := mailbox{maxItems: 10, maxBytes: 1 << 20}
 	it := testEvent(t, 100)
 	for range 3 {
-		if _, _, err := m.push(it); err != nil {
+		if _, _, err := m.pushItem(it); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -300,7 +300,7 @@ func TestMailboxClose(t *testing.T) {
 	if m.len() != 0 {
 		t.Errorf("len = %d after close, want 0 (queued items dropped)", m.len())
 	}
-	if _, _, err := m.push(it); !errors.Is(err, ErrMailboxFull) {
+	if _, _, err := m.pushItem(it); !errors.Is(err, ErrMailboxFull) {
 		t.Errorf("push after close: %v, want ErrMailboxFull", err)
 	}
 	if _, err := m.pushControl(item{ev: controlMessage(pongMessage)}); !errors.Is(err, ErrMailboxFull) {
@@ -321,10 +321,10 @@ func TestMailboxCloseWhileWriterHoldsBatch(t *testing.T) {
 	m := mailbox{maxItems: 1000, maxBytes: 1 << 20}
 	it := testEvent(t, 100)
 	for range segItems + 1 {
-		m.push(it)
+		m.pushItem(it)
 	}
 	b := m.take()
-	m.push(it)
+	m.pushItem(it)
 	m.close()
 	if got := drainBatch(b); len(got) != segItems+1 || got[0] != it || got[segItems] != it {
 		t.Errorf("held batch has %d items after close, want %d", len(got), segItems+1)
@@ -344,4 +344,9 @@ func TestClientLayout(t *testing.T) {
 	if unsafe.Offsetof(client{}.mb) != 0 {
 		t.Error("client.mb must be the first field")
 	}
+}
+
+// pushItem pushes it with its computed size, as the hub does with a cached one.
+func (m *mailbox) pushItem(it item) (wasEmpty, pressured bool, err error) {
+	return m.push(it, it.size())
 }

@@ -69,7 +69,9 @@ func mergeDeliveries(nodes []*node) []delivery {
 	for _, c := range order {
 		l := ids[c]
 		slices.Sort(l)
-		out = append(out, delivery{c: c, subs: encodeSubsList(l)})
+		d := delivery{c: c}
+		d.setSubs(encodeSubsList(l))
+		out = append(out, d)
 	}
 	return out
 }
