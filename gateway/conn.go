@@ -103,7 +103,7 @@ func (c *conn) retire() bool {
 	}
 }
 
-// schedulePing arms the next ping; guarded by mu.
+// schedulePingLocked arms the next ping; c.mu is held.
 func (c *conn) schedulePingLocked(d time.Duration) {
 	if c.closed {
 		return
