@@ -1,0 +1,181 @@
+package broker_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/broker/brokertest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// consumer runs Consume in the background and collects what it delivers.
+type consumer struct {
+	mu   sync.Mutex
+	msgs []broker.Message
+	stop func() error
+}
+
+func consume(t *testing.T, b broker.Broker) *consumer {
+	t.Helper()
+	c := &consumer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- b.Consume(ctx, func(batch []broker.Message, arrived time.Time) {
+			if arrived.IsZero() {
+				t.Error("batch without an arrival time")
+			}
+			c.mu.Lock()
+			c.msgs = append(c.msgs, batch...)
+			c.mu.Unlock()
+		}, func() { close(started) })
+	}()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("consume ended before it started: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("consume did not start")
+	}
+	var once sync.Once
+	c.stop = func() (err error) {
+		once.Do(func() { cancel(); err = <-done })
+		return err
+	}
+	t.Cleanup(func() { _ = c.stop() })
+	return c
+}
+
+func (c *consumer) waitFor(t *testing.T, n int) []broker.Message {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.mu.Lock()
+		got := append([]broker.Message(nil), c.msgs...)
+		c.mu.Unlock()
+		if len(got) >= n {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("got %d messages, want %d", len(got), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func dial(t *testing.T, url string, subjects ...string) *broker.NATS {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	b, err := broker.DialNATS(ctx, broker.NATSConfig{URL: url, Subjects: subjects})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+func TestNATSPublishConsumeInOrder(t *testing.T) {
+	ns := brokertest.NATS(t)
+	b := dial(t, ns.ClientURL(), "app.>")
+	c := consume(t, b)
+	var out []broker.Outgoing
+	for i := range 500 {
+		out = append(out, broker.Outgoing{Subject: fmt.Sprintf("app.%d", i%3), Data: []byte(fmt.Sprint(i))})
+	}
+	out = append(out, broker.Outgoing{Subject: "other.x", Data: []byte(`"outside the subject space"`)},
+		broker.Outgoing{Subject: "app.end", Data: []byte(`"sentinel"`)})
+	cursors, err := b.Publish(context.Background(), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cursors) != len(out) || cursors[0] != "" {
+		t.Fatalf("cursors %d (%q), want %d empty ones: Core NATS keeps no history", len(cursors), cursors[0], len(out))
+	}
+	got := c.waitFor(t, 501)
+	for i, m := range got[:500] {
+		if string(m.Data) != fmt.Sprint(i) || m.Subject != fmt.Sprintf("app.%d", i%3) || m.Cursor != "" {
+			t.Fatalf("message %d: %s %q %q", i, m.Subject, m.Data, m.Cursor)
+		}
+	}
+	// Had the message outside the subject space been delivered, it would
+	// come before the sentinel.
+	if len(got) != 501 || got[500].Subject != "app.end" {
+		t.Fatalf("after 500 messages: %d in all, then %s", len(got), got[500].Subject)
+	}
+	if err := c.stop(); err != context.Canceled {
+		t.Fatalf("consume returned %v, want context.Canceled", err)
+	}
+}
+
+// TestNATSSurvivesServerRestart stops the NATS server under a consuming
+// broker and starts it again on the same port: Ready follows the
+// connection, and messages published after the restart are delivered.
+func TestNATSSurvivesServerRestart(t *testing.T) {
+	dir := t.TempDir()
+	ns, err := broker.StartEmbedded(broker.EmbeddedConfig{StoreDir: dir, JetStream: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ns.Addr().(*net.TCPAddr).Port
+	b := dial(t, ns.ClientURL())
+	c := consume(t, b)
+	if !b.Ready() {
+		t.Fatal("not ready while connected")
+	}
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	deadline := time.Now().Add(10 * time.Second)
+	for b.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("still ready with the server down")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ns, err = broker.StartEmbedded(broker.EmbeddedConfig{Port: port, StoreDir: dir, JetStream: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	for !b.Ready() {
+		if time.Now().After(deadline.Add(10 * time.Second)) {
+			t.Fatal("not ready again after the server came back")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// The subscription is restored on reconnect; publish until it arrives
+	// (the resubscription races with the first publish).
+	for i := 0; ; i++ {
+		if _, err := b.Publish(context.Background(), []broker.Outgoing{{Subject: "back", Data: []byte(`1`)}}); err != nil {
+			t.Fatal(err)
+		}
+		c.mu.Lock()
+		n := len(c.msgs)
+		c.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if i > 200 {
+			t.Fatal("nothing delivered after the server restart")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestNATSDialFailsClearly(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := broker.DialNATS(ctx, broker.NATSConfig{URL: "nats://127.0.0.1:1"})
+	if err == nil {
+		t.Fatal("dial to a closed port succeeded")
+	}
+	t.Log(err)
+}
