@@ -233,14 +233,7 @@ func (c *conn) readLoop() error {
 func (c *conn) handle(data []byte) {
 	f, err := parseClientFrame(data)
 	if err != nil {
-		code := CodeBadFrame
-		if errors.Is(err, ErrUnknownType) {
-			code = CodeUnknownType
-		}
-		id := ""
-		if f.ID != nil && len(*f.ID) <= maxIDLen {
-			id = *f.ID
-		}
+		id, code := errorReply(f, err)
 		c.clientError(id, code, err.Error())
 		return
 	}

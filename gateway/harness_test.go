@@ -188,31 +188,30 @@ func (cl *client) readFrame(d time.Duration) error {
 	return nil
 }
 
-// next returns the next message, waiting up to 5 s.
-func (cl *client) next() map[string]any {
+// pop returns the next message, decoded and verbatim, waiting up to 5 s.
+func (cl *client) pop() (map[string]any, string) {
 	cl.t.Helper()
 	for len(cl.msgs) == 0 {
 		if err := cl.readFrame(5 * time.Second); err != nil {
 			cl.t.Fatalf("waiting for a message: %v", err)
 		}
 	}
-	m := cl.msgs[0]
-	cl.msgs = cl.msgs[1:]
-	cl.raw = cl.raw[1:]
+	m, r := cl.msgs[0], cl.raw[0]
+	cl.msgs, cl.raw = cl.msgs[1:], cl.raw[1:]
+	return m, r
+}
+
+// next returns the next message.
+func (cl *client) next() map[string]any {
+	cl.t.Helper()
+	m, _ := cl.pop()
 	return m
 }
 
 // nextRaw returns the next message verbatim.
 func (cl *client) nextRaw() string {
 	cl.t.Helper()
-	for len(cl.raw) == 0 {
-		if err := cl.readFrame(5 * time.Second); err != nil {
-			cl.t.Fatalf("waiting for a message: %v", err)
-		}
-	}
-	r := cl.raw[0]
-	cl.msgs = cl.msgs[1:]
-	cl.raw = cl.raw[1:]
+	_, r := cl.pop()
 	return r
 }
 

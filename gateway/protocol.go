@@ -100,6 +100,20 @@ func decodeObject(b []byte, v any, fields ...string) error {
 	return nil
 }
 
+// errorReply returns the id and code of the error reply for a frame that
+// parseClientFrame rejected with err: the frame's id when it had a usable
+// one, and unknown_type or bad_frame.
+func errorReply(f clientFrame, err error) (id, code string) {
+	code = CodeBadFrame
+	if errors.Is(err, ErrUnknownType) {
+		code = CodeUnknownType
+	}
+	if f.ID != nil && len(*f.ID) <= maxIDLen {
+		id = *f.ID
+	}
+	return id, code
+}
+
 func checkID(id *string) error {
 	switch {
 	case id == nil || *id == "":

@@ -127,14 +127,7 @@ func TestParseClientFrameFieldNamesAreCaseSensitive(t *testing.T) {
 // fields.
 func checkErrorMessage(t testing.TB, f clientFrame, err error) {
 	t.Helper()
-	code := CodeBadFrame
-	if errors.Is(err, ErrUnknownType) {
-		code = CodeUnknownType
-	}
-	id := ""
-	if f.ID != nil && len(*f.ID) <= maxIDLen {
-		id = *f.ID
-	}
+	id, code := errorReply(f, err)
 	msg := errorMessage(id, code, err.Error())
 	if !json.Valid(msg) {
 		t.Fatalf("errorMessage for %q is not valid JSON: %q", err, msg)

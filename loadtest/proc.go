@@ -55,12 +55,18 @@ func (p ProcSampler) CPUSeconds() (float64, error) {
 }
 
 // RSSHighWater returns VmHWM from /proc/<pid>/status, in bytes.
-func (p ProcSampler) RSSHighWater() (int64, error) {
+func (p ProcSampler) RSSHighWater() (int64, error) { return p.statusBytes("VmHWM:") }
+
+// RSS returns the current resident set size (VmRSS), in bytes.
+func (p ProcSampler) RSS() (int64, error) { return p.statusBytes("VmRSS:") }
+
+// statusBytes reads a "Key: n kB" line of /proc/<pid>/status, in bytes.
+func (p ProcSampler) statusBytes(key string) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID))
 	if err != nil {
 		return 0, fmt.Errorf("rss of pid %d: %w", p.PID, err)
 	}
-	n, err := parseStatusKB(b, "VmHWM:")
+	n, err := parseStatusKB(b, key)
 	if err != nil {
 		return 0, fmt.Errorf("rss of pid %d: %w", p.PID, err)
 	}
@@ -108,17 +114,4 @@ func parseStatusKB(status []byte, key string) (int64, error) {
 		return n, nil
 	}
 	return 0, fmt.Errorf("status: no %s line", key)
-}
-
-// RSS returns the current resident set size (VmRSS), in bytes.
-func (p ProcSampler) RSS() (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID))
-	if err != nil {
-		return 0, fmt.Errorf("rss of pid %d: %w", p.PID, err)
-	}
-	n, err := parseStatusKB(b, "VmRSS:")
-	if err != nil {
-		return 0, fmt.Errorf("rss of pid %d: %w", p.PID, err)
-	}
-	return n * 1024, nil
 }
