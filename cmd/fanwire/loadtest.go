@@ -44,7 +44,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	fs.StringVar(&cfg.Subject, "subject", "", "subject to publish on (default loadtest.<run id>.hot)")
 	fs.DurationVar(&cfg.Timeout, "timeout", loadtest.DefaultTimeout, "give up after this long without delivery progress")
 	fs.IntVar(&cfg.RcvBuf, "client-rcvbuf", 4<<20, "SO_RCVBUF of each client socket in bytes (0: kernel autotuning, which on loopback stalls 200-800 ms at zero windows)")
-	fs.BoolVar(&spawn, "spawn", false, "start \"fanwire dev\" on free ports as a child process and measure it")
+	fs.BoolVar(&spawn, "spawn", false, "start a gateway (see --spawn-role) on free ports as a child process and measure it")
 	fs.StringVar(&spawnRole, "spawn-role", "dev", "with --spawn: dev (gateway and embedded NATS in one measured process) or ws (the measured process is \"fanwire ws\"; NATS runs embedded in the loadtest process)")
 	fs.StringVar(&spawnFlags, "spawn-flags", "", "extra flags for the spawned gateway, space-separated (e.g. \"--mailbox-messages 8192\")")
 	fs.IntVar(&pid, "pid", 0, "sample this existing gateway process's CPU and RSS from /proc")
