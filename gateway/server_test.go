@@ -390,3 +390,84 @@ func TestConcurrentSubscribeDuringDispatch(t *testing.T) {
 		watcher.expect(map[string]any{"type": "event", "data": i})
 	}
 }
+
+func TestBrowserOriginsSameOriginByDefault(t *testing.T) {
+	e := newEnv(t, func(c *gateway.Config) { c.AllowedOrigins = []string{"app.example.com"} })
+	dial := func(origin string) (int, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		h := http.Header{}
+		h.Set("Origin", origin)
+		c, resp, err := websocket.Dial(ctx, e.wsURL(), &websocket.DialOptions{HTTPHeader: h})
+		if err == nil {
+			c.CloseNow()
+			return resp.StatusCode, nil
+		}
+		if resp != nil {
+			return resp.StatusCode, err
+		}
+		return 0, err
+	}
+	if code, err := dial("https://evil.example.net"); err == nil || code != http.StatusForbidden {
+		t.Errorf("foreign origin: status %d, err %v; want 403", code, err)
+	}
+	if _, err := dial("https://app.example.com"); err != nil {
+		t.Errorf("allowed origin refused: %v", err)
+	}
+	if _, err := dial(e.http.URL); err != nil { // same origin
+		t.Errorf("same origin refused: %v", err)
+	}
+}
+
+func TestPublishBodyTooLarge(t *testing.T) {
+	e := newEnv(t, func(c *gateway.Config) { c.MaxPublishBytes = 1024 })
+	body := `{"subject":"a","data":"` + strings.Repeat("x", 2048) + `"}`
+	resp, err := http.Post(e.http.URL+"/api/publish", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "too_large") {
+		t.Fatalf("status %d %s, want 413 too_large", resp.StatusCode, b)
+	}
+}
+
+// TestUnansweredPingCloses uses a client that never reads, so it never
+// answers the server's pings: the server must close it and count why.
+func TestUnansweredPingCloses(t *testing.T) {
+	e := newEnv(t, func(c *gateway.Config) {
+		c.PingInterval = 50 * time.Millisecond
+		c.PingTimeout = 100 * time.Millisecond
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, e.wsURL(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	waitFor(t, "ping_timeout disconnect", func() bool {
+		return e.metric("fanwire_disconnects_total", map[string]string{"reason": "ping_timeout"}) == 1
+	})
+	// A client that keeps reading answers pings and stays: the event is
+	// published after several ping intervals, while the client waits in a
+	// read.
+	cl := e.dial()
+	cl.subscribe("s", "still.here")
+	published := make(chan error, 1)
+	time.AfterFunc(300*time.Millisecond, func() {
+		err := e.nc.Publish("still.here", []byte(`1`))
+		if err == nil {
+			err = e.nc.Flush()
+		}
+		published <- err
+	})
+	cl.expect(map[string]any{"type": "event", "data": 1})
+	if err := <-published; err != nil {
+		t.Fatal(err)
+	}
+	if n := e.metric("fanwire_disconnects_total", map[string]string{"reason": "ping_timeout"}); n != 1 {
+		t.Fatalf("%v ping timeouts, want only the silent client's", n)
+	}
+}
