@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"path"
 	"strings"
 	"time"
 
@@ -41,8 +43,12 @@ func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusUnauthorized, apiError{Error: "missing or wrong API key (Authorization: Bearer <key>)", Code: "unauthorized"})
 		return
 	}
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		s.publishError(w, http.StatusUnsupportedMediaType, apiError{Error: "Content-Type must be application/json", Code: "bad_request"})
+	// The body is parsed as JSON whatever its Content-Type says (curl -d
+	// sends form encoding). A browser on another site can still send a
+	// "simple" cross-origin POST without a preflight, so a request that
+	// carries a foreign Origin is refused: the same allow-list as /ws.
+	if origin := r.Header.Get("Origin"); origin != "" && !s.originAllowed(origin, r.Host) {
+		s.publishError(w, http.StatusForbidden, apiError{Error: "origin " + origin + " is not allowed (see --allowed-origins)", Code: "forbidden_origin"})
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxPublishBytes))
@@ -144,6 +150,24 @@ func (s *Server) parsePublish(body []byte) ([]broker.Outgoing, *apiError) {
 		msgs[i] = broker.Outgoing{Subject: *q.Subject, Data: data.Bytes(), ID: q.ID}
 	}
 	return msgs, nil
+}
+
+// originAllowed reports whether a browser Origin is this host or matches
+// one of AllowedOrigins (host patterns, as for /ws).
+func (s *Server) originAllowed(origin, host string) bool {
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	if strings.EqualFold(u.Host, host) {
+		return true
+	}
+	for _, p := range s.cfg.AllowedOrigins {
+		if ok, _ := path.Match(strings.ToLower(p), strings.ToLower(u.Host)); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // bearerMatches compares the bearer token with key in constant time.
