@@ -43,3 +43,7 @@ type Broker interface {
 
 // ErrClosed is returned by operations on a closed broker.
 var ErrClosed = errors.New("broker: closed")
+
+// ErrBadCursor is wrapped by errors about malformed cursors or cursors of
+// another broker.
+var ErrBadCursor = errors.New("bad cursor")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -34,10 +35,27 @@ type env struct {
 
 func newEnv(t *testing.T, mutate func(*gateway.Config)) *env {
 	t.Helper()
+	return newEnvOn(t, "nats", mutate)
+}
+
+// newEnvOn is newEnv on a given broker kind: "nats" or "jetstream".
+func newEnvOn(t *testing.T, kind string, mutate func(*gateway.Config)) *env {
+	t.Helper()
 	ns := brokertest.NATS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := broker.DialNATS(ctx, broker.NATSConfig{URL: ns.ClientURL(), Name: "gateway-test"})
+	ncfg := broker.NATSConfig{URL: ns.ClientURL(), Name: "gateway-test"}
+	var b broker.Broker
+	var err error
+	switch kind {
+	case "nats":
+		b, err = broker.DialNATS(ctx, ncfg)
+	case "jetstream":
+		ncfg.Subjects = []string{"orders.>", "app.>"}
+		b, err = broker.DialJetStream(ctx, broker.JetStreamConfig{NATSConfig: ncfg, Storage: "memory"})
+	default:
+		t.Fatalf("unknown broker kind %q", kind)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,3 +296,5 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+func jsonDecode(r io.Reader, v any) error { return json.NewDecoder(r).Decode(v) }

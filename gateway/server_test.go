@@ -490,3 +490,43 @@ func TestUnansweredPingCloses(t *testing.T) {
 		t.Fatalf("%v ping timeouts, want only the silent client's", n)
 	}
 }
+
+// TestJetStreamEventsCarryCursors runs the gateway on the JetStream broker:
+// events carry the stream sequence as their cursor, and the publish API
+// returns the cursors of what it stored.
+func TestJetStreamEventsCarryCursors(t *testing.T) {
+	e := newEnvOn(t, "jetstream", func(c *gateway.Config) { c.Subjects = []string{"orders.>", "app.>"} })
+	cl := e.dial()
+	cl.subscribe("s", "orders.*")
+	resp, err := http.Post(e.http.URL+"/api/publish", "application/json",
+		strings.NewReader(`[{"subject":"orders.1","data":1,"id":"a"},{"subject":"orders.2","data":2,"id":"b"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pub struct {
+		Published int      `json:"published"`
+		Cursors   []string `json:"cursors"`
+	}
+	err = jsonDecode(resp.Body, &pub)
+	resp.Body.Close()
+	if err != nil || pub.Published != 2 || len(pub.Cursors) != 2 {
+		t.Fatalf("publish: %+v %v", pub, err)
+	}
+	got := cl.nextRaw()
+	want := `{"type":"event","subject":"orders.1","cursor":"` + pub.Cursors[0] + `","subs":["s"],"data":1}`
+	if got != want {
+		t.Fatalf("event\n got %s\nwant %s", got, want)
+	}
+	cl.expect(map[string]any{"type": "event", "cursor": pub.Cursors[1], "data": 2})
+	// Publishing the same id again is deduplicated by the stream.
+	resp, err = http.Post(e.http.URL+"/api/publish", "application/json", strings.NewReader(`{"subject":"orders.1","data":1,"id":"a"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = jsonDecode(resp.Body, &pub)
+	resp.Body.Close()
+	if err != nil || pub.Cursors[0] != "js:1" {
+		t.Fatalf("duplicate publish: %+v %v, want the original cursor js:1", pub, err)
+	}
+	cl.quiet()
+}

@@ -27,6 +27,11 @@ import (
 
 // wsFlags are the ws role's flags, shared by "ws" and "dev".
 type wsFlags struct {
+	brokerKind       string
+	stream           string
+	retentionAge     time.Duration
+	retentionBytes   int64
+	storage          string
 	listen           string
 	natsURL          string
 	subjects         listFlag
@@ -53,8 +58,13 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	if !dev {
 		fs.StringVar(&f.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
 	}
+	fs.StringVar(&f.brokerKind, "broker", "nats", "nats (Core NATS: live only, no cursors) or jetstream (durable: events carry cursors)")
+	fs.StringVar(&f.stream, "stream", "FANWIRE", "jetstream: the stream that captures --subjects (created or updated at start)")
+	fs.DurationVar(&f.retentionAge, "retention-age", 24*time.Hour, "jetstream: keep events this long (0: no age limit)")
+	fs.Int64Var(&f.retentionBytes, "retention-bytes", 1<<30, "jetstream: keep at most this many bytes of events (0: no size limit)")
+	fs.StringVar(&f.storage, "storage", "file", "jetstream: file or memory")
 	f.subjects = listFlag{">"}
-	fs.Var(&f.subjects, "subjects", "the subject space this node consumes, comma-separated NATS patterns (e.g. db.>,app.>); patterns must not overlap")
+	fs.Var(&f.subjects, "subjects", "the subject space this node consumes, comma-separated NATS patterns (e.g. db.>,app.>); patterns must not overlap; jetstream needs one narrower than >")
 	fs.StringVar(&f.apiKey, "api-key", "", "when set, POST /api/publish requires Authorization: Bearer <key>")
 	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
 	fs.Var(&f.allowedOrigins, "allowed-origins", "browser origins allowed to connect besides same-origin, comma-separated host patterns (e.g. app.example.com,*.example.com)")
@@ -164,9 +174,10 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	// The broker reports drops to the server, which exists only after the
 	// broker does.
 	var srvRef atomic.Pointer[gateway.Server]
+	var err error
 	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	b, err := broker.DialNATS(dialCtx, broker.NATSConfig{
+	ncfg := broker.NATSConfig{
 		URL:      f.natsURL,
 		Server:   ns,
 		Subjects: f.subjects,
@@ -177,7 +188,22 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 				s.CountDropped("broker_slow_consumer", n)
 			}
 		},
-	})
+	}
+	var b broker.Broker
+	switch f.brokerKind {
+	case "nats":
+		b, err = broker.DialNATS(dialCtx, ncfg)
+	case "jetstream":
+		b, err = broker.DialJetStream(dialCtx, broker.JetStreamConfig{
+			NATSConfig: ncfg,
+			Stream:     f.stream,
+			MaxAge:     f.retentionAge,
+			MaxBytes:   f.retentionBytes,
+			Storage:    f.storage,
+		})
+	default:
+		return fmt.Errorf("--broker %q: want nats or jetstream", f.brokerKind)
+	}
 	if err != nil {
 		return err
 	}
