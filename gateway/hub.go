@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"math"
+	"runtime"
 	"sync/atomic"
 	"time"
 )
@@ -128,6 +129,14 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 	}
 	if pressured > 0 && pressured*4 >= n {
 		h.pace()
+	} else {
+		// Let the writers this batch woke run before the next batch: the
+		// dispatcher otherwise keeps its processor for up to a 10 ms time
+		// slice while a woken writer waits in the run queue, and a client
+		// whose writer waited 5 ms overflowed (1 run in 12 of the 200 ×
+		// 20,000 burst; 0 in 15 with this). With no writer runnable, as
+		// when a slow client is blocked in a write, it returns at once.
+		runtime.Gosched()
 	}
 	for i, c := range h.paceList {
 		c.pacePending = false
