@@ -55,22 +55,34 @@ func (m *mailbox) appendLocked(it item, size int) {
 	m.bytes += size
 }
 
+// Fill levels reported by push.
+const (
+	fillLow      = iota // at most half of both bounds
+	fillHalf            // over half of a bound
+	fillCritical        // over three quarters of a bound: about to overflow
+)
+
 // push queues it, whose size (it.size(), passed in so the caller can use a
-// cached value) is n. It reports whether the mailbox was empty, in which case the
-// caller must wake the writer (possibly later, once per batch), and whether
-// it is now over half of either bound. It returns ErrMailboxFull when the
-// mailbox is over a bound or closed.
-func (m *mailbox) push(it item, n int) (wasEmpty, pressured bool, err error) {
+// cached value) is n. It reports whether the mailbox was empty, in which
+// case the caller must wake the writer (possibly later, once per batch),
+// and the mailbox's fill level afterwards. It returns ErrMailboxFull when
+// the mailbox is over a bound or closed.
+func (m *mailbox) push(it item, n int) (wasEmpty bool, fill int, err error) {
 	m.mu.Lock()
 	if m.closed || m.n >= m.maxItems || m.bytes+n > m.maxBytes {
 		m.mu.Unlock()
-		return false, false, ErrMailboxFull
+		return false, fillLow, ErrMailboxFull
 	}
 	wasEmpty = m.n == 0
 	m.appendLocked(it, n)
-	pressured = 2*m.n > m.maxItems || 2*m.bytes > m.maxBytes
+	switch {
+	case 4*m.n > 3*m.maxItems || 4*m.bytes > 3*m.maxBytes:
+		fill = fillCritical
+	case 2*m.n > m.maxItems || 2*m.bytes > m.maxBytes:
+		fill = fillHalf
+	}
 	m.mu.Unlock()
-	return wasEmpty, pressured, nil
+	return wasEmpty, fill, nil
 }
 
 // pushControl queues a reply. Replies may exceed the byte bound (they are

@@ -348,5 +348,6 @@ func TestClientLayout(t *testing.T) {
 
 // pushItem pushes it with its computed size, as the hub does with a cached one.
 func (m *mailbox) pushItem(it item) (wasEmpty, pressured bool, err error) {
-	return m.push(it, it.size())
+	wasEmpty, fill, err := m.push(it, it.size())
+	return wasEmpty, fill >= fillHalf, err
 }
