@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 )
@@ -194,15 +196,33 @@ func (b *JetStream) Publish(ctx context.Context, msgs []Outgoing) ([]string, err
 // through one ordered consumer (the library recreates it after a gap or a
 // reconnect). When h falls behind, the consumer stops pulling: the backlog
 // stays in the stream, nothing is dropped.
-func (b *JetStream) Consume(ctx context.Context, h Handler, started func()) error {
+//
+// It starts right after the stream's last sequence at the time it starts
+// (by sequence, not "deliver new", so the start is exact) and reports that
+// position to started: a resuming subscription replays up to it.
+func (b *JetStream) Consume(ctx context.Context, h Handler, started func(start string)) error {
+	info, err := b.stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("jetstream: stream info: %w", err)
+	}
+	last := info.State.LastSeq
 	cons, err := b.js.OrderedConsumer(ctx, b.cfg.Stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: b.cfg.Subjects,
-		DeliverPolicy:  jetstream.DeliverNewPolicy,
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    last + 1,
 	})
 	if err != nil {
 		return fmt.Errorf("jetstream: ordered consumer on %q: %w", b.cfg.Stream, err)
 	}
-	return b.run(ctx, cons, h, started)
+	start := ""
+	if last > 0 {
+		start = FormatJSCursor(last)
+	}
+	return b.run(ctx, cons, h, func() {
+		if started != nil {
+			started(start)
+		}
+	})
 }
 
 // run consumes cons, batching messages to h, until ctx is done.
@@ -263,3 +283,96 @@ func (b *JetStream) Ready() bool { return b.core.Ready() }
 
 // Close closes the connection.
 func (b *JetStream) Close() error { return b.core.Close() }
+
+// CompareCursors orders two JetStream cursors.
+func (b *JetStream) CompareCursors(x, y string) (int, error) {
+	a, err := ParseJSCursor(x)
+	if err != nil {
+		return 0, err
+	}
+	c, err := ParseJSCursor(y)
+	if err != nil {
+		return 0, err
+	}
+	return cmp.Compare(a, c), nil
+}
+
+// Replay reads the stream with a short-lived ordered consumer from the
+// sequence after `after` and stops at `until` (the watermark).
+func (b *JetStream) Replay(ctx context.Context, filters []string, after, until string, h func([]Message) error) error {
+	var a uint64
+	if after != "" {
+		var err error
+		if a, err = ParseJSCursor(after); err != nil {
+			return err
+		}
+	}
+	u, err := ParseJSCursor(until)
+	if err != nil {
+		return err
+	}
+	info, err := b.stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("jetstream: stream info: %w", err)
+	}
+	st := info.State
+	switch {
+	case a > st.LastSeq:
+		return fmt.Errorf("%w: %s is ahead of the stream (last is %s)", ErrBadCursor, after, FormatJSCursor(st.LastSeq))
+	case after != "" && a+1 < st.FirstSeq:
+		return fmt.Errorf("%w: %s is older than the oldest retained event (%s)", ErrCursorExpired, after, FormatJSCursor(st.FirstSeq))
+	case u <= a:
+		return nil
+	}
+	ocfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if a > 0 {
+		ocfg.DeliverPolicy, ocfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, a+1
+	}
+	cons, err := b.js.OrderedConsumer(ctx, b.cfg.Stream, ocfg)
+	if err != nil {
+		return fmt.Errorf("jetstream: replay consumer: %w", err)
+	}
+	batch := make([]Message, 0, maxBatch)
+	for {
+		// FetchNoWait answers at once with what is stored: everything up
+		// to until is, so an empty answer means the end.
+		mb, err := cons.FetchNoWait(maxBatch)
+		if err != nil {
+			return fmt.Errorf("jetstream: replay fetch: %w", err)
+		}
+		got, done := 0, false
+		var metaErr error
+		for m := range mb.Messages() { // drained to the end: the fetch's goroutine exits with it
+			got++
+			meta, err := m.Metadata()
+			if err != nil {
+				metaErr = err
+				continue
+			}
+			if done || meta.Sequence.Stream > u {
+				done = true
+				continue
+			}
+			batch = append(batch, Message{Subject: m.Subject(), Data: m.Data(), Cursor: FormatJSCursor(meta.Sequence.Stream)})
+			if meta.Sequence.Stream == u || meta.NumPending == 0 {
+				done = true
+			}
+		}
+		if metaErr != nil {
+			return fmt.Errorf("jetstream: replay: %w", metaErr)
+		}
+		if err := mb.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) {
+			return fmt.Errorf("jetstream: replay fetch: %w", err)
+		}
+		if len(batch) > 0 {
+			if err := h(batch); err != nil {
+				return err
+			}
+			clear(batch)
+			batch = batch[:0]
+		}
+		if done || got == 0 {
+			return ctx.Err()
+		}
+	}
+}

@@ -115,3 +115,74 @@ func TestParseJSCursor(t *testing.T) {
 		}
 	}
 }
+
+func TestJetStreamReplay(t *testing.T) {
+	ns := brokertest.NATS(t)
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "R"})
+	var out []broker.Outgoing
+	for i := 1; i <= 100; i++ {
+		out = append(out, broker.Outgoing{Subject: fmt.Sprintf("db.%s.%d", []string{"a", "b"}[i%2], i), Data: []byte(fmt.Sprint(i))})
+	}
+	if _, err := b.Publish(context.Background(), out); err != nil {
+		t.Fatal(err)
+	}
+	replay := func(filter, after, until string) ([]string, error) {
+		var got []string
+		err := b.Replay(context.Background(), []string{filter}, after, until, func(ms []broker.Message) error {
+			for _, m := range ms {
+				got = append(got, m.Cursor)
+			}
+			return nil
+		})
+		return got, err
+	}
+	got, err := replay("db.a.>", "js:10", "js:60")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for i := 12; i <= 60; i += 2 {
+		want = append(want, broker.FormatJSCursor(uint64(i)))
+	}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("replay db.a.> (js:10, js:60]:\n got %v\nwant %v", got, want)
+	}
+	if got, err = replay("db.>", "", "js:3"); err != nil || strings.Join(got, ",") != "js:1,js:2,js:3" {
+		t.Fatalf("replay from the first: %v %v", got, err)
+	}
+	if got, err = replay("db.>", "js:100", "js:100"); err != nil || len(got) != 0 {
+		t.Fatalf("replay of nothing: %v %v", got, err)
+	}
+	if _, err = replay("db.>", "js:101", "js:200"); !errors.Is(err, broker.ErrBadCursor) {
+		t.Fatalf("cursor ahead of the stream: %v, want ErrBadCursor", err)
+	}
+	if _, err = replay("db.>", "rs:1-0", "js:2"); !errors.Is(err, broker.ErrBadCursor) {
+		t.Fatalf("cursor of another broker: %v, want ErrBadCursor", err)
+	}
+	// The live feed reports where it starts.
+	started := make(chan string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- b.Consume(ctx, func([]broker.Message, time.Time) {}, func(s string) { started <- s })
+	}()
+	if s := <-started; s != "js:100" {
+		t.Errorf("live feed starts after %q, want js:100", s)
+	}
+	cancel()
+	<-done
+}
+
+func TestJetStreamReplayExpiredCursor(t *testing.T) {
+	ns := brokertest.NATS(t)
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"x.>"}}, Stream: "E", MaxBytes: 4096})
+	for i := range 100 {
+		if _, err := b.Publish(context.Background(), []broker.Outgoing{{Subject: "x.y", Data: []byte(fmt.Sprintf(`{"i":%d,"pad":"%s"}`, i, strings.Repeat("p", 100)))}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := b.Replay(context.Background(), []string{"x.>"}, "js:1", "js:100", func([]broker.Message) error { return nil })
+	if !errors.Is(err, broker.ErrCursorExpired) {
+		t.Fatalf("replay from a trimmed cursor: %v, want ErrCursorExpired", err)
+	}
+}

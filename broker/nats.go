@@ -135,7 +135,7 @@ func (b *NATS) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 // per client pattern: overlapping NATS subscriptions would deliver one event
 // twice, and one subscription per node keeps the server's interest graph
 // small) and delivers batches to h on the calling goroutine.
-func (b *NATS) Consume(ctx context.Context, h Handler, started func()) error {
+func (b *NATS) Consume(ctx context.Context, h Handler, started func(start string)) error {
 	ch := make(chan *nats.Msg, consumeBuffer)
 	var subs []*nats.Subscription
 	defer func() {
@@ -159,7 +159,7 @@ func (b *NATS) Consume(ctx context.Context, h Handler, started func()) error {
 		return ErrClosed
 	}
 	if started != nil {
-		started()
+		started("")
 	}
 	batch := make([]Message, 0, maxBatch)
 	for {

@@ -36,7 +36,7 @@ func consume(t *testing.T, b broker.Broker) *consumer {
 			c.mu.Lock()
 			c.msgs = append(c.msgs, batch...)
 			c.mu.Unlock()
-		}, func() { close(started) })
+		}, func(string) { close(started) })
 	}()
 	select {
 	case <-started:

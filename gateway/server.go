@@ -95,7 +95,7 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // fails; it returns nil on a clean stop. Run one at a time.
 func (s *Server) Run(ctx context.Context) error {
 	defer s.consuming.Store(false)
-	err := s.cfg.Broker.Consume(ctx, s.dispatch, func() { s.consuming.Store(true) })
+	err := s.cfg.Broker.Consume(ctx, s.dispatch, func(string) { s.consuming.Store(true) })
 	if ctx.Err() != nil {
 		return nil
 	}
