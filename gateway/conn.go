@@ -42,8 +42,13 @@ type conn struct {
 	pingT    *time.Timer    // guarded by mu
 	watchdog *time.Timer    // guarded by mu: cuts the socket if a close stalls
 
+	subsMu sync.Mutex
+	subs   map[string]*subState // guarded by subsMu; id → state (the reader adds and removes, resumes mark live or fail)
+
+	runCtx    context.Context    // static: cancelled when reading ends; resumes stop
+	cancelRun context.CancelFunc // static
+
 	// owned by serve (the reader)
-	subs     map[string]string // id → pattern
 	errCount int
 	errSince time.Time
 }
@@ -163,6 +168,7 @@ func (c *conn) queue(b []byte) (wake bool) {
 // serve runs the connection until it ends. It returns when the writer has
 // exited and the connection is unregistered.
 func (c *conn) serve() {
+	c.runCtx, c.cancelRun = context.WithCancel(c.ctx)
 	c.cl.onWake = c.ensureWriter
 	interval := c.s.cfg.PingInterval
 	c.mu.Lock()
@@ -173,6 +179,7 @@ func (c *conn) serve() {
 	err := c.readLoop()
 
 	close(c.stop)
+	c.cancelRun()
 	c.mu.Lock()
 	c.closed = true
 	if c.pingT != nil {
@@ -183,11 +190,15 @@ func (c *conn) serve() {
 	}
 	c.mu.Unlock()
 	_ = c.ws.CloseNow() // ends a write or a ping in flight
-	c.tasks.Wait()
-	for id, pattern := range c.subs {
-		c.s.hub.idx.remove(c.cl, id, pattern)
+	c.tasks.Wait()      // writer, pings and resumes
+	c.subsMu.Lock()
+	for id, st := range c.subs {
+		if st.live {
+			c.s.hub.idx.remove(c.cl, id, st.pattern)
+			c.s.metrics.Subscriptions.Dec()
+		}
 	}
-	c.s.metrics.Subscriptions.Sub(float64(len(c.subs)))
+	c.subsMu.Unlock()
 	c.cl.mb.close()
 	reason := c.disconnectReason(err)
 	c.s.metrics.Disconnects.WithLabelValues(reason).Inc()
@@ -239,7 +250,7 @@ func (c *conn) handle(data []byte) {
 	}
 	switch f.Type {
 	case "subscribe":
-		c.subscribe(*f.ID, *f.Subject)
+		c.subscribe(*f.ID, *f.Subject, f.From)
 	case "unsubscribe":
 		c.unsubscribe(*f.ID)
 	case "ping":
@@ -247,12 +258,16 @@ func (c *conn) handle(data []byte) {
 	}
 }
 
-func (c *conn) subscribe(id, pattern string) {
-	if _, dup := c.subs[id]; dup {
+func (c *conn) subscribe(id, pattern string, from *string) {
+	c.subsMu.Lock()
+	_, dup := c.subs[id]
+	n := len(c.subs)
+	c.subsMu.Unlock()
+	if dup {
 		c.clientError(id, CodeDuplicateID, "subscription id "+id+" is already active")
 		return
 	}
-	if len(c.subs) >= c.s.cfg.MaxSubscriptions {
+	if n >= c.s.cfg.MaxSubscriptions {
 		c.clientError(id, CodeTooManySubscriptions, "at most "+strconv.Itoa(c.s.cfg.MaxSubscriptions)+" subscriptions per connection")
 		return
 	}
@@ -260,12 +275,22 @@ func (c *conn) subscribe(id, pattern string) {
 		c.clientError(id, CodeBadPattern, err.Error())
 		return
 	}
+	if from != nil {
+		c.startResume(id, pattern, *from)
+		return
+	}
+	st := &subState{pattern: pattern, live: true}
+	c.subsMu.Lock()
+	c.subs[id] = st
+	c.subsMu.Unlock()
 	// The reply is queued while the index is held: no event for the
-	// subscription can precede it, and the client cannot see it before the
-	// subscription is live.
-	c.subs[id] = pattern
+	// subscription can precede it, the client cannot see it before the
+	// subscription is live, and the cursor it carries (durable brokers) is
+	// exactly the last event dispatched before it.
 	var wake bool
-	c.s.hub.idx.addThen(c.cl, id, pattern, func() { wake = c.queue(replyMessage("subscribed", id)) })
+	c.s.hub.idx.addThen(c.cl, id, pattern, func() {
+		wake = c.queue(subscribedMessage(id, c.s.hub.lastCursor()))
+	})
 	if wake {
 		c.cl.signal()
 	}
@@ -273,17 +298,30 @@ func (c *conn) subscribe(id, pattern string) {
 }
 
 func (c *conn) unsubscribe(id string) {
-	pattern, ok := c.subs[id]
+	c.subsMu.Lock()
+	st, ok := c.subs[id]
+	c.subsMu.Unlock()
 	if !ok {
 		c.clientError(id, CodeUnknownID, "no active subscription with id "+id)
 		return
 	}
-	// The reply is queued while the index is held: it follows every event
-	// that lists the id, and none follows it.
-	var wake bool
-	c.s.hub.idx.removeThen(c.cl, id, pattern, func() { wake = c.queue(replyMessage("unsubscribed", id)) })
+	if st.resume != nil { // still replaying: stop it first
+		st.resume.cancel()
+		<-st.resume.done
+	}
+	c.subsMu.Lock()
 	delete(c.subs, id)
-	c.s.metrics.Subscriptions.Dec()
+	live := st.live
+	c.subsMu.Unlock()
+	var wake bool
+	if live {
+		// The reply is queued while the index is held: it follows every
+		// event that lists the id, and none follows it.
+		c.s.hub.idx.removeThen(c.cl, id, st.pattern, func() { wake = c.queue(replyMessage("unsubscribed", id)) })
+		c.s.metrics.Subscriptions.Dec()
+	} else {
+		wake = c.queue(replyMessage("unsubscribed", id))
+	}
 	if wake {
 		c.cl.signal()
 	}

@@ -11,6 +11,8 @@ const (
 	CodeDuplicateID          = "duplicate_id"           // subscribe with an id that is already active
 	CodeUnknownID            = "unknown_id"             // unsubscribe with an id that is not active
 	CodeTooManySubscriptions = "too_many_subscriptions" // over Config.MaxSubscriptions
+	CodeBadCursor            = "bad_cursor"             // "from" malformed, from another broker, ahead of the stream, or no history kept
+	CodeCursorExpired        = "cursor_expired"         // "from" older than the broker's retention: re-sync
 )
 
 // WebSocket close codes the server uses.

@@ -30,6 +30,7 @@ type env struct {
 	srv  *gateway.Server
 	http *httptest.Server
 	reg  *prometheus.Registry
+	b    broker.Broker
 	stop func() // shuts the gateway down gracefully (idempotent)
 }
 
@@ -40,6 +41,12 @@ func newEnv(t *testing.T, mutate func(*gateway.Config)) *env {
 
 // newEnvOn is newEnv on a given broker kind: "nats" or "jetstream".
 func newEnvOn(t *testing.T, kind string, mutate func(*gateway.Config)) *env {
+	t.Helper()
+	return newEnvJS(t, kind, nil, mutate)
+}
+
+// newEnvJS is newEnvOn with a hook to adjust the JetStream configuration.
+func newEnvJS(t *testing.T, kind string, jsMutate func(*broker.JetStreamConfig), mutate func(*gateway.Config)) *env {
 	t.Helper()
 	ns := brokertest.NATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -52,7 +59,11 @@ func newEnvOn(t *testing.T, kind string, mutate func(*gateway.Config)) *env {
 		b, err = broker.DialNATS(ctx, ncfg)
 	case "jetstream":
 		ncfg.Subjects = []string{"orders.>", "app.>"}
-		b, err = broker.DialJetStream(ctx, broker.JetStreamConfig{NATSConfig: ncfg, Storage: "memory"})
+		jcfg := broker.JetStreamConfig{NATSConfig: ncfg, Storage: "memory"}
+		if jsMutate != nil {
+			jsMutate(&jcfg)
+		}
+		b, err = broker.DialJetStream(ctx, jcfg)
 	default:
 		t.Fatalf("unknown broker kind %q", kind)
 	}
@@ -85,7 +96,7 @@ func newEnvOn(t *testing.T, kind string, mutate func(*gateway.Config)) *env {
 		t.Fatal(err)
 	}
 	var once sync.Once
-	e := &env{t: t, ns: ns, nc: nc, srv: srv, http: hs, reg: reg}
+	e := &env{t: t, ns: ns, nc: nc, srv: srv, http: hs, reg: reg, b: b}
 	e.stop = func() {
 		once.Do(func() {
 			sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)

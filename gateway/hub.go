@@ -61,6 +61,13 @@ type hub struct {
 	overflow []*client
 	paceList []*client
 	paced    time.Duration // total time spent pacing
+	// batchLast is the cursor of the last broker message of the batch being
+	// dispatched (set by the caller before dispatch; "" on brokers without
+	// history). dispatch publishes it as last while still holding the index,
+	// so a resuming subscription that holds the index for writing sees
+	// exactly what was dispatched.
+	batchLast string
+	last      atomic.Pointer[string]
 
 	maxPace time.Duration // static
 }
@@ -112,6 +119,10 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 			}
 		}
 	}
+	if h.batchLast != "" {
+		l := h.batchLast
+		h.last.Store(&l)
+	}
 	h.idx.mu.RUnlock()
 	for i, c := range h.wakeList {
 		c.wakePending = false
@@ -149,6 +160,23 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 		h.paceList[i] = nil
 	}
 	h.paceList = h.paceList[:0]
+}
+
+// lastCursor is the cursor of the last message dispatched ("" before any,
+// or on brokers without history). Read under the index's write lock it is
+// exact: nothing is being dispatched.
+func (h *hub) lastCursor() string {
+	if p := h.last.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// setStart records where the live feed starts (before any dispatch).
+func (h *hub) setStart(cursor string) {
+	if cursor != "" {
+		h.last.Store(&cursor)
+	}
 }
 
 // pace waits until every client in paceList is at most half full, or

@@ -73,9 +73,14 @@ func (ix *index) add(c *client, id, pattern string) { ix.addThen(c, id, pattern,
 func (ix *index) addThen(c *client, id, pattern string, then func()) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.addLocked(c, id, pattern)
 	if then != nil {
-		defer then()
+		then()
 	}
+}
+
+// addLocked adds; ix.mu is held for writing.
+func (ix *index) addLocked(c *client, id, pattern string) {
 	n := ix.root
 	for rest, more := pattern, true; more; {
 		var tok string
@@ -96,6 +101,22 @@ func (ix *index) addThen(c *client, id, pattern string, then func()) {
 	n.deliveries[e.pos].setSubs(encodeSubsList(e.ids))
 	ix.gen++
 	ix.size++
+}
+
+// addIf is addThen, but only if cond, checked under the same write lock as
+// the add (nothing can be dispatched in between), holds. It reports whether
+// it added.
+func (ix *index) addIf(c *client, id, pattern string, cond func() bool, then func()) bool {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if !cond() {
+		return false
+	}
+	ix.addLocked(c, id, pattern)
+	if then != nil {
+		then()
+	}
+	return true
 }
 
 // remove unregisters client c's subscription id on pattern; it reports

@@ -1,6 +1,10 @@
 package gateway
 
-import "sync"
+import (
+	"context"
+	"sync"
+	"time"
+)
 
 // mailbox is a connection's bounded queue of deliveries. Producers (the hub's
 // dispatcher and the connection's reader, for replies) never block: push fails
@@ -175,4 +179,17 @@ func (m *mailbox) len() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return int(m.n)
+}
+
+// waitRoom waits until the mailbox is at most half full: a replay, unlike
+// the dispatcher, is one connection's producer and may wait for its writer.
+func (m *mailbox) waitRoom(ctx context.Context) error {
+	for m.overHalf() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
 }

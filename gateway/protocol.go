@@ -21,13 +21,14 @@ type clientFrame struct {
 	Type    string  `json:"type"`
 	ID      *string `json:"id"`
 	Subject *string `json:"subject"`
+	From    *string `json:"from"` // subscribe: a cursor, or "first"
 }
 
 // parseClientFrame decodes and validates one client frame. Every error wraps
 // ErrBadFrame or ErrUnknownType and says what is wrong.
 func parseClientFrame(data []byte) (clientFrame, error) {
 	var f clientFrame
-	if err := decodeObject(data, &f, "type", "id", "subject"); err != nil {
+	if err := decodeObject(data, &f, "type", "id", "subject", "from"); err != nil {
 		return f, fmt.Errorf("%w: %s", ErrBadFrame, err.Error())
 	}
 	switch f.Type {
@@ -38,15 +39,18 @@ func parseClientFrame(data []byte) (clientFrame, error) {
 		if f.Subject == nil {
 			return f, fmt.Errorf("%w: subscribe needs \"subject\"", ErrBadFrame)
 		}
+		if f.From != nil && *f.From == "" {
+			return f, fmt.Errorf("%w: \"from\" must be a cursor or \"first\"", ErrBadFrame)
+		}
 	case "unsubscribe":
 		if err := checkID(f.ID); err != nil {
 			return f, err
 		}
-		if f.Subject != nil {
-			return f, fmt.Errorf("%w: unsubscribe takes no \"subject\"", ErrBadFrame)
+		if f.Subject != nil || f.From != nil {
+			return f, fmt.Errorf("%w: unsubscribe takes only \"id\"", ErrBadFrame)
 		}
 	case "ping":
-		if f.ID != nil || f.Subject != nil {
+		if f.ID != nil || f.Subject != nil || f.From != nil {
 			return f, fmt.Errorf("%w: ping takes no other field", ErrBadFrame)
 		}
 	case "":
@@ -162,6 +166,17 @@ func replyMessage(typ, id string) []byte {
 	b := append([]byte(`{"type":"`), typ...)
 	b = append(b, `","id":`...)
 	b = appendJSONString(b, id)
+	return append(b, '}')
+}
+
+// subscribedMessage is the subscribe reply; cursor (omitted when empty) is
+// the position the subscription starts after.
+func subscribedMessage(id, cursor string) []byte {
+	b := append([]byte(`{"type":"subscribed","id":`), appendJSONString(nil, id)...)
+	if cursor != "" {
+		b = append(b, `,"cursor":`...)
+		b = appendJSONString(b, cursor)
+	}
 	return append(b, '}')
 }
 

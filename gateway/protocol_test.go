@@ -67,7 +67,7 @@ func TestParseClientFrame(t *testing.T) {
 		{name: "subscribe null subject", in: `{"type":"subscribe","id":"s1","subject":null}`, err: ErrBadFrame, msg: `subscribe needs "subject"`},
 		{name: "unsubscribe no id", in: `{"type":"unsubscribe"}`, err: ErrBadFrame, msg: `missing "id"`},
 		{name: "unsubscribe 129-byte id", in: `{"type":"unsubscribe","id":"` + id128 + `x"}`, err: ErrBadFrame, msg: `"id" longer than 128 bytes`},
-		{name: "unsubscribe with subject", in: `{"type":"unsubscribe","id":"s1","subject":"a"}`, err: ErrBadFrame, msg: `unsubscribe takes no "subject"`},
+		{name: "unsubscribe with subject", in: `{"type":"unsubscribe","id":"s1","subject":"a"}`, err: ErrBadFrame, msg: `unsubscribe takes only "id"`},
 		{name: "ping with id", in: `{"type":"ping","id":"s1"}`, err: ErrBadFrame, msg: "ping takes no other field"},
 		{name: "ping with subject", in: `{"type":"ping","subject":"a"}`, err: ErrBadFrame, msg: "ping takes no other field"},
 		{name: "ping with empty id", in: `{"type":"ping","id":""}`, err: ErrBadFrame, msg: "ping takes no other field"},

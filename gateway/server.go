@@ -24,9 +24,10 @@ var consoleFS embed.FS
 // Server is the ws role: it consumes the broker, fans events out to
 // WebSocket clients and serves the HTTP API. See doc.go for its lifecycle.
 type Server struct {
-	cfg     Config   // static after New
-	hub     *hub     // static
-	metrics *Metrics // static
+	cfg     Config         // static after New
+	durable broker.Durable // static: the broker, if it keeps history (nil for Core NATS)
+	hub     *hub           // static
+	metrics *Metrics       // static
 	log     *zap.Logger
 	mux     *http.ServeMux
 
@@ -61,6 +62,7 @@ func New(cfg Config) (*Server, error) {
 		log:     cfg.Logger,
 		conns:   make(map[*conn]struct{}),
 	}
+	s.durable, _ = cfg.Broker.(broker.Durable)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.invalidLogs = rateLimiter{every: 10 * time.Second}
 	mux := http.NewServeMux()
@@ -95,7 +97,10 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // fails; it returns nil on a clean stop. Run one at a time.
 func (s *Server) Run(ctx context.Context) error {
 	defer s.consuming.Store(false)
-	err := s.cfg.Broker.Consume(ctx, s.dispatch, func(string) { s.consuming.Store(true) })
+	err := s.cfg.Broker.Consume(ctx, s.dispatch, func(start string) {
+		s.hub.setStart(start)
+		s.consuming.Store(true)
+	})
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -119,6 +124,9 @@ func (s *Server) dispatch(batch []broker.Message, arrived time.Time) {
 		evs = append(evs, ev)
 	}
 	s.metrics.EventsReceived.Add(float64(len(batch)))
+	if len(batch) > 0 {
+		s.hub.batchLast = batch[len(batch)-1].Cursor
+	}
 	s.hub.dispatch(evs, arrived)
 	clear(evs)
 	s.events = evs
@@ -136,6 +144,24 @@ func (s *Server) checkPattern(p string) error {
 		}
 	}
 	return fmt.Errorf("%w: %q is outside this gateway's subject space %s", ErrBadPattern, p, strings.Join(s.cfg.Subjects, ","))
+}
+
+// replayFilters returns the broker filters that cover pattern: the pattern
+// itself when a subject-space pattern contains it, else the space patterns
+// it intersects (replayed events are then matched against the pattern).
+func (s *Server) replayFilters(pattern string) []string {
+	for _, sp := range s.cfg.Subjects {
+		if Contains(sp, pattern) {
+			return []string{pattern}
+		}
+	}
+	var f []string
+	for _, sp := range s.cfg.Subjects {
+		if Intersects(sp, pattern) {
+			f = append(f, sp)
+		}
+	}
+	return f
 }
 
 func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
@@ -190,7 +216,7 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		id:   newConnID(),
 		ctx:  s.ctx,
 		stop: make(chan struct{}),
-		subs: make(map[string]string),
+		subs: make(map[string]*subState),
 	}
 	c.cl = newClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
 

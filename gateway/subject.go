@@ -106,3 +106,27 @@ func Intersects(a, b string) bool {
 		a, b = arest, brest
 	}
 }
+
+// Contains reports whether every subject matching inner also matches outer
+// (inner ⊆ outer): orders.* is inside orders.>, orders.> is not inside
+// orders.*. Both must be valid patterns.
+func Contains(outer, inner string) bool {
+	for {
+		ot, orest, omore := nextToken(outer)
+		it, irest, imore := nextToken(inner)
+		switch {
+		case ot == ">":
+			return true // inner has at least this token left
+		case it == ">":
+			return false // inner goes on to any depth, outer does not
+		case ot == "*":
+			// any single token, including inner's '*'
+		case ot != it:
+			return false
+		}
+		if !omore || !imore {
+			return omore == imore
+		}
+		outer, inner = orest, irest
+	}
+}

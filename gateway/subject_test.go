@@ -372,3 +372,34 @@ func FuzzPattern(f *testing.F) {
 		}
 	})
 }
+
+func TestContains(t *testing.T) {
+	for _, tc := range []struct {
+		outer, inner string
+		want         bool
+	}{
+		{"orders.>", "orders.*", true}, {"orders.*", "orders.>", false},
+		{">", "a", true}, {">", "a.b.>", true}, {"a.>", "a", false}, {"a.>", "a.>", true},
+		{"a.*", "a.b", true}, {"a.*", "a.*", true}, {"a.b", "a.*", false}, {"a.*", "a.b.c", false},
+		{"a.*.c", "a.b.c", true}, {"a.*.c", "a.*.d", false}, {"*", ">", false}, {"a", "a", true},
+	} {
+		if got := Contains(tc.outer, tc.inner); got != tc.want {
+			t.Errorf("Contains(%q, %q) = %v, want %v", tc.outer, tc.inner, got, tc.want)
+		}
+	}
+	// Property: if inner ⊆ outer, every subject matching inner matches outer.
+	subjects := []string{"a", "b", "a.b", "a.c", "a.b.c", "a.b.d", "b.b.c", "a.b.c.d"}
+	patterns := []string{">", "*", "a", "a.*", "a.>", "*.b.*", "a.b.*", "a.*.c", "*.*", "a.b.>", "*.>"}
+	for _, o := range patterns {
+		for _, i := range patterns {
+			if !Contains(o, i) {
+				continue
+			}
+			for _, s := range subjects {
+				if MatchSubject(i, s) && !MatchSubject(o, s) {
+					t.Errorf("Contains(%q, %q) but %q matches only the inner one", o, i, s)
+				}
+			}
+		}
+	}
+}

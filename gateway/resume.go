@@ -1,0 +1,179 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+)
+
+// subState is one subscription of a connection.
+type subState struct {
+	pattern string
+	live    bool         // in the index; guarded by conn.subsMu
+	resume  *resumeState // set while a "from" subscription replays; static after creation
+}
+
+type resumeState struct {
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the resume goroutine has exited
+}
+
+// startResume begins a subscription that first replays history from a
+// cursor ("first": everything retained), then continues live.
+func (c *conn) startResume(id, pattern, from string) {
+	d := c.s.durable
+	if d == nil {
+		c.clientError(id, CodeBadCursor, "this gateway's broker keeps no history: subscribe without \"from\"")
+		return
+	}
+	after := ""
+	if from != "first" {
+		if _, err := d.CompareCursors(from, from); err != nil {
+			c.clientError(id, CodeBadCursor, err.Error())
+			return
+		}
+		after = from
+	}
+	ctx, cancel := context.WithCancel(c.runCtx)
+	st := &subState{pattern: pattern, resume: &resumeState{cancel: cancel, done: make(chan struct{})}}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		cancel()
+		return
+	}
+	c.tasks.Add(1)
+	c.mu.Unlock()
+	c.subsMu.Lock()
+	c.subs[id] = st
+	c.subsMu.Unlock()
+	go c.resume(ctx, id, st, after)
+}
+
+// resume replays the subscription's history, then hands it over to the live
+// feed without a gap or a duplicate: it replays up to the cursor of the last
+// event the dispatcher has dispatched (the watermark), then, holding the
+// index for writing (nothing can be dispatched meanwhile), adds the
+// subscription if the watermark has not moved, or replays the difference
+// and tries again. The "subscribed" reply, carrying the cursor the
+// subscription starts after, precedes every event for it.
+func (c *conn) resume(ctx context.Context, id string, st *subState, after string) {
+	defer c.tasks.Done()
+	defer close(st.resume.done)
+	defer st.resume.cancel()
+	d := c.s.durable
+	subs := encodeSubsList([]string{id})
+	filters := c.s.replayFilters(st.pattern)
+	replied := false
+	reply := func() bool { // queues "subscribed" once; reports whether to wake
+		if replied {
+			return false
+		}
+		replied = true
+		return c.queue(subscribedMessage(id, after))
+	}
+	deliver := func(ms []broker.Message) error {
+		if reply() {
+			c.cl.signal()
+		}
+		for _, m := range ms {
+			if !MatchSubject(st.pattern, m.Subject) {
+				continue
+			}
+			ev, err := NewEvent(m.Subject, m.Cursor, m.Data)
+			if err != nil {
+				c.s.metrics.EventsInvalid.Inc()
+				continue
+			}
+			if err := c.cl.mb.waitRoom(ctx); err != nil {
+				return err
+			}
+			it := item{ev: ev, subs: subs}
+			wasEmpty, _, err := c.cl.mb.push(it, it.size())
+			if err != nil {
+				c.overflow()
+				return err
+			}
+			if wasEmpty {
+				c.cl.signal()
+			}
+		}
+		return ctx.Err()
+	}
+	pos := after
+	validated := false
+	for {
+		w := c.s.hub.lastCursor() // the watermark: last event dispatched live
+		if pos != "" && w != "" && pos != w {
+			if order, err := d.CompareCursors(pos, w); err == nil && order > 0 {
+				// The client's cursor is ahead of this node's live feed. If
+				// it is within the stream (it came from a node further
+				// along), wait for ours; if it is ahead of the stream, it
+				// is a bad cursor.
+				if !validated {
+					if err := d.Replay(ctx, filters, pos, pos, deliver); err != nil {
+						if ctx.Err() == nil {
+							c.failResume(id, err)
+						}
+						return
+					}
+					validated = true
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Millisecond):
+				}
+				continue
+			}
+		}
+		if pos != "" || w != "" {
+			upto := w
+			if upto == "" {
+				upto = pos // nothing dispatched yet: the replay only validates the cursor
+			}
+			if err := d.Replay(ctx, filters, pos, upto, deliver); err != nil {
+				if ctx.Err() == nil && !errors.Is(err, ErrMailboxFull) {
+					c.failResume(id, err)
+				}
+				return
+			}
+			if w != "" {
+				pos = w
+			}
+		}
+		var wake bool
+		added := c.s.hub.idx.addIf(c.cl, id, st.pattern,
+			func() bool { return ctx.Err() == nil && c.s.hub.lastCursor() == w },
+			func() { wake = reply() })
+		if wake {
+			c.cl.signal()
+		}
+		if added {
+			c.subsMu.Lock()
+			st.live = true
+			c.subsMu.Unlock()
+			c.s.metrics.Subscriptions.Inc()
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// failResume reports why a resume could not start and forgets the
+// subscription; the connection stays.
+func (c *conn) failResume(id string, err error) {
+	c.subsMu.Lock()
+	delete(c.subs, id)
+	c.subsMu.Unlock()
+	code := CodeBadCursor
+	if errors.Is(err, broker.ErrCursorExpired) {
+		code = CodeCursorExpired
+	}
+	c.s.metrics.ClientErrors.WithLabelValues(code).Inc()
+	c.send(errorMessage(id, code, err.Error()))
+}

@@ -1,0 +1,140 @@
+package gateway_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/gateway"
+)
+
+func jsEnv(t *testing.T, jsMutate func(*broker.JetStreamConfig)) *env {
+	return newEnvJS(t, "jetstream", jsMutate, func(c *gateway.Config) { c.Subjects = []string{"orders.>", "app.>"} })
+}
+
+// publishN publishes events whose data is their number, first..first+n-1,
+// through the broker: on JetStream it returns once they are stored.
+func (e *env) publishN(subject string, first, n int) {
+	e.t.Helper()
+	var out []broker.Outgoing
+	for i := first; i < first+n; i++ {
+		out = append(out, broker.Outgoing{Subject: subject, Data: []byte(strconv.Itoa(i))})
+	}
+	if _, err := e.b.Publish(context.Background(), out); err != nil {
+		e.t.Error(err)
+	}
+}
+
+// TestResumeHandsOverWithoutGapOrDuplicate replays from a cursor while
+// events keep being published, repeatedly: every client must see exactly
+// the events after its cursor, once each, in order, across the hand-over
+// from replay to live.
+func TestResumeHandsOverWithoutGapOrDuplicate(t *testing.T) {
+	e := jsEnv(t, nil)
+	e.publishN("orders.x", 1, 300) // stream sequences 1..300
+	const total = 1500
+	var wg sync.WaitGroup
+	wg.Go(func() { e.publishN("orders.x", 301, total-300) })
+	for round, from := range []int{0, 50, 150, 299} {
+		cl := e.dial()
+		id := fmt.Sprint("r", round)
+		cl.send(`{"type":"subscribe","id":"` + id + `","subject":"orders.*","from":"js:` + strconv.Itoa(from) + `"}`)
+		m := cl.next()
+		if from == 0 {
+			// js:0 is not a cursor
+			if m["type"] != "error" || m["code"] != "bad_cursor" {
+				t.Fatalf("from js:0: %v, want bad_cursor", m)
+			}
+			cl.send(`{"type":"subscribe","id":"` + id + `","subject":"orders.*","from":"first"}`)
+			m = cl.next()
+		}
+		if m["type"] != "subscribed" {
+			t.Fatalf("round %d: first reply %v", round, m)
+		}
+		for want := from + 1; want <= total; want++ {
+			m := cl.next()
+			if m["type"] != "event" || m["data"] != float64(want) || m["cursor"] != "js:"+strconv.Itoa(want) {
+				t.Fatalf("round %d (from %d): got %v, want event %d", round, from, m, want)
+			}
+		}
+		cl.quiet() // and nothing after
+	}
+	wg.Wait()
+}
+
+func TestResumeErrorsKeepTheConnection(t *testing.T) {
+	e := jsEnv(t, nil)
+	e.publishN("orders.x", 1, 10)
+	cl := e.dial()
+	for _, from := range []string{"nope", "rs:1-0", "js:-1", "js:99999"} {
+		cl.send(`{"type":"subscribe","id":"s","subject":"orders.*","from":"` + from + `"}`)
+		m := cl.expect(map[string]any{"type": "error", "code": "bad_cursor", "id": "s"})
+		if msg, _ := m["message"].(string); !strings.Contains(msg, "cursor") {
+			t.Errorf("from %q: message %q", from, msg)
+		}
+	}
+	// The id is free again and the connection works.
+	cl.send(`{"type":"subscribe","id":"s","subject":"orders.*","from":"js:8"}`)
+	cl.expect(map[string]any{"type": "subscribed", "id": "s", "cursor": "js:8"})
+	cl.expect(map[string]any{"type": "event", "cursor": "js:9"})
+	cl.expect(map[string]any{"type": "event", "cursor": "js:10"})
+	e.publishN("orders.y", 11, 1)
+	cl.expect(map[string]any{"type": "event", "cursor": "js:11", "data": 11})
+}
+
+func TestResumeExpiredCursor(t *testing.T) {
+	e := jsEnv(t, func(c *broker.JetStreamConfig) { c.MaxBytes = 4096 })
+	for i := range 100 {
+		if _, err := e.b.Publish(context.Background(), []broker.Outgoing{{Subject: "orders.x", Data: []byte(`{"i":` + strconv.Itoa(i) + `,"pad":"` + strings.Repeat("p", 100) + `"}`)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cl := e.dial()
+	cl.send(`{"type":"subscribe","id":"s","subject":"orders.*","from":"js:1"}`)
+	cl.expect(map[string]any{"type": "error", "code": "cursor_expired", "id": "s"})
+	cl.quiet()
+}
+
+func TestResumeOnCoreNATSIsABadCursor(t *testing.T) {
+	e := newEnv(t, nil)
+	cl := e.dial()
+	cl.send(`{"type":"subscribe","id":"s","subject":"orders.*","from":"first"}`)
+	cl.expect(map[string]any{"type": "error", "code": "bad_cursor", "id": "s"})
+	cl.subscribe("s", "orders.*") // the id is free
+}
+
+func TestLiveSubscribeOnJetStreamCarriesTheWatermark(t *testing.T) {
+	e := jsEnv(t, nil)
+	cl := e.dial()
+	cl.subscribe("a", "orders.*")
+	e.publishN("orders.x", 1, 5)
+	for i := 1; i <= 5; i++ {
+		cl.expect(map[string]any{"type": "event", "data": i})
+	}
+	cl2 := e.dial()
+	cl2.send(`{"type":"subscribe","id":"b","subject":"orders.*"}`)
+	cl2.expect(map[string]any{"type": "subscribed", "id": "b", "cursor": "js:5"})
+}
+
+func TestUnsubscribeDuringResume(t *testing.T) {
+	e := jsEnv(t, func(c *broker.JetStreamConfig) {})
+	e.publishN("orders.x", 1, 3000)
+	cl := e.dial()
+	cl.send(`{"type":"subscribe","id":"s","subject":"orders.*","from":"first"}`)
+	cl.send(`{"type":"unsubscribe","id":"s"}`)
+	for {
+		m := cl.next()
+		if m["type"] == "unsubscribed" {
+			break
+		}
+		if m["type"] != "subscribed" && m["type"] != "event" {
+			t.Fatalf("unexpected %v", m)
+		}
+	}
+	cl.quiet() // no event lists s after "unsubscribed"
+	cl.subscribe("s", "orders.*")
+}
