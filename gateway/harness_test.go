@@ -32,6 +32,9 @@ type env struct {
 	reg  *prometheus.Registry
 	b    broker.Broker
 	stop func() // shuts the gateway down gracefully (idempotent)
+
+	kind     string
+	jsMutate func(*broker.JetStreamConfig)
 }
 
 func newEnv(t *testing.T, mutate func(*gateway.Config)) *env {
@@ -48,7 +51,18 @@ func newEnvOn(t *testing.T, kind string, mutate func(*gateway.Config)) *env {
 // newEnvJS is newEnvOn with a hook to adjust the JetStream configuration.
 func newEnvJS(t *testing.T, kind string, jsMutate func(*broker.JetStreamConfig), mutate func(*gateway.Config)) *env {
 	t.Helper()
-	ns := brokertest.NATS(t)
+	return startEnv(t, brokertest.NATS(t), kind, jsMutate, mutate)
+}
+
+// sibling starts a second gateway on the same NATS server (and so the same
+// stream), as another node behind a load balancer.
+func (e *env) sibling(mutate func(*gateway.Config)) *env {
+	e.t.Helper()
+	return startEnv(e.t, e.ns, e.kind, e.jsMutate, mutate)
+}
+
+func startEnv(t *testing.T, ns *server.Server, kind string, jsMutate func(*broker.JetStreamConfig), mutate func(*gateway.Config)) *env {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ncfg := broker.NATSConfig{URL: ns.ClientURL(), Name: "gateway-test"}
@@ -96,7 +110,7 @@ func newEnvJS(t *testing.T, kind string, jsMutate func(*broker.JetStreamConfig),
 		t.Fatal(err)
 	}
 	var once sync.Once
-	e := &env{t: t, ns: ns, nc: nc, srv: srv, http: hs, reg: reg, b: b}
+	e := &env{t: t, ns: ns, nc: nc, srv: srv, http: hs, reg: reg, b: b, kind: kind, jsMutate: jsMutate}
 	e.stop = func() {
 		once.Do(func() {
 			sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -138,3 +138,33 @@ func TestUnsubscribeDuringResume(t *testing.T) {
 	cl.quiet() // no event lists s after "unsubscribed"
 	cl.subscribe("s", "orders.*")
 }
+
+// TestTwoGatewaysAndResumeOnTheOther runs two gateway nodes on one stream:
+// each serves every event to its own clients, and a client that leaves one
+// node resumes on the other with the cursor it had, missing nothing.
+func TestTwoGatewaysAndResumeOnTheOther(t *testing.T) {
+	a := jsEnv(t, nil)
+	b := a.sibling(func(c *gateway.Config) { c.Subjects = []string{"orders.>", "app.>"} })
+	ca, cb := a.dial(), b.dial()
+	ca.subscribe("s", "orders.*")
+	cb.subscribe("s", "orders.*")
+	a.publishN("orders.x", 1, 20)
+	var last string
+	for i := 1; i <= 20; i++ {
+		ca.expect(map[string]any{"type": "event", "data": i})
+		m := cb.expect(map[string]any{"type": "event", "data": i})
+		if i == 12 {
+			last = m["cursor"].(string)
+		}
+	}
+	// The client on node a goes away after event 12; events go on.
+	_ = ca.c.CloseNow()
+	a.publishN("orders.x", 21, 10)
+	moved := b.dial()
+	moved.send(`{"type":"subscribe","id":"s","subject":"orders.*","from":"` + last + `"}`)
+	moved.expect(map[string]any{"type": "subscribed", "cursor": last})
+	for i := 13; i <= 30; i++ {
+		moved.expect(map[string]any{"type": "event", "data": i})
+	}
+	moved.quiet()
+}
