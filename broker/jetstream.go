@@ -336,7 +336,7 @@ func (b *JetStream) Replay(ctx context.Context, filters []string, after, until s
 	for {
 		// FetchNoWait answers at once with what is stored: everything up
 		// to until is, so an empty answer means the end.
-		mb, err := cons.FetchNoWait(maxBatch)
+		mb, err := cons.FetchNoWait(replayBatch)
 		if err != nil {
 			return fmt.Errorf("jetstream: replay fetch: %w", err)
 		}
@@ -376,3 +376,7 @@ func (b *JetStream) Replay(ctx context.Context, filters []string, after, until s
 		}
 	}
 }
+
+// replayBatch is the number of messages one replay fetch asks for: each
+// fetch is a round trip to the server.
+const replayBatch = 1024

@@ -78,6 +78,14 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 		if reply() {
 			c.cl.signal()
 		}
+		// Wake the writer once per replayed batch, not per event: a wake per
+		// event made a frame per event (45k events/s of catch-up).
+		wake := false
+		defer func() {
+			if wake {
+				c.cl.signal()
+			}
+		}()
 		for _, m := range ms {
 			if !MatchSubject(st.pattern, m.Subject) {
 				continue
@@ -87,8 +95,14 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 				c.s.metrics.EventsInvalid.Inc()
 				continue
 			}
-			if err := c.cl.mb.waitRoom(ctx); err != nil {
-				return err
+			if c.cl.mb.overHalf() {
+				if wake {
+					c.cl.signal()
+					wake = false
+				}
+				if err := c.cl.mb.waitRoom(ctx); err != nil {
+					return err
+				}
 			}
 			it := item{ev: ev, subs: subs}
 			wasEmpty, _, err := c.cl.mb.push(it, it.size())
@@ -96,9 +110,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 				c.overflow()
 				return err
 			}
-			if wasEmpty {
-				c.cl.signal()
-			}
+			wake = wake || wasEmpty
 		}
 		return ctx.Err()
 	}

@@ -70,6 +70,19 @@ func closeAll(ctx context.Context, clients []*client) {
 func dialClient(ctx context.Context, cfg *Config, id int) (*client, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
+	conn, err := dialWS(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("client %d: %w", id, err)
+	}
+	if err := handshake(ctx, conn, cfg.Subject); err != nil {
+		_ = conn.CloseNow()
+		return nil, fmt.Errorf("client %d: %w", id, err)
+	}
+	return &client{id: id, conn: conn, v: newVerifier(cfg.Events)}, nil
+}
+
+// dialWS opens one WebSocket to the gateway with the run's socket options.
+func dialWS(ctx context.Context, cfg *Config) (*websocket.Conn, error) {
 	opts := &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled}
 	if cfg.RcvBuf > 0 {
 		d := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
@@ -85,14 +98,10 @@ func dialClient(ctx context.Context, cfg *Config, id int) (*client, error) {
 	}
 	conn, _, err := websocket.Dial(ctx, cfg.URL, opts)
 	if err != nil {
-		return nil, fmt.Errorf("client %d: dial %s: %w", id, cfg.URL, err)
+		return nil, fmt.Errorf("dial %s: %w", cfg.URL, err)
 	}
 	conn.SetReadLimit(readLimit)
-	if err := handshake(ctx, conn, cfg.Subject); err != nil {
-		_ = conn.CloseNow()
-		return nil, fmt.Errorf("client %d: %w", id, err)
-	}
-	return &client{id: id, conn: conn, v: newVerifier(cfg.Events)}, nil
+	return conn, nil
 }
 
 // controlMsg is the union of the handshake messages a client may receive.
@@ -102,6 +111,7 @@ type controlMsg struct {
 	ConnectionID string `json:"connection_id"`
 	Code         string `json:"code"`
 	Message      string `json:"message"`
+	Cursor       string `json:"cursor"`
 }
 
 // handshake waits for "ready", subscribes and waits for "subscribed".

@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
@@ -69,5 +70,64 @@ func TestRunAgainstGateway(t *testing.T) {
 	}
 	if !strings.Contains(progress.String(), "delivered") {
 		t.Errorf("no progress line: %q", progress.String())
+	}
+}
+
+// TestResumeAgainstGateway measures a catch-up against a real gateway on a
+// real JetStream stream: every missed event arrives once, in order.
+func TestResumeAgainstGateway(t *testing.T) {
+	natsURL := startNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := broker.DialJetStream(ctx, broker.JetStreamConfig{
+		NATSConfig: broker.NATSConfig{URL: natsURL, Subjects: []string{"loadtest.>"}}, Storage: "memory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	srv, err := gateway.New(gateway.Config{Broker: b, Subjects: []string{"loadtest.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	runCtx, stopRun := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	started := make(chan struct{})
+	go func() { runDone <- srv.Run(runCtx) }()
+	go func() { // wait until consuming; polling /readyz is what a balancer does
+		defer close(started)
+		for {
+			if resp, err := http.Get(hs.URL + "/readyz"); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
+	<-started
+	defer func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			t.Error(err)
+		}
+		stopRun()
+		if err := <-runDone; err != nil {
+			t.Error(err)
+		}
+	}()
+	res, err := Resume(ctx, Config{URL: "ws" + strings.TrimPrefix(hs.URL, "http") + "/ws", NATSURL: natsURL, Size: 200}, 5000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OK || res.Received != 5000 || res.EventsPerSec <= 0 {
+		t.Fatalf("resume: %+v", res)
 	}
 }

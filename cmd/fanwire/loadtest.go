@@ -33,6 +33,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 		pid        int
 		asJSON     bool
 		idle       time.Duration
+		behind     int
 	)
 	fs := c.fs
 	fs.IntVar(&cfg.Clients, "clients", loadtest.DefaultClients, "WebSocket clients, each subscribed to the hot subject")
@@ -49,6 +50,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	fs.StringVar(&spawnFlags, "spawn-flags", "", "extra flags for the spawned gateway, space-separated (e.g. \"--mailbox-messages 8192\")")
 	fs.IntVar(&pid, "pid", 0, "sample this existing gateway process's CPU and RSS from /proc")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of the table")
+	fs.IntVar(&behind, "resume-behind", 0, "instead of the fan-out test: a client leaves, this many events are published, and it resumes from its cursor; reports the catch-up rate (needs --broker jetstream on the gateway)")
 	fs.DurationVar(&idle, "idle", 0, "instead of publishing: connect --clients subscribed clients, wait this long, and report the gateway's RSS per idle connection")
 	c.run = func([]string) error {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -67,6 +69,23 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 			return errors.New("give --spawn, or both --url and --nats")
 		}
 		cfg.Proc = loadtest.ProcSampler{PID: pid}
+		if behind > 0 {
+			res, err := loadtest.Resume(ctx, cfg, behind)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+					return err
+				}
+			} else {
+				res.WriteTable(os.Stdout)
+			}
+			if !res.OK {
+				return exitCode(1)
+			}
+			return nil
+		}
 		if idle > 0 {
 			res, err := loadtest.Idle(ctx, cfg, idle)
 			if err != nil {
@@ -135,7 +154,7 @@ func spawnGateway(ctx context.Context, role string, extra []string) (*devChild, 
 		ch.natsURL = "nats://127.0.0.1:" + strconv.Itoa(natsPort)
 		args = []string{"dev", "--nats-port", strconv.Itoa(natsPort), "--data-dir", dir}
 	case "ws":
-		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{})
+		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{JetStream: true, StoreDir: dir})
 		if err != nil {
 			return nil, fmt.Errorf("spawn: %w", err)
 		}
