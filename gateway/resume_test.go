@@ -3,13 +3,18 @@ package gateway_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/nats-io/nats.go"
 )
 
 func jsEnv(t *testing.T, jsMutate func(*broker.JetStreamConfig)) *env {
@@ -167,4 +172,96 @@ func TestTwoGatewaysAndResumeOnTheOther(t *testing.T) {
 		moved.expect(map[string]any{"type": "event", "data": i})
 	}
 	moved.quiet()
+}
+
+// TestSlowConsumerResumesWithoutLoss: a client that stops reading is closed
+// with 4008; reconnecting with the last cursor it saw, it gets everything
+// after it.
+func TestSlowConsumerResumesWithoutLoss(t *testing.T) {
+	e := newEnvJS(t, "jetstream", nil, func(c *gateway.Config) {
+		c.Subjects = []string{"orders.>", "app.>"}
+		c.MailboxMessages = 256
+		c.CloseTimeout = time.Minute // the close frame waits for the reader
+	})
+	slow := e.dial()
+	slow.subscribe("s", "orders.*")
+	pad := strings.Repeat("x", 4<<10)
+	const n = 6000 // 24 MiB: beyond socket buffers and the mailbox
+	var out []broker.Outgoing
+	for i := 1; i <= n; i++ {
+		out = append(out, broker.Outgoing{Subject: "orders.x", Data: []byte(`{"i":` + strconv.Itoa(i) + `,"pad":"` + pad + `"}`)})
+	}
+	if _, err := e.b.Publish(context.Background(), out); err != nil {
+		t.Fatal(err)
+	}
+	// Read what was delivered before the 4008, remembering the last cursor.
+	last := ""
+	seen := 0
+	for {
+		if err := slow.readFrame(10 * time.Second); err != nil {
+			if code := websocket.CloseStatus(err); code != gateway.CloseSlowConsumer {
+				t.Fatalf("close %v (%v), want 4008", code, err)
+			}
+			break
+		}
+		for _, m := range slow.msgs {
+			if m["type"] == "event" {
+				seen++
+				if got := m["data"].(map[string]any)["i"]; got != float64(seen) {
+					t.Fatalf("before the close: event %v, want %d", got, seen)
+				}
+				last = m["cursor"].(string)
+			}
+		}
+		slow.msgs, slow.raw = nil, nil
+	}
+	if seen >= n {
+		t.Fatalf("the client saw all %d events: it was never slow", n)
+	}
+	again := e.dial()
+	again.send(`{"type":"subscribe","id":"s","subject":"orders.*","from":"` + last + `"}`)
+	again.expect(map[string]any{"type": "subscribed", "cursor": last})
+	for i := seen + 1; i <= n; i++ {
+		m := again.next()
+		if m["type"] != "event" || m["data"].(map[string]any)["i"] != float64(i) {
+			t.Fatalf("after resuming: %v, want event %d", m["type"], i)
+		}
+	}
+	again.quiet()
+}
+
+// TestJetStreamBrokerRestart restarts the NATS server under a gateway with
+// connected clients: the clients stay connected, the gateway becomes ready
+// again, and events published after the restart reach them in order.
+func TestJetStreamBrokerRestart(t *testing.T) {
+	e := jsEnv(t, func(c *broker.JetStreamConfig) { c.Storage = "file" }) // a memory stream would not survive
+	cl := e.dial()
+	cl.subscribe("s", "orders.*")
+	e.publishN("orders.x", 1, 5)
+	for i := 1; i <= 5; i++ {
+		cl.expect(map[string]any{"type": "event", "data": i})
+	}
+	ready := func() int {
+		resp, err := http.Get(e.http.URL + "/readyz")
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	ns := brokertest.RestartNATS(t, e.ns)
+	e.ns = ns
+	waitFor(t, "ready again after the restart", func() bool { return ready() == http.StatusOK })
+	// The library recreates the ordered consumer after the reconnect, from
+	// the last sequence it delivered.
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	e.nc = nc
+	e.publishN("orders.x", 6, 5)
+	for i := 6; i <= 10; i++ {
+		cl.expect(map[string]any{"type": "event", "data": i})
+	}
 }

@@ -5,7 +5,10 @@
 package brokertest
 
 import (
+	"net"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/nats-io/nats-server/v2/server"
@@ -24,4 +27,29 @@ func NATS(t testing.TB) *server.Server {
 		ns.WaitForShutdown()
 	})
 	return ns
+}
+
+// RestartNATS shuts ns down and starts a new server on the same port with
+// the same JetStream store, as a restarted broker; the new one is stopped
+// by t.Cleanup. (The first server's cleanup is harmless on a stopped one.)
+func RestartNATS(t testing.TB, ns *server.Server) *server.Server {
+	t.Helper()
+	port := ns.Addr().(*net.TCPAddr).Port
+	dir := filepath.Dir(ns.StoreDir())
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	var err error
+	for range 50 { // the port is free again once the old listener is closed
+		var n *server.Server
+		if n, err = broker.StartEmbedded(broker.EmbeddedConfig{Port: port, JetStream: true, StoreDir: dir}); err == nil {
+			t.Cleanup(func() {
+				n.Shutdown()
+				n.WaitForShutdown()
+			})
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("brokertest: restart NATS on port %d: %v", port, err)
+	return nil
 }
