@@ -166,31 +166,40 @@ func ParseJSCursor(c string) (uint64, error) {
 // duplicate window drops a repeat and acks it with the original sequence),
 // pipelined, and returns when every one is acknowledged.
 func (b *JetStream) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
-	futures := make([]jetstream.PubAckFuture, len(msgs))
-	for i, m := range msgs {
-		var opts []jetstream.PublishOpt
-		if m.ID != "" {
-			opts = append(opts, jetstream.WithMsgID(m.ID))
-		}
-		f, err := b.js.PublishAsync(m.Subject, m.Data, opts...)
-		if err != nil {
-			return nil, fmt.Errorf("jetstream publish %q: %w", m.Subject, err)
-		}
-		futures[i] = f
-	}
 	cursors := make([]string, len(msgs))
-	for i, f := range futures {
-		select {
-		case ack := <-f.Ok():
-			cursors[i] = FormatJSCursor(ack.Sequence)
-		case err := <-f.Err():
-			return nil, fmt.Errorf("jetstream publish %q: %w", msgs[i].Subject, err)
-		case <-ctx.Done():
-			return nil, fmt.Errorf("jetstream publish: waiting for acks: %w", ctx.Err())
+	futures := make([]jetstream.PubAckFuture, 0, min(len(msgs), publishWindow))
+	for start := 0; start < len(msgs); start += publishWindow {
+		// At most publishWindow acks outstanding: the client stalls, then
+		// fails, past 4,000 (nats.go's default).
+		window := msgs[start:min(start+publishWindow, len(msgs))]
+		futures = futures[:0]
+		for _, m := range window {
+			var opts []jetstream.PublishOpt
+			if m.ID != "" {
+				opts = append(opts, jetstream.WithMsgID(m.ID))
+			}
+			f, err := b.js.PublishAsync(m.Subject, m.Data, opts...)
+			if err != nil {
+				return nil, fmt.Errorf("jetstream publish %q: %w", m.Subject, err)
+			}
+			futures = append(futures, f)
+		}
+		for i, f := range futures {
+			select {
+			case ack := <-f.Ok():
+				cursors[start+i] = FormatJSCursor(ack.Sequence)
+			case err := <-f.Err():
+				return nil, fmt.Errorf("jetstream publish %q: %w", window[i].Subject, err)
+			case <-ctx.Done():
+				return nil, fmt.Errorf("jetstream publish: waiting for acks: %w", ctx.Err())
+			}
 		}
 	}
 	return cursors, nil
 }
+
+// publishWindow bounds the acks Publish waits for at once.
+const publishWindow = 1024
 
 // Consume delivers every message stored after it starts, with its cursor,
 // through one ordered consumer (the library recreates it after a gap or a

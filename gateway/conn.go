@@ -62,14 +62,15 @@ func newConnID() string {
 // requestClose asks the writer to close the connection with code; the first
 // request wins. A close that does not complete in CloseTimeout (a peer that
 // stopped reading blocks the writer inside a write) cuts the socket.
-func (c *conn) requestClose(code int) {
+func (c *conn) requestClose(code int) bool {
 	if !c.closeCode.CompareAndSwap(0, int32(code)) {
-		return
+		return false
 	}
 	c.mu.Lock()
 	c.watchdog = time.AfterFunc(c.s.cfg.CloseTimeout, func() { _ = c.ws.CloseNow() })
 	c.mu.Unlock()
 	c.cl.signal()
+	return true
 }
 
 // writerLinger is how long a writer waits for more work before it exits.
@@ -143,7 +144,9 @@ func (c *conn) pingTick() {
 // overflow is the hub's callback when this connection's mailbox is full.
 func (c *conn) overflow() {
 	c.cl.mb.close()
-	c.requestClose(CloseSlowConsumer)
+	if c.requestClose(CloseSlowConsumer) {
+		c.s.metrics.SlowConsumers.Inc()
+	}
 }
 
 // send queues a control message (reply) in order with events.

@@ -12,6 +12,7 @@ type Metrics struct {
 	ConnectionsRejected *prometheus.CounterVec // reason: max_connections, shutting_down, bad_upgrade
 	Disconnects         *prometheus.CounterVec // reason: client, slow_consumer, policy, shutdown, ping_timeout, write_error, read_limit
 	Subscriptions       prometheus.Gauge
+	SlowConsumers       prometheus.Counter     // mailbox overflows found (each connection is then closed with 4008)
 	ClientErrors        *prometheus.CounterVec // code: the protocol error code
 
 	EventsReceived  prometheus.Counter
@@ -33,6 +34,7 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 		ConnectionsAccepted: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_connections_accepted_total", Help: "WebSocket connections accepted."}),
 		ConnectionsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_connections_rejected_total", Help: "Upgrade requests refused, by reason."}, []string{"reason"}),
 		Disconnects:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_disconnects_total", Help: "Connections ended, by reason (slow_consumer counts 4008 closes)."}, []string{"reason"}),
+		SlowConsumers:       prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_slow_consumers_total", Help: "Connections whose mailbox overflowed; each is closed with 4008 (counted in fanwire_disconnects_total once the close completes)."}),
 		Subscriptions:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_subscriptions", Help: "Active client subscriptions."}),
 		ClientErrors:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_client_errors_total", Help: "Protocol errors sent to clients, by code."}, []string{"code"}),
 
@@ -49,7 +51,7 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 		PublishedEvents: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_published_events_total", Help: "Events published through the publish API."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Connections, m.ConnectionsAccepted, m.ConnectionsRejected, m.Disconnects, m.Subscriptions,
+		reg.MustRegister(m.Connections, m.ConnectionsAccepted, m.ConnectionsRejected, m.Disconnects, m.Subscriptions, m.SlowConsumers,
 			m.ClientErrors, m.EventsReceived, m.EventsInvalid, m.EventsDropped, m.Deliveries, m.Frames, m.BytesSent,
 			m.DispatchLatency, m.DispatchPaced, m.PublishRequests, m.PublishedEvents,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_broker_up", Help: "1 while the broker connection is up."}, func() float64 {

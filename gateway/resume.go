@@ -118,43 +118,43 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 	validated := false
 	for {
 		w := c.s.hub.lastCursor() // the watermark: last event dispatched live
-		if pos != "" && w != "" && pos != w {
-			if order, err := d.CompareCursors(pos, w); err == nil && order > 0 {
-				// The client's cursor is ahead of this node's live feed. If
-				// it is within the stream (it came from a node further
-				// along), wait for ours; if it is ahead of the stream, it
-				// is a bad cursor.
-				if !validated {
-					if err := d.Replay(ctx, filters, pos, pos, deliver); err != nil {
-						if ctx.Err() == nil {
-							c.failResume(id, err)
-						}
-						return
-					}
-					validated = true
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(time.Millisecond):
-				}
-				continue
+		ahead := false
+		if pos != "" && pos != w {
+			if w == "" { // nothing dispatched yet: the live feed starts before pos
+				ahead = true
+			} else if order, err := d.CompareCursors(pos, w); err == nil && order > 0 {
+				ahead = true
 			}
 		}
-		if pos != "" || w != "" {
-			upto := w
-			if upto == "" {
-				upto = pos // nothing dispatched yet: the replay only validates the cursor
+		if ahead {
+			// The client's cursor is ahead of this node's live feed. If it
+			// is within the stream (it came from a node further along, or
+			// this node has not dispatched that far yet), wait for ours; if
+			// it is ahead of the stream, it is a bad cursor.
+			if !validated {
+				if err := d.Replay(ctx, filters, pos, pos, deliver); err != nil {
+					if ctx.Err() == nil {
+						c.failResume(id, err)
+					}
+					return
+				}
+				validated = true
 			}
-			if err := d.Replay(ctx, filters, pos, upto, deliver); err != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Millisecond):
+			}
+			continue
+		}
+		if w != "" { // replay (pos, w]; pos == "" replays from the first retained
+			if err := d.Replay(ctx, filters, pos, w, deliver); err != nil {
 				if ctx.Err() == nil && !errors.Is(err, ErrMailboxFull) {
 					c.failResume(id, err)
 				}
 				return
 			}
-			if w != "" {
-				pos = w
-			}
+			pos = w
 		}
 		var wake bool
 		added := c.s.hub.idx.addIf(c.cl, id, st.pattern,

@@ -194,6 +194,10 @@ func TestSlowConsumerResumesWithoutLoss(t *testing.T) {
 	if _, err := e.b.Publish(context.Background(), out); err != nil {
 		t.Fatal(err)
 	}
+	// The client reads only once the gateway has found it slow (JetStream
+	// backpressure would otherwise let a client that starts reading in time
+	// catch up).
+	waitFor(t, "the slow consumer found", func() bool { return e.metric("fanwire_slow_consumers_total", nil) == 1 })
 	// Read what was delivered before the 4008, remembering the last cursor.
 	last := ""
 	seen := 0
