@@ -59,7 +59,9 @@ var ErrCursorExpired = errors.New("cursor expired")
 type Durable interface {
 	Broker
 	// Replay calls h, in order, with the stored messages on filters
-	// (patterns within the broker's subject space) whose cursor is after
+	// (patterns within the broker's subject space; brokers that cannot
+	// filter by subject may deliver others, and callers match every message
+	// themselves) whose cursor is after
 	// `after` ("" = from the first retained) and not after `until`. It
 	// returns an error wrapping ErrCursorExpired when `after` is older than
 	// the retained history, and ErrBadCursor when a cursor is malformed,

@@ -78,6 +78,8 @@ func startEnv(t *testing.T, ns *server.Server, kind string, jsMutate func(*broke
 			jsMutate(&jcfg)
 		}
 		b, err = broker.DialJetStream(ctx, jcfg)
+	case "redis":
+		b, err = broker.DialRedis(ctx, broker.RedisConfig{URL: "redis://" + brokertest.Redis(t), Stream: "{fanwire}"})
 	default:
 		t.Fatalf("unknown broker kind %q", kind)
 	}

@@ -6,7 +6,10 @@ package brokertest
 
 import (
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -52,4 +55,45 @@ func RestartNATS(t testing.TB, ns *server.Server) *server.Server {
 	}
 	t.Fatalf("brokertest: restart NATS on port %d: %v", port, err)
 	return nil
+}
+
+// Redis starts a real redis-server (from PATH) on a free loopback port with
+// its files in t.TempDir(), and returns its address (host:port). It fails
+// the test, with how to fix it, when redis-server is missing.
+func Redis(t testing.TB) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("brokertest: redis-server not found on PATH (run `make test`, which installs it, or apt-get install redis-server): %v", err)
+	}
+	dir := t.TempDir()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("brokertest: free port: %v", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", filepath.Join(dir, "redis.log"))
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("brokertest: start redis-server: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return addr
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
+			t.Fatalf("brokertest: redis-server not accepting connections on %s: %v\n%s", addr, err, log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

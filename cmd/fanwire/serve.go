@@ -32,6 +32,8 @@ type wsFlags struct {
 	retentionAge     time.Duration
 	retentionBytes   int64
 	storage          string
+	redisURL         string
+	redisMaxLen      int64
 	listen           string
 	natsURL          string
 	subjects         listFlag
@@ -58,8 +60,10 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	if !dev {
 		fs.StringVar(&f.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
 	}
-	fs.StringVar(&f.brokerKind, "broker", "nats", "nats (Core NATS: live only, no cursors) or jetstream (durable: events carry cursors)")
-	fs.StringVar(&f.stream, "stream", "FANWIRE", "jetstream: the stream that captures --subjects (created or updated at start)")
+	fs.StringVar(&f.brokerKind, "broker", "nats", "nats (Core NATS: live only, no cursors), jetstream or redis (durable: events carry cursors, clients resume)")
+	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379", "redis: server URL")
+	fs.Int64Var(&f.redisMaxLen, "redis-maxlen", 1_000_000, "redis: keep about this many events in the stream (XADD MAXLEN ~; 0: no limit)")
+	fs.StringVar(&f.stream, "stream", "FANWIRE", "jetstream: the stream that captures --subjects (created or updated at start); redis: the stream key (on Redis Cluster give it a hash tag, e.g. {fanwire})")
 	fs.DurationVar(&f.retentionAge, "retention-age", 24*time.Hour, "jetstream: keep events this long (0: no age limit)")
 	fs.Int64Var(&f.retentionBytes, "retention-bytes", 1<<30, "jetstream: keep at most this many bytes of events (0: no size limit)")
 	fs.StringVar(&f.storage, "storage", "file", "jetstream: file or memory")
@@ -201,8 +205,10 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 			MaxBytes:   f.retentionBytes,
 			Storage:    f.storage,
 		})
+	case "redis":
+		b, err = broker.DialRedis(dialCtx, broker.RedisConfig{URL: f.redisURL, Stream: f.stream, MaxLen: f.redisMaxLen, Logger: log.Named("redis")})
 	default:
-		return fmt.Errorf("--broker %q: want nats or jetstream", f.brokerKind)
+		return fmt.Errorf("--broker %q: want nats, jetstream or redis", f.brokerKind)
 	}
 	if err != nil {
 		return err

@@ -1,0 +1,292 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// RedisConfig configures the Redis Streams broker.
+type RedisConfig struct {
+	URL    string // redis://[user:pass@]host:port[/db]
+	Stream string // stream key (default "fanwire"); on Redis Cluster give it a hash tag, e.g. "{fanwire}"
+	MaxLen int64  // approximate trimming (XADD MAXLEN ~); 0 keeps everything
+	Logger *zap.Logger
+}
+
+// Redis is the Redis Streams broker: every event is an entry of one stream
+// (fields "s": subject, "d": data) and carries the cursor "rs:<entry id>".
+type Redis struct {
+	cfg RedisConfig // static
+	rdb *redis.Client
+	log *zap.Logger
+	up  atomic.Bool
+}
+
+// CursorPrefixRedis starts every Redis Streams cursor.
+const CursorPrefixRedis = "rs:"
+
+// DialRedis connects and checks the server answers.
+func DialRedis(ctx context.Context, cfg RedisConfig) (*Redis, error) {
+	if cfg.Stream == "" {
+		cfg.Stream = "fanwire"
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	opts, err := redis.ParseURL(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("redis: url %q: %w", cfg.URL, err)
+	}
+	rdb := redis.NewClient(opts)
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		rdb.Close()
+		return nil, fmt.Errorf("redis: connect to %s: %w", opts.Addr, err)
+	}
+	b := &Redis{cfg: cfg, rdb: rdb, log: log}
+	b.up.Store(true)
+	return b, nil
+}
+
+type streamID struct{ ms, seq uint64 }
+
+func parseStreamID(s string) (streamID, error) {
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		return streamID{}, fmt.Errorf("%w: %q is not a stream entry id (<ms>-<seq>)", ErrBadCursor, s)
+	}
+	ms, err1 := strconv.ParseUint(a, 10, 64)
+	seq, err2 := strconv.ParseUint(b, 10, 64)
+	if err1 != nil || err2 != nil {
+		return streamID{}, fmt.Errorf("%w: %q is not a stream entry id (<ms>-<seq>)", ErrBadCursor, s)
+	}
+	return streamID{ms, seq}, nil
+}
+
+func (x streamID) cmp(y streamID) int {
+	switch {
+	case x.ms != y.ms:
+		if x.ms < y.ms {
+			return -1
+		}
+		return 1
+	case x.seq < y.seq:
+		return -1
+	case x.seq > y.seq:
+		return 1
+	}
+	return 0
+}
+
+// ParseRedisCursor returns the stream entry id of a Redis cursor.
+func ParseRedisCursor(c string) (string, error) {
+	id, ok := strings.CutPrefix(c, CursorPrefixRedis)
+	if !ok {
+		return "", fmt.Errorf("%w: %q is not a Redis Streams cursor (rs:<ms>-<seq>)", ErrBadCursor, c)
+	}
+	if _, err := parseStreamID(id); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+// CompareCursors orders two Redis cursors.
+func (b *Redis) CompareCursors(x, y string) (int, error) {
+	a, err := ParseRedisCursor(x)
+	if err != nil {
+		return 0, err
+	}
+	c, err := ParseRedisCursor(y)
+	if err != nil {
+		return 0, err
+	}
+	ia, _ := parseStreamID(a)
+	ic, _ := parseStreamID(c)
+	return ia.cmp(ic), nil
+}
+
+// Publish appends msgs with one pipelined round trip of XADDs (trimmed
+// approximately to MaxLen). Redis assigns time-based ids; publish ids are
+// not deduplicated here.
+func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
+	pipe := b.rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(msgs))
+	for i, m := range msgs {
+		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{
+			Stream: b.cfg.Stream,
+			MaxLen: b.cfg.MaxLen,
+			Approx: b.cfg.MaxLen > 0,
+			Values: []any{"s", m.Subject, "d", m.Data},
+		})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("redis: xadd: %w", err)
+	}
+	cursors := make([]string, len(msgs))
+	for i, c := range cmds {
+		cursors[i] = CursorPrefixRedis + c.Val()
+	}
+	return cursors, nil
+}
+
+// toMessage turns a stream entry into a Message; ok is false for entries
+// not written by fanwire.
+func toMessage(x redis.XMessage) (Message, bool) {
+	s, ok1 := x.Values["s"].(string)
+	d, ok2 := x.Values["d"].(string)
+	if !ok1 || !ok2 {
+		return Message{}, false
+	}
+	return Message{Subject: s, Data: []byte(d), Cursor: CursorPrefixRedis + x.ID}, true
+}
+
+// Consume reads the stream with one blocking XREAD loop from the last entry
+// at start. A lost connection is retried every 250 ms; Ready reports it.
+func (b *Redis) Consume(ctx context.Context, h Handler, started func(start string)) error {
+	last := "0-0"
+	start := ""
+	xs, err := b.rdb.XRevRangeN(ctx, b.cfg.Stream, "+", "-", 1).Result()
+	if err != nil {
+		return fmt.Errorf("redis: last entry of %q: %w", b.cfg.Stream, err)
+	}
+	if len(xs) == 1 {
+		last, start = xs[0].ID, CursorPrefixRedis+xs[0].ID
+	}
+	if started != nil {
+		started(start)
+	}
+	batch := make([]Message, 0, maxBatch)
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		res, err := b.rdb.XRead(ctx, &redis.XReadArgs{
+			Streams: []string{b.cfg.Stream, last},
+			Count:   maxBatch,
+			Block:   time.Second, // never 0: that blocks forever and ignores ctx
+		}).Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+			b.up.Store(true)
+			continue
+		case err != nil:
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if b.up.Swap(false) {
+				b.log.Warn("redis read failed; retrying", zap.Error(err))
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(250 * time.Millisecond):
+			}
+			continue
+		}
+		if !b.up.Swap(true) {
+			b.log.Info("redis reads again")
+		}
+		arrived := time.Now()
+		batch = batch[:0]
+		for _, s := range res {
+			for _, x := range s.Messages {
+				last = x.ID
+				if m, ok := toMessage(x); ok {
+					batch = append(batch, m)
+				}
+			}
+		}
+		if len(batch) > 0 {
+			h(batch, arrived)
+			clear(batch)
+		}
+	}
+}
+
+// Replay reads (after, until] with XRANGE batches. It may deliver entries
+// outside filters (Redis cannot filter by subject): callers match them.
+func (b *Redis) Replay(ctx context.Context, _ []string, after, until string, h func([]Message) error) error {
+	var a string
+	if after != "" {
+		var err error
+		if a, err = ParseRedisCursor(after); err != nil {
+			return err
+		}
+	}
+	u, err := ParseRedisCursor(until)
+	if err != nil {
+		return err
+	}
+	info, err := b.rdb.XInfoStream(ctx, b.cfg.Stream).Result()
+	if err != nil {
+		return fmt.Errorf("redis: xinfo %q: %w", b.cfg.Stream, err)
+	}
+	if a != "" {
+		ia, _ := parseStreamID(a)
+		if lg, err := parseStreamID(info.LastGeneratedID); err == nil && ia.cmp(lg) > 0 {
+			return fmt.Errorf("%w: %s is ahead of the stream (last is rs:%s)", ErrBadCursor, after, info.LastGeneratedID)
+		}
+		// XDEL'd entries past the cursor: max-deleted-entry-id is exact.
+		// Trimming (MAXLEN) removes from the head without recording it:
+		// a cursor before the first retained entry, on a stream that lost
+		// entries, is taken as expired. (When the cursor was exactly the
+		// last trimmed entry nothing was lost, but that cannot be told.)
+		md, err := parseStreamID(info.MaxDeletedEntryID)
+		expired := err == nil && md.cmp(ia) > 0
+		if first, err := parseStreamID(info.FirstEntry.ID); err == nil && ia.cmp(first) < 0 && info.EntriesAdded > info.Length {
+			expired = true
+		}
+		if expired {
+			return fmt.Errorf("%w: %s is older than the oldest retained event (rs:%s)", ErrCursorExpired, after, info.FirstEntry.ID)
+		}
+	}
+	iu, _ := parseStreamID(u)
+	if a != "" {
+		if ia, _ := parseStreamID(a); iu.cmp(ia) <= 0 {
+			return nil
+		}
+	}
+	start := "-"
+	if a != "" {
+		start = "(" + a
+	}
+	batch := make([]Message, 0, replayBatch)
+	for {
+		xs, err := b.rdb.XRangeN(ctx, b.cfg.Stream, start, u, replayBatch).Result()
+		if err != nil {
+			return fmt.Errorf("redis: xrange: %w", err)
+		}
+		if len(xs) == 0 {
+			return nil
+		}
+		batch = batch[:0]
+		for _, x := range xs {
+			if m, ok := toMessage(x); ok {
+				batch = append(batch, m)
+			}
+		}
+		if len(batch) > 0 {
+			if err := h(batch); err != nil {
+				return err
+			}
+		}
+		start = "(" + xs[len(xs)-1].ID
+		if len(xs) < replayBatch {
+			return nil
+		}
+	}
+}
+
+// Ready reports whether the server answered the last read.
+func (b *Redis) Ready() bool { return b.up.Load() }
+
+// Close closes the client.
+func (b *Redis) Close() error { return b.rdb.Close() }
