@@ -6,8 +6,6 @@ import (
 	"os"
 	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go"
 )
 
 // Run connects cfg.Clients clients to the gateway, subscribes them to
@@ -32,16 +30,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return nil, fmt.Errorf("loadtest: sample gateway: %w", err)
 		}
 	}
-	nc, err := connectNATS(ctx, &cfg)
+	out, err := openSink(ctx, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: %w", err)
 	}
-	defer nc.Close()
+	defer out.close()
 	clients, err := connectAll(ctx, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: connect clients: %w", err)
 	}
-	res, err := execute(ctx, &cfg, nc, clients)
+	res, err := execute(ctx, &cfg, out, clients)
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: %w", err)
 	}
@@ -69,7 +67,7 @@ func sampleUsage(cfg *Config) (usage, error) {
 
 // execute runs the measured part: readers start, the publisher starts, the
 // monitor waits for the end, then everything is stopped and waited for.
-func execute(ctx context.Context, cfg *Config, nc *nats.Conn, clients []*client) (*Result, error) {
+func execute(ctx context.Context, cfg *Config, out sink, clients []*client) (*Result, error) {
 	stopCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait() // runs after stop (defers run last-in first-out)
@@ -85,7 +83,7 @@ func execute(ctx context.Context, cfg *Config, nc *nats.Conn, clients []*client)
 	}
 	start := time.Now()
 	published := make(chan error, 1)
-	wg.Go(func() { published <- publish(stopCtx, nc, cfg) })
+	wg.Go(func() { published <- publish(stopCtx, out, cfg) })
 
 	m := monitor{cfg: cfg, clients: clients, start: start}
 	if err := m.wait(ctx, finished, published); err != nil {

@@ -26,7 +26,10 @@ const maxBitmapBytes = 1 << 30
 // URL and NATSURL selects a default.
 type Config struct {
 	URL      string        // gateway native endpoint, e.g. ws://127.0.0.1:8080/ws (required)
-	NATSURL  string        // NATS server the gateway consumes, e.g. nats://127.0.0.1:4222 (required)
+	NATSURL  string        // NATS server the gateway consumes, e.g. nats://127.0.0.1:4222 (required with Broker nats)
+	Broker   string        // where events are published: "nats" (default) or "redis"
+	RedisURL string        // Broker redis: server URL
+	Stream   string        // Broker redis: the stream key the gateway reads (default "fanwire")
 	Clients  int           // concurrent WebSocket clients; default 200
 	Events   int           // events published; default 20000
 	Size     int           // bytes per event payload (the JSON in "data"); default 256
@@ -73,7 +76,11 @@ func (c *Config) validate() error {
 	switch {
 	case c.URL == "":
 		return fmt.Errorf("%w: URL is required", ErrInvalidConfig)
-	case c.NATSURL == "":
+	case c.Broker != "" && c.Broker != "nats" && c.Broker != "redis":
+		return fmt.Errorf("%w: Broker %q: want nats or redis", ErrInvalidConfig, c.Broker)
+	case c.Broker == "redis" && c.RedisURL == "":
+		return fmt.Errorf("%w: RedisURL is required with Broker redis", ErrInvalidConfig)
+	case c.Broker != "redis" && c.NATSURL == "":
 		return fmt.Errorf("%w: NATSURL is required", ErrInvalidConfig)
 	case c.Clients < 0:
 		return fmt.Errorf("%w: Clients %d is negative", ErrInvalidConfig, c.Clients)

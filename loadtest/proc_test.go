@@ -22,7 +22,7 @@ func TestProcSamplerSelf(t *testing.T) {
 		for range 1_000_000 {
 			x = x*6364136223846793005 + 1
 		}
-		sink = x
+		cpuSink = x
 		if after, err = p.Sample(); err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +44,7 @@ func TestProcSamplerSelf(t *testing.T) {
 	}
 }
 
-var sink uint64
+var cpuSink uint64
 
 func TestProcSamplerNoProcess(t *testing.T) {
 	_, err := ProcSampler{PID: 1 << 30}.Sample() // above pid_max's ceiling (4M)

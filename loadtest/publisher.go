@@ -1,11 +1,13 @@
 package loadtest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"time"
 
+	"github.com/fanwire/fanwire/broker"
 	"github.com/nats-io/nats.go"
 )
 
@@ -51,8 +53,8 @@ func (c ctxDialer) Dial(network, address string) (net.Conn, error) {
 // publish time, and returns once the server has them all (a flush round trip).
 // With cfg.Rate > 0 it wakes every paceInterval and publishes the events that
 // have come due, so the average rate is exact and batches stay small (Rate/1000).
-func publish(ctx context.Context, nc *nats.Conn, cfg *Config) error {
-	buf := make([]byte, 0, cfg.Size+64) // nats copies the payload into its own buffer, so one will do
+func publish(ctx context.Context, out sink, cfg *Config) error {
+	buf := make([]byte, 0, cfg.Size+64) // sinks copy the payload, so one will do
 	var tick <-chan time.Time
 	if cfg.Rate > 0 {
 		t := time.NewTicker(paceInterval)
@@ -71,11 +73,16 @@ func publish(ctx context.Context, nc *nats.Conn, cfg *Config) error {
 				return ctx.Err()
 			}
 			buf = appendPayload(buf[:0], uint64(sent+1), time.Now().UnixNano(), cfg.Size)
-			if err := nc.Publish(cfg.Subject, buf); err != nil {
+			if err := out.send(ctx, cfg.Subject, buf); err != nil {
 				return fmt.Errorf("publish seq %d: %w", sent+1, err)
 			}
 		}
 		if sent < cfg.Events {
+			if cfg.Rate > 0 { // paced: what came due goes out now
+				if err := out.push(ctx); err != nil {
+					return fmt.Errorf("publish: %w", err)
+				}
+			}
 			select {
 			case <-tick:
 			case <-ctx.Done():
@@ -85,8 +92,70 @@ func publish(ctx context.Context, nc *nats.Conn, cfg *Config) error {
 	}
 	fctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	if err := nc.FlushWithContext(fctx); err != nil {
+	if err := out.flush(fctx); err != nil {
 		return fmt.Errorf("flush: %w", err)
 	}
 	return nil
 }
+
+// sink is where the publisher sends events: NATS (the gateway consumes it,
+// or JetStream captures it) or a Redis stream (pipelined XADD).
+type sink interface {
+	send(ctx context.Context, subject string, payload []byte) error // may buffer; payload is reused after return
+	push(ctx context.Context) error                                 // send what is buffered, without waiting
+	flush(ctx context.Context) error                                // send everything and wait until the broker has it
+	close()
+}
+
+// openSink connects the configured broker.
+func openSink(ctx context.Context, cfg *Config) (sink, error) {
+	if cfg.Broker == "redis" {
+		b, err := broker.DialRedis(ctx, broker.RedisConfig{URL: cfg.RedisURL, Stream: cfg.Stream})
+		if err != nil {
+			return nil, err
+		}
+		return &redisSink{b: b}, nil
+	}
+	nc, err := connectNATS(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return natsSink{nc}, nil
+}
+
+type natsSink struct{ nc *nats.Conn }
+
+func (s natsSink) send(_ context.Context, subject string, p []byte) error {
+	return s.nc.Publish(subject, p) // copies p into its write buffer
+}
+func (s natsSink) push(context.Context) error { return nil } // the client's flusher sends it
+func (s natsSink) flush(ctx context.Context) error {
+	return s.nc.FlushWithContext(ctx)
+}
+func (s natsSink) close() { s.nc.Close() }
+
+// redisBatch is how many XADDs go in one pipelined round trip.
+const redisBatch = 256
+
+type redisSink struct {
+	b   *broker.Redis
+	buf []broker.Outgoing
+}
+
+func (s *redisSink) send(ctx context.Context, subject string, p []byte) error {
+	s.buf = append(s.buf, broker.Outgoing{Subject: subject, Data: bytes.Clone(p)})
+	if len(s.buf) >= redisBatch {
+		return s.push(ctx)
+	}
+	return nil
+}
+func (s *redisSink) push(ctx context.Context) error {
+	if len(s.buf) == 0 {
+		return nil
+	}
+	_, err := s.b.Publish(ctx, s.buf)
+	s.buf = s.buf[:0]
+	return err
+}
+func (s *redisSink) flush(ctx context.Context) error { return s.push(ctx) } // Publish waits for the replies
+func (s *redisSink) close()                          { _ = s.b.Close() }

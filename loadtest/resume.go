@@ -33,15 +33,18 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("loadtest: %w", err)
 	}
-	nc, err := connectNATS(ctx, &cfg)
+	out, err := openSink(ctx, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: %w", err)
 	}
-	defer nc.Close()
+	defer out.close()
 	// A primer event gives the stream a position to report even when it
 	// was empty: the live "subscribed" reply carries the cursor of the last
 	// event dispatched, none before the first.
-	if err := nc.Publish(cfg.Subject, []byte(`{"primer":true}`)); err != nil {
+	if err := out.send(ctx, cfg.Subject, []byte(`{"primer":true}`)); err != nil {
+		return nil, fmt.Errorf("loadtest: publish primer: %w", err)
+	}
+	if err := out.flush(ctx); err != nil {
 		return nil, fmt.Errorf("loadtest: publish primer: %w", err)
 	}
 	var cursor string
@@ -56,7 +59,7 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 	if cursor == "" {
 		return nil, fmt.Errorf("loadtest: the gateway's subscribed reply has no cursor: its broker keeps no history (run it with --broker jetstream)")
 	}
-	if err := publish(ctx, nc, &cfg); err != nil {
+	if err := publish(ctx, out, &cfg); err != nil {
 		return nil, fmt.Errorf("loadtest: publish: %w", err)
 	}
 

@@ -34,6 +34,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 		asJSON     bool
 		idle       time.Duration
 		behind     int
+		brokerKind string
 	)
 	fs := c.fs
 	fs.IntVar(&cfg.Clients, "clients", loadtest.DefaultClients, "WebSocket clients, each subscribed to the hot subject")
@@ -45,6 +46,9 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	fs.StringVar(&cfg.Subject, "subject", "", "subject to publish on (default loadtest.<run id>.hot)")
 	fs.DurationVar(&cfg.Timeout, "timeout", loadtest.DefaultTimeout, "give up after this long without delivery progress")
 	fs.IntVar(&cfg.RcvBuf, "client-rcvbuf", 4<<20, "SO_RCVBUF of each client socket in bytes (0: kernel autotuning, which on loopback stalls 200-800 ms at zero windows)")
+	fs.StringVar(&brokerKind, "broker", "nats", "the gateway's broker: nats, jetstream (events are published to NATS either way) or redis (pipelined XADD to --redis); with --spawn the gateway is started on it")
+	fs.StringVar(&cfg.RedisURL, "redis", "redis://127.0.0.1:6379", "with --broker redis: the Redis server")
+	fs.StringVar(&cfg.Stream, "stream", "fanwire-loadtest", "with --broker redis: the stream key")
 	fs.BoolVar(&spawn, "spawn", false, "start a gateway (see --spawn-role) on free ports as a child process and measure it")
 	fs.StringVar(&spawnRole, "spawn-role", "dev", "with --spawn: dev (gateway and embedded NATS in one measured process) or ws (the measured process is \"fanwire ws\"; NATS runs embedded in the loadtest process)")
 	fs.StringVar(&spawnFlags, "spawn-flags", "", "extra flags for the spawned gateway, space-separated (e.g. \"--mailbox-messages 8192\")")
@@ -55,11 +59,22 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	c.run = func([]string) error {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
+		extra := strings.Fields(spawnFlags)
+		switch brokerKind {
+		case "nats":
+		case "jetstream":
+			extra = append([]string{"--broker", "jetstream", "--subjects", "loadtest.>"}, extra...)
+		case "redis":
+			cfg.Broker = "redis"
+			extra = append([]string{"--broker", "redis", "--redis-url", cfg.RedisURL, "--stream", cfg.Stream}, extra...)
+		default:
+			return fmt.Errorf("--broker %q: want nats, jetstream or redis", brokerKind)
+		}
 		if spawn {
 			if cfg.URL != "" || cfg.NATSURL != "" || pid != 0 {
 				return errors.New("--spawn starts its own gateway: drop --url, --nats and --pid")
 			}
-			child, err := spawnGateway(ctx, spawnRole, strings.Fields(spawnFlags))
+			child, err := spawnGateway(ctx, spawnRole, extra)
 			if err != nil {
 				return err
 			}
