@@ -130,6 +130,11 @@ func (s natsSink) send(_ context.Context, subject string, p []byte) error {
 }
 func (s natsSink) push(context.Context) error { return nil } // the client's flusher sends it
 func (s natsSink) flush(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok { // the nats client requires one
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
 	return s.nc.FlushWithContext(ctx)
 }
 func (s natsSink) close() { s.nc.Close() }
