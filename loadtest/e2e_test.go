@@ -24,31 +24,12 @@ func TestRunAgainstGateway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
-	srv, err := gateway.New(gateway.Config{Broker: b})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
-	runCtx, stopRun := context.WithCancel(ctx)
-	runDone := make(chan error, 1)
-	go func() { runDone <- srv.Run(runCtx) }()
-	defer func() {
-		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer scancel()
-		if err := srv.Shutdown(sctx); err != nil {
-			t.Error(err)
-		}
-		stopRun()
-		if err := <-runDone; err != nil {
-			t.Error(err)
-		}
-	}()
+	t.Cleanup(func() { _ = b.Close() }) // after the gateway's cleanup: cleanups run last-in first-out
+	wsURL := startGateway(t, b, nil)
 
 	var progress strings.Builder
 	res, err := Run(ctx, Config{
-		URL:      "ws" + strings.TrimPrefix(hs.URL, "http") + "/ws",
+		URL:      wsURL,
 		NATSURL:  natsURL,
 		Clients:  20,
 		Events:   2000,
@@ -84,35 +65,30 @@ func TestResumeAgainstGateway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
-	srv, err := gateway.New(gateway.Config{Broker: b, Subjects: []string{"loadtest.>"}})
+	t.Cleanup(func() { _ = b.Close() }) // after the gateway's cleanup: cleanups run last-in first-out
+	wsURL := startGateway(t, b, []string{"loadtest.>"})
+	res, err := Resume(ctx, Config{URL: wsURL, NATSURL: natsURL, Size: 200}, 5000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OK || res.Received != 5000 || res.EventsPerSec <= 0 {
+		t.Fatalf("resume: %+v", res)
+	}
+}
+
+// startGateway runs a real gateway on b in this process until the test ends
+// and returns its WebSocket URL once it is consuming (/readyz).
+func startGateway(t *testing.T, b broker.Broker, subjects []string) string {
+	t.Helper()
+	srv, err := gateway.New(gateway.Config{Broker: b, Subjects: subjects})
 	if err != nil {
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
-	runCtx, stopRun := context.WithCancel(ctx)
+	runCtx, stopRun := context.WithCancel(context.Background())
 	runDone := make(chan error, 1)
-	started := make(chan struct{})
 	go func() { runDone <- srv.Run(runCtx) }()
-	go func() { // wait until consuming; polling /readyz is what a balancer does
-		defer close(started)
-		for {
-			if resp, err := http.Get(hs.URL + "/readyz"); err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					return
-				}
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-	}()
-	<-started
-	defer func() {
+	t.Cleanup(func() {
 		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer scancel()
 		if err := srv.Shutdown(sctx); err != nil {
@@ -122,12 +98,19 @@ func TestResumeAgainstGateway(t *testing.T) {
 		if err := <-runDone; err != nil {
 			t.Error(err)
 		}
-	}()
-	res, err := Resume(ctx, Config{URL: "ws" + strings.TrimPrefix(hs.URL, "http") + "/ws", NATSURL: natsURL, Size: 200}, 5000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !res.OK || res.Received != 5000 || res.EventsPerSec <= 0 {
-		t.Fatalf("resume: %+v", res)
+		hs.Close()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if resp, err := http.Get(hs.URL + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return "ws" + strings.TrimPrefix(hs.URL, "http") + "/ws"
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("gateway not ready after 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
