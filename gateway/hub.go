@@ -66,8 +66,10 @@ type hub struct {
 	// history). dispatch publishes it as last while still holding the index,
 	// so a resuming subscription that holds the index for writing sees
 	// exactly what was dispatched.
-	batchLast string
-	last      atomic.Pointer[string]
+	batchLast  string
+	last       atomic.Pointer[string]
+	recent     recent // durable brokers only (keepRecent)
+	keepRecent bool   // static
 
 	maxPace time.Duration // static
 }
@@ -93,6 +95,9 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 	var n, pressured, critical int
 	h.idx.mu.RLock()
 	for _, ev := range evs {
+		if h.keepRecent {
+			h.recent.add(ev)
+		}
 		for _, d := range h.m.match(h.idx, ev.Subject) {
 			c := d.c
 			wasEmpty, fill, err := c.mb.push(item{ev: ev, subs: d.subs}, len(ev.buf)+d.subsLen)
@@ -176,6 +181,7 @@ func (h *hub) lastCursor() string {
 func (h *hub) setStart(cursor string) {
 	if cursor != "" {
 		h.last.Store(&cursor)
+		h.recent.floor = cursor
 	}
 }
 

@@ -102,6 +102,13 @@ func (m *mailbox) pushControl(it item) (wasEmpty bool, err error) {
 	return wasEmpty, nil
 }
 
+// room is how many more items fit.
+func (m *mailbox) room() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return int(m.maxItems - m.n)
+}
+
 // overHalf reports whether the mailbox is over half of either bound.
 func (m *mailbox) overHalf() bool {
 	m.mu.Lock()

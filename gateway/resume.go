@@ -156,10 +156,44 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 			}
 			pos = w
 		}
+		// Hand over while the index is held for writing (nothing is being
+		// dispatched): the events dispatched since w, if any, come from the
+		// hub's recent ring, after the reply, before the subscription goes
+		// live. Only if the ring no longer reaches back to w, replay again.
 		var wake bool
 		added := c.s.hub.idx.addIf(c.cl, id, st.pattern,
-			func() bool { return ctx.Err() == nil && c.s.hub.lastCursor() == w },
-			func() { wake = reply() })
+			func() bool {
+				if ctx.Err() != nil {
+					return false
+				}
+				var gap []*Event
+				if last := c.s.hub.lastCursor(); last != w {
+					var ok bool
+					if gap, ok = c.s.hub.recent.after(w, d.CompareCursors); !ok {
+						return false
+					}
+				}
+				matching := gap[:0]
+				for _, ev := range gap {
+					if MatchSubject(st.pattern, ev.Subject) {
+						matching = append(matching, ev)
+					}
+				}
+				if len(matching) > c.cl.mb.room()/2 {
+					return false // too big to queue at once: replay it with flow control
+				}
+				wake = reply() || wake
+				for _, ev := range matching {
+					it := item{ev: ev, subs: subs}
+					wasEmpty, _, err := c.cl.mb.push(it, it.size())
+					if err != nil {
+						c.overflow() // closes with 4008; the next replay round ends this resume
+						return false
+					}
+					wake = wake || wasEmpty
+				}
+				return true
+			}, nil)
 		if wake {
 			c.cl.signal()
 		}

@@ -298,3 +298,50 @@ func TestRedisStreamsLiveAndResume(t *testing.T) {
 	wg.Wait()
 	again.quiet()
 }
+
+// TestResumeHandsOverWhileEventsKeepComing resumes while events are
+// published steadily: the hand-over must complete while they still flow
+// (the gap since the last replay comes from the hub's recent events, not
+// from yet another replay that a busy stream would always outrun).
+func TestResumeHandsOverWhileEventsKeepComing(t *testing.T) {
+	e := jsEnv(t, nil)
+	e.publishN("orders.x", 1, 200)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var published int
+	wg.Go(func() {
+		for i := 201; ; i += 10 {
+			select {
+			case <-stop:
+				published = i - 1
+				return
+			case <-time.After(2 * time.Millisecond): // about 5,000 events/s
+			}
+			e.publishN("orders.x", i, 10)
+		}
+	})
+	cl := e.dial()
+	cl.send(`{"type":"subscribe","id":"s","subject":"orders.*","from":"js:100"}`)
+	cl.expect(map[string]any{"type": "subscribed", "cursor": "js:100"})
+	next := 101
+	live := func() bool { return e.metric("fanwire_subscriptions", nil) == 1 }
+	deadline := time.Now().Add(10 * time.Second)
+	for !live() { // keep reading (the replay waits for room) until the hand-over
+		if time.Now().After(deadline) {
+			close(stop)
+			wg.Wait()
+			t.Fatal("no hand-over while events kept coming")
+		}
+		m := cl.next()
+		if m["data"] != float64(next) {
+			t.Fatalf("event %v, want %d", m["data"], next)
+		}
+		next++
+	}
+	close(stop)
+	wg.Wait()
+	for ; next <= published; next++ {
+		cl.expect(map[string]any{"type": "event", "data": next})
+	}
+	cl.quiet()
+}

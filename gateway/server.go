@@ -63,6 +63,7 @@ func New(cfg Config) (*Server, error) {
 		conns:   make(map[*conn]struct{}),
 	}
 	s.durable, _ = cfg.Broker.(broker.Durable)
+	s.hub.keepRecent = s.durable != nil
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.invalidLogs = rateLimiter{every: 10 * time.Second}
 	mux := http.NewServeMux()
