@@ -180,8 +180,10 @@ func (h *hub) lastCursor() string {
 // setStart records where the live feed starts (before any dispatch).
 func (h *hub) setStart(cursor string) {
 	if cursor != "" {
+		h.idx.mu.Lock() // resumes read recent under the write lock
 		h.last.Store(&cursor)
 		h.recent.floor = cursor
+		h.idx.mu.Unlock()
 	}
 }
 
