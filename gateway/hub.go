@@ -60,7 +60,6 @@ type hub struct {
 	wakeList []*client
 	overflow []*client
 	paceList []*client
-	paced    time.Duration // total time spent pacing
 	// batchLast is the cursor of the last broker message of the batch being
 	// dispatched (set by the caller before dispatch; "" on brokers without
 	// history). dispatch publishes it as last while still holding the index,
@@ -203,7 +202,6 @@ func (h *hub) pace() {
 		}
 		waited := time.Since(start)
 		if still == 0 || waited >= h.maxPace {
-			h.paced += waited
 			if h.metrics != nil {
 				h.metrics.DispatchPaced.Add(waited.Seconds())
 			}

@@ -52,7 +52,7 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 		if try > 0 {
 			time.Sleep(20 * time.Millisecond) // the primer is on its way through the broker
 		}
-		if cursor, err = subscribeOnce(ctx, &cfg, nil); err != nil {
+		if cursor, err = subscribeOnce(ctx, &cfg); err != nil {
 			return nil, err
 		}
 	}
@@ -102,7 +102,7 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 
 // subscribeOnce connects, subscribes and returns the cursor of the
 // "subscribed" reply, then disconnects.
-func subscribeOnce(ctx context.Context, cfg *Config, from *string) (string, error) {
+func subscribeOnce(ctx context.Context, cfg *Config) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	conn, err := dialWS(ctx, cfg)
@@ -113,11 +113,7 @@ func subscribeOnce(ctx context.Context, cfg *Config, from *string) (string, erro
 	if err := await(ctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
 		return "", fmt.Errorf("loadtest: await ready: %w", err)
 	}
-	msg := map[string]string{"type": "subscribe", "id": subID, "subject": cfg.Subject}
-	if from != nil {
-		msg["from"] = *from
-	}
-	b, _ := json.Marshal(msg)
+	b, _ := json.Marshal(map[string]string{"type": "subscribe", "id": subID, "subject": cfg.Subject})
 	if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
 		return "", fmt.Errorf("loadtest: subscribe: %w", err)
 	}
