@@ -140,7 +140,7 @@ func (s *Server) parsePublish(body []byte) ([]broker.Outgoing, *apiError) {
 		if err := ValidateSubject(*q.Subject); err != nil {
 			return nil, &apiError{Error: err.Error(), Code: "bad_subject", Field: "subject", Index: idx}
 		}
-		if err := s.checkPattern(*q.Subject); err != nil {
+		if err := s.inSubjectSpace(*q.Subject); err != nil { // ValidateSubject above checked the syntax
 			return nil, &apiError{Error: err.Error(), Code: "bad_subject", Field: "subject", Index: idx}
 		}
 		var data bytes.Buffer

@@ -74,6 +74,16 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 		replied = true
 		return c.queue(subscribedMessage(id, after))
 	}
+	// enqueue queues one event for this subscription; a full mailbox closes
+	// the connection with 4008.
+	enqueue := func(ev *Event) (wasEmpty bool, err error) {
+		it := item{ev: ev, subs: subs}
+		wasEmpty, _, err = c.cl.mb.push(it, it.size())
+		if err != nil {
+			c.overflow()
+		}
+		return wasEmpty, err
+	}
 	deliver := func(ms []broker.Message) error {
 		if reply() {
 			c.cl.signal()
@@ -104,10 +114,8 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 					return err
 				}
 			}
-			it := item{ev: ev, subs: subs}
-			wasEmpty, _, err := c.cl.mb.push(it, it.size())
+			wasEmpty, err := enqueue(ev)
 			if err != nil {
-				c.overflow()
 				return err
 			}
 			wake = wake || wasEmpty
@@ -184,11 +192,9 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 				}
 				wake = reply() || wake
 				for _, ev := range matching {
-					it := item{ev: ev, subs: subs}
-					wasEmpty, _, err := c.cl.mb.push(it, it.size())
+					wasEmpty, err := enqueue(ev)
 					if err != nil {
-						c.overflow() // closes with 4008; the next replay round ends this resume
-						return false
+						return false // closing with 4008: the next replay round ends this resume
 					}
 					wake = wake || wasEmpty
 				}

@@ -139,6 +139,12 @@ func (s *Server) checkPattern(p string) error {
 	if err := ValidatePattern(p); err != nil {
 		return err
 	}
+	return s.inSubjectSpace(p)
+}
+
+// inSubjectSpace reports an error unless the valid pattern (or subject) p
+// intersects the node's subject space.
+func (s *Server) inSubjectSpace(p string) error {
 	for _, space := range s.cfg.Subjects {
 		if Intersects(p, space) {
 			return nil
