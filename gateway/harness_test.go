@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/gatewaytest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -91,40 +91,16 @@ func startEnv(t *testing.T, ns *server.Server, kind string, jsMutate func(*broke
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	srv, err := gateway.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	runCtx, stopRun := context.WithCancel(context.Background())
-	runDone := make(chan error, 1)
-	go func() { runDone <- srv.Run(runCtx) }()
-	waitFor(t, "gateway consuming", func() bool {
-		resp, err := http.Get(hs.URL + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	gs := gatewaytest.Start(t, cfg)
 	nc, err := nats.Connect(ns.ClientURL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	var once sync.Once
-	e := &env{t: t, ns: ns, nc: nc, srv: srv, http: hs, reg: reg, b: b, kind: kind, jsMutate: jsMutate}
+	e := &env{t: t, ns: ns, nc: nc, srv: gs.Gateway, http: gs.HTTP, reg: reg, b: b, kind: kind, jsMutate: jsMutate}
 	e.stop = func() {
 		once.Do(func() {
-			sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer scancel()
-			if err := srv.Shutdown(sctx); err != nil {
-				t.Errorf("shutdown: %v", err)
-			}
-			stopRun()
-			if err := <-runDone; err != nil {
-				t.Errorf("run: %v", err)
-			}
-			hs.Close()
+			gs.Close()
 			nc.Close()
 			b.Close()
 		})

@@ -2,8 +2,6 @@ package loadtest
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -11,6 +9,7 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/gatewaytest"
 )
 
 // TestRunAgainstGateway runs the load generator against a real gateway (in
@@ -77,40 +76,8 @@ func TestResumeAgainstGateway(t *testing.T) {
 }
 
 // startGateway runs a real gateway on b in this process until the test ends
-// and returns its WebSocket URL once it is consuming (/readyz).
+// and returns its WebSocket URL once it is consuming.
 func startGateway(t *testing.T, b broker.Broker, subjects []string) string {
 	t.Helper()
-	srv, err := gateway.New(gateway.Config{Broker: b, Subjects: subjects})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	runCtx, stopRun := context.WithCancel(context.Background())
-	runDone := make(chan error, 1)
-	go func() { runDone <- srv.Run(runCtx) }()
-	t.Cleanup(func() {
-		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer scancel()
-		if err := srv.Shutdown(sctx); err != nil {
-			t.Error(err)
-		}
-		stopRun()
-		if err := <-runDone; err != nil {
-			t.Error(err)
-		}
-		hs.Close()
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if resp, err := http.Get(hs.URL + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return "ws" + strings.TrimPrefix(hs.URL, "http") + "/ws"
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("gateway not ready after 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return gatewaytest.Start(t, gateway.Config{Broker: b, Subjects: subjects}).WSURL()
 }

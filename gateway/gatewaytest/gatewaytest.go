@@ -1,0 +1,76 @@
+// Package gatewaytest runs a real gateway in the test's process, the way
+// net/http/httptest runs a real HTTP server: on a free loopback port, ready
+// (consuming its broker) when Start returns, shut down gracefully by Close
+// or t.Cleanup.
+package gatewaytest
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fanwire/fanwire/gateway"
+)
+
+// Server is a running gateway.
+type Server struct {
+	Gateway *gateway.Server
+	HTTP    *httptest.Server // its HTTP endpoints; HTTP.URL is http://127.0.0.1:port
+
+	close func()
+}
+
+// Start builds a gateway from cfg, serves it and waits until /readyz says
+// it consumes its broker. Close it before closing cfg.Broker; the cleanup
+// it registers runs before cleanups registered earlier.
+func Start(t testing.TB, cfg gateway.Config) *Server {
+	t.Helper()
+	gw, err := gateway.New(cfg)
+	if err != nil {
+		t.Fatalf("gatewaytest: %v", err)
+	}
+	hs := httptest.NewServer(gw.Handler())
+	runCtx, stopRun := context.WithCancel(context.Background())
+	runDone := make(chan error, 1)
+	go func() { runDone <- gw.Run(runCtx) }()
+	var once sync.Once
+	s := &Server{Gateway: gw, HTTP: hs}
+	s.close = func() {
+		once.Do(func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := gw.Shutdown(sctx); err != nil {
+				t.Errorf("gatewaytest: shutdown: %v", err)
+			}
+			stopRun()
+			if err := <-runDone; err != nil {
+				t.Errorf("gatewaytest: run: %v", err)
+			}
+			hs.Close()
+		})
+	}
+	t.Cleanup(s.close)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if resp, err := http.Get(hs.URL + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return s
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("gatewaytest: gateway not ready after 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// WSURL is the native WebSocket endpoint, ws://127.0.0.1:port/ws.
+func (s *Server) WSURL() string { return "ws" + strings.TrimPrefix(s.HTTP.URL, "http") + "/ws" }
+
+// Close drains and stops the gateway (idempotent).
+func (s *Server) Close() { s.close() }
