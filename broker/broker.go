@@ -70,3 +70,72 @@ type Durable interface {
 	// CompareCursors orders two valid cursors like cmp.Compare.
 	CompareCursors(a, b string) (int, error)
 }
+
+// Consumers is implemented by brokers that can keep a consumer per
+// subscription on the server (JetStream): the server tracks its position,
+// so a client can come back to a named (durable) one without holding a
+// cursor. The ws role uses it for "durable" subscriptions and for
+// --consumer per-connection.
+type Consumers interface {
+	Durable
+	OpenConsumer(ctx context.Context, cfg ConsumerConfig) (Consumer, error)
+}
+
+// ConsumerConfig says which consumer to open.
+type ConsumerConfig struct {
+	// Filter is the subscription's pattern, within the broker's subject
+	// space.
+	Filter string
+	// Name binds a durable consumer of that name, creating it if it does
+	// not exist; "" opens an ephemeral one, removed by Delete or when
+	// unused for Inactive. It must match ValidConsumerName.
+	Name string
+	// From is where a new consumer starts: "" = with the next event
+	// stored, "first" = with the first retained, or a cursor = right after
+	// it. An existing durable consumer keeps its own position.
+	From string
+	// Inactive is how long the server keeps a consumer nobody reads from
+	// (default: a minute for ephemeral consumers, a day for durable ones).
+	Inactive time.Duration
+}
+
+// Consumer is one subscription's consumer on the broker. Its methods are
+// called from one goroutine.
+type Consumer interface {
+	// Start is the cursor the consumer delivers after: the last event
+	// before its first ("" when it starts with the first retained).
+	Start() string
+	// Bound reports whether an existing durable consumer was bound (its
+	// own position, not ConsumerConfig.From, says where it starts).
+	Bound() bool
+	// Consume calls h with batches of messages in stream order, never one
+	// twice, until ctx is done; and with an empty batch at least every
+	// tick while none arrive, so that h can acknowledge. It returns why
+	// it stopped.
+	Consume(ctx context.Context, tick time.Duration, h func([]Message)) error
+	// Ack tells the server that every message up to cursor (one h
+	// received) has been handled: a durable consumer bound later starts
+	// after it. Call it from h.
+	Ack(cursor string)
+	// Delete removes the consumer from the server.
+	Delete(ctx context.Context) error
+}
+
+// ErrBadConsumer is wrapped by errors about a consumer that cannot be
+// opened as asked: a malformed name, or a durable consumer of that name
+// with another filter.
+var ErrBadConsumer = errors.New("bad consumer")
+
+// ValidConsumerName reports whether name can name a durable consumer: 1 to
+// 64 letters, digits, '-' and '_'.
+func ValidConsumerName(name string) bool {
+	if len(name) == 0 || len(name) > 64 {
+		return false
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}

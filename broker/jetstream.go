@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 )
@@ -306,8 +305,14 @@ func (b *JetStream) CompareCursors(x, y string) (int, error) {
 	return cmp.Compare(a, c), nil
 }
 
-// Replay reads the stream with a short-lived ordered consumer from the
-// sequence after `after` and stops at `until` (the watermark).
+// Replay reads the stream from the sequence after `after` up to `until`
+// (the watermark) through a short-lived consumer.
+//
+// The consumer is a plain ephemeral pull consumer (no acks, state in
+// memory), consumed with a pull window that the library refills ahead of
+// us. An ordered consumer's Fetch would be simpler, but it deletes and
+// re-creates its server-side consumer on every call: 10,000 events of
+// catch-up cost ten consumer creations and ran at 90k events/s.
 func (b *JetStream) Replay(ctx context.Context, filters []string, after, until string, h func([]Message) error) error {
 	var a uint64
 	if after != "" {
@@ -320,72 +325,101 @@ func (b *JetStream) Replay(ctx context.Context, filters []string, after, until s
 	if err != nil {
 		return err
 	}
-	info, err := b.stream.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("jetstream: stream info: %w", err)
+	if _, err := b.checkAfter(ctx, a); err != nil {
+		return err
 	}
-	st := info.State
-	switch {
-	case a > st.LastSeq:
-		return fmt.Errorf("%w: %s is ahead of the stream (last is %s)", ErrBadCursor, after, FormatJSCursor(st.LastSeq))
-	case after != "" && a+1 < st.FirstSeq:
-		return fmt.Errorf("%w: %s is older than the oldest retained event (%s)", ErrCursorExpired, after, FormatJSCursor(st.FirstSeq))
-	case u <= a:
+	if u <= a {
 		return nil
 	}
-	ocfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters, DeliverPolicy: jetstream.DeliverAllPolicy}
-	if a > 0 {
-		ocfg.DeliverPolicy, ocfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, a+1
+	ccfg := jetstream.ConsumerConfig{
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckNonePolicy,
+		FilterSubjects: filters,
+		// Removed by the server if this process dies before deleting it.
+		InactiveThreshold: replayInactive,
+		MemoryStorage:     true,
+		Replicas:          1,
 	}
-	cons, err := b.js.OrderedConsumer(ctx, b.cfg.Stream, ocfg)
+	if a > 0 {
+		ccfg.DeliverPolicy, ccfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, a+1
+	}
+	cons, err := b.js.CreateConsumer(ctx, b.cfg.Stream, ccfg)
 	if err != nil {
 		return fmt.Errorf("jetstream: replay consumer: %w", err)
 	}
+	defer func() {
+		// Best effort, detached from ctx (a cancelled resume still cleans
+		// up); the inactivity threshold covers a failure.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := b.js.DeleteConsumer(dctx, b.cfg.Stream, cons.CachedInfo().Name); err != nil {
+			b.core.log.Debug("jetstream: delete replay consumer", zap.Error(err))
+		}
+	}()
+	if cons.CachedInfo().NumPending == 0 {
+		return nil // nothing stored on filters after `after`
+	}
+	// Every message up to until is stored and there is at least one on
+	// filters after `after`: Next never waits for an event that is not
+	// there. It stops at until, or when nothing more is pending.
+	it, err := cons.Messages(jetstream.PullMaxMessages(replayBatch))
+	if err != nil {
+		return fmt.Errorf("jetstream: replay: %w", err)
+	}
+	defer it.Stop()
 	batch := make([]Message, 0, maxBatch)
 	for {
-		// FetchNoWait answers at once with what is stored: everything up
-		// to until is, so an empty answer means the end.
-		mb, err := cons.FetchNoWait(replayBatch)
+		m, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			return fmt.Errorf("jetstream: replay fetch: %w", err)
-		}
-		got, done := 0, false
-		var metaErr error
-		for m := range mb.Messages() { // drained to the end: the fetch's goroutine exits with it
-			got++
-			meta, err := m.Metadata()
-			if err != nil {
-				metaErr = err
-				continue
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			if done || meta.Sequence.Stream > u {
-				done = true
-				continue
-			}
-			batch = append(batch, Message{Subject: m.Subject(), Data: m.Data(), Cursor: FormatJSCursor(meta.Sequence.Stream)})
-			if meta.Sequence.Stream == u || meta.NumPending == 0 {
-				done = true
-			}
+			return fmt.Errorf("jetstream: replay: %w", err)
 		}
-		if metaErr != nil {
-			return fmt.Errorf("jetstream: replay: %w", metaErr)
+		meta, err := m.Metadata()
+		if err != nil {
+			return fmt.Errorf("jetstream: replay: %w", err)
 		}
-		if err := mb.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) {
-			return fmt.Errorf("jetstream: replay fetch: %w", err)
+		seq := meta.Sequence.Stream
+		if seq <= u {
+			batch = append(batch, Message{Subject: m.Subject(), Data: m.Data(), Cursor: FormatJSCursor(seq)})
 		}
-		if len(batch) > 0 {
+		done := seq >= u || meta.NumPending == 0
+		if len(batch) == cap(batch) || (done && len(batch) > 0) {
 			if err := h(batch); err != nil {
 				return err
 			}
 			clear(batch)
 			batch = batch[:0]
 		}
-		if done || got == 0 {
+		if done {
 			return ctx.Err()
 		}
 	}
 }
 
-// replayBatch is the number of messages one replay fetch asks for: each
-// fetch is a round trip to the server.
-const replayBatch = 1024
+// checkAfter checks that a position to start after (0: before the first)
+// is within the stream's retained history, and returns the stream's state.
+func (b *JetStream) checkAfter(ctx context.Context, a uint64) (jetstream.StreamState, error) {
+	info, err := b.stream.Info(ctx)
+	if err != nil {
+		return jetstream.StreamState{}, fmt.Errorf("jetstream: stream info: %w", err)
+	}
+	st := info.State
+	switch {
+	case a > st.LastSeq:
+		return st, fmt.Errorf("%w: %s is ahead of the stream (last is %s)", ErrBadCursor, FormatJSCursor(a), FormatJSCursor(st.LastSeq))
+	case a > 0 && a+1 < st.FirstSeq:
+		return st, fmt.Errorf("%w: %s is older than the oldest retained event (%s)", ErrCursorExpired, FormatJSCursor(a), FormatJSCursor(st.FirstSeq))
+	}
+	return st, nil
+}
+
+const (
+	// replayBatch is the pull window of a replay: the library asks for
+	// more when half of it is consumed, so fetching overlaps delivery.
+	replayBatch = 1024
+	// replayInactive is how long the server keeps a replay consumer
+	// nobody reads from (one whose process died).
+	replayInactive = time.Minute
+)

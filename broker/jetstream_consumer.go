@@ -1,0 +1,270 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+)
+
+const (
+	// DurablePrefix starts the server-side name of every durable consumer
+	// a client names: a client can bind only fanwire's own durables, not
+	// a consumer some other application keeps on the stream.
+	DurablePrefix = "fanwire_"
+	// consumerPull is a subscription consumer's pull window.
+	consumerPull = 512
+	// consumerMaxAckPending bounds the messages delivered to a
+	// subscription but not yet acknowledged (queued for or in flight to its
+	// client): past it the server waits.
+	consumerMaxAckPending = 8192
+	// consumerAckWait is how long the server waits for an ack before it
+	// delivers a message again (the consumer drops such repeats).
+	consumerAckWait = time.Minute
+	// Default inactivity thresholds.
+	ephemeralInactive = time.Minute
+	durableInactive   = 24 * time.Hour
+)
+
+// jsConsumer is a subscription's own JetStream pull consumer, with
+// ack-all acknowledgement.
+type jsConsumer struct {
+	b     *JetStream
+	cons  jetstream.Consumer
+	name  string // server-side name
+	start string
+	bound bool
+
+	// used by Consume and Ack, on the caller's goroutine
+	last    uint64   // stream sequence of the last message delivered to h
+	unacked []jsTail // the last message of each batch h received, not yet acknowledged
+}
+
+type jsTail struct {
+	seq uint64
+	msg jetstream.Msg
+}
+
+// OpenConsumer opens a subscription's own consumer: it binds the durable
+// consumer cfg.Name if it exists (same filter), or creates one (durable or
+// ephemeral) that starts at cfg.From.
+func (b *JetStream) OpenConsumer(ctx context.Context, cfg ConsumerConfig) (Consumer, error) {
+	c := &jsConsumer{b: b}
+	inactive := cfg.Inactive
+	if cfg.Name != "" {
+		if !ValidConsumerName(cfg.Name) {
+			return nil, fmt.Errorf("%w: name %q: use 1 to 64 letters, digits, '-' or '_'", ErrBadConsumer, cfg.Name)
+		}
+		c.name = DurablePrefix + cfg.Name
+		bound, from, err := c.bind(ctx, cfg)
+		if bound || err != nil {
+			return c, err
+		}
+		if from != "" { // re-created at its own position: still the same durable to the client
+			cfg.From, c.bound = from, true
+		}
+		if inactive == 0 {
+			inactive = durableInactive
+		}
+	} else if inactive == 0 {
+		inactive = ephemeralInactive
+	}
+	ccfg := jetstream.ConsumerConfig{
+		Name:              c.name,
+		Durable:           c.name,
+		FilterSubject:     cfg.Filter,
+		AckPolicy:         jetstream.AckAllPolicy,
+		AckWait:           consumerAckWait,
+		MaxAckPending:     consumerMaxAckPending,
+		InactiveThreshold: inactive,
+	}
+	if c.name == "" {
+		// An ephemeral consumer lives as long as its connection: its state
+		// need not survive a server restart.
+		ccfg.MemoryStorage, ccfg.Replicas = true, 1
+	}
+	switch cfg.From {
+	case "first":
+		ccfg.DeliverPolicy = jetstream.DeliverAllPolicy
+	case "":
+		// Live: from the next sequence, stated exactly (not "deliver new"),
+		// so that Start is exact.
+		st, err := b.checkAfter(ctx, 0)
+		if err != nil {
+			return nil, err
+		}
+		ccfg.DeliverPolicy, ccfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, st.LastSeq+1
+		if st.LastSeq > 0 {
+			c.start = FormatJSCursor(st.LastSeq)
+		}
+	default:
+		a, err := ParseJSCursor(cfg.From)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := b.checkAfter(ctx, a); err != nil {
+			return nil, err
+		}
+		ccfg.DeliverPolicy, ccfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, a+1
+		c.start = cfg.From
+	}
+	cons, err := b.js.CreateConsumer(ctx, b.cfg.Stream, ccfg)
+	if errors.Is(err, jetstream.ErrConsumerExists) && c.name != "" {
+		// Created meanwhile by another subscription: bind that one.
+		if bound, _, err := c.bind(ctx, cfg); bound || err != nil {
+			return c, err
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: create consumer for %q: %w", cfg.Filter, err)
+	}
+	c.cons, c.name = cons, cons.CachedInfo().Name
+	return c, nil
+}
+
+// bind looks the durable consumer up and binds it if it exists. A durable
+// with messages delivered but not acknowledged (its last connection went
+// away with them queued) would hold them back for AckWait: it is deleted
+// instead, and bind returns where to create it again (from).
+func (c *jsConsumer) bind(ctx context.Context, cfg ConsumerConfig) (bound bool, from string, err error) {
+	cons, err := c.b.js.Consumer(ctx, c.b.cfg.Stream, c.name)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return false, "", nil
+	}
+	if err != nil {
+		return false, "", fmt.Errorf("jetstream: look up consumer %q: %w", c.name, err)
+	}
+	info := cons.CachedInfo()
+	if f := info.Config.FilterSubject; f != cfg.Filter {
+		return false, "", fmt.Errorf("%w: durable %q follows %q, not %q (unsubscribing from it deletes it)", ErrBadConsumer, cfg.Name, f, cfg.Filter)
+	}
+	if info.Config.AckPolicy != jetstream.AckAllPolicy {
+		return false, "", fmt.Errorf("%w: consumer %q was not made by fanwire (ack policy %s)", ErrBadConsumer, c.name, info.Config.AckPolicy)
+	}
+	// It delivers after its ack floor; before any ack, from where it was
+	// told to start.
+	after := info.AckFloor.Stream
+	if after == 0 && info.Config.DeliverPolicy == jetstream.DeliverByStartSequencePolicy && info.Config.OptStartSeq > 0 {
+		after = info.Config.OptStartSeq - 1
+	}
+	if info.NumAckPending > 0 {
+		if err := c.b.js.DeleteConsumer(ctx, c.b.cfg.Stream, c.name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return false, "", fmt.Errorf("jetstream: reset consumer %q: %w", c.name, err)
+		}
+		if after == 0 {
+			return false, "first", nil
+		}
+		return false, FormatJSCursor(after), nil
+	}
+	if after > 0 {
+		c.start = FormatJSCursor(after)
+	}
+	c.cons, c.bound = cons, true
+	return true, "", nil
+}
+
+func (c *jsConsumer) Start() string { return c.start }
+func (c *jsConsumer) Bound() bool   { return c.bound }
+
+// Consume pulls the consumer, batching to h. When h is slow the callback
+// blocks and the library stops pulling: the server holds the backlog.
+func (c *jsConsumer) Consume(ctx context.Context, tick time.Duration, h func([]Message)) error {
+	ch := make(chan jetstream.Msg, consumerPull)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cc, err := c.cons.Consume(func(m jetstream.Msg) {
+		select {
+		case ch <- m:
+		case <-ctx.Done():
+		}
+	}, jetstream.PullMaxMessages(consumerPull), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		c.b.core.log.Debug("jetstream subscription consumer", zap.String("consumer", c.name), zap.Error(err))
+	}))
+	if err != nil {
+		return fmt.Errorf("jetstream: consume %q: %w", c.name, err)
+	}
+	defer func() {
+		cancel()
+		cc.Stop()
+		<-cc.Closed()
+	}()
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	batch := make([]Message, 0, maxBatch)
+	for {
+		var m jetstream.Msg
+		select {
+		case m = <-ch:
+		case <-t.C:
+			h(nil)
+			continue
+		case <-cc.Closed():
+			return fmt.Errorf("jetstream: consumer %q stopped (deleted on the server?)", c.name)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		var tail jetstream.Msg
+		var tailSeq uint64
+	fill:
+		for {
+			meta, err := m.Metadata()
+			if err != nil {
+				return fmt.Errorf("jetstream: consumer %q: %w", c.name, err)
+			}
+			// A message not acknowledged within AckWait comes again; h
+			// has had it.
+			if seq := meta.Sequence.Stream; seq > c.last {
+				c.last = seq
+				batch = append(batch, Message{Subject: m.Subject(), Data: m.Data(), Cursor: FormatJSCursor(seq)})
+				tail, tailSeq = m, seq
+			}
+			if len(batch) == cap(batch) {
+				break
+			}
+			select {
+			case m = <-ch:
+			default:
+				break fill
+			}
+		}
+		if tail == nil {
+			continue
+		}
+		c.unacked = append(c.unacked, jsTail{seq: tailSeq, msg: tail})
+		h(batch)
+		clear(batch)
+		batch = batch[:0]
+	}
+}
+
+// Ack acknowledges (ack-all) the last batch end at or before cursor.
+func (c *jsConsumer) Ack(cursor string) {
+	seq, err := ParseJSCursor(cursor)
+	if err != nil {
+		return
+	}
+	i := 0
+	for i < len(c.unacked) && c.unacked[i].seq <= seq {
+		i++
+	}
+	if i == 0 {
+		return
+	}
+	if err := c.unacked[i-1].msg.Ack(); err != nil {
+		c.b.core.log.Debug("jetstream ack", zap.String("consumer", c.name), zap.Error(err))
+	}
+	n := copy(c.unacked, c.unacked[i:])
+	clear(c.unacked[n:])
+	c.unacked = c.unacked[:n]
+}
+
+// Delete removes the consumer from the server.
+func (c *jsConsumer) Delete(ctx context.Context) error {
+	if err := c.b.js.DeleteConsumer(ctx, c.b.cfg.Stream, c.name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("jetstream: delete consumer %q: %w", c.name, err)
+	}
+	return nil
+}
