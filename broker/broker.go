@@ -83,16 +83,18 @@ type Consumers interface {
 
 // ConsumerConfig says which consumer to open.
 type ConsumerConfig struct {
-	// Filter is the subscription's pattern, within the broker's subject
-	// space.
-	Filter string
+	// Filters are the patterns whose events the consumer delivers, within
+	// the broker's subject space (the subscription's pattern, or the parts
+	// of the subject space it intersects: the caller matches every message).
+	Filters []string
 	// Name binds a durable consumer of that name, creating it if it does
 	// not exist; "" opens an ephemeral one, removed by Delete or when
 	// unused for Inactive. It must match ValidConsumerName.
 	Name string
-	// From is where a new consumer starts: "" = with the next event
-	// stored, "first" = with the first retained, or a cursor = right after
-	// it. An existing durable consumer keeps its own position.
+	// From is where the consumer starts: "" = with the next event stored
+	// (an existing durable: where it left off), "first" = with the first
+	// retained, or a cursor = right after it (an existing durable is
+	// moved there).
 	From string
 	// Inactive is how long the server keeps a consumer nobody reads from
 	// (default: a minute for ephemeral consumers, a day for durable ones).
@@ -115,8 +117,10 @@ type Consumer interface {
 	Consume(ctx context.Context, tick time.Duration, h func([]Message)) error
 	// Ack tells the server that every message up to cursor (one h
 	// received) has been handled: a durable consumer bound later starts
-	// after it. Call it from h.
-	Ack(cursor string)
+	// after it. With wait it returns once the server has confirmed (use it
+	// for the last ack before leaving), otherwise at once. Call it from h,
+	// or after Consume returned.
+	Ack(ctx context.Context, cursor string, wait bool) error
 	// Delete removes the consumer from the server.
 	Delete(ctx context.Context) error
 }

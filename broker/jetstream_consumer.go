@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -75,7 +77,7 @@ func (b *JetStream) OpenConsumer(ctx context.Context, cfg ConsumerConfig) (Consu
 	ccfg := jetstream.ConsumerConfig{
 		Name:              c.name,
 		Durable:           c.name,
-		FilterSubject:     cfg.Filter,
+		FilterSubjects:    cfg.Filters,
 		AckPolicy:         jetstream.AckAllPolicy,
 		AckWait:           consumerAckWait,
 		MaxAckPending:     consumerMaxAckPending,
@@ -119,7 +121,7 @@ func (b *JetStream) OpenConsumer(ctx context.Context, cfg ConsumerConfig) (Consu
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("jetstream: create consumer for %q: %w", cfg.Filter, err)
+		return nil, fmt.Errorf("jetstream: create consumer for %s: %w", strings.Join(cfg.Filters, ","), err)
 	}
 	c.cons, c.name = cons, cons.CachedInfo().Name
 	return c, nil
@@ -138,8 +140,12 @@ func (c *jsConsumer) bind(ctx context.Context, cfg ConsumerConfig) (bound bool, 
 		return false, "", fmt.Errorf("jetstream: look up consumer %q: %w", c.name, err)
 	}
 	info := cons.CachedInfo()
-	if f := info.Config.FilterSubject; f != cfg.Filter {
-		return false, "", fmt.Errorf("%w: durable %q follows %q, not %q (unsubscribing from it deletes it)", ErrBadConsumer, cfg.Name, f, cfg.Filter)
+	have := info.Config.FilterSubjects
+	if info.Config.FilterSubject != "" {
+		have = []string{info.Config.FilterSubject}
+	}
+	if !slices.Equal(sortedCopy(have), sortedCopy(cfg.Filters)) {
+		return false, "", fmt.Errorf("%w: durable %q follows %s, not %s (unsubscribing from it deletes it)", ErrBadConsumer, cfg.Name, strings.Join(have, ","), strings.Join(cfg.Filters, ","))
 	}
 	if info.Config.AckPolicy != jetstream.AckAllPolicy {
 		return false, "", fmt.Errorf("%w: consumer %q was not made by fanwire (ack policy %s)", ErrBadConsumer, c.name, info.Config.AckPolicy)
@@ -149,6 +155,13 @@ func (c *jsConsumer) bind(ctx context.Context, cfg ConsumerConfig) (bound bool, 
 	after := info.AckFloor.Stream
 	if after == 0 && info.Config.DeliverPolicy == jetstream.DeliverByStartSequencePolicy && info.Config.OptStartSeq > 0 {
 		after = info.Config.OptStartSeq - 1
+	}
+	if cfg.From != "" {
+		// Told where to start: the client holds a cursor, which is exact.
+		if err := c.b.js.DeleteConsumer(ctx, c.b.cfg.Stream, c.name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return false, "", fmt.Errorf("jetstream: reposition consumer %q: %w", c.name, err)
+		}
+		return false, "", nil
 	}
 	if info.NumAckPending > 0 {
 		if err := c.b.js.DeleteConsumer(ctx, c.b.cfg.Stream, c.name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -241,24 +254,31 @@ func (c *jsConsumer) Consume(ctx context.Context, tick time.Duration, h func([]M
 }
 
 // Ack acknowledges (ack-all) the last batch end at or before cursor.
-func (c *jsConsumer) Ack(cursor string) {
+func (c *jsConsumer) Ack(ctx context.Context, cursor string, wait bool) error {
 	seq, err := ParseJSCursor(cursor)
 	if err != nil {
-		return
+		return err
 	}
 	i := 0
 	for i < len(c.unacked) && c.unacked[i].seq <= seq {
 		i++
 	}
 	if i == 0 {
-		return
+		return nil
 	}
-	if err := c.unacked[i-1].msg.Ack(); err != nil {
-		c.b.core.log.Debug("jetstream ack", zap.String("consumer", c.name), zap.Error(err))
-	}
+	m := c.unacked[i-1].msg
 	n := copy(c.unacked, c.unacked[i:])
 	clear(c.unacked[n:])
 	c.unacked = c.unacked[:n]
+	if wait {
+		err = m.DoubleAck(ctx)
+	} else {
+		err = m.Ack()
+	}
+	if err != nil {
+		return fmt.Errorf("jetstream: ack on %q: %w", c.name, err)
+	}
+	return nil
 }
 
 // Delete removes the consumer from the server.

@@ -21,7 +21,9 @@ func consumeUntil(t *testing.T, c broker.Consumer, n int, ack bool) []broker.Mes
 	err := c.Consume(ctx, 10*time.Millisecond, func(ms []broker.Message) {
 		got = append(got, ms...)
 		if ack && len(ms) > 0 {
-			c.Ack(ms[len(ms)-1].Cursor)
+			if err := c.Ack(ctx, ms[len(ms)-1].Cursor, true); err != nil {
+				t.Error(err)
+			}
 		}
 		if len(got) >= n {
 			cancel()
@@ -49,7 +51,7 @@ func TestJetStreamSubscriptionConsumers(t *testing.T) {
 	pub(1, 10) // sequences 1..10
 
 	// Live: starts after the stream's last event.
-	live, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filter: "db.a.*"})
+	live, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filters: []string{"db.a.*"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +68,7 @@ func TestJetStreamSubscriptionConsumers(t *testing.T) {
 
 	// A durable from a cursor, left after acking, and bound again: it
 	// continues after what was acknowledged, without a cursor.
-	d, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filter: "db.>", Name: "dash", From: "js:4"})
+	d, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filters: []string{"db.>"}, Name: "dash", From: "js:4"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +83,7 @@ func TestJetStreamSubscriptionConsumers(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
 		for {
-			again, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filter: "db.>", Name: "dash", From: "first"})
+			again, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filters: []string{"db.>"}, Name: "dash"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -108,23 +110,33 @@ func TestJetStreamSubscriptionConsumers(t *testing.T) {
 		t.Fatalf("unacknowledged events: %v, want js:15, js:16 again", got)
 	}
 
+	// A cursor moves an existing durable: the client's cursor is exact.
+	moved, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filters: []string{"db.>"}, Name: "dash", From: "js:12"})
+	if err != nil || moved.Bound() || moved.Start() != "js:12" {
+		t.Fatalf("durable moved to js:12: %v bound %v start %q", err, moved != nil && moved.Bound(), moved.Start())
+	}
+	if got := consumeUntil(t, moved, 4, true); got[0].Cursor != "js:13" || got[3].Cursor != "js:16" {
+		t.Fatalf("moved durable got %v, want js:13..js:16", got)
+	}
+	again = waitAcked("js:16")
+
 	// Another filter under the same name, a bad name, bad cursors.
-	if _, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filter: "db.a.*", Name: "dash"}); !errors.Is(err, broker.ErrBadConsumer) {
+	if _, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filters: []string{"db.a.*"}, Name: "dash"}); !errors.Is(err, broker.ErrBadConsumer) {
 		t.Fatalf("durable with another filter: %v, want ErrBadConsumer", err)
 	}
-	if _, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filter: "db.>", Name: "a.b"}); !errors.Is(err, broker.ErrBadConsumer) {
+	if _, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filters: []string{"db.>"}, Name: "a.b"}); !errors.Is(err, broker.ErrBadConsumer) {
 		t.Fatalf("bad durable name: %v, want ErrBadConsumer", err)
 	}
-	if _, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filter: "db.>", From: "js:99"}); !errors.Is(err, broker.ErrBadCursor) {
+	if _, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filters: []string{"db.>"}, From: "js:99"}); !errors.Is(err, broker.ErrBadCursor) {
 		t.Fatalf("cursor ahead: %v, want ErrBadCursor", err)
 	}
-	if _, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filter: "db.>", From: "rs:1-0"}); !errors.Is(err, broker.ErrBadCursor) {
+	if _, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filters: []string{"db.>"}, From: "rs:1-0"}); !errors.Is(err, broker.ErrBadCursor) {
 		t.Fatalf("foreign cursor: %v, want ErrBadCursor", err)
 	}
 	if err := again.Delete(ctx); err != nil {
 		t.Fatal(err)
 	}
-	fresh, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filter: "db.a.*", Name: "dash", From: "first"})
+	fresh, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filters: []string{"db.a.*"}, Name: "dash", From: "first"})
 	if err != nil || fresh.Bound() || fresh.Start() != "" {
 		t.Fatalf("after delete the name is free: %v bound %v start %q", err, fresh != nil && fresh.Bound(), fresh.Start())
 	}

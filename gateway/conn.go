@@ -34,6 +34,7 @@ type conn struct {
 	writeErr      atomic.Bool   // the writer failed
 	pingFailed    atomic.Bool   // a ping went unanswered
 	writerRunning atomic.Bool   // a writer goroutine exists (see ensureWriter, retire)
+	written       atomic.Uint64 // items written to the socket (compare mailbox.pushes)
 	stop          chan struct{} // closed by serve when reading ended: writer and pings exit
 
 	mu       sync.Mutex
@@ -193,15 +194,24 @@ func (c *conn) serve() {
 	}
 	c.mu.Unlock()
 	_ = c.ws.CloseNow() // ends a write or a ping in flight
-	c.tasks.Wait()      // writer, pings and resumes
+	c.tasks.Wait()      // writer, pings, resumes and feeds
 	c.subsMu.Lock()
+	var feeds []*feedState
 	for id, st := range c.subs {
 		if st.live {
-			c.s.hub.idx.remove(c.cl, id, st.pattern)
+			if st.feed == nil {
+				c.s.hub.idx.remove(c.cl, id, st.pattern)
+			}
 			c.s.metrics.Subscriptions.Dec()
+		}
+		if st.feed != nil {
+			feeds = append(feeds, st.feed)
 		}
 	}
 	c.subsMu.Unlock()
+	for _, f := range feeds { // every write is over: acknowledge what was written
+		c.endFeed(f, false)
+	}
 	c.cl.mb.close()
 	reason := c.disconnectReason(err)
 	c.s.metrics.Disconnects.WithLabelValues(reason).Inc()
@@ -253,7 +263,7 @@ func (c *conn) handle(data []byte) {
 	}
 	switch f.Type {
 	case "subscribe":
-		c.subscribe(*f.ID, *f.Subject, f.From)
+		c.subscribe(*f.ID, *f.Subject, f.From, f.Durable)
 	case "unsubscribe":
 		c.unsubscribe(*f.ID)
 	case "ping":
@@ -261,7 +271,7 @@ func (c *conn) handle(data []byte) {
 	}
 }
 
-func (c *conn) subscribe(id, pattern string, from *string) {
+func (c *conn) subscribe(id, pattern string, from, durable *string) {
 	c.subsMu.Lock()
 	_, dup := c.subs[id]
 	n := len(c.subs)
@@ -276,6 +286,10 @@ func (c *conn) subscribe(id, pattern string, from *string) {
 	}
 	if err := c.s.checkPattern(pattern); err != nil {
 		c.clientError(id, CodeBadPattern, err.Error())
+		return
+	}
+	if durable != nil || c.s.cfg.Consumer == ConsumerPerConnection {
+		c.startFeed(id, pattern, from, durable)
 		return
 	}
 	if from != nil {
@@ -308,16 +322,22 @@ func (c *conn) unsubscribe(id string) {
 		c.clientError(id, CodeUnknownID, "no active subscription with id "+id)
 		return
 	}
-	if st.resume != nil { // still replaying: stop it first
-		st.resume.cancel()
-		<-st.resume.done
+	if st.task != nil { // a replay or a feed: stop it first
+		st.task.cancel()
+		<-st.task.done
 	}
 	c.subsMu.Lock()
 	delete(c.subs, id)
 	live := st.live
 	c.subsMu.Unlock()
 	var wake bool
-	if live {
+	if st.feed != nil {
+		c.endFeed(st.feed, true)
+		if live {
+			c.s.metrics.Subscriptions.Dec()
+		}
+		wake = c.queue(replyMessage("unsubscribed", id))
+	} else if live {
 		// The reply is queued while the index is held: it follows every
 		// event that lists the id, and none follows it.
 		c.s.hub.idx.removeThen(c.cl, id, st.pattern, func() { wake = c.queue(replyMessage("unsubscribed", id)) })
@@ -391,12 +411,14 @@ func (c *conn) drain() bool {
 			return true
 		}
 		err := c.writeBatch(&b)
+		n := b.n
 		b.release()
 		if err != nil {
 			c.writeErr.Store(true)
 			_ = c.ws.CloseNow() // ends the reader too
 			return false
 		}
+		c.written.Add(uint64(n))
 		if c.closeCode.Load() != 0 {
 			return true
 		}

@@ -13,6 +13,8 @@ const (
 	CodeTooManySubscriptions = "too_many_subscriptions" // over Config.MaxSubscriptions
 	CodeBadCursor            = "bad_cursor"             // "from" malformed, from another broker, ahead of the stream, or no history kept
 	CodeCursorExpired        = "cursor_expired"         // "from" older than the broker's retention: re-sync
+	CodeBadDurable           = "bad_durable"            // "durable" malformed, in use on this node, bound to another pattern, or no consumers on this broker
+	CodeBrokerUnavailable    = "broker_unavailable"     // the broker could not start the subscription's replay or consumer: retry
 )
 
 // WebSocket close codes the server uses.

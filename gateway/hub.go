@@ -27,7 +27,7 @@ type client struct {
 
 	// Pad to 128 bytes: the allocator places 128-byte objects on 128-byte
 	// boundaries, so the mailbox's hot fields share one cache line.
-	_ [40]byte
+	_ [32]byte
 }
 
 func newClient(maxItems, maxBytes int, onOverflow func()) *client {

@@ -31,6 +31,7 @@ type mailbox struct {
 	maxItems int32    // static
 	closed   bool     // guarded by mu
 	head     *segment // guarded by mu; nil when empty
+	taken    uint64   // guarded by mu; items handed to the writer so far (off the push path's cache line)
 }
 
 const segItems = 128
@@ -129,9 +130,19 @@ type batch struct {
 func (m *mailbox) take() batch {
 	m.mu.Lock()
 	b := batch{head: m.head, tail: m.tail, tpos: int(m.tpos), n: int(m.n)}
+	m.taken += uint64(m.n)
 	m.head, m.tail, m.tpos, m.n, m.bytes = nil, nil, 0, 0, 0
 	m.mu.Unlock()
 	return b
+}
+
+// pushes is the number of items pushed so far (while open): those taken
+// plus those queued. Once the writer has written that many, every item
+// pushed before the call is on the wire.
+func (m *mailbox) pushes() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.taken + uint64(m.n)
 }
 
 // used returns segment s's queued items; s is one of the batch's segments.

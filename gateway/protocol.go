@@ -21,14 +21,15 @@ type clientFrame struct {
 	Type    string  `json:"type"`
 	ID      *string `json:"id"`
 	Subject *string `json:"subject"`
-	From    *string `json:"from"` // subscribe: a cursor, or "first"
+	From    *string `json:"from"`    // subscribe: a cursor, or "first"
+	Durable *string `json:"durable"` // subscribe: bind (or create) the named durable consumer
 }
 
 // parseClientFrame decodes and validates one client frame. Every error wraps
 // ErrBadFrame or ErrUnknownType and says what is wrong.
 func parseClientFrame(data []byte) (clientFrame, error) {
 	var f clientFrame
-	if err := decodeObject(data, &f, "type", "id", "subject", "from"); err != nil {
+	if err := decodeObject(data, &f, "type", "id", "subject", "from", "durable"); err != nil {
 		return f, fmt.Errorf("%w: %s", ErrBadFrame, err.Error())
 	}
 	switch f.Type {
@@ -46,11 +47,11 @@ func parseClientFrame(data []byte) (clientFrame, error) {
 		if err := checkID(f.ID); err != nil {
 			return f, err
 		}
-		if f.Subject != nil || f.From != nil {
+		if f.Subject != nil || f.From != nil || f.Durable != nil {
 			return f, fmt.Errorf("%w: unsubscribe takes only \"id\"", ErrBadFrame)
 		}
 	case "ping":
-		if f.ID != nil || f.Subject != nil || f.From != nil {
+		if f.ID != nil || f.Subject != nil || f.From != nil || f.Durable != nil {
 			return f, fmt.Errorf("%w: ping takes no other field", ErrBadFrame)
 		}
 	case "":

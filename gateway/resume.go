@@ -11,11 +11,14 @@ import (
 // subState is one subscription of a connection.
 type subState struct {
 	pattern string
-	live    bool         // in the index; guarded by conn.subsMu
-	resume  *resumeState // set while a "from" subscription replays; static after creation
+	live    bool       // in the index, or its feed is running; guarded by conn.subsMu
+	task    *taskState // the goroutine of a resume or a feed; static after creation
+	feed    *feedState // set when the subscription has its own consumer; static after creation
 }
 
-type resumeState struct {
+// taskState is a subscription's goroutine: a resume (replay, then hand-over
+// to the hub) or a feed (its own consumer).
+type taskState struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the resume goroutine has exited
 }
@@ -37,7 +40,7 @@ func (c *conn) startResume(id, pattern, from string) {
 		after = from
 	}
 	ctx, cancel := context.WithCancel(c.runCtx)
-	st := &subState{pattern: pattern, resume: &resumeState{cancel: cancel, done: make(chan struct{})}}
+	st := &subState{pattern: pattern, task: &taskState{cancel: cancel, done: make(chan struct{})}}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -61,8 +64,8 @@ func (c *conn) startResume(id, pattern, from string) {
 // subscription starts after, precedes every event for it.
 func (c *conn) resume(ctx context.Context, id string, st *subState, after string) {
 	defer c.tasks.Done()
-	defer close(st.resume.done)
-	defer st.resume.cancel()
+	defer close(st.task.done)
+	defer st.task.cancel()
 	d := c.s.durable
 	subs := encodeSubsList([]string{id})
 	filters := c.s.replayFilters(st.pattern)
@@ -142,7 +145,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 			if !validated {
 				if err := d.Replay(ctx, filters, pos, pos, deliver); err != nil {
 					if ctx.Err() == nil {
-						c.failResume(id, err)
+						c.failSubscribe(id, err)
 					}
 					return
 				}
@@ -158,7 +161,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 		if w != "" { // replay (pos, w]; pos == "" replays from the first retained
 			if err := d.Replay(ctx, filters, pos, w, deliver); err != nil {
 				if ctx.Err() == nil && !errors.Is(err, ErrMailboxFull) {
-					c.failResume(id, err)
+					c.failSubscribe(id, err)
 				}
 				return
 			}
@@ -214,18 +217,4 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 			return
 		}
 	}
-}
-
-// failResume reports why a resume could not start and forgets the
-// subscription; the connection stays.
-func (c *conn) failResume(id string, err error) {
-	c.subsMu.Lock()
-	delete(c.subs, id)
-	c.subsMu.Unlock()
-	code := CodeBadCursor
-	if errors.Is(err, broker.ErrCursorExpired) {
-		code = CodeCursorExpired
-	}
-	c.s.metrics.ClientErrors.WithLabelValues(code).Inc()
-	c.send(errorMessage(id, code, err.Error()))
 }

@@ -24,12 +24,13 @@ var consoleFS embed.FS
 // Server is the ws role: it consumes the broker, fans events out to
 // WebSocket clients and serves the HTTP API. See doc.go for its lifecycle.
 type Server struct {
-	cfg     Config         // static after New
-	durable broker.Durable // static: the broker, if it keeps history (nil for Core NATS)
-	hub     *hub           // static
-	metrics *Metrics       // static
-	log     *zap.Logger
-	mux     *http.ServeMux
+	cfg       Config           // static after New
+	durable   broker.Durable   // static: the broker, if it keeps history (nil for Core NATS)
+	consumers broker.Consumers // static: the broker, if it keeps per-subscription consumers (JetStream)
+	hub       *hub             // static
+	metrics   *Metrics         // static
+	log       *zap.Logger
+	mux       *http.ServeMux
 
 	ctx    context.Context // cancelled by Shutdown when its deadline passes
 	cancel context.CancelFunc
@@ -40,6 +41,7 @@ type Server struct {
 	mu       sync.Mutex
 	conns    map[*conn]struct{} // guarded by mu
 	draining bool               // guarded by mu
+	durables map[string]bool    // guarded by mu: durable names bound on this node
 	wg       sync.WaitGroup     // one per connection being served
 
 	// owned by the Run goroutine
@@ -62,6 +64,8 @@ func New(cfg Config) (*Server, error) {
 		log:     cfg.Logger,
 		conns:   make(map[*conn]struct{}),
 	}
+	s.durables = make(map[string]bool)
+	s.consumers, _ = cfg.Broker.(broker.Consumers)
 	s.durable, _ = cfg.Broker.(broker.Durable)
 	s.hub.keepRecent = s.durable != nil
 	s.ctx, s.cancel = context.WithCancel(context.Background())

@@ -34,6 +34,13 @@ type Config struct {
 	MaxPublishBytes int64    // largest publish request body (default 1 MiB)
 	AllowedOrigins  []string // browser origins allowed besides same-origin (host patterns, e.g. "*.example.com")
 	Console         bool     // serve the live console page at /
+
+	// Consumer is ConsumerShared (default) or ConsumerPerConnection, which
+	// needs a broker with per-subscription consumers (JetStream).
+	Consumer string
+	// DurableInactive is how long the broker keeps a durable subscription
+	// consumer nobody is bound to (default 24h).
+	DurableInactive time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -70,6 +77,10 @@ func (c *Config) setDefaults() {
 	defDur(&c.CloseTimeout, 5*time.Second)
 	def(&c.MaxClientErrors, 100)
 	defDur(&c.ErrorWindow, 10*time.Second)
+	if c.Consumer == "" {
+		c.Consumer = ConsumerShared
+	}
+	defDur(&c.DurableInactive, 24*time.Hour)
 	if c.MaxPublishBytes == 0 {
 		c.MaxPublishBytes = 1 << 20
 	}
@@ -91,6 +102,15 @@ func (c *Config) validate() error {
 				errs = append(errs, fmt.Errorf("Subjects: %q and %q overlap: an event would arrive twice", a, b))
 			}
 		}
+	}
+	switch c.Consumer {
+	case ConsumerShared:
+	case ConsumerPerConnection:
+		if _, ok := c.Broker.(broker.Consumers); c.Broker != nil && !ok {
+			errs = append(errs, errors.New("Consumer per-connection needs a broker with per-subscription consumers (JetStream)"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("Consumer %q: want %s or %s", c.Consumer, ConsumerShared, ConsumerPerConnection))
 	}
 	pos := func(name string, v int64) {
 		if v < 0 {

@@ -32,6 +32,8 @@ type wsFlags struct {
 	retentionAge     time.Duration
 	retentionBytes   int64
 	storage          string
+	consumer         string
+	durableInactive  time.Duration
 	redisURL         string
 	redisMaxLen      int64
 	listen           string
@@ -67,6 +69,8 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.DurationVar(&f.retentionAge, "retention-age", 24*time.Hour, "jetstream: keep events this long (0: no age limit)")
 	fs.Int64Var(&f.retentionBytes, "retention-bytes", 1<<30, "jetstream: keep at most this many bytes of events (0: no size limit)")
 	fs.StringVar(&f.storage, "storage", "file", "jetstream: file or memory")
+	fs.StringVar(&f.consumer, "consumer", "shared", "jetstream: shared (one live consumer per node feeds every subscription) or per-connection (every subscription gets its own consumer on the server)")
+	fs.DurationVar(&f.durableInactive, "durable-inactive", 24*time.Hour, "jetstream: the server deletes a durable subscription consumer nobody has been bound to for this long")
 	f.subjects = listFlag{">"}
 	fs.Var(&f.subjects, "subjects", "the subject space this node consumes, comma-separated NATS patterns (e.g. db.>,app.>); patterns must not overlap; jetstream needs one narrower than >")
 	fs.StringVar(&f.apiKey, "api-key", "", "when set, POST /api/publish requires Authorization: Bearer <key>")
@@ -232,6 +236,8 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		APIKey:           f.apiKey,
 		AllowedOrigins:   f.allowedOrigins,
 		Console:          f.console,
+		Consumer:         f.consumer,
+		DurableInactive:  f.durableInactive,
 	})
 	if err != nil {
 		return err

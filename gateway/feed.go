@@ -1,0 +1,261 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"go.uber.org/zap"
+)
+
+// Consumer modes (Config.Consumer).
+const (
+	// ConsumerShared: one live consumer per node feeds the hub; every
+	// subscription is an entry in its index (resumes replay, then join).
+	ConsumerShared = "shared"
+	// ConsumerPerConnection: every subscription gets its own consumer on
+	// the broker (JetStream), which tracks its position.
+	ConsumerPerConnection = "per-connection"
+)
+
+// feedState is a subscription served by its own broker consumer instead of
+// the hub: a "durable" subscription, or any subscription with
+// --consumer per-connection.
+type feedState struct {
+	durable string // the client's durable name; "" for an ephemeral consumer
+
+	// Set by the feed goroutine; read by whoever waited for done.
+	cons    broker.Consumer
+	pending []feedAck
+}
+
+// feedAck is a batch end queued for the client but perhaps not yet written:
+// it is acknowledged once the writer has written pushed items.
+type feedAck struct {
+	pushed uint64 // the mailbox's push count after the batch
+	cursor string
+}
+
+// feedAckTick is how often an idle feed acknowledges what has been written.
+const feedAckTick = 50 * time.Millisecond
+
+// startFeed opens the subscription's own consumer and serves it on a task
+// goroutine.
+func (c *conn) startFeed(id, pattern string, from *string, durable *string) {
+	cs := c.s.consumers
+	if cs == nil {
+		c.clientError(id, CodeBadDurable, "this gateway's broker keeps no consumers: durable subscriptions need --broker jetstream")
+		return
+	}
+	f := &feedState{}
+	if durable != nil {
+		if !broker.ValidConsumerName(*durable) {
+			c.clientError(id, CodeBadDurable, "durable name "+strconv.Quote(*durable)+": use 1 to 64 letters, digits, '-' or '_'")
+			return
+		}
+		if !c.s.claimDurable(*durable) {
+			c.clientError(id, CodeBadDurable, "durable "+strconv.Quote(*durable)+" is in use by another subscription on this gateway")
+			return
+		}
+		f.durable = *durable
+	}
+	cfg := broker.ConsumerConfig{Filters: c.s.replayFilters(pattern), Name: f.durable, Inactive: c.s.cfg.DurableInactive}
+	if from != nil {
+		cfg.From = *from
+	}
+	ctx, cancel := context.WithCancel(c.runCtx)
+	st := &subState{pattern: pattern, task: &taskState{cancel: cancel, done: make(chan struct{})}, feed: f}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		cancel()
+		c.s.releaseDurable(f.durable)
+		return
+	}
+	c.tasks.Add(1)
+	c.mu.Unlock()
+	c.subsMu.Lock()
+	c.subs[id] = st
+	c.subsMu.Unlock()
+	go c.feed(ctx, id, st, cfg)
+}
+
+// feed serves one subscription from its consumer: "subscribed" with the
+// cursor it starts after, then every event, with flow control (a slow
+// client makes the consumer stop pulling; the broker holds the backlog, so
+// there is no slow-consumer close). A batch is acknowledged once the
+// writer has written it, so a durable bound again after a disconnect
+// starts with what the client was not sent.
+func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.ConsumerConfig) {
+	defer c.tasks.Done()
+	defer close(st.task.done)
+	defer st.task.cancel()
+	f := st.feed
+	cons, err := c.s.consumers.OpenConsumer(ctx, cfg)
+	if err != nil {
+		c.s.releaseDurable(f.durable)
+		if ctx.Err() == nil {
+			c.failSubscribe(id, err)
+		}
+		return
+	}
+	f.cons = cons
+	c.send(subscribedMessage(id, cons.Start()))
+	c.subsMu.Lock()
+	st.live = true
+	c.subsMu.Unlock()
+	c.s.metrics.Subscriptions.Inc()
+	subs := encodeSubsList([]string{id})
+	last := cons.Start()
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	for {
+		err := cons.Consume(cctx, feedAckTick, func(ms []broker.Message) {
+			c.ackWritten(cctx, f, false)
+			if len(ms) == 0 {
+				return
+			}
+			wake := false
+			for _, m := range ms {
+				if !MatchSubject(st.pattern, m.Subject) {
+					continue
+				}
+				ev, err := NewEvent(m.Subject, m.Cursor, m.Data)
+				if err != nil {
+					c.s.metrics.EventsInvalid.Inc()
+					continue
+				}
+				if c.cl.mb.overHalf() {
+					if wake {
+						c.cl.signal()
+						wake = false
+					}
+					if err := c.cl.mb.waitRoom(cctx); err != nil {
+						stop()
+						return
+					}
+				}
+				it := item{ev: ev, subs: subs}
+				wasEmpty, _, err := c.cl.mb.push(it, it.size())
+				if err != nil { // closed: the connection is ending
+					stop()
+					return
+				}
+				wake = wake || wasEmpty
+			}
+			if wake {
+				c.cl.signal()
+			}
+			last = ms[len(ms)-1].Cursor
+			f.pending = append(f.pending, feedAck{pushed: c.cl.mb.pushes(), cursor: last})
+		})
+		if cctx.Err() != nil {
+			return
+		}
+		// The consumer is gone (deleted on the server, the server lost its
+		// state): open it again right after the last event queued.
+		c.s.log.Warn("subscription consumer stopped; reopening", zap.String("conn", c.id), zap.String("sub", id), zap.Error(err))
+		select {
+		case <-cctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		if last != "" {
+			cfg.From = last
+		}
+		next, err := c.s.consumers.OpenConsumer(cctx, cfg)
+		if err != nil {
+			if cctx.Err() == nil {
+				c.s.log.Warn("reopening a subscription consumer failed", zap.String("conn", c.id), zap.String("sub", id), zap.Error(err))
+				c.failSubscribe(id, err)
+				c.subsMu.Lock()
+				st.live = false
+				c.subsMu.Unlock()
+				c.s.metrics.Subscriptions.Dec()
+			}
+			f.cons = nil
+			c.s.releaseDurable(f.durable)
+			return
+		}
+		f.cons, f.pending, cons = next, nil, next
+	}
+}
+
+// ackWritten acknowledges the last batch the writer has written.
+func (c *conn) ackWritten(ctx context.Context, f *feedState, wait bool) {
+	w := c.written.Load()
+	k := 0
+	for k < len(f.pending) && f.pending[k].pushed <= w {
+		k++
+	}
+	if k == 0 {
+		return
+	}
+	if err := f.cons.Ack(ctx, f.pending[k-1].cursor, wait); err != nil {
+		c.s.log.Debug("subscription ack", zap.String("conn", c.id), zap.Error(err))
+	}
+	n := copy(f.pending, f.pending[k:])
+	f.pending = f.pending[:n]
+}
+
+// endFeed finishes a subscription whose feed goroutine has exited: it
+// acknowledges what was written and deletes the consumer when it is
+// ephemeral or the client unsubscribed. Call it once writes are over
+// (connection end) or when the consumer is being deleted anyway.
+func (c *conn) endFeed(f *feedState, unsubscribed bool) {
+	if f.cons == nil { // failed: the feed released its name
+		return
+	}
+	defer c.s.releaseDurable(f.durable)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if f.durable == "" || unsubscribed {
+		if err := f.cons.Delete(ctx); err != nil {
+			c.s.log.Warn("deleting a subscription consumer (the server removes it when inactive)", zap.String("conn", c.id), zap.Error(err))
+		}
+		return
+	}
+	c.ackWritten(ctx, f, true)
+}
+
+// failSubscribe reports why a subscription could not start (or went on)
+// and forgets it; the connection stays.
+func (c *conn) failSubscribe(id string, err error) {
+	c.subsMu.Lock()
+	delete(c.subs, id)
+	c.subsMu.Unlock()
+	code := CodeBrokerUnavailable
+	switch {
+	case errors.Is(err, broker.ErrCursorExpired):
+		code = CodeCursorExpired
+	case errors.Is(err, broker.ErrBadCursor):
+		code = CodeBadCursor
+	case errors.Is(err, broker.ErrBadConsumer):
+		code = CodeBadDurable
+	}
+	c.s.metrics.ClientErrors.WithLabelValues(code).Inc()
+	c.send(errorMessage(id, code, err.Error()))
+}
+
+// claimDurable marks a durable name in use on this node; a second
+// subscription pulling the same consumer would split its events.
+func (s *Server) claimDurable(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.durables[name] {
+		return false
+	}
+	s.durables[name] = true
+	return true
+}
+
+func (s *Server) releaseDurable(name string) {
+	if name == "" {
+		return
+	}
+	s.mu.Lock()
+	delete(s.durables, name)
+	s.mu.Unlock()
+}
