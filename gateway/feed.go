@@ -3,7 +3,9 @@ package gateway
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
@@ -122,7 +124,7 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 				if !MatchSubject(st.pattern, m.Subject) {
 					continue
 				}
-				ev, err := NewEvent(m.Subject, m.Cursor, m.Data)
+				ev, err := c.s.feedEvents.event(m)
 				if err != nil {
 					c.s.metrics.EventsInvalid.Inc()
 					continue
@@ -259,3 +261,29 @@ func (s *Server) releaseDurable(name string) {
 	delete(s.durables, name)
 	s.mu.Unlock()
 }
+
+// eventCache shares the events feeds build: every subscription's consumer
+// delivers its own copy of a message, but the subscriptions of a node read
+// mostly the same ones at about the same time, so each event is validated
+// and framed about once per node instead of once per subscription. It is a
+// direct-mapped table keyed by cursor; a miss builds the event.
+type eventCache struct {
+	slots [eventCacheSize]atomic.Pointer[Event]
+}
+
+const eventCacheSize = 4096
+
+func (ec *eventCache) event(m broker.Message) (*Event, error) {
+	slot := &ec.slots[maphash.String(eventCacheSeed, m.Cursor)%eventCacheSize]
+	if ev := slot.Load(); ev != nil && ev.Cursor == m.Cursor && ev.Subject == m.Subject {
+		return ev, nil
+	}
+	ev, err := NewEvent(m.Subject, m.Cursor, m.Data)
+	if err != nil {
+		return nil, err
+	}
+	slot.Store(ev)
+	return ev, nil
+}
+
+var eventCacheSeed = maphash.MakeSeed()
