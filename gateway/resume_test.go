@@ -15,6 +15,7 @@ import (
 	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func jsEnv(t *testing.T, jsMutate func(*broker.JetStreamConfig)) *env {
@@ -344,4 +345,63 @@ func TestResumeHandsOverWhileEventsKeepComing(t *testing.T) {
 		cl.expect(map[string]any{"type": "event", "data": next})
 	}
 	cl.quiet()
+}
+
+// TestGatewayRestartBetweenDisconnectAndResume: the only gateway shuts down
+// (its clients get 1001), events are published while no gateway runs, and
+// a client resumes on the restarted gateway with its last cursor.
+func TestGatewayRestartBetweenDisconnectAndResume(t *testing.T) {
+	a := jsEnv(t, nil)
+	cl := a.dial()
+	cl.subscribe("s", "orders.*")
+	a.publishN("orders.x", 1, 10)
+	var last string
+	for i := 1; i <= 10; i++ {
+		last = cl.expect(map[string]any{"type": "event", "data": i})["cursor"].(string)
+	}
+	stopped := make(chan struct{})
+	go func() { // the close handshake needs the client reading
+		a.stop()
+		close(stopped)
+	}()
+	if code := cl.closeStatus(5 * time.Second); code != websocket.StatusGoingAway {
+		t.Fatalf("on shutdown the client got close %d, want 1001", code)
+	}
+	<-stopped
+	// No gateway runs: publish straight to the stream.
+	js, err := jetstream.New(a.nc2())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i := 11; i <= 25; i++ {
+		if _, err := js.Publish(ctx, "orders.x", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := a.sibling(func(c *gateway.Config) { c.Subjects = []string{"orders.>", "app.>"} })
+	again := b.dial()
+	again.send(`{"type":"subscribe","id":"s","subject":"orders.*","from":"` + last + `"}`)
+	again.expect(map[string]any{"type": "subscribed", "cursor": last})
+	for i := 11; i <= 25; i++ {
+		again.expect(map[string]any{"type": "event", "data": i})
+	}
+	b.publishN("orders.x", 26, 5)
+	for i := 26; i <= 30; i++ {
+		again.expect(map[string]any{"type": "event", "data": i})
+	}
+	again.quiet()
+}
+
+// nc2 connects a fresh client to the env's NATS server (the env's own
+// publisher connection closes with its gateway).
+func (e *env) nc2() *nats.Conn {
+	e.t.Helper()
+	nc, err := nats.Connect(e.ns.ClientURL())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(nc.Close)
+	return nc
 }
