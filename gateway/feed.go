@@ -119,36 +119,9 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 			if len(ms) == 0 {
 				return
 			}
-			wake := false
-			for _, m := range ms {
-				if !MatchSubject(st.pattern, m.Subject) {
-					continue
-				}
-				ev, err := c.s.feedEvents.event(m)
-				if err != nil {
-					c.s.metrics.EventsInvalid.Inc()
-					continue
-				}
-				if c.cl.mb.overHalf() {
-					if wake {
-						c.cl.signal()
-						wake = false
-					}
-					if err := c.cl.mb.waitRoom(cctx); err != nil {
-						stop()
-						return
-					}
-				}
-				it := item{ev: ev, subs: subs}
-				wasEmpty, _, err := c.cl.mb.push(it, it.size())
-				if err != nil { // closed: the connection is ending
-					stop()
-					return
-				}
-				wake = wake || wasEmpty
-			}
-			if wake {
-				c.cl.signal()
+			if err := c.queueEvents(cctx, ms, st.pattern, subs); err != nil {
+				stop() // the connection is ending
+				return
 			}
 			last = ms[len(ms)-1].Cursor
 			f.pending = append(f.pending, feedAck{pushed: c.cl.mb.pushes(), cursor: last})
@@ -262,11 +235,21 @@ func (s *Server) releaseDurable(name string) {
 	s.mu.Unlock()
 }
 
-// eventCache shares the events feeds build: every subscription's consumer
-// delivers its own copy of a message, but the subscriptions of a node read
-// mostly the same ones at about the same time, so each event is validated
-// and framed about once per node instead of once per subscription. It is a
-// direct-mapped table keyed by cursor; a miss builds the event.
+// event builds the event of a message a replay or a feed delivered to one
+// subscription.
+func (s *Server) event(m broker.Message) (*Event, error) {
+	if s.replayEvents == nil {
+		return NewEvent(m.Subject, m.Cursor, m.Data)
+	}
+	return s.replayEvents.event(m)
+}
+
+// eventCache shares the events replays and feeds build: each
+// subscription's replay or consumer delivers its own copy of a message, but
+// the subscriptions of a node read mostly the same ones at about the same
+// time, so each event is validated and framed about once per node instead
+// of once per subscription. It is a direct-mapped table keyed by cursor; a
+// miss builds the event.
 type eventCache struct {
 	slots [eventCacheSize]atomic.Pointer[Event]
 }

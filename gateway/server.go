@@ -24,14 +24,14 @@ var consoleFS embed.FS
 // Server is the ws role: it consumes the broker, fans events out to
 // WebSocket clients and serves the HTTP API. See doc.go for its lifecycle.
 type Server struct {
-	cfg        Config           // static after New
-	durable    broker.Durable   // static: the broker, if it keeps history (nil for Core NATS)
-	consumers  broker.Consumers // static: the broker, if it keeps per-subscription consumers (JetStream)
-	feedEvents *eventCache      // events shared by feeds (per-subscription consumers); nil without consumers
-	hub        *hub             // static
-	metrics    *Metrics         // static
-	log        *zap.Logger
-	mux        *http.ServeMux
+	cfg          Config           // static after New
+	durable      broker.Durable   // static: the broker, if it keeps history (nil for Core NATS)
+	consumers    broker.Consumers // static: the broker, if it keeps per-subscription consumers (JetStream)
+	replayEvents *eventCache      // events shared by replays and feeds; nil without history
+	hub          *hub             // static
+	metrics      *Metrics         // static
+	log          *zap.Logger
+	mux          *http.ServeMux
 
 	ctx    context.Context // cancelled by Shutdown when its deadline passes
 	cancel context.CancelFunc
@@ -67,8 +67,8 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.durables = make(map[string]bool)
 	s.consumers, _ = cfg.Broker.(broker.Consumers)
-	if s.consumers != nil {
-		s.feedEvents = new(eventCache)
+	if s.durable != nil {
+		s.replayEvents = new(eventCache)
 	}
 	s.durable, _ = cfg.Broker.(broker.Durable)
 	s.hub.keepRecent = s.durable != nil
