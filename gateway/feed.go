@@ -67,20 +67,12 @@ func (c *conn) startFeed(id, pattern string, from *string, durable *string) {
 	if from != nil {
 		cfg.From = *from
 	}
-	ctx, cancel := context.WithCancel(c.runCtx)
-	st := &subState{pattern: pattern, task: &taskState{cancel: cancel, done: make(chan struct{})}, feed: f}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		cancel()
+	st := &subState{pattern: pattern, feed: f}
+	ctx, ok := c.startTask(id, st)
+	if !ok {
 		c.s.releaseDurable(f.durable)
 		return
 	}
-	c.tasks.Add(1)
-	c.mu.Unlock()
-	c.subsMu.Lock()
-	c.subs[id] = st
-	c.subsMu.Unlock()
 	go c.feed(ctx, id, st, cfg)
 }
 

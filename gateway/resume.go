@@ -39,20 +39,31 @@ func (c *conn) startResume(id, pattern, from string) {
 		}
 		after = from
 	}
+	st := &subState{pattern: pattern}
+	if ctx, ok := c.startTask(id, st); ok {
+		go c.resume(ctx, id, st, after)
+	}
+}
+
+// startTask registers the subscription st, served by a goroutine the caller
+// starts with the returned context when ok (then it must call c.tasks.Done
+// and close st.task.done when it exits). It fails when the connection is
+// ending.
+func (c *conn) startTask(id string, st *subState) (ctx context.Context, ok bool) {
 	ctx, cancel := context.WithCancel(c.runCtx)
-	st := &subState{pattern: pattern, task: &taskState{cancel: cancel, done: make(chan struct{})}}
+	st.task = &taskState{cancel: cancel, done: make(chan struct{})}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		cancel()
-		return
+		return nil, false
 	}
 	c.tasks.Add(1)
 	c.mu.Unlock()
 	c.subsMu.Lock()
 	c.subs[id] = st
 	c.subsMu.Unlock()
-	go c.resume(ctx, id, st, after)
+	return ctx, true
 }
 
 // resume replays the subscription's history, then hands it over to the live
