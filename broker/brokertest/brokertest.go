@@ -5,6 +5,7 @@
 package brokertest
 
 import (
+	"context"
 	"net"
 	"os"
 	"os/exec"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // NATS starts an embedded NATS server with JetStream and returns it; its
@@ -30,6 +33,95 @@ func NATS(t testing.TB) *server.Server {
 		ns.WaitForShutdown()
 	})
 	return ns
+}
+
+// NATSCluster starts an n-node NATS cluster in this process: embedded
+// servers with JetStream (each with its own store in t.TempDir() and its own
+// name), routed to each other on loopback. It returns once the routes are up
+// and JetStream has a meta leader that sees every node, so a stream with up
+// to n replicas can be created at once. The nodes are stopped by t.Cleanup;
+// stop one earlier, as a failed machine, with Shutdown and WaitForShutdown.
+// Connect to several with a comma-separated list of their ClientURL()s.
+func NATSCluster(t testing.TB, n int) []*server.Server {
+	t.Helper()
+	routes := make([]string, n)
+	ports := make([]int, n)
+	for i := range n {
+		ports[i] = freePort(t)
+		routes[i] = "nats-route://127.0.0.1:" + strconv.Itoa(ports[i])
+	}
+	nodes := make([]*server.Server, 0, n)
+	for i := range n {
+		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{
+			JetStream:  true,
+			StoreDir:   t.TempDir(),
+			ServerName: "node-" + strconv.Itoa(i),
+			Cluster:    &broker.EmbeddedCluster{Name: "fanwire-test", Port: ports[i], Routes: routes},
+		})
+		if err != nil {
+			t.Fatalf("brokertest: cluster node %d: %v", i, err)
+		}
+		t.Cleanup(func() {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		})
+		nodes = append(nodes, ns)
+	}
+	// A meta leader that counts every node as a peer (it has heard from
+	// each) can place n replicas; before that, creating an R3 stream fails
+	// with "insufficient resources".
+	formed := func() bool {
+		leaders := 0
+		for _, ns := range nodes {
+			if !ns.JetStreamIsCurrent() {
+				return false
+			}
+			if ns.JetStreamIsLeader() {
+				leaders++
+				if len(ns.JetStreamClusterPeers()) != n {
+					return false
+				}
+			}
+		}
+		return leaders == 1
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !formed() {
+		if time.Now().After(deadline) {
+			t.Fatalf("brokertest: %d-node NATS cluster not formed after 30s", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// And the JetStream API answers a client on every node.
+	for _, ns := range nodes {
+		if err := jetStreamAnswers(ns, deadline); err != nil {
+			t.Fatalf("brokertest: JetStream on %s: %v", ns.Name(), err)
+		}
+	}
+	return nodes
+}
+
+// jetStreamAnswers polls the JetStream API through a client of ns until it
+// answers or deadline passes.
+func jetStreamAnswers(ns *server.Server, deadline time.Time) error {
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := js.AccountInfo(ctx)
+		cancel()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // RestartNATS shuts ns down and starts a new server on the same port with
@@ -67,12 +159,7 @@ func Redis(t testing.TB) string {
 		t.Fatalf("brokertest: redis-server not found on PATH (run `make test`, which installs it, or apt-get install redis-server): %v", err)
 	}
 	dir := t.TempDir()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("brokertest: free port: %v", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := freePort(t)
 	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
 		"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", filepath.Join(dir, "redis.log"))
 	if err := cmd.Start(); err != nil {
@@ -96,4 +183,16 @@ func Redis(t testing.TB) string {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// freePort returns a loopback port that was free a moment ago, for servers
+// that must be told their port before they start.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("brokertest: free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
