@@ -73,7 +73,7 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 	if err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(core.nc)
+	js, err := jetstream.New(core.nc, jetstream.WithPublishAsyncTimeout(publishAckTimeout))
 	if err != nil {
 		core.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
@@ -165,41 +165,129 @@ func ParseJSCursor(c string) (uint64, error) {
 // Publish publishes msgs with their ids as Nats-Msg-Id (the stream's
 // duplicate window drops a repeat and acks it with the original sequence),
 // pipelined, and returns when every one is acknowledged.
+//
+// It rides out a failover until ctx is done. While a replicated stream
+// elects a new leader, publishes are answered "no responders"; when the
+// connection moves to another server, the acks it was waiting for fail; an
+// ack the failed leader never sent times out. Publish then waits a little
+// and sends again, in order, every message not acknowledged yet. A message
+// whose ack was lost (rather than refused) may be stored already: it is
+// sent again only if it has an id, which the duplicate window recognizes.
+// Without one, Publish returns the error rather than risk storing it twice.
+// Order holds across attempts, except that when the connection fails in the
+// middle of a window, messages sent after the failure can be stored before
+// those sent again.
 func (b *JetStream) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	cursors := make([]string, len(msgs))
-	futures := make([]jetstream.PubAckFuture, 0, min(len(msgs), publishWindow))
-	for start := 0; start < len(msgs); start += publishWindow {
+	todo := make([]int, len(msgs)) // indexes of the messages not acknowledged yet, in order
+	for i := range todo {
+		todo[i] = i
+	}
+	wait := publishRetryMin
+	for attempt := 0; ; attempt++ {
+		var err error
+		if todo, err = b.publishOnce(ctx, msgs, todo, cursors); err != nil {
+			return nil, err
+		}
+		if len(todo) == 0 {
+			return cursors, nil
+		}
+		if attempt == 0 {
+			b.core.log.Warn("jetstream publish not acknowledged (failover?); sending again", zap.Int("messages", len(todo)))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("jetstream publish: %d of %d messages not acknowledged: %w", len(todo), len(msgs), ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, publishRetryMax)
+	}
+}
+
+// publishOnce sends the messages msgs[todo[…]] in order, at most
+// publishWindow awaiting their acks at once, and records each acknowledged
+// one's cursor. It returns the indexes to send again, in order, or an
+// error when a message failed in a way a new attempt cannot fix or could
+// make a duplicate of.
+func (b *JetStream) publishOnce(ctx context.Context, msgs []Outgoing, todo []int, cursors []string) ([]int, error) {
+	var again []int
+	futures := make([]jetstream.PubAckFuture, 0, min(len(todo), publishWindow))
+	for start := 0; start < len(todo); start += publishWindow {
 		// At most publishWindow acks outstanding: the client stalls, then
 		// fails, past 4,000 (nats.go's default).
-		window := msgs[start:min(start+publishWindow, len(msgs))]
+		window := todo[start:min(start+publishWindow, len(todo))]
 		futures = futures[:0]
-		for _, m := range window {
-			var opts []jetstream.PublishOpt
+		for _, i := range window {
+			m := msgs[i]
+			// The library's own retry on "no responders" re-sends each
+			// message on a timer of its own, which can reorder a window:
+			// retrying is done here, in order.
+			opts := []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)}
 			if m.ID != "" {
 				opts = append(opts, jetstream.WithMsgID(m.ID))
 			}
 			f, err := b.js.PublishAsync(m.Subject, m.Data, opts...)
 			if err != nil {
-				return nil, fmt.Errorf("jetstream publish %q: %w", m.Subject, err)
+				if errors.Is(err, nats.ErrConnectionClosed) {
+					return nil, fmt.Errorf("jetstream publish %q: %w", m.Subject, err)
+				}
+				break // not sent: this one and the rest of the window go again
 			}
 			futures = append(futures, f)
 		}
-		for i, f := range futures {
+		// Wait for every future of the window, failed ones included, so
+		// that nothing of this attempt is still in flight when the next
+		// one sends.
+		for k, i := range window {
+			if k >= len(futures) {
+				again = append(again, i)
+				continue
+			}
 			select {
-			case ack := <-f.Ok():
-				cursors[start+i] = FormatJSCursor(ack.Sequence)
-			case err := <-f.Err():
-				return nil, fmt.Errorf("jetstream publish %q: %w", window[i].Subject, err)
+			case ack := <-futures[k].Ok():
+				cursors[i] = FormatJSCursor(ack.Sequence)
+			case err := <-futures[k].Err():
+				if !publishRetryable(err, msgs[i].ID != "") {
+					return nil, fmt.Errorf("jetstream publish %q: %w", msgs[i].Subject, err)
+				}
+				again = append(again, i)
 			case <-ctx.Done():
 				return nil, fmt.Errorf("jetstream publish: waiting for acks: %w", ctx.Err())
 			}
 		}
 	}
-	return cursors, nil
+	return again, nil
 }
 
-// publishWindow bounds the acks Publish waits for at once.
-const publishWindow = 1024
+// publishRetryable reports whether a message that failed with err may be
+// sent again: always when the server refused it or never got it, and only
+// with an id when it may have stored it (a lost ack).
+func publishRetryable(err error, hasID bool) bool {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
+		return true // no stream leader to store it: an election
+	case errors.As(err, &apiErr):
+		return apiErr.Code == 503 // JetStream temporarily unavailable; other refusals are final
+	case errors.Is(err, nats.ErrDisconnected), errors.Is(err, jetstream.ErrAsyncPublishTimeout):
+		return hasID
+	}
+	return false
+}
+
+const (
+	// publishWindow bounds the acks Publish waits for at once.
+	publishWindow = 1024
+	// publishAckTimeout fails an ack that never comes, as when the stream
+	// leader fails after receiving a message but before acknowledging it
+	// to a publisher on another server (whose connection stays up). Acks
+	// take milliseconds, even from a replicated stream under load.
+	publishAckTimeout = 5 * time.Second
+	// publishRetryMin and publishRetryMax space the attempts of Publish
+	// during a failover; a NATS leader election takes about 2 s.
+	publishRetryMin = 50 * time.Millisecond
+	publishRetryMax = time.Second
+)
 
 // Consume delivers every message stored after it starts, with its cursor,
 // through one ordered consumer (the library recreates it after a gap or a
@@ -234,6 +322,14 @@ func (b *JetStream) Consume(ctx context.Context, h Handler, started func(start s
 	})
 }
 
+// consumeHeartbeat is how often the server tells the live feed's consumer
+// that it is alive while no message comes. Two missed in a row and the
+// library re-creates the consumer: on a cluster, the node holding it may
+// have failed while this connection, on another node, stayed up. The
+// library's 5 s default stalled the feed of a gateway on a surviving node
+// for 10 s when the stream leader's node stopped.
+const consumeHeartbeat = time.Second
+
 // run consumes cons, batching messages to h, until ctx is done.
 func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, h Handler, started func()) error {
 	ch := make(chan Message, consumeBuffer)
@@ -251,7 +347,7 @@ func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, h Handler,
 		}
 	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		b.core.log.Debug("jetstream consume", zap.Error(err))
-	}))
+	}), jetstream.PullHeartbeat(consumeHeartbeat))
 	if err != nil {
 		return fmt.Errorf("jetstream: consume %q: %w", b.cfg.Stream, err)
 	}
