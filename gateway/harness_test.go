@@ -212,8 +212,14 @@ func (cl *client) readFrame(d time.Duration) error {
 // pop returns the next message, decoded and verbatim, waiting up to 5 s.
 func (cl *client) pop() (map[string]any, string) {
 	cl.t.Helper()
+	return cl.popWithin(5 * time.Second)
+}
+
+// popWithin is pop waiting up to d.
+func (cl *client) popWithin(d time.Duration) (map[string]any, string) {
+	cl.t.Helper()
 	for len(cl.msgs) == 0 {
-		if err := cl.readFrame(5 * time.Second); err != nil {
+		if err := cl.readFrame(d); err != nil {
 			cl.t.Fatalf("waiting for a message: %v", err)
 		}
 	}
@@ -226,6 +232,14 @@ func (cl *client) pop() (map[string]any, string) {
 func (cl *client) next() map[string]any {
 	cl.t.Helper()
 	m, _ := cl.pop()
+	return m
+}
+
+// nextWithin returns the next message, waiting up to d: across a broker
+// failover, which takes longer than pop's 5 s.
+func (cl *client) nextWithin(d time.Duration) map[string]any {
+	cl.t.Helper()
+	m, _ := cl.popWithin(d)
 	return m
 }
 
