@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -32,7 +34,8 @@ type JetStreamConfig struct {
 type JetStream struct {
 	core   *NATS // the connection, its state and logging
 	js     jetstream.JetStream
-	cfg    JetStreamConfig // static
+	cfg    JetStreamConfig        // static
+	want   jetstream.StreamConfig // static: the stream's settings, to re-create it when it is lost
 	stream jetstream.Stream
 }
 
@@ -93,6 +96,7 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 	if cfg.MaxBytes == 0 {
 		want.MaxBytes = -1
 	}
+	b.want = want
 	if b.stream, err = b.ensureStream(ctx, want); err != nil {
 		core.Close()
 		return nil, err
@@ -315,7 +319,7 @@ func (b *JetStream) Consume(ctx context.Context, h Handler, started func(start s
 	if last > 0 {
 		start = FormatJSCursor(last)
 	}
-	return b.run(ctx, cons, h, func() {
+	return b.run(ctx, cons, last, h, func() {
 		if started != nil {
 			started(start)
 		}
@@ -330,31 +334,46 @@ func (b *JetStream) Consume(ctx context.Context, h Handler, started func(start s
 // for 10 s when the stream leader's node stopped.
 const consumeHeartbeat = time.Second
 
-// run consumes cons, batching messages to h, until ctx is done.
-func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, h Handler, started func()) error {
+// run consumes cons, which starts after stream sequence after, batching
+// messages to h, until ctx is done. Meanwhile watchStream re-creates the
+// stream if it is lost.
+func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, after uint64, h Handler, started func()) error {
 	ch := make(chan Message, consumeBuffer)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var last atomic.Uint64 // stream sequence of the last message handed to the handler below
+	last.Store(after)
+	check := make(chan struct{}, 1) // asks watchStream to look for the stream
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		meta, err := m.Metadata()
 		if err != nil {
 			b.core.log.Warn("jetstream message without metadata", zap.Error(err))
 			return
 		}
+		last.Store(meta.Sequence.Stream)
 		select { // blocking: a slow dispatcher makes the consumer stop pulling
 		case ch <- Message{Subject: m.Subject(), Data: m.Data(), Cursor: FormatJSCursor(meta.Sequence.Stream)}:
 		case <-ctx.Done():
 		}
 	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		b.core.log.Debug("jetstream consume", zap.Error(err))
+		select {
+		case check <- struct{}{}:
+		default:
+		}
 	}), jetstream.PullHeartbeat(consumeHeartbeat))
 	if err != nil {
 		return fmt.Errorf("jetstream: consume %q: %w", b.cfg.Stream, err)
 	}
+	reconnected := b.core.nc.StatusChanged(nats.CONNECTED)
+	var watch sync.WaitGroup
+	watch.Go(func() { b.watchStream(ctx, check, reconnected, &last) })
 	defer func() {
-		cancel() // unblocks a handler waiting to send
+		cancel() // unblocks a handler waiting to send, and ends watchStream
 		cc.Stop()
 		<-cc.Closed()
+		watch.Wait()
+		b.core.nc.RemoveStatusListener(reconnected)
 	}()
 	if started != nil {
 		started()
@@ -382,6 +401,73 @@ func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, h Handler,
 		clear(batch)
 	}
 }
+
+// watchStream re-creates the stream if it is gone, each time it is asked
+// to look: after a reconnect (a restarted server has lost a memory stream)
+// or when the consumer reports trouble (deleting a stream deletes its
+// consumers). The live feed's ordered consumer, which the library keeps
+// trying to re-create (at most 10 s apart), then finds it. last is the
+// stream sequence of the last message delivered.
+func (b *JetStream) watchStream(ctx context.Context, check <-chan struct{}, reconnected <-chan nats.Status, last *atomic.Uint64) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-check:
+		case <-reconnected:
+		}
+		for wait := streamLookMin; !b.restoreStream(ctx, last.Load()); wait = min(2*wait, streamLookMax) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+	}
+}
+
+// restoreStream looks for the stream and re-creates it if the server says
+// it does not exist. It reports false when it got no answer (a reconnect
+// in progress, an election): look again later.
+func (b *JetStream) restoreStream(ctx context.Context, last uint64) bool {
+	ctx, cancel := context.WithTimeout(ctx, streamLookTimeout)
+	defer cancel()
+	_, err := b.js.Stream(ctx, b.cfg.Stream)
+	if err == nil {
+		return true
+	}
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		b.core.log.Debug("jetstream: looking for the stream", zap.Error(err))
+		return false
+	}
+	// Numbered on after the last event delivered, cursors keep increasing
+	// (the hub's hand-over compares them) and those of the lost history
+	// are older than the new stream: expired, so a client re-syncs.
+	want := b.want
+	want.FirstSeq = last + 1
+	if _, err := b.js.CreateStream(ctx, want); err != nil {
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return true // another node (or a publisher) re-created it first
+		}
+		b.core.log.Warn("jetstream: re-creating the lost stream", zap.String("stream", want.Name), zap.Error(err))
+		return false
+	}
+	b.core.log.Warn("JetStream stream was gone (a memory stream does not survive a server restart): re-created it with the configured settings; its history is lost and older cursors have expired",
+		zap.String("stream", want.Name), zap.String("storage", want.Storage.String()), zap.String("first_cursor", FormatJSCursor(want.FirstSeq)))
+	return true
+}
+
+const (
+	// streamLookMin and streamLookMax space watchStream's attempts while
+	// the server does not answer.
+	streamLookMin = 100 * time.Millisecond
+	streamLookMax = 5 * time.Second
+	// streamLookTimeout bounds one look (and re-creation). A request the
+	// failing server took down with it is never answered, and the look
+	// that a consume error starts often goes to a server shutting down:
+	// the answer takes milliseconds, so give up soon and look again.
+	streamLookTimeout = time.Second
+)
 
 // Ready reports whether the connection is up.
 func (b *JetStream) Ready() bool { return b.core.Ready() }
