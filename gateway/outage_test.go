@@ -8,6 +8,8 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // outageSteps take a gateway's durable broker through an outage.
@@ -127,4 +129,55 @@ func TestRedisOutage(t *testing.T) {
 		},
 		restart: e.redis.Start,
 	})
+}
+
+// TestJetStreamMemoryStreamLost restarts the NATS server under a gateway
+// on a memory stream, which the restart loses. The gateway re-creates the
+// stream with its settings, numbered on after the last event it delivered
+// (so cursors keep increasing), warns that the history is lost, and its
+// clients go on receiving. A cursor from the lost history has expired.
+func TestJetStreamMemoryStreamLost(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	e := jsEnv(t, func(c *broker.JetStreamConfig) {
+		c.Storage = "memory"
+		c.Logger = zap.New(core)
+	})
+	cl := e.dial()
+	cl.subscribe("s", "orders.*")
+	e.publishN("orders.x", 1, 5)
+	for i := 1; i <= 5; i++ {
+		cl.expect(map[string]any{"type": "event", "data": i, "cursor": "js:" + strconv.Itoa(i)})
+	}
+	e.ns = brokertest.RestartNATS(t, e.ns)
+	waitFor(t, "ready after the restart", e.ready)
+	// Until the stream is back, a publish is answered "no responders" and
+	// Publish tries again.
+	var out []broker.Outgoing
+	for i := 6; i <= 10; i++ {
+		out = append(out, broker.Outgoing{Subject: "orders.x", Data: []byte(strconv.Itoa(i))})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := e.b.Publish(ctx, out); err != nil {
+		t.Fatal(err)
+	}
+	for i := 6; i <= 10; i++ {
+		m := cl.nextWithin(30 * time.Second)
+		if m["type"] != "event" || m["data"] != float64(i) || m["cursor"] != "js:"+strconv.Itoa(i) {
+			t.Fatalf("after the stream was lost: %v, want event %d with cursor js:%d", m, i, i)
+		}
+	}
+	cl.quiet()
+	if n := logs.FilterMessageSnippet("history").Len(); n != 1 {
+		t.Errorf("%d warnings that the history was lost, want 1; logged: %v", n, logs.All())
+	}
+	again := e.dial()
+	again.send(`{"type":"subscribe","id":"r","subject":"orders.*","from":"js:2"}`)
+	again.expect(map[string]any{"type": "error", "code": "cursor_expired", "id": "r"})
+	again.send(`{"type":"subscribe","id":"r","subject":"orders.*","from":"js:5"}`)
+	again.expect(map[string]any{"type": "subscribed", "cursor": "js:5"})
+	for i := 6; i <= 10; i++ {
+		again.expect(map[string]any{"type": "event", "data": i})
+	}
+	again.quiet()
 }
