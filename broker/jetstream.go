@@ -25,7 +25,7 @@ type JetStreamConfig struct {
 	MaxAge     time.Duration // retention by age (0: unlimited)
 	MaxBytes   int64         // retention by size (0: unlimited)
 	Storage    string        // "file" (default) or "memory"
-	Replicas   int           // stream replicas (default 1; 3 on a cluster)
+	Replicas   int           // stream replicas, 3 on a cluster (0: an existing stream keeps its own, a new one gets 1)
 	Duplicates time.Duration // deduplication window for publish ids (default 2m)
 }
 
@@ -51,9 +51,6 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 	}
 	if cfg.Storage == "" {
 		cfg.Storage = "file"
-	}
-	if cfg.Replicas == 0 {
-		cfg.Replicas = 1
 	}
 	if cfg.Duplicates == 0 {
 		cfg.Duplicates = 2 * time.Minute
@@ -96,11 +93,12 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 	if cfg.MaxBytes == 0 {
 		want.MaxBytes = -1
 	}
-	b.want = want
 	if b.stream, err = b.ensureStream(ctx, want); err != nil {
 		core.Close()
 		return nil, err
 	}
+	b.want = want
+	b.want.Replicas = b.stream.CachedInfo().Config.Replicas
 	return b, nil
 }
 
@@ -110,12 +108,14 @@ func (b *JetStream) ensureStream(ctx context.Context, want jetstream.StreamConfi
 	log := b.core.log
 	s, err := b.js.Stream(ctx, want.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		want.Replicas = max(want.Replicas, 1)
 		s, err = b.js.CreateStream(ctx, want)
 		if err != nil {
 			return nil, fmt.Errorf("jetstream: create stream %q: %w", want.Name, err)
 		}
 		log.Info("created JetStream stream", zap.String("stream", want.Name), zap.Strings("subjects", want.Subjects),
-			zap.String("storage", want.Storage.String()), zap.Duration("max_age", want.MaxAge), zap.Int64("max_bytes", want.MaxBytes))
+			zap.String("storage", want.Storage.String()), zap.Duration("max_age", want.MaxAge), zap.Int64("max_bytes", want.MaxBytes),
+			zap.Int("replicas", want.Replicas))
 		return s, nil
 	}
 	if err != nil {
@@ -127,6 +127,11 @@ func (b *JetStream) ensureStream(ctx context.Context, want jetstream.StreamConfi
 		return nil, fmt.Errorf("jetstream: stream %q exists with storage %s, not %s (storage cannot change: use another --stream)", want.Name, have.Storage, want.Storage)
 	case have.Retention != jetstream.LimitsPolicy:
 		return nil, fmt.Errorf("jetstream: stream %q exists with retention %s: fanwire needs limits retention (a work-queue or interest stream deletes events clients may resume from)", want.Name, have.Retention)
+	}
+	// Replicas left at 0 keep the stream's own count: defaulting to 1
+	// would shrink an R3 stream an operator made to one replica.
+	if want.Replicas == 0 {
+		want.Replicas = have.Replicas
 	}
 	if slices.Equal(sortedCopy(have.Subjects), sortedCopy(want.Subjects)) && have.MaxAge == want.MaxAge &&
 		have.MaxBytes == want.MaxBytes && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas {
@@ -140,7 +145,7 @@ func (b *JetStream) ensureStream(ctx context.Context, want jetstream.StreamConfi
 		return nil, fmt.Errorf("jetstream: update stream %q: %w", want.Name, err)
 	}
 	log.Info("updated JetStream stream", zap.String("stream", want.Name), zap.Strings("subjects", want.Subjects),
-		zap.Duration("max_age", want.MaxAge), zap.Int64("max_bytes", want.MaxBytes))
+		zap.Duration("max_age", want.MaxAge), zap.Int64("max_bytes", want.MaxBytes), zap.Int("replicas", want.Replicas))
 	return s, nil
 }
 

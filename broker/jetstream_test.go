@@ -239,3 +239,41 @@ func TestJetStreamDeletedStreamIsRecreated(t *testing.T) {
 		t.Errorf("re-created with storage %v, subjects %v; want the configured memory, [d.>]", cfg.Storage, cfg.Subjects)
 	}
 }
+
+// TestJetStreamReplicasOnCluster: on a NATS cluster, a stream an operator
+// made with 3 replicas keeps them when the broker is not told a count (it
+// used to shrink it to 1), and a new stream gets 1 unless told otherwise.
+func TestJetStreamReplicasOnCluster(t *testing.T) {
+	nodes := brokertest.NATSCluster(t, 3)
+	url := nodes[0].ClientURL()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OPS", Subjects: []string{"o.>"}, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	replicas := func(name string) int {
+		t.Helper()
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Config.Replicas
+	}
+	dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"o.>"}}, Stream: "OPS", MaxAge: time.Hour})
+	if n := replicas("OPS"); n != 3 {
+		t.Errorf("the operator's stream has %d replicas after the broker updated it, want 3", n)
+	}
+	dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"n.>"}}, Stream: "NEW"})
+	if n := replicas("NEW"); n != 1 {
+		t.Errorf("a new stream has %d replicas, want 1", n)
+	}
+}

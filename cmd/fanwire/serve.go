@@ -32,6 +32,7 @@ type wsFlags struct {
 	retentionAge     time.Duration
 	retentionBytes   int64
 	storage          string
+	replicas         int
 	redisURL         string
 	redisMaxLen      int64
 	listen           string
@@ -67,6 +68,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.DurationVar(&f.retentionAge, "retention-age", 24*time.Hour, "jetstream: keep events this long (0: no age limit)")
 	fs.Int64Var(&f.retentionBytes, "retention-bytes", 1<<30, "jetstream: keep at most this many bytes of events (0: no size limit)")
 	fs.StringVar(&f.storage, "storage", "file", "jetstream: file or memory")
+	fs.IntVar(&f.replicas, "replicas", 0, "jetstream: the stream's replicas, 3 on a NATS cluster (0: an existing stream keeps its own, a new one gets 1)")
 	f.subjects = listFlag{">"}
 	fs.Var(&f.subjects, "subjects", "the subject space this node consumes, comma-separated NATS patterns (e.g. db.>,app.>); patterns must not overlap; jetstream needs one narrower than >")
 	fs.StringVar(&f.apiKey, "api-key", "", "when set, POST /api/publish requires Authorization: Bearer <key>")
@@ -204,6 +206,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 			MaxAge:     f.retentionAge,
 			MaxBytes:   f.retentionBytes,
 			Storage:    f.storage,
+			Replicas:   f.replicas,
 		})
 	case "redis":
 		b, err = broker.DialRedis(dialCtx, broker.RedisConfig{URL: f.redisURL, Stream: f.stream, MaxLen: f.redisMaxLen, Logger: log.Named("redis")})
