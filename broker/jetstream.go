@@ -228,10 +228,7 @@ func (b *JetStream) publishOnce(ctx context.Context, msgs []Outgoing, todo []int
 		futures = futures[:0]
 		for _, i := range window {
 			m := msgs[i]
-			// The library's own retry on "no responders" re-sends each
-			// message on a timer of its own, which can reorder a window:
-			// retrying is done here, in order.
-			opts := []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)}
+			opts := []jetstream.PublishOpt{publishNoRetry}
 			if m.ID != "" {
 				opts = append(opts, jetstream.WithMsgID(m.ID))
 			}
@@ -283,6 +280,11 @@ func publishRetryable(err error, hasID bool) bool {
 	}
 	return false
 }
+
+// publishNoRetry turns off the library's own retry on "no responders": it
+// re-sends each message on a timer of its own, which can reorder a window.
+// Publish retries itself, in order.
+var publishNoRetry = jetstream.WithRetryAttempts(0)
 
 const (
 	// publishWindow bounds the acks Publish waits for at once.
