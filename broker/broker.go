@@ -115,11 +115,13 @@ type Consumer interface {
 	// tick while none arrive, so that h can acknowledge. It returns why
 	// it stopped.
 	Consume(ctx context.Context, tick time.Duration, h func([]Message)) error
-	// Ack tells the server that every message up to cursor (one h
-	// received) has been handled: a durable consumer bound later starts
-	// after it. With wait it returns once the server has confirmed (use it
-	// for the last ack before leaving), otherwise at once. Call it from h,
-	// or after Consume returned.
+	// Ack tells the server that every message up to cursor has been
+	// handled: a durable consumer bound later starts after it. It
+	// acknowledges up to the last ack point at or before cursor: every
+	// AckEvery-th message of a batch h received, and its last. With wait it
+	// returns once the server has confirmed (use it for the last ack
+	// before leaving), otherwise at once. Call it from h, or after Consume
+	// returned.
 	Ack(ctx context.Context, cursor string, wait bool) error
 	// Delete removes the consumer from the server.
 	Delete(ctx context.Context) error
@@ -143,3 +145,8 @@ func ValidConsumerName(name string) bool {
 	}
 	return true
 }
+
+// AckEvery spaces a Consumer's ack points within a batch: a durable bound
+// again after its connection ended repeats at most this many events its
+// last connection had sent.
+const AckEvery = 16

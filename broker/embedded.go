@@ -2,6 +2,7 @@ package broker
 
 import (
 	"fmt"
+	"net/url"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -9,10 +10,20 @@ import (
 
 // EmbeddedConfig configures an in-process NATS server.
 type EmbeddedConfig struct {
-	Host      string // default 127.0.0.1
-	Port      int    // 0 picks a free port
-	StoreDir  string // JetStream store; required when JetStream is on
-	JetStream bool
+	Host       string // default 127.0.0.1
+	Port       int    // 0 picks a free port
+	StoreDir   string // JetStream store; required when JetStream is on
+	JetStream  bool
+	ServerName string           // default "fanwire-embedded"; every server of a cluster needs its own
+	Cluster    *EmbeddedCluster // nil: a standalone server
+}
+
+// EmbeddedCluster makes an embedded server one node of a NATS cluster
+// (JetStream then runs clustered: replicated streams, elected leaders).
+type EmbeddedCluster struct {
+	Name   string   // the cluster's name, the same on every node
+	Port   int      // this node's route listener on Host; it must be fixed, since the others' Routes name it
+	Routes []string // every node's route URL (nats-route://host:port), this one's included: a node ignores a route to itself
 }
 
 // StartEmbedded starts a NATS server in this process and waits until it
@@ -21,6 +32,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 	if cfg.Host == "" {
 		cfg.Host = "127.0.0.1"
 	}
+	if cfg.ServerName == "" {
+		cfg.ServerName = "fanwire-embedded"
+	}
 	port := cfg.Port
 	if port == 0 {
 		port = server.RANDOM_PORT
@@ -28,8 +42,8 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 	if cfg.JetStream && cfg.StoreDir == "" {
 		return nil, fmt.Errorf("embedded nats: JetStream needs a store directory")
 	}
-	ns, err := server.NewServer(&server.Options{
-		ServerName: "fanwire-embedded",
+	opts := &server.Options{
+		ServerName: cfg.ServerName,
 		Host:       cfg.Host,
 		Port:       port,
 		JetStream:  cfg.JetStream,
@@ -38,7 +52,21 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 		// The ws role is one client taking every event; give its pending
 		// buffer room for bursts (the server default is 64 MiB).
 		MaxPending: 256 << 20,
-	})
+	}
+	if c := cfg.Cluster; c != nil {
+		if c.Name == "" || c.Port == 0 {
+			return nil, fmt.Errorf("embedded nats: a cluster node needs Cluster.Name and a fixed Cluster.Port")
+		}
+		opts.Cluster = server.ClusterOpts{Name: c.Name, Host: cfg.Host, Port: c.Port}
+		for _, r := range c.Routes {
+			u, err := url.Parse(r)
+			if err != nil || u.Host == "" {
+				return nil, fmt.Errorf("embedded nats: cluster route %q is not a nats-route://host:port URL", r)
+			}
+			opts.Routes = append(opts.Routes, u)
+		}
+	}
+	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}

@@ -8,8 +8,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 )
@@ -22,7 +25,7 @@ type JetStreamConfig struct {
 	MaxAge     time.Duration // retention by age (0: unlimited)
 	MaxBytes   int64         // retention by size (0: unlimited)
 	Storage    string        // "file" (default) or "memory"
-	Replicas   int           // stream replicas (default 1; 3 on a cluster)
+	Replicas   int           // stream replicas, 3 on a cluster (0: an existing stream keeps its own, a new one gets 1)
 	Duplicates time.Duration // deduplication window for publish ids (default 2m)
 }
 
@@ -31,7 +34,8 @@ type JetStreamConfig struct {
 type JetStream struct {
 	core   *NATS // the connection, its state and logging
 	js     jetstream.JetStream
-	cfg    JetStreamConfig // static
+	cfg    JetStreamConfig        // static
+	want   jetstream.StreamConfig // static: the stream's settings, to re-create it when it is lost
 	stream jetstream.Stream
 }
 
@@ -47,9 +51,6 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 	}
 	if cfg.Storage == "" {
 		cfg.Storage = "file"
-	}
-	if cfg.Replicas == 0 {
-		cfg.Replicas = 1
 	}
 	if cfg.Duplicates == 0 {
 		cfg.Duplicates = 2 * time.Minute
@@ -72,7 +73,7 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 	if err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(core.nc)
+	js, err := jetstream.New(core.nc, jetstream.WithPublishAsyncTimeout(publishAckTimeout))
 	if err != nil {
 		core.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
@@ -96,6 +97,8 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 		core.Close()
 		return nil, err
 	}
+	b.want = want
+	b.want.Replicas = b.stream.CachedInfo().Config.Replicas
 	return b, nil
 }
 
@@ -105,12 +108,14 @@ func (b *JetStream) ensureStream(ctx context.Context, want jetstream.StreamConfi
 	log := b.core.log
 	s, err := b.js.Stream(ctx, want.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		want.Replicas = max(want.Replicas, 1)
 		s, err = b.js.CreateStream(ctx, want)
 		if err != nil {
 			return nil, fmt.Errorf("jetstream: create stream %q: %w", want.Name, err)
 		}
 		log.Info("created JetStream stream", zap.String("stream", want.Name), zap.Strings("subjects", want.Subjects),
-			zap.String("storage", want.Storage.String()), zap.Duration("max_age", want.MaxAge), zap.Int64("max_bytes", want.MaxBytes))
+			zap.String("storage", want.Storage.String()), zap.Duration("max_age", want.MaxAge), zap.Int64("max_bytes", want.MaxBytes),
+			zap.Int("replicas", want.Replicas))
 		return s, nil
 	}
 	if err != nil {
@@ -122,6 +127,11 @@ func (b *JetStream) ensureStream(ctx context.Context, want jetstream.StreamConfi
 		return nil, fmt.Errorf("jetstream: stream %q exists with storage %s, not %s (storage cannot change: use another --stream)", want.Name, have.Storage, want.Storage)
 	case have.Retention != jetstream.LimitsPolicy:
 		return nil, fmt.Errorf("jetstream: stream %q exists with retention %s: fanwire needs limits retention (a work-queue or interest stream deletes events clients may resume from)", want.Name, have.Retention)
+	}
+	// Replicas left at 0 keep the stream's own count: defaulting to 1
+	// would shrink an R3 stream an operator made to one replica.
+	if want.Replicas == 0 {
+		want.Replicas = have.Replicas
 	}
 	if slices.Equal(sortedCopy(have.Subjects), sortedCopy(want.Subjects)) && have.MaxAge == want.MaxAge &&
 		have.MaxBytes == want.MaxBytes && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas {
@@ -135,7 +145,7 @@ func (b *JetStream) ensureStream(ctx context.Context, want jetstream.StreamConfi
 		return nil, fmt.Errorf("jetstream: update stream %q: %w", want.Name, err)
 	}
 	log.Info("updated JetStream stream", zap.String("stream", want.Name), zap.Strings("subjects", want.Subjects),
-		zap.Duration("max_age", want.MaxAge), zap.Int64("max_bytes", want.MaxBytes))
+		zap.Duration("max_age", want.MaxAge), zap.Int64("max_bytes", want.MaxBytes), zap.Int("replicas", want.Replicas))
 	return s, nil
 }
 
@@ -164,41 +174,131 @@ func ParseJSCursor(c string) (uint64, error) {
 // Publish publishes msgs with their ids as Nats-Msg-Id (the stream's
 // duplicate window drops a repeat and acks it with the original sequence),
 // pipelined, and returns when every one is acknowledged.
+//
+// It rides out a failover until ctx is done. While a replicated stream
+// elects a new leader, publishes are answered "no responders"; when the
+// connection moves to another server, the acks it was waiting for fail; an
+// ack the failed leader never sent times out. Publish then waits a little
+// and sends again, in order, every message not acknowledged yet. A message
+// whose ack was lost (rather than refused) may be stored already: it is
+// sent again only if it has an id, which the duplicate window recognizes.
+// Without one, Publish returns the error rather than risk storing it twice.
+// Order holds across attempts, except that when the connection fails in the
+// middle of a window, messages sent after the failure can be stored before
+// those sent again.
 func (b *JetStream) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	cursors := make([]string, len(msgs))
-	futures := make([]jetstream.PubAckFuture, 0, min(len(msgs), publishWindow))
-	for start := 0; start < len(msgs); start += publishWindow {
+	todo := make([]int, len(msgs)) // indexes of the messages not acknowledged yet, in order
+	for i := range todo {
+		todo[i] = i
+	}
+	wait := publishRetryMin
+	for attempt := 0; ; attempt++ {
+		var err error
+		if todo, err = b.publishOnce(ctx, msgs, todo, cursors); err != nil {
+			return nil, err
+		}
+		if len(todo) == 0 {
+			return cursors, nil
+		}
+		if attempt == 0 {
+			b.core.log.Warn("jetstream publish not acknowledged (failover?); sending again", zap.Int("messages", len(todo)))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("jetstream publish: %d of %d messages not acknowledged: %w", len(todo), len(msgs), ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, publishRetryMax)
+	}
+}
+
+// publishOnce sends the messages msgs[todo[…]] in order, at most
+// publishWindow awaiting their acks at once, and records each acknowledged
+// one's cursor. It returns the indexes to send again, in order, or an
+// error when a message failed in a way a new attempt cannot fix or could
+// make a duplicate of.
+func (b *JetStream) publishOnce(ctx context.Context, msgs []Outgoing, todo []int, cursors []string) ([]int, error) {
+	var again []int
+	futures := make([]jetstream.PubAckFuture, 0, min(len(todo), publishWindow))
+	for start := 0; start < len(todo); start += publishWindow {
 		// At most publishWindow acks outstanding: the client stalls, then
 		// fails, past 4,000 (nats.go's default).
-		window := msgs[start:min(start+publishWindow, len(msgs))]
+		window := todo[start:min(start+publishWindow, len(todo))]
 		futures = futures[:0]
-		for _, m := range window {
-			var opts []jetstream.PublishOpt
+		for _, i := range window {
+			m := msgs[i]
+			opts := []jetstream.PublishOpt{publishNoRetry}
 			if m.ID != "" {
 				opts = append(opts, jetstream.WithMsgID(m.ID))
 			}
 			f, err := b.js.PublishAsync(m.Subject, m.Data, opts...)
 			if err != nil {
-				return nil, fmt.Errorf("jetstream publish %q: %w", m.Subject, err)
+				if errors.Is(err, nats.ErrConnectionClosed) {
+					return nil, fmt.Errorf("jetstream publish %q: %w", m.Subject, err)
+				}
+				break // not sent: this one and the rest of the window go again
 			}
 			futures = append(futures, f)
 		}
-		for i, f := range futures {
+		// Wait for every future of the window, failed ones included, so
+		// that nothing of this attempt is still in flight when the next
+		// one sends.
+		for k, i := range window {
+			if k >= len(futures) {
+				again = append(again, i)
+				continue
+			}
 			select {
-			case ack := <-f.Ok():
-				cursors[start+i] = FormatJSCursor(ack.Sequence)
-			case err := <-f.Err():
-				return nil, fmt.Errorf("jetstream publish %q: %w", window[i].Subject, err)
+			case ack := <-futures[k].Ok():
+				cursors[i] = FormatJSCursor(ack.Sequence)
+			case err := <-futures[k].Err():
+				if !publishRetryable(err, msgs[i].ID != "") {
+					return nil, fmt.Errorf("jetstream publish %q: %w", msgs[i].Subject, err)
+				}
+				again = append(again, i)
 			case <-ctx.Done():
 				return nil, fmt.Errorf("jetstream publish: waiting for acks: %w", ctx.Err())
 			}
 		}
 	}
-	return cursors, nil
+	return again, nil
 }
 
-// publishWindow bounds the acks Publish waits for at once.
-const publishWindow = 1024
+// publishRetryable reports whether a message that failed with err may be
+// sent again: always when the server refused it or never got it, and only
+// with an id when it may have stored it (a lost ack).
+func publishRetryable(err error, hasID bool) bool {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
+		return true // no stream leader to store it: an election
+	case errors.As(err, &apiErr):
+		return apiErr.Code == 503 // JetStream temporarily unavailable; other refusals are final
+	case errors.Is(err, nats.ErrDisconnected), errors.Is(err, jetstream.ErrAsyncPublishTimeout):
+		return hasID
+	}
+	return false
+}
+
+// publishNoRetry turns off the library's own retry on "no responders": it
+// re-sends each message on a timer of its own, which can reorder a window.
+// Publish retries itself, in order.
+var publishNoRetry = jetstream.WithRetryAttempts(0)
+
+const (
+	// publishWindow bounds the acks Publish waits for at once.
+	publishWindow = 1024
+	// publishAckTimeout fails an ack that never comes, as when the stream
+	// leader fails after receiving a message but before acknowledging it
+	// to a publisher on another server (whose connection stays up). Acks
+	// take milliseconds, even from a replicated stream under load.
+	publishAckTimeout = 5 * time.Second
+	// publishRetryMin and publishRetryMax space the attempts of Publish
+	// during a failover; a NATS leader election takes about 2 s.
+	publishRetryMin = 50 * time.Millisecond
+	publishRetryMax = time.Second
+)
 
 // Consume delivers every message stored after it starts, with its cursor,
 // through one ordered consumer (the library recreates it after a gap or a
@@ -226,38 +326,61 @@ func (b *JetStream) Consume(ctx context.Context, h Handler, started func(start s
 	if last > 0 {
 		start = FormatJSCursor(last)
 	}
-	return b.run(ctx, cons, h, func() {
+	return b.run(ctx, cons, last, h, func() {
 		if started != nil {
 			started(start)
 		}
 	})
 }
 
-// run consumes cons, batching messages to h, until ctx is done.
-func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, h Handler, started func()) error {
+// consumeHeartbeat is how often the server tells the live feed's consumer
+// that it is alive while no message comes. Two missed in a row and the
+// library re-creates the consumer: on a cluster, the node holding it may
+// have failed while this connection, on another node, stayed up. The
+// library's 5 s default stalled the feed of a gateway on a surviving node
+// for 10 s when the stream leader's node stopped.
+const consumeHeartbeat = time.Second
+
+// run consumes cons, which starts after stream sequence after, batching
+// messages to h, until ctx is done. Meanwhile watchStream re-creates the
+// stream if it is lost.
+func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, after uint64, h Handler, started func()) error {
 	ch := make(chan Message, consumeBuffer)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var last atomic.Uint64 // stream sequence of the last message handed to the handler below
+	last.Store(after)
+	check := make(chan struct{}, 1) // asks watchStream to look for the stream
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		meta, err := m.Metadata()
 		if err != nil {
 			b.core.log.Warn("jetstream message without metadata", zap.Error(err))
 			return
 		}
+		last.Store(meta.Sequence.Stream)
 		select { // blocking: a slow dispatcher makes the consumer stop pulling
 		case ch <- Message{Subject: m.Subject(), Data: m.Data(), Cursor: FormatJSCursor(meta.Sequence.Stream)}:
 		case <-ctx.Done():
 		}
 	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		b.core.log.Debug("jetstream consume", zap.Error(err))
-	}))
+		select {
+		case check <- struct{}{}:
+		default:
+		}
+	}), jetstream.PullHeartbeat(consumeHeartbeat))
 	if err != nil {
 		return fmt.Errorf("jetstream: consume %q: %w", b.cfg.Stream, err)
 	}
+	reconnected := b.core.nc.StatusChanged(nats.CONNECTED)
+	var watch sync.WaitGroup
+	watch.Go(func() { b.watchStream(ctx, check, reconnected, &last) })
 	defer func() {
-		cancel() // unblocks a handler waiting to send
+		cancel() // unblocks a handler waiting to send, and ends watchStream
 		cc.Stop()
 		<-cc.Closed()
+		watch.Wait()
+		b.core.nc.RemoveStatusListener(reconnected)
 	}()
 	if started != nil {
 		started()
@@ -285,6 +408,73 @@ func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, h Handler,
 		clear(batch)
 	}
 }
+
+// watchStream re-creates the stream if it is gone, each time it is asked
+// to look: after a reconnect (a restarted server has lost a memory stream)
+// or when the consumer reports trouble (deleting a stream deletes its
+// consumers). The live feed's ordered consumer, which the library keeps
+// trying to re-create (at most 10 s apart), then finds it. last is the
+// stream sequence of the last message delivered.
+func (b *JetStream) watchStream(ctx context.Context, check <-chan struct{}, reconnected <-chan nats.Status, last *atomic.Uint64) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-check:
+		case <-reconnected:
+		}
+		for wait := streamLookMin; !b.restoreStream(ctx, last.Load()); wait = min(2*wait, streamLookMax) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+	}
+}
+
+// restoreStream looks for the stream and re-creates it if the server says
+// it does not exist. It reports false when it got no answer (a reconnect
+// in progress, an election): look again later.
+func (b *JetStream) restoreStream(ctx context.Context, last uint64) bool {
+	ctx, cancel := context.WithTimeout(ctx, streamLookTimeout)
+	defer cancel()
+	_, err := b.js.Stream(ctx, b.cfg.Stream)
+	if err == nil {
+		return true
+	}
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		b.core.log.Debug("jetstream: looking for the stream", zap.Error(err))
+		return false
+	}
+	// Numbered on after the last event delivered, cursors keep increasing
+	// (the hub's hand-over compares them) and those of the lost history
+	// are older than the new stream: expired, so a client re-syncs.
+	want := b.want
+	want.FirstSeq = last + 1
+	if _, err := b.js.CreateStream(ctx, want); err != nil {
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return true // another node (or a publisher) re-created it first
+		}
+		b.core.log.Warn("jetstream: re-creating the lost stream", zap.String("stream", want.Name), zap.Error(err))
+		return false
+	}
+	b.core.log.Warn("JetStream stream was gone (a memory stream does not survive a server restart): re-created it with the configured settings; its history is lost and older cursors have expired",
+		zap.String("stream", want.Name), zap.String("storage", want.Storage.String()), zap.String("first_cursor", FormatJSCursor(want.FirstSeq)))
+	return true
+}
+
+const (
+	// streamLookMin and streamLookMax space watchStream's attempts while
+	// the server does not answer.
+	streamLookMin = 100 * time.Millisecond
+	streamLookMax = 5 * time.Second
+	// streamLookTimeout bounds one look (and re-creation). A request the
+	// failing server took down with it is never answered, and the look
+	// that a consume error starts often goes to a server shutting down:
+	// the answer takes milliseconds, so give up soon and look again.
+	streamLookTimeout = time.Second
+)
 
 // Ready reports whether the connection is up.
 func (b *JetStream) Ready() bool { return b.core.Ready() }

@@ -42,7 +42,7 @@ type jsConsumer struct {
 
 	// used by Consume and Ack, on the caller's goroutine
 	last    uint64   // stream sequence of the last message delivered to h
-	unacked []jsTail // the last message of each batch h received, not yet acknowledged
+	unacked []jsTail // the ack points h received, not yet acknowledged
 }
 
 type jsTail struct {
@@ -233,6 +233,10 @@ func (c *jsConsumer) Consume(ctx context.Context, tick time.Duration, h func([]M
 				c.last = seq
 				batch = append(batch, Message{Subject: m.Subject(), Data: m.Data(), Cursor: FormatJSCursor(seq)})
 				tail, tailSeq = m, seq
+				if len(batch)%AckEvery == 0 { // an ack point (see Consumer.Ack)
+					c.unacked = append(c.unacked, jsTail{seq: seq, msg: m})
+					tail = nil
+				}
 			}
 			if len(batch) == cap(batch) {
 				break
@@ -243,17 +247,19 @@ func (c *jsConsumer) Consume(ctx context.Context, tick time.Duration, h func([]M
 				break fill
 			}
 		}
-		if tail == nil {
+		if tail != nil {
+			c.unacked = append(c.unacked, jsTail{seq: tailSeq, msg: tail})
+		}
+		if len(batch) == 0 {
 			continue
 		}
-		c.unacked = append(c.unacked, jsTail{seq: tailSeq, msg: tail})
 		h(batch)
 		clear(batch)
 		batch = batch[:0]
 	}
 }
 
-// Ack acknowledges (ack-all) the last batch end at or before cursor.
+// Ack acknowledges (ack-all) the last ack point at or before cursor.
 func (c *jsConsumer) Ack(ctx context.Context, cursor string, wait bool) error {
 	seq, err := ParseJSCursor(cursor)
 	if err != nil {

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func dialJS(t *testing.T, cfg broker.JetStreamConfig) *broker.JetStream {
@@ -184,5 +187,93 @@ func TestJetStreamReplayExpiredCursor(t *testing.T) {
 	err := b.Replay(context.Background(), []string{"x.>"}, "js:1", "js:100", func([]broker.Message) error { return nil })
 	if !errors.Is(err, broker.ErrCursorExpired) {
 		t.Fatalf("replay from a trimmed cursor: %v, want ErrCursorExpired", err)
+	}
+}
+
+// TestJetStreamDeletedStreamIsRecreated deletes the stream under a live
+// feed (as an operator might, or as a restart does to a memory stream):
+// the broker re-creates it, numbered on after the last event delivered, and
+// the feed goes on.
+func TestJetStreamDeletedStreamIsRecreated(t *testing.T) {
+	ns := brokertest.NATS(t)
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"d.>"}}, Stream: "D", Storage: "memory"})
+	c := consume(t, b)
+	publish := func(from, to int) {
+		t.Helper()
+		var out []broker.Outgoing
+		for i := from; i <= to; i++ {
+			out = append(out, broker.Outgoing{Subject: "d.x", Data: []byte(fmt.Sprint(i))})
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := b.Publish(ctx, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(1, 3)
+	c.waitFor(t, 3)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(context.Background(), "D"); err != nil {
+		t.Fatal(err)
+	}
+	publish(4, 6) // answered "no responders" until the stream is back
+	got := c.waitFor(t, 6)
+	for i, m := range got {
+		if string(m.Data) != fmt.Sprint(i+1) || m.Cursor != broker.FormatJSCursor(uint64(i+1)) {
+			t.Fatalf("message %d: %q %q, want %d js:%d", i, m.Data, m.Cursor, i+1, i+1)
+		}
+	}
+	s, err := js.Stream(context.Background(), "D")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := s.CachedInfo().Config; cfg.Storage != jetstream.MemoryStorage || !slices.Equal(cfg.Subjects, []string{"d.>"}) {
+		t.Errorf("re-created with storage %v, subjects %v; want the configured memory, [d.>]", cfg.Storage, cfg.Subjects)
+	}
+}
+
+// TestJetStreamReplicasOnCluster: on a NATS cluster, a stream an operator
+// made with 3 replicas keeps them when the broker is not told a count (it
+// used to shrink it to 1), and a new stream gets 1 unless told otherwise.
+func TestJetStreamReplicasOnCluster(t *testing.T) {
+	nodes := brokertest.NATSCluster(t, 3)
+	url := nodes[0].ClientURL()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OPS", Subjects: []string{"o.>"}, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	replicas := func(name string) int {
+		t.Helper()
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Config.Replicas
+	}
+	dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"o.>"}}, Stream: "OPS", MaxAge: time.Hour})
+	if n := replicas("OPS"); n != 3 {
+		t.Errorf("the operator's stream has %d replicas after the broker updated it, want 3", n)
+	}
+	dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"n.>"}}, Stream: "NEW"})
+	if n := replicas("NEW"); n != 1 {
+		t.Errorf("a new stream has %d replicas, want 1", n)
 	}
 }

@@ -226,6 +226,15 @@ func (b *Redis) Replay(ctx context.Context, _ []string, after, until string, h f
 		return err
 	}
 	info, err := b.rdb.XInfoStream(ctx, b.cfg.Stream).Result()
+	if err != nil && strings.Contains(err.Error(), "no such key") {
+		// Nothing was published yet: the stream is empty. A cursor is
+		// then ahead of it; "from the first" replays nothing. (Reported
+		// as a failed broker, a resume would wait for the key forever.)
+		if a != "" {
+			return fmt.Errorf("%w: %s is ahead of the stream (%q holds no event)", ErrBadCursor, after, b.cfg.Stream)
+		}
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("redis: xinfo %q: %w", b.cfg.Stream, err)
 	}

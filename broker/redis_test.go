@@ -81,6 +81,22 @@ func TestRedisPublishConsumeReplay(t *testing.T) {
 	}
 }
 
+// TestRedisReplayOfNoStream: before the first event the stream key does
+// not exist; a cursor is then ahead of the stream, and replaying from the
+// first replays nothing.
+func TestRedisReplayOfNoStream(t *testing.T) {
+	b := dialRedis(t, broker.RedisConfig{URL: "redis://" + brokertest.Redis(t), Stream: "{none}"})
+	err := b.Replay(context.Background(), nil, "rs:1-0", "rs:2-0", func([]broker.Message) error { return nil })
+	if !errors.Is(err, broker.ErrBadCursor) {
+		t.Errorf("replay from a cursor of an empty stream: %v, want ErrBadCursor", err)
+	}
+	n := 0
+	err = b.Replay(context.Background(), nil, "", "rs:2-0", func(ms []broker.Message) error { n += len(ms); return nil })
+	if err != nil || n != 0 {
+		t.Errorf("replay from the first of an empty stream: %d messages, %v; want none", n, err)
+	}
+}
+
 func TestRedisExpiredCursor(t *testing.T) {
 	addr := brokertest.Redis(t)
 	b := dialRedis(t, broker.RedisConfig{URL: "redis://" + addr, Stream: "e", MaxLen: 10})

@@ -111,12 +111,17 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 			if len(ms) == 0 {
 				return
 			}
-			if err := c.queueEvents(cctx, ms, st.pattern, subs); err != nil {
-				stop() // the connection is ending
-				return
+			// Queued in chunks that end at the consumer's ack points, each
+			// acknowledged once written.
+			for i := 0; i < len(ms); i += broker.AckEvery {
+				chunk := ms[i:min(i+broker.AckEvery, len(ms))]
+				if err := c.queueEvents(cctx, chunk, st.pattern, subs); err != nil {
+					stop() // the connection is ending
+					return
+				}
+				last = chunk[len(chunk)-1].Cursor
+				f.pending = append(f.pending, feedAck{pushed: c.cl.mb.pushes(), cursor: last})
 			}
-			last = ms[len(ms)-1].Cursor
-			f.pending = append(f.pending, feedAck{pushed: c.cl.mb.pushes(), cursor: last})
 		})
 		if cctx.Err() != nil {
 			return

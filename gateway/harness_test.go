@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -32,6 +33,8 @@ type env struct {
 	reg  *prometheus.Registry
 	b    broker.Broker
 	stop func() // shuts the gateway down gracefully (idempotent)
+
+	redis *brokertest.RedisServer // the "redis" kind's server
 
 	kind     string
 	jsMutate func(*broker.JetStreamConfig)
@@ -67,6 +70,7 @@ func startEnv(t *testing.T, ns *server.Server, kind string, jsMutate func(*broke
 	defer cancel()
 	ncfg := broker.NATSConfig{URL: ns.ClientURL(), Name: "gateway-test"}
 	var b broker.Broker
+	var rs *brokertest.RedisServer
 	var err error
 	switch kind {
 	case "nats":
@@ -79,7 +83,8 @@ func startEnv(t *testing.T, ns *server.Server, kind string, jsMutate func(*broke
 		}
 		b, err = broker.DialJetStream(ctx, jcfg)
 	case "redis":
-		b, err = broker.DialRedis(ctx, broker.RedisConfig{URL: "redis://" + brokertest.Redis(t), Stream: "{fanwire}"})
+		rs = brokertest.StartRedis(t, t.TempDir(), 0)
+		b, err = broker.DialRedis(ctx, broker.RedisConfig{URL: "redis://" + rs.Addr(), Stream: "{fanwire}"})
 	default:
 		t.Fatalf("unknown broker kind %q", kind)
 	}
@@ -97,7 +102,7 @@ func startEnv(t *testing.T, ns *server.Server, kind string, jsMutate func(*broke
 		t.Fatal(err)
 	}
 	var once sync.Once
-	e := &env{t: t, ns: ns, nc: nc, srv: gs.Gateway, http: gs.HTTP, reg: reg, b: b, kind: kind, jsMutate: jsMutate}
+	e := &env{t: t, ns: ns, nc: nc, srv: gs.Gateway, http: gs.HTTP, reg: reg, b: b, kind: kind, jsMutate: jsMutate, redis: rs}
 	e.stop = func() {
 		once.Do(func() {
 			gs.Close()
@@ -120,6 +125,16 @@ func (e *env) publish(subject, data string) {
 	if err := e.nc.Flush(); err != nil {
 		e.t.Fatal(err)
 	}
+}
+
+// ready reports whether the gateway's /readyz answers 200.
+func (e *env) ready() bool {
+	resp, err := http.Get(e.http.URL + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // counter reads a counter or gauge from the gateway's registry.
@@ -212,8 +227,14 @@ func (cl *client) readFrame(d time.Duration) error {
 // pop returns the next message, decoded and verbatim, waiting up to 5 s.
 func (cl *client) pop() (map[string]any, string) {
 	cl.t.Helper()
+	return cl.popWithin(5 * time.Second)
+}
+
+// popWithin is pop waiting up to d.
+func (cl *client) popWithin(d time.Duration) (map[string]any, string) {
+	cl.t.Helper()
 	for len(cl.msgs) == 0 {
-		if err := cl.readFrame(5 * time.Second); err != nil {
+		if err := cl.readFrame(d); err != nil {
 			cl.t.Fatalf("waiting for a message: %v", err)
 		}
 	}
@@ -226,6 +247,14 @@ func (cl *client) pop() (map[string]any, string) {
 func (cl *client) next() map[string]any {
 	cl.t.Helper()
 	m, _ := cl.pop()
+	return m
+}
+
+// nextWithin returns the next message, waiting up to d: across a broker
+// failover, which takes longer than pop's 5 s.
+func (cl *client) nextWithin(d time.Duration) map[string]any {
+	cl.t.Helper()
+	m, _ := cl.popWithin(d)
 	return m
 }
 

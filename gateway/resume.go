@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"go.uber.org/zap"
 )
 
 // subState is one subscription of a connection.
@@ -98,11 +99,48 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 		}
 		return wasEmpty, err
 	}
+	var through string // cursor of the last message of the last batch this replay handed to deliver
 	deliver := func(ms []broker.Message) error {
 		if reply() {
 			c.cl.signal()
 		}
-		return c.queueEvents(ctx, ms, st.pattern, subs)
+		if err := c.queueEvents(ctx, ms, st.pattern, subs); err != nil {
+			return err
+		}
+		if len(ms) > 0 {
+			through = ms[len(ms)-1].Cursor
+		}
+		return nil
+	}
+	// replay runs Replay and sorts its failures. A cursor the broker
+	// refuses ends the resume with an error for the client (stop). A failed
+	// broker (a failover, a restart) is waited out while the connection
+	// lives, as the live feed waits it out: replay reports !done and the
+	// caller goes on after through, the last message replayed.
+	retryWait := resumeRetryMin
+	replay := func(after, until string) (done, stop bool) {
+		through = after
+		err := d.Replay(ctx, filters, after, until, deliver)
+		switch {
+		case err == nil:
+			retryWait = resumeRetryMin
+			return true, false
+		case ctx.Err() != nil, errors.Is(err, ErrMailboxFull):
+			return false, true
+		case errors.Is(err, broker.ErrBadCursor), errors.Is(err, broker.ErrCursorExpired):
+			c.failSubscribe(id, err)
+			return false, true
+		}
+		if retryWait == resumeRetryMin {
+			c.s.log.Warn("resume: the broker failed to replay; retrying", zap.String("connection", c.id), zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return false, true
+		case <-time.After(retryWait):
+		}
+		retryWait = min(2*retryWait, resumeRetryMax)
+		return false, false
 	}
 	pos := after
 	validated := false
@@ -122,13 +160,11 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 			// this node has not dispatched that far yet), wait for ours; if
 			// it is ahead of the stream, it is a bad cursor.
 			if !validated {
-				if err := d.Replay(ctx, filters, pos, pos, deliver); err != nil {
-					if ctx.Err() == nil {
-						c.failSubscribe(id, err)
-					}
+				done, stop := replay(pos, pos)
+				if stop {
 					return
 				}
-				validated = true
+				validated = done
 			}
 			select {
 			case <-ctx.Done():
@@ -138,11 +174,13 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 			continue
 		}
 		if w != "" { // replay (pos, w]; pos == "" replays from the first retained
-			if err := d.Replay(ctx, filters, pos, w, deliver); err != nil {
-				if ctx.Err() == nil && !errors.Is(err, ErrMailboxFull) {
-					c.failSubscribe(id, err)
-				}
+			done, stop := replay(pos, w)
+			if stop {
 				return
+			}
+			if !done {
+				pos = through
+				continue
 			}
 			pos = w
 		}
@@ -197,6 +235,13 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 		}
 	}
 }
+
+// resumeRetryMin and resumeRetryMax space a resume's attempts to replay
+// while the broker fails over (a NATS leader election takes about 2 s).
+const (
+	resumeRetryMin = 50 * time.Millisecond
+	resumeRetryMax = time.Second
+)
 
 // queueEvents queues the messages of ms that match pattern as events of
 // one subscription (subs), waiting while the mailbox is over half full: a

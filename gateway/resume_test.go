@@ -3,7 +3,6 @@ package gateway_test
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
-	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -233,42 +231,6 @@ func TestSlowConsumerResumesWithoutLoss(t *testing.T) {
 		}
 	}
 	again.quiet()
-}
-
-// TestJetStreamBrokerRestart restarts the NATS server under a gateway with
-// connected clients: the clients stay connected, the gateway becomes ready
-// again, and events published after the restart reach them in order.
-func TestJetStreamBrokerRestart(t *testing.T) {
-	e := jsEnv(t, func(c *broker.JetStreamConfig) { c.Storage = "file" }) // a memory stream would not survive
-	cl := e.dial()
-	cl.subscribe("s", "orders.*")
-	e.publishN("orders.x", 1, 5)
-	for i := 1; i <= 5; i++ {
-		cl.expect(map[string]any{"type": "event", "data": i})
-	}
-	ready := func() int {
-		resp, err := http.Get(e.http.URL + "/readyz")
-		if err != nil {
-			return 0
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	ns := brokertest.RestartNATS(t, e.ns)
-	e.ns = ns
-	waitFor(t, "ready again after the restart", func() bool { return ready() == http.StatusOK })
-	// The library recreates the ordered consumer after the reconnect, from
-	// the last sequence it delivered.
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	e.nc = nc
-	e.publishN("orders.x", 6, 5)
-	for i := 6; i <= 10; i++ {
-		cl.expect(map[string]any{"type": "event", "data": i})
-	}
 }
 
 // TestRedisStreamsLiveAndResume runs the gateway on Redis Streams: events

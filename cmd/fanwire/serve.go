@@ -34,6 +34,7 @@ type wsFlags struct {
 	storage          string
 	consumer         string
 	durableInactive  time.Duration
+	replicas         int
 	redisURL         string
 	redisMaxLen      int64
 	listen           string
@@ -71,6 +72,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.storage, "storage", "file", "jetstream: file or memory")
 	fs.StringVar(&f.consumer, "consumer", "shared", "jetstream: shared (one live consumer per node feeds every subscription) or per-connection (every subscription gets its own consumer on the server)")
 	fs.DurationVar(&f.durableInactive, "durable-inactive", 24*time.Hour, "jetstream: the server deletes a durable subscription consumer nobody has been bound to for this long")
+	fs.IntVar(&f.replicas, "replicas", 0, "jetstream: the stream's replicas, 3 on a NATS cluster (0: an existing stream keeps its own, a new one gets 1)")
 	f.subjects = listFlag{">"}
 	fs.Var(&f.subjects, "subjects", "the subject space this node consumes, comma-separated NATS patterns (e.g. db.>,app.>); patterns must not overlap; jetstream needs one narrower than >")
 	fs.StringVar(&f.apiKey, "api-key", "", "when set, POST /api/publish requires Authorization: Bearer <key>")
@@ -208,6 +210,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 			MaxAge:     f.retentionAge,
 			MaxBytes:   f.retentionBytes,
 			Storage:    f.storage,
+			Replicas:   f.replicas,
 		})
 	case "redis":
 		b, err = broker.DialRedis(dialCtx, broker.RedisConfig{URL: f.redisURL, Stream: f.stream, MaxLen: f.redisMaxLen, Logger: log.Named("redis")})

@@ -1,0 +1,158 @@
+package brokertest
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NATS starts an embedded NATS server with JetStream and returns it; its
+// ClientURL() is the URL to connect to.
+func NATS(t testing.TB) *server.Server {
+	t.Helper()
+	ns, err := broker.StartEmbedded(broker.EmbeddedConfig{JetStream: true, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatalf("brokertest: %v", err)
+	}
+	t.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	return ns
+}
+
+// NATSCluster starts an n-node NATS cluster in this process: embedded
+// servers with JetStream (each with its own store in t.TempDir() and its own
+// name), routed to each other on loopback. It returns once the routes are up
+// and JetStream has a meta leader that sees every node, so a stream with up
+// to n replicas can be created at once. The nodes are stopped by t.Cleanup;
+// stop one earlier, as a failed machine, with Shutdown and WaitForShutdown.
+// Connect to several with a comma-separated list of their ClientURL()s.
+func NATSCluster(t testing.TB, n int) []*server.Server {
+	t.Helper()
+	routes := make([]string, n)
+	ports := make([]int, n)
+	for i := range n {
+		ports[i] = freePort(t)
+		routes[i] = "nats-route://127.0.0.1:" + strconv.Itoa(ports[i])
+	}
+	nodes := make([]*server.Server, 0, n)
+	for i := range n {
+		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{
+			JetStream:  true,
+			StoreDir:   t.TempDir(),
+			ServerName: "node-" + strconv.Itoa(i),
+			Cluster:    &broker.EmbeddedCluster{Name: "fanwire-test", Port: ports[i], Routes: routes},
+		})
+		if err != nil {
+			t.Fatalf("brokertest: cluster node %d: %v", i, err)
+		}
+		t.Cleanup(func() {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		})
+		nodes = append(nodes, ns)
+	}
+	// A meta leader that counts every node as a peer (it has heard from
+	// each) can place n replicas; before that, creating an R3 stream fails
+	// with "insufficient resources".
+	formed := func() bool {
+		leaders := 0
+		for _, ns := range nodes {
+			if !ns.JetStreamIsCurrent() {
+				return false
+			}
+			if ns.JetStreamIsLeader() {
+				leaders++
+				if len(ns.JetStreamClusterPeers()) != n {
+					return false
+				}
+			}
+		}
+		return leaders == 1
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !formed() {
+		if time.Now().After(deadline) {
+			t.Fatalf("brokertest: %d-node NATS cluster not formed after 30s", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// And the JetStream API answers a client on every node.
+	for _, ns := range nodes {
+		if err := jetStreamAnswers(ns, deadline); err != nil {
+			t.Fatalf("brokertest: JetStream on %s: %v", ns.Name(), err)
+		}
+	}
+	return nodes
+}
+
+// jetStreamAnswers polls the JetStream API through a client of ns until it
+// answers or deadline passes.
+func jetStreamAnswers(ns *server.Server, deadline time.Time) error {
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := js.AccountInfo(ctx)
+		cancel()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// RestartNATS shuts ns down and starts a new server on the same port with
+// the same JetStream store, as a restarted broker; the new one is stopped
+// by t.Cleanup. (The first server's cleanup is harmless on a stopped one.)
+func RestartNATS(t testing.TB, ns *server.Server) *server.Server {
+	t.Helper()
+	port, dir := Port(ns), StoreDir(ns)
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	return NATSWithStore(t, dir, port)
+}
+
+// Port is the client port of ns.
+func Port(ns *server.Server) int { return ns.Addr().(*net.TCPAddr).Port }
+
+// StoreDir is the JetStream store of ns, as NATSWithStore takes it.
+func StoreDir(ns *server.Server) string { return filepath.Dir(ns.StoreDir()) }
+
+// NATSWithStore starts an embedded JetStream server with the store dir of
+// a server that is stopped (see StoreDir), on port (0: a free one), and
+// stops it by t.Cleanup. Started on another port, it lets a test change a
+// stopped broker's data while that broker's clients cannot reach it.
+func NATSWithStore(t testing.TB, dir string, port int) *server.Server {
+	t.Helper()
+	var err error
+	for range 50 { // a port is free again once the old listener is closed
+		var ns *server.Server
+		if ns, err = broker.StartEmbedded(broker.EmbeddedConfig{Port: port, JetStream: true, StoreDir: dir}); err == nil {
+			t.Cleanup(func() {
+				ns.Shutdown()
+				ns.WaitForShutdown()
+			})
+			return ns
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("brokertest: start NATS on port %d with the store in %s: %v", port, dir, err)
+	return nil
+}
