@@ -27,6 +27,11 @@ type JetStreamConfig struct {
 	Storage    string        // "file" (default) or "memory"
 	Replicas   int           // stream replicas, 3 on a cluster (0: an existing stream keeps its own, a new one gets 1)
 	Duplicates time.Duration // deduplication window for publish ids (default 2m)
+	// OnGap is called with the number of events the live feed skipped
+	// because they were removed from the stream before it read them (a
+	// long outage outlived retention): they cannot be delivered, so they
+	// are counted.
+	OnGap func(n int)
 }
 
 // JetStream is the durable NATS broker: every event is stored in a stream
@@ -37,6 +42,7 @@ type JetStream struct {
 	cfg    JetStreamConfig        // static
 	want   jetstream.StreamConfig // static: the stream's settings, to re-create it when it is lost
 	stream jetstream.Stream
+	buffer int // messages the live feed holds for a busy handler (consumeBuffer; tests make it small)
 }
 
 // CursorPrefixJS starts every JetStream cursor.
@@ -345,7 +351,7 @@ const consumeHeartbeat = time.Second
 // messages to h, until ctx is done. Meanwhile watchStream re-creates the
 // stream if it is lost.
 func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, after uint64, h Handler, started func()) error {
-	ch := make(chan Message, consumeBuffer)
+	ch := make(chan Message, cmp.Or(b.buffer, consumeBuffer))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var last atomic.Uint64 // stream sequence of the last message handed to the handler below
@@ -357,7 +363,11 @@ func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, after uint
 			b.core.log.Warn("jetstream message without metadata", zap.Error(err))
 			return
 		}
-		last.Store(meta.Sequence.Stream)
+		// The feed filters on the stream's own subjects: a sequence it skips
+		// was removed (retention, a purge) before this node read it.
+		if prev := last.Swap(meta.Sequence.Stream); meta.Sequence.Stream > prev+1 && b.cfg.OnGap != nil {
+			b.cfg.OnGap(int(meta.Sequence.Stream - prev - 1))
+		}
 		select { // blocking: a slow dispatcher makes the consumer stop pulling
 		case ch <- Message{Subject: m.Subject(), Data: m.Data(), Cursor: FormatJSCursor(meta.Sequence.Stream)}:
 		case <-ctx.Done():

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -276,4 +277,52 @@ func TestJetStreamReplicasOnCluster(t *testing.T) {
 	if n := replicas("NEW"); n != 1 {
 		t.Errorf("a new stream has %d replicas, want 1", n)
 	}
+}
+
+// TestJetStreamGapsAreCounted: events removed by retention before the live
+// feed read them (its handler was stuck) are reported to OnGap, so that
+// every published event is either delivered or counted.
+func TestJetStreamGapsAreCounted(t *testing.T) {
+	ns := brokertest.NATS(t)
+	var gaps atomic.Int64
+	b := dialJS(t, broker.JetStreamConfig{
+		NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"x.>"}},
+		Stream:     "G", MaxBytes: 64 << 10,
+		OnGap: func(n int) { gaps.Add(int64(n)) },
+	})
+	broker.SetFeedBuffer(b, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	release := make(chan struct{})
+	started := make(chan string, 1)
+	var delivered atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		done <- b.Consume(ctx, func(ms []broker.Message, _ time.Time) {
+			<-release // stuck until every event is published
+			delivered.Add(int64(len(ms)))
+		}, func(s string) { started <- s })
+	}()
+	<-started
+	const n = 5000
+	data := []byte(`{"pad":"` + strings.Repeat("p", 200) + `"}`)
+	for i := 0; i < n; i += 500 {
+		var out []broker.Outgoing
+		for range 500 {
+			out = append(out, broker.Outgoing{Subject: "x.y", Data: data})
+		}
+		if _, err := b.Publish(context.Background(), out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(release)
+	deadline := time.Now().Add(10 * time.Second)
+	for delivered.Load()+gaps.Load() < n && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if d, g := delivered.Load(), gaps.Load(); d+g != n || g == 0 {
+		t.Fatalf("%d delivered + %d counted as gaps, want %d in all with some gaps (64 KiB retention)", d, g, n)
+	}
+	cancel()
+	<-done
 }

@@ -211,6 +211,11 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 			MaxBytes:   f.retentionBytes,
 			Storage:    f.storage,
 			Replicas:   f.replicas,
+			OnGap: func(n int) {
+				if s := srvRef.Load(); s != nil {
+					s.CountDropped("removed_before_read", n)
+				}
+			},
 		})
 	case "redis":
 		b, err = broker.DialRedis(dialCtx, broker.RedisConfig{URL: f.redisURL, Stream: f.stream, MaxLen: f.redisMaxLen, Logger: log.Named("redis")})

@@ -1,0 +1,6 @@
+package broker
+
+// SetFeedBuffer sets how many messages b's live feed holds for a busy
+// handler, so that a test can make it fall behind the stream with a few
+// hundred events instead of 64Ki.
+func SetFeedBuffer(b *JetStream, n int) { b.buffer = n }
