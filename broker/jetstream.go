@@ -569,7 +569,24 @@ func (b *JetStream) Replay(ctx context.Context, filters []string, after, until s
 	defer it.Stop()
 	batch := make([]Message, 0, maxBatch)
 	for {
-		m, err := it.Next(jetstream.NextContext(ctx))
+		m, err := it.Next(jetstream.NextMaxWait(replayStall))
+		if errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
+			// Slow (a loaded machine, a failover), or the messages still
+			// to come were removed meanwhile (retention): ask the server.
+			info, ierr := cons.Info(ctx)
+			if ierr != nil {
+				return fmt.Errorf("jetstream: replay: %w", ierr)
+			}
+			if info.NumPending == 0 && info.NumAckPending == 0 {
+				if len(batch) > 0 {
+					if err := h(batch); err != nil {
+						return err
+					}
+				}
+				return ctx.Err()
+			}
+			continue
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -619,6 +636,9 @@ const (
 	// replayBatch is the pull window of a replay: the library asks for
 	// more when half of it is consumed, so fetching overlaps delivery.
 	replayBatch = 1024
+	// replayStall is how long a replay waits for its next message before
+	// it asks the server whether any is still to come.
+	replayStall = 2 * time.Second
 	// replayInactive is how long the server keeps a replay consumer
 	// nobody reads from (one whose process died).
 	replayInactive = time.Minute

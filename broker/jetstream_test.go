@@ -1,11 +1,15 @@
 package broker_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -175,6 +179,161 @@ func TestJetStreamReplay(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestJetStreamReplayEndsWithoutMatches replays a range in which nothing
+// after the cursor matches the filter: the replay ends at once, and still
+// ends once a matching message lies only beyond the range.
+func TestJetStreamReplayEndsWithoutMatches(t *testing.T) {
+	ns := brokertest.NATS(t)
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "M"})
+	out := []broker.Outgoing{{Subject: "db.a.1", Data: []byte(`1`)}}
+	for i := 2; i <= 5; i++ {
+		out = append(out, broker.Outgoing{Subject: fmt.Sprintf("db.b.%d", i), Data: []byte(fmt.Sprint(i))})
+	}
+	if _, err := b.Publish(t.Context(), out); err != nil {
+		t.Fatal(err)
+	}
+	replay := func() ([]string, error) {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		var got []string
+		err := b.Replay(ctx, []string{"db.a.>"}, "js:1", "js:5", func(ms []broker.Message) error {
+			for _, m := range ms {
+				got = append(got, m.Cursor)
+			}
+			return nil
+		})
+		return got, err
+	}
+	if got, err := replay(); err != nil || len(got) != 0 {
+		t.Fatalf("replay db.a.> (js:1, js:5] with no match after js:1: %v %v, want nothing and no error", got, err)
+	}
+	if _, err := b.Publish(t.Context(), []broker.Outgoing{{Subject: "db.a.6", Data: []byte(`6`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := replay(); err != nil || len(got) != 0 {
+		t.Fatalf("replay db.a.> (js:1, js:5] with a match at js:6: %v %v, want nothing and no error", got, err)
+	}
+}
+
+// TestJetStreamReplaySurvivesASlowFetch holds the server's answer to the
+// replay's first fetch for 1.5 s on the way to the client. nats.go ends a
+// no-wait fetch after 1 s without an answer, with no messages and no
+// error; the replay must fetch again, not take that for the end of the
+// range (which skipped the range's events for a resuming client).
+func TestJetStreamReplaySurvivesASlowFetch(t *testing.T) {
+	ns := brokertest.NATS(t)
+	p := startStallingProxy(t, ns.Addr().String(), 1500*time.Millisecond)
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + p.addr, Subjects: []string{"db.>"}}, Stream: "S"})
+	var out []broker.Outgoing
+	for i := 1; i <= 10; i++ {
+		out = append(out, broker.Outgoing{Subject: "db.a", Data: []byte(fmt.Sprint(i))})
+	}
+	cursors, err := b.Publish(t.Context(), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var got []string
+	err = b.Replay(ctx, []string{"db.>"}, "", cursors[9], func(ms []broker.Message) error {
+		for _, m := range ms {
+			got = append(got, m.Cursor)
+		}
+		return nil
+	})
+	if err != nil || !slices.Equal(got, cursors) {
+		t.Fatalf("replay (start, %s] through a stalled fetch: %v %v, want %v", cursors[9], got, err, cursors)
+	}
+	if !p.held.Load() {
+		t.Fatal("the proxy never held a fetch's answer: the test did not test the stall")
+	}
+}
+
+// stallingProxy forwards TCP to a NATS server and holds the first chunk
+// from the server that carries a JetStream message (its reply subject
+// starts with $JS.ACK.) for a while before passing it on.
+type stallingProxy struct {
+	addr string
+	held atomic.Bool // a chunk was held
+}
+
+// startStallingProxy serves until the test ends; its cleanup closes every
+// connection and waits for every goroutine it started.
+func startStallingProxy(t *testing.T, server string, hold time.Duration) *stallingProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallingProxy{addr: l.Addr().String()}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	track := func(c net.Conn) {
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		close(done)
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	marker := []byte("$JS.ACK.")
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", server)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			track(c)
+			track(s)
+			wg.Go(func() { _, _ = io.Copy(s, c); s.Close() })
+			wg.Go(func() {
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				var tail []byte // the end of the last chunk, for a marker split across two
+				for {
+					n, err := s.Read(buf)
+					if n > 0 {
+						chunk := buf[:n]
+						joined := append(slices.Clone(tail), chunk...)
+						if !p.held.Load() && bytes.Contains(joined, marker) {
+							p.held.Store(true)
+							select {
+							case <-time.After(hold):
+							case <-done:
+								return
+							}
+						}
+						tail = joined[max(0, len(joined)-len(marker)):]
+						if _, err := c.Write(chunk); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	return p
 }
 
 func TestJetStreamReplayExpiredCursor(t *testing.T) {

@@ -18,8 +18,16 @@ type RedisConfig struct {
 	URL    string // redis://[user:pass@]host:port[/db]
 	Stream string // stream key (default "fanwire"); on Redis Cluster give it a hash tag, e.g. "{fanwire}"
 	MaxLen int64  // approximate trimming (XADD MAXLEN ~); 0 keeps everything
-	Logger *zap.Logger
+	// DedupWindow is how long a publish id is remembered: a message with
+	// the same Outgoing.ID within it is not appended again and gets the
+	// original cursor, as on JetStream (whose stream window is also 2
+	// minutes by default). Default 2m.
+	DedupWindow time.Duration
+	Logger      *zap.Logger
 }
+
+// DefaultRedisDedupWindow is RedisConfig.DedupWindow's default: JetStream's.
+const DefaultRedisDedupWindow = 2 * time.Minute
 
 // Redis is the Redis Streams broker: every event is an entry of one stream
 // (fields "s": subject, "d": data) and carries the cursor "rs:<entry id>".
@@ -37,6 +45,12 @@ const CursorPrefixRedis = "rs:"
 func DialRedis(ctx context.Context, cfg RedisConfig) (*Redis, error) {
 	if cfg.Stream == "" {
 		cfg.Stream = "fanwire"
+	}
+	if cfg.DedupWindow == 0 {
+		cfg.DedupWindow = DefaultRedisDedupWindow
+	}
+	if cfg.DedupWindow < time.Millisecond { // SET PX counts whole milliseconds, at least 1
+		return nil, fmt.Errorf("redis: DedupWindow %v: want at least 1ms", cfg.DedupWindow)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -113,29 +127,79 @@ func (b *Redis) CompareCursors(x, y string) (int, error) {
 	return ia.cmp(ic), nil
 }
 
-// Publish appends msgs with one pipelined round trip of XADDs (trimmed
-// approximately to MaxLen). Redis assigns time-based ids; publish ids are
-// not deduplicated here.
+// Publish appends msgs with one pipelined round trip, in order, trimmed
+// approximately to MaxLen. A message without an ID is a plain XADD; one
+// with an ID goes through publishOnce, so a repeat within DedupWindow is
+// not appended again and returns the original cursor.
 func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	pipe := b.rdb.Pipeline()
-	cmds := make([]*redis.StringCmd, len(msgs))
+	loaded := false
+	results := make([]func() (string, error), len(msgs)) // each message's entry id, once Exec has run
 	for i, m := range msgs {
-		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{
-			Stream: b.cfg.Stream,
-			MaxLen: b.cfg.MaxLen,
-			Approx: b.cfg.MaxLen > 0,
-			Values: []any{"s", m.Subject, "d", m.Data},
-		})
+		if m.ID == "" {
+			results[i] = pipe.XAdd(ctx, &redis.XAddArgs{
+				Stream: b.cfg.Stream,
+				MaxLen: b.cfg.MaxLen,
+				Approx: b.cfg.MaxLen > 0,
+				Values: []any{"s", m.Subject, "d", m.Data},
+			}).Result
+			continue
+		}
+		if !loaded {
+			// Commands of a pipeline run in order, so loading the script
+			// first means no EVALSHA after it can fail with NOSCRIPT (a
+			// restarted server forgets scripts). Retrying after NOSCRIPT
+			// instead would append the batch's plain XADDs twice. One
+			// SCRIPT LOAD per batch, not per message. (Not Script.Load:
+			// on a pipeline it records the hash before Exec, as "".)
+			pipe.ScriptLoad(ctx, publishOnceSrc)
+			loaded = true
+		}
+		results[i] = pipe.EvalSha(ctx, publishOnce.Hash(),
+			[]string{b.cfg.Stream, b.dedupKey(m.ID)},
+			b.cfg.MaxLen, b.cfg.DedupWindow.Milliseconds(), m.Subject, m.Data).Text
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("redis: xadd: %w", err)
 	}
 	cursors := make([]string, len(msgs))
-	for i, c := range cmds {
-		cursors[i] = CursorPrefixRedis + c.Val()
+	for i, result := range results {
+		id, err := result()
+		if err != nil {
+			return nil, fmt.Errorf("redis: xadd: %w", err)
+		}
+		cursors[i] = CursorPrefixRedis + id
 	}
 	return cursors, nil
 }
+
+// dedupKey is where the entry id published with a publish id is remembered. It starts with the
+// stream key, so it shares the stream's hash tag and slot on Redis Cluster
+// (a script may only touch keys of one slot).
+func (b *Redis) dedupKey(id string) string { return b.cfg.Stream + ":dedup:" + id }
+
+// publishOnceSrc appends one message unless its publish id was seen within
+// the window, atomically (a script runs alone on the server, so two
+// publishers racing with one id append once). It returns the entry id:
+// the original one for a repeat.
+//
+// KEYS[1] stream, KEYS[2] dedup key; ARGV: max length (0: no trimming),
+// window in ms, subject, data.
+const publishOnceSrc = `
+local id = redis.call('GET', KEYS[2])
+if id then
+  return id
+end
+if tonumber(ARGV[1]) > 0 then
+  id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 's', ARGV[3], 'd', ARGV[4])
+else
+  id = redis.call('XADD', KEYS[1], '*', 's', ARGV[3], 'd', ARGV[4])
+end
+redis.call('SET', KEYS[2], id, 'PX', ARGV[2])
+return id
+`
+
+var publishOnce = redis.NewScript(publishOnceSrc)
 
 // toMessage turns a stream entry into a Message; ok is false for entries
 // not written by fanwire.

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/redis/go-redis/v9"
 )
 
 func dialRedis(t *testing.T, cfg broker.RedisConfig) *broker.Redis {
@@ -98,18 +100,135 @@ func TestRedisReplayOfNoStream(t *testing.T) {
 }
 
 func TestRedisExpiredCursor(t *testing.T) {
-	addr := brokertest.Redis(t)
-	b := dialRedis(t, broker.RedisConfig{URL: "redis://" + addr, Stream: "e", MaxLen: 10})
-	var out []broker.Outgoing
-	for i := range 1000 {
-		out = append(out, broker.Outgoing{Subject: "x", Data: []byte(fmt.Sprint(i))})
+	// Messages with publish ids go through the dedup script, which trims too.
+	for _, withIDs := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ids=%v", withIDs), func(t *testing.T) {
+			addr := brokertest.Redis(t)
+			b := dialRedis(t, broker.RedisConfig{URL: "redis://" + addr, Stream: "e", MaxLen: 10})
+			var out []broker.Outgoing
+			for i := range 1000 {
+				m := broker.Outgoing{Subject: "x", Data: []byte(fmt.Sprint(i))}
+				if withIDs {
+					m.ID = fmt.Sprint("id-", i)
+				}
+				out = append(out, m)
+			}
+			cursors, err := b.Publish(context.Background(), out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = b.Replay(context.Background(), nil, cursors[0], cursors[999], func([]broker.Message) error { return nil })
+			if !errors.Is(err, broker.ErrCursorExpired) {
+				t.Fatalf("replay from a trimmed cursor: %v, want ErrCursorExpired", err)
+			}
+		})
 	}
-	cursors, err := b.Publish(context.Background(), out)
+}
+
+// TestRedisPublishDeduplicates publishes with ids: a repeat within the
+// window, in the same batch or a later one, is not appended again and gets
+// the original cursor, as on JetStream; messages without an id are never
+// deduplicated.
+func TestRedisPublishDeduplicates(t *testing.T) {
+	addr := brokertest.Redis(t)
+	b := dialRedis(t, broker.RedisConfig{URL: "redis://" + addr, Stream: "{d}"})
+	ctx := t.Context()
+	first, err := b.Publish(ctx, []broker.Outgoing{
+		{Subject: "a.1", Data: []byte(`1`), ID: "x"},
+		{Subject: "a.2", Data: []byte(`2`)},
+		{Subject: "a.1", Data: []byte(`1`), ID: "x"}, // a repeat in the same batch
+		{Subject: "a.3", Data: []byte(`3`), ID: "y"},
+		{Subject: "a.2", Data: []byte(`2`)}, // no id: appended again
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = b.Replay(context.Background(), nil, cursors[0], cursors[999], func([]broker.Message) error { return nil })
-	if !errors.Is(err, broker.ErrCursorExpired) {
-		t.Fatalf("replay from a trimmed cursor: %v, want ErrCursorExpired", err)
+	if first[2] != first[0] {
+		t.Errorf("repeated id in one batch: cursor %s, want the original %s", first[2], first[0])
+	}
+	again, err := b.Publish(ctx, []broker.Outgoing{
+		{Subject: "a.3", Data: []byte(`3`), ID: "y"}, // a repeat in a later batch
+		{Subject: "a.4", Data: []byte(`4`), ID: "z"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again[0] != first[3] {
+		t.Errorf("repeated id in a later batch: cursor %s, want the original %s", again[0], first[3])
+	}
+	want := []string{first[0], first[1], first[3], first[4], again[1]}
+	for i := 1; i < len(want); i++ {
+		if order, err := b.CompareCursors(want[i-1], want[i]); err != nil || order >= 0 {
+			t.Fatalf("cursors %v do not increase: %v", want, err)
+		}
+	}
+	var stored []string
+	err = b.Replay(ctx, nil, "", again[1], func(ms []broker.Message) error {
+		for _, m := range ms {
+			stored = append(stored, m.Cursor+"="+string(m.Data))
+		}
+		return nil
+	})
+	wantStored := []string{first[0] + "=1", first[1] + "=2", first[3] + "=3", first[4] + "=2", again[1] + "=4"}
+	if err != nil || !slices.Equal(stored, wantStored) {
+		t.Fatalf("stream holds %v (%v), want %v", stored, err, wantStored)
+	}
+	// The id is remembered under the stream key, so it shares the stream's
+	// hash tag (one slot on Redis Cluster), and is forgotten after the window.
+	raw := redis.NewClient(&redis.Options{Addr: addr})
+	defer raw.Close()
+	ttl, err := raw.PTTL(ctx, "{d}:dedup:x").Result()
+	if err != nil || ttl <= 0 || ttl > broker.DefaultRedisDedupWindow {
+		t.Errorf("dedup key {d}:dedup:x expires in %v (%v), want within %v", ttl, err, broker.DefaultRedisDedupWindow)
+	}
+	// A server that forgot the script (restarted, SCRIPT FLUSH) still
+	// publishes with ids.
+	if err := raw.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Publish(ctx, []broker.Outgoing{{Subject: "a.5", Data: []byte(`5`), ID: "v"}}); err != nil {
+		t.Fatalf("publish after SCRIPT FLUSH: %v", err)
+	}
+}
+
+// TestRedisDedupWindowEnds publishes one id again until the window has
+// passed: then it is a new event, after the original.
+func TestRedisDedupWindowEnds(t *testing.T) {
+	addr := brokertest.Redis(t)
+	b := dialRedis(t, broker.RedisConfig{URL: "redis://" + addr, Stream: "w", DedupWindow: 50 * time.Millisecond})
+	ctx := t.Context()
+	msg := []broker.Outgoing{{Subject: "a", Data: []byte(`1`), ID: "once"}}
+	orig, err := b.Publish(ctx, msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var later string
+	for deadline := time.Now().Add(10 * time.Second); later == ""; time.Sleep(10 * time.Millisecond) {
+		c, err := b.Publish(ctx, msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c[0] != orig[0] {
+			later = c[0]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("id still deduplicated 10s after a 50ms window")
+		}
+	}
+	var stored []string
+	err = b.Replay(ctx, nil, "", later, func(ms []broker.Message) error {
+		for _, m := range ms {
+			stored = append(stored, m.Cursor)
+		}
+		return nil
+	})
+	if err != nil || !slices.Equal(stored, []string{orig[0], later}) {
+		t.Fatalf("stream holds %v (%v), want the original %s and, after the window, %s", stored, err, orig[0], later)
+	}
+}
+
+func TestRedisDedupWindowInvalid(t *testing.T) {
+	_, err := broker.DialRedis(t.Context(), broker.RedisConfig{URL: "redis://127.0.0.1:1", DedupWindow: -time.Second})
+	if err == nil || !strings.Contains(err.Error(), "DedupWindow") {
+		t.Fatalf("DialRedis with a negative window: %v, want an error naming DedupWindow", err)
 	}
 }

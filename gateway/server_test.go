@@ -491,42 +491,48 @@ func TestUnansweredPingCloses(t *testing.T) {
 	}
 }
 
-// TestJetStreamEventsCarryCursors runs the gateway on the JetStream broker:
-// events carry the stream sequence as their cursor, and the publish API
-// returns the cursors of what it stored.
-func TestJetStreamEventsCarryCursors(t *testing.T) {
-	e := newEnvOn(t, "jetstream", func(c *gateway.Config) { c.Subjects = []string{"orders.>", "app.>"} })
-	cl := e.dial()
-	cl.subscribe("s", "orders.*")
-	resp, err := http.Post(e.http.URL+"/api/publish", "application/json",
-		strings.NewReader(`[{"subject":"orders.1","data":1,"id":"a"},{"subject":"orders.2","data":2,"id":"b"}]`))
-	if err != nil {
-		t.Fatal(err)
+// TestDurableEventsCarryCursors runs the gateway on each durable broker:
+// events carry the broker's position as their cursor, the publish API
+// returns the cursors of what it stored, and a publish "id" seen before
+// (in the same request or a later one) is stored once and answered with
+// the original cursor.
+func TestDurableEventsCarryCursors(t *testing.T) {
+	for _, kind := range []string{"jetstream", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			e := newEnvOn(t, kind, func(c *gateway.Config) { c.Subjects = []string{"orders.>", "app.>"} })
+			cl := e.dial()
+			cl.subscribe("s", "orders.*")
+			publish := func(body string) []string {
+				t.Helper()
+				resp, err := http.Post(e.http.URL+"/api/publish", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				var pub struct {
+					Published int      `json:"published"`
+					Cursors   []string `json:"cursors"`
+				}
+				if err := jsonDecode(resp.Body, &pub); err != nil || resp.StatusCode != http.StatusOK {
+					t.Fatalf("publish %s: %d %v", body, resp.StatusCode, err)
+				}
+				return pub.Cursors
+			}
+			cursors := publish(`[{"subject":"orders.1","data":1,"id":"a"},{"subject":"orders.2","data":2,"id":"b"},{"subject":"orders.1","data":1,"id":"a"}]`)
+			if len(cursors) != 3 || cursors[2] != cursors[0] || cursors[1] == cursors[0] {
+				t.Fatalf("publish with a repeated id: cursors %v, want two distinct, then the first again", cursors)
+			}
+			got := cl.nextRaw()
+			want := `{"type":"event","subject":"orders.1","cursor":"` + cursors[0] + `","subs":["s"],"data":1}`
+			if got != want {
+				t.Fatalf("event\n got %s\nwant %s", got, want)
+			}
+			cl.expect(map[string]any{"type": "event", "cursor": cursors[1], "data": 2})
+			// Publishing the same id again is deduplicated by the broker.
+			if again := publish(`{"subject":"orders.1","data":1,"id":"a"}`); len(again) != 1 || again[0] != cursors[0] {
+				t.Fatalf("duplicate publish: cursors %v, want the original %s", again, cursors[0])
+			}
+			cl.quiet()
+		})
 	}
-	var pub struct {
-		Published int      `json:"published"`
-		Cursors   []string `json:"cursors"`
-	}
-	err = jsonDecode(resp.Body, &pub)
-	resp.Body.Close()
-	if err != nil || pub.Published != 2 || len(pub.Cursors) != 2 {
-		t.Fatalf("publish: %+v %v", pub, err)
-	}
-	got := cl.nextRaw()
-	want := `{"type":"event","subject":"orders.1","cursor":"` + pub.Cursors[0] + `","subs":["s"],"data":1}`
-	if got != want {
-		t.Fatalf("event\n got %s\nwant %s", got, want)
-	}
-	cl.expect(map[string]any{"type": "event", "cursor": pub.Cursors[1], "data": 2})
-	// Publishing the same id again is deduplicated by the stream.
-	resp, err = http.Post(e.http.URL+"/api/publish", "application/json", strings.NewReader(`{"subject":"orders.1","data":1,"id":"a"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = jsonDecode(resp.Body, &pub)
-	resp.Body.Close()
-	if err != nil || pub.Cursors[0] != "js:1" {
-		t.Fatalf("duplicate publish: %+v %v, want the original cursor js:1", pub, err)
-	}
-	cl.quiet()
 }

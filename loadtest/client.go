@@ -16,8 +16,10 @@ const readLimit = 64 << 20
 
 // client is one subscribed connection and the tallies of what it received.
 type client struct {
-	id   int             // static after dialClient
-	conn *websocket.Conn // static after dialClient; read only by read, closed by read or its watcher
+	id        int             // static after dialClient
+	conn      *websocket.Conn // read only by read, closed by read or its watcher; replaced by read when it drops (rc)
+	subCursor string          // static after dialClient: the "subscribed" reply's cursor ("" on Core NATS)
+	rc        *reconnector    // nil unless the client drops and resumes (Config.ResumeShare); set before read starts, then owned by it
 
 	// Owned by the reader goroutine; Run reads them only after it has exited.
 	v                verifier
@@ -38,33 +40,60 @@ type client struct {
 // connection ends before that. It keeps reading after completion so late
 // duplicates are still counted. On return the connection is closed.
 //
+// A client with a reconnector drops its connection at the planned points
+// and resumes on a new one (see reconnect); the frame in which it drops is
+// abandoned after the event that triggered the drop, as a real client
+// loses what it had not processed.
+//
 // Frames are read with context.Background(): with a cancellable context
 // coder/websocket registers and removes a context.AfterFunc on every frame
 // header and payload read, which measured 8 allocations (~300 B) per frame
 // against none, plus a lock on the parent context that every client shares.
-// Instead one watcher per client closes the connection when stop ends, which
+// Instead one watcher per connection closes it when stop ends, which
 // unblocks the read.
 func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 	unwatch := closeOnDone(ctx, stop, c.conn)
-	defer unwatch()
+	defer func() { unwatch() }() // the watcher of the last connection
 	signalled := false
+	end := func(err error) {
+		if err != nil && stop.Err() == nil {
+			c.err = fmt.Errorf("client %d: %w", c.id, err)
+			_ = c.conn.CloseNow() // the connection is already broken; there is nobody to hand-shake with
+		}
+		if !signalled {
+			finished <- struct{}{}
+		}
+	}
+	drop := c.rc != nil && c.rc.due(0) // a drop before the first event resumes from the subscribed reply's cursor
 	for {
-		_, r, err := c.conn.Reader(context.Background())
-		if err == nil {
-			c.buf.Reset()
-			_, err = c.buf.ReadFrom(r)
-		}
-		if err != nil {
-			if stop.Err() == nil {
-				c.err = fmt.Errorf("client %d: read: %w", c.id, err)
-				_ = c.conn.CloseNow() // the connection is already broken; there is nobody to hand-shake with
+		var frame []byte
+		var now int64
+		if drop {
+			// The old connection is ours to close from here (or stop's
+			// watcher has closed it); reconnect does, and its dial ends
+			// with stop.
+			unwatch()
+			unwatch = func() {}
+			rest, err := c.reconnect(stop)
+			if err != nil {
+				end(err)
+				return
 			}
-			if !signalled {
-				finished <- struct{}{}
+			unwatch = closeOnDone(ctx, stop, c.conn)
+			frame, now = rest, time.Now().UnixNano()
+		} else {
+			_, r, err := c.conn.Reader(context.Background())
+			if err == nil {
+				c.buf.Reset()
+				_, err = c.buf.ReadFrom(r)
 			}
-			return
+			if err != nil {
+				end(fmt.Errorf("read: %w", err))
+				return
+			}
+			frame, now = c.buf.Bytes(), time.Now().UnixNano()
 		}
-		c.handleFrame(c.buf.Bytes(), time.Now().UnixNano())
+		drop = c.handleFrame(frame, now)
 		if !signalled && c.v.complete() {
 			signalled = true
 			finished <- struct{}{}
@@ -74,8 +103,10 @@ func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 
 // handleFrame verifies every event in one frame. now is the frame's receive
 // time: every event in a frame arrived at that moment, so one clock read per
-// frame serves them all. It allocates nothing for events.
-func (c *client) handleFrame(frame []byte, now int64) {
+// frame serves them all. It allocates nothing for events. It reports drop
+// when the client has reached a planned drop point: it then stops at that
+// event and keeps its cursor to resume from.
+func (c *client) handleFrame(frame []byte, now int64) (drop bool) {
 	events := false
 	for len(frame) > 0 {
 		var msg []byte
@@ -86,6 +117,10 @@ func (c *client) handleFrame(frame []byte, now int64) {
 			c.v.observe(seq)
 			c.lat.record(now - ts)
 			events = true
+			if c.rc != nil && c.rc.due(c.v.delivered) {
+				c.rc.cursor = eventCursor(msg)
+				drop, frame = true, nil
+			}
 		case kindError:
 			c.serverErrors++
 			if c.firstServerError == "" {
@@ -98,7 +133,11 @@ func (c *client) handleFrame(frame []byte, now int64) {
 	if events {
 		c.delivered.Store(c.v.delivered)
 		c.lastNanos.Store(now)
+		if c.rc != nil {
+			c.rc.caughtUp(c.v.last, now)
+		}
 	}
+	return drop
 }
 
 // closeOnDone closes conn when stop ends. The returned unwatch cancels the

@@ -74,11 +74,14 @@ func dialClient(ctx context.Context, cfg *Config, id int) (*client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client %d: %w", id, err)
 	}
-	if err := handshake(ctx, conn, cfg.Subject); err != nil {
+	// Nothing is published before every client has subscribed, so no
+	// event follows the reply in its frame.
+	cursor, _, err := handshake(ctx, conn, cfg.Subject, "")
+	if err != nil {
 		_ = conn.CloseNow()
 		return nil, fmt.Errorf("client %d: %w", id, err)
 	}
-	return &client{id: id, conn: conn, v: newVerifier(cfg.Events)}, nil
+	return &client{id: id, conn: conn, subCursor: cursor, v: newVerifier(cfg.Events)}, nil
 }
 
 // dialWS opens one WebSocket to the gateway with the run's socket options.
@@ -114,37 +117,45 @@ type controlMsg struct {
 	Cursor       string `json:"cursor"`
 }
 
-// handshake waits for "ready", subscribes and waits for "subscribed".
-func handshake(ctx context.Context, conn *websocket.Conn, subject string) error {
-	if err := await(ctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
-		return fmt.Errorf("await ready: %w", err)
+// handshake waits for "ready", subscribes (from the cursor from, unless it
+// is "") and waits for "subscribed". It returns the reply's cursor and the
+// messages that followed the reply in its frame: a subscription that
+// resumes while events flow may get its first events there.
+func handshake(ctx context.Context, conn *websocket.Conn, subject, from string) (cursor string, rest []byte, err error) {
+	if _, err := await(ctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
+		return "", nil, fmt.Errorf("await ready: %w", err)
 	}
 	sub, err := json.Marshal(struct {
 		Type    string `json:"type"`
 		ID      string `json:"id"`
 		Subject string `json:"subject"`
-	}{"subscribe", subID, subject})
+		From    string `json:"from,omitempty"`
+	}{"subscribe", subID, subject, from})
 	if err != nil {
-		return fmt.Errorf("encode subscribe: %w", err)
+		return "", nil, fmt.Errorf("encode subscribe: %w", err)
 	}
 	if err := conn.Write(ctx, websocket.MessageText, sub); err != nil {
-		return fmt.Errorf("subscribe: %w", err)
+		return "", nil, fmt.Errorf("subscribe: %w", err)
 	}
-	err = await(ctx, conn, func(m *controlMsg) bool { return m.Type == "subscribed" && m.ID == subID })
+	rest, err = await(ctx, conn, func(m *controlMsg) bool {
+		cursor = m.Cursor
+		return m.Type == "subscribed" && m.ID == subID
+	})
 	if err != nil {
-		return fmt.Errorf("await subscribed: %w", err)
+		return "", nil, fmt.Errorf("await subscribed: %w", err)
 	}
-	return nil
+	return cursor, rest, nil
 }
 
-// await reads messages until want accepts one. An error message fails with
-// ErrRejected; messages want does not accept are skipped. Handshakes are
-// rare, so encoding/json is fine here.
-func await(ctx context.Context, conn *websocket.Conn, want func(*controlMsg) bool) error {
+// await reads messages until want accepts one and returns what followed
+// that one in its frame. An error message fails with ErrRejected; messages
+// want does not accept are skipped. Handshakes are rare, so encoding/json
+// is fine here.
+func await(ctx context.Context, conn *websocket.Conn, want func(*controlMsg) bool) (rest []byte, err error) {
 	for {
 		_, frame, err := conn.Read(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for len(frame) > 0 {
 			var line []byte
@@ -154,13 +165,13 @@ func await(ctx context.Context, conn *websocket.Conn, want func(*controlMsg) boo
 			}
 			var m controlMsg
 			if err := json.Unmarshal(line, &m); err != nil {
-				return fmt.Errorf("%w: message %.200q: %w", ErrProtocol, line, err)
+				return nil, fmt.Errorf("%w: message %.200q: %w", ErrProtocol, line, err)
 			}
 			if m.Type == "error" {
-				return fmt.Errorf("%w: %s: %s", ErrRejected, m.Code, m.Message)
+				return nil, fmt.Errorf("%w: %s: %s", ErrRejected, m.Code, m.Message)
 			}
 			if want(&m) {
-				return nil
+				return frame, nil
 			}
 		}
 	}

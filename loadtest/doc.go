@@ -1,7 +1,8 @@
 // Package loadtest measures a running fanwire gateway end to end: it connects
 // many WebSocket clients to the gateway's native endpoint, subscribes them all
 // to one subject, publishes numbered, timestamped events straight into NATS and
-// checks that every client receives every event exactly once and in order. It
+// checks that every client receives every event exactly once and in order,
+// also clients that drop their connection and resume from a cursor. It
 // reports delivery throughput, latency percentiles and, when given the
 // gateway's pid, the gateway's CPU time and peak RSS over the run.
 //
@@ -17,11 +18,13 @@
 // exited:
 //   - up to 50 dial workers while clients connect (dialConcurrency);
 //   - one reader goroutine per client, the only goroutine that reads its
-//     connection and the only writer of that client's tallies;
-//   - one close watcher per client (a context.AfterFunc), which closes the
-//     connection with StatusNormalClosure when the run stops (or at once,
+//     connection and the only writer of that client's tallies; a resuming
+//     client's reader (Config.ResumeShare) also drops its connection at the
+//     planned points and dials and subscribes the next one itself;
+//   - one close watcher per client connection (a context.AfterFunc), which
+//     closes it with StatusNormalClosure when the run stops (or at once,
 //     without a handshake, when the caller's context is cancelled); the reader
-//     waits for it before exiting;
+//     stops it, or waits for it, before dropping that connection or exiting;
 //   - one publisher goroutine.
 //
 // The monitor loop runs on the caller's goroutine: it reads per-client atomic

@@ -2,12 +2,15 @@ package loadtest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/fanwire/fanwire/gateway/gatewaytest"
 )
@@ -72,6 +75,95 @@ func TestResumeAgainstGateway(t *testing.T) {
 	}
 	if !res.OK || res.Received != 5000 || res.EventsPerSec <= 0 {
 		t.Fatalf("resume: %+v", res)
+	}
+}
+
+// TestRunWithResumingClients runs the load generator with half of its
+// clients dropping their connections three times each while events flow,
+// against a real gateway on each durable broker. A resumed client is
+// verified like any other: every event exactly once and in order. In a
+// burst most resumes replay history once publishing is over; at a rate
+// (1.5 s of events) they hand over to a live feed that is still moving.
+func TestRunWithResumingClients(t *testing.T) {
+	for _, tc := range []struct {
+		kind string
+		rate int
+	}{{"jetstream", 0}, {"jetstream", 2000}, {"redis", 0}, {"redis", 2000}} {
+		kind := tc.kind
+		t.Run(fmt.Sprintf("%s/rate=%d", kind, tc.rate), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cfg := Config{Clients: 20, Events: 3000, Size: 200, Rate: tc.rate, RcvBuf: 1 << 20, ResumeShare: 0.5, ResumeDrops: 3}
+			var b broker.Broker
+			var err error
+			var subjects []string
+			switch kind {
+			case "jetstream":
+				cfg.Broker, cfg.NATSURL = "jetstream", startNATS(t)
+				subjects = []string{"loadtest.>"}
+				b, err = broker.DialJetStream(ctx, broker.JetStreamConfig{
+					NATSConfig: broker.NATSConfig{URL: cfg.NATSURL, Subjects: subjects}, Storage: "memory"})
+			case "redis":
+				cfg.Broker, cfg.RedisURL, cfg.Stream = "redis", "redis://"+brokertest.Redis(t), "{loadtest}"
+				b, err = broker.DialRedis(ctx, broker.RedisConfig{URL: cfg.RedisURL, Stream: cfg.Stream})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = b.Close() }) // after the gateway's cleanup: cleanups run last-in first-out
+			cfg.URL = startGateway(t, b, subjects)
+
+			res, err := Run(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var table strings.Builder
+			res.WriteTable(&table)
+			if !res.OK() || res.Delivered != 20*3000 || res.Disconnects != 0 {
+				t.Fatalf("run not clean:\n%s", table.String())
+			}
+			// A clean run reached every drop point: each lies before the
+			// client's last event.
+			rs := res.Resume
+			if rs == nil || rs.Clients != 10 || rs.Reconnects != 30 || rs.ReconnectTime <= 0 || rs.CatchUpTime < rs.ReconnectTime/30 {
+				t.Fatalf("resume figures: %+v\n%s", rs, table.String())
+			}
+			if !strings.Contains(table.String(), fmt.Sprintf("seed %d", rs.Seed)) {
+				t.Errorf("the table does not name the seed %d:\n%s", rs.Seed, table.String())
+			}
+		})
+	}
+}
+
+// TestRunResumeNeedsHistory checks that a run with resuming clients fails
+// before connecting them when the gateway cannot resume: when no stream
+// stores the subject, and when one does but the gateway runs on Core NATS.
+func TestRunResumeNeedsHistory(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	natsURL := startNATS(t)
+	b, err := broker.DialNATS(ctx, broker.NATSConfig{URL: natsURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	wsURL := startGateway(t, b, nil)
+	cfg := Config{URL: wsURL, NATSURL: natsURL, Broker: "jetstream", Clients: 5, Events: 10, ResumeShare: 0.5, Timeout: 5 * time.Second}
+
+	_, err = Run(ctx, cfg)
+	if !errors.Is(err, ErrNotDurable) {
+		t.Fatalf("no stream: err = %v, want ErrNotDurable", err)
+	}
+
+	js, err := broker.DialJetStream(ctx, broker.JetStreamConfig{
+		NATSConfig: broker.NATSConfig{URL: natsURL, Subjects: []string{"loadtest.>"}}, Storage: "memory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = js.Close() })
+	_, err = Run(ctx, cfg)
+	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "bad_cursor") {
+		t.Fatalf("Core NATS gateway: err = %v, want its bad_cursor reply", err)
 	}
 }
 

@@ -12,4 +12,7 @@ var (
 	// ErrProtocol: the gateway sent something the native protocol does not allow
 	// during the handshake (not JSON, or the connection closed before "subscribed").
 	ErrProtocol = errors.New("protocol violation")
+	// ErrNotDurable: a run that resumes clients needs a broker that keeps
+	// history (JetStream or Redis Streams), and the gateway's does not.
+	ErrNotDurable = errors.New("the gateway's broker keeps no history")
 )

@@ -30,6 +30,7 @@ var (
 	keyData  = []byte(`"data":`)
 	keySeq   = []byte(`"seq":`)
 	keyTS    = []byte(`"ts":`)
+	keyCur   = []byte(`"cursor":`)
 	valEvent = []byte(`"event"`)
 	valError = []byte(`"error"`)
 
@@ -77,6 +78,30 @@ func parseMessage(msg []byte) (kind msgKind, seq uint64, ts int64) {
 		return kindMalformed, 0, 0
 	}
 	return kindEvent, seq, int64(t)
+}
+
+// eventCursor returns the envelope's cursor of an event message, "" when it
+// has none (Core NATS). Only the envelope before "data" is searched, so a
+// "cursor" key inside the event's data is never taken for it. It allocates
+// the string: it runs once per planned drop, not per event.
+func eventCursor(msg []byte) string {
+	if d := indexKey(msg, keyData); d >= 0 {
+		msg = msg[:d]
+	}
+	i := indexKey(msg, keyCur)
+	if i < 0 {
+		return ""
+	}
+	v, ok := bytes.CutPrefix(skipSpace(msg[i+len(keyCur):]), []byte{'"'})
+	if !ok {
+		return ""
+	}
+	// Cursors (js:<seq>, rs:<ms>-<seq>) contain no escapes.
+	end := bytes.IndexByte(v, '"')
+	if end < 0 {
+		return ""
+	}
+	return string(v[:end])
 }
 
 // classify finds the message type the slow way.

@@ -52,6 +52,25 @@ func TestParseMessage(t *testing.T) {
 	}
 }
 
+func TestEventCursor(t *testing.T) {
+	tests := []struct{ name, msg, want string }{
+		{"jetstream", `{"type":"event","subject":"a","cursor":"js:42","subs":["s1"],"data":{"seq":1,"ts":2}}`, "js:42"},
+		{"redis", `{"type":"event","subject":"a","cursor":"rs:1764500000000-3","subs":["s1"],"data":{"seq":1,"ts":2}}`, "rs:1764500000000-3"},
+		{"whitespace", `{"type":"event", "cursor": "js:7", "data":{}}`, "js:7"},
+		{"core nats", `{"type":"event","subject":"a","subs":["s1"],"data":{"seq":1,"ts":2}}`, ""},
+		{"only inside data", `{"type":"event","subject":"a","data":{"cursor":"js:9"}}`, ""},
+		{"not a string", `{"type":"event","cursor":7,"data":{}}`, ""},
+		{"unterminated", `{"type":"event","cursor":"js:7`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := eventCursor([]byte(tt.msg)); got != tt.want {
+				t.Errorf("eventCursor(%s) = %q, want %q", tt.msg, got, tt.want)
+			}
+		})
+	}
+}
+
 // TestHandleFrame feeds whole frames, several messages each, through a
 // client's frame handler and checks what it counted.
 func TestHandleFrame(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,7 +18,9 @@ import (
 // not an error: Run returns it with a nil error and Result.OK reports false.
 // Run returns an error when it could not carry out the test: an invalid
 // Config, a client that failed to connect or subscribe, a NATS or publish
-// failure, a gateway process that cannot be sampled, or ctx ending.
+// failure, a gateway process that cannot be sampled, a gateway that cannot
+// resume subscriptions when cfg.ResumeShare asks for it, or ctx ending.
+// A resuming client that fails to reconnect is a result: a disconnect.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, fmt.Errorf("loadtest: %w", err)
@@ -35,6 +38,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("loadtest: %w", err)
 	}
 	defer out.close()
+	if cfg.ResumeShare > 0 {
+		if err := checkDurable(ctx, &cfg, out); err != nil {
+			return nil, fmt.Errorf("loadtest: %w", err)
+		}
+	}
 	clients, err := connectAll(ctx, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: connect clients: %w", err)
@@ -73,6 +81,12 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client) (*Re
 	defer wg.Wait() // runs after stop (defers run last-in first-out)
 	defer stop()
 
+	var sent atomic.Int64 // events published so far: where a dropping client has to catch up to
+	for i, points := range planDrops(cfg) {
+		if points != nil {
+			clients[i].rc = &reconnector{cfg: cfg, sent: &sent, points: points, cursor: clients[i].subCursor}
+		}
+	}
 	finished := make(chan struct{}, len(clients)) // each reader sends once, so sends never block
 	for _, c := range clients {
 		wg.Go(func() { c.read(ctx, stopCtx, finished) })
@@ -83,7 +97,7 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client) (*Re
 	}
 	start := time.Now()
 	published := make(chan error, 1)
-	wg.Go(func() { published <- publish(stopCtx, out, cfg) })
+	wg.Go(func() { published <- publish(stopCtx, out, cfg, &sent) })
 
 	m := monitor{cfg: cfg, clients: clients, start: start}
 	if err := m.wait(ctx, finished, published); err != nil {

@@ -2,9 +2,11 @@ package loadtest
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"strings"
 	"time"
@@ -26,8 +28,8 @@ const maxBitmapBytes = 1 << 30
 // URL and NATSURL selects a default.
 type Config struct {
 	URL      string        // gateway native endpoint, e.g. ws://127.0.0.1:8080/ws (required)
-	NATSURL  string        // NATS server the gateway consumes, e.g. nats://127.0.0.1:4222 (required with Broker nats)
-	Broker   string        // where events are published: "nats" (default) or "redis"
+	NATSURL  string        // NATS server the gateway consumes, e.g. nats://127.0.0.1:4222 (required unless Broker is redis)
+	Broker   string        // the gateway's broker: "nats" (default) or "jetstream" (events are published to NATS either way) or "redis"
 	RedisURL string        // Broker redis: server URL
 	Stream   string        // Broker redis: the stream key the gateway reads (default "fanwire")
 	Clients  int           // concurrent WebSocket clients; default 200
@@ -45,6 +47,20 @@ type Config struct {
 	// network don't see those, so the benchmarks use 4 MiB (see
 	// docs/benchmarks.md).
 	RcvBuf int
+
+	// ResumeShare is the share of clients (0–1: round(share × Clients), at
+	// least 1 when above 0) that, while events flow, drop their connection
+	// without a close handshake, redial at once and resume from the cursor
+	// of the last event they received. Verification does not change: they
+	// too must receive every event exactly once and in order. It needs a
+	// durable broker (Broker jetstream or redis).
+	ResumeShare float64
+	// ResumeDrops is how many times each resuming client drops, each after
+	// a distinct random number of received events; default 1.
+	ResumeDrops int
+	// ResumeSeed picks the resuming clients and their drop points, so a
+	// failing run can be repeated; 0 draws one (Result.Resume reports it).
+	ResumeSeed uint64
 }
 
 // setDefaults fills zero-valued fields. It is the only place defaults live.
@@ -68,7 +84,36 @@ func (c *Config) setDefaults() error {
 		}
 		c.Subject = "loadtest." + hex.EncodeToString(id[:]) + ".hot"
 	}
+	if c.ResumeShare > 0 {
+		if c.ResumeDrops == 0 {
+			c.ResumeDrops = 1
+		}
+		for c.ResumeSeed == 0 {
+			var b [8]byte
+			if _, err := rand.Read(b[:]); err != nil {
+				return fmt.Errorf("resume seed: %w", err)
+			}
+			c.ResumeSeed = binary.LittleEndian.Uint64(b[:])
+		}
+	}
 	return nil
+}
+
+// brokerName is Broker with its default spelled out, for messages.
+func (c *Config) brokerName() string {
+	if c.Broker == "" {
+		return "nats"
+	}
+	return c.Broker
+}
+
+// resumingClients is how many clients drop and resume: round(ResumeShare ×
+// Clients), at least one when ResumeShare is above 0.
+func (c *Config) resumingClients() int {
+	if c.ResumeShare <= 0 || c.Clients == 0 {
+		return 0
+	}
+	return min(c.Clients, max(1, int(math.Round(c.ResumeShare*float64(c.Clients)))))
 }
 
 // validate checks a Config after setDefaults.
@@ -76,8 +121,8 @@ func (c *Config) validate() error {
 	switch {
 	case c.URL == "":
 		return fmt.Errorf("%w: URL is required", ErrInvalidConfig)
-	case c.Broker != "" && c.Broker != "nats" && c.Broker != "redis":
-		return fmt.Errorf("%w: Broker %q: want nats or redis", ErrInvalidConfig, c.Broker)
+	case c.Broker != "" && c.Broker != "nats" && c.Broker != "jetstream" && c.Broker != "redis":
+		return fmt.Errorf("%w: Broker %q: want nats, jetstream or redis", ErrInvalidConfig, c.Broker)
 	case c.Broker == "redis" && c.RedisURL == "":
 		return fmt.Errorf("%w: RedisURL is required with Broker redis", ErrInvalidConfig)
 	case c.Broker != "redis" && c.NATSURL == "":
@@ -96,6 +141,16 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: Timeout %v is negative", ErrInvalidConfig, c.Timeout)
 	case c.Proc.PID < 0:
 		return fmt.Errorf("%w: Proc.PID %d is negative", ErrInvalidConfig, c.Proc.PID)
+	case !(c.ResumeShare >= 0 && c.ResumeShare <= 1): // NaN fails both
+		return fmt.Errorf("%w: ResumeShare %v: want a share between 0 and 1", ErrInvalidConfig, c.ResumeShare)
+	case c.ResumeShare > 0 && c.Broker != "jetstream" && c.Broker != "redis":
+		return fmt.Errorf("%w: ResumeShare needs a durable broker (Broker jetstream or redis), not %q: Core NATS keeps no history to resume from",
+			ErrInvalidConfig, c.brokerName())
+	case c.ResumeDrops < 0:
+		return fmt.Errorf("%w: ResumeDrops %d is negative", ErrInvalidConfig, c.ResumeDrops)
+	case c.ResumeShare > 0 && c.ResumeDrops > c.Events:
+		// Each drop comes after a distinct number of received events.
+		return fmt.Errorf("%w: ResumeDrops %d is more than Events %d", ErrInvalidConfig, c.ResumeDrops, c.Events)
 	case int64(c.Clients)*int64(c.Events)/8 > maxBitmapBytes:
 		return fmt.Errorf("%w: Clients×Events %d×%d needs over 1 GiB of verification bitmaps",
 			ErrInvalidConfig, c.Clients, c.Events)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"math"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,6 +34,13 @@ func TestRunInvalidConfig(t *testing.T) {
 		{"empty token", func(c *Config) { c.Subject = "loadtest..hot" }, "Subject"},
 		{"huge bitmaps", func(c *Config) { c.Clients, c.Events = 100_000, 1_000_000 }, "Clients×Events"},
 		{"negative pid", func(c *Config) { c.Proc.PID = -1 }, "Proc.PID"},
+		{"unknown broker", func(c *Config) { c.Broker = "kafka" }, "Broker"},
+		{"resume on core nats", func(c *Config) { c.ResumeShare = 0.5 }, "ResumeShare needs a durable broker"},
+		{"resume share over 1", func(c *Config) { c.Broker, c.ResumeShare = "jetstream", 1.5 }, "ResumeShare"},
+		{"resume share NaN", func(c *Config) { c.Broker, c.ResumeShare = "jetstream", math.NaN() }, "ResumeShare"},
+		{"negative resume share", func(c *Config) { c.Broker, c.ResumeShare = "jetstream", -0.1 }, "ResumeShare"},
+		{"negative drops", func(c *Config) { c.Broker, c.ResumeShare, c.ResumeDrops = "jetstream", 0.5, -1 }, "ResumeDrops"},
+		{"more drops than events", func(c *Config) { c.Broker, c.ResumeShare, c.Events, c.ResumeDrops = "jetstream", 0.5, 10, 11 }, "ResumeDrops"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -62,6 +71,83 @@ func TestConfigDefaults(t *testing.T) {
 	a.URL, a.NATSURL = "ws://x/ws", "nats://x"
 	if err := a.validate(); err != nil {
 		t.Errorf("default subject rejected: %v", err)
+	}
+	if a.ResumeDrops != 0 || a.ResumeSeed != 0 {
+		t.Errorf("resume defaults without ResumeShare: drops %d seed %d, want none", a.ResumeDrops, a.ResumeSeed)
+	}
+	r := Config{ResumeShare: 0.2}
+	if err := r.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	if r.ResumeDrops != 1 || r.ResumeSeed == 0 {
+		t.Errorf("resume defaults: drops %d seed %d, want 1 and a drawn seed", r.ResumeDrops, r.ResumeSeed)
+	}
+	s := Config{ResumeShare: 0.2, ResumeDrops: 4, ResumeSeed: 99}
+	if err := s.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	if s.ResumeDrops != 4 || s.ResumeSeed != 99 {
+		t.Errorf("resume settings overwritten: drops %d seed %d, want 4 and 99", s.ResumeDrops, s.ResumeSeed)
+	}
+}
+
+func TestPlanDrops(t *testing.T) {
+	cfg := Config{Clients: 20, Events: 50, ResumeShare: 0.25, ResumeDrops: 50, ResumeSeed: 7}
+	plan := planDrops(&cfg)
+	if len(plan) != 20 {
+		t.Fatalf("plan for %d clients, want 20", len(plan))
+	}
+	resuming := 0
+	for i, points := range plan {
+		if points == nil {
+			continue
+		}
+		resuming++
+		// 50 distinct drop points in [0, 50) are all of them, in order.
+		for k, p := range points {
+			if p != int64(k) {
+				t.Fatalf("client %d: drop points %v, want 0..49", i, points)
+			}
+		}
+	}
+	if resuming != 5 {
+		t.Errorf("%d resuming clients, want round(0.25 × 20) = 5", resuming)
+	}
+
+	cfg.ResumeDrops = 3
+	a, b := planDrops(&cfg), planDrops(&cfg)
+	cfg.ResumeSeed = 8
+	c := planDrops(&cfg)
+	same := func(x, y [][]int64) bool {
+		for i := range x {
+			if !slices.Equal(x[i], y[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	if !same(a, b) {
+		t.Errorf("one seed, two plans:\n%v\n%v", a, b)
+	}
+	if same(a, c) {
+		t.Errorf("seeds 7 and 8 planned the same drops: %v", a)
+	}
+	for _, points := range a {
+		if points != nil && (len(points) != 3 || !slices.IsSorted(points) || points[0] < 0 || points[2] >= 50 ||
+			points[0] == points[1] || points[1] == points[2]) {
+			t.Errorf("drop points %v: want 3 distinct, ascending, in [0, 50)", points)
+		}
+	}
+
+	for _, tt := range []struct {
+		share   float64
+		clients int
+		want    int
+	}{{0, 20, 0}, {0.01, 20, 1}, {0.5, 20, 10}, {0.7, 10, 7}, {1, 3, 3}} {
+		c := Config{Clients: tt.clients, ResumeShare: tt.share}
+		if got := c.resumingClients(); got != tt.want {
+			t.Errorf("share %v of %d clients: %d resume, want %d", tt.share, tt.clients, got, tt.want)
+		}
 	}
 }
 

@@ -3,12 +3,15 @@ package loadtest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 const (
@@ -53,7 +56,8 @@ func (c ctxDialer) Dial(network, address string) (net.Conn, error) {
 // publish time, and returns once the server has them all (a flush round trip).
 // With cfg.Rate > 0 it wakes every paceInterval and publishes the events that
 // have come due, so the average rate is exact and batches stay small (Rate/1000).
-func publish(ctx context.Context, out sink, cfg *Config) error {
+// count, when not nil, counts the events handed to the sink so far.
+func publish(ctx context.Context, out sink, cfg *Config, count *atomic.Int64) error {
 	buf := make([]byte, 0, cfg.Size+64) // sinks copy the payload, so one will do
 	var tick <-chan time.Time
 	if cfg.Rate > 0 {
@@ -75,6 +79,9 @@ func publish(ctx context.Context, out sink, cfg *Config) error {
 			buf = appendPayload(buf[:0], uint64(sent+1), time.Now().UnixNano(), cfg.Size)
 			if err := out.send(ctx, cfg.Subject, buf); err != nil {
 				return fmt.Errorf("publish seq %d: %w", sent+1, err)
+			}
+			if count != nil {
+				count.Store(int64(sent + 1))
 			}
 		}
 		if sent < cfg.Events {
@@ -104,6 +111,10 @@ type sink interface {
 	send(ctx context.Context, subject string, payload []byte) error // may buffer; payload is reused after return
 	push(ctx context.Context) error                                 // send what is buffered, without waiting
 	flush(ctx context.Context) error                                // send everything and wait until the broker has it
+	// sendAcked publishes one event after what is buffered, waits for the
+	// broker to store it and returns its cursor; a broker that keeps no
+	// history for subject fails with ErrNotDurable.
+	sendAcked(ctx context.Context, subject string, payload []byte) (cursor string, err error)
 	close()
 }
 
@@ -139,6 +150,30 @@ func (s natsSink) flush(ctx context.Context) error {
 }
 func (s natsSink) close() { s.nc.Close() }
 
+// sendAcked asks JetStream which stream stores subject first: the
+// gateway's own Core NATS subscription would take a plain publish as
+// delivered, so without a stream a publish would wait for an ack that
+// never comes instead of failing.
+func (s natsSink) sendAcked(ctx context.Context, subject string, p []byte) (string, error) {
+	js, err := jetstream.New(s.nc)
+	if err != nil {
+		return "", fmt.Errorf("jetstream: %w", err)
+	}
+	_, err = js.StreamNameBySubject(ctx, subject)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, nats.ErrNoResponders):
+		return "", fmt.Errorf("%w: no JetStream stream stores %q (%w): run the gateway with --broker jetstream and --subjects covering it",
+			ErrNotDurable, subject, err)
+	case err != nil:
+		return "", fmt.Errorf("look up the stream of %q: %w", subject, err)
+	}
+	ack, err := js.Publish(ctx, subject, p)
+	if err != nil {
+		return "", fmt.Errorf("publish %q: %w", subject, err)
+	}
+	return broker.FormatJSCursor(ack.Sequence), nil
+}
+
 // redisBatch is how many XADDs go in one pipelined round trip.
 const redisBatch = 256
 
@@ -164,3 +199,14 @@ func (s *redisSink) push(ctx context.Context) error {
 }
 func (s *redisSink) flush(ctx context.Context) error { return s.push(ctx) } // Publish waits for the replies
 func (s *redisSink) close()                          { _ = s.b.Close() }
+
+func (s *redisSink) sendAcked(ctx context.Context, subject string, p []byte) (string, error) {
+	if err := s.push(ctx); err != nil {
+		return "", err
+	}
+	cursors, err := s.b.Publish(ctx, []broker.Outgoing{{Subject: subject, Data: bytes.Clone(p)}})
+	if err != nil {
+		return "", err
+	}
+	return cursors[0], nil
+}

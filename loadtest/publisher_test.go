@@ -43,7 +43,7 @@ func TestPublish(t *testing.T) {
 			}
 
 			start := time.Now()
-			if err := publish(ctx, natsSink{nc}, cfg); err != nil {
+			if err := publish(ctx, natsSink{nc}, cfg, nil); err != nil {
 				t.Fatal(err)
 			}
 			took := time.Since(start)
@@ -97,7 +97,7 @@ func TestPublishHonoursContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if err := publish(ctx, natsSink{nc}, cfg); err != context.DeadlineExceeded {
+	if err := publish(ctx, natsSink{nc}, cfg, nil); err != context.DeadlineExceeded {
 		t.Fatalf("err = %v, want context.DeadlineExceeded", err)
 	}
 	if took := time.Since(start); took > 5*time.Second {

@@ -27,6 +27,9 @@ type Result struct {
 	Disconnects     int
 	FirstDisconnect string
 	TimedOut        bool // stopped after Config.Timeout without delivery progress
+	// Resume is set when clients dropped and resumed (Config.ResumeShare);
+	// their deliveries are in the counts above, verified like everyone's.
+	Resume *ResumeStats
 
 	// Timing. Elapsed runs from the first publish to the last delivery.
 	Elapsed          time.Duration
@@ -61,6 +64,7 @@ func collect(cfg *Config, clients []*client, m *monitor, before, after usage) *R
 		Expected:       int64(cfg.Clients) * int64(cfg.Events),
 		TimedOut:       m.timedOut,
 		PublishElapsed: m.published,
+		Resume:         collectResume(cfg, clients),
 	}
 	var lat histogram
 	var last int64

@@ -33,6 +33,10 @@ func (r *Result) WriteTable(w io.Writer) {
 	if r.Disconnects > 0 {
 		row("disconnects", "%d, first: %s", r.Disconnects, r.FirstDisconnect)
 	}
+	if rs := r.Resume; rs != nil {
+		row("resuming clients", "%d × %d drops (seed %d)", rs.Clients, rs.Drops, rs.Seed)
+		row("reconnects", "%d: reconnect %s, catch-up %s (totals)", rs.Reconnects, roundDur(rs.ReconnectTime), roundDur(rs.CatchUpTime))
+	}
 	row("elapsed", "%s (publish %s)", roundDur(r.Elapsed), roundDur(r.PublishElapsed))
 	row("deliveries/s", "%s", siRate(r.DeliveriesPerSec))
 	row("latency p50 / p95 / p99", "%s / %s / %s", roundDur(r.LatencyP50), roundDur(r.LatencyP95), roundDur(r.LatencyP99))
@@ -56,42 +60,52 @@ func (r *Result) WriteTable(w io.Writer) {
 // resultJSON fixes the JSON field names and units: durations are float
 // seconds or microseconds, named so.
 type resultJSON struct {
-	OK                       bool     `json:"ok"`
-	Subject                  string   `json:"subject"`
-	Clients                  int      `json:"clients"`
-	Events                   int      `json:"events"`
-	Size                     int      `json:"size"`
-	Rate                     int      `json:"rate"`
-	Expected                 int64    `json:"expected"`
-	Delivered                int64    `json:"delivered"`
-	Gaps                     int64    `json:"gaps"`
-	Duplicates               int64    `json:"duplicates"`
-	OutOfOrder               int64    `json:"out_of_order"`
-	Missing                  int64    `json:"missing"`
-	Unexpected               int64    `json:"unexpected"`
-	Malformed                int64    `json:"malformed"`
-	ServerErrors             int64    `json:"server_errors"`
-	FirstServerError         string   `json:"first_server_error,omitempty"`
-	Disconnects              int      `json:"disconnects"`
-	FirstDisconnect          string   `json:"first_disconnect,omitempty"`
-	TimedOut                 bool     `json:"timed_out"`
-	ElapsedSeconds           float64  `json:"elapsed_seconds"`
-	PublishSeconds           float64  `json:"publish_seconds"`
-	DeliveriesPerSec         float64  `json:"deliveries_per_sec"`
-	LatencyP50Micros         float64  `json:"latency_p50_micros"`
-	LatencyP95Micros         float64  `json:"latency_p95_micros"`
-	LatencyP99Micros         float64  `json:"latency_p99_micros"`
-	LatencyMaxMicros         float64  `json:"latency_max_micros"`
-	LatencyMeanMicros        float64  `json:"latency_mean_micros"`
-	GatewayCPUSeconds        *float64 `json:"gateway_cpu_seconds,omitempty"`
-	GatewayRSSHighWaterBytes *int64   `json:"gateway_rss_high_water_bytes,omitempty"`
-	CPUPerDeliveryMicros     *float64 `json:"cpu_per_delivery_micros,omitempty"`
-	LoadtestCPUSeconds       float64  `json:"loadtest_cpu_seconds"`
+	OK                       bool        `json:"ok"`
+	Subject                  string      `json:"subject"`
+	Clients                  int         `json:"clients"`
+	Events                   int         `json:"events"`
+	Size                     int         `json:"size"`
+	Rate                     int         `json:"rate"`
+	Expected                 int64       `json:"expected"`
+	Delivered                int64       `json:"delivered"`
+	Gaps                     int64       `json:"gaps"`
+	Duplicates               int64       `json:"duplicates"`
+	OutOfOrder               int64       `json:"out_of_order"`
+	Missing                  int64       `json:"missing"`
+	Unexpected               int64       `json:"unexpected"`
+	Malformed                int64       `json:"malformed"`
+	ServerErrors             int64       `json:"server_errors"`
+	FirstServerError         string      `json:"first_server_error,omitempty"`
+	Disconnects              int         `json:"disconnects"`
+	FirstDisconnect          string      `json:"first_disconnect,omitempty"`
+	TimedOut                 bool        `json:"timed_out"`
+	ElapsedSeconds           float64     `json:"elapsed_seconds"`
+	PublishSeconds           float64     `json:"publish_seconds"`
+	DeliveriesPerSec         float64     `json:"deliveries_per_sec"`
+	LatencyP50Micros         float64     `json:"latency_p50_micros"`
+	LatencyP95Micros         float64     `json:"latency_p95_micros"`
+	LatencyP99Micros         float64     `json:"latency_p99_micros"`
+	LatencyMaxMicros         float64     `json:"latency_max_micros"`
+	LatencyMeanMicros        float64     `json:"latency_mean_micros"`
+	GatewayCPUSeconds        *float64    `json:"gateway_cpu_seconds,omitempty"`
+	GatewayRSSHighWaterBytes *int64      `json:"gateway_rss_high_water_bytes,omitempty"`
+	CPUPerDeliveryMicros     *float64    `json:"cpu_per_delivery_micros,omitempty"`
+	LoadtestCPUSeconds       float64     `json:"loadtest_cpu_seconds"`
+	Resume                   *resumeJSON `json:"resume,omitempty"`
+}
+
+type resumeJSON struct {
+	Clients          int     `json:"clients"`
+	DropsPerClient   int     `json:"drops_per_client"`
+	Seed             uint64  `json:"seed"`
+	Reconnects       int     `json:"reconnects"`
+	ReconnectSeconds float64 `json:"reconnect_seconds"`
+	CatchUpSeconds   float64 `json:"catch_up_seconds"`
 }
 
 // WriteJSON writes r as one JSON object with snake_case keys, then a newline.
 // The gateway_* and cpu_per_delivery_micros keys are present only when the
-// gateway was sampled.
+// gateway was sampled, and "resume" only when clients dropped and resumed.
 func (r *Result) WriteJSON(w io.Writer) error {
 	j := resultJSON{
 		OK: r.OK(), Subject: r.Subject,
@@ -115,6 +129,9 @@ func (r *Result) WriteJSON(w io.Writer) error {
 		j.GatewayCPUSeconds = &r.GatewayCPUSeconds
 		j.GatewayRSSHighWaterBytes = &r.GatewayRSSHighWaterBytes
 		j.CPUPerDeliveryMicros = &r.CPUPerDeliveryMicros
+	}
+	if rs := r.Resume; rs != nil {
+		j.Resume = &resumeJSON{rs.Clients, rs.Drops, rs.Seed, rs.Reconnects, rs.ReconnectTime.Seconds(), rs.CatchUpTime.Seconds()}
 	}
 	if err := json.NewEncoder(w).Encode(j); err != nil {
 		return fmt.Errorf("write result: %w", err)

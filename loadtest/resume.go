@@ -52,14 +52,14 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 		if try > 0 {
 			time.Sleep(20 * time.Millisecond) // the primer is on its way through the broker
 		}
-		if cursor, err = subscribeOnce(ctx, &cfg); err != nil {
-			return nil, err
+		if cursor, err = subscribeOnce(ctx, &cfg, ""); err != nil {
+			return nil, fmt.Errorf("loadtest: %w", err)
 		}
 	}
 	if cursor == "" {
 		return nil, fmt.Errorf("loadtest: the gateway's subscribed reply has no cursor: its broker keeps no history (run it with --broker jetstream)")
 	}
-	if err := publish(ctx, out, &cfg); err != nil {
+	if err := publish(ctx, out, &cfg, nil); err != nil {
 		return nil, fmt.Errorf("loadtest: publish: %w", err)
 	}
 
@@ -70,7 +70,7 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 		return nil, fmt.Errorf("loadtest: %w", err)
 	}
 	defer conn.CloseNow()
-	if err := await(dctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
+	if _, err := await(dctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
 		return nil, fmt.Errorf("loadtest: await ready: %w", err)
 	}
 	start := time.Now()
@@ -100,30 +100,19 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 	return res, nil
 }
 
-// subscribeOnce connects, subscribes and returns the cursor of the
-// "subscribed" reply, then disconnects.
-func subscribeOnce(ctx context.Context, cfg *Config) (string, error) {
+// subscribeOnce connects, subscribes (from the cursor from, unless it is
+// "") and returns the cursor of the "subscribed" reply, then disconnects.
+func subscribeOnce(ctx context.Context, cfg *Config, from string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	conn, err := dialWS(ctx, cfg)
 	if err != nil {
-		return "", fmt.Errorf("loadtest: %w", err)
+		return "", err
 	}
 	defer conn.CloseNow()
-	if err := await(ctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
-		return "", fmt.Errorf("loadtest: await ready: %w", err)
-	}
-	b, _ := json.Marshal(map[string]string{"type": "subscribe", "id": subID, "subject": cfg.Subject})
-	if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
-		return "", fmt.Errorf("loadtest: subscribe: %w", err)
-	}
-	var cursor string
-	err = await(ctx, conn, func(m *controlMsg) bool {
-		cursor = m.Cursor
-		return m.Type == "subscribed"
-	})
+	cursor, _, err := handshake(ctx, conn, cfg.Subject, from)
 	if err != nil {
-		return "", fmt.Errorf("loadtest: await subscribed: %w", err)
+		return "", err
 	}
 	_ = conn.Close(websocket.StatusNormalClosure, "done")
 	return cursor, nil

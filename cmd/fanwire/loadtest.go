@@ -54,6 +54,9 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	fs.StringVar(&spawnFlags, "spawn-flags", "", "extra flags for the spawned gateway, space-separated (e.g. \"--mailbox-messages 8192\")")
 	fs.IntVar(&pid, "pid", 0, "sample this existing gateway process's CPU and RSS from /proc")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of the table")
+	fs.Float64Var(&cfg.ResumeShare, "resume", 0, "share of the clients (0-1) that, while events flow, drop their connection without a close handshake at random points, reconnect at once and resume from the cursor of their last event; they too must get every event exactly once, in order (needs --broker jetstream or redis)")
+	fs.IntVar(&cfg.ResumeDrops, "resume-drops", 1, "with --resume: how many times each resuming client drops")
+	fs.Uint64Var(&cfg.ResumeSeed, "resume-seed", 0, "with --resume: seed choosing the resuming clients and their drop points (0: a random one, printed with the result; give it to repeat a run)")
 	fs.IntVar(&behind, "resume-behind", 0, "instead of the fan-out test: a client leaves, this many events are published, and it resumes from its cursor; reports the catch-up rate (needs --broker jetstream on the gateway)")
 	fs.DurationVar(&idle, "idle", 0, "instead of publishing: connect --clients subscribed clients, wait this long, and report the gateway's RSS per idle connection")
 	c.run = func([]string) error {
@@ -63,6 +66,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 		switch brokerKind {
 		case "nats":
 		case "jetstream":
+			cfg.Broker = "jetstream"
 			extra = append([]string{"--broker", "jetstream", "--subjects", "loadtest.>"}, extra...)
 		case "redis":
 			cfg.Broker = "redis"
@@ -84,6 +88,9 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 			return errors.New("give --spawn, or both --url and --nats")
 		}
 		cfg.Proc = loadtest.ProcSampler{PID: pid}
+		if cfg.ResumeShare != 0 && (behind > 0 || idle > 0) {
+			return errors.New("--resume applies to the fan-out test: drop --resume-behind or --idle")
+		}
 		if behind > 0 {
 			res, err := loadtest.Resume(ctx, cfg, behind)
 			if err != nil {
