@@ -131,6 +131,9 @@ func openSink(ctx context.Context, cfg *Config) (sink, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Broker == "jetstream" {
+		return newJetStreamSink(nc)
+	}
 	return natsSink{nc}, nil
 }
 

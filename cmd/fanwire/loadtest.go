@@ -30,6 +30,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 		spawn      bool
 		spawnRole  string
 		spawnFlags string
+		consumer   string
 		pid        int
 		asJSON     bool
 		idle       time.Duration
@@ -51,6 +52,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	fs.StringVar(&cfg.Stream, "stream", "fanwire-loadtest", "with --broker redis: the stream key")
 	fs.BoolVar(&spawn, "spawn", false, "start a gateway (see --spawn-role) on free ports as a child process and measure it")
 	fs.StringVar(&spawnRole, "spawn-role", "dev", "with --spawn: dev (gateway and embedded NATS in one measured process) or ws (the measured process is \"fanwire ws\"; NATS runs embedded in the loadtest process)")
+	fs.StringVar(&consumer, "consumer", "shared", "with --spawn --broker jetstream: the spawned gateway's consumer mode, shared or per-connection (a subscription consumer each)")
 	fs.StringVar(&spawnFlags, "spawn-flags", "", "extra flags for the spawned gateway, space-separated (e.g. \"--mailbox-messages 8192\")")
 	fs.IntVar(&pid, "pid", 0, "sample this existing gateway process's CPU and RSS from /proc")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of the table")
@@ -67,12 +69,15 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 		case "nats":
 		case "jetstream":
 			cfg.Broker = "jetstream"
-			extra = append([]string{"--broker", "jetstream", "--subjects", "loadtest.>"}, extra...)
+			extra = append([]string{"--broker", "jetstream", "--subjects", "loadtest.>", "--consumer", consumer}, extra...)
 		case "redis":
 			cfg.Broker = "redis"
 			extra = append([]string{"--broker", "redis", "--redis-url", cfg.RedisURL, "--stream", cfg.Stream}, extra...)
 		default:
 			return fmt.Errorf("--broker %q: want nats, jetstream or redis", brokerKind)
+		}
+		if consumer != "shared" && (brokerKind != "jetstream" || !spawn) {
+			return fmt.Errorf("--consumer %s applies to a gateway this run spawns on JetStream (--spawn --broker jetstream); an existing gateway runs the mode it was started with", consumer)
 		}
 		if spawn {
 			if cfg.URL != "" || cfg.NATSURL != "" || pid != 0 {
