@@ -25,7 +25,7 @@ import (
 // env is one gateway under test: a real embedded NATS server, the gateway
 // consuming it, and an HTTP server in front, all stopped by t.Cleanup.
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	ns   *server.Server
 	nc   *nats.Conn // a separate publisher connection
 	srv  *gateway.Server
@@ -40,19 +40,19 @@ type env struct {
 	jsMutate func(*broker.JetStreamConfig)
 }
 
-func newEnv(t *testing.T, mutate func(*gateway.Config)) *env {
+func newEnv(t testing.TB, mutate func(*gateway.Config)) *env {
 	t.Helper()
 	return newEnvOn(t, "nats", mutate)
 }
 
 // newEnvOn is newEnv on a given broker kind: "nats" or "jetstream".
-func newEnvOn(t *testing.T, kind string, mutate func(*gateway.Config)) *env {
+func newEnvOn(t testing.TB, kind string, mutate func(*gateway.Config)) *env {
 	t.Helper()
 	return newEnvJS(t, kind, nil, mutate)
 }
 
 // newEnvJS is newEnvOn with a hook to adjust the JetStream configuration.
-func newEnvJS(t *testing.T, kind string, jsMutate func(*broker.JetStreamConfig), mutate func(*gateway.Config)) *env {
+func newEnvJS(t testing.TB, kind string, jsMutate func(*broker.JetStreamConfig), mutate func(*gateway.Config)) *env {
 	t.Helper()
 	return startEnv(t, brokertest.NATS(t), kind, jsMutate, mutate)
 }
@@ -64,7 +64,7 @@ func (e *env) sibling(mutate func(*gateway.Config)) *env {
 	return startEnv(e.t, e.ns, e.kind, e.jsMutate, mutate)
 }
 
-func startEnv(t *testing.T, ns *server.Server, kind string, jsMutate func(*broker.JetStreamConfig), mutate func(*gateway.Config)) *env {
+func startEnv(t testing.TB, ns *server.Server, kind string, jsMutate func(*broker.JetStreamConfig), mutate func(*gateway.Config)) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -168,7 +168,7 @@ func (e *env) metric(name string, labels map[string]string) float64 {
 
 // client is a real WebSocket client speaking the native protocol.
 type client struct {
-	t    *testing.T
+	t    testing.TB
 	c    *websocket.Conn
 	msgs []map[string]any // received and not yet consumed
 	raw  []string         // the same messages, verbatim
@@ -316,7 +316,7 @@ func jsonEqual(a, b any) bool {
 }
 
 // waitFor polls cond until it holds or 10 s pass.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
