@@ -16,7 +16,6 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -372,15 +371,7 @@ func TestJetStreamDeletedStreamIsRecreated(t *testing.T) {
 	}
 	publish(1, 3)
 	c.waitFor(t, 3)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := brokertest.JetStream(t, ns.ClientURL())
 	if err := js.DeleteStream(context.Background(), "D"); err != nil {
 		t.Fatal(err)
 	}
@@ -406,15 +397,7 @@ func TestJetStreamDeletedStreamIsRecreated(t *testing.T) {
 func TestJetStreamReplicasOnCluster(t *testing.T) {
 	nodes := brokertest.NATSCluster(t, 3)
 	url := nodes[0].ClientURL()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := brokertest.JetStream(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OPS", Subjects: []string{"o.>"}, Replicas: 3}); err != nil {

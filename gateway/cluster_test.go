@@ -13,8 +13,6 @@ import (
 	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // clusterURLs is every node's client URL, comma-separated, as a client that
@@ -37,15 +35,7 @@ func r3(c *broker.JetStreamConfig) {
 // stream info a client gets.
 func streamLeader(t *testing.T, nodes []*server.Server) *server.Server {
 	t.Helper()
-	nc, err := nats.Connect(clusterURLs(nodes))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := brokertest.JetStream(t, clusterURLs(nodes))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := js.Stream(ctx, "FANWIRE")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -18,10 +19,7 @@ import (
 // the node's shared ordered consumer, which acks nothing).
 func (e *env) consumers() []string {
 	e.t.Helper()
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	js := brokertest.JetStream(e.t, e.ns.ClientURL())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s, err := js.Stream(ctx, "FANWIRE")

@@ -11,9 +11,8 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 func jsEnv(t *testing.T, jsMutate func(*broker.JetStreamConfig)) *env {
@@ -331,10 +330,7 @@ func TestGatewayRestartBetweenDisconnectAndResume(t *testing.T) {
 	}
 	<-stopped
 	// No gateway runs: publish straight to the stream.
-	js, err := jetstream.New(a.nc2())
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := brokertest.JetStream(t, a.ns.ClientURL())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for i := 11; i <= 25; i++ {
@@ -354,16 +350,4 @@ func TestGatewayRestartBetweenDisconnectAndResume(t *testing.T) {
 		again.expect(map[string]any{"type": "event", "data": i})
 	}
 	again.quiet()
-}
-
-// nc2 connects a fresh client to the env's NATS server (the env's own
-// publisher connection closes with its gateway).
-func (e *env) nc2() *nats.Conn {
-	e.t.Helper()
-	nc, err := nats.Connect(e.ns.ClientURL())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(nc.Close)
-	return nc
 }

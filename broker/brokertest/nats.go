@@ -156,3 +156,20 @@ func NATSWithStore(t testing.TB, dir string, port int) *server.Server {
 	t.Fatalf("brokertest: start NATS on port %d with the store in %s: %v", port, dir, err)
 	return nil
 }
+
+// JetStream connects a JetStream client to url (several comma-separated
+// for a cluster), for tests that inspect or drive streams directly; the
+// connection is closed by t.Cleanup.
+func JetStream(t testing.TB, url string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatalf("brokertest: connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("brokertest: jetstream: %v", err)
+	}
+	return js
+}
