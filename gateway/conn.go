@@ -209,8 +209,12 @@ func (c *conn) serve() {
 		}
 	}
 	c.subsMu.Unlock()
-	for _, f := range feeds { // every write is over: acknowledge what was written
-		c.endFeed(f, false)
+	if len(feeds) > 0 { // every write is over: acknowledge what was written
+		ctx, cancel := context.WithTimeout(context.Background(), feedEndTimeout)
+		for _, f := range feeds {
+			c.endFeed(ctx, f, false)
+		}
+		cancel()
 	}
 	c.cl.mb.close()
 	reason := c.disconnectReason(err)
@@ -332,7 +336,9 @@ func (c *conn) unsubscribe(id string) {
 	c.subsMu.Unlock()
 	var wake bool
 	if st.feed != nil {
-		c.endFeed(st.feed, true)
+		ctx, cancel := context.WithTimeout(context.Background(), feedEndTimeout)
+		c.endFeed(ctx, st.feed, true)
+		cancel()
 		if live {
 			c.s.metrics.Subscriptions.Dec()
 		}

@@ -40,8 +40,15 @@ type feedAck struct {
 	cursor string
 }
 
-// feedAckTick is how often an idle feed acknowledges what has been written.
-const feedAckTick = 50 * time.Millisecond
+const (
+	// feedAckTick is how often an idle feed acknowledges what has been
+	// written.
+	feedAckTick = 50 * time.Millisecond
+	// feedEndTimeout bounds the broker calls that end a connection's or an
+	// unsubscribed subscription's feeds (last acks, deletes); the server
+	// removes what they miss when it is inactive.
+	feedEndTimeout = 5 * time.Second
+)
 
 // startFeed opens the subscription's own consumer and serves it on a task
 // goroutine.
@@ -175,14 +182,13 @@ func (c *conn) ackWritten(ctx context.Context, f *feedState, wait bool) {
 // endFeed finishes a subscription whose feed goroutine has exited: it
 // acknowledges what was written and deletes the consumer when it is
 // ephemeral or the client unsubscribed. Call it once writes are over
-// (connection end) or when the consumer is being deleted anyway.
-func (c *conn) endFeed(f *feedState, unsubscribed bool) {
+// (connection end) or when the consumer is being deleted anyway. ctx
+// bounds the broker calls (feedEndTimeout).
+func (c *conn) endFeed(ctx context.Context, f *feedState, unsubscribed bool) {
 	if f.cons == nil { // failed: the feed released its name
 		return
 	}
 	defer c.s.releaseDurable(f.durable)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	if f.durable == "" || unsubscribed {
 		if err := f.cons.Delete(ctx); err != nil {
 			c.s.log.Warn("deleting a subscription consumer (the server removes it when inactive)", zap.String("conn", c.id), zap.Error(err))
