@@ -26,6 +26,9 @@ const (
 	// consumerAckWait is how long the server waits for an ack before it
 	// delivers a message again (the consumer drops such repeats).
 	consumerAckWait = time.Minute
+	// consumerHeartbeat is how often the server tells an idle subscription
+	// consumer it is alive: a missed one makes the consumer look itself up.
+	consumerHeartbeat = 5 * time.Second
 	// Default inactivity thresholds.
 	ephemeralInactive = time.Minute
 	durableInactive   = 24 * time.Hour
@@ -186,6 +189,7 @@ func (c *jsConsumer) Bound() bool   { return c.bound }
 // blocks and the library stops pulling: the server holds the backlog.
 func (c *jsConsumer) Consume(ctx context.Context, tick time.Duration, h func([]Message)) error {
 	ch := make(chan jetstream.Msg, consumerPull)
+	check := make(chan struct{}, 1)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	cc, err := c.cons.Consume(func(m jetstream.Msg) {
@@ -193,9 +197,14 @@ func (c *jsConsumer) Consume(ctx context.Context, tick time.Duration, h func([]M
 		case ch <- m:
 		case <-ctx.Done():
 		}
-	}, jetstream.PullMaxMessages(consumerPull), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		c.b.core.log.Debug("jetstream subscription consumer", zap.String("consumer", c.name), zap.Error(err))
-	}))
+	}, jetstream.PullMaxMessages(consumerPull), jetstream.PullHeartbeat(consumerHeartbeat),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			c.b.core.log.Debug("jetstream subscription consumer", zap.String("consumer", c.name), zap.Error(err))
+			select { // look whether the consumer still exists (below)
+			case check <- struct{}{}:
+			default:
+			}
+		}))
 	if err != nil {
 		return fmt.Errorf("jetstream: consume %q: %w", c.name, err)
 	}
@@ -207,11 +216,29 @@ func (c *jsConsumer) Consume(ctx context.Context, tick time.Duration, h func([]M
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	batch := make([]Message, 0, maxBatch)
+	checking := false // an error was reported: look up the consumer until it answers
 	for {
 		var m jetstream.Msg
 		select {
 		case m = <-ch:
+		case <-check:
+			checking = true
+			continue
 		case <-t.C:
+			if checking {
+				// The library pulls again after a reconnect, but a consumer
+				// the server lost (a restart loses an in-memory one) stays
+				// silent forever: the caller must open a new one.
+				ictx, icancel := context.WithTimeout(ctx, tick)
+				_, err := c.cons.Info(ictx)
+				icancel()
+				switch {
+				case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
+					return fmt.Errorf("jetstream: consumer %q is gone from the server: %w", c.name, err)
+				case err == nil:
+					checking = false
+				}
+			}
 			h(nil)
 			continue
 		case <-cc.Closed():

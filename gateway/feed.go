@@ -48,6 +48,10 @@ const (
 	// unsubscribed subscription's feeds (last acks, deletes); the server
 	// removes what they miss when it is inactive.
 	feedEndTimeout = 5 * time.Second
+	// feedOpenTimeout bounds opening a subscription's consumer: past it
+	// (the broker is down or electing) the client gets broker_unavailable
+	// and may retry, instead of waiting without a reply.
+	feedOpenTimeout = 10 * time.Second
 )
 
 // startFeed opens the subscription's own consumer and serves it on a task
@@ -94,7 +98,9 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 	defer close(st.task.done)
 	defer st.task.cancel()
 	f := st.feed
-	cons, err := c.s.consumers.OpenConsumer(ctx, cfg)
+	octx, cancel := context.WithTimeout(ctx, feedOpenTimeout)
+	cons, err := c.s.consumers.OpenConsumer(octx, cfg)
+	cancel()
 	if err != nil {
 		c.s.releaseDurable(f.durable)
 		if ctx.Err() == nil {
@@ -134,26 +140,36 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 			return
 		}
 		// The consumer is gone (deleted on the server, the server lost its
-		// state): open it again right after the last event queued.
+		// state): open it again right after the last event queued, waiting
+		// out a broker that is down or electing, as the live feed does.
 		c.s.log.Warn("subscription consumer stopped; reopening", zap.String("conn", c.id), zap.String("sub", id), zap.Error(err))
-		select {
-		case <-cctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
 		if last != "" {
 			cfg.From = last
 		}
-		next, err := c.s.consumers.OpenConsumer(cctx, cfg)
-		if err != nil {
-			if cctx.Err() == nil {
-				c.s.log.Warn("reopening a subscription consumer failed", zap.String("conn", c.id), zap.String("sub", id), zap.Error(err))
-				c.failSubscribe(id, err)
-				c.subsMu.Lock()
-				st.live = false
-				c.subsMu.Unlock()
-				c.s.metrics.Subscriptions.Dec()
+		var next broker.Consumer
+		for wait := time.Second; next == nil; wait = min(2*wait, 10*time.Second) {
+			select {
+			case <-cctx.Done():
+				return
+			case <-time.After(wait):
 			}
+			octx, cancel := context.WithTimeout(cctx, feedOpenTimeout)
+			next, err = c.s.consumers.OpenConsumer(octx, cfg)
+			cancel()
+			if err == nil || cctx.Err() != nil {
+				continue
+			}
+			if !errors.Is(err, broker.ErrBadCursor) && !errors.Is(err, broker.ErrCursorExpired) && !errors.Is(err, broker.ErrBadConsumer) {
+				c.s.log.Warn("reopening a subscription consumer failed; retrying", zap.String("conn", c.id), zap.String("sub", id), zap.Error(err))
+				continue
+			}
+			// Its position is gone (retention passed it): the client must
+			// re-sync, as with a resume from an expired cursor.
+			c.failSubscribe(id, err)
+			c.subsMu.Lock()
+			st.live = false
+			c.subsMu.Unlock()
+			c.s.metrics.Subscriptions.Dec()
 			f.cons = nil
 			c.s.releaseDurable(f.durable)
 			return

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/fanwire/fanwire/gateway"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -75,8 +76,20 @@ func publishThrough(t *testing.T, b broker.Broker, first, n int) {
 // another port with the same store: the gateway does not know that port,
 // so they are published while it is disconnected, whatever its reconnect
 // timing. Then the server starts again on its port.
+//
+// In per-connection mode the subscription's own consumer (in memory) is
+// lost with the server: the feed opens a new one after its last event.
 func TestJetStreamOutage(t *testing.T) {
-	e := jsEnv(t, func(c *broker.JetStreamConfig) { c.Storage = "file" })
+	for _, mode := range []string{gateway.ConsumerShared, gateway.ConsumerPerConnection} {
+		t.Run(mode, func(t *testing.T) { jetStreamOutage(t, mode) })
+	}
+}
+
+func jetStreamOutage(t *testing.T, mode string) {
+	e := newEnvJS(t, "jetstream", func(c *broker.JetStreamConfig) { c.Storage = "file" }, func(c *gateway.Config) {
+		c.Subjects = []string{"orders.>", "app.>"}
+		c.Consumer = mode
+	})
 	port, dir := brokertest.Port(e.ns), brokertest.StoreDir(e.ns)
 	outage(t, e, outageSteps{
 		stop: func() {
