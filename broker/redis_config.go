@@ -81,15 +81,16 @@ func (cfg RedisConfig) dial(ctx context.Context) (redis.UniversalClient, error) 
 			return nil, fmt.Errorf("redis: url %q: %w", cfg.URL, err)
 		}
 		rdb := redis.NewClient(opts)
-		info, err := rdb.Info(ctx, "cluster").Result()
-		if err != nil {
+		if err := rdb.Ping(ctx).Err(); err != nil {
 			rdb.Close()
 			return nil, fmt.Errorf("redis: connect to %s: %w", opts.Addr, err)
 		}
 		// A single-node client on a cluster node works until the stream's
 		// slot is elsewhere, then fails every command with MOVED: refuse
-		// it now, saying what to set.
-		if strings.Contains(info, "cluster_enabled:1") {
+		// it now, saying what to set. (Best effort: a user whose ACL
+		// denies INFO is not refused for it.)
+		info, err := rdb.Info(ctx, "cluster").Result()
+		if err == nil && strings.Contains(info, "cluster_enabled:1") {
 			rdb.Close()
 			return nil, fmt.Errorf("redis: %s is a Redis Cluster node: set Cluster (--redis-cluster) and give Stream a hash tag", opts.Addr)
 		}
