@@ -13,57 +13,32 @@ import (
 	"go.uber.org/zap"
 )
 
-// RedisConfig configures the Redis Streams broker.
-type RedisConfig struct {
-	URL    string // redis://[user:pass@]host:port[/db]
-	Stream string // stream key (default "fanwire"); on Redis Cluster give it a hash tag, e.g. "{fanwire}"
-	MaxLen int64  // approximate trimming (XADD MAXLEN ~); 0 keeps everything
-	// DedupWindow is how long a publish id is remembered: a message with
-	// the same Outgoing.ID within it is not appended again and gets the
-	// original cursor, as on JetStream (whose stream window is also 2
-	// minutes by default). Default 2m.
-	DedupWindow time.Duration
-	Logger      *zap.Logger
-}
-
-// DefaultRedisDedupWindow is RedisConfig.DedupWindow's default: JetStream's.
-const DefaultRedisDedupWindow = 2 * time.Minute
-
 // Redis is the Redis Streams broker: every event is an entry of one stream
 // (fields "s": subject, "d": data) and carries the cursor "rs:<entry id>".
 type Redis struct {
-	cfg RedisConfig // static
-	rdb *redis.Client
-	log *zap.Logger
+	cfg RedisConfig           // static
+	rdb redis.UniversalClient // static: a *redis.Client, or a *redis.ClusterClient with Cluster
+	log *zap.Logger           // static
 	up  atomic.Bool
 }
 
 // CursorPrefixRedis starts every Redis Streams cursor.
 const CursorPrefixRedis = "rs:"
 
-// DialRedis connects and checks the server answers.
+// DialRedis connects and checks the server answers: on Redis Cluster, the
+// primary that owns the stream's slot.
 func DialRedis(ctx context.Context, cfg RedisConfig) (*Redis, error) {
-	if cfg.Stream == "" {
-		cfg.Stream = "fanwire"
-	}
-	if cfg.DedupWindow == 0 {
-		cfg.DedupWindow = DefaultRedisDedupWindow
-	}
-	if cfg.DedupWindow < time.Millisecond { // SET PX counts whole milliseconds, at least 1
-		return nil, fmt.Errorf("redis: DedupWindow %v: want at least 1ms", cfg.DedupWindow)
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}
-	opts, err := redis.ParseURL(cfg.URL)
+	rdb, err := cfg.dial(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("redis: url %q: %w", cfg.URL, err)
-	}
-	rdb := redis.NewClient(opts)
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		rdb.Close()
-		return nil, fmt.Errorf("redis: connect to %s: %w", opts.Addr, err)
+		return nil, err
 	}
 	b := &Redis{cfg: cfg, rdb: rdb, log: log}
 	b.up.Store(true)
@@ -130,7 +105,9 @@ func (b *Redis) CompareCursors(x, y string) (int, error) {
 // Publish appends msgs with one pipelined round trip, in order, trimmed
 // approximately to MaxLen. A message without an ID is a plain XADD; one
 // with an ID goes through publishOnce, so a repeat within DedupWindow is
-// not appended again and returns the original cursor.
+// not appended again and returns the original cursor. Every command names
+// the stream's slot, so on Redis Cluster the whole pipeline goes to one
+// primary and runs there in order.
 func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	pipe := b.rdb.Pipeline()
 	loaded := false
@@ -145,19 +122,22 @@ func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) 
 			}).Result
 			continue
 		}
+		keys := []string{b.cfg.Stream, b.dedupKey(m.ID)}
+		args := []any{b.cfg.MaxLen, b.cfg.DedupWindow.Milliseconds(), m.Subject, m.Data}
 		if !loaded {
-			// Commands of a pipeline run in order, so loading the script
-			// first means no EVALSHA after it can fail with NOSCRIPT (a
-			// restarted server forgets scripts). Retrying after NOSCRIPT
-			// instead would append the batch's plain XADDs twice. One
-			// SCRIPT LOAD per batch, not per message. (Not Script.Load:
-			// on a pipeline it records the hash before Exec, as "".)
-			pipe.ScriptLoad(ctx, publishOnceSrc)
+			// The batch's first script call sends the source (EVAL), which
+			// also caches it on the server, so the EVALSHAs after it in
+			// the pipeline cannot fail with NOSCRIPT (a restarted server
+			// forgets scripts); retrying after NOSCRIPT instead would
+			// append the batch's plain XADDs twice. Not SCRIPT LOAD: it
+			// names no key, so in a Redis Cluster pipeline go-redis sends
+			// it to any primary, not necessarily the stream's (seen with
+			// v9.23); EVAL is routed by its keys, with the EVALSHAs.
+			results[i] = pipe.Eval(ctx, publishOnceSrc, keys, args...).Text
 			loaded = true
+			continue
 		}
-		results[i] = pipe.EvalSha(ctx, publishOnce.Hash(),
-			[]string{b.cfg.Stream, b.dedupKey(m.ID)},
-			b.cfg.MaxLen, b.cfg.DedupWindow.Milliseconds(), m.Subject, m.Data).Text
+		results[i] = pipe.EvalSha(ctx, publishOnce.Hash(), keys, args...).Text
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("redis: xadd: %w", err)

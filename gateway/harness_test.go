@@ -34,7 +34,7 @@ type env struct {
 	b    broker.Broker
 	stop func() // shuts the gateway down gracefully (idempotent)
 
-	redis *brokertest.RedisServer // the "redis" kind's server
+	redis *brokertest.RedisServer // the "redis" kind's server (nil for "redis-cluster")
 
 	kind     string
 	jsMutate func(*broker.JetStreamConfig)
@@ -45,7 +45,8 @@ func newEnv(t testing.TB, mutate func(*gateway.Config)) *env {
 	return newEnvOn(t, "nats", mutate)
 }
 
-// newEnvOn is newEnv on a given broker kind: "nats" or "jetstream".
+// newEnvOn is newEnv on a given broker kind: "nats", "jetstream", "redis"
+// (one redis-server) or "redis-cluster" (a 3-node Redis Cluster).
 func newEnvOn(t testing.TB, kind string, mutate func(*gateway.Config)) *env {
 	t.Helper()
 	return newEnvJS(t, kind, nil, mutate)
@@ -85,6 +86,10 @@ func startEnv(t testing.TB, ns *server.Server, kind string, jsMutate func(*broke
 	case "redis":
 		rs = brokertest.StartRedis(t, t.TempDir(), 0)
 		b, err = broker.DialRedis(ctx, broker.RedisConfig{URL: "redis://" + rs.Addr(), Stream: "{fanwire}"})
+	case "redis-cluster":
+		addrs := brokertest.RedisCluster(t, 3)
+		url := "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
+		b, err = broker.DialRedis(ctx, broker.RedisConfig{URL: url, Cluster: true, Stream: "{fanwire}"})
 	default:
 		t.Fatalf("unknown broker kind %q", kind)
 	}

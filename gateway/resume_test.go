@@ -232,33 +232,38 @@ func TestSlowConsumerResumesWithoutLoss(t *testing.T) {
 	again.quiet()
 }
 
-// TestRedisStreamsLiveAndResume runs the gateway on Redis Streams: events
-// carry rs: cursors, and a client resumes from one without gap or
-// duplicate while events keep being published.
+// TestRedisStreamsLiveAndResume runs the gateway on Redis Streams, on one
+// server and on a Redis Cluster: events carry rs: cursors, and a client
+// resumes from one without gap or duplicate while events keep being
+// published.
 func TestRedisStreamsLiveAndResume(t *testing.T) {
-	e := newEnvJS(t, "redis", nil, nil)
-	cl := e.dial()
-	cl.subscribe("s", "orders.*")
-	e.publishN("orders.x", 1, 50)
-	var cursors []string
-	for i := 1; i <= 50; i++ {
-		m := cl.expect(map[string]any{"type": "event", "data": i})
-		c, _ := m["cursor"].(string)
-		if !strings.HasPrefix(c, "rs:") {
-			t.Fatalf("event %d cursor %q, want rs:…", i, c)
-		}
-		cursors = append(cursors, c)
+	for _, kind := range []string{"redis", "redis-cluster"} {
+		t.Run(kind, func(t *testing.T) {
+			e := newEnvJS(t, kind, nil, nil)
+			cl := e.dial()
+			cl.subscribe("s", "orders.*")
+			e.publishN("orders.x", 1, 50)
+			var cursors []string
+			for i := 1; i <= 50; i++ {
+				m := cl.expect(map[string]any{"type": "event", "data": i})
+				c, _ := m["cursor"].(string)
+				if !strings.HasPrefix(c, "rs:") {
+					t.Fatalf("event %d cursor %q, want rs:…", i, c)
+				}
+				cursors = append(cursors, c)
+			}
+			var wg sync.WaitGroup
+			wg.Go(func() { e.publishN("orders.x", 51, 450) })
+			again := e.dial()
+			again.send(`{"type":"subscribe","id":"r","subject":"orders.*","from":"` + cursors[19] + `"}`)
+			again.expect(map[string]any{"type": "subscribed", "cursor": cursors[19]})
+			for i := 21; i <= 500; i++ {
+				again.expect(map[string]any{"type": "event", "data": i})
+			}
+			wg.Wait()
+			again.quiet()
+		})
 	}
-	var wg sync.WaitGroup
-	wg.Go(func() { e.publishN("orders.x", 51, 450) })
-	again := e.dial()
-	again.send(`{"type":"subscribe","id":"r","subject":"orders.*","from":"` + cursors[19] + `"}`)
-	again.expect(map[string]any{"type": "subscribed", "cursor": cursors[19]})
-	for i := 21; i <= 500; i++ {
-		again.expect(map[string]any{"type": "event", "data": i})
-	}
-	wg.Wait()
-	again.quiet()
 }
 
 // TestResumeHandsOverWhileEventsKeepComing resumes while events are

@@ -497,7 +497,7 @@ func TestUnansweredPingCloses(t *testing.T) {
 // (in the same request or a later one) is stored once and answered with
 // the original cursor.
 func TestDurableEventsCarryCursors(t *testing.T) {
-	for _, kind := range []string{"jetstream", "redis"} {
+	for _, kind := range []string{"jetstream", "redis", "redis-cluster"} {
 		t.Run(kind, func(t *testing.T) {
 			e := newEnvOn(t, kind, func(c *gateway.Config) { c.Subjects = []string{"orders.>", "app.>"} })
 			cl := e.dial()

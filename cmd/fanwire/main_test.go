@@ -68,6 +68,19 @@ func TestUnknownCommandAndStrayArguments(t *testing.T) {
 	}
 }
 
+// TestRedisClusterWantsHashTag: with --redis-cluster (here from the
+// environment) a stream key without a hash tag is refused before any
+// connection, with the fix in the message.
+func TestRedisClusterWantsHashTag(t *testing.T) {
+	t.Setenv("FANWIRE_REDIS_CLUSTER", "true")
+	var out, errOut bytes.Buffer
+	code := run([]string{"ws", "--broker", "redis", "--redis-url", "redis://127.0.0.1:1", "--stream", "FANWIRE",
+		"--listen", "127.0.0.1:0", "--log-level", "error"}, &out, &errOut)
+	if code == 0 || !strings.Contains(errOut.String(), "hash tag") || !strings.Contains(errOut.String(), "{FANWIRE}") {
+		t.Errorf("ws --redis-cluster --stream FANWIRE: exit %d, %q; want a failure asking for a hash tag such as {FANWIRE}", code, errOut.String())
+	}
+}
+
 // TestDevShutsDownGracefullyOnSIGTERM builds the binary, runs "fanwire dev"
 // on free ports, connects a client, and sends SIGTERM: the client must get
 // 1001 and the process must exit 0.

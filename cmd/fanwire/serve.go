@@ -36,6 +36,7 @@ type wsFlags struct {
 	durableInactive  time.Duration
 	replicas         int
 	redisURL         string
+	redisCluster     bool
 	redisMaxLen      int64
 	redisDedupWindow time.Duration
 	listen           string
@@ -65,10 +66,11 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 		fs.StringVar(&f.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
 	}
 	fs.StringVar(&f.brokerKind, "broker", "nats", "nats (Core NATS: live only, no cursors), jetstream or redis (durable: events carry cursors, clients resume)")
-	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379", "redis: server URL")
+	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379", "redis: server URL; with --redis-cluster a seed node, more as addr parameters (redis://a:6379?addr=b:6379&addr=c:6379)")
+	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "redis: --redis-url is a Redis Cluster: follow its slot map and MOVED/ASK redirections (--stream must then hold a hash tag, e.g. {fanwire})")
 	fs.Int64Var(&f.redisMaxLen, "redis-maxlen", 1_000_000, "redis: keep about this many events in the stream (XADD MAXLEN ~; 0: no limit)")
 	fs.DurationVar(&f.redisDedupWindow, "redis-dedup-window", broker.DefaultRedisDedupWindow, "redis: how long a publish \"id\" is remembered: a repeat within it is not appended again and gets the original cursor (JetStream's duplicate window is 2m too)")
-	fs.StringVar(&f.stream, "stream", "FANWIRE", "jetstream: the stream that captures --subjects (created or updated at start); redis: the stream key (on Redis Cluster give it a hash tag, e.g. {fanwire})")
+	fs.StringVar(&f.stream, "stream", "FANWIRE", "jetstream: the stream that captures --subjects (created or updated at start); redis: the stream key (with --redis-cluster it must hold a hash tag, e.g. {fanwire})")
 	fs.DurationVar(&f.retentionAge, "retention-age", 24*time.Hour, "jetstream: keep events this long (0: no age limit)")
 	fs.Int64Var(&f.retentionBytes, "retention-bytes", 1<<30, "jetstream: keep at most this many bytes of events (0: no size limit)")
 	fs.StringVar(&f.storage, "storage", "file", "jetstream: file or memory")
@@ -220,7 +222,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 			},
 		})
 	case "redis":
-		b, err = broker.DialRedis(dialCtx, broker.RedisConfig{URL: f.redisURL, Stream: f.stream, MaxLen: f.redisMaxLen,
+		b, err = broker.DialRedis(dialCtx, broker.RedisConfig{URL: f.redisURL, Cluster: f.redisCluster, Stream: f.stream, MaxLen: f.redisMaxLen,
 			DedupWindow: f.redisDedupWindow, Logger: log.Named("redis")})
 	default:
 		return fmt.Errorf("--broker %q: want nats, jetstream or redis", f.brokerKind)
