@@ -27,21 +27,10 @@ import (
 
 // wsFlags are the ws role's flags, shared by "ws" and "dev".
 type wsFlags struct {
-	brokerKind       string
-	stream           string
-	retentionAge     time.Duration
-	retentionBytes   int64
-	storage          string
+	brokerFlags
 	consumer         string
 	durableInactive  time.Duration
-	replicas         int
-	redisURL         string
-	redisCluster     bool
-	redisMaxLen      int64
-	redisDedupWindow time.Duration
 	listen           string
-	natsURL          string
-	subjects         listFlag
 	apiKey           string
 	console          bool
 	allowedOrigins   listFlag
@@ -62,23 +51,9 @@ type wsFlags struct {
 
 func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP address: /ws, /api/publish, /healthz, /readyz, /metrics (and / for the console)")
-	if !dev {
-		fs.StringVar(&f.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
-	}
-	fs.StringVar(&f.brokerKind, "broker", "nats", "nats (Core NATS: live only, no cursors), jetstream or redis (durable: events carry cursors, clients resume)")
-	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379", "redis: server URL; with --redis-cluster a seed node, more as addr parameters (redis://a:6379?addr=b:6379&addr=c:6379)")
-	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "redis: --redis-url is a Redis Cluster: follow its slot map and MOVED/ASK redirections (--stream must then hold a hash tag, e.g. {fanwire})")
-	fs.Int64Var(&f.redisMaxLen, "redis-maxlen", 1_000_000, "redis: keep about this many events in the stream (XADD MAXLEN ~; 0: no limit)")
-	fs.DurationVar(&f.redisDedupWindow, "redis-dedup-window", broker.DefaultRedisDedupWindow, "redis: how long a publish \"id\" is remembered: a repeat within it is not appended again and gets the original cursor (JetStream's duplicate window is 2m too)")
-	fs.StringVar(&f.stream, "stream", "FANWIRE", "jetstream: the stream that captures --subjects (created or updated at start); redis: the stream key (with --redis-cluster it must hold a hash tag, e.g. {fanwire})")
-	fs.DurationVar(&f.retentionAge, "retention-age", 24*time.Hour, "jetstream: keep events this long (0: no age limit)")
-	fs.Int64Var(&f.retentionBytes, "retention-bytes", 1<<30, "jetstream: keep at most this many bytes of events (0: no size limit)")
-	fs.StringVar(&f.storage, "storage", "file", "jetstream: file or memory")
+	f.brokerFlags.register(fs, dev, ">")
 	fs.StringVar(&f.consumer, "consumer", "shared", "jetstream: shared (one live consumer per node feeds every subscription) or per-connection (every subscription gets its own consumer on the server)")
 	fs.DurationVar(&f.durableInactive, "durable-inactive", 24*time.Hour, "jetstream: the server deletes a durable subscription consumer nobody has been bound to for this long")
-	fs.IntVar(&f.replicas, "replicas", 0, "jetstream: the stream's replicas, 3 on a NATS cluster (0: an existing stream keeps its own, a new one gets 1)")
-	f.subjects = listFlag{">"}
-	fs.Var(&f.subjects, "subjects", "the subject space this node consumes, comma-separated NATS patterns (e.g. db.>,app.>); patterns must not overlap; jetstream needs one narrower than >")
 	fs.StringVar(&f.apiKey, "api-key", "", "when set, POST /api/publish requires Authorization: Bearer <key>")
 	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
 	fs.Var(&f.allowedOrigins, "allowed-origins", "browser origins allowed to connect besides same-origin, comma-separated host patterns (e.g. app.example.com,*.example.com)")
@@ -188,45 +163,11 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	// The broker reports drops to the server, which exists only after the
 	// broker does.
 	var srvRef atomic.Pointer[gateway.Server]
-	var err error
-	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	ncfg := broker.NATSConfig{
-		URL:      f.natsURL,
-		Server:   ns,
-		Subjects: f.subjects,
-		Name:     "fanwire-ws",
-		Logger:   log.Named("nats"),
-		OnDrop: func(n int) {
-			if s := srvRef.Load(); s != nil {
-				s.CountDropped("broker_slow_consumer", n)
-			}
-		},
-	}
-	var b broker.Broker
-	switch f.brokerKind {
-	case "nats":
-		b, err = broker.DialNATS(dialCtx, ncfg)
-	case "jetstream":
-		b, err = broker.DialJetStream(dialCtx, broker.JetStreamConfig{
-			NATSConfig: ncfg,
-			Stream:     f.stream,
-			MaxAge:     f.retentionAge,
-			MaxBytes:   f.retentionBytes,
-			Storage:    f.storage,
-			Replicas:   f.replicas,
-			OnGap: func(n int) {
-				if s := srvRef.Load(); s != nil {
-					s.CountDropped("removed_before_read", n)
-				}
-			},
-		})
-	case "redis":
-		b, err = broker.DialRedis(dialCtx, broker.RedisConfig{URL: f.redisURL, Cluster: f.redisCluster, Stream: f.stream, MaxLen: f.redisMaxLen,
-			DedupWindow: f.redisDedupWindow, Logger: log.Named("redis")})
-	default:
-		return fmt.Errorf("--broker %q: want nats, jetstream or redis", f.brokerKind)
-	}
+	b, err := f.dial(ctx, log, ns, "fanwire-ws", func(reason string, n int) {
+		if s := srvRef.Load(); s != nil {
+			s.CountDropped(reason, n)
+		}
+	})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/nats-io/nats-server/v2/server"
+	"go.uber.org/zap"
+)
+
+// brokerFlags choose and configure the broker; the ws and ingest roles
+// (and dev) share them.
+type brokerFlags struct {
+	brokerKind       string
+	natsURL          string
+	subjects         listFlag
+	stream           string
+	retentionAge     time.Duration
+	retentionBytes   int64
+	storage          string
+	replicas         int
+	redisURL         string
+	redisCluster     bool
+	redisMaxLen      int64
+	redisDedupWindow time.Duration
+}
+
+// register adds the broker flags; embedded (dev) has no --nats-url, and
+// subjects is the default subject space.
+func (f *brokerFlags) register(fs *flag.FlagSet, embedded bool, subjects string) {
+	if !embedded {
+		fs.StringVar(&f.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	}
+	fs.StringVar(&f.brokerKind, "broker", "nats", "nats (Core NATS: live only, no cursors), jetstream or redis (durable: events carry cursors, clients resume)")
+	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379", "redis: server URL; with --redis-cluster a seed node, more as addr parameters (redis://a:6379?addr=b:6379&addr=c:6379)")
+	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "redis: --redis-url is a Redis Cluster: follow its slot map and MOVED/ASK redirections (--stream must then hold a hash tag, e.g. {fanwire})")
+	fs.Int64Var(&f.redisMaxLen, "redis-maxlen", 1_000_000, "redis: keep about this many events in the stream (XADD MAXLEN ~; 0: no limit)")
+	fs.DurationVar(&f.redisDedupWindow, "redis-dedup-window", broker.DefaultRedisDedupWindow, "redis: how long a publish \"id\" is remembered: a repeat within it is not appended again and gets the original cursor (JetStream's duplicate window is 2m too)")
+	fs.StringVar(&f.stream, "stream", "FANWIRE", "jetstream: the stream that captures --subjects (created or updated at start); redis: the stream key (with --redis-cluster it must hold a hash tag, e.g. {fanwire})")
+	fs.DurationVar(&f.retentionAge, "retention-age", 24*time.Hour, "jetstream: keep events this long (0: no age limit)")
+	fs.Int64Var(&f.retentionBytes, "retention-bytes", 1<<30, "jetstream: keep at most this many bytes of events (0: no size limit)")
+	fs.StringVar(&f.storage, "storage", "file", "jetstream: file or memory")
+	fs.IntVar(&f.replicas, "replicas", 0, "jetstream: the stream's replicas, 3 on a NATS cluster (0: an existing stream keeps its own, a new one gets 1)")
+	f.subjects = listFlag{subjects}
+	fs.Var(&f.subjects, "subjects", "the subject space, comma-separated NATS patterns (e.g. db.>,app.>); patterns must not overlap; jetstream needs one narrower than >")
+}
+
+// dial connects the chosen broker (to ns when embedded). drop counts
+// events lost before delivery, by reason.
+func (f *brokerFlags) dial(ctx context.Context, log *zap.Logger, ns *server.Server, name string, drop func(reason string, n int)) (broker.Broker, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ncfg := broker.NATSConfig{
+		URL:      f.natsURL,
+		Server:   ns,
+		Subjects: f.subjects,
+		Name:     name,
+		Logger:   log.Named("nats"),
+		OnDrop:   func(n int) { drop("broker_slow_consumer", n) },
+	}
+	switch f.brokerKind {
+	case "nats":
+		return broker.DialNATS(ctx, ncfg)
+	case "jetstream":
+		return broker.DialJetStream(ctx, broker.JetStreamConfig{
+			NATSConfig: ncfg,
+			Stream:     f.stream,
+			MaxAge:     f.retentionAge,
+			MaxBytes:   f.retentionBytes,
+			Storage:    f.storage,
+			Replicas:   f.replicas,
+			OnGap:      func(n int) { drop("removed_before_read", n) },
+		})
+	case "redis":
+		return broker.DialRedis(ctx, broker.RedisConfig{URL: f.redisURL, Cluster: f.redisCluster, Stream: f.stream, MaxLen: f.redisMaxLen,
+			DedupWindow: f.redisDedupWindow, Logger: log.Named("redis")})
+	}
+	return nil, fmt.Errorf("--broker %q: want nats, jetstream or redis", f.brokerKind)
+}
