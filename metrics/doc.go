@@ -27,9 +27,10 @@
 // owner and never write. So:
 //   - The owner must call Publish at the boundaries a scrape should see:
 //     after each commit, and before blocking for the next message. A
-//     scrape is at most that far behind. Publish costs ~60 plain loads and
-//     returns when nothing changed; otherwise one atomic store per changed
-//     cell plus two.
+//     scrape is at most that far behind. Publish compares the 60 cells with
+//     plain loads and returns when nothing changed; otherwise it pays one
+//     atomic store per changed cell plus two. With one-row transactions,
+//     publish per batch of commits rather than per commit (see Publish).
 //   - A snapshot is one Publish's cut: begin and commit counts agree when
 //     the owner publishes after commits, and every counter is monotonic.
 //   - Scraping never resets or changes a counter.

@@ -13,8 +13,9 @@ import (
 // owner's last Publish.
 type WAL struct {
 	// counts is owned by the owner: plain increments, no atomics, so that
-	// Observe costs one byte load and one add (≈0.5 ns; an atomic add per
-	// message would cost ~5 ns, more than the whole target).
+	// Observe costs one byte load and one add: an atomic add per message
+	// measured 11.9 ns against 1.7 ns for this in one run on the loaded
+	// 2-core machine (LOCK XADD), ~7× the whole budget.
 	counts [numSlots][numRoutes]uint64
 
 	_ [64]byte // keep the readers' lines off the owner's
@@ -36,35 +37,31 @@ func (w *WAL) Observe(k Kind, r Route) {
 
 // Publish makes the counts observed so far visible to Snapshot. Only the
 // owner may call it. Call it at a boundary that a scrape should see whole —
-// after each commit, and before blocking for the next message — so that a
-// scrape is at most one transaction or one idle wait behind. It costs ~60
-// plain loads when nothing changed, plus one atomic store per changed cell
-// and two for seq; it never blocks and never allocates.
+// after a commit, and before blocking for the next message — so that a
+// scrape is at most that far behind. It compares the 60 cells (plain loads,
+// ~90 ns measured on the loaded 2-core machine) and, when any changed, pays
+// one atomic store per changed cell plus two for seq (~200 ns for a
+// three-message transaction, against ~5 µs per change that PostgreSQL
+// decodes here: publish per commit, or per batch of commits when
+// transactions are tiny). It never blocks and never allocates.
 func (w *WAL) Publish() {
-	var changed uint64 // bit s*numRoutes+r: cell [s][r] changed
+	odd := false
 	for s := range w.counts {
-		for r := range w.counts[s] {
-			if w.counts[s][r] != w.pub[s][r].Load() {
-				changed |= 1 << (s*numRoutes + r)
+		for r, n := range w.counts[s] {
+			if n == w.pub[s][r].Load() { // a plain load: only we store pub
+				continue
 			}
+			if !odd {
+				w.seq.Add(1) // odd: readers retry
+				odd = true
+			}
+			w.pub[s][r].Store(n)
 		}
 	}
-	if changed == 0 {
-		return
+	if odd {
+		w.seq.Add(1) // even: a consistent cut again
 	}
-	w.seq.Add(1) // odd: readers retry
-	for s := range w.counts {
-		for r := range w.counts[s] {
-			if changed&(1<<(s*numRoutes+r)) != 0 {
-				w.pub[s][r].Store(w.counts[s][r])
-			}
-		}
-	}
-	w.seq.Add(1) // even: a consistent cut again
 }
-
-// Publish tracks changed cells in one uint64.
-var _ [64 - numSlots*numRoutes]struct{}
 
 // Cell is one non-zero counter of a Snapshot.
 type Cell struct {
@@ -82,7 +79,18 @@ type Cell struct {
 func (w *WAL) Snapshot() []Cell {
 	var cut [numSlots][numRoutes]uint64
 	w.load(&cut)
-	var cells []Cell
+	n := 0
+	for s := range cut {
+		for r := range cut[s] {
+			if cut[s][r] != 0 {
+				n++
+			}
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	cells := make([]Cell, 0, n)
 	for _, s := range slotOrder {
 		for _, r := range routeOrder {
 			if n := cut[s][r]; n != 0 {
@@ -94,8 +102,8 @@ func (w *WAL) Snapshot() []Cell {
 }
 
 // load copies the published counters into cut as of one Publish. It retries
-// while a Publish is in progress or completed during the copy; Publish
-// takes tens of nanoseconds, so a retry is rare and brief.
+// while a Publish is in progress or completed during the copy; a Publish
+// stores for a few hundred nanoseconds at most, so a retry is rare and brief.
 func (w *WAL) load(cut *[numSlots][numRoutes]uint64) {
 	for {
 		seq := w.seq.Load()
