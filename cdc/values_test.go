@@ -411,7 +411,7 @@ var row = []struct {
 	{pgtype.JSONBOID, []byte(`{"sku": "A-17", "qty": 3, "tags": ["gift", "express"]}`)},
 }
 
-func appendRow(dst []byte) ([]byte, error) {
+func appendBenchRow(dst []byte) ([]byte, error) {
 	dst = append(dst, '[')
 	for i, c := range row {
 		if i > 0 {
@@ -431,7 +431,7 @@ func TestAppendValueAllocs(t *testing.T) {
 	buf := make([]byte, 0, 4096)
 	arr := []byte(`{"a\"b","c\\d",NULL,"{}"}`)
 	allocs := testing.AllocsPerRun(100, func() {
-		dst, err := appendRow(buf[:0])
+		dst, err := appendBenchRow(buf[:0])
 		if err == nil {
 			dst, err = AppendValue(dst, pgtype.TextArrayOID, arr)
 		}
@@ -453,7 +453,7 @@ func BenchmarkAppendValue(b *testing.B) {
 	b.SetBytes(int64(n))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := appendRow(buf[:0]); err != nil {
+		if _, err := appendBenchRow(buf[:0]); err != nil {
 			b.Fatal(err)
 		}
 	}
