@@ -1,0 +1,87 @@
+package cdc
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"go.uber.org/zap"
+)
+
+// Config configures the ingest role. Zero values take the defaults below.
+type Config struct {
+	DSN         string        // PostgreSQL connection string (required); the replication connection is made from it
+	Broker      broker.Broker // where events go (required)
+	Slot        string        // logical replication slot (default "fanwire"), created if missing
+	Publication string        // publication (default "fanwire"), created if missing
+	Prefix      string        // first subject token (default "db")
+	Tables      []string      // tables to publish ("table" in public, or "schema.table"); empty: every table of the publication
+	Rebootstrap bool          // drop the slot and bootstrap again
+
+	FlushWindow    time.Duration // longest an event waits for others to share its publish (default 10ms)
+	MaxBatch       int           // most events per publish (default 4096)
+	BootstrapChunk int           // rows per bootstrap fetch (default 10,000)
+	StatusInterval time.Duration // standby status update period (default 1s)
+	Heartbeat      time.Duration // on an idle database, emit a logical message this often so the slot advances (default 10s; negative: never)
+	Retry          time.Duration // wait before reconnecting after a lost connection (default 1s)
+
+	Logger *zap.Logger
+}
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+func (c *Config) setDefaults() {
+	if c.Slot == "" {
+		c.Slot = "fanwire"
+	}
+	if c.Publication == "" {
+		c.Publication = "fanwire"
+	}
+	if c.Prefix == "" {
+		c.Prefix = "db"
+	}
+	if c.FlushWindow == 0 {
+		c.FlushWindow = 10 * time.Millisecond
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = 4096
+	}
+	if c.BootstrapChunk == 0 {
+		c.BootstrapChunk = 10_000
+	}
+	if c.StatusInterval == 0 {
+		c.StatusInterval = time.Second
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = 10 * time.Second
+	}
+	if c.Retry == 0 {
+		c.Retry = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.DSN == "" {
+		errs = append(errs, errors.New("DSN is required (--pg postgres://user@host:5432/db)"))
+	}
+	if c.Broker == nil {
+		errs = append(errs, errors.New("Broker is required"))
+	}
+	// Slot and publication names go into replication commands unquoted.
+	if !identRE.MatchString(c.Slot) {
+		errs = append(errs, fmt.Errorf("slot %q: use lower-case letters, digits and '_' (PostgreSQL's rule for slot names)", c.Slot))
+	}
+	if !identRE.MatchString(c.Publication) {
+		errs = append(errs, fmt.Errorf("publication %q: use lower-case letters, digits and '_'", c.Publication))
+	}
+	if c.MaxBatch < 0 || c.BootstrapChunk < 0 || c.FlushWindow < 0 {
+		errs = append(errs, errors.New("MaxBatch, BootstrapChunk and FlushWindow must not be negative"))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,29 @@
+// Package cdc is the ingest role: it turns committed PostgreSQL changes,
+// read through logical replication (pgoutput), into events in the broker,
+// exactly once where the broker deduplicates.
+//
+// The pipeline, one goroutine each:
+//
+//		replication connection ─► decode ─► transactions ─► projection ─► batches ─► broker
+//		        ▲                                                                     │
+//		        └──────────── confirmed LSN (after the broker's ack) ◄─────────────────┘
+//
+//	  - The reader owns the replication connection: it answers keepalives,
+//	    decodes pgoutput messages, assembles transactions (buffering streamed
+//	    ones per xid until their stream commit, dropping aborted ones and
+//	    aborted subtransactions) and hands each committed transaction's
+//	    changes to the projection stage.
+//	  - A projection turns a change into the documents it affects. A table is
+//	    the trivial projection: the row is the document and its primary key
+//	    the key. (Projections with embedded child rows plug in here.)
+//	  - The publisher collects events for at most the flush window (or a max
+//	    batch), publishes them through the broker, which pipelines them and
+//	    returns once every one is acknowledged, and only then advances the
+//	    LSN that the reader confirms to PostgreSQL: a crash re-reads what was
+//	    not acknowledged, and event ids derived from (commit LSN, index in
+//	    the transaction) let the broker drop what it already has.
+//
+// A new slot starts with a consistent bootstrap: the snapshot the slot
+// exported is scanned table by table, and the tail then starts at the
+// slot's consistent point, so nothing is missed or doubled.
+package cdc

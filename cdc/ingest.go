@@ -1,0 +1,425 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/metrics"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+)
+
+// Ingest is the ingest role. Run it with Run.
+type Ingest struct {
+	cfg Config
+	log *zap.Logger
+
+	ready     atomic.Bool
+	confirmed atomic.Uint64 // the LSN confirmed to PostgreSQL
+	walEnd    atomic.Uint64 // the server's WAL end, last reported
+	published atomic.Uint64 // events the broker acknowledged
+	bootRows  atomic.Uint64 // rows published by bootstraps
+	oldest    atomic.Int64  // commit time (Unix ns) of the oldest transaction not yet acknowledged; 0: none
+
+	wal metrics.WAL // pgoutput messages by kind and route; the reader owns it
+}
+
+// lagSeconds is how long the oldest unacknowledged transaction has waited
+// since its commit.
+func (in *Ingest) lagSeconds() float64 {
+	t := in.oldest.Load()
+	if t == 0 {
+		return 0
+	}
+	return max(0, time.Since(time.Unix(0, t)).Seconds())
+}
+
+// New validates cfg.
+func New(cfg Config) (*Ingest, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("ingest config: %w", err)
+	}
+	return &Ingest{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Ready reports whether the ingest is tailing the slot.
+func (in *Ingest) Ready() bool { return in.ready.Load() }
+
+// Confirmed is the LSN last confirmed to PostgreSQL.
+func (in *Ingest) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(in.confirmed.Load()) }
+
+// Published is the number of events the broker has acknowledged.
+func (in *Ingest) Published() uint64 { return in.published.Load() }
+
+// errFatal marks errors that a reconnect cannot fix (configuration).
+type errFatal struct{ error }
+
+func (e errFatal) Unwrap() error { return e.error }
+
+// Run ingests until ctx is done. A lost connection (PostgreSQL restarted,
+// the network) is retried after Config.Retry, resuming from the slot;
+// configuration errors end it.
+func (in *Ingest) Run(ctx context.Context) error {
+	for {
+		err := in.runOnce(ctx)
+		in.ready.Store(false)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var fatal errFatal
+		if errors.As(err, &fatal) {
+			return fatal.error
+		}
+		in.log.Warn("ingest: connection lost; reconnecting", zap.Error(err), zap.Duration("after", in.cfg.Retry))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(in.cfg.Retry):
+		}
+	}
+}
+
+// runOnce connects, sets up, bootstraps when the slot is new, and tails.
+func (in *Ingest) runOnce(ctx context.Context) error {
+	cfg := &in.cfg
+	conn, err := pgx.Connect(ctx, cfg.DSN)
+	if err != nil {
+		return fmt.Errorf("postgres: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	srv, err := checkServer(ctx, conn)
+	if err != nil {
+		return errFatal{err}
+	}
+	keys, err := ensurePublication(ctx, conn, cfg.Publication, cfg.Tables)
+	if err != nil {
+		return errFatal{err}
+	}
+	st, err := lookupSlot(ctx, conn, cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if st.active {
+		return fmt.Errorf("postgres: slot %q is in use by another connection (another ingest?)", cfg.Slot)
+	}
+	if st.exists && (cfg.Rebootstrap || !st.bootstrapped) {
+		if !st.bootstrapped {
+			in.log.Warn("ingest: the slot's bootstrap never finished; starting over", zap.String("slot", cfg.Slot))
+		}
+		if err := dropSlot(ctx, conn, cfg.Slot); err != nil {
+			return err
+		}
+		cfg.Rebootstrap = false
+		st.exists = false
+	}
+
+	rcfg, err := pgconn.ParseConfig(cfg.DSN)
+	if err != nil {
+		return errFatal{fmt.Errorf("postgres: %w", err)}
+	}
+	rcfg.RuntimeParams["replication"] = "database"
+	// pgoutput writes values with the walsender's output settings.
+	rcfg.RuntimeParams["DateStyle"] = "ISO"
+	rcfg.RuntimeParams["TimeZone"] = "UTC"
+	rcfg.RuntimeParams["bytea_output"] = "hex"
+	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
+	if err != nil {
+		return fmt.Errorf("postgres: replication connection: %w", err)
+	}
+	defer rconn.Close(context.WithoutCancel(ctx))
+
+	pub := newPublisher(in)
+	pctx, stopPub := context.WithCancel(ctx)
+	pubDone := make(chan struct{})
+	go func() {
+		defer close(pubDone)
+		pub.run(pctx)
+	}()
+	defer func() {
+		stopPub()
+		<-pubDone
+	}()
+
+	var start pglogrepl.LSN
+	if !st.exists {
+		res, err := pglogrepl.CreateReplicationSlot(ctx, rconn, cfg.Slot, "pgoutput",
+			pglogrepl.CreateReplicationSlotOptions{SnapshotAction: "EXPORT_SNAPSHOT"})
+		if err != nil {
+			return fmt.Errorf("postgres: create slot %q: %w", cfg.Slot, err)
+		}
+		if start, err = pglogrepl.ParseLSN(res.ConsistentPoint); err != nil {
+			return fmt.Errorf("postgres: slot %q consistent point %q: %w", cfg.Slot, res.ConsistentPoint, err)
+		}
+		in.log.Info("ingest: created slot; bootstrapping", zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", start))
+		// The snapshot lives until the replication connection runs its next
+		// command: bootstrap before starting replication.
+		if err := in.bootstrap(ctx, conn, keys, res.SnapshotName, start, pub); err != nil {
+			return err
+		}
+	}
+	proto, extra := "1", []string(nil)
+	if srv.version >= 140000 {
+		proto, extra = "2", []string{"streaming 'true'"}
+	}
+	args := append([]string{
+		"proto_version '" + proto + "'",
+		"publication_names '" + cfg.Publication + "'",
+		"messages 'true'",
+	}, extra...)
+	if err := pglogrepl.StartReplication(ctx, rconn, cfg.Slot, start, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
+		return fmt.Errorf("postgres: start replication on slot %q: %w", cfg.Slot, err)
+	}
+	in.ready.Store(true)
+	in.log.Info("ingest: tailing", zap.String("slot", cfg.Slot), zap.String("publication", cfg.Publication), zap.Int("tables", len(keys)))
+	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys), pub: pub, streamed: make(map[uint32][]change), hbConn: conn}
+	return r.run(ctx)
+}
+
+// reader owns the replication connection.
+type reader struct {
+	in        *Ingest
+	conn      *pgconn.PgConn
+	rels      *relations
+	pub       *publisher
+	hbConn    *pgx.Conn // for heartbeats; owned by the reader once tailing
+	cur       *txn      // the transaction being received (not streamed)
+	inStream  bool
+	streamXid uint32
+	streamed  map[uint32][]change // streamed transactions' changes so far, by top-level xid
+
+	walEnd   pglogrepl.LSN // the server's WAL end, last reported
+	received pglogrepl.LSN // end of the last commit handed to the publisher
+	lastData time.Time     // when the last change or commit arrived
+}
+
+func (r *reader) run(ctx context.Context) error {
+	cfg := &r.in.cfg
+	nextStatus := time.Now().Add(cfg.StatusInterval)
+	r.lastData = time.Now()
+	for {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Now().After(nextStatus) {
+			if err := r.sendStatus(ctx, false); err != nil {
+				return err
+			}
+			nextStatus = time.Now().Add(cfg.StatusInterval)
+			if err := r.heartbeat(ctx); err != nil {
+				return err
+			}
+		}
+		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		raw, err := r.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if pgconn.Timeout(err) && ctx.Err() == nil {
+				continue
+			}
+			return fmt.Errorf("postgres: receive: %w", err)
+		}
+		switch msg := raw.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("postgres: replication: %s (%s)", msg.Message, msg.Code)
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				continue
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("postgres: keepalive: %w", err)
+				}
+				r.walEnd = max(r.walEnd, ka.ServerWALEnd)
+				r.in.walEnd.Store(uint64(r.walEnd))
+				if ka.ReplyRequested { // wal_sender_timeout: answer at once
+					if err := r.sendStatus(ctx, false); err != nil {
+						return err
+					}
+					nextStatus = time.Now().Add(cfg.StatusInterval)
+				}
+			case pglogrepl.XLogDataByteID:
+				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("postgres: xlogdata: %w", err)
+				}
+				r.walEnd = max(r.walEnd, xld.ServerWALEnd)
+				r.in.walEnd.Store(uint64(r.walEnd))
+				if err := r.handle(ctx, xld.WALData); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// sendStatus confirms what the broker has acknowledged. When nothing is in
+// flight (no transaction open or unpublished), it confirms the server's WAL
+// end, so that an idle or filtered-out database does not hold WAL.
+func (r *reader) sendStatus(ctx context.Context, reply bool) error {
+	r.in.wal.Publish()
+	acked := pglogrepl.LSN(r.pub.acked.Load())
+	lsn := acked
+	if r.cur == nil && len(r.streamed) == 0 && acked >= r.received && r.walEnd > lsn {
+		lsn = r.walEnd
+	}
+	if lsn > pglogrepl.LSN(r.in.confirmed.Load()) {
+		r.in.confirmed.Store(uint64(lsn))
+	}
+	c := pglogrepl.LSN(r.in.confirmed.Load())
+	if c == 0 {
+		return nil // nothing to say yet
+	}
+	if err := pglogrepl.SendStandbyStatusUpdate(ctx, r.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: c, WALFlushPosition: c, WALApplyPosition: c, ReplyRequested: reply,
+	}); err != nil {
+		return fmt.Errorf("postgres: standby status: %w", err)
+	}
+	return nil
+}
+
+// heartbeat writes a non-transactional logical message when the database
+// has been idle for Config.Heartbeat: the slot then sees WAL it can
+// confirm, even when no published table changes.
+func (r *reader) heartbeat(ctx context.Context) error {
+	hb := r.in.cfg.Heartbeat
+	if hb < 0 || time.Since(r.lastData) < hb {
+		return nil
+	}
+	r.lastData = time.Now()
+	if _, err := r.hbConn.Exec(ctx, "SELECT pg_logical_emit_message(false, 'fanwire-heartbeat', '')"); err != nil {
+		return fmt.Errorf("postgres: heartbeat: %w", err)
+	}
+	return nil
+}
+
+// handle decodes one pgoutput message.
+func (r *reader) handle(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return errors.New("postgres: empty pgoutput message")
+	}
+	kind := metrics.Kind(data[0])
+	m, err := pglogrepl.ParseV2(data, r.inStream)
+	if err != nil {
+		r.in.wal.Observe(kind, metrics.RouteSkip)
+		return fmt.Errorf("postgres: decode pgoutput message %q: %w", data[0], err)
+	}
+	// Row changes are counted when their transaction commits (publish or
+	// skip); everything else only updates state.
+	switch m.(type) {
+	case *pglogrepl.InsertMessageV2, *pglogrepl.UpdateMessageV2, *pglogrepl.DeleteMessageV2, *pglogrepl.TruncateMessageV2:
+	default:
+		r.in.wal.Observe(kind, metrics.RouteState)
+	}
+	switch m := m.(type) {
+	case *pglogrepl.RelationMessageV2:
+		return r.rels.define(&m.RelationMessage)
+	case *pglogrepl.BeginMessage:
+		r.cur = &txn{commitLSN: m.FinalLSN, commitTime: m.CommitTime}
+	case *pglogrepl.CommitMessage:
+		t := r.cur
+		r.cur = nil
+		if t == nil {
+			return errors.New("postgres: commit without begin")
+		}
+		t.commitLSN, t.endLSN, t.commitTime = m.CommitLSN, m.TransactionEndLSN, m.CommitTime
+		return r.commit(ctx, t)
+	case *pglogrepl.InsertMessageV2:
+		r.add(m.Xid, change{kind: 'I', rel: m.RelationID, newRow: m.Tuple})
+	case *pglogrepl.UpdateMessageV2:
+		r.add(m.Xid, change{kind: 'U', rel: m.RelationID, newRow: m.NewTuple, oldRow: m.OldTuple, oldKind: m.OldTupleType})
+	case *pglogrepl.DeleteMessageV2:
+		r.add(m.Xid, change{kind: 'D', rel: m.RelationID, oldRow: m.OldTuple, oldKind: m.OldTupleType})
+	case *pglogrepl.TruncateMessageV2:
+		r.add(m.Xid, change{kind: 'T', truncs: m.RelationIDs})
+	case *pglogrepl.StreamStartMessageV2:
+		r.inStream, r.streamXid = true, m.Xid
+	case *pglogrepl.StreamStopMessageV2:
+		r.inStream = false
+	case *pglogrepl.StreamCommitMessageV2:
+		changes := r.streamed[m.Xid]
+		delete(r.streamed, m.Xid)
+		return r.commit(ctx, &txn{commitLSN: m.CommitLSN, endLSN: m.TransactionEndLSN, commitTime: m.CommitTime, changes: changes})
+	case *pglogrepl.StreamAbortMessageV2:
+		if m.SubXid == m.Xid || m.SubXid == 0 {
+			delete(r.streamed, m.Xid)
+			return nil
+		}
+		// A rolled-back subtransaction: drop its changes only.
+		kept := r.streamed[m.Xid][:0]
+		for _, c := range r.streamed[m.Xid] {
+			if c.xid != m.SubXid {
+				kept = append(kept, c)
+			}
+		}
+		r.streamed[m.Xid] = kept
+	}
+	// Type, origin and logical decoding messages (our heartbeats) only
+	// matter for the WAL position, which keepalives report.
+	return nil
+}
+
+// add appends a change to the open transaction, or to its streamed
+// transaction's buffer (xid is the change's own (sub)transaction).
+func (r *reader) add(xid uint32, c change) {
+	r.lastData = time.Now()
+	if r.inStream {
+		c.xid = xid
+		r.streamed[r.streamXid] = append(r.streamed[r.streamXid], c)
+		return
+	}
+	if r.cur != nil {
+		r.cur.changes = append(r.cur.changes, c)
+	}
+}
+
+// commit turns a committed transaction's changes into events and queues
+// them for the publisher, with the transaction's end LSN to confirm once
+// they are acknowledged.
+func (r *reader) commit(ctx context.Context, t *txn) error {
+	r.lastData = time.Now()
+	var evs []broker.Outgoing
+	for i := range t.changes {
+		c := &t.changes[i]
+		if c.kind == 'T' {
+			route := metrics.RouteSkip
+			for _, id := range c.truncs {
+				tb := r.rels.byID[id]
+				if tb == nil || !tb.published() {
+					continue
+				}
+				route = metrics.RoutePublish
+				evs = append(evs, truncateEvent(tb, eventID(t.commitLSN, len(evs)), t.commitLSN, t.commitTime))
+			}
+			r.in.wal.Observe('T', route)
+			continue
+		}
+		tb := r.rels.byID[c.rel]
+		if tb == nil {
+			return fmt.Errorf("postgres: change for relation %d before its Relation message", c.rel)
+		}
+		if !tb.published() {
+			r.in.wal.Observe(metrics.Kind(c.kind), metrics.RouteSkip)
+			continue
+		}
+		r.in.wal.Observe(metrics.Kind(c.kind), metrics.RoutePublish)
+		ev, err := rowEvent(tb, c, eventID(t.commitLSN, len(evs)), t.commitLSN, t.commitTime, opNames[c.kind])
+		if err != nil {
+			return err
+		}
+		evs = append(evs, ev)
+	}
+	r.received = t.endLSN
+	r.in.oldest.CompareAndSwap(0, t.commitTime.UnixNano())
+	r.in.wal.Publish() // counters readable by scrapes, once per commit
+	return r.pub.add(ctx, evs, t.endLSN)
+}

@@ -1,0 +1,55 @@
+package cdc
+
+import (
+	"github.com/fanwire/fanwire/metrics"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Collector exports the ingest's metrics. Values are read from the
+// ingest's atomics at scrape time: the hot path pays nothing for them.
+func (in *Ingest) Collector() prometheus.Collector {
+	return &collector{in: in, wal: metrics.NewCollector(&in.wal)}
+}
+
+type collector struct {
+	in  *Ingest
+	wal *metrics.Collector // fanwire_wal_messages_total{kind,route}
+}
+
+var (
+	descConfirmed = prometheus.NewDesc("fanwire_ingest_confirmed_lsn", "The WAL position confirmed to PostgreSQL (as a number): everything before it is in the broker.", nil, nil)
+	descWALEnd    = prometheus.NewDesc("fanwire_ingest_server_wal_end_lsn", "The server's WAL end, as last reported on the replication connection.", nil, nil)
+	descLagBytes  = prometheus.NewDesc("fanwire_ingest_lag_bytes", "WAL bytes between the server's WAL end and the confirmed position.", nil, nil)
+	descLagSecs   = prometheus.NewDesc("fanwire_ingest_lag_seconds", "Age of the oldest committed transaction whose events the broker has not acknowledged yet (0 when caught up).", nil, nil)
+	descPublished = prometheus.NewDesc("fanwire_ingest_events_published_total", "Events the broker acknowledged.", nil, nil)
+	descBootRows  = prometheus.NewDesc("fanwire_ingest_bootstrap_rows_total", "Rows published by bootstraps.", nil, nil)
+	descReady     = prometheus.NewDesc("fanwire_ingest_ready", "1 while the ingest is tailing its slot.", nil, nil)
+)
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descConfirmed, descWALEnd, descLagBytes, descLagSecs, descPublished, descBootRows, descReady} {
+		ch <- d
+	}
+	c.wal.Describe(ch)
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	in := c.in
+	confirmed, end := in.confirmed.Load(), in.walEnd.Load()
+	lag := 0.0
+	if end > confirmed {
+		lag = float64(end - confirmed)
+	}
+	ready := 0.0
+	if in.Ready() {
+		ready = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descConfirmed, prometheus.GaugeValue, float64(confirmed))
+	ch <- prometheus.MustNewConstMetric(descWALEnd, prometheus.GaugeValue, float64(end))
+	ch <- prometheus.MustNewConstMetric(descLagBytes, prometheus.GaugeValue, lag)
+	ch <- prometheus.MustNewConstMetric(descLagSecs, prometheus.GaugeValue, in.lagSeconds())
+	ch <- prometheus.MustNewConstMetric(descPublished, prometheus.CounterValue, float64(in.published.Load()))
+	ch <- prometheus.MustNewConstMetric(descBootRows, prometheus.CounterValue, float64(in.bootRows.Load()))
+	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready)
+	c.wal.Collect(ch)
+}

@@ -1,0 +1,145 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/jackc/pglogrepl"
+	"go.uber.org/zap"
+)
+
+// pending is one committed transaction's events (or a bootstrap chunk,
+// end 0), or a sync barrier.
+type pending struct {
+	evs  []broker.Outgoing
+	end  pglogrepl.LSN // confirmable once evs are acknowledged
+	done chan struct{} // sync: closed once everything before is acknowledged
+}
+
+// publisher batches events and publishes them in order. While one publish
+// is in flight, what arrives meanwhile gathers into the next, so batches
+// grow with the load; an event waits at most FlushWindow for others.
+type publisher struct {
+	in    *Ingest
+	ch    chan pending
+	acked atomic.Uint64 // end LSN of the last transaction whose events are acknowledged
+
+	mu     sync.Mutex
+	failed error // guarded by mu: why run stopped
+	stop   chan struct{}
+}
+
+func newPublisher(in *Ingest) *publisher {
+	return &publisher{in: in, ch: make(chan pending, 1024), stop: make(chan struct{})}
+}
+
+// add queues a transaction's events; it blocks while the queue is full
+// (the reader then stops reading: PostgreSQL keeps the WAL).
+func (p *publisher) add(ctx context.Context, evs []broker.Outgoing, end pglogrepl.LSN) error {
+	select {
+	case p.ch <- pending{evs: evs, end: end}:
+		return nil
+	case <-p.stop:
+		return p.err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// sync waits until everything queued before it is acknowledged.
+func (p *publisher) sync(ctx context.Context) error {
+	done := make(chan struct{})
+	select {
+	case p.ch <- pending{done: done}:
+	case <-p.stop:
+		return p.err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-p.stop:
+		return p.err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *publisher) err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.failed
+}
+
+// run publishes until ctx is done or a publish fails (the reader then
+// sees the error, and the ingest reconnects and re-reads from the last
+// confirmed LSN: ids make the repeats harmless where the broker dedups).
+func (p *publisher) run(ctx context.Context) {
+	cfg := &p.in.cfg
+	var batch []broker.Outgoing
+	var syncs []chan struct{}
+	for {
+		var first pending
+		select {
+		case first = <-p.ch:
+		case <-ctx.Done():
+			p.fail(ctx.Err())
+			return
+		}
+		batch = append(batch[:0], first.evs...)
+		end := first.end
+		syncs = syncs[:0]
+		if first.done != nil {
+			syncs = append(syncs, first.done)
+		}
+		deadline := time.NewTimer(cfg.FlushWindow)
+	fill:
+		for len(batch) < cfg.MaxBatch && first.done == nil {
+			select {
+			case n := <-p.ch:
+				batch = append(batch, n.evs...)
+				end = max(end, n.end)
+				if n.done != nil {
+					syncs = append(syncs, n.done)
+					break fill
+				}
+			case <-deadline.C:
+				break fill
+			case <-ctx.Done():
+				break fill
+			}
+		}
+		deadline.Stop()
+		if len(batch) > 0 {
+			if _, err := cfg.Broker.Publish(ctx, batch); err != nil {
+				p.fail(fmt.Errorf("broker: %w", err))
+				return
+			}
+			p.in.published.Add(uint64(len(batch)))
+		}
+		if end > 0 {
+			p.acked.Store(uint64(end))
+			p.in.oldest.Store(0) // approximate: the next commit sets it again
+		}
+		for _, d := range syncs {
+			close(d)
+		}
+		clear(batch)
+	}
+}
+
+func (p *publisher) fail(err error) {
+	p.mu.Lock()
+	p.failed = err
+	p.mu.Unlock()
+	close(p.stop)
+	if !errors.Is(err, context.Canceled) {
+		p.in.log.Warn("ingest: publish failed", zap.Error(err))
+	}
+}

@@ -1,0 +1,123 @@
+package cdc
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// table is what the ingest knows of a published table: its columns as the
+// last Relation message described them, and its primary key.
+type table struct {
+	id      uint32
+	schema  string
+	name    string
+	columns []column
+	key     []int    // indexes into columns of the primary key, in key order
+	keyCols []string // the primary key's column names, from the catalog
+	full    bool     // REPLICA IDENTITY FULL: updates and deletes carry the whole old row
+	subject string   // "<prefix>.<table>" or "<prefix>.<schema>.<table>"
+	nameKey string   // "schema.table", how --tables and errors name it
+}
+
+type column struct {
+	name     string
+	oid      uint32
+	jsonName []byte // the quoted JSON key, with its colon: "name":
+}
+
+// qualified names a table the way errors and --tables do.
+func qualified(schema, name string) string { return schema + "." + name }
+
+// relations holds the tables by relation id, as Relation messages define
+// them; keys come from the catalog (pgoutput marks replica identity
+// columns, which for REPLICA IDENTITY FULL are all of them).
+type relations struct {
+	prefix string
+	keys   map[string][]string // "schema.table" → primary key columns (the published tables)
+	byID   map[uint32]*table
+}
+
+func newRelations(prefix string, keys map[string][]string) *relations {
+	return &relations{prefix: prefix, keys: keys, byID: make(map[uint32]*table)}
+}
+
+// define records (or replaces) a relation.
+func (r *relations) define(m *pglogrepl.RelationMessage) error {
+	q := qualified(m.Namespace, m.RelationName)
+	t := &table{id: m.RelationID, schema: m.Namespace, name: m.RelationName, nameKey: q, full: m.ReplicaIdentity == 'f'}
+	for _, c := range m.Columns {
+		t.columns = append(t.columns, column{name: c.Name, oid: c.DataType, jsonName: append(AppendJSONString(nil, []byte(c.Name)), ':')})
+	}
+	keyCols, ok := r.keys[q]
+	if !ok {
+		// Not one we publish (a publication FOR ALL TABLES, or a table
+		// added to it after start-up): its changes are skipped.
+		r.byID[m.RelationID] = t
+		return nil
+	}
+	t.keyCols = keyCols
+	for _, k := range keyCols {
+		i := t.column(k)
+		if i < 0 {
+			return fmt.Errorf("table %s: primary key column %q is not in the replicated columns (a column list on the publication?)", q, k)
+		}
+		t.key = append(t.key, i)
+	}
+	t.subject = r.prefix + "." + subjectToken(m.RelationName)
+	if m.Namespace != "public" {
+		t.subject = r.prefix + "." + subjectToken(m.Namespace) + "." + subjectToken(m.RelationName)
+	}
+	r.byID[m.RelationID] = t
+	return nil
+}
+
+func (t *table) column(name string) int {
+	for i, c := range t.columns {
+		if c.name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// published reports whether the table's changes become events.
+func (t *table) published() bool { return t.subject != "" }
+
+// subjectToken makes s one subject token: bytes other than ASCII letters,
+// digits, '_' and '-' become %XX (so '.', '*', '>' and spaces, which NATS
+// reserves, cannot split or widen a subject, and the mapping is
+// reversible). "%truncate" cannot be the token of any key.
+func subjectToken(s string) string {
+	ok := true
+	for i := 0; i < len(s); i++ {
+		if !tokenByte(s[i]) {
+			ok = false
+			break
+		}
+	}
+	if ok && s != "" {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if tokenByte(c) {
+			b.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&b, "%%%02X", c)
+	}
+	if b.Len() == 0 {
+		return "%" // the empty key
+	}
+	return b.String()
+}
+
+func tokenByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+}
+
+// truncateToken is the last token of a truncate event's subject.
+const truncateToken = "%truncate"

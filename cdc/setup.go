@@ -1,0 +1,167 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// stateTable records, per slot, that its bootstrap finished: a slot that
+// exists without its row was created by a run that died mid-bootstrap, and
+// is dropped and made again. (The slot alone cannot tell: its confirmed
+// position says nothing about the snapshot scan.)
+const stateTable = "fanwire_ingest_state"
+
+// server describes the PostgreSQL server, checked up front.
+type server struct {
+	version int // server_version_num, e.g. 150019
+}
+
+// checkServer checks what logical replication needs and says what to
+// change.
+func checkServer(ctx context.Context, conn *pgx.Conn) (server, error) {
+	var s server
+	var walLevel string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, current_setting('wal_level')").Scan(&s.version, &walLevel); err != nil {
+		return s, fmt.Errorf("postgres: read settings: %w", err)
+	}
+	if s.version < 120000 {
+		return s, fmt.Errorf("postgres: server version %d.%d is too old: fanwire needs PostgreSQL 12 or later", s.version/10000, s.version%10000)
+	}
+	if walLevel != "logical" {
+		return s, fmt.Errorf("postgres: wal_level is %q: set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL", walLevel)
+	}
+	return s, nil
+}
+
+// ensurePublication creates the publication if it is missing (for the
+// configured tables, or for all tables), and returns the published tables
+// with their keys, "schema.table" → key columns. A published table
+// without a primary key (or a replica identity index) is an error naming
+// it; the ingest's own state table is left out.
+func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []string) (map[string][]string, error) {
+	want := make([]string, 0, len(tables))
+	for _, t := range tables {
+		schema, rel, ok := strings.Cut(t, ".")
+		if !ok {
+			schema, rel = "public", t
+		}
+		want = append(want, pgx.Identifier{schema, rel}.Sanitize())
+	}
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", name).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("postgres: look up publication %q: %w", name, err)
+	}
+	if !exists {
+		q := "CREATE PUBLICATION " + pgx.Identifier{name}.Sanitize() + " FOR ALL TABLES"
+		if len(want) > 0 {
+			q = "CREATE PUBLICATION " + pgx.Identifier{name}.Sanitize() + " FOR TABLE " + strings.Join(want, ", ")
+		}
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return nil, fmt.Errorf("postgres: %s: %w", q, err)
+		}
+	}
+	rows, err := conn.Query(ctx, `
+		SELECT p.schemaname, p.tablename, c.relreplident,
+		       coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
+		                 FROM pg_index i
+		                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+		                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		                 WHERE i.indrelid = c.oid AND (i.indisprimary OR (c.relreplident = 'i' AND i.indisreplident))
+		                 GROUP BY i.indexrelid, i.indisprimary ORDER BY i.indisprimary DESC LIMIT 1), '{}')
+		FROM pg_publication_tables p
+		JOIN pg_namespace n ON n.nspname = p.schemaname
+		JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
+		WHERE p.pubname = $1
+		ORDER BY 1, 2`, name)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: list the tables of publication %q: %w", name, err)
+	}
+	keys := make(map[string][]string)
+	var noKey []string
+	for rows.Next() {
+		var schema, rel string
+		var ident byte
+		var key []string
+		if err := rows.Scan(&schema, &rel, &ident, &key); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("postgres: %w", err)
+		}
+		if rel == stateTable {
+			continue
+		}
+		q := qualified(schema, rel)
+		if len(tables) > 0 && !slices.ContainsFunc(tables, func(t string) bool { return t == q || (schema == "public" && t == rel) }) {
+			continue
+		}
+		if len(key) == 0 {
+			noKey = append(noKey, q)
+			continue
+		}
+		keys[q] = key
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if len(noKey) > 0 {
+		return nil, fmt.Errorf("postgres: table(s) %s have no primary key (nor a replica identity index): events need a key; add one, or leave them out with --tables", strings.Join(noKey, ", "))
+	}
+	for _, t := range tables {
+		q := t
+		if !strings.Contains(t, ".") {
+			q = "public." + t
+		}
+		if _, ok := keys[q]; !ok {
+			return nil, fmt.Errorf("postgres: table %s is not in publication %q (does it exist? ALTER PUBLICATION %s ADD TABLE %s)", q, name, name, q)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("postgres: publication %q publishes no table: create one, or name tables with --tables", name)
+	}
+	return keys, nil
+}
+
+// slotState is what start-up finds of the slot.
+type slotState struct {
+	exists       bool
+	bootstrapped bool
+	active       bool
+}
+
+func lookupSlot(ctx context.Context, conn *pgx.Conn, slot string) (slotState, error) {
+	var st slotState
+	if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+stateTable+" (slot text PRIMARY KEY, bootstrapped_lsn pg_lsn NOT NULL, bootstrapped_at timestamptz NOT NULL DEFAULT now())"); err != nil {
+		return st, fmt.Errorf("postgres: create %s (the ingest's bootstrap record): %w", stateTable, err)
+	}
+	var plugin string
+	err := conn.QueryRow(ctx, "SELECT plugin, active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&plugin, &st.active)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return st, fmt.Errorf("postgres: look up slot %q: %w", slot, err)
+	case plugin != "pgoutput":
+		return st, fmt.Errorf("postgres: slot %q exists with plugin %q, not pgoutput: drop it or choose another --slot", slot, plugin)
+	default:
+		st.exists = true
+	}
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+stateTable+" WHERE slot = $1)", slot).Scan(&st.bootstrapped); err != nil {
+		return st, fmt.Errorf("postgres: read %s: %w", stateTable, err)
+	}
+	return st, nil
+}
+
+// dropSlot drops the slot and forgets its bootstrap.
+func dropSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
+	if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot($1) FROM pg_replication_slots WHERE slot_name = $1", slot); err != nil {
+		return fmt.Errorf("postgres: drop slot %q: %w", slot, err)
+	}
+	if _, err := conn.Exec(ctx, "DELETE FROM "+stateTable+" WHERE slot = $1", slot); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	return nil
+}
