@@ -15,7 +15,7 @@ func main() {
 }
 
 func commands() []*command {
-	return []*command{devCommand(), wsCommand(), loadtestCommand()}
+	return []*command{devCommand(), wsCommand(), ingestCommand(), loadtestCommand()}
 }
 
 func run(args []string, stdout, stderr io.Writer) int {

@@ -131,6 +131,8 @@ func devCommand() *command {
 	var natsPort int
 	c.fs.StringVar(&dataDir, "data-dir", "./.fanwire", "directory for the embedded NATS server's JetStream store")
 	c.fs.IntVar(&natsPort, "nats-port", 0, "port of the embedded NATS server on 127.0.0.1 (0: a free port)")
+	var ing ingestFlags
+	ing.register(c.fs, true)
 	c.run = func([]string) error {
 		log, err := newLogger(f.logLevel, f.logFormat)
 		if err != nil {
@@ -148,7 +150,14 @@ func devCommand() *command {
 			ns.WaitForShutdown()
 		}()
 		log.Info("embedded NATS started", zap.String("url", ns.ClientURL()), zap.String("store", filepath.Join(dataDir, "nats")))
-		return serveGateway(ctx, log, &f, ns)
+		if ing.pg == "" {
+			return serveGateway(ctx, log, &f, ns)
+		}
+		// The ingest role beside the ws role, on the same embedded broker.
+		g, gctx := errgroup.WithContext(ctx)
+		g.Go(func() error { return serveGateway(gctx, log, &f, ns) })
+		g.Go(func() error { return runIngest(gctx, log, &ing, &f.brokerFlags, ns, nil, "") })
+		return g.Wait()
 	}
 	return c
 }

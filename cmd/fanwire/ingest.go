@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/fanwire/fanwire/cdc"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+)
+
+// ingestFlags are the ingest role's own flags (the broker's are shared).
+type ingestFlags struct {
+	pg          string
+	slot        string
+	publication string
+	prefix      string
+	tables      listFlag
+	rebootstrap bool
+	flushWindow time.Duration
+	maxBatch    int
+	heartbeat   time.Duration
+}
+
+func (f *ingestFlags) register(fs *flag.FlagSet, dev bool) {
+	what := "PostgreSQL to ingest, e.g. postgres://user:pass@127.0.0.1:5432/app (needs wal_level=logical and a role with REPLICATION)"
+	if dev {
+		what = "also run the ingest role in this process on this PostgreSQL, e.g. postgres://postgres@127.0.0.1:5432/app (needs wal_level=logical)"
+	}
+	fs.StringVar(&f.pg, "pg", "", what)
+	fs.StringVar(&f.slot, "slot", "fanwire", "ingest: logical replication slot (created if missing)")
+	fs.StringVar(&f.publication, "publication", "fanwire", "ingest: publication (created if missing: for --tables, or for all tables)")
+	fs.StringVar(&f.prefix, "prefix", "db", "ingest: first subject token: events go to <prefix>.<table>.<key>")
+	fs.Var(&f.tables, "tables", "ingest: tables to publish, comma-separated (table in public, or schema.table); default every table of the publication")
+	fs.BoolVar(&f.rebootstrap, "rebootstrap", false, "ingest: drop the slot and publish every row again before tailing")
+	fs.DurationVar(&f.flushWindow, "flush-window", 2*time.Millisecond, "ingest: longest an event waits for others to share its publish (latency against throughput; see docs/benchmarks.md)")
+	fs.IntVar(&f.maxBatch, "max-batch", 4096, "ingest: most events per publish")
+	fs.DurationVar(&f.heartbeat, "heartbeat", 10*time.Second, "ingest: on an idle database, emit a logical message this often so the slot keeps advancing (negative: never)")
+}
+
+func (f *ingestFlags) config(log *zap.Logger) cdc.Config {
+	return cdc.Config{
+		DSN: f.pg, Slot: f.slot, Publication: f.publication, Prefix: f.prefix, Tables: f.tables,
+		Rebootstrap: f.rebootstrap, FlushWindow: f.flushWindow, MaxBatch: f.maxBatch, Heartbeat: f.heartbeat,
+		Logger: log.Named("ingest"),
+	}
+}
+
+func ingestCommand() *command {
+	c := newCommand("ingest", "Run the ingest role: publish committed PostgreSQL changes (logical replication) as events.")
+	var f ingestFlags
+	var b brokerFlags
+	var listen, logLevel, logFormat string
+	f.register(c.fs, false)
+	b.register(c.fs, false, "db.>")
+	c.fs.StringVar(&listen, "listen", "127.0.0.1:8081", "HTTP address: /healthz, /readyz, /metrics")
+	c.fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	c.fs.StringVar(&logFormat, "log-format", "json", "json or console")
+	c.run = func([]string) error {
+		if f.pg == "" {
+			return errors.New("--pg is required: the PostgreSQL to ingest, e.g. postgres://user@127.0.0.1:5432/app")
+		}
+		log, err := newLogger(logLevel, logFormat)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = log.Sync() }()
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		return runIngest(ctx, log, &f, &b, nil, reg, listen)
+	}
+	return c
+}
+
+// runIngest runs the ingest role until ctx is done; with listen it also
+// serves /healthz, /readyz and /metrics there.
+func runIngest(ctx context.Context, log *zap.Logger, f *ingestFlags, bf *brokerFlags, ns *server.Server, reg *prometheus.Registry, listen string) error {
+	b, err := bf.dial(ctx, log, ns, "fanwire-ingest", func(string, int) {})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	cfg := f.config(log)
+	cfg.Broker = b
+	in, err := cdc.New(cfg)
+	if err != nil {
+		return err
+	}
+	if reg != nil {
+		reg.MustRegister(in.Collector())
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return in.Run(gctx) })
+	if listen != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, `{"status":"ok"}`) })
+		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if !in.Ready() || !b.Ready() {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintln(w, `{"status":"not ready"}`)
+				return
+			}
+			fmt.Fprintln(w, `{"status":"ready"}`)
+		})
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		ln, err := net.Listen("tcp", listen)
+		if err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		g.Go(func() error {
+			if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("http: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-gctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return hs.Shutdown(sctx)
+		})
+		log.Info("fanwire ingest role", zap.String("metrics", "http://"+ln.Addr().String()+"/metrics"))
+	}
+	return g.Wait()
+}
