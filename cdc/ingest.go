@@ -130,6 +130,7 @@ func (in *Ingest) runOnce(ctx context.Context) error {
 	rcfg.RuntimeParams["DateStyle"] = "ISO"
 	rcfg.RuntimeParams["TimeZone"] = "UTC"
 	rcfg.RuntimeParams["bytea_output"] = "hex"
+	rcfg.RuntimeParams["extra_float_digits"] = "3" // a server set to 0 would round floats
 	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
 		return fmt.Errorf("postgres: replication connection: %w", err)
