@@ -309,7 +309,7 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 		return errors.New("postgres: empty pgoutput message")
 	}
 	kind := metrics.Kind(data[0])
-	m, err := pglogrepl.ParseV2(data, r.inStream)
+	m, err := decode(data, r.inStream)
 	if err != nil {
 		r.in.wal.Observe(kind, metrics.RouteSkip)
 		return fmt.Errorf("postgres: decode pgoutput message %q: %w", data[0], err)
@@ -423,4 +423,17 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	r.in.oldest.CompareAndSwap(0, t.commitTime.UnixNano())
 	r.in.wal.Publish() // counters readable by scrapes, once per commit
 	return r.pub.add(ctx, evs, t.endLSN)
+}
+
+// decode parses one pgoutput message. pglogrepl indexes into messages
+// without checking their length (a truncated tuple panics), so a panic
+// while parsing is turned into an error: a malformed message ends the
+// connection with a clear error, not the process.
+func decode(data []byte, inStream bool) (m pglogrepl.Message, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			m, err = nil, fmt.Errorf("malformed message (%v)", p)
+		}
+	}()
+	return pglogrepl.ParseV2(data, inStream)
 }
