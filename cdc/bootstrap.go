@@ -71,7 +71,7 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 			if len(evs) == 0 {
 				break
 			}
-			if err := pub.add(ctx, evs, 0); err != nil {
+			if err := pub.add(ctx, evs, 0, time.Time{}); err != nil {
 				return err
 			}
 		}
@@ -106,10 +106,7 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema,
 	for _, k := range key {
 		t.key = append(t.key, t.column(k))
 	}
-	t.subject = in.cfg.Prefix + "." + subjectToken(rel)
-	if schema != "public" {
-		t.subject = in.cfg.Prefix + "." + subjectToken(schema) + "." + subjectToken(rel)
-	}
+	t.subject = tableSubject(in.cfg.Prefix, schema, rel)
 	var evs []broker.Outgoing
 	for rows.Next() {
 		raw := rows.RawValues()

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
@@ -29,6 +30,11 @@ type Ingest struct {
 	oldest    atomic.Int64  // commit time (Unix ns) of the oldest transaction not yet acknowledged; 0: none
 
 	wal metrics.WAL // pgoutput messages by kind and route; the reader owns it
+
+	// commitToAck is the time from a transaction's commit in PostgreSQL to
+	// the broker's ack of its events (decode, projection, batching and
+	// publish: the ingest's share of commit-to-client latency).
+	commitToAck prometheus.Histogram
 }
 
 // lagSeconds is how long the oldest unacknowledged transaction has waited
@@ -47,7 +53,11 @@ func New(cfg Config) (*Ingest, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("ingest config: %w", err)
 	}
-	return &Ingest{cfg: cfg, log: cfg.Logger}, nil
+	return &Ingest{cfg: cfg, log: cfg.Logger, commitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "fanwire_ingest_commit_to_ack_seconds",
+		Help:    "Time from a transaction's commit in PostgreSQL to the broker's ack of its events.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16), // 0.5 ms to 16 s
+	})}, nil
 }
 
 // Ready reports whether the ingest is tailing the slot.
@@ -389,6 +399,7 @@ func (r *reader) add(xid uint32, c change) {
 func (r *reader) commit(ctx context.Context, t *txn) error {
 	r.lastData = time.Now()
 	var evs []broker.Outgoing
+	id := func(i int) string { return eventID(t.commitLSN, i) }
 	for i := range t.changes {
 		c := &t.changes[i]
 		if c.kind == 'T' {
@@ -413,16 +424,15 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 			continue
 		}
 		r.in.wal.Observe(metrics.Kind(c.kind), metrics.RoutePublish)
-		ev, err := rowEvent(tb, c, eventID(t.commitLSN, len(evs)), t.commitLSN, t.commitTime, opNames[c.kind])
-		if err != nil {
+		var err error
+		if evs, err = tb.proj.project(evs, t, tb, c, id); err != nil {
 			return err
 		}
-		evs = append(evs, ev)
 	}
 	r.received = t.endLSN
 	r.in.oldest.CompareAndSwap(0, t.commitTime.UnixNano())
 	r.in.wal.Publish() // counters readable by scrapes, once per commit
-	return r.pub.add(ctx, evs, t.endLSN)
+	return r.pub.add(ctx, evs, t.endLSN, t.commitTime)
 }
 
 // decode parses one pgoutput message. pglogrepl indexes into messages

@@ -31,6 +31,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	c.wal.Describe(ch)
+	c.in.commitToAck.Describe(ch)
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -52,4 +53,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBootRows, prometheus.CounterValue, float64(in.bootRows.Load()))
 	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready)
 	c.wal.Collect(ch)
+	c.in.commitToAck.Collect(ch)
 }

@@ -16,9 +16,10 @@ import (
 // pending is one committed transaction's events (or a bootstrap chunk,
 // end 0), or a sync barrier.
 type pending struct {
-	evs  []broker.Outgoing
-	end  pglogrepl.LSN // confirmable once evs are acknowledged
-	done chan struct{} // sync: closed once everything before is acknowledged
+	evs    []broker.Outgoing
+	end    pglogrepl.LSN // confirmable once evs are acknowledged
+	commit time.Time     // the transaction's commit time (zero for bootstrap chunks)
+	done   chan struct{} // sync: closed once everything before is acknowledged
 }
 
 // publisher batches events and publishes them in order. While one publish
@@ -40,9 +41,9 @@ func newPublisher(in *Ingest) *publisher {
 
 // add queues a transaction's events; it blocks while the queue is full
 // (the reader then stops reading: PostgreSQL keeps the WAL).
-func (p *publisher) add(ctx context.Context, evs []broker.Outgoing, end pglogrepl.LSN) error {
+func (p *publisher) add(ctx context.Context, evs []broker.Outgoing, end pglogrepl.LSN, commit time.Time) error {
 	select {
-	case p.ch <- pending{evs: evs, end: end}:
+	case p.ch <- pending{evs: evs, end: end, commit: commit}:
 		return nil
 	case <-p.stop:
 		return p.err()
@@ -84,6 +85,7 @@ func (p *publisher) run(ctx context.Context) {
 	cfg := &p.in.cfg
 	var batch []broker.Outgoing
 	var syncs []chan struct{}
+	var commits []time.Time
 	for {
 		var first pending
 		select {
@@ -95,6 +97,7 @@ func (p *publisher) run(ctx context.Context) {
 		batch = append(batch[:0], first.evs...)
 		end := first.end
 		syncs = syncs[:0]
+		commits = append(commits[:0], first.commit)
 		if first.done != nil {
 			syncs = append(syncs, first.done)
 		}
@@ -105,6 +108,7 @@ func (p *publisher) run(ctx context.Context) {
 			case n := <-p.ch:
 				batch = append(batch, n.evs...)
 				end = max(end, n.end)
+				commits = append(commits, n.commit)
 				if n.done != nil {
 					syncs = append(syncs, n.done)
 					break fill
@@ -122,6 +126,12 @@ func (p *publisher) run(ctx context.Context) {
 				return
 			}
 			p.in.published.Add(uint64(len(batch)))
+		}
+		now := time.Now()
+		for _, c := range commits {
+			if !c.IsZero() {
+				p.in.commitToAck.Observe(now.Sub(c).Seconds())
+			}
 		}
 		if end > 0 {
 			p.acked.Store(uint64(end))

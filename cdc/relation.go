@@ -14,11 +14,12 @@ type table struct {
 	schema  string
 	name    string
 	columns []column
-	key     []int    // indexes into columns of the primary key, in key order
-	keyCols []string // the primary key's column names, from the catalog
-	full    bool     // REPLICA IDENTITY FULL: updates and deletes carry the whole old row
-	subject string   // "<prefix>.<table>" or "<prefix>.<schema>.<table>"
-	nameKey string   // "schema.table", how --tables and errors name it
+	key     []int      // indexes into columns of the primary key, in key order
+	keyCols []string   // the primary key's column names, from the catalog
+	full    bool       // REPLICA IDENTITY FULL: updates and deletes carry the whole old row
+	subject string     // "<prefix>.<table>" or "<prefix>.<schema>.<table>"
+	nameKey string     // "schema.table", how --tables and errors name it
+	proj    projection // what its changes become; nil when it is not published
 }
 
 type column struct {
@@ -65,10 +66,8 @@ func (r *relations) define(m *pglogrepl.RelationMessage) error {
 		}
 		t.key = append(t.key, i)
 	}
-	t.subject = r.prefix + "." + subjectToken(m.RelationName)
-	if m.Namespace != "public" {
-		t.subject = r.prefix + "." + subjectToken(m.Namespace) + "." + subjectToken(m.RelationName)
-	}
+	t.subject = tableSubject(r.prefix, m.Namespace, m.RelationName)
+	t.proj = tableProjection{}
 	r.byID[m.RelationID] = t
 	return nil
 }
@@ -83,7 +82,15 @@ func (t *table) column(name string) int {
 }
 
 // published reports whether the table's changes become events.
-func (t *table) published() bool { return t.subject != "" }
+func (t *table) published() bool { return t.proj != nil }
+
+// tableSubject is the subject of a table's events, before the key token.
+func tableSubject(prefix, schema, name string) string {
+	if schema == "public" {
+		return prefix + "." + subjectToken(name)
+	}
+	return prefix + "." + subjectToken(schema) + "." + subjectToken(name)
+}
 
 // subjectToken makes s one subject token: bytes other than ASCII letters,
 // digits, '_' and '-' become %XX (so '.', '*', '>' and spaces, which NATS

@@ -1,0 +1,28 @@
+package cdc
+
+import (
+	"github.com/fanwire/fanwire/broker"
+)
+
+// projection is the stage between decoding and publishing: it turns one
+// committed change of a table into the events of the documents the change
+// affects. A projection that embeds child rows in parent documents maps a
+// child's change to its parents' documents; a table is the trivial
+// projection (tableProjection), whose document is the row.
+type projection interface {
+	// project appends to evs the events of change c of table t, committed
+	// in tx. ids gives each event's idempotency id from its index in the
+	// transaction.
+	project(evs []broker.Outgoing, tx *txn, t *table, c *change, id func(i int) string) ([]broker.Outgoing, error)
+}
+
+// tableProjection publishes a table's rows as they are.
+type tableProjection struct{}
+
+func (tableProjection) project(evs []broker.Outgoing, tx *txn, t *table, c *change, id func(int) string) ([]broker.Outgoing, error) {
+	ev, err := rowEvent(t, c, id(len(evs)), tx.commitLSN, tx.commitTime, opNames[c.kind])
+	if err != nil {
+		return evs, err
+	}
+	return append(evs, ev), nil
+}
