@@ -1,6 +1,7 @@
 package cdc_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -521,5 +522,24 @@ func TestBootstrapWhileWritesRun(t *testing.T) {
 		if c := seen[fmt.Sprintf("db.w.%d", i)]; c != 1 {
 			t.Fatalf("row %d published %d times", i, c)
 		}
+	}
+}
+
+// TestColumnTypesThroughReplication: values keep their JSON types on the
+// way through pgoutput, as docs/ingest.md says (the encoder's own tests
+// cover each type in depth).
+func TestColumnTypesThroughReplication(t *testing.T) {
+	pg := pgtest.Start(t, pgtest.Config{})
+	pg.Exec("postgres", `CREATE TABLE ty (id bigint PRIMARY KEY, n numeric, f float8, b bool, j jsonb, ts timestamptz,
+		d date, by bytea, a int[], tx text, u uuid, z text)`)
+	r := newRig(t, pg, nil)
+	pg.Exec("postgres", `INSERT INTO ty VALUES (9007199254740993, 12345678901234567890.123, 'NaN', true, '{"k":[1,"x"]}',
+		'2026-11-30 12:34:56.5+02', '2026-11-30', '\x00ff10', '{{1,2},{3,NULL}}', 'a"b', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', NULL)`)
+	evs := r.events(1)
+	jsonEq(t, "doc", evs[0].Doc, `{"id":9007199254740993,"n":"12345678901234567890.123","f":"NaN","b":true,"j":{"k":[1,"x"]},
+		"ts":"2026-11-30T10:34:56.5+00:00","d":"2026-11-30","by":"AP8Q","a":[[1,2],[3,null]],"tx":"a\"b",
+		"u":"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11","z":null}`)
+	if !bytes.Contains(evs[0].Doc, []byte(`9007199254740993`)) {
+		t.Fatalf("the int8 key lost digits: %s", evs[0].Doc)
 	}
 }
