@@ -9,9 +9,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"testing"
@@ -27,6 +30,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 )
+
+// tailProfile, when set, receives a CPU profile of the timed part of the
+// tail benchmarks only (the ingest catching up), not of their set-up and
+// bootstrap, which -cpuprofile would include.
+var tailProfile = flag.String("tailprofile", "", "write a CPU profile of the tail benchmarks' timed catch-up to this file")
 
 // benchRig is a cluster and a JetStream broker; ingests come and go.
 type benchRig struct {
@@ -174,12 +182,25 @@ func tailRun(b *testing.B, window time.Duration, n int, setup func(*benchRig), w
 	r.pg.Exec("postgres", "SELECT pg_create_logical_replication_slot('bench_ref', 'pgoutput')")
 	write(r)
 	endpos := r.lsn()
+	if *tailProfile != "" {
+		f, err := os.Create(*tailProfile)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+	}
 	b.StartTimer()
 	start := time.Now()
 	in, stop = r.ingest(window)
 	waitFor(b, "tail", 5*time.Minute, func() bool { return in.Published() >= uint64(n) })
 	ingest = time.Since(start)
 	b.StopTimer()
+	if *tailProfile != "" {
+		pprof.StopCPUProfile()
+	}
 	stop()
 	if got := in.Published(); got != uint64(n) {
 		b.Fatalf("published %d events, want %d", got, n)
