@@ -120,12 +120,16 @@ func (p *publisher) run(ctx context.Context) {
 			}
 		}
 		deadline.Stop()
-		if len(batch) > 0 {
-			if _, err := cfg.Broker.Publish(ctx, batch); err != nil {
+		// A transaction larger than MaxBatch goes out in slices (the
+		// broker client holds one slice's acks at a time); its end is
+		// confirmed only after the last.
+		for i := 0; i < len(batch); i += cfg.MaxBatch {
+			slice := batch[i:min(i+cfg.MaxBatch, len(batch))]
+			if _, err := cfg.Broker.Publish(ctx, slice); err != nil {
 				p.fail(fmt.Errorf("broker: %w", err))
 				return
 			}
-			p.in.published.Add(uint64(len(batch)))
+			p.in.published.Add(uint64(len(slice)))
 		}
 		now := time.Now()
 		for _, c := range commits {

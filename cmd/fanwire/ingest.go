@@ -44,15 +44,19 @@ func (f *ingestFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.prefix, "prefix", "db", "ingest: first subject token: events go to <prefix>.<table>.<key>")
 	fs.Var(&f.tables, "tables", "ingest: tables to publish, comma-separated (table in public, or schema.table); default every table of the publication")
 	fs.BoolVar(&f.rebootstrap, "rebootstrap", false, "ingest: drop the slot and publish every row again before tailing")
-	fs.DurationVar(&f.flushWindow, "flush-window", 2*time.Millisecond, "ingest: longest an event waits for others to share its publish (latency against throughput; see docs/benchmarks.md)")
+	fs.DurationVar(&f.flushWindow, "flush-window", 2*time.Millisecond, "ingest: longest an event waits for others to share its publish, 0 for none (latency against throughput; see docs/benchmarks.md)")
 	fs.IntVar(&f.maxBatch, "max-batch", 4096, "ingest: most events per publish")
 	fs.DurationVar(&f.heartbeat, "heartbeat", 10*time.Second, "ingest: on an idle database, emit a logical message this often so the slot keeps advancing (negative: never)")
 }
 
 func (f *ingestFlags) config(log *zap.Logger) cdc.Config {
+	window := f.flushWindow
+	if window == 0 {
+		window = -1 // publish at once (the Config's zero means its default)
+	}
 	return cdc.Config{
 		DSN: f.pg, Slot: f.slot, Publication: f.publication, Prefix: f.prefix, Tables: f.tables,
-		Rebootstrap: f.rebootstrap, FlushWindow: f.flushWindow, MaxBatch: f.maxBatch, Heartbeat: f.heartbeat,
+		Rebootstrap: f.rebootstrap, FlushWindow: window, MaxBatch: f.maxBatch, Heartbeat: f.heartbeat,
 		Logger: log.Named("ingest"),
 	}
 }
