@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -265,7 +266,11 @@ func (r *reader) run(ctx context.Context) error {
 				}
 				r.walEnd = max(r.walEnd, xld.ServerWALEnd)
 				r.in.walEnd.Store(uint64(r.walEnd))
-				if err := r.handle(ctx, xld.WALData); err != nil {
+				// pgconn's Receive returns a message valid only until the next
+				// call (its buffers go back to a pool), and pglogrepl's tuples
+				// point into it: a change is kept until its transaction
+				// commits, so it needs bytes of its own.
+				if err := r.handle(ctx, bytes.Clone(xld.WALData)); err != nil {
 					return err
 				}
 			}

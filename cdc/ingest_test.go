@@ -543,3 +543,29 @@ func TestColumnTypesThroughReplication(t *testing.T) {
 		t.Fatalf("the int8 key lost digits: %s", evs[0].Doc)
 	}
 }
+
+// TestBigTransactionKeepsItsRows: a transaction of many rows is held until
+// its commit while the replication connection keeps reading; every row's
+// event must carry that row's own values (the connection's read buffers are
+// reused, so held rows need bytes of their own).
+func TestBigTransactionKeepsItsRows(t *testing.T) {
+	pg := pgtest.Start(t, pgtest.Config{})
+	pg.Exec("postgres", "CREATE TABLE bt (id int PRIMARY KEY, v text)")
+	r := newRig(t, pg, nil)
+	const n = 20000
+	pg.Exec("postgres", "INSERT INTO bt SELECT g, 'value-' || g || repeat('x', g % 97) FROM generate_series(1, 20000) g")
+	evs := r.events(n)
+	for i, e := range evs {
+		var doc struct {
+			ID int    `json:"id"`
+			V  string `json:"v"`
+		}
+		if err := json.Unmarshal(e.Doc, &doc); err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf("value-%d%s", doc.ID, strings.Repeat("x", doc.ID%97))
+		if doc.ID != i+1 || doc.V != want || e.Subject != fmt.Sprintf("db.bt.%d", doc.ID) {
+			t.Fatalf("event %d: subject %s, id %d, v %.40q…; want row %d's own values", i, e.Subject, doc.ID, doc.V, i+1)
+		}
+	}
+}
