@@ -404,18 +404,30 @@ func (r *reader) add(xid uint32, c change) {
 func (r *reader) commit(ctx context.Context, t *txn) error {
 	r.lastData = time.Now()
 	var evs []broker.Outgoing
-	id := func(i int) string { return eventID(t.commitLSN, i) }
+	done := 0 // events of the transaction already handed to the publisher
+	id := func(i int) string { return eventID(t.commitLSN, done+i) }
 	for i := range t.changes {
+		// A big transaction goes to the publisher in MaxBatch slices as its
+		// events are built (only the last slice confirms its end), and its
+		// decoded rows are let go as they are used: it is held once, not
+		// as rows, events and one batch at the same time.
+		if len(evs) >= r.in.cfg.MaxBatch {
+			if err := r.pub.add(ctx, evs, 0, time.Time{}); err != nil {
+				return err
+			}
+			done += len(evs)
+			evs = nil
+		}
 		c := &t.changes[i]
 		if c.kind == 'T' {
 			route := metrics.RouteSkip
-			for _, id := range c.truncs {
-				tb := r.rels.byID[id]
+			for _, rel := range c.truncs {
+				tb := r.rels.byID[rel]
 				if tb == nil || !tb.published() {
 					continue
 				}
 				route = metrics.RoutePublish
-				evs = append(evs, truncateEvent(tb, eventID(t.commitLSN, len(evs)), t.commitLSN, t.commitTime))
+				evs = append(evs, truncateEvent(tb, id(len(evs)), t.commitLSN, t.commitTime))
 			}
 			r.in.wal.Observe('T', route)
 			continue
@@ -433,6 +445,7 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		if evs, err = tb.proj.project(evs, t, tb, c, id); err != nil {
 			return err
 		}
+		*c = change{}
 	}
 	r.received = t.endLSN
 	r.in.oldest.CompareAndSwap(0, t.commitTime.UnixNano())
