@@ -65,12 +65,13 @@ func ingestCommand() *command {
 	c := newCommand("ingest", "Run the ingest role: publish committed PostgreSQL changes (logical replication) as events.")
 	var f ingestFlags
 	var b brokerFlags
-	var listen, logLevel, logFormat string
+	var listen, logLevel, logFormat, debugListen string
 	f.register(c.fs, false)
 	b.register(c.fs, false, "db.>")
 	c.fs.StringVar(&listen, "listen", "127.0.0.1:8081", "HTTP address: /healthz, /readyz, /metrics")
 	c.fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	c.fs.StringVar(&logFormat, "log-format", "json", "json or console")
+	c.fs.StringVar(&debugListen, "debug-listen", "", "when set, serve Go's /debug/pprof on this address (keep it private)")
 	c.run = func([]string) error {
 		if f.pg == "" {
 			return errors.New("--pg is required: the PostgreSQL to ingest, e.g. postgres://user@127.0.0.1:5432/app")
@@ -84,6 +85,22 @@ func ingestCommand() *command {
 		defer stop()
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		if debugListen != "" {
+			dln, err := net.Listen("tcp", debugListen)
+			if err != nil {
+				return fmt.Errorf("debug listen: %w", err)
+			}
+			ds := &http.Server{Handler: debugMux(), ReadHeaderTimeout: 10 * time.Second}
+			served := make(chan struct{})
+			go func() {
+				defer close(served)
+				_ = ds.Serve(dln)
+			}()
+			defer func() {
+				_ = ds.Close()
+				<-served
+			}()
+		}
 		return runIngest(ctx, log, &f, &b, nil, reg, listen)
 	}
 	return c
