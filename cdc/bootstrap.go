@@ -107,6 +107,8 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema,
 		t.key = append(t.key, t.column(k))
 	}
 	t.subject = tableSubject(in.cfg.Prefix, schema, rel)
+	t.proj = tableProjection{}
+	tx0 := &txn{commitLSN: at, commitTime: now} // bootstrap rows are "as of" the consistent point
 	var evs []broker.Outgoing
 	for rows.Next() {
 		raw := rows.RawValues()
@@ -118,12 +120,12 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema,
 			}
 			row.Columns = append(row.Columns, c)
 		}
+		// Through the table's projection, as the tail's changes go: the
+		// bootstrap publishes the documents a projection makes of the row.
 		id := bootstrapID(q, raw)
-		ev, err := rowEvent(t, &change{kind: 'I', newRow: row}, id, at, now, "insert")
-		if err != nil {
+		if evs, err = t.proj.project(evs, tx0, t, &change{kind: 'I', newRow: row}, func(int) string { return id }); err != nil {
 			return nil, err
 		}
-		evs = append(evs, ev)
 		*n++
 	}
 	if err := rows.Err(); err != nil {
