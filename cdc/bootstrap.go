@@ -110,15 +110,20 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema,
 	t.proj = tableProjection{}
 	tx0 := &txn{commitLSN: at, commitTime: now} // bootstrap rows are "as of" the consistent point
 	var evs []broker.Outgoing
+	// One row's columns, reused: the events are built from them at once
+	// (the values point into pgx's buffer, valid until the next row).
+	cols := make([]pglogrepl.TupleDataColumn, len(fds))
+	row := &pglogrepl.TupleData{Columns: make([]*pglogrepl.TupleDataColumn, len(fds))}
+	for i := range cols {
+		row.Columns[i] = &cols[i]
+	}
 	for rows.Next() {
 		raw := rows.RawValues()
-		row := &pglogrepl.TupleData{}
-		for _, v := range raw {
-			c := &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: v}
+		for i, v := range raw {
+			cols[i] = pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: v}
 			if v == nil {
-				c.DataType = pglogrepl.TupleDataTypeNull
+				cols[i].DataType = pglogrepl.TupleDataTypeNull
 			}
-			row.Columns = append(row.Columns, c)
 		}
 		// Through the table's projection, as the tail's changes go: the
 		// bootstrap publishes the documents a projection makes of the row.
