@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -66,12 +68,14 @@ func ingestCommand() *command {
 	var f ingestFlags
 	var b brokerFlags
 	var listen, logLevel, logFormat, debugListen string
+	var memoryLimit int64
 	f.register(c.fs, false)
 	b.register(c.fs, false, "db.>")
 	c.fs.StringVar(&listen, "listen", "127.0.0.1:8081", "HTTP address: /healthz, /readyz, /metrics")
 	c.fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	c.fs.StringVar(&logFormat, "log-format", "json", "json or console")
 	c.fs.StringVar(&debugListen, "debug-listen", "", "when set, serve Go's /debug/pprof on this address (keep it private)")
+	c.fs.Int64Var(&memoryLimit, "memory-limit", 64<<20, "soft limit in bytes for the Go heap: the GC works harder near it instead of letting a big transaction double the heap (0: none; GOMEMLIMIT, when set, wins)")
 	c.run = func([]string) error {
 		if f.pg == "" {
 			return errors.New("--pg is required: the PostgreSQL to ingest, e.g. postgres://user@127.0.0.1:5432/app")
@@ -83,6 +87,12 @@ func ingestCommand() *command {
 		defer func() { _ = log.Sync() }()
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
+		if memoryLimit > 0 && os.Getenv("GOMEMLIMIT") == "" {
+			// The Go runtime caps the GC's CPU near the limit, so a live
+			// heap over it costs CPU, not a stall (docs/benchmarks.md: the
+			// tail's high-water mark 121 -> 81 MiB at 64 MiB).
+			debug.SetMemoryLimit(memoryLimit)
+		}
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		if debugListen != "" {
