@@ -172,8 +172,6 @@ func (c *conn) queue(b []byte) (wake bool) {
 // serve runs the connection until it ends. It returns when the writer has
 // exited and the connection is unregistered.
 func (c *conn) serve() {
-	c.runCtx, c.cancelRun = context.WithCancel(c.ctx)
-	c.cl.onWake = c.ensureWriter
 	interval := c.s.cfg.PingInterval
 	c.mu.Lock()
 	// Spread pings so 10,000 connections don't ping in the same instant.

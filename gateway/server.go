@@ -234,10 +234,15 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		subs: make(map[string]*subState),
 	}
 	c.cl = newClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
+	// Set before the connection is registered: Shutdown may wake its
+	// writer (a 1001 close) as soon as it is in s.conns.
+	c.cl.onWake = c.ensureWriter
+	c.runCtx, c.cancelRun = context.WithCancel(c.ctx)
 
 	s.mu.Lock()
 	if s.draining {
 		s.mu.Unlock()
+		c.cancelRun()
 		s.metrics.ConnectionsRejected.WithLabelValues("shutting_down").Inc()
 		_ = ws.Close(CloseGoingAway, "server going away")
 		return
