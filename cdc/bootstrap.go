@@ -50,6 +50,7 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 	}
 	slices.Sort(names)
 	now := time.Now()
+	tx0 := &txn{commitLSN: at, commitTime: now} // bootstrap rows are "as of" the consistent point
 	total := 0
 	for ti, q := range names {
 		schema, rel, _ := strings.Cut(q, ".")
@@ -63,8 +64,9 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 			return fmt.Errorf("postgres: bootstrap %s: %w", q, err)
 		}
 		n := 0
+		var t *table // from the first chunk's columns
 		for {
-			evs, err := in.bootstrapChunk(ctx, tx, cur, q, schema, rel, keys[q], at, now, ti, &n)
+			evs, err := in.bootstrapChunk(ctx, tx, cur, q, schema, rel, keys[q], &t, tx0, &n)
 			if err != nil {
 				return err
 			}
@@ -90,8 +92,9 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 }
 
 // bootstrapChunk fetches the next chunk of rows of one table and returns
-// their events.
-func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema, rel string, key []string, at pglogrepl.LSN, now time.Time, ti int, n *int) ([]broker.Outgoing, error) {
+// their events. The first chunk describes the table into *tp; the rows are
+// "as of" tx0, the slot's consistent point.
+func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema, rel string, key []string, tp **table, tx0 *txn, n *int) ([]broker.Outgoing, error) {
 	// The simple protocol returns every value in text format.
 	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", in.cfg.BootstrapChunk, cur), pgx.QueryExecModeSimpleProtocol)
 	if err != nil {
@@ -99,16 +102,17 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema,
 	}
 	defer rows.Close()
 	fds := rows.FieldDescriptions()
-	t := &table{schema: schema, name: rel, nameKey: q}
-	for _, fd := range fds {
-		t.columns = append(t.columns, column{name: fd.Name, oid: fd.DataTypeOID, jsonName: append(AppendJSONString(nil, []byte(fd.Name)), ':')})
+	if *tp == nil {
+		t := &table{nameKey: q}
+		for _, fd := range fds {
+			t.columns = append(t.columns, newColumn(fd.Name, fd.DataTypeOID))
+		}
+		if err := t.publish(in.cfg.Prefix, schema, rel, key); err != nil {
+			return nil, err
+		}
+		*tp = t
 	}
-	for _, k := range key {
-		t.key = append(t.key, t.column(k))
-	}
-	t.subject = tableSubject(in.cfg.Prefix, schema, rel)
-	t.proj = tableProjection{}
-	tx0 := &txn{commitLSN: at, commitTime: now} // bootstrap rows are "as of" the consistent point
+	t := *tp
 	var evs []broker.Outgoing
 	// One row's columns, reused: the events are built from them at once
 	// (the values point into pgx's buffer, valid until the next row).

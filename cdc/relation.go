@@ -7,16 +7,12 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
-// table is what the ingest knows of a published table: its columns as the
-// last Relation message described them, and its primary key.
+// table is what the ingest knows of a table: its columns (as the last
+// Relation message, or the bootstrap's query, described them) and, when it
+// is published, its primary key, subject and projection.
 type table struct {
-	id      uint32
-	schema  string
-	name    string
 	columns []column
 	key     []int      // indexes into columns of the primary key, in key order
-	keyCols []string   // the primary key's column names, from the catalog
-	full    bool       // REPLICA IDENTITY FULL: updates and deletes carry the whole old row
 	subject string     // "<prefix>.<table>" or "<prefix>.<schema>.<table>"
 	nameKey string     // "schema.table", how --tables and errors name it
 	proj    projection // what its changes become; nil when it is not published
@@ -26,6 +22,25 @@ type column struct {
 	name     string
 	oid      uint32
 	jsonName []byte // the quoted JSON key, with its colon: "name":
+}
+
+func newColumn(name string, oid uint32) column {
+	return column{name: name, oid: oid, jsonName: append(AppendJSONString(nil, []byte(name)), ':')}
+}
+
+// publish makes t a published table: its key columns (by name), its
+// subject, and the table's own projection.
+func (t *table) publish(prefix, schema, name string, keyCols []string) error {
+	for _, k := range keyCols {
+		i := t.column(k)
+		if i < 0 {
+			return fmt.Errorf("table %s: primary key column %q is not in the replicated columns (a column list on the publication?)", t.nameKey, k)
+		}
+		t.key = append(t.key, i)
+	}
+	t.subject = tableSubject(prefix, schema, name)
+	t.proj = tableProjection{}
+	return nil
 }
 
 // qualified names a table the way errors and --tables do.
@@ -44,30 +59,20 @@ func newRelations(prefix string, keys map[string][]string) *relations {
 	return &relations{prefix: prefix, keys: keys, byID: make(map[uint32]*table)}
 }
 
-// define records (or replaces) a relation.
+// define records (or replaces) a relation. A table that is not published
+// (a publication FOR ALL TABLES, or a table added to it after start-up) is
+// recorded too: its changes are skipped.
 func (r *relations) define(m *pglogrepl.RelationMessage) error {
 	q := qualified(m.Namespace, m.RelationName)
-	t := &table{id: m.RelationID, schema: m.Namespace, name: m.RelationName, nameKey: q, full: m.ReplicaIdentity == 'f'}
+	t := &table{nameKey: q}
 	for _, c := range m.Columns {
-		t.columns = append(t.columns, column{name: c.Name, oid: c.DataType, jsonName: append(AppendJSONString(nil, []byte(c.Name)), ':')})
+		t.columns = append(t.columns, newColumn(c.Name, c.DataType))
 	}
-	keyCols, ok := r.keys[q]
-	if !ok {
-		// Not one we publish (a publication FOR ALL TABLES, or a table
-		// added to it after start-up): its changes are skipped.
-		r.byID[m.RelationID] = t
-		return nil
-	}
-	t.keyCols = keyCols
-	for _, k := range keyCols {
-		i := t.column(k)
-		if i < 0 {
-			return fmt.Errorf("table %s: primary key column %q is not in the replicated columns (a column list on the publication?)", q, k)
+	if keyCols, ok := r.keys[q]; ok {
+		if err := t.publish(r.prefix, m.Namespace, m.RelationName, keyCols); err != nil {
+			return err
 		}
-		t.key = append(t.key, i)
 	}
-	t.subject = tableSubject(r.prefix, m.Namespace, m.RelationName)
-	t.proj = tableProjection{}
 	r.byID[m.RelationID] = t
 	return nil
 }
