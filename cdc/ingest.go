@@ -251,8 +251,7 @@ func (r *reader) run(ctx context.Context) error {
 				if err != nil {
 					return fmt.Errorf("postgres: keepalive: %w", err)
 				}
-				r.walEnd = max(r.walEnd, ka.ServerWALEnd)
-				r.in.walEnd.Store(uint64(r.walEnd))
+				r.seeWALEnd(ka.ServerWALEnd)
 				if ka.ReplyRequested { // wal_sender_timeout: answer at once
 					if err := r.sendStatus(ctx, false); err != nil {
 						return err
@@ -264,8 +263,7 @@ func (r *reader) run(ctx context.Context) error {
 				if err != nil {
 					return fmt.Errorf("postgres: xlogdata: %w", err)
 				}
-				r.walEnd = max(r.walEnd, xld.ServerWALEnd)
-				r.in.walEnd.Store(uint64(r.walEnd))
+				r.seeWALEnd(xld.ServerWALEnd)
 				// pgconn's Receive returns a message valid only until the next
 				// call (its buffers go back to a pool), and pglogrepl's tuples
 				// point into it: a change is kept until its transaction
@@ -276,6 +274,13 @@ func (r *reader) run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// seeWALEnd records the server's WAL end, as a keepalive or a WAL message
+// reports it (for confirming an idle slot, and for the lag metric).
+func (r *reader) seeWALEnd(lsn pglogrepl.LSN) {
+	r.walEnd = max(r.walEnd, lsn)
+	r.in.walEnd.Store(uint64(r.walEnd))
 }
 
 // sendStatus confirms what the broker has acknowledged. When nothing is in

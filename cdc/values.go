@@ -435,13 +435,17 @@ func appendDate(dst, text []byte) ([]byte, error) {
 	if !ok || len(rest) != 0 {
 		return dst, malformed("date", text)
 	}
-	dst = append(dst, '"')
+	dst = appendISODate(append(dst, '"'), d)
+	return append(dst, '"'), nil
+}
+
+// appendISODate appends d as YYYY-MM-DD (expanded years outside 1–9999).
+func appendISODate(dst []byte, d isoDate) []byte {
 	dst = appendYear(dst, d.year)
 	dst = append(dst, '-')
 	dst = append(dst, d.month...)
 	dst = append(dst, '-')
-	dst = append(dst, d.day...)
-	return append(dst, '"'), nil
+	return append(dst, d.day...)
 }
 
 // appendTimestamp converts timestamp[tz] in DateStyle ISO, "2024-05-01
@@ -494,12 +498,7 @@ func appendTimestamp(dst, text []byte, tz bool) ([]byte, error) {
 	if len(off) == 9 {
 		return appendTimestampUTC(dst, d, clock, frac, off), nil
 	}
-	dst = append(dst, '"')
-	dst = appendYear(dst, d.year)
-	dst = append(dst, '-')
-	dst = append(dst, d.month...)
-	dst = append(dst, '-')
-	dst = append(dst, d.day...)
+	dst = appendISODate(append(dst, '"'), d)
 	dst = append(dst, 'T')
 	dst = append(dst, clock...)
 	if frac != nil {
