@@ -95,22 +95,11 @@ func ingestCommand() *command {
 		}
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		if debugListen != "" {
-			dln, err := net.Listen("tcp", debugListen)
-			if err != nil {
-				return fmt.Errorf("debug listen: %w", err)
-			}
-			ds := &http.Server{Handler: debugMux(), ReadHeaderTimeout: 10 * time.Second}
-			served := make(chan struct{})
-			go func() {
-				defer close(served)
-				_ = ds.Serve(dln)
-			}()
-			defer func() {
-				_ = ds.Close()
-				<-served
-			}()
+		stopDebug, err := startDebug(debugListen)
+		if err != nil {
+			return err
 		}
+		defer stopDebug()
 		return runIngest(ctx, log, &f, &b, nil, reg, listen)
 	}
 	return c

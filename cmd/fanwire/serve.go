@@ -86,6 +86,28 @@ func debugMux() *http.ServeMux {
 	return m
 }
 
+// startDebug serves Go's /debug/pprof on addr ("": not at all) until stop,
+// which waits for the server's goroutine.
+func startDebug(addr string) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("debug listen: %w", err)
+	}
+	ds := &http.Server{Handler: debugMux(), ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = ds.Serve(ln) // ErrServerClosed after stop
+	}()
+	return func() {
+		_ = ds.Close()
+		<-served
+	}, nil
+}
+
 func newLogger(level, format string) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
@@ -226,19 +248,9 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		return nil
 	})
 	g.Go(func() error { return srv.Run(runCtx) })
-	var ds *http.Server
-	if f.debugListen != "" {
-		dln, err := net.Listen("tcp", f.debugListen)
-		if err != nil {
-			return fmt.Errorf("debug listen: %w", err)
-		}
-		ds = &http.Server{Handler: debugMux(), ReadHeaderTimeout: 10 * time.Second}
-		g.Go(func() error {
-			if err := ds.Serve(dln); !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("debug http: %w", err)
-			}
-			return nil
-		})
+	stopDebug, err := startDebug(f.debugListen)
+	if err != nil {
+		return err
 	}
 
 	addr := ln.Addr().String()
@@ -261,9 +273,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	if err := srv.Shutdown(sctx); err != nil {
 		errs = append(errs, err)
 	}
-	if ds != nil {
-		_ = ds.Close()
-	}
+	stopDebug()
 	stopRun()
 	if err := g.Wait(); err != nil {
 		errs = append(errs, err)
