@@ -22,7 +22,6 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
-	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/cdc"
 	"github.com/fanwire/fanwire/cdc/pgtest"
 	"github.com/fanwire/fanwire/gateway"
@@ -47,15 +46,8 @@ type benchRig struct {
 func newBenchRig(tb testing.TB) *benchRig {
 	tb.Helper()
 	pg := pgtest.Start(tb, pgtest.Config{})
-	ns := brokertest.NATS(tb)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b, err := broker.DialJetStream(ctx, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "CDC", Storage: "file"})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { b.Close() })
-	return &benchRig{tb: tb, pg: pg, b: b, url: ns.ClientURL()}
+	b, url := jetStream(tb)
+	return &benchRig{tb: tb, pg: pg, b: b, url: url}
 }
 
 // ingest starts an ingest and returns it with a stop function; it does not

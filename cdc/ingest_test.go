@@ -33,16 +33,24 @@ type rig struct {
 	stop func()
 }
 
-func newRig(t *testing.T, pg *pgtest.Server, mutate func(*cdc.Config)) *rig {
-	t.Helper()
-	ns := brokertest.NATS(t)
+// jetStream starts an embedded NATS server and a JetStream broker on it
+// with the stream CDC capturing db.>, and returns the broker and the URL.
+func jetStream(tb testing.TB) (*broker.JetStream, string) {
+	tb.Helper()
+	ns := brokertest.NATS(tb)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := broker.DialJetStream(ctx, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "CDC"})
+	b, err := broker.DialJetStream(ctx, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "CDC", Storage: "file"})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() { b.Close() })
+	tb.Cleanup(func() { b.Close() })
+	return b, ns.ClientURL()
+}
+
+func newRig(t *testing.T, pg *pgtest.Server, mutate func(*cdc.Config)) *rig {
+	t.Helper()
+	b, _ := jetStream(t)
 	r := &rig{t: t, pg: pg, b: b}
 	r.start(mutate)
 	return r
