@@ -159,7 +159,7 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 			if err == nil || cctx.Err() != nil {
 				continue
 			}
-			if !errors.Is(err, broker.ErrBadCursor) && !errors.Is(err, broker.ErrCursorExpired) && !errors.Is(err, broker.ErrBadConsumer) {
+			if subscribeErrorCode(err) == CodeBrokerUnavailable {
 				c.s.log.Warn("reopening a subscription consumer failed; retrying", zap.String("conn", c.id), zap.String("sub", id), zap.Error(err))
 				continue
 			}
@@ -220,17 +220,25 @@ func (c *conn) failSubscribe(id string, err error) {
 	c.subsMu.Lock()
 	delete(c.subs, id)
 	c.subsMu.Unlock()
-	code := CodeBrokerUnavailable
-	switch {
-	case errors.Is(err, broker.ErrCursorExpired):
-		code = CodeCursorExpired
-	case errors.Is(err, broker.ErrBadCursor):
-		code = CodeBadCursor
-	case errors.Is(err, broker.ErrBadConsumer):
-		code = CodeBadDurable
-	}
+	code := subscribeErrorCode(err)
 	c.s.metrics.ClientErrors.WithLabelValues(code).Inc()
 	c.send(errorMessage(id, code, err.Error()))
+}
+
+// subscribeErrorCode is the client's error code for a broker's refusal to
+// replay or open a consumer. Only broker_unavailable is transient: the
+// others say the client's cursor or durable cannot work, and retrying the
+// same request cannot help.
+func subscribeErrorCode(err error) string {
+	switch {
+	case errors.Is(err, broker.ErrCursorExpired):
+		return CodeCursorExpired
+	case errors.Is(err, broker.ErrBadCursor):
+		return CodeBadCursor
+	case errors.Is(err, broker.ErrBadConsumer):
+		return CodeBadDurable
+	}
+	return CodeBrokerUnavailable
 }
 
 // claimDurable marks a durable name in use on this node; a second

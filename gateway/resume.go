@@ -127,7 +127,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 			return true, false
 		case ctx.Err() != nil, errors.Is(err, ErrMailboxFull):
 			return false, true
-		case errors.Is(err, broker.ErrBadCursor), errors.Is(err, broker.ErrCursorExpired):
+		case subscribeErrorCode(err) != CodeBrokerUnavailable: // the cursor cannot work
 			c.failSubscribe(id, err)
 			return false, true
 		}
