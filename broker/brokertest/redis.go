@@ -69,10 +69,7 @@ func (r *RedisServer) Kill() {
 // waits until it answers PING (that is, it has loaded its data).
 func (r *RedisServer) Start() {
 	r.t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		r.t.Fatalf("brokertest: redis-server not found on PATH (run `make test`, which installs it, or apt-get install redis-server): %v", err)
-	}
+	bin := redisServer(r.t)
 	logFile := filepath.Join(r.Dir, "redis.log")
 	r.cmd = exec.Command(bin, "--port", strconv.Itoa(r.Port), "--bind", "127.0.0.1", "--dir", r.Dir,
 		"--save", "", "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no", "--logfile", logFile)
@@ -92,6 +89,17 @@ func (r *RedisServer) Start() {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// redisServer finds redis-server on PATH, or fails the test saying how to
+// install it.
+func redisServer(t testing.TB) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("brokertest: redis-server not found on PATH (run `make test`, which installs it, or apt-get install redis-server): %v", err)
+	}
+	return bin
 }
 
 // ping sends PING on a new connection and expects +PONG: a server still

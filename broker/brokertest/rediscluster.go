@@ -26,10 +26,7 @@ func RedisCluster(t testing.TB, n int) []string {
 	if n < 3 {
 		t.Fatalf("brokertest: RedisCluster(%d): redis-cli --cluster create wants at least 3 primaries", n)
 	}
-	server, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Fatalf("brokertest: redis-server not found on PATH (run `make test`, which installs it, or apt-get install redis-server): %v", err)
-	}
+	server := redisServer(t)
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
 		t.Fatalf("brokertest: redis-cli not found on PATH (apt-get install redis-tools): %v", err)
