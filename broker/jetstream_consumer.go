@@ -246,8 +246,7 @@ func (c *jsConsumer) Consume(ctx context.Context, tick time.Duration, h func([]M
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		var tail jetstream.Msg
-		var tailSeq uint64
+		var tail jsTail // the batch's last message, unless it is an ack point already
 	fill:
 		for {
 			meta, err := m.Metadata()
@@ -259,10 +258,10 @@ func (c *jsConsumer) Consume(ctx context.Context, tick time.Duration, h func([]M
 			if seq := meta.Sequence.Stream; seq > c.last {
 				c.last = seq
 				batch = append(batch, Message{Subject: m.Subject(), Data: m.Data(), Cursor: FormatJSCursor(seq)})
-				tail, tailSeq = m, seq
+				tail = jsTail{seq: seq, msg: m}
 				if len(batch)%AckEvery == 0 { // an ack point (see Consumer.Ack)
-					c.unacked = append(c.unacked, jsTail{seq: seq, msg: m})
-					tail = nil
+					c.unacked = append(c.unacked, tail)
+					tail = jsTail{}
 				}
 			}
 			if len(batch) == cap(batch) {
@@ -274,8 +273,8 @@ func (c *jsConsumer) Consume(ctx context.Context, tick time.Duration, h func([]M
 				break fill
 			}
 		}
-		if tail != nil {
-			c.unacked = append(c.unacked, jsTail{seq: tailSeq, msg: tail})
+		if tail.msg != nil {
+			c.unacked = append(c.unacked, tail)
 		}
 		if len(batch) == 0 {
 			continue
