@@ -44,12 +44,16 @@ func checkServer(ctx context.Context, conn *pgx.Conn) (server, error) {
 // without a primary key (or a replica identity index) is an error naming
 // it; the ingest's own state table is left out.
 func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []string) (map[string][]string, error) {
+	// --tables names "table" (in public) or "schema.table": qualify them
+	// once, as the publication's tables are named below.
+	quals := make([]string, 0, len(tables))
 	want := make([]string, 0, len(tables))
 	for _, t := range tables {
 		schema, rel, ok := strings.Cut(t, ".")
 		if !ok {
 			schema, rel = "public", t
 		}
+		quals = append(quals, qualified(schema, rel))
 		want = append(want, pgx.Identifier{schema, rel}.Sanitize())
 	}
 	var exists bool
@@ -95,7 +99,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 			continue
 		}
 		q := qualified(schema, rel)
-		if len(tables) > 0 && !slices.ContainsFunc(tables, func(t string) bool { return t == q || (schema == "public" && t == rel) }) {
+		if len(quals) > 0 && !slices.Contains(quals, q) {
 			continue
 		}
 		if len(key) == 0 {
@@ -111,11 +115,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 	if len(noKey) > 0 {
 		return nil, fmt.Errorf("postgres: table(s) %s have no primary key (nor a replica identity index): events need a key; add one, or leave them out with --tables", strings.Join(noKey, ", "))
 	}
-	for _, t := range tables {
-		q := t
-		if !strings.Contains(t, ".") {
-			q = "public." + t
-		}
+	for _, q := range quals {
 		if _, ok := keys[q]; !ok {
 			return nil, fmt.Errorf("postgres: table %s is not in publication %q (does it exist? ALTER PUBLICATION %s ADD TABLE %s)", q, name, name, q)
 		}
