@@ -9,9 +9,9 @@ PKGS     := ./...
 # Debian packages the tests need: real servers, a real browser.
 APT_PKGS := redis-server postgresql chromium
 
-.PHONY: test deps vet fmt-check unit fuzz bench build loadtest
+.PHONY: test deps vet fmt-check generate-check unit fuzz bench build loadtest
 
-test: deps vet fmt-check unit
+test: deps vet fmt-check generate-check unit
 
 # deps installs missing system packages with apt-get (as root, or with sudo).
 deps:
@@ -35,6 +35,14 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+# generate-check regenerates the gqlgen output from schema/*.graphqls and
+# fails when that changed anything: the generated code was stale.
+SCHEMA_SUM = { find schema -type f | LC_ALL=C sort; find schema -type f | LC_ALL=C sort | xargs cat; } | cksum
+generate-check:
+	@before=$$($(SCHEMA_SUM)); $(GO) generate ./schema || exit 1; \
+	if [ "$$before" != "$$($(SCHEMA_SUM))" ]; then \
+		echo "schema: the generated code was stale; 'go generate ./schema' has updated it: review and commit it" >&2; exit 1; fi
 
 unit:
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
