@@ -30,12 +30,16 @@ type conn struct {
 	cl  *client         // static
 	ctx context.Context // static: cancelled when the server stops hard
 
-	closeCode     atomic.Int32  // requested close code; 0 while open. Set once.
-	writeErr      atomic.Bool   // the writer failed
-	pingFailed    atomic.Bool   // a ping went unanswered
-	writerRunning atomic.Bool   // a writer goroutine exists (see ensureWriter, retire)
-	written       atomic.Uint64 // items written to the socket (compare mailbox.pushes)
-	stop          chan struct{} // closed by serve when reading ended: writer and pings exit
+	gql *gqlConn     // static: nil for the native protocol
+	fw  *frameWriter // static: the socket's writer (corked by the GraphQL writer)
+
+	closeCode     atomic.Int32           // requested close code; 0 while open. Set once.
+	closeReason   atomic.Pointer[string] // set before closeCode when the close has its own reason
+	writeErr      atomic.Bool            // the writer failed
+	pingFailed    atomic.Bool            // a ping went unanswered
+	writerRunning atomic.Bool            // a writer goroutine exists (see ensureWriter, retire)
+	written       atomic.Uint64          // items written to the socket (compare mailbox.pushes)
+	stop          chan struct{}          // closed by serve when reading ended: writer and pings exit
 
 	mu       sync.Mutex
 	closed   bool           // guarded by mu: no new writer or ping may start
@@ -161,6 +165,9 @@ func (c *conn) send(b []byte) {
 // woken. A full mailbox marks the connection a slow consumer, whose close
 // request wakes the writer itself.
 func (c *conn) queue(b []byte) (wake bool) {
+	if b == nil { // a reply this protocol does not have
+		return false
+	}
 	wasEmpty, err := c.cl.mb.pushControl(item{ev: controlMessage(b)})
 	if err != nil {
 		c.overflow()
@@ -177,7 +184,15 @@ func (c *conn) serve() {
 	// Spread pings so 10,000 connections don't ping in the same instant.
 	c.schedulePingLocked(interval/2 + rand.N(interval/2+1))
 	c.mu.Unlock()
-	c.send(readyMessage(c.id))
+	if c.gql == nil {
+		c.send(readyMessage(c.id))
+	} else {
+		c.mu.Lock()
+		c.gql.initTimer = time.AfterFunc(c.s.cfg.GraphQLInitTimeout, func() {
+			c.closeWith(CloseInitTimeout, "Connection initialisation timeout")
+		})
+		c.mu.Unlock()
+	}
 	err := c.readLoop()
 
 	close(c.stop)
@@ -189,6 +204,9 @@ func (c *conn) serve() {
 	}
 	if c.watchdog != nil {
 		c.watchdog.Stop()
+	}
+	if c.gql != nil && c.gql.initTimer != nil {
+		c.gql.initTimer.Stop()
 	}
 	c.mu.Unlock()
 	_ = c.ws.CloseNow() // ends a write or a ping in flight
@@ -247,6 +265,10 @@ func (c *conn) readLoop() error {
 		typ, data, err := c.ws.Read(c.ctx)
 		if err != nil {
 			return err
+		}
+		if c.gql != nil {
+			c.gqlHandle(typ == websocket.MessageText, data)
+			continue
 		}
 		if typ != websocket.MessageText {
 			c.clientError("", CodeBadFrame, "binary frames are not supported; send JSON text frames")
@@ -308,7 +330,7 @@ func (c *conn) subscribe(id, pattern string, from, durable *string) {
 	// exactly the last event dispatched before it.
 	var wake bool
 	c.s.hub.idx.addThen(c.cl, id, pattern, func() {
-		wake = c.queue(subscribedMessage(id, c.s.hub.lastCursor()))
+		wake = c.queue(c.subscribedMsg(id, c.s.hub.lastCursor()))
 	})
 	if wake {
 		c.cl.signal()
@@ -340,14 +362,14 @@ func (c *conn) unsubscribe(id string) {
 		if live {
 			c.s.metrics.Subscriptions.Dec()
 		}
-		wake = c.queue(replyMessage("unsubscribed", id))
+		wake = c.queue(c.unsubscribedMsg(id))
 	} else if live {
 		// The reply is queued while the index is held: it follows every
 		// event that lists the id, and none follows it.
-		c.s.hub.idx.removeThen(c.cl, id, st.pattern, func() { wake = c.queue(replyMessage("unsubscribed", id)) })
+		c.s.hub.idx.removeThen(c.cl, id, st.pattern, func() { wake = c.queue(c.unsubscribedMsg(id)) })
 		c.s.metrics.Subscriptions.Dec()
 	} else {
-		wake = c.queue(replyMessage("unsubscribed", id))
+		wake = c.queue(c.unsubscribedMsg(id))
 	}
 	if wake {
 		c.cl.signal()
@@ -364,7 +386,7 @@ func (c *conn) clientError(id, code, msg string) {
 		c.errSince, c.errCount = now, 0
 	}
 	c.errCount++
-	c.send(errorMessage(id, code, msg))
+	c.send(c.errorMsg(id, code, msg))
 	if c.errCount > c.s.cfg.MaxClientErrors {
 		c.requestClose(ClosePolicy)
 	}
@@ -429,10 +451,40 @@ func (c *conn) drain() bool {
 	}
 }
 
+// subscribedMsg is the reply to a subscribe (none in GraphQL).
+func (c *conn) subscribedMsg(id, cursor string) []byte {
+	if c.gql != nil {
+		return nil
+	}
+	return subscribedMessage(id, cursor)
+}
+
+// unsubscribedMsg is the reply to an unsubscribe (none in GraphQL: the
+// client's complete needs no answer).
+func (c *conn) unsubscribedMsg(id string) []byte {
+	if c.gql != nil {
+		return nil
+	}
+	return replyMessage("unsubscribed", id)
+}
+
+// errorMsg is a client error: in GraphQL it ends operation id (an error
+// without an id is a protocol error, which closes the connection instead).
+func (c *conn) errorMsg(id, code, msg string) []byte {
+	if c.gql == nil {
+		return errorMessage(id, code, msg)
+	}
+	c.gql.forget(id)
+	return c.gql.errorMessage(id, code, msg)
+}
+
 // writeBatch splices the batch's items into frames of at most MaxFrameBytes
 // (a single larger message gets a frame of its own), '\n'-separated, one
 // Write each.
 func (c *conn) writeBatch(bt *batch) error {
+	if c.gql != nil {
+		return c.writeBatchGQL(bt)
+	}
 	bp := getFrameBuf()
 	defer putFrameBuf(bp)
 	buf := (*bp)[:0]
@@ -490,6 +542,9 @@ func (c *conn) ping() bool {
 // mailbox was discarded.
 func (c *conn) finish(code int) {
 	reason := "server going away"
+	if r := c.closeReason.Load(); r != nil {
+		reason = *r
+	}
 	switch code {
 	case CloseSlowConsumer:
 		reason = "slow consumer"

@@ -19,13 +19,33 @@ type Event struct {
 	Cursor  string
 	buf     []byte // head followed by tail; immutable
 	split   int    // len(head); -1 for a control message that is written whole
+	subjEnd int32  // end of the subject's JSON string in buf (GraphQL splices it)
+	curEnd  int32  // end of the cursor's JSON string in buf; 0 without a cursor
 }
 
-// subsList is the JSON array of the subscription ids of one connection that
-// match a set of patterns, e.g. ["s1","s3"]. It is computed when the
-// subscription set changes, never per event, and is immutable.
+// subjectJSON, cursorJSON and dataJSON are the event's values as encoded in
+// buf, for transports that splice them into their own envelope (GraphQL).
+func (e *Event) subjectJSON() []byte { return e.buf[len(headPrefix):e.subjEnd] }
+
+// cursorJSON is nil when the event has no cursor.
+func (e *Event) cursorJSON() []byte {
+	if e.curEnd == 0 {
+		return nil
+	}
+	return e.buf[int(e.subjEnd)+len(cursorField) : e.curEnd]
+}
+
+func (e *Event) dataJSON() []byte { return e.buf[e.split+len(dataField) : len(e.buf)-1] }
+
+// subsList is what a delivery needs to know about the subscriptions of one
+// connection that match a set of patterns. For the native protocol it is
+// their ids as a JSON array, e.g. ["s1","s3"]; for GraphQL, the operations,
+// each with its frame template. It is computed when the subscription set
+// changes, never per event, and is immutable.
 type subsList struct {
-	b []byte
+	b    []byte
+	ops  []*gqlOp // GraphQL: one next frame per operation
+	size int      // bytes a delivery adds to the event's (mailbox accounting)
 }
 
 // item is a mailbox entry: 16 bytes, no copy of the event.
@@ -38,7 +58,7 @@ func (it item) size() int {
 	if it.subs == nil {
 		return len(it.ev.buf)
 	}
-	return len(it.ev.buf) + len(it.subs.b)
+	return len(it.ev.buf) + it.subs.size
 }
 
 // appendTo splices the delivery into dst. It allocates only when dst must grow.
@@ -80,9 +100,11 @@ func NewEvent(subject, cursor string, data []byte) (*Event, error) {
 	buf := make([]byte, 0, n)
 	buf = append(buf, headPrefix...)
 	buf = appendJSONString(buf, subject)
+	subjEnd, curEnd := len(buf), 0
 	if cursor != "" {
 		buf = append(buf, cursorField...)
 		buf = appendJSONString(buf, cursor)
+		curEnd = len(buf)
 	}
 	buf = append(buf, subsField...)
 	split := len(buf)
@@ -97,7 +119,7 @@ func NewEvent(subject, cursor string, data []byte) (*Event, error) {
 		buf = w.Bytes()
 	}
 	buf = append(buf, '}')
-	return &Event{Subject: subject, Cursor: cursor, buf: buf, split: split}, nil
+	return &Event{Subject: subject, Cursor: cursor, buf: buf, split: split, subjEnd: int32(subjEnd), curEnd: int32(curEnd)}, nil
 }
 
 // controlMessage wraps a complete server message (already JSON) so it can
@@ -119,7 +141,8 @@ func encodeSubsList(ids []string) *subsList {
 		}
 		b = appendJSONString(b, id)
 	}
-	return &subsList{b: append(b, ']')}
+	b = append(b, ']')
+	return &subsList{b: b, size: len(b)}
 }
 
 // fixUTF8 returns data with each invalid UTF-8 sequence replaced by the

@@ -109,12 +109,12 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 		return
 	}
 	f.cons = cons
-	c.send(subscribedMessage(id, cons.Start()))
+	c.send(c.subscribedMsg(id, cons.Start()))
 	c.subsMu.Lock()
 	st.live = true
 	c.subsMu.Unlock()
 	c.s.metrics.Subscriptions.Inc()
-	subs := encodeSubsList([]string{id})
+	subs := c.cl.subsFor([]string{id})
 	last := cons.Start()
 	cctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -222,7 +222,7 @@ func (c *conn) failSubscribe(id string, err error) {
 	c.subsMu.Unlock()
 	code := subscribeErrorCode(err)
 	c.s.metrics.ClientErrors.WithLabelValues(code).Inc()
-	c.send(errorMessage(id, code, err.Error()))
+	c.send(c.errorMsg(id, code, err.Error()))
 }
 
 // subscribeErrorCode is the client's error code for a broker's refusal to

@@ -19,6 +19,10 @@ type client struct {
 	// onWake, if set, runs after each wake signal (the transport starts a
 	// writer if none runs). Set before the client is registered.
 	onWake func()
+	// encode, if set, builds the subscription list of a delivery from the
+	// ids of the client's matching subscriptions (GraphQL); nil: the
+	// native protocol's JSON array of ids. Set before the client subscribes.
+	encode func(ids []string) *subsList
 
 	overflowed atomic.Bool
 
@@ -27,7 +31,7 @@ type client struct {
 
 	// Pad to 128 bytes: the allocator places 128-byte objects on 128-byte
 	// boundaries, so the mailbox's hot fields share one cache line.
-	_ [32]byte
+	_ [24]byte
 }
 
 func newClient(maxItems, maxBytes int, onOverflow func()) *client {
@@ -36,6 +40,14 @@ func newClient(maxItems, maxBytes int, onOverflow func()) *client {
 		wake:       make(chan struct{}, 1),
 		onOverflow: onOverflow,
 	}
+}
+
+// subsFor is the subscription list for a delivery to the subscriptions ids.
+func (c *client) subsFor(ids []string) *subsList {
+	if c.encode != nil {
+		return c.encode(ids)
+	}
+	return encodeSubsList(ids)
 }
 
 // signal wakes the writer; it never blocks.

@@ -55,7 +55,7 @@ type delivery struct {
 }
 
 func (d *delivery) setSubs(l *subsList) {
-	d.subs, d.subsLen = l, len(l.b)
+	d.subs, d.subsLen = l, l.size
 }
 
 func newIndex() *index {
@@ -98,7 +98,7 @@ func (ix *index) addLocked(c *client, id, pattern string) {
 	}
 	e.ids = append(e.ids, id)
 	slices.Sort(e.ids)
-	n.deliveries[e.pos].setSubs(encodeSubsList(e.ids))
+	n.deliveries[e.pos].setSubs(c.subsFor(e.ids))
 	ix.gen++
 	ix.size++
 }
@@ -153,7 +153,7 @@ func (ix *index) removeThen(c *client, id, pattern string, then func()) bool {
 	ix.gen++
 	ix.size--
 	if len(e.ids) > 0 {
-		n.deliveries[e.pos].setSubs(encodeSubsList(e.ids))
+		n.deliveries[e.pos].setSubs(c.subsFor(e.ids))
 		return true
 	}
 	delete(n.byClient, c)

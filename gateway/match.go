@@ -70,7 +70,7 @@ func mergeDeliveries(nodes []*node) []delivery {
 		l := ids[c]
 		slices.Sort(l)
 		d := delivery{c: c}
-		d.setSubs(encodeSubsList(l))
+		d.setSubs(c.subsFor(l))
 		out = append(out, d)
 	}
 	return out

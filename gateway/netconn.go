@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"sync"
 )
 
 // The websocket library writes each frame through the bufio.Writer it gets
@@ -21,9 +22,11 @@ import (
 
 const connReadBuffer = 512
 
-// hijackWriter wraps the handler's ResponseWriter for websocket.Accept.
+// hijackWriter wraps the handler's ResponseWriter for websocket.Accept. fw
+// (if not nil) receives the connection's frameWriter.
 type hijackWriter struct {
 	http.ResponseWriter
+	fw **frameWriter
 }
 
 func (w hijackWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
@@ -40,7 +43,11 @@ func (w hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		b, _ := brw.Reader.Peek(n)
 		r = io.MultiReader(bytes.NewReader(bytes.Clone(b)), nc)
 	}
-	return nc, bufio.NewReadWriter(bufio.NewReaderSize(r, connReadBuffer), bufio.NewWriterSize(&frameWriter{c: nc}, 16)), nil
+	fw := &frameWriter{c: nc}
+	if w.fw != nil {
+		*w.fw = fw
+	}
+	return nc, bufio.NewReadWriter(bufio.NewReaderSize(r, connReadBuffer), bufio.NewWriterSize(fw, 16)), nil
 }
 
 // frameWriter receives the server's outgoing WebSocket frames as a byte
@@ -48,8 +55,17 @@ func (w hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // holding the header and the payload's first bytes, then the rest in one
 // piece), and writes each frame with a single syscall. It parses frame headers
 // to know where a frame ends, so it never holds back the end of a frame.
+//
+// Corked (see cork), it collects whole frames instead and writes them
+// together: a protocol that needs one WebSocket message per event (GraphQL)
+// then costs one syscall per batch of messages, not one per message.
 type frameWriter struct {
-	c    net.Conn
+	mu     sync.Mutex // Write (the library, under its frame lock) and cork/uncork (the connection's writer)
+	c      net.Conn
+	corked bool   // guarded by mu
+	out    []byte // guarded by mu: corked output
+	err    error  // guarded by mu: a corked write's failure, reported by uncork
+
 	held [16]byte
 	nh   int   // bytes in held
 	need int64 // bytes of the current frame not yet received; 0 at a frame boundary
@@ -57,7 +73,60 @@ type frameWriter struct {
 	bufs net.Buffers
 }
 
+// corkLimit is how much corked output is written at once.
+const corkLimit = 64 << 10
+
+// cork starts collecting frames; uncork writes them.
+func (w *frameWriter) cork() {
+	w.mu.Lock()
+	w.corked = true
+	w.mu.Unlock()
+}
+
+// uncork writes what was collected while corked (one write) and stops
+// collecting. It returns the first write error since cork.
+func (w *frameWriter) uncork() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.corked = false
+	err := w.flushOut()
+	if cap(w.out) > 2*corkLimit {
+		w.out = nil // one huge message: let it go
+	}
+	if w.err != nil {
+		err, w.err = w.err, nil
+	}
+	return err
+}
+
+func (w *frameWriter) flushOut() error {
+	if len(w.out) == 0 {
+		return nil
+	}
+	_, err := w.c.Write(w.out)
+	w.out = w.out[:0]
+	return err
+}
+
+// write sends bytes that are ready: to the socket, or, corked, to out.
+func (w *frameWriter) write(p []byte) error {
+	if !w.corked {
+		_, err := w.c.Write(p)
+		return err
+	}
+	w.out = append(w.out, p...)
+	if len(w.out) >= corkLimit {
+		if err := w.flushOut(); err != nil {
+			w.err = err
+			return err
+		}
+	}
+	return nil
+}
+
 func (w *frameWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	total := len(p)
 	if w.nh > 0 && w.need == 0 {
 		// A partial header is held (never with a 16-byte bufio.Writer, whose
@@ -81,7 +150,7 @@ func (w *frameWriter) Write(p []byte) (int, error) {
 			w.nh = copy(w.held[:], p)
 			return total, nil
 		case flen <= int64(len(p)): // a whole frame
-			if _, err := w.c.Write(p[:flen]); err != nil {
+			if err := w.write(p[:flen]); err != nil {
 				return 0, err
 			}
 			p = p[flen:]
@@ -90,7 +159,7 @@ func (w *frameWriter) Write(p []byte) (int, error) {
 			w.need = flen - int64(len(p))
 			return total, nil
 		default: // a long partial frame: send it, the rest follows
-			if _, err := w.c.Write(p); err != nil {
+			if err := w.write(p); err != nil {
 				return 0, err
 			}
 			w.need = flen - int64(len(p))
@@ -104,8 +173,12 @@ func (w *frameWriter) Write(p []byte) (int, error) {
 // something held.
 func (w *frameWriter) flushHeld(p []byte) error {
 	if w.nh == 0 {
-		_, err := w.c.Write(p)
-		return err
+		return w.write(p)
+	}
+	if w.corked {
+		w.out = append(w.out, w.held[:w.nh]...)
+		w.nh = 0
+		return w.write(p)
 	}
 	w.iov[0], w.iov[1] = w.held[:w.nh], p
 	w.bufs = w.iov[:]

@@ -79,7 +79,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 	defer close(st.task.done)
 	defer st.task.cancel()
 	d := c.s.durable
-	subs := encodeSubsList([]string{id})
+	subs := c.cl.subsFor([]string{id})
 	filters := c.s.replayFilters(st.pattern)
 	replied := false
 	reply := func() bool { // queues "subscribed" once; reports whether to wake
@@ -87,7 +87,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 			return false
 		}
 		replied = true
-		return c.queue(subscribedMessage(id, after))
+		return c.queue(c.subscribedMsg(id, after))
 	}
 	// enqueue queues one event for this subscription; a full mailbox closes
 	// the connection with 4008.

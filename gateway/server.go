@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/99designs/gqlgen/graphql/executor"
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -32,6 +33,10 @@ type Server struct {
 	metrics      *Metrics         // static
 	log          *zap.Logger
 	mux          *http.ServeMux
+
+	gqlExec         *executor.Executor // static: runs GraphQL operations received over WebSocket
+	gqlHTTP         http.Handler       // static: GraphQL over HTTP
+	gqlExecutorOnly bool               // static: tests: serve every subscription through the executor
 
 	ctx    context.Context // cancelled by Shutdown when its deadline passes
 	cancel context.CancelFunc
@@ -67,15 +72,19 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.durables = make(map[string]bool)
 	s.consumers, _ = cfg.Broker.(broker.Consumers)
+	s.durable, _ = cfg.Broker.(broker.Durable)
 	if s.durable != nil {
 		s.replayEvents = new(eventCache)
 	}
-	s.durable, _ = cfg.Broker.(broker.Durable)
 	s.hub.keepRecent = s.durable != nil
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.invalidLogs = rateLimiter{every: 10 * time.Second}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ws", s.serveWS)
+	s.gqlHTTP = s.newGraphQL()
+	mux.HandleFunc("GET /graphql", s.serveGraphQL)
+	mux.HandleFunc("POST /graphql", s.serveGraphQL)
+	mux.HandleFunc("OPTIONS /graphql", s.serveGraphQL)
 	mux.HandleFunc("POST /api/publish", s.servePublish)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -180,6 +189,15 @@ func (s *Server) replayFilters(pattern string) []string {
 }
 
 func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
+	if why := s.notReady(); len(why) > 0 {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "reasons": why})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// notReady lists why the gateway is not ready; empty when it is.
+func (s *Server) notReady() []string {
 	s.mu.Lock()
 	draining := s.draining
 	s.mu.Unlock()
@@ -193,14 +211,14 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	if !s.consuming.Load() {
 		why = append(why, "not consuming")
 	}
-	if len(why) > 0 {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "reasons": why})
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	return why
 }
 
-func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) { s.serveConn(w, r, false) }
+
+// serveConn upgrades and serves one connection: the native protocol, or
+// GraphQL over WebSocket.
+func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	if n := s.nconns.Add(1); n > int64(s.cfg.MaxConnections) {
 		s.nconns.Add(-1)
 		s.metrics.ConnectionsRejected.WithLabelValues("max_connections").Inc()
@@ -215,25 +233,42 @@ func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 
-	ws, err := websocket.Accept(hijackWriter{w}, r, &websocket.AcceptOptions{
+	opts := &websocket.AcceptOptions{
 		OriginPatterns:  s.cfg.AllowedOrigins,
 		CompressionMode: websocket.CompressionDisabled,
-	})
+	}
+	if gql {
+		// Listed in order of preference: the library picks the first the
+		// client offers too.
+		opts.Subprotocols = []string{subprotoTransportWS, subprotoLegacy}
+	}
+	var fw *frameWriter
+	ws, err := websocket.Accept(hijackWriter{ResponseWriter: w, fw: &fw}, r, opts)
 	if err != nil {
 		s.metrics.ConnectionsRejected.WithLabelValues("bad_upgrade").Inc()
 		s.log.Debug("websocket upgrade failed", zap.Error(err), zap.String("remote", r.RemoteAddr))
 		return // Accept wrote the HTTP error
 	}
 	ws.SetReadLimit(s.cfg.ReadLimit)
+	if gql && ws.Subprotocol() == "" {
+		s.metrics.ConnectionsRejected.WithLabelValues("bad_subprotocol").Inc()
+		_ = ws.Close(CloseSubprotocol, "Subprotocol not acceptable: offer graphql-transport-ws (or graphql-ws)")
+		return
+	}
 	c := &conn{
 		s:    s,
 		ws:   ws,
+		fw:   fw,
 		id:   newConnID(),
 		ctx:  s.ctx,
 		stop: make(chan struct{}),
 		subs: make(map[string]*subState),
 	}
 	c.cl = newClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
+	if gql {
+		c.gql = &gqlConn{legacy: ws.Subprotocol() == subprotoLegacy, req: r, exec: s.gqlExec, ops: make(map[string]*gqlOp)}
+		c.cl.encode = c.gql.encode
+	}
 	// Set before the connection is registered: Shutdown may wake its
 	// writer (a 1001 close) as soon as it is in s.conns.
 	c.cl.onWake = c.ensureWriter

@@ -41,6 +41,14 @@ type Config struct {
 	// DurableInactive is how long the broker keeps a durable subscription
 	// consumer nobody is bound to (default 24h).
 	DurableInactive time.Duration
+
+	// GraphQLInitTimeout is how long a GraphQL connection may take to send
+	// connection_init; then it is closed with 4408 (default 3s, as the
+	// graphql-ws server's).
+	GraphQLInitTimeout time.Duration
+	// Authenticate, when set, admits or refuses a GraphQL connection from
+	// its connection_init payload and upgrade request (refused: 4403).
+	Authenticate Authenticator
 }
 
 func (c *Config) setDefaults() {
@@ -81,6 +89,7 @@ func (c *Config) setDefaults() {
 		c.Consumer = ConsumerShared
 	}
 	defDur(&c.DurableInactive, 24*time.Hour)
+	defDur(&c.GraphQLInitTimeout, 3*time.Second)
 	if c.MaxPublishBytes == 0 {
 		c.MaxPublishBytes = 1 << 20
 	}
@@ -128,5 +137,6 @@ func (c *Config) validate() error {
 	pos("CloseTimeout", int64(c.CloseTimeout))
 	pos("MaxClientErrors", int64(c.MaxClientErrors))
 	pos("MaxPublishBytes", c.MaxPublishBytes)
+	pos("GraphQLInitTimeout", int64(c.GraphQLInitTimeout))
 	return errors.Join(errs...)
 }
