@@ -19,6 +19,7 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler"
 	"github.com/99designs/gqlgen/graphql/handler/extension"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
+	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/schema"
 	"github.com/vektah/gqlparser/v2/ast"
@@ -192,6 +193,22 @@ func newFastOp(id string, legacy bool, rootAlias string, fields []graphql.Collec
 	cur = append(cur, "}}}}"...)
 	op.pieces = append(op.pieces, cur)
 	op.overhead += len(cur)
+	return op
+}
+
+// newGQLOp builds the operation serving the events subscription root of
+// opCtx: the fast path when its selection allows (and !executorOnly), else
+// the executor.
+func (s *Server) newGQLOp(ctx context.Context, id string, legacy bool, opCtx *graphql.OperationContext, root graphql.CollectedField, executorOnly bool) *gqlOp {
+	if !executorOnly {
+		if op := newFastOp(id, legacy, root.Alias, graphql.CollectFields(opCtx, root.Selections, []string{"Event"})); op != nil {
+			return op
+		}
+	}
+	ch := make(chan *schema.Event, 1)
+	h, octx := s.gqlExec.DispatchOperation(withEventStream(ctx, ch), opCtx)
+	op := &gqlOp{id: id, next: h, ctx: octx, ch: ch, head: nextHead(id, legacy)}
+	op.overhead = len(op.head) + 64
 	return op
 }
 
@@ -473,16 +490,7 @@ func (c *conn) gqlSubscribe(id string, p *gqlSubscribePayload) {
 		c.gqlError(id, CodeBadCursor, `"from" must be a cursor or "first"`)
 		return
 	}
-	var op *gqlOp
-	if !c.s.gqlExecutorOnly {
-		op = newFastOp(id, g.legacy, root[0].Alias, graphql.CollectFields(opCtx, root[0].Selections, []string{"Event"}))
-	}
-	if op == nil {
-		ch := make(chan *schema.Event, 1)
-		h, octx := g.exec.DispatchOperation(withEventStream(ctx, ch), opCtx)
-		op = &gqlOp{id: id, next: h, ctx: octx, ch: ch, head: nextHead(id, g.legacy)}
-		op.overhead = len(op.head) + 64
-	}
+	op := c.s.newGQLOp(ctx, id, g.legacy, opCtx, root[0], c.s.gqlExecutorOnly)
 	g.opsMu.Lock()
 	g.ops[id] = op
 	g.opsMu.Unlock()
@@ -523,14 +531,16 @@ func (c *conn) writeBatchGQL(bt *batch) error {
 	bp := getFrameBuf()
 	defer putFrameBuf(bp)
 	buf := (*bp)[:0]
+	var frames, bytes int
 	c.fw.cork()
 	var err error
 	for s := bt.head; s != nil && err == nil; s = bt.next(s) {
 		for _, it := range bt.used(s) {
 			if it.subs == nil {
-				if err = c.writeFrame(it.ev.buf); err != nil {
+				if err = c.writeText(it.ev.buf); err != nil {
 					break
 				}
+				frames, bytes = frames+1, bytes+len(it.ev.buf)
 				continue
 			}
 			for _, op := range it.subs.ops {
@@ -541,9 +551,10 @@ func (c *conn) writeBatchGQL(bt *batch) error {
 				if len(buf) == 0 {
 					continue
 				}
-				if err = c.writeFrame(buf); err != nil {
+				if err = c.writeText(buf); err != nil {
 					break
 				}
+				frames, bytes = frames+1, bytes+len(buf)
 			}
 			if err != nil {
 				break
@@ -554,7 +565,19 @@ func (c *conn) writeBatchGQL(bt *batch) error {
 		err = uerr
 	}
 	*bp = buf
+	c.s.metrics.Frames.Add(float64(frames))
+	c.s.metrics.BytesSent.Add(float64(bytes))
 	return err
+}
+
+// writeText writes one message: straight into the socket's frameWriter when
+// it can, else through the library.
+func (c *conn) writeText(b []byte) error {
+	ok, err := c.fw.writeText(b)
+	if ok || err != nil {
+		return err
+	}
+	return c.ws.Write(context.Background(), websocket.MessageText, b)
 }
 
 // eventStreamKey carries an executor-path subscription's channel to the
