@@ -37,17 +37,28 @@ func (w hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nil, nil, err
 	}
 	// net/http flushed the 101 response before handing us the connection;
-	// its reader may already hold the client's first frames: keep them.
+	// its reader may already hold the client's first frames (a GraphQL
+	// client sends connection_init at once): keep them. They must be
+	// buffered in the reader we return, not only in its source: the
+	// websocket library keeps what is buffered and resets the reader onto
+	// the connection (golang/go#32314), dropping any other source.
 	var r io.Reader = nc
-	if n := brw.Reader.Buffered(); n > 0 {
+	size := connReadBuffer
+	n := brw.Reader.Buffered()
+	if n > 0 {
 		b, _ := brw.Reader.Peek(n)
 		r = io.MultiReader(bytes.NewReader(bytes.Clone(b)), nc)
+		size = max(size, n)
+	}
+	br := bufio.NewReaderSize(r, size)
+	if n > 0 {
+		_, _ = br.Peek(n) // reads only the kept bytes: they come first and fit
 	}
 	fw := &frameWriter{c: nc}
 	if w.fw != nil {
 		*w.fw = fw
 	}
-	return nc, bufio.NewReadWriter(bufio.NewReaderSize(r, connReadBuffer), bufio.NewWriterSize(fw, 16)), nil
+	return nc, bufio.NewReadWriter(br, bufio.NewWriterSize(fw, 16)), nil
 }
 
 // frameWriter receives the server's outgoing WebSocket frames as a byte
