@@ -380,13 +380,20 @@ func (c *conn) unsubscribe(id string) {
 // closes the connection, but more than MaxClientErrors of them within
 // ErrorWindow is abuse: the connection is closed with 1008.
 func (c *conn) clientError(id, code, msg string) {
+	c.sendClientError(code, c.errorMsg(id, code, msg))
+}
+
+// sendClientError counts a client error with code and sends its message b;
+// past MaxClientErrors within ErrorWindow the connection is closed with
+// 1008. Called by the reader only.
+func (c *conn) sendClientError(code string, b []byte) {
 	c.s.metrics.ClientErrors.WithLabelValues(code).Inc()
 	now := time.Now()
 	if now.Sub(c.errSince) > c.s.cfg.ErrorWindow {
 		c.errSince, c.errCount = now, 0
 	}
 	c.errCount++
-	c.send(c.errorMsg(id, code, msg))
+	c.send(b)
 	if c.errCount > c.s.cfg.MaxClientErrors {
 		c.requestClose(ClosePolicy)
 	}

@@ -509,21 +509,25 @@ func (c *conn) gqlComplete(id string) {
 }
 
 // gqlOperationErrors ends operation id with GraphQL errors (parse,
-// validation): an error message, and no complete after it.
+// validation): an error message, and no complete after it. They count
+// towards MaxClientErrors like the gateway's own codes.
 func (c *conn) gqlOperationErrors(id string, errs gqlerror.List) {
-	c.s.metrics.ClientErrors.WithLabelValues("graphql_validation").Inc()
+	code := "graphql_validation"
+	if len(errs) > 0 {
+		if s, ok := errs[0].Extensions["code"].(string); ok && s == "GRAPHQL_PARSE_FAILED" {
+			code = "graphql_parse"
+		}
+	}
+	c.gql.forget(id)
 	if c.gql.legacy {
-		c.send(gqlMessage("error", id, errs[0]))
+		c.sendClientError(code, gqlMessage("error", id, errs[0]))
 		return
 	}
-	c.send(gqlMessage("error", id, errs))
+	c.sendClientError(code, gqlMessage("error", id, errs))
 }
 
 // gqlError ends operation id with one error carrying code.
-func (c *conn) gqlError(id, code, msg string) {
-	c.s.metrics.ClientErrors.WithLabelValues(code).Inc()
-	c.send(c.gql.errorMessage(id, code, msg))
-}
+func (c *conn) gqlError(id, code, msg string) { c.clientError(id, code, msg) }
 
 // writeBatchGQL writes each delivery as its own message (the protocol's
 // framing), corked: the batch goes out in as few writes as fit corkLimit.

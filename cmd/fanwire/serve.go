@@ -30,6 +30,7 @@ type wsFlags struct {
 	brokerFlags
 	consumer         string
 	durableInactive  time.Duration
+	graphqlInit      time.Duration
 	listen           string
 	apiKey           string
 	console          bool
@@ -50,10 +51,11 @@ type wsFlags struct {
 }
 
 func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
-	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP address: /ws, /api/publish, /healthz, /readyz, /metrics (and / for the console)")
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP address: /ws, /graphql, /api/publish, /healthz, /readyz, /metrics (and / for the console)")
 	f.brokerFlags.register(fs, dev, ">")
 	fs.StringVar(&f.consumer, "consumer", "shared", "jetstream: shared (one live consumer per node feeds every subscription) or per-connection (every subscription gets its own consumer on the server)")
 	fs.DurationVar(&f.durableInactive, "durable-inactive", 24*time.Hour, "jetstream: the server deletes a durable subscription consumer nobody has been bound to for this long")
+	fs.DurationVar(&f.graphqlInit, "graphql-init-timeout", 3*time.Second, "a GraphQL WebSocket connection that sends no connection_init within this is closed with 4408")
 	fs.StringVar(&f.apiKey, "api-key", "", "when set, POST /api/publish requires Authorization: Bearer <key>")
 	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
 	fs.Var(&f.allowedOrigins, "allowed-origins", "browser origins allowed to connect besides same-origin, comma-separated host patterns (e.g. app.example.com,*.example.com)")
@@ -223,6 +225,8 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		Console:          f.console,
 		Consumer:         f.consumer,
 		DurableInactive:  f.durableInactive,
+
+		GraphQLInitTimeout: f.graphqlInit,
 	})
 	if err != nil {
 		return err
@@ -256,10 +260,11 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	addr := ln.Addr().String()
 	log.Info("fanwire ws role ready",
 		zap.String("websocket", "ws://"+addr+"/ws"),
+		zap.String("graphql", "http://"+addr+"/graphql"),
 		zap.String("publish", "http://"+addr+"/api/publish"),
 		zap.String("metrics", "http://"+addr+"/metrics"))
 	if f.console {
-		fmt.Fprintf(os.Stderr, "\n  fanwire is up: open http://%s/ in a browser\n  websocket: ws://%s/ws   publish: curl -d '{\"subject\":\"demo.hello\",\"data\":{\"hi\":1}}' http://%s/api/publish\n\n", addr, addr, addr)
+		fmt.Fprintf(os.Stderr, "\n  fanwire is up: open http://%s/ in a browser\n  websocket: ws://%s/ws   graphql: ws://%s/graphql\n  publish: curl -d '{\"subject\":\"demo.hello\",\"data\":{\"hi\":1}}' http://%s/api/publish\n\n", addr, addr, addr, addr)
 	}
 
 	<-gctx.Done()
