@@ -490,11 +490,15 @@ func (c *conn) gqlSubscribe(id string, p *gqlSubscribePayload) {
 		c.gqlError(id, CodeBadCursor, `"from" must be a cursor or "first"`)
 		return
 	}
+	var durable *string
+	if d, ok := args["durable"].(string); ok {
+		durable = &d
+	}
 	op := c.s.newGQLOp(ctx, id, g.legacy, opCtx, root[0], c.s.gqlExecutorOnly)
 	g.opsMu.Lock()
 	g.ops[id] = op
 	g.opsMu.Unlock()
-	c.subscribe(id, subject, from, nil)
+	c.subscribe(id, subject, from, durable)
 }
 
 // gqlComplete ends operation id at the client's request (no reply).
@@ -610,7 +614,7 @@ func (b gqlBackend) Subscribable(ctx context.Context) *schema.Subscribable {
 	}
 }
 
-func (b gqlBackend) Events(ctx context.Context, subject string, from *string) (<-chan *schema.Event, error) {
+func (b gqlBackend) Events(ctx context.Context, subject string, from, durable *string) (<-chan *schema.Event, error) {
 	if ch, ok := ctx.Value(eventStreamKey{}).(chan *schema.Event); ok {
 		return ch, nil
 	}

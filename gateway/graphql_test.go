@@ -583,3 +583,59 @@ func TestFramesSentWithTheUpgrade(t *testing.T) {
 		})
 	}
 }
+
+// TestGraphQLPerConnectionConsumers: with --consumer per-connection a
+// GraphQL subscription gets its own JetStream consumer, paced and acked like
+// a native one, and deleted when the client completes it.
+func TestGraphQLPerConnectionConsumers(t *testing.T) {
+	e := perConnEnv(t)
+	cl := e.initGQL()
+	cl.gqlSubscribe("a", "orders.*", strp("first"))
+	cl.gqlQuiet()
+	e.publishN("orders.x", 1, 3)
+	for i := 1; i <= 3; i++ {
+		m := cl.next()
+		ev := m["payload"].(map[string]any)["data"].(map[string]any)["events"].(map[string]any)
+		if m["type"] != "next" || ev["cursor"] != "js:"+strconv.Itoa(i) || !jsonEqual(ev["data"], i) {
+			t.Fatalf("event %d: %v", i, m)
+		}
+	}
+	waitFor(t, "one subscription consumer", func() bool { return len(e.consumers()) == 1 })
+	cl.send(`{"id":"a","type":"complete"}`)
+	waitFor(t, "the consumer deleted", func() bool { return len(e.consumers()) == 0 })
+	cl.gqlQuiet()
+}
+
+// TestGraphQLDurableSubscription: a GraphQL subscription with durable binds
+// a named JetStream consumer; after a disconnect, subscribing again with the
+// same name continues after what was written, with no cursor.
+func TestGraphQLDurableSubscription(t *testing.T) {
+	e := jsEnv(t, nil)
+	const q = `{"id":"d","type":"subscribe","payload":{"query":"subscription { events(subject: \"orders.*\", durable: \"dash-1\") { data } }"}}`
+	expectData := func(cl *client, first, last int) {
+		t.Helper()
+		for i := first; i <= last; i++ {
+			if got, want := cl.nextRaw(), `{"id":"d","type":"next","payload":{"data":{"events":{"data":`+strconv.Itoa(i)+`}}}}`; got != want {
+				t.Fatalf("got %s, want %s", got, want)
+			}
+		}
+	}
+	cl := e.initGQL()
+	cl.send(q)
+	// GraphQL has no "subscribed": the consumer is open once it exists.
+	waitFor(t, "the durable consumer", func() bool { return len(e.consumers()) == 1 })
+	e.publishN("orders.x", 1, 100)
+	expectData(cl, 1, 100)
+	other := e.initGQL()
+	other.send(q) // bound on this node already
+	if code := other.gqlErrorCode("d"); code != gateway.CodeBadDurable {
+		t.Fatalf("code %q", code)
+	}
+	_ = cl.c.CloseNow()
+	waitFor(t, "the connection to end", func() bool { return e.metric("fanwire_connections", nil) == 1 })
+	e.publishN("orders.x", 101, 50)
+	other.send(q)
+	expectData(other, 101, 150)
+	other.send(`{"id":"d","type":"complete"}`)
+	waitFor(t, "the durable deleted", func() bool { return len(e.consumers()) == 0 })
+}

@@ -20,8 +20,8 @@ func (r *queryResolver) Subscribable(ctx context.Context) (*Subscribable, error)
 }
 
 // Events is the resolver for the events field.
-func (r *subscriptionResolver) Events(ctx context.Context, subject string, from *string) (<-chan *Event, error) {
-	return r.Backend.Events(ctx, subject, from)
+func (r *subscriptionResolver) Events(ctx context.Context, subject string, from *string, durable *string) (<-chan *Event, error) {
+	return r.Backend.Events(ctx, subject, from, durable)
 }
 
 // Query returns QueryResolver implementation.

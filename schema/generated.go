@@ -62,7 +62,7 @@ type ComplexityRoot struct {
 	}
 
 	Subscription struct {
-		Events func(childComplexity int, subject string, from *string) int
+		Events func(childComplexity int, subject string, from *string, durable *string) int
 	}
 }
 
@@ -75,7 +75,7 @@ type QueryResolver interface {
 	Subscribable(ctx context.Context) (*Subscribable, error)
 }
 type SubscriptionResolver interface {
-	Events(ctx context.Context, subject string, from *string) (<-chan *Event, error)
+	Events(ctx context.Context, subject string, from *string, durable *string) (<-chan *Event, error)
 }
 
 // endregion ************************** generated!.gotpl **************************
@@ -195,7 +195,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Subscription.Events(childComplexity, args["subject"].(string), args["from"].(*string)), true
+		return e.ComplexityRoot.Subscription.Events(childComplexity, args["subject"].(string), args["from"].(*string), args["durable"].(*string)), true
 
 	}
 	return 0, false
@@ -493,6 +493,14 @@ func (ec *executionContext) field_Subscription_events_args(ctx context.Context, 
 		return nil, err
 	}
 	args["from"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "durable",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["durable"] = arg2
 	return args, nil
 }
 
@@ -996,7 +1004,7 @@ func (ec *executionContext) _Subscription_events(ctx context.Context, field grap
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Subscription().Events(ctx, fc.Args["subject"].(string), fc.Args["from"].(*string))
+			return ec.Resolvers.Subscription().Events(ctx, fc.Args["subject"].(string), fc.Args["from"].(*string), fc.Args["durable"].(*string))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *Event) graphql.Marshaler {
