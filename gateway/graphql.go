@@ -57,9 +57,12 @@ const (
 	CloseTooManyInitialise = 4429 // a second connection_init
 )
 
-// Authenticator decides whether a connection may proceed: for GraphQL it is
-// called with the connection_init payload (JSON, nil when absent) and the
-// upgrade request; an error closes the connection with 4403.
+// Authenticator decides whether a connection may proceed, on both
+// protocols: for GraphQL it is called with the connection_init payload
+// (JSON, nil when absent) and the upgrade request, and an error closes the
+// connection with 4403; for the native protocol, which has no init message,
+// with the upgrade request and a nil payload, and an error refuses the
+// upgrade with 401.
 type Authenticator func(ctx context.Context, r *http.Request, initPayload json.RawMessage) error
 
 // gqlField kinds: which of an event's values a selected field takes.

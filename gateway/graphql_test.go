@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -638,4 +639,54 @@ func TestGraphQLDurableSubscription(t *testing.T) {
 	expectData(other, 101, 150)
 	other.send(`{"id":"d","type":"complete"}`)
 	waitFor(t, "the durable deleted", func() bool { return len(e.consumers()) == 0 })
+}
+
+// TestAuthenticateBothProtocols: one authentication hook serves both
+// protocols: GraphQL hands it the connection_init payload (refused: 4403),
+// the native protocol the upgrade request (refused: 401, no upgrade).
+func TestAuthenticateBothProtocols(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	e := newEnv(t, func(c *gateway.Config) {
+		c.Authenticate = func(ctx context.Context, r *http.Request, payload json.RawMessage) error {
+			tok := r.URL.Query().Get("token")
+			if payload != nil {
+				var p struct{ Token string }
+				_ = json.Unmarshal(payload, &p)
+				tok = p.Token
+			}
+			mu.Lock()
+			seen = append(seen, r.URL.Path+" "+tok)
+			mu.Unlock()
+			if tok != "good" {
+				return errors.New("bad token")
+			}
+			return nil
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, resp, err := websocket.Dial(ctx, e.wsURL()+"?token=bad", nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("native with a bad token: %v %v, want 401", resp, err)
+	}
+	c, _, err := websocket.Dial(ctx, e.wsURL()+"?token=good", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.CloseNow()
+	cl := e.dialGQL()
+	cl.send(`{"type":"connection_init","payload":{"token":"good"}}`)
+	if raw := cl.nextRaw(); raw != `{"type":"connection_ack"}` {
+		t.Fatalf("got %s", raw)
+	}
+	want := []string{"/ws bad", "/ws good", "/graphql good"}
+	mu.Lock()
+	defer mu.Unlock()
+	if !jsonEqual(seen, want) {
+		t.Fatalf("the hook saw %q, want %q", seen, want)
+	}
+	if got := e.metric("fanwire_connections_rejected_total", map[string]string{"reason": "unauthorized"}); got != 1 {
+		t.Fatalf("rejections counted %v, want 1", got)
+	}
 }

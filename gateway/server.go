@@ -233,6 +233,15 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		}
 	}()
 
+	if !gql && s.cfg.Authenticate != nil {
+		// The native protocol has no init message: credentials come with
+		// the upgrade request, refused before it.
+		if err := s.cfg.Authenticate(r.Context(), r, nil); err != nil {
+			s.metrics.ConnectionsRejected.WithLabelValues("unauthorized").Inc()
+			writeJSON(w, http.StatusUnauthorized, apiError{Error: "unauthorized: " + err.Error(), Code: "unauthorized"})
+			return
+		}
+	}
 	opts := &websocket.AcceptOptions{
 		OriginPatterns:  s.cfg.AllowedOrigins,
 		CompressionMode: websocket.CompressionDisabled,

@@ -46,8 +46,9 @@ type Config struct {
 	// connection_init; then it is closed with 4408 (default 3s, as the
 	// graphql-ws server's).
 	GraphQLInitTimeout time.Duration
-	// Authenticate, when set, admits or refuses a GraphQL connection from
-	// its connection_init payload and upgrade request (refused: 4403).
+	// Authenticate, when set, admits or refuses every connection: GraphQL
+	// from its connection_init payload and upgrade request (refused: 4403),
+	// native from its upgrade request (refused: 401 before the upgrade).
 	Authenticate Authenticator
 }
 
