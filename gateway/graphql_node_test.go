@@ -44,11 +44,17 @@ func requireGraphQLFixture(t *testing.T) string {
 	if err != nil {
 		t.Fatal("node not found on PATH: run `make test`, which installs Node and npm (Debian: apt-get install nodejs npm) and the npm fixture")
 	}
-	if _, err := os.Stat(filepath.Join(graphqlFixture, "node_modules", "graphql-ws", "package.json")); err != nil {
+	requireGraphQLModules(t)
+	return node
+}
+
+// requireGraphQLModules fails the test unless the npm fixture is installed.
+func requireGraphQLModules(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(graphqlFixture, "node_modules", "graphql-ws", "umd", "graphql-ws.min.js")); err != nil {
 		t.Fatalf("gateway/%s/node_modules is missing (%v): run `make test`, which installs it "+
 			"(or: npm ci --prefix gateway/%s --no-audit --no-fund)", graphqlFixture, err, graphqlFixture)
 	}
-	return node
 }
 
 // syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
