@@ -267,6 +267,7 @@ func graphqlNodeEnv(t *testing.T, kind string) *env {
 // data, then unsubscribes (complete): the gateway drops the subscription
 // while the connection stays open, and no further event reaches it.
 func TestGraphQLNodeSubscribeComplete(t *testing.T) {
+	requireGraphQLFixture(t) // before any broker starts: fail fast
 	for _, kind := range graphqlNodeKinds {
 		t.Run(kind, func(t *testing.T) {
 			e := graphqlNodeEnv(t, kind)
@@ -323,6 +324,7 @@ func TestGraphQLNodeSubscribeComplete(t *testing.T) {
 // client's error callback with the GraphQL error and its extensions.code,
 // and the connection goes on serving.
 func TestGraphQLNodeErrors(t *testing.T) {
+	requireGraphQLFixture(t) // before any broker starts: fail fast
 	for _, kind := range graphqlNodeKinds {
 		t.Run(kind, func(t *testing.T) {
 			e := graphqlNodeEnv(t, kind)
@@ -363,6 +365,7 @@ func TestGraphQLNodeErrors(t *testing.T) {
 // retained event and goes on live; from the cursor of the 2nd event, a new
 // connection gets exactly the events after it, then live ones.
 func TestGraphQLNodeResume(t *testing.T) {
+	requireGraphQLFixture(t) // before any broker starts: fail fast
 	for _, kind := range []string{"jetstream", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			e := graphqlNodeEnv(t, kind)
@@ -421,6 +424,7 @@ func TestGraphQLNodeResume(t *testing.T) {
 // TestGraphQLNodeQuery: queries over the WebSocket through the npm client:
 // one next with the result, then complete.
 func TestGraphQLNodeQuery(t *testing.T) {
+	requireGraphQLFixture(t) // before any broker starts: fail fast
 	for _, kind := range graphqlNodeKinds {
 		t.Run(kind, func(t *testing.T) {
 			e := graphqlNodeEnv(t, kind)
