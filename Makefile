@@ -6,19 +6,26 @@ GO       ?= go
 FUZZTIME ?= 30s
 PKGS     := ./...
 
-# Debian packages the tests need: real servers, a real browser.
-APT_PKGS := redis-server postgresql chromium
+# Debian packages the tests need: real servers, a real browser, Node and npm
+# (real third-party GraphQL clients).
+APT_PKGS := redis-server postgresql chromium nodejs npm
+
+# The npm fixture the GraphQL tests run (package-lock.json pins it).
+NPM_FIXTURE := gateway/testdata/graphqlws
 
 .PHONY: test deps vet fmt-check generate-check unit fuzz bench build loadtest
 
 test: deps vet fmt-check generate-check unit
 
-# deps installs missing system packages with apt-get (as root, or with sudo).
+# deps installs missing system packages with apt-get (as root, or with sudo),
+# then the npm fixture's node_modules with npm ci when it is missing.
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 		if ! command -v apt-get >/dev/null 2>&1; then \
 			echo "make deps: missing$$missing and no apt-get here: install them with your package manager" >&2; exit 1; \
@@ -27,6 +34,10 @@ deps:
 		echo "make deps: installing$$missing"; \
 		$$sudo apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
+	fi; \
+	if [ ! -d $(NPM_FIXTURE)/node_modules ]; then \
+		echo "make deps: installing $(NPM_FIXTURE)/node_modules (npm ci)"; \
+		npm ci --prefix $(NPM_FIXTURE) --no-audit --no-fund || exit 1; \
 	fi
 
 vet:
