@@ -205,7 +205,7 @@ func gqlErrorLine(key, code, message string) string {
 	return `{"key":"` + key + `","error":{"errors":[{"message":` + strings.TrimSuffix(m.String(), "\n") + `,"extensions":{"code":"` + code + `"}}]}}`
 }
 
-const eventsQuery = `subscription Events($s: String!, $from: String) { events(subject: $s, from: $from) { subject cursor data } }`
+const nodeEventsQuery = `subscription Events($s: String!, $from: String) { events(subject: $s, from: $from) { subject cursor data } }`
 
 // pubEvent is one event for publishAPI.
 type pubEvent struct {
@@ -275,7 +275,7 @@ func TestGraphQLNodeSubscribeComplete(t *testing.T) {
 			if n := e.metric("fanwire_connections", nil); n != 1 {
 				t.Fatalf("fanwire_connections = %v with the client connected, want 1", n)
 			}
-			nc.subscribe("a", eventsQuery, map[string]any{"s": "app.>"})
+			nc.subscribe("a", nodeEventsQuery, map[string]any{"s": "app.>"})
 			e.waitSubscriptions(1)
 
 			events := []pubEvent{
@@ -305,7 +305,7 @@ func TestGraphQLNodeSubscribeComplete(t *testing.T) {
 			// A second subscription on the same connection gets the next
 			// event; the completed one must not: its next would be printed
 			// before or right after b's, and before the query's reply.
-			nc.subscribe("b", eventsQuery, map[string]any{"s": "app.x"})
+			nc.subscribe("b", nodeEventsQuery, map[string]any{"s": "app.x"})
 			e.waitSubscriptions(1)
 			cursors = e.publishAPI(pubEvent{"app.x", `{"after":"complete"}`})
 			nc.expect(gqlEventLine("b", "app.x", cursorAt(cursors, 0), `{"after":"complete"}`))
@@ -330,10 +330,10 @@ func TestGraphQLNodeErrors(t *testing.T) {
 			e := graphqlNodeEnv(t, kind)
 			nc := startNode(t, e)
 
-			nc.subscribe("p", eventsQuery, map[string]any{"s": "a..b"})
+			nc.subscribe("p", nodeEventsQuery, map[string]any{"s": "a..b"})
 			nc.expect(gqlErrorLine("p", "bad_pattern", `bad pattern: pattern "a..b" has an empty token`))
 
-			nc.subscribe("c", eventsQuery, map[string]any{"s": "app.>", "from": "zz"})
+			nc.subscribe("c", nodeEventsQuery, map[string]any{"s": "app.>", "from": "zz"})
 			nc.expect(gqlErrorLine("c", "bad_cursor", map[string]string{
 				"nats":      `this gateway's broker keeps no history: subscribe without "from"`,
 				"jetstream": `bad cursor: "zz" is not a JetStream cursor (js:<sequence>)`,
@@ -350,7 +350,7 @@ func TestGraphQLNodeErrors(t *testing.T) {
 			}
 
 			// The connection still serves: a subscription gets its event.
-			nc.subscribe("ok", eventsQuery, map[string]any{"s": "app.*"})
+			nc.subscribe("ok", nodeEventsQuery, map[string]any{"s": "app.*"})
 			e.waitSubscriptions(1)
 			cursors := e.publishAPI(pubEvent{"app.1", `{"ok":true}`})
 			nc.expect(gqlEventLine("ok", "app.1", cursorAt(cursors, 0), `{"ok":true}`))
@@ -377,7 +377,7 @@ func TestGraphQLNodeResume(t *testing.T) {
 
 			// from "first": all five, then live.
 			first := startNode(t, e)
-			first.subscribe("f", eventsQuery, map[string]any{"s": "app.>", "from": "first"})
+			first.subscribe("f", nodeEventsQuery, map[string]any{"s": "app.>", "from": "first"})
 			var second string // the cursor of the 2nd event, as the client received it
 			for i, ev := range events {
 				line := first.next()
@@ -407,7 +407,7 @@ func TestGraphQLNodeResume(t *testing.T) {
 
 			// from the 2nd event's cursor, on a new connection: 3..6, then live.
 			resumed := startNode(t, e)
-			resumed.subscribe("r", eventsQuery, map[string]any{"s": "app.>", "from": second})
+			resumed.subscribe("r", nodeEventsQuery, map[string]any{"s": "app.>", "from": second})
 			for i := 2; i < len(events); i++ {
 				resumed.expect(gqlEventLine("r", events[i].subject, cursors[i], events[i].data))
 			}
