@@ -17,8 +17,9 @@ const readLimit = 64 << 20
 // client is one subscribed connection and the tallies of what it received.
 type client struct {
 	id        int             // static after dialClient
+	gql       bool            // static after dialClient: speaks graphql-transport-ws, one message per frame (Config.Proto)
 	conn      *websocket.Conn // read only by read, closed by read or its watcher; replaced by read when it drops (rc)
-	subCursor string          // static after dialClient: the "subscribed" reply's cursor ("" on Core NATS)
+	subCursor string          // static after Run's connectAll: the "subscribed" reply's cursor, or a resume run's primer's for GraphQL ("" on Core NATS)
 	rc        *reconnector    // nil unless the client drops and resumes (Config.ResumeShare); set before read starts, then owned by it
 
 	// Owned by the reader goroutine; Run reads them only after it has exited.
@@ -105,20 +106,33 @@ func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 // time: every event in a frame arrived at that moment, so one clock read per
 // frame serves them all. It allocates nothing for events. It reports drop
 // when the client has reached a planned drop point: it then stops at that
-// event and keeps its cursor to resume from.
+// event and keeps its cursor to resume from. A native frame holds
+// newline-separated messages, a GraphQL one (c.gql) exactly one.
 func (c *client) handleFrame(frame []byte, now int64) (drop bool) {
 	events := false
 	for len(frame) > 0 {
 		var msg []byte
-		msg, frame = nextMessage(frame)
-		kind, seq, ts := parseMessage(msg)
+		var kind msgKind
+		var seq uint64
+		var ts int64
+		if c.gql {
+			msg, frame = frame, nil
+			kind, seq, ts = parseNext(msg)
+		} else {
+			msg, frame = nextMessage(frame)
+			kind, seq, ts = parseMessage(msg)
+		}
 		switch kind {
 		case kindEvent:
 			c.v.observe(seq)
 			c.lat.record(now - ts)
 			events = true
 			if c.rc != nil && c.rc.due(c.v.delivered) {
-				c.rc.cursor = eventCursor(msg)
+				if c.gql {
+					c.rc.cursor = nextCursor(msg)
+				} else {
+					c.rc.cursor = eventCursor(msg)
+				}
 				drop, frame = true, nil
 			}
 		case kindError:
