@@ -39,6 +39,7 @@ type Config struct {
 	Subject  string        // default "loadtest.<random run id>.hot", so concurrent runs don't mix
 	Timeout  time.Duration // give up after this long without delivery progress; also bounds each dial and the NATS connect; default 15s
 	Progress io.Writer     // one progress line per second; nil for none
+	Proc     ProcSampler   // samples the gateway's CPU and peak RSS; zero value samples nothing
 	// Proto is what the clients speak: ProtoNative ("native", the default)
 	// at URL, or ProtoGraphQL ("graphql"), a GraphQL events subscription
 	// over graphql-transport-ws at GraphQLURL, one event per WebSocket
@@ -50,7 +51,6 @@ type Config struct {
 	// default URL with its path's final "/ws" replaced by "/graphql"
 	// (ws://127.0.0.1:8080/ws → ws://127.0.0.1:8080/graphql).
 	GraphQLURL string
-	Proc       ProcSampler // samples the gateway's CPU and peak RSS; zero value samples nothing
 	// RcvBuf sets each client socket's SO_RCVBUF in bytes; 0 leaves the
 	// kernel's autotuning. On loopback (MTU 64 KiB) autotuned buffers run
 	// into zero-window stalls of 200–800 ms (TCP's persist timer backing
