@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -26,6 +28,7 @@ type client struct {
 	v                verifier
 	lat              histogram
 	buf              bytes.Buffer // the current frame; reused, so steady-state reads allocate nothing
+	msg              []byte       // the current GraphQL message (c.gql), read by readMessage; reused likewise
 	serverErrors     int64
 	firstServerError string
 	malformed        int64
@@ -82,6 +85,13 @@ func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 			}
 			unwatch = closeOnDone(ctx, stop, c.conn)
 			frame, now = rest, time.Now().UnixNano()
+		} else if c.gql {
+			msg, err := c.readMessage()
+			if err != nil {
+				end(fmt.Errorf("read: %w", err))
+				return
+			}
+			frame, now = msg, time.Now().UnixNano()
 		} else {
 			_, r, err := c.conn.Reader(context.Background())
 			if err == nil {
@@ -100,6 +110,40 @@ func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 			finished <- struct{}{}
 		}
 	}
+}
+
+// readMessage reads one GraphQL message into c.msg, reusing its capacity.
+//
+// A GraphQL message carries one event, so coder/websocket's per-message
+// cost is the client's main cost, and the read that only returns io.EOF
+// (bytes.Buffer.ReadFrom makes one per message) takes the library's read
+// lock, a three-way select, once more. The library fills a read up to the
+// end of the frame's payload (io.ReadFull), so a read shorter than the
+// buffer has consumed the frame, and the frame is the whole message:
+// the gateway never fragments one. Were a message fragmented, the next
+// Reader call would fail with "previous message not read to completion",
+// which ends this client as a disconnect instead of misreading a frame.
+func (c *client) readMessage() ([]byte, error) {
+	_, r, err := c.conn.Reader(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	b := c.msg[:0]
+	for {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, max(4096, cap(b)))
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF || (err == nil && len(b) < cap(b)) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	c.msg = b
+	return b, nil
 }
 
 // handleFrame verifies every event in one frame. now is the frame's receive
