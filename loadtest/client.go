@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -17,14 +19,16 @@ const readLimit = 64 << 20
 // client is one subscribed connection and the tallies of what it received.
 type client struct {
 	id        int             // static after dialClient
+	gql       bool            // static after dialClient: speaks graphql-transport-ws, one message per frame (Config.Proto)
 	conn      *websocket.Conn // read only by read, closed by read or its watcher; replaced by read when it drops (rc)
-	subCursor string          // static after dialClient: the "subscribed" reply's cursor ("" on Core NATS)
+	subCursor string          // static after Run's connectAll: the "subscribed" reply's cursor, or a resume run's primer's for GraphQL ("" on Core NATS)
 	rc        *reconnector    // nil unless the client drops and resumes (Config.ResumeShare); set before read starts, then owned by it
 
 	// Owned by the reader goroutine; Run reads them only after it has exited.
 	v                verifier
 	lat              histogram
 	buf              bytes.Buffer // the current frame; reused, so steady-state reads allocate nothing
+	msg              []byte       // the current GraphQL message (c.gql), read by readMessage; reused likewise
 	serverErrors     int64
 	firstServerError string
 	malformed        int64
@@ -81,6 +85,13 @@ func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 			}
 			unwatch = closeOnDone(ctx, stop, c.conn)
 			frame, now = rest, time.Now().UnixNano()
+		} else if c.gql {
+			msg, err := c.readMessage()
+			if err != nil {
+				end(fmt.Errorf("read: %w", err))
+				return
+			}
+			frame, now = msg, time.Now().UnixNano()
 		} else {
 			_, r, err := c.conn.Reader(context.Background())
 			if err == nil {
@@ -101,24 +112,71 @@ func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 	}
 }
 
+// readMessage reads one GraphQL message into c.msg, reusing its capacity.
+//
+// A GraphQL message carries one event, so coder/websocket's per-message
+// cost is the client's main cost, and the read that only returns io.EOF
+// (bytes.Buffer.ReadFrom makes one per message) takes the library's read
+// lock, a three-way select, once more. The library fills a read up to the
+// end of the frame's payload (io.ReadFull), so a read shorter than the
+// buffer has consumed the frame, and the frame is the whole message:
+// the gateway never fragments one. Were a message fragmented, the next
+// Reader call would fail with "previous message not read to completion",
+// which ends this client as a disconnect instead of misreading a frame.
+func (c *client) readMessage() ([]byte, error) {
+	_, r, err := c.conn.Reader(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	b := c.msg[:0]
+	for {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, max(4096, cap(b)))
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF || (err == nil && len(b) < cap(b)) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	c.msg = b
+	return b, nil
+}
+
 // handleFrame verifies every event in one frame. now is the frame's receive
 // time: every event in a frame arrived at that moment, so one clock read per
 // frame serves them all. It allocates nothing for events. It reports drop
 // when the client has reached a planned drop point: it then stops at that
-// event and keeps its cursor to resume from.
+// event and keeps its cursor to resume from. A native frame holds
+// newline-separated messages, a GraphQL one (c.gql) exactly one.
 func (c *client) handleFrame(frame []byte, now int64) (drop bool) {
 	events := false
 	for len(frame) > 0 {
 		var msg []byte
-		msg, frame = nextMessage(frame)
-		kind, seq, ts := parseMessage(msg)
+		var kind msgKind
+		var seq uint64
+		var ts int64
+		if c.gql {
+			msg, frame = frame, nil
+			kind, seq, ts = parseNext(msg)
+		} else {
+			msg, frame = nextMessage(frame)
+			kind, seq, ts = parseMessage(msg)
+		}
 		switch kind {
 		case kindEvent:
 			c.v.observe(seq)
 			c.lat.record(now - ts)
 			events = true
 			if c.rc != nil && c.rc.due(c.v.delivered) {
-				c.rc.cursor = eventCursor(msg)
+				if c.gql {
+					c.rc.cursor = nextCursor(msg)
+				} else {
+					c.rc.cursor = eventCursor(msg)
+				}
 				drop, frame = true, nil
 			}
 		case kindError:

@@ -70,23 +70,51 @@ func closeAll(ctx context.Context, clients []*client) {
 func dialClient(ctx context.Context, cfg *Config, id int) (*client, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	conn, err := dialWS(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("client %d: %w", id, err)
-	}
 	// Nothing is published before every client has subscribed, so no
 	// event follows the reply in its frame.
-	cursor, _, err := handshake(ctx, conn, cfg.Subject, "")
+	conn, cursor, _, err := open(ctx, cfg, "")
 	if err != nil {
-		_ = conn.CloseNow()
 		return nil, fmt.Errorf("client %d: %w", id, err)
 	}
-	return &client{id: id, conn: conn, subCursor: cursor, v: newVerifier(cfg.Events)}, nil
+	return &client{id: id, gql: cfg.Proto == ProtoGraphQL, conn: conn, subCursor: cursor, v: newVerifier(cfg.Events)}, nil
 }
 
-// dialWS opens one WebSocket to the gateway with the run's socket options.
+// open dials a client connection in cfg.Proto and subscribes it to
+// cfg.Subject (from the cursor from, unless it is ""). It returns the
+// native "subscribed" reply's cursor and the messages that followed it in
+// its frame; a GraphQL subscription has neither. On failure the
+// connection is closed.
+func open(ctx context.Context, cfg *Config, from string) (conn *websocket.Conn, cursor string, rest []byte, err error) {
+	if cfg.Proto == ProtoGraphQL {
+		conn, err = dial(ctx, cfg, cfg.GraphQLURL, []string{gqlSubprotocol})
+		if err == nil {
+			err = gqlHandshake(ctx, conn, cfg.Subject, from)
+		}
+	} else {
+		conn, err = dialWS(ctx, cfg)
+		if err == nil {
+			cursor, rest, err = handshake(ctx, conn, cfg.Subject, from)
+		}
+	}
+	if err != nil {
+		if conn != nil {
+			_ = conn.CloseNow()
+		}
+		return nil, "", nil, err
+	}
+	return conn, cursor, rest, nil
+}
+
+// dialWS opens one WebSocket to the gateway's native endpoint with the
+// run's socket options.
 func dialWS(ctx context.Context, cfg *Config) (*websocket.Conn, error) {
-	opts := &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled}
+	return dial(ctx, cfg, cfg.URL, nil)
+}
+
+// dial opens one WebSocket to u with the run's socket options, offering
+// subprotocols.
+func dial(ctx context.Context, cfg *Config, u string, subprotocols []string) (*websocket.Conn, error) {
+	opts := &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled, Subprotocols: subprotocols}
 	if cfg.RcvBuf > 0 {
 		d := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 			var serr error
@@ -99,9 +127,9 @@ func dialWS(ctx context.Context, cfg *Config) (*websocket.Conn, error) {
 		}}
 		opts.HTTPClient = &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
 	}
-	conn, _, err := websocket.Dial(ctx, cfg.URL, opts)
+	conn, _, err := websocket.Dial(ctx, u, opts)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", cfg.URL, err)
+		return nil, fmt.Errorf("dial %s: %w", u, err)
 	}
 	conn.SetReadLimit(readLimit)
 	return conn, nil

@@ -56,6 +56,78 @@ func TestRunAgainstGateway(t *testing.T) {
 	}
 }
 
+// TestRunGraphQLAgainstGateway runs the load generator's GraphQL clients
+// (graphql-transport-ws at /graphql) against a real gateway on Core NATS
+// and on JetStream: every client must get every event exactly once and in
+// order, as native clients do. On JetStream a third of the clients also
+// drop and resume by subscribing again from their last event's cursor.
+func TestRunGraphQLAgainstGateway(t *testing.T) {
+	for _, tc := range []struct {
+		kind   string
+		resume float64
+	}{{"nats", 0}, {"jetstream", 0}, {"jetstream", 0.3}} {
+		t.Run(fmt.Sprintf("%s/resume=%v", tc.kind, tc.resume), func(t *testing.T) {
+			natsURL := startNATS(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cfg := Config{NATSURL: natsURL, Proto: ProtoGraphQL, Clients: 20, Events: 2000, Size: 200, RcvBuf: 1 << 20,
+				Proc: ProcSampler{PID: os.Getpid()}, ResumeShare: tc.resume, ResumeDrops: 2}
+			var b broker.Broker
+			var err error
+			var subjects []string
+			if tc.kind == "jetstream" {
+				cfg.Broker, subjects = "jetstream", []string{"loadtest.>"}
+				b, err = broker.DialJetStream(ctx, broker.JetStreamConfig{
+					NATSConfig: broker.NATSConfig{URL: natsURL, Subjects: subjects}, Storage: "memory"})
+			} else {
+				b, err = broker.DialNATS(ctx, broker.NATSConfig{URL: natsURL})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = b.Close() }) // after the gateway's cleanup: cleanups run last-in first-out
+			cfg.URL = startGateway(t, b, subjects)
+
+			res, err := Run(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var table strings.Builder
+			res.WriteTable(&table)
+			if !res.OK() || res.Delivered != 20*2000 || res.Gaps != 0 || res.Duplicates != 0 || res.Disconnects != 0 {
+				t.Fatalf("run not clean:\n%s", table.String())
+			}
+			if res.LatencyMax <= 0 {
+				t.Errorf("no latency measured:\n%s", table.String())
+			}
+			if tc.resume > 0 {
+				if rs := res.Resume; rs == nil || rs.Clients != 6 || rs.Reconnects != 12 {
+					t.Fatalf("resume figures: %+v\n%s", rs, table.String())
+				}
+			}
+		})
+	}
+}
+
+// TestRunGraphQLRejected checks that a GraphQL subscription the gateway
+// refuses fails the run before anything is published, naming its code.
+func TestRunGraphQLRejected(t *testing.T) {
+	natsURL := startNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := broker.DialNATS(ctx, broker.NATSConfig{URL: natsURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	wsURL := gatewaytest.Start(t, gateway.Config{Broker: b, Subjects: []string{"other.>"}}).WSURL()
+	_, err = Run(ctx, Config{URL: wsURL, NATSURL: natsURL, Proto: ProtoGraphQL, Clients: 3, Events: 10, Timeout: 5 * time.Second})
+	if !errors.Is(err, ErrRejected) {
+		t.Fatalf("err = %v, want ErrRejected", err)
+	}
+	t.Log(err)
+}
+
 // TestResumeAgainstGateway measures a catch-up against a real gateway on a
 // real JetStream stream: every missed event arrives once, in order.
 func TestResumeAgainstGateway(t *testing.T) {
@@ -69,12 +141,14 @@ func TestResumeAgainstGateway(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = b.Close() }) // after the gateway's cleanup: cleanups run last-in first-out
 	wsURL := startGateway(t, b, []string{"loadtest.>"})
-	res, err := Resume(ctx, Config{URL: wsURL, NATSURL: natsURL, Size: 200}, 5000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !res.OK || res.Received != 5000 || res.EventsPerSec <= 0 {
-		t.Fatalf("resume: %+v", res)
+	for _, proto := range []string{ProtoNative, ProtoGraphQL} {
+		res, err := Resume(ctx, Config{URL: wsURL, NATSURL: natsURL, Size: 200, Proto: proto}, 5000)
+		if err != nil {
+			t.Fatalf("%s: %v", proto, err)
+		}
+		if !res.OK || res.Received != 5000 || res.EventsPerSec <= 0 {
+			t.Fatalf("%s: resume: %+v", proto, res)
+		}
 	}
 }
 

@@ -38,14 +38,24 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("loadtest: %w", err)
 	}
 	defer out.close()
+	var primer string // a resume run's primer's cursor
 	if cfg.ResumeShare > 0 {
-		if err := checkDurable(ctx, &cfg, out); err != nil {
+		if primer, err = checkDurable(ctx, &cfg, out); err != nil {
 			return nil, fmt.Errorf("loadtest: %w", err)
 		}
 	}
 	clients, err := connectAll(ctx, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: connect clients: %w", err)
+	}
+	for _, c := range clients {
+		if c.subCursor == "" {
+			// A GraphQL subscription has no "subscribed" reply to carry a
+			// cursor. It went live after the gateway's feed had passed the
+			// primer and before anything else was published, so a drop
+			// before its first event resumes from the primer.
+			c.subCursor = primer
+		}
 	}
 	res, err := execute(ctx, &cfg, out, clients)
 	if err != nil {

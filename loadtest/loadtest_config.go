@@ -27,7 +27,7 @@ const maxBitmapBytes = 1 << 30
 // Config describes one load-test run. The zero value of every field except
 // URL and NATSURL selects a default.
 type Config struct {
-	URL      string        // gateway native endpoint, e.g. ws://127.0.0.1:8080/ws (required)
+	URL      string        // gateway native endpoint, e.g. ws://127.0.0.1:8080/ws (required, whatever Proto)
 	NATSURL  string        // NATS server the gateway consumes, e.g. nats://127.0.0.1:4222 (required unless Broker is redis)
 	Broker   string        // the gateway's broker: "nats" (default) or "jetstream" (events are published to NATS either way) or "redis"
 	RedisURL string        // Broker redis: server URL
@@ -40,6 +40,17 @@ type Config struct {
 	Timeout  time.Duration // give up after this long without delivery progress; also bounds each dial and the NATS connect; default 15s
 	Progress io.Writer     // one progress line per second; nil for none
 	Proc     ProcSampler   // samples the gateway's CPU and peak RSS; zero value samples nothing
+	// Proto is what the clients speak: ProtoNative ("native", the default)
+	// at URL, or ProtoGraphQL ("graphql"), a GraphQL events subscription
+	// over graphql-transport-ws at GraphQLURL, one event per WebSocket
+	// message. Deliveries are verified the same way. Checks a run makes
+	// before its clients connect (a resume run's primer) use URL, so it
+	// is required either way.
+	Proto string
+	// GraphQLURL is the GraphQL WebSocket endpoint for Proto graphql;
+	// default URL with its path's final "/ws" replaced by "/graphql"
+	// (ws://127.0.0.1:8080/ws → ws://127.0.0.1:8080/graphql).
+	GraphQLURL string
 	// RcvBuf sets each client socket's SO_RCVBUF in bytes; 0 leaves the
 	// kernel's autotuning. On loopback (MTU 64 KiB) autotuned buffers run
 	// into zero-window stalls of 200–800 ms (TCP's persist timer backing
@@ -84,6 +95,12 @@ func (c *Config) setDefaults() error {
 		}
 		c.Subject = "loadtest." + hex.EncodeToString(id[:]) + ".hot"
 	}
+	if c.Proto == "" {
+		c.Proto = ProtoNative
+	}
+	if c.Proto == ProtoGraphQL && c.GraphQLURL == "" && c.URL != "" {
+		c.GraphQLURL, _ = graphQLURL(c.URL) // validate reports a URL it cannot derive from
+	}
 	if c.ResumeShare > 0 {
 		if c.ResumeDrops == 0 {
 			c.ResumeDrops = 1
@@ -121,6 +138,8 @@ func (c *Config) validate() error {
 	switch {
 	case c.URL == "":
 		return fmt.Errorf("%w: URL is required", ErrInvalidConfig)
+	case c.Proto != ProtoNative && c.Proto != ProtoGraphQL:
+		return fmt.Errorf("%w: Proto %q: want native or graphql", ErrInvalidConfig, c.Proto)
 	case c.Broker != "" && c.Broker != "nats" && c.Broker != "jetstream" && c.Broker != "redis":
 		return fmt.Errorf("%w: Broker %q: want nats, jetstream or redis", ErrInvalidConfig, c.Broker)
 	case c.Broker == "redis" && c.RedisURL == "":
@@ -155,20 +174,37 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: Clients×Events %d×%d needs over 1 GiB of verification bitmaps",
 			ErrInvalidConfig, c.Clients, c.Events)
 	}
-	u, err := url.Parse(c.URL)
-	if err != nil {
-		return fmt.Errorf("%w: URL %q: %w", ErrInvalidConfig, c.URL, err)
+	if err := checkWSURL("URL", c.URL); err != nil {
+		return err
 	}
-	switch u.Scheme {
-	case "ws", "wss", "http", "https":
-	default:
-		return fmt.Errorf("%w: URL %q: scheme must be ws or wss", ErrInvalidConfig, c.URL)
+	if c.Proto == ProtoGraphQL {
+		if c.GraphQLURL == "" {
+			_, err := graphQLURL(c.URL)
+			return fmt.Errorf("%w: no GraphQLURL from URL %q: %w", ErrInvalidConfig, c.URL, err)
+		}
+		if err := checkWSURL("GraphQLURL", c.GraphQLURL); err != nil {
+			return err
+		}
 	}
 	// A publish subject is concrete: no wildcards, no empty tokens, no whitespace.
 	for _, tok := range strings.Split(c.Subject, ".") {
 		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n*>") {
 			return fmt.Errorf("%w: Subject %q is not a concrete NATS subject", ErrInvalidConfig, c.Subject)
 		}
+	}
+	return nil
+}
+
+// checkWSURL checks that the URL named name is a WebSocket one.
+func checkWSURL(name, s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("%w: %s %q: %w", ErrInvalidConfig, name, s, err)
+	}
+	switch u.Scheme {
+	case "ws", "wss", "http", "https":
+	default:
+		return fmt.Errorf("%w: %s %q: scheme must be ws or wss", ErrInvalidConfig, name, s)
 	}
 	return nil
 }

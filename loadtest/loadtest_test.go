@@ -41,6 +41,9 @@ func TestRunInvalidConfig(t *testing.T) {
 		{"negative resume share", func(c *Config) { c.Broker, c.ResumeShare = "jetstream", -0.1 }, "ResumeShare"},
 		{"negative drops", func(c *Config) { c.Broker, c.ResumeShare, c.ResumeDrops = "jetstream", 0.5, -1 }, "ResumeDrops"},
 		{"more drops than events", func(c *Config) { c.Broker, c.ResumeShare, c.Events, c.ResumeDrops = "jetstream", 0.5, 10, 11 }, "ResumeDrops"},
+		{"unknown proto", func(c *Config) { c.Proto = "grpc" }, "Proto"},
+		{"graphql URL not derivable", func(c *Config) { c.Proto, c.URL = "graphql", "ws://127.0.0.1:1/socket" }, "GraphQLURL"},
+		{"graphql URL bad scheme", func(c *Config) { c.Proto, c.GraphQLURL = "graphql", "tcp://x/graphql" }, "GraphQLURL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -74,6 +77,23 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	if a.ResumeDrops != 0 || a.ResumeSeed != 0 {
 		t.Errorf("resume defaults without ResumeShare: drops %d seed %d, want none", a.ResumeDrops, a.ResumeSeed)
+	}
+	if a.Proto != ProtoNative || a.GraphQLURL != "" {
+		t.Errorf("proto defaults: %q %q, want native and no GraphQL URL", a.Proto, a.GraphQLURL)
+	}
+	for _, tt := range []struct{ url, gql, want string }{
+		{"ws://127.0.0.1:8080/ws", "", "ws://127.0.0.1:8080/graphql"},
+		{"wss://h/prefix/ws?x=1", "", "wss://h/prefix/graphql?x=1"},
+		{"ws://h:1", "", "ws://h:1/graphql"},
+		{"ws://h:1/ws", "ws://other/gql", "ws://other/gql"},
+	} {
+		g := Config{URL: tt.url, Proto: ProtoGraphQL, GraphQLURL: tt.gql}
+		if err := g.setDefaults(); err != nil {
+			t.Fatal(err)
+		}
+		if g.GraphQLURL != tt.want {
+			t.Errorf("URL %s, GraphQLURL %q: GraphQLURL = %q, want %q", tt.url, tt.gql, g.GraphQLURL, tt.want)
+		}
 	}
 	r := Config{ResumeShare: 0.2}
 	if err := r.setDefaults(); err != nil {

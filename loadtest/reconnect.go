@@ -31,7 +31,7 @@ type reconnector struct {
 	cursor string  // where the next resume starts: the subscribed reply's cursor, then the last event's at each drop
 
 	reconnects    int
-	reconnectTime time.Duration // summed: drop → "subscribed" on the new connection
+	reconnectTime time.Duration // summed: drop → "subscribed" on the new connection (GraphQL: subscribe sent, as it has no reply)
 	catchUpTime   time.Duration // summed: drop → holding every event published before it (and resubscribed)
 	behindSince   int64         // unix ns of the drop that made the client fall behind; 0 when caught up
 	behindUntil   uint64        // the sequence number that catches it up
@@ -106,13 +106,8 @@ func (c *client) reconnect(stop context.Context) ([]byte, error) {
 
 	ctx, cancel := context.WithTimeout(stop, r.cfg.Timeout)
 	defer cancel()
-	conn, err := dialWS(ctx, r.cfg)
+	conn, _, rest, err := open(ctx, r.cfg, r.cursor)
 	if err != nil {
-		return nil, fmt.Errorf("reconnect %d: %w", r.reconnects+1, err)
-	}
-	_, rest, err := handshake(ctx, conn, r.cfg.Subject, r.cursor)
-	if err != nil {
-		_ = conn.CloseNow()
 		return nil, fmt.Errorf("reconnect %d: resume from %s: %w", r.reconnects+1, r.cursor, err)
 	}
 	c.conn = conn
@@ -133,17 +128,21 @@ func (c *client) reconnect(stop context.Context) ([]byte, error) {
 // "subscribed" only when its live feed has passed the primer (and a
 // gateway without history answers bad_cursor). So the clients never see
 // the primer, and each one's "subscribed" reply carries a cursor.
-func checkDurable(ctx context.Context, cfg *Config, out sink) error {
+//
+// It returns the primer's cursor. The check speaks the native protocol
+// (at cfg.URL) whatever cfg.Proto: only its "subscribed" reply tells when
+// the live feed has passed the primer.
+func checkDurable(ctx context.Context, cfg *Config, out sink) (string, error) {
 	actx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	cursor, err := out.sendAcked(actx, cfg.Subject, []byte(`{"primer":true}`))
 	if err != nil {
-		return fmt.Errorf("resume: publish primer: %w", err)
+		return "", fmt.Errorf("resume: publish primer: %w", err)
 	}
 	if _, err := subscribeOnce(ctx, cfg, cursor); err != nil {
-		return fmt.Errorf("resume: subscribe from the primer's cursor %s: %w", cursor, err)
+		return "", fmt.Errorf("resume: subscribe from the primer's cursor %s: %w", cursor, err)
 	}
-	return nil
+	return cursor, nil
 }
 
 // ResumeStats is what the resuming clients of a run (Config.ResumeShare)
@@ -154,7 +153,8 @@ type ResumeStats struct {
 	Seed       uint64 // Config.ResumeSeed: rerun with it to drop the same clients after the same events
 	Reconnects int    // reconnections that subscribed again
 	// ReconnectTime sums, over reconnects, the time from dropping to the
-	// "subscribed" reply on the new connection.
+	// "subscribed" reply on the new connection (with Proto graphql, which
+	// has no such reply: to the resuming subscribe being sent).
 	ReconnectTime time.Duration
 	// CatchUpTime sums the time resuming clients spent behind: from a drop
 	// until they were subscribed again and held every event published

@@ -24,7 +24,8 @@ type ResumeResult struct {
 // carries the current cursor) and leaves, behind events are published, and
 // the client comes back with that cursor. It must receive all of them, in
 // order, once; the catch-up rate is what the replay delivers. The gateway's
-// broker must keep history.
+// broker must keep history. The cursor is found with the native protocol
+// (at cfg.URL); the resuming client speaks cfg.Proto.
 func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) {
 	cfg.Events = behind
 	if err := cfg.setDefaults(); err != nil {
@@ -65,20 +66,36 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 
 	dctx, cancel := context.WithTimeout(ctx, cfg.Timeout+time.Duration(behind)*time.Millisecond)
 	defer cancel()
-	conn, err := dialWS(dctx, &cfg)
+	gql := cfg.Proto == ProtoGraphQL
+	var conn *websocket.Conn
+	if gql {
+		conn, err = dial(dctx, &cfg, cfg.GraphQLURL, []string{gqlSubprotocol})
+	} else {
+		conn, err = dialWS(dctx, &cfg)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: %w", err)
 	}
 	defer conn.CloseNow()
-	if _, err := await(dctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
-		return nil, fmt.Errorf("loadtest: await ready: %w", err)
+	if gql {
+		err = gqlInit(dctx, conn)
+	} else if _, err = await(dctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
+		err = fmt.Errorf("await ready: %w", err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loadtest: %w", err)
 	}
 	start := time.Now()
-	sub, _ := json.Marshal(map[string]string{"type": "subscribe", "id": subID, "subject": cfg.Subject, "from": cursor})
-	if err := conn.Write(dctx, websocket.MessageText, sub); err != nil {
+	if gql {
+		err = gqlSubscribe(dctx, conn, cfg.Subject, cursor)
+	} else {
+		sub, _ := json.Marshal(map[string]string{"type": "subscribe", "id": subID, "subject": cfg.Subject, "from": cursor})
+		err = conn.Write(dctx, websocket.MessageText, sub)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("loadtest: resume: %w", err)
 	}
-	c := &client{conn: conn, v: newVerifier(behind)}
+	c := &client{gql: gql, conn: conn, v: newVerifier(behind)}
 	for !c.v.complete() {
 		_, r, err := conn.Reader(dctx)
 		if err == nil {

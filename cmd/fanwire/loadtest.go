@@ -24,6 +24,8 @@ func loadtestCommand() *command {
 	c := newCommand("loadtest", "Measure a gateway: N clients, M events, every delivery verified (no gap, no duplicate).")
 	c.usage = `Either --spawn (start "fanwire dev" as a child process and measure it) or --url and --nats
 (an existing gateway and the NATS it consumes; add --pid to sample its CPU and RSS).
+--url is the native endpoint even with --proto graphql: the GraphQL endpoint is derived
+from it (or given with --graphql-url), and a --resume run's primer check speaks native.
 Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	var (
 		cfg        loadtest.Config
@@ -43,6 +45,8 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	fs.IntVar(&cfg.Size, "size", loadtest.DefaultSize, "bytes per event (its JSON data)")
 	fs.IntVar(&cfg.Rate, "rate", 0, "events per second; 0 = burst, as fast as possible")
 	fs.StringVar(&cfg.URL, "url", "", "gateway WebSocket URL, e.g. ws://127.0.0.1:8080/ws")
+	fs.StringVar(&cfg.Proto, "proto", loadtest.ProtoNative, "what the clients speak: native (the gateway's protocol at --url) or graphql (a GraphQL events subscription over graphql-transport-ws at --graphql-url, one event per WebSocket message); deliveries are verified the same way")
+	fs.StringVar(&cfg.GraphQLURL, "graphql-url", "", "with --proto graphql: the gateway's GraphQL WebSocket URL (default: --url with its final /ws replaced by /graphql, e.g. ws://127.0.0.1:8080/graphql; with --spawn, the spawned gateway's)")
 	fs.StringVar(&cfg.NATSURL, "nats", "", "NATS URL the gateway consumes; events are published there")
 	fs.StringVar(&cfg.Subject, "subject", "", "subject to publish on (default loadtest.<run id>.hot)")
 	fs.DurationVar(&cfg.Timeout, "timeout", loadtest.DefaultTimeout, "give up after this long without delivery progress")
@@ -64,6 +68,9 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	c.run = func([]string) error {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
+		if cfg.Proto != loadtest.ProtoNative && cfg.Proto != loadtest.ProtoGraphQL {
+			return fmt.Errorf("--proto %q: want native or graphql", cfg.Proto)
+		}
 		extra := strings.Fields(spawnFlags)
 		switch brokerKind {
 		case "nats":
@@ -80,8 +87,8 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 			return fmt.Errorf("--consumer %s applies to a gateway this run spawns on JetStream (--spawn --broker jetstream); an existing gateway runs the mode it was started with", consumer)
 		}
 		if spawn {
-			if cfg.URL != "" || cfg.NATSURL != "" || pid != 0 {
-				return errors.New("--spawn starts its own gateway: drop --url, --nats and --pid")
+			if cfg.URL != "" || cfg.GraphQLURL != "" || cfg.NATSURL != "" || pid != 0 {
+				return errors.New("--spawn starts its own gateway: drop --url, --graphql-url, --nats and --pid")
 			}
 			child, err := spawnGateway(ctx, spawnRole, extra)
 			if err != nil {
