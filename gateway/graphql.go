@@ -89,6 +89,7 @@ type gqlOp struct {
 	head []byte // {"id":...,"type":"next","payload":
 
 	overhead int // bytes a delivery adds to the event's (mailbox accounting)
+	litLen   int // fast path: total length of pieces
 	done     atomic.Bool
 }
 
@@ -115,6 +116,29 @@ func (op *gqlOp) appendNext(dst []byte, ev *Event) []byte {
 		}
 	}
 	return append(dst, op.pieces[len(op.kinds)]...)
+}
+
+// nextLen is len(op.appendNext(nil, ev)) on the fast path, so the message
+// can be framed before it is built.
+func (op *gqlOp) nextLen(ev *Event) int {
+	n := op.litLen
+	for _, k := range op.kinds {
+		switch k {
+		case fieldSubject:
+			n += int(ev.subjEnd) - len(headPrefix)
+		case fieldCursor:
+			if ev.curEnd == 0 {
+				n += len("null")
+			} else {
+				n += int(ev.curEnd) - int(ev.subjEnd) - len(cursorField)
+			}
+		case fieldData:
+			n += len(ev.buf) - 1 - ev.split - len(dataField)
+		case fieldTypename:
+			n += len(`"Event"`)
+		}
+	}
+	return n
 }
 
 // appendExecuted runs the executor for ev (on the writer's goroutine: the
@@ -190,12 +214,13 @@ func newFastOp(id string, legacy bool, rootAlias string, fields []graphql.Collec
 		cur = append(cur, ':')
 		op.pieces = append(op.pieces, cur)
 		op.kinds = append(op.kinds, k)
-		op.overhead += len(cur)
+		op.litLen += len(cur)
 		cur = nil
 	}
 	cur = append(cur, "}}}}"...)
 	op.pieces = append(op.pieces, cur)
-	op.overhead += len(cur)
+	op.litLen += len(cur)
+	op.overhead = op.litLen
 	return op
 }
 
@@ -537,58 +562,74 @@ func (c *conn) gqlOperationErrors(id string, errs gqlerror.List) {
 func (c *conn) gqlError(id, code, msg string) { c.clientError(id, code, msg) }
 
 // writeBatchGQL writes each delivery as its own message (the protocol's
-// framing), corked: the batch goes out in as few writes as fit corkLimit.
+// framing), batched: it frames the messages itself, straight into the
+// socket writer's batch buffer (a fast-path delivery is spliced there, with
+// no intermediate copy), which leaves in one write per batchLimit. While a
+// library frame is partway through (rare: a ping), it writes through the
+// library instead.
 func (c *conn) writeBatchGQL(bt *batch) error {
-	bp := getFrameBuf()
-	defer putFrameBuf(bp)
-	buf := (*bp)[:0]
+	fw := c.fw
+	batched := fw.beginBatch()
+	var bp *[]byte
+	var buf []byte
 	var frames, bytes int
-	c.fw.cork()
 	var err error
-	for s := bt.head; s != nil && err == nil; s = bt.next(s) {
+	write := func(b []byte) error { // a prebuilt message
+		frames, bytes = frames+1, bytes+len(b)
+		if batched {
+			return fw.appendText(b)
+		}
+		return c.ws.Write(context.Background(), websocket.MessageText, b)
+	}
+items:
+	for s := bt.head; s != nil; s = bt.next(s) {
 		for _, it := range bt.used(s) {
 			if it.subs == nil {
-				if err = c.writeText(it.ev.buf); err != nil {
-					break
+				if err = write(it.ev.buf); err != nil {
+					break items
 				}
-				frames, bytes = frames+1, bytes+len(it.ev.buf)
 				continue
 			}
 			for _, op := range it.subs.ops {
 				if op.done.Load() {
 					continue
 				}
-				buf = op.appendNext(buf[:0], it.ev)
-				if len(buf) == 0 {
+				if batched && op.fast {
+					n := op.nextLen(it.ev)
+					fw.appendHeader(n)
+					fw.out = op.appendNext(fw.out, it.ev)
+					frames, bytes = frames+1, bytes+n
+					if err = fw.flushIfFull(); err != nil {
+						break items
+					}
 					continue
 				}
-				if err = c.writeText(buf); err != nil {
-					break
+				if bp == nil {
+					bp = getFrameBuf()
+					buf = (*bp)[:0]
 				}
-				frames, bytes = frames+1, bytes+len(buf)
-			}
-			if err != nil {
-				break
+				buf = op.appendNext(buf[:0], it.ev)
+				if len(buf) == 0 { // the operation ended
+					continue
+				}
+				if err = write(buf); err != nil {
+					break items
+				}
 			}
 		}
 	}
-	if uerr := c.fw.uncork(); err == nil {
-		err = uerr
+	if batched {
+		if eerr := fw.endBatch(); err == nil {
+			err = eerr
+		}
 	}
-	*bp = buf
+	if bp != nil {
+		*bp = buf
+		putFrameBuf(bp)
+	}
 	c.s.metrics.Frames.Add(float64(frames))
 	c.s.metrics.BytesSent.Add(float64(bytes))
 	return err
-}
-
-// writeText writes one message: straight into the socket's frameWriter when
-// it can, else through the library.
-func (c *conn) writeText(b []byte) error {
-	ok, err := c.fw.writeText(b)
-	if ok || err != nil {
-		return err
-	}
-	return c.ws.Write(context.Background(), websocket.MessageText, b)
 }
 
 // eventStreamKey carries an executor-path subscription's channel to the

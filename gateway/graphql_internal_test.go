@@ -103,6 +103,9 @@ func TestGraphQLFastPathMatchesExecutor(t *testing.T) {
 				}
 				got := fast.appendNext(nil, ev)
 				want := exec.appendNext(nil, ev)
+				if fast.fast && fast.nextLen(ev) != len(got) {
+					t.Errorf("query %d: nextLen %d, message %d bytes", qi, fast.nextLen(ev), len(got))
+				}
 				if !bytes.Equal(got, want) {
 					t.Errorf("query %d legacy=%v event %s:\n fast     %s\n executor %s", qi, legacy, e.subject, got, want)
 				}

@@ -67,17 +67,22 @@ func (w hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // piece), and writes each frame with a single syscall. It parses frame headers
 // to know where a frame ends, so it never holds back the end of a frame.
 //
-// Corked (see cork), it collects whole frames instead and writes them
-// together: a protocol that needs one WebSocket message per event (GraphQL)
-// then costs one syscall per batch of messages, not one per message.
+// A protocol that needs one WebSocket message per event (GraphQL) frames its
+// messages itself, in batches (beginBatch): the library's per-message cost
+// (two channel-based locks, a deferred closure, a 16-byte bufio pass) was
+// most of a GraphQL delivery's, and a batch leaves in one write per
+// batchLimit instead of one per message. That is safe beside the library's
+// own frames (pings, pongs, closes): a batch starts only at a frame boundary
+// of the stream that reached the socket, a library frame still in the
+// library's buffer reaches the socket whole, after it, and nothing is
+// written after a close frame.
 type frameWriter struct {
-	mu     sync.Mutex // Write (the library, under its frame lock) and cork/uncork (the connection's writer)
-	c      net.Conn
-	corked bool   // guarded by mu
-	out    []byte // guarded by mu: corked output
-	err    error  // guarded by mu: a corked write's failure, reported by uncork
-	close  bool   // guarded by mu: a close frame went out; no data may follow
-	hdr    [10]byte
+	mu    sync.Mutex // Write (the library, under its frame lock) and batches (the connection's writer)
+	c     net.Conn
+	close bool    // guarded by mu: a close frame went out; no data may follow
+	out   []byte  // guarded by mu, held from beginBatch to endBatch: the batch's frames
+	outp  *[]byte // the pooled buffer out came from
+	err   error   // guarded by mu: the batch's first write error
 
 	held [16]byte
 	nh   int   // bytes in held
@@ -86,78 +91,33 @@ type frameWriter struct {
 	bufs net.Buffers
 }
 
-// corkLimit is how much corked output is written at once.
-const corkLimit = 64 << 10
+// batchLimit is how much of a batch is written at once.
+const batchLimit = 64 << 10
 
-// cork starts collecting frames; uncork writes them.
-func (w *frameWriter) cork() {
+var batchBufPool = sync.Pool{New: func() any { b := make([]byte, 0, batchLimit+4096); return &b }}
+
+// beginBatch takes the writer for a batch of messages: appendText adds
+// them, endBatch writes what is left and releases the writer. The library's
+// frames wait meanwhile. It reports false (and takes nothing) after a close
+// frame, or while a library frame is partway through; the caller then
+// writes through the library.
+func (w *frameWriter) beginBatch() bool {
 	w.mu.Lock()
-	w.corked = true
-	w.mu.Unlock()
+	if w.close || w.need != 0 || w.nh != 0 {
+		w.mu.Unlock()
+		return false
+	}
+	w.outp = batchBufPool.Get().(*[]byte)
+	w.out, w.err = (*w.outp)[:0], nil
+	return true
 }
 
-// uncork writes what was collected while corked (one write) and stops
-// collecting. It returns the first write error since cork.
-func (w *frameWriter) uncork() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.corked = false
-	err := w.flushOut()
-	if cap(w.out) > 2*corkLimit {
-		w.out = nil // one huge message: let it go
-	}
-	if w.err != nil {
-		err, w.err = w.err, nil
-	}
-	return err
-}
-
-func (w *frameWriter) flushOut() error {
-	if len(w.out) == 0 {
-		return nil
-	}
-	_, err := w.c.Write(w.out)
-	w.out = w.out[:0]
-	return err
-}
-
-// write sends bytes that are ready: to the socket, or, corked, to out.
-func (w *frameWriter) write(p []byte) error {
-	if !w.corked {
-		_, err := w.c.Write(p)
-		return err
-	}
-	w.out = append(w.out, p...)
-	if len(w.out) >= corkLimit {
-		if err := w.flushOut(); err != nil {
-			w.err = err
-			return err
-		}
-	}
-	return nil
-}
-
-// writeText writes p as one unfragmented text message without going
-// through the websocket library, whose per-message cost (two channel-based
-// locks, a deferred closure, a 16-byte bufio pass) is most of a GraphQL
-// delivery's. It is safe beside the library's own writes (pings, pongs,
-// closes): it writes only at a frame boundary of the stream that reached
-// the socket, and a library frame still in the library's buffer reaches the
-// socket whole, after it. It reports false, without error, when a library
-// frame is in progress; the caller then writes through the library. After a
-// close frame it refuses: nothing may follow a close.
-func (w *frameWriter) writeText(p []byte) (bool, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.close {
-		return false, net.ErrClosed
-	}
-	if w.need != 0 || w.nh != 0 {
-		return false, nil
-	}
-	h := w.hdr[:0]
-	h = append(h, 0x81) // FIN, text
-	switch n := len(p); {
+// appendHeader appends the header of an unfragmented text frame with an
+// n-byte payload; the caller appends the payload to w.out, then calls
+// flushIfFull. Between beginBatch and endBatch only.
+func (w *frameWriter) appendHeader(n int) {
+	h := append(w.out, 0x81) // FIN, text
+	switch {
 	case n < 126:
 		h = append(h, byte(n))
 	case n <= math.MaxUint16:
@@ -167,22 +127,40 @@ func (w *frameWriter) writeText(p []byte) (bool, error) {
 		h = append(h, 127)
 		h = binary.BigEndian.AppendUint64(h, uint64(n))
 	}
-	if w.corked {
-		w.out = append(w.out, h...)
-		w.out = append(w.out, p...)
-		if len(w.out) >= corkLimit {
-			if err := w.flushOut(); err != nil {
-				w.err = err
-				return true, err
-			}
-		}
-		return true, nil
+	w.out = h
+}
+
+// appendText appends p as one message. Between beginBatch and endBatch only.
+func (w *frameWriter) appendText(p []byte) error {
+	w.appendHeader(len(p))
+	w.out = append(w.out, p...)
+	return w.flushIfFull()
+}
+
+// flushIfFull writes the batch so far once it holds batchLimit bytes. It
+// returns the batch's first write error.
+func (w *frameWriter) flushIfFull() error {
+	if len(w.out) >= batchLimit && w.err == nil {
+		_, w.err = w.c.Write(w.out)
+		w.out = w.out[:0]
 	}
-	w.iov[0], w.iov[1] = h, p
-	w.bufs = w.iov[:]
-	_, err := w.bufs.WriteTo(w.c)
-	w.iov[0], w.iov[1] = nil, nil
-	return true, err
+	return w.err
+}
+
+// endBatch writes the rest of the batch, releases the writer and returns
+// the batch's first write error.
+func (w *frameWriter) endBatch() error {
+	if len(w.out) > 0 && w.err == nil {
+		_, w.err = w.c.Write(w.out)
+	}
+	err := w.err
+	if cap(w.out) <= 2*batchLimit { // else one huge message: let it go
+		*w.outp = w.out[:0]
+		batchBufPool.Put(w.outp)
+	}
+	w.out, w.outp, w.err = nil, nil, nil
+	w.mu.Unlock()
+	return err
 }
 
 func (w *frameWriter) Write(p []byte) (int, error) {
@@ -214,7 +192,7 @@ func (w *frameWriter) Write(p []byte) (int, error) {
 			w.nh = copy(w.held[:], p)
 			return total, nil
 		case flen <= int64(len(p)): // a whole frame
-			if err := w.write(p[:flen]); err != nil {
+			if _, err := w.c.Write(p[:flen]); err != nil {
 				return 0, err
 			}
 			p = p[flen:]
@@ -223,7 +201,7 @@ func (w *frameWriter) Write(p []byte) (int, error) {
 			w.need = flen - int64(len(p))
 			return total, nil
 		default: // a long partial frame: send it, the rest follows
-			if err := w.write(p); err != nil {
+			if _, err := w.c.Write(p); err != nil {
 				return 0, err
 			}
 			w.need = flen - int64(len(p))
@@ -237,12 +215,8 @@ func (w *frameWriter) Write(p []byte) (int, error) {
 // something held.
 func (w *frameWriter) flushHeld(p []byte) error {
 	if w.nh == 0 {
-		return w.write(p)
-	}
-	if w.corked {
-		w.out = append(w.out, w.held[:w.nh]...)
-		w.nh = 0
-		return w.write(p)
+		_, err := w.c.Write(p)
+		return err
 	}
 	w.iov[0], w.iov[1] = w.held[:w.nh], p
 	w.bufs = w.iov[:]

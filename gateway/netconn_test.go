@@ -367,3 +367,71 @@ func TestFrameLen(t *testing.T) {
 		})
 	}
 }
+
+// TestFrameWriterBatches: a batch of messages framed by the gateway itself
+// starts only at a frame boundary of what reached the socket (never inside
+// a library frame), leaves in one write, and nothing follows a close frame.
+func TestFrameWriterBatches(t *testing.T) {
+	rc := &recConn{}
+	fw := &frameWriter{c: rc}
+	bw := bufio.NewWriterSize(fw, 16)
+	ping := append([]byte{0x89, 100}, bytes.Repeat([]byte{'p'}, 100)...)
+	// The library's frame is partway through: its first 16 bytes are held.
+	if _, err := bw.Write(ping[:40]); err != nil {
+		t.Fatal(err)
+	}
+	if fw.beginBatch() {
+		t.Fatal("a batch began inside a library frame")
+	}
+	if _, err := bw.Write(ping[40:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := bw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if !fw.beginBatch() {
+		t.Fatal("no batch at a frame boundary")
+	}
+	msgs := [][]byte{[]byte(`{"a":1}`), bytes.Repeat([]byte{'x'}, 300), bytes.Repeat([]byte{'y'}, 70000)}
+	for _, m := range msgs[:2] {
+		if err := fw.appendText(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := len(rc.writes)
+	if err := fw.appendText(msgs[2]); err != nil { // over batchLimit: written at once
+		t.Fatal(err)
+	}
+	if len(rc.writes) != before+1 {
+		t.Fatalf("a full batch was not written")
+	}
+	if err := fw.endBatch(); err != nil {
+		t.Fatal(err)
+	}
+	want := [][]byte{ping}
+	for _, m := range msgs {
+		var h []byte
+		switch n := len(m); {
+		case n < 126:
+			h = []byte{0x81, byte(n)}
+		case n < 1<<16:
+			h = []byte{0x81, 126, byte(n >> 8), byte(n)}
+		default:
+			h = []byte{0x81, 127, 0, 0, 0, 0, 0, byte(n >> 16), byte(n >> 8), byte(n)}
+		}
+		want = append(want, append(h, m...))
+	}
+	if got := bytes.Join(rc.writes, nil); !bytes.Equal(got, bytes.Join(want, nil)) {
+		t.Fatalf("stream differs: got %d bytes, want %d", len(got), len(bytes.Join(want, nil)))
+	}
+	// After a close frame no batch may begin.
+	if _, err := bw.Write([]byte{0x88, 2, 0x03, 0xe9}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if fw.beginBatch() {
+		t.Fatal("a batch began after a close frame")
+	}
+}
