@@ -198,28 +198,34 @@ func newBrowser(t *testing.T) context.Context {
 	return ctx
 }
 
-// consolePage is one tab on the console page.
-type consolePage struct {
-	t   *testing.T
-	tab context.Context // the tab; it outlives ctx so a failure can still read the page
-	ctx context.Context // every step, bounded by consoleTimeout together
+// browserPage is one tab of a test's headless browser.
+type browserPage struct {
+	t     *testing.T
+	tab   context.Context // the tab; it outlives ctx so a failure can still read the page
+	ctx   context.Context // every step, bounded by consoleTimeout together
+	state string          // a script whose string result describes the page, for failures
 
 	mu       sync.Mutex
 	messages []chromedp.ConsoleMessage // the page's console, guarded by mu
 }
 
-// openConsole opens the console at base+"/" in a new tab of browser and waits
-// until its WebSocket is connected. Every step in the tab fails after
-// consoleTimeout; its cleanup closes the tab and fails the test on any uncaught
-// exception in the page.
-func openConsole(t *testing.T, browser context.Context, base string) *consolePage {
+// consoleState describes the console page for a failure.
+const consoleState = `"status: " + document.getElementById("status").textContent +
+		"\nsubs: " + document.getElementById("subs").innerText +
+		"\npub-result: " + document.getElementById("pub-result").textContent +
+		"\nevents:\n" + document.getElementById("events").innerText`
+
+// openTab opens a blank tab in browser. Every step in the tab fails after
+// consoleTimeout; its cleanup closes the tab and fails the test on any
+// uncaught exception in the page. state describes the page on a failure.
+func openTab(t *testing.T, browser context.Context, state string) *browserPage {
 	t.Helper()
 	// The tab's own life has a deadline too (its first Run binds it), a
 	// little past the steps' so that fatal can still read the page.
 	life, endLife := context.WithTimeout(browser, consoleTimeout+5*time.Second)
 	tab, closeTab := chromedp.NewContext(life)
 	ctx, cancelSteps := context.WithTimeout(tab, consoleTimeout)
-	p := &consolePage{t: t, tab: tab, ctx: ctx}
+	p := &browserPage{t: t, tab: tab, ctx: ctx, state: state}
 
 	var wg sync.WaitGroup
 	t.Cleanup(func() {
@@ -231,7 +237,7 @@ func openConsole(t *testing.T, browser context.Context, base string) *consolePag
 		defer p.mu.Unlock()
 		for _, m := range p.messages {
 			if m.IsException() {
-				t.Errorf("console page threw: %s", m)
+				t.Errorf("page threw: %s", m)
 			} else if t.Failed() {
 				t.Logf("page console: %s (%s)", m, m.URL)
 			}
@@ -251,21 +257,28 @@ func openConsole(t *testing.T, browser context.Context, base string) *consolePag
 			p.mu.Unlock()
 		}
 	})
+	return p
+}
 
+// openConsole opens the console at base+"/" in a new tab of browser and waits
+// until its WebSocket is connected.
+func openConsole(t *testing.T, browser context.Context, base string) *browserPage {
+	t.Helper()
+	p := openTab(t, browser, consoleState)
 	p.do(chromedp.Navigate(base + "/"))
 	p.waitVisible(`#status[data-state="connected"]`)
 	return p
 }
 
 // do runs the steps in the tab and fails the test with the page's state if one fails.
-func (p *consolePage) do(steps ...chromedp.Action[chromedp.Void]) {
+func (p *browserPage) do(steps ...chromedp.Action[chromedp.Void]) {
 	p.t.Helper()
 	if err := chromedp.Do(p.ctx, steps...); err != nil {
 		p.fatal(err)
 	}
 }
 
-func (p *consolePage) waitVisible(sel string) {
+func (p *browserPage) waitVisible(sel string) {
 	p.t.Helper()
 	if err := chromedp.Do(p.ctx, chromedp.WaitVisible(chromedp.CSS(sel))); err != nil {
 		p.fatal(fmt.Errorf("waiting for %s: %w", sel, err))
@@ -279,7 +292,7 @@ func (p *consolePage) waitVisible(sel string) {
 // fails ("could not set value"), because it passes "" as a call argument that
 // json v2's omitempty drops, so the page receives undefined. Clear sets the
 // value attribute, which an input ignores once it has been edited.
-func (p *consolePage) typeInto(sel, text string) {
+func (p *browserPage) typeInto(sel, text string) {
 	p.t.Helper()
 	p.do(
 		chromedp.WaitVisible(chromedp.CSS(sel)),
@@ -296,7 +309,7 @@ func (p *consolePage) typeInto(sel, text string) {
 }
 
 // text returns the rendered text of the first element matching sel.
-func (p *consolePage) text(sel string) string {
+func (p *browserPage) text(sel string) string {
 	p.t.Helper()
 	s, err := chromedp.Run(p.ctx, chromedp.Text(chromedp.CSS(sel)))
 	if err != nil {
@@ -306,7 +319,7 @@ func (p *consolePage) text(sel string) string {
 }
 
 // eventSubjects returns the subjects of the event log's entries, newest first.
-func (p *consolePage) eventSubjects() []string {
+func (p *browserPage) eventSubjects() []string {
 	p.t.Helper()
 	subjects, err := chromedp.Run(p.ctx, chromedp.Evaluate[[]string](
 		`Array.from(document.querySelectorAll("#events .event"), e => e.dataset.subject)`))
@@ -318,17 +331,13 @@ func (p *consolePage) eventSubjects() []string {
 
 // fatal fails the test with err and what the page shows, read on the tab
 // with a short deadline of its own: p.ctx may be the one that expired.
-func (p *consolePage) fatal(err error) {
+func (p *browserPage) fatal(err error) {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(p.tab, 2*time.Second)
 	defer cancel()
-	state, serr := chromedp.Run(ctx, chromedp.Evaluate[string](
-		`"status: " + document.getElementById("status").textContent +
-		"\nsubs: " + document.getElementById("subs").innerText +
-		"\npub-result: " + document.getElementById("pub-result").textContent +
-		"\nevents:\n" + document.getElementById("events").innerText`))
+	state, serr := chromedp.Run(ctx, chromedp.Evaluate[string](p.state))
 	if serr != nil {
 		state = "(unavailable: " + serr.Error() + ")"
 	}
-	p.t.Fatalf("%v\n--- console page ---\n%s", err, state)
+	p.t.Fatalf("%v\n--- page ---\n%s", err, state)
 }

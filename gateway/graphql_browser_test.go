@@ -2,16 +2,13 @@ package gateway_test
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/chromedp/chromedp"
 	"github.com/fanwire/fanwire/gateway"
@@ -54,10 +51,10 @@ func TestGraphQLBrowser(t *testing.T) {
 				t.Fatalf("page shows events\n%q\nwant\n%q", got, want)
 			}
 			// The text is rendered as text, not markup.
-			if got := p.text(`#events li.event:nth-child(1)`); got != `app.1 {"n":1,"s":"<b>not markup</b> & é"}` {
+			if got := p.textContent(`#events li.event:nth-child(1)`); got != `app.1 {"n":1,"s":"<b>not markup</b> & é"}` {
 				t.Fatalf("first event reads %q", got)
 			}
-			if got := p.text("#error"); got != "" {
+			if got := p.textContent("#error"); got != "" {
 				t.Fatalf("#error reads %q, want empty", got)
 			}
 		})
@@ -67,24 +64,24 @@ func TestGraphQLBrowser(t *testing.T) {
 		e := newEnvOn(t, "nats", allowed)
 		p := openGraphQLPage(t, browser, pages.URL, e, "a..b")
 		p.waitVisible(`#error[data-code]`)
-		if got := p.text("#error"); got != `bad_pattern: bad pattern: pattern "a..b" has an empty token` {
+		if got := p.textContent("#error"); got != `bad_pattern: bad pattern: pattern "a..b" has an empty token` {
 			t.Fatalf("#error reads %q", got)
 		}
-		if got := p.text("#status"); got != "connected" {
+		if got := p.textContent("#status"); got != "connected" {
 			t.Fatalf("#status reads %q after the error, want connected (an error ends the operation, not the connection)", got)
 		}
 	})
 
 	t.Run("origin not allowed", func(t *testing.T) {
 		e := newEnvOn(t, "nats", func(c *gateway.Config) { c.Subjects = []string{"app.>"} })
-		p := newGraphQLPage(t, browser)
-		p.do(chromedp.Navigate(p.url(pages.URL, e, "app.>")))
+		p := openTab(t, browser, graphqlPageState)
+		p.do(chromedp.Navigate(graphqlPageURL(pages.URL, e, "app.>")))
 		p.waitVisible(`#status[data-state="closed"]`)
-		if got := p.text("#status"); got != "closed 1006" {
+		if got := p.textContent("#status"); got != "closed 1006" {
 			t.Fatalf("#status reads %q, want the refused handshake: closed 1006", got)
 		}
 		p.waitVisible(`#error[data-code]`)
-		if got := p.text("#error"); got != "socket: error" {
+		if got := p.textContent("#error"); got != "socket: error" {
 			t.Fatalf("#error reads %q, want the socket's error event (socket: error)", got)
 		}
 		if n := e.metric("fanwire_connections_accepted_total", nil); n != 0 {
@@ -93,86 +90,27 @@ func TestGraphQLBrowser(t *testing.T) {
 	})
 }
 
-// graphqlPage is one tab on page.html.
-type graphqlPage struct {
-	t   *testing.T
-	tab context.Context // outlives ctx, so a failure can still read the page
-	ctx context.Context // every step, bounded by consoleTimeout together
+// graphqlPageState describes page.html for a failure.
+const graphqlPageState = `document.body ? document.body.innerText : "(no body)"`
 
-	mu       sync.Mutex
-	messages []chromedp.ConsoleMessage // guarded by mu
-}
-
-// newGraphQLPage opens a blank tab; its cleanup closes it and fails the test
-// on any uncaught exception in the page.
-func newGraphQLPage(t *testing.T, browser context.Context) *graphqlPage {
-	t.Helper()
-	life, endLife := context.WithTimeout(browser, consoleTimeout+5*time.Second)
-	tab, closeTab := chromedp.NewContext(life)
-	ctx, cancelSteps := context.WithTimeout(tab, consoleTimeout)
-	p := &graphqlPage{t: t, tab: tab, ctx: ctx}
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		cancelSteps()
-		closeTab()
-		endLife()
-		wg.Wait()
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for _, m := range p.messages {
-			if m.IsException() {
-				t.Errorf("page threw: %s", m)
-			} else if t.Failed() {
-				t.Logf("page console: %s (%s)", m, m.URL)
-			}
-		}
-	})
-	messages := chromedp.Console(tab)
-	wg.Go(func() {
-		for m, err := range messages {
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			p.messages = append(p.messages, m)
-			p.mu.Unlock()
-		}
-	})
-	return p
-}
-
-// url is page.html on the pages server, subscribing to subject on e.
-func (p *graphqlPage) url(pages string, e *env, subject string) string {
+// graphqlPageURL is page.html on the pages server, subscribing to subject on e.
+func graphqlPageURL(pages string, e *env, subject string) string {
 	gw := "ws" + strings.TrimPrefix(e.http.URL, "http") + "/graphql"
 	return pages + "/page.html?" + url.Values{"gw": {gw}, "subject": {subject}}.Encode()
 }
 
 // openGraphQLPage opens page.html subscribing to subject on e and waits
 // until its client is connected.
-func openGraphQLPage(t *testing.T, browser context.Context, pages string, e *env, subject string) *graphqlPage {
+func openGraphQLPage(t *testing.T, browser context.Context, pages string, e *env, subject string) *browserPage {
 	t.Helper()
-	p := newGraphQLPage(t, browser)
-	p.do(chromedp.Navigate(p.url(pages, e, subject)))
+	p := openTab(t, browser, graphqlPageState)
+	p.do(chromedp.Navigate(graphqlPageURL(pages, e, subject)))
 	p.waitVisible(`#status[data-state="connected"]`)
 	return p
 }
 
-func (p *graphqlPage) do(steps ...chromedp.Action[chromedp.Void]) {
-	p.t.Helper()
-	if err := chromedp.Do(p.ctx, steps...); err != nil {
-		p.fatal(err)
-	}
-}
-
-func (p *graphqlPage) waitVisible(sel string) {
-	p.t.Helper()
-	if err := chromedp.Do(p.ctx, chromedp.WaitVisible(chromedp.CSS(sel))); err != nil {
-		p.fatal(fmt.Errorf("waiting for %s: %w", sel, err))
-	}
-}
-
-// text returns the rendered text of the first element matching sel.
-func (p *graphqlPage) text(sel string) string {
+// textContent returns the text content of the first element matching sel.
+func (p *browserPage) textContent(sel string) string {
 	p.t.Helper()
 	s, err := chromedp.Run(p.ctx, chromedp.Evaluate[string](`document.querySelector(`+strconv.Quote(sel)+`).textContent`))
 	if err != nil {
@@ -182,7 +120,7 @@ func (p *graphqlPage) text(sel string) string {
 }
 
 // events returns the page's events in order, as subject|cursor|data.
-func (p *graphqlPage) events() []string {
+func (p *browserPage) events() []string {
 	p.t.Helper()
 	evs, err := chromedp.Run(p.ctx, chromedp.Evaluate[[]string](
 		`Array.from(document.querySelectorAll("#events li.event"), li => li.dataset.subject + "|" + li.dataset.cursor + "|" + li.querySelector(".data").textContent)`))
@@ -190,16 +128,4 @@ func (p *graphqlPage) events() []string {
 		p.fatal(err)
 	}
 	return evs
-}
-
-// fatal fails the test with err and what the page shows.
-func (p *graphqlPage) fatal(err error) {
-	p.t.Helper()
-	ctx, cancel := context.WithTimeout(p.tab, 2*time.Second)
-	defer cancel()
-	state, serr := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : "(no body)"`))
-	if serr != nil {
-		state = "(unavailable: " + serr.Error() + ")"
-	}
-	p.t.Fatalf("%v\n--- page ---\n%s", err, state)
 }
