@@ -79,12 +79,12 @@ func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 			unwatch = closeOnDone(ctx, stop, c.conn)
 			frame, now = rest, time.Now().UnixNano()
 		} else {
-			msg, err := c.conn.ReadMessage()
+			msg, at, err := c.conn.ReadMessage()
 			if err != nil {
 				end(fmt.Errorf("read: %w", err))
 				return
 			}
-			frame, now = msg, time.Now().UnixNano()
+			frame, now = msg, at
 		}
 		drop = c.handleFrame(frame, now)
 		if !signalled && c.v.complete() {
@@ -96,7 +96,8 @@ func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 
 // handleFrame verifies every event in one frame. now is the frame's receive
 // time: every event in a frame arrived at that moment, so one clock read per
-// frame serves them all. It allocates nothing for events. It reports drop
+// frame serves them all (a GraphQL message's is when the socket read that
+// completed it returned: see wsConn.ReadMessage). It allocates nothing for events. It reports drop
 // when the client has reached a planned drop point: it then stops at that
 // event and keeps its cursor to resume from. A native frame holds
 // newline-separated messages, a GraphQL one (c.gql) exactly one.
@@ -152,10 +153,11 @@ func (c *client) handleFrame(frame []byte, now int64) (drop bool) {
 // message made a general library's per-message cost the client's main cost.
 type wireConn interface {
 	// ReadMessage blocks until the next message and returns it in a
-	// buffer the next call reuses; steady-state reads allocate nothing.
-	// It takes no context: a cancellable one costs allocations per read,
-	// so a watcher (closeOnDone) closes the connection to stop it.
-	ReadMessage() ([]byte, error)
+	// buffer the next call reuses, and its receive time (unix ns);
+	// steady-state reads allocate nothing. It takes no context: a
+	// cancellable one costs allocations per read, so a watcher
+	// (closeOnDone) closes the connection to stop it.
+	ReadMessage() (msg []byte, at int64, err error)
 	// CloseNormal closes with a normal-closure handshake, bounded.
 	CloseNormal(ctx context.Context)
 	// CloseNow closes the connection at once, without a handshake.
@@ -173,16 +175,16 @@ type nativeConn struct {
 // context.AfterFunc on every frame header and payload read, which
 // measured 8 allocations (~300 B) per frame against none, plus a lock on
 // the parent context that every client shares.
-func (n *nativeConn) ReadMessage() ([]byte, error) {
+func (n *nativeConn) ReadMessage() ([]byte, int64, error) {
 	_, r, err := n.Reader(context.Background())
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	n.buf.Reset()
 	if _, err := n.buf.ReadFrom(r); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return n.buf.Bytes(), nil
+	return n.buf.Bytes(), time.Now().UnixNano(), nil
 }
 
 // CloseNormal closes with a normal-closure handshake, bounded by the

@@ -104,14 +104,14 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 	defer unwatch()
 	c := &client{gql: gql, conn: conn, v: newVerifier(behind)}
 	for !c.v.complete() {
-		msg, err := conn.ReadMessage()
+		msg, at, err := conn.ReadMessage()
 		if err != nil {
 			if dctx.Err() != nil {
 				err = fmt.Errorf("%w (%v)", dctx.Err(), err)
 			}
 			return nil, fmt.Errorf("loadtest: resume: after %d of %d events: %w", c.v.delivered, behind, err)
 		}
-		c.handleFrame(msg, time.Now().UnixNano())
+		c.handleFrame(msg, at)
 		if c.serverErrors > 0 {
 			return nil, fmt.Errorf("%w: %s", ErrRejected, c.firstServerError)
 		}

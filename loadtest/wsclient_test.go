@@ -158,7 +158,7 @@ func (p *wsPeer) readFrame() (op byte, payload []byte) {
 func readMsg(t *testing.T, c *wsConn) string {
 	t.Helper()
 	_ = c.nc.SetReadDeadline(time.Now().Add(5 * time.Second))
-	msg, err := c.ReadMessage()
+	msg, _, err := c.ReadMessage()
 	if err != nil {
 		t.Fatalf("ReadMessage: %v", err)
 	}
@@ -225,6 +225,19 @@ func TestWSReadFrames(t *testing.T) {
 			}
 		}
 	})
+	t.Run("receive time", func(t *testing.T) {
+		c, p := wsTestPair(t, nil)
+		for range 3 {
+			before := time.Now().UnixNano()
+			p.write(srvFrame(finText, []byte("a"), nil), srvFrame(finText, []byte("b"), nil))
+			_, at1, err1 := c.ReadMessage()
+			_, at2, err2 := c.ReadMessage()
+			after := time.Now().UnixNano()
+			if err1 != nil || err2 != nil || at1 < before || at2 < at1 || at2 > after {
+				t.Fatalf("receive times %d, %d (errors %v, %v) outside [%d, %d]", at1, at2, err1, err2, before, after)
+			}
+		}
+	})
 	t.Run("fragmented", func(t *testing.T) {
 		c, p := wsTestPair(t, nil)
 		p.write(srvFrame(opText, []byte("hel"), nil), srvFrame(opContinuation, []byte("lo "), nil),
@@ -253,7 +266,7 @@ func TestWSReadFrames(t *testing.T) {
 		if got := readMsg(t, c); got != "last" {
 			t.Fatalf("got %q", got)
 		}
-		_, err := c.ReadMessage()
+		_, _, err := c.ReadMessage()
 		ce, ok := errors.AsType[*wsCloseError](err)
 		if !ok || ce.Code != 4008 || ce.Reason != "slow consumer" {
 			t.Fatalf("err = %#v, want a wsCloseError 4008 slow consumer", err)
@@ -273,7 +286,7 @@ func TestWSReadFrames(t *testing.T) {
 	t.Run("close without a code", func(t *testing.T) {
 		c, p := wsTestPair(t, nil)
 		p.write(srvFrame(0x80|opClose, nil, nil))
-		if _, err := c.ReadMessage(); wsCloseCode(err) != closeNoStatus {
+		if _, _, err := c.ReadMessage(); wsCloseCode(err) != closeNoStatus {
 			t.Fatalf("err = %v, want close %d", err, closeNoStatus)
 		}
 		if op, payload := p.readFrame(); op != opClose || len(payload) != 0 {
@@ -303,14 +316,14 @@ func TestWSReadFrames(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, p := wsTestPair(t, nil)
 			p.write(tc.frames...)
-			_, err := c.ReadMessage()
+			_, _, err := c.ReadMessage()
 			if !errors.Is(err, errWSProtocol) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want a protocol error mentioning %q", err, tc.want)
 			}
 			if op, payload := p.readFrame(); op != opClose || len(payload) != 2 || int(binary.BigEndian.Uint16(payload)) != tc.code {
 				t.Fatalf("client's close: opcode %d %x, want code %d", op, payload, tc.code)
 			}
-			if _, err := c.ReadMessage(); err == nil {
+			if _, _, err := c.ReadMessage(); err == nil {
 				t.Fatal("the failed connection still reads")
 			}
 		})
@@ -319,7 +332,7 @@ func TestWSReadFrames(t *testing.T) {
 		c, p := wsTestPair(t, nil)
 		p.write([]byte{finText, 10, 'a', 'b'})
 		_ = p.nc.Close()
-		if _, err := c.ReadMessage(); !errors.Is(err, io.ErrUnexpectedEOF) {
+		if _, _, err := c.ReadMessage(); !errors.Is(err, io.ErrUnexpectedEOF) {
 			t.Fatalf("err = %v, want io.ErrUnexpectedEOF", err)
 		}
 	})
@@ -373,7 +386,7 @@ func TestWSWriteAndClose(t *testing.T) {
 		c, p := wsTestPair(t, nil)
 		read := make(chan error, 1)
 		go func() {
-			_, err := c.ReadMessage()
+			_, _, err := c.ReadMessage()
 			read <- err
 		}()
 		time.Sleep(20 * time.Millisecond) // let the reader block
@@ -423,7 +436,7 @@ func TestWSReadMessageAllocs(t *testing.T) {
 	}()
 	allocs := testing.AllocsPerRun(runs, func() {
 		for range 2 {
-			if m, err := c.ReadMessage(); err != nil || len(m) != len(msg) {
+			if m, _, err := c.ReadMessage(); err != nil || len(m) != len(msg) {
 				panic(fmt.Sprintf("read: %d bytes, %v", len(m), err))
 			}
 		}
@@ -499,7 +512,7 @@ func TestGraphQLCloseHandshake(t *testing.T) {
 		read := make(chan error, 1)
 		if reading {
 			go func() {
-				_, err := conn.ReadMessage()
+				_, _, err := conn.ReadMessage()
 				read <- err
 			}()
 			time.Sleep(50 * time.Millisecond) // let the reader block: Close then waits for it to see the answer
