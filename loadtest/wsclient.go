@@ -503,7 +503,8 @@ func closePayload(code int, reason string) []byte {
 // Close sends a close frame with code and reason, waits for the server's
 // close frame (at most wsCloseTimeout, and not past ctx), then closes the
 // socket. If a reader is reading, it sees the server's close; otherwise
-// Close reads, discarding messages, until it arrives.
+// Close reads, discarding messages, until it arrives (a reader that calls
+// ReadMessage meanwhile waits, then fails on the closed socket).
 func (c *wsConn) Close(ctx context.Context, code int, reason string) error {
 	defer c.nc.Close()
 	select {
@@ -526,11 +527,8 @@ func (c *wsConn) Close(ctx context.Context, code int, reason string) error {
 		_ = c.nc.SetReadDeadline(deadline)
 		stop := context.AfterFunc(ctx, func() { _ = c.nc.SetReadDeadline(aLongTimeAgo) })
 		defer stop()
-		for {
-			if _, err := c.readMessage(); err != nil {
-				return nil // the server's close, or the wait is over
-			}
-		}
+		c.discardUntilClose()
+		return nil
 	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
@@ -540,6 +538,30 @@ func (c *wsConn) Close(ctx context.Context, code int, reason string) error {
 	case <-t.C:
 	}
 	return nil
+}
+
+// discardUntilClose reads frames, with rmu held, until the server's close
+// frame or an error. Data is skipped, not read into c.msg: the reader may
+// still be working on the message it returned last.
+func (c *wsConn) discardUntilClose() {
+	for {
+		h, err := c.readHeader()
+		if err != nil {
+			return
+		}
+		if h.op >= opClose {
+			if err := c.control(h); err != nil {
+				return // the server's close, or a failure
+			}
+			continue
+		}
+		if h.length > c.limit {
+			return
+		}
+		if _, err := c.br.Discard(int(h.length)); err != nil {
+			return
+		}
+	}
 }
 
 // CloseNow closes the socket without a close handshake. A read in

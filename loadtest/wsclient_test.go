@@ -367,6 +367,13 @@ func TestWSWriteAndClose(t *testing.T) {
 
 	t.Run("no reader", func(t *testing.T) {
 		c, p := wsTestPair(t, nil)
+		// The reader still holds the last message it read (as a client
+		// does between reads); Close must not read into its buffer.
+		p.write(srvFrame(finText, []byte("held"), nil))
+		held, _, err := c.ReadMessage()
+		if err != nil {
+			t.Fatal(err)
+		}
 		done := make(chan error, 1)
 		start := time.Now()
 		go func() { done <- c.Close(ctx, 4000, "bye") }()
@@ -380,6 +387,9 @@ func TestWSWriteAndClose(t *testing.T) {
 		}
 		if err := c.WriteText(ctx, []byte("x")); !errors.Is(err, errWSCloseSent) {
 			t.Fatalf("write after close: %v", err)
+		}
+		if string(held) != "held" {
+			t.Fatalf("the message the reader held became %q", held)
 		}
 	})
 	t.Run("reader reading", func(t *testing.T) {
