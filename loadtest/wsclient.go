@@ -34,11 +34,10 @@ import (
 // any goroutine may write or close. The reader answers pings and the
 // server's close itself. No extension is negotiated (no compression).
 type wsConn struct {
-	nc          net.Conn
-	br          *bufio.Reader // the whole connection's input, from the upgrade response on; reads through in
-	in          stampedReader
-	subprotocol string // the server's choice, checked by wsDial
-	limit       uint64 // the largest message accepted, in bytes
+	nc    net.Conn
+	br    *bufio.Reader // the whole connection's input, from the upgrade response on; reads through in
+	in    stampedReader // notes when the last socket read returned
+	limit uint64        // the largest message accepted, in bytes
 
 	// rmu is held by a read in progress: ReadMessage's, or Close's when
 	// nobody else is reading and it waits for the server's close itself.
@@ -88,15 +87,6 @@ type wsCloseError struct {
 
 func (e *wsCloseError) Error() string {
 	return fmt.Sprintf("received close frame: status %d, reason %q", e.Code, e.Reason)
-}
-
-// wsCloseCode returns the close code of the server's close frame that err
-// carries, or -1 when err did not come from one.
-func wsCloseCode(err error) int {
-	if ce, ok := errors.AsType[*wsCloseError](err); ok {
-		return ce.Code
-	}
-	return -1
 }
 
 // errWSProtocol: the server sent something RFC 6455 does not allow. The
@@ -177,7 +167,7 @@ func wsDial(ctx context.Context, d *net.Dialer, rawURL, subprotocol string) (wc 
 
 	// The reader is the connection's for good: whatever the server sent
 	// after its response's headers stays buffered for the first read.
-	wc = &wsConn{nc: nc, in: stampedReader{r: nc}, subprotocol: subprotocol, limit: readLimit, closeRead: make(chan struct{})}
+	wc = &wsConn{nc: nc, in: stampedReader{r: nc}, limit: readLimit, closeRead: make(chan struct{})}
 	wc.br = bufio.NewReaderSize(&wc.in, wsReadBufSize)
 	resp, err := http.ReadResponse(wc.br, &http.Request{Method: http.MethodGet})
 	if err != nil {

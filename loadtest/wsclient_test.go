@@ -155,6 +155,15 @@ func (p *wsPeer) readFrame() (op byte, payload []byte) {
 	return h[0] & 0x0f, payload
 }
 
+// wsCloseCode returns the close code of the server's close frame that err
+// carries, or -1 when err did not come from one.
+func wsCloseCode(err error) int {
+	if ce, ok := errors.AsType[*wsCloseError](err); ok {
+		return ce.Code
+	}
+	return -1
+}
+
 func readMsg(t *testing.T, c *wsConn) string {
 	t.Helper()
 	_ = c.nc.SetReadDeadline(time.Now().Add(5 * time.Second))
