@@ -97,9 +97,9 @@ func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 // handleFrame verifies every event in one frame. now is the frame's receive
 // time: every event in a frame arrived at that moment, so one clock read per
 // frame serves them all (a GraphQL message's is when the socket read that
-// completed it returned: see wsConn.ReadMessage). It allocates nothing for events. It reports drop
-// when the client has reached a planned drop point: it then stops at that
-// event and keeps its cursor to resume from. A native frame holds
+// completed it returned: see wsConn.ReadMessage). It allocates nothing for
+// events. It reports drop when the client has reached a planned drop point:
+// it then stops at that event and keeps its cursor to resume from. A native frame holds
 // newline-separated messages, a GraphQL one (c.gql) exactly one.
 func (c *client) handleFrame(frame []byte, now int64) (drop bool) {
 	events := false
