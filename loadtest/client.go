@@ -4,31 +4,28 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
 )
 
-// readLimit is the largest frame a client accepts. The gateway coalesces many
-// events into one frame, so frames far past the library's 32 KiB default are normal.
+// readLimit is the largest frame (native) or message (GraphQL) a client
+// accepts. The gateway coalesces many native events into one frame, so
+// frames far past coder/websocket's 32 KiB default are normal.
 const readLimit = 64 << 20
 
 // client is one subscribed connection and the tallies of what it received.
 type client struct {
-	id        int             // static after dialClient
-	gql       bool            // static after dialClient: speaks graphql-transport-ws, one message per frame (Config.Proto)
-	conn      *websocket.Conn // read only by read, closed by read or its watcher; replaced by read when it drops (rc)
-	subCursor string          // static after Run's connectAll: the "subscribed" reply's cursor, or a resume run's primer's for GraphQL ("" on Core NATS)
-	rc        *reconnector    // nil unless the client drops and resumes (Config.ResumeShare); set before read starts, then owned by it
+	id        int          // static after dialClient
+	gql       bool         // static after dialClient: speaks graphql-transport-ws, one message per frame (Config.Proto)
+	conn      wireConn     // read only by read, closed by read or its watcher; replaced by read when it drops (rc)
+	subCursor string       // static after Run's connectAll: the "subscribed" reply's cursor, or a resume run's primer's for GraphQL ("" on Core NATS)
+	rc        *reconnector // nil unless the client drops and resumes (Config.ResumeShare); set before read starts, then owned by it
 
 	// Owned by the reader goroutine; Run reads them only after it has exited.
 	v                verifier
 	lat              histogram
-	buf              bytes.Buffer // the current frame; reused, so steady-state reads allocate nothing
-	msg              []byte       // the current GraphQL message (c.gql), read by readMessage; reused likewise
 	serverErrors     int64
 	firstServerError string
 	malformed        int64
@@ -49,12 +46,8 @@ type client struct {
 // abandoned after the event that triggered the drop, as a real client
 // loses what it had not processed.
 //
-// Frames are read with context.Background(): with a cancellable context
-// coder/websocket registers and removes a context.AfterFunc on every frame
-// header and payload read, which measured 8 allocations (~300 B) per frame
-// against none, plus a lock on the parent context that every client shares.
-// Instead one watcher per connection closes it when stop ends, which
-// unblocks the read.
+// Messages are read without a context (see wireConn): one watcher per
+// connection closes it when stop ends, which unblocks the read.
 func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 	unwatch := closeOnDone(ctx, stop, c.conn)
 	defer func() { unwatch() }() // the watcher of the last connection
@@ -85,24 +78,13 @@ func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 			}
 			unwatch = closeOnDone(ctx, stop, c.conn)
 			frame, now = rest, time.Now().UnixNano()
-		} else if c.gql {
-			msg, err := c.readMessage()
-			if err != nil {
-				end(fmt.Errorf("read: %w", err))
-				return
-			}
-			frame, now = msg, time.Now().UnixNano()
 		} else {
-			_, r, err := c.conn.Reader(context.Background())
-			if err == nil {
-				c.buf.Reset()
-				_, err = c.buf.ReadFrom(r)
-			}
+			msg, at, err := c.conn.ReadMessage()
 			if err != nil {
 				end(fmt.Errorf("read: %w", err))
 				return
 			}
-			frame, now = c.buf.Bytes(), time.Now().UnixNano()
+			frame, now = msg, at
 		}
 		drop = c.handleFrame(frame, now)
 		if !signalled && c.v.complete() {
@@ -112,45 +94,12 @@ func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 	}
 }
 
-// readMessage reads one GraphQL message into c.msg, reusing its capacity.
-//
-// A GraphQL message carries one event, so coder/websocket's per-message
-// cost is the client's main cost, and the read that only returns io.EOF
-// (bytes.Buffer.ReadFrom makes one per message) takes the library's read
-// lock, a three-way select, once more. The library fills a read up to the
-// end of the frame's payload (io.ReadFull), so a read shorter than the
-// buffer has consumed the frame, and the frame is the whole message:
-// the gateway never fragments one. Were a message fragmented, the next
-// Reader call would fail with "previous message not read to completion",
-// which ends this client as a disconnect instead of misreading a frame.
-func (c *client) readMessage() ([]byte, error) {
-	_, r, err := c.conn.Reader(context.Background())
-	if err != nil {
-		return nil, err
-	}
-	b := c.msg[:0]
-	for {
-		if len(b) == cap(b) {
-			b = slices.Grow(b, max(4096, cap(b)))
-		}
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF || (err == nil && len(b) < cap(b)) {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	c.msg = b
-	return b, nil
-}
-
 // handleFrame verifies every event in one frame. now is the frame's receive
 // time: every event in a frame arrived at that moment, so one clock read per
-// frame serves them all. It allocates nothing for events. It reports drop
-// when the client has reached a planned drop point: it then stops at that
-// event and keeps its cursor to resume from. A native frame holds
+// frame serves them all (a GraphQL message's is when the socket read that
+// completed it returned: see wsConn.ReadMessage). It allocates nothing for
+// events. It reports drop when the client has reached a planned drop point:
+// it then stops at that event and keeps its cursor to resume from. A native frame holds
 // newline-separated messages, a GraphQL one (c.gql) exactly one.
 func (c *client) handleFrame(frame []byte, now int64) (drop bool) {
 	events := false
@@ -198,10 +147,56 @@ func (c *client) handleFrame(frame []byte, now int64) (drop bool) {
 	return drop
 }
 
+// wireConn is a client's connection as its reader and closers use it,
+// whichever WebSocket client carries it: nativeConn (coder/websocket) for
+// the native protocol, wsConn (ours) for GraphQL, whose one event per
+// message made a general library's per-message cost the client's main cost.
+type wireConn interface {
+	// ReadMessage blocks until the next message and returns it in a
+	// buffer the next call reuses, and its receive time (unix ns);
+	// steady-state reads allocate nothing. It takes no context: a
+	// cancellable one costs allocations per read, so a watcher
+	// (closeOnDone) closes the connection to stop it.
+	ReadMessage() (msg []byte, at int64, err error)
+	// CloseNormal closes with a normal-closure handshake, bounded.
+	CloseNormal(ctx context.Context)
+	// CloseNow closes the connection at once, without a handshake.
+	CloseNow() error
+}
+
+// nativeConn is a native client's coder/websocket connection.
+type nativeConn struct {
+	*websocket.Conn
+	buf bytes.Buffer // the current frame; reused
+}
+
+// ReadMessage reads one frame with context.Background(): with a
+// cancellable context coder/websocket registers and removes a
+// context.AfterFunc on every frame header and payload read, which
+// measured 8 allocations (~300 B) per frame against none, plus a lock on
+// the parent context that every client shares.
+func (n *nativeConn) ReadMessage() ([]byte, int64, error) {
+	_, r, err := n.Reader(context.Background())
+	if err != nil {
+		return nil, 0, err
+	}
+	n.buf.Reset()
+	if _, err := n.buf.ReadFrom(r); err != nil {
+		return nil, 0, err
+	}
+	return n.buf.Bytes(), time.Now().UnixNano(), nil
+}
+
+// CloseNormal closes with a normal-closure handshake, bounded by the
+// library at 5 s to write + 5 s to hear back.
+func (n *nativeConn) CloseNormal(context.Context) {
+	_ = n.Close(websocket.StatusNormalClosure, "loadtest done")
+}
+
 // closeOnDone closes conn when stop ends. The returned unwatch cancels the
 // watch, or, if the close has started, waits for it to finish, so the watcher
 // never outlives its reader.
-func closeOnDone(ctx, stop context.Context, conn *websocket.Conn) (unwatch func()) {
+func closeOnDone(ctx, stop context.Context, conn wireConn) (unwatch func()) {
 	done := make(chan struct{})
 	stopWatch := context.AfterFunc(stop, func() {
 		defer close(done)
@@ -214,13 +209,13 @@ func closeOnDone(ctx, stop context.Context, conn *websocket.Conn) (unwatch func(
 	}
 }
 
-// closeConn closes conn with a normal-closure handshake (bounded by the
-// library at 5 s to write + 5 s to hear back), or at once, without one, when the
-// caller's ctx has ended and it is no longer willing to wait.
-func closeConn(ctx context.Context, conn *websocket.Conn) {
+// closeConn closes conn with a normal-closure handshake, bounded, or at
+// once, without one, when the caller's ctx has ended and it is no longer
+// willing to wait.
+func closeConn(ctx context.Context, conn wireConn) {
 	if ctx.Err() != nil {
 		_ = conn.CloseNow()
 		return
 	}
-	_ = conn.Close(websocket.StatusNormalClosure, "loadtest done")
+	conn.CloseNormal(ctx)
 }

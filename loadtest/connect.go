@@ -84,16 +84,18 @@ func dialClient(ctx context.Context, cfg *Config, id int) (*client, error) {
 // native "subscribed" reply's cursor and the messages that followed it in
 // its frame; a GraphQL subscription has neither. On failure the
 // connection is closed.
-func open(ctx context.Context, cfg *Config, from string) (conn *websocket.Conn, cursor string, rest []byte, err error) {
+func open(ctx context.Context, cfg *Config, from string) (conn wireConn, cursor string, rest []byte, err error) {
 	if cfg.Proto == ProtoGraphQL {
-		conn, err = dial(ctx, cfg, cfg.GraphQLURL, []string{gqlSubprotocol})
-		if err == nil {
-			err = gqlHandshake(ctx, conn, cfg.Subject, from)
+		var gc *wsConn
+		if gc, err = dialGraphQL(ctx, cfg); err == nil {
+			conn = gc
+			err = gqlHandshake(ctx, gc, cfg.Subject, from)
 		}
 	} else {
-		conn, err = dialWS(ctx, cfg)
-		if err == nil {
-			cursor, rest, err = handshake(ctx, conn, cfg.Subject, from)
+		var nc *websocket.Conn
+		if nc, err = dialWS(ctx, cfg); err == nil {
+			conn = &nativeConn{Conn: nc}
+			cursor, rest, err = handshake(ctx, nc, cfg.Subject, from)
 		}
 	}
 	if err != nil {
@@ -108,31 +110,42 @@ func open(ctx context.Context, cfg *Config, from string) (conn *websocket.Conn, 
 // dialWS opens one WebSocket to the gateway's native endpoint with the
 // run's socket options.
 func dialWS(ctx context.Context, cfg *Config) (*websocket.Conn, error) {
-	return dial(ctx, cfg, cfg.URL, nil)
-}
-
-// dial opens one WebSocket to u with the run's socket options, offering
-// subprotocols.
-func dial(ctx context.Context, cfg *Config, u string, subprotocols []string) (*websocket.Conn, error) {
-	opts := &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled, Subprotocols: subprotocols}
+	opts := &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled}
 	if cfg.RcvBuf > 0 {
-		d := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-			var serr error
-			if err := rc.Control(func(fd uintptr) {
-				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, cfg.RcvBuf)
-			}); err != nil {
-				return err
-			}
-			return serr
-		}}
-		opts.HTTPClient = &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
+		opts.HTTPClient = &http.Client{Transport: &http.Transport{DialContext: netDialer(cfg).DialContext}}
 	}
-	conn, _, err := websocket.Dial(ctx, u, opts)
+	conn, _, err := websocket.Dial(ctx, cfg.URL, opts)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", u, err)
+		return nil, fmt.Errorf("dial %s: %w", cfg.URL, err)
 	}
 	conn.SetReadLimit(readLimit)
 	return conn, nil
+}
+
+// dialGraphQL opens one graphql-transport-ws WebSocket to the gateway's
+// GraphQL endpoint with the run's socket options, on our own lean client.
+func dialGraphQL(ctx context.Context, cfg *Config) (*wsConn, error) {
+	conn, err := wsDial(ctx, netDialer(cfg), cfg.GraphQLURL, gqlSubprotocol)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", cfg.GraphQLURL, err)
+	}
+	return conn, nil
+}
+
+// netDialer dials TCP with the run's socket options (cfg.RcvBuf).
+func netDialer(cfg *Config) *net.Dialer {
+	if cfg.RcvBuf <= 0 {
+		return &net.Dialer{}
+	}
+	return &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, cfg.RcvBuf)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
 }
 
 // controlMsg is the union of the handshake messages a client may receive.

@@ -10,7 +10,10 @@
 // the CPUs with the gateway it measures: events are recognised with
 // bytes.Index and hand-written integer parsing (no encoding/json per event),
 // each connection reuses one read buffer, and the per-event path (parse,
-// verify, record latency) allocates nothing.
+// verify, record latency) allocates nothing. GraphQL clients, which get one
+// event per WebSocket message, speak WebSocket through a minimal client of
+// this package's own (wsConn) rather than coder/websocket, whose
+// per-message cost would otherwise be most of theirs.
 //
 // # Concurrency contract
 //
@@ -22,9 +25,12 @@
 //     client's reader (Config.ResumeShare) also drops its connection at the
 //     planned points and dials and subscribes the next one itself;
 //   - one close watcher per client connection (a context.AfterFunc), which
-//     closes it with StatusNormalClosure when the run stops (or at once,
+//     closes it with a normal closure when the run stops (or at once,
 //     without a handshake, when the caller's context is cancelled); the reader
-//     stops it, or waits for it, before dropping that connection or exiting;
+//     stops it, or waits for it, before dropping that connection or exiting.
+//     A GraphQL watcher that finds its reader between two reads reads the
+//     connection itself, skipping data, until the gateway's close arrives;
+//     the reader's next read waits for it;
 //   - one publisher goroutine.
 //
 // The monitor loop runs on the caller's goroutine: it reads per-client atomic

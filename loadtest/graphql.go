@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
-
-	"github.com/coder/websocket"
 )
 
 // Protocols a run's clients speak (Config.Proto).
@@ -70,20 +68,20 @@ func gqlRejection(payload json.RawMessage) error {
 }
 
 // gqlWrite sends one client message.
-func gqlWrite(ctx context.Context, conn *websocket.Conn, msg any) error {
+func gqlWrite(ctx context.Context, conn *wsConn, msg any) error {
 	b, err := json.Marshal(msg)
 	if err != nil {
 		return err
 	}
-	return conn.Write(ctx, websocket.MessageText, b)
+	return conn.WriteText(ctx, b)
 }
 
 // gqlAwait reads messages until one of type want arrives. An error message
 // fails with ErrRejected, a server ping is answered; other messages are
 // skipped.
-func gqlAwait(ctx context.Context, conn *websocket.Conn, want string) error {
+func gqlAwait(ctx context.Context, conn *wsConn, want string) error {
 	for {
-		_, b, err := conn.Read(ctx)
+		b, err := conn.ReadContext(ctx)
 		if err != nil {
 			return err
 		}
@@ -105,11 +103,8 @@ func gqlAwait(ctx context.Context, conn *websocket.Conn, want string) error {
 }
 
 // gqlInit opens a graphql-transport-ws session: connection_init, then the
-// server's connection_ack.
-func gqlInit(ctx context.Context, conn *websocket.Conn) error {
-	if p := conn.Subprotocol(); p != gqlSubprotocol {
-		return fmt.Errorf("%w: the server chose subprotocol %q, want %s", ErrProtocol, p, gqlSubprotocol)
-	}
+// server's connection_ack. wsDial has checked the subprotocol.
+func gqlInit(ctx context.Context, conn *wsConn) error {
 	if err := gqlWrite(ctx, conn, map[string]any{"type": "connection_init", "payload": struct{}{}}); err != nil {
 		return fmt.Errorf("connection_init: %w", err)
 	}
@@ -127,7 +122,7 @@ func gqlInit(ctx context.Context, conn *websocket.Conn) error {
 // resuming one returns at once: its replay may start before any pong, and
 // its events are for the reader, which counts an error reply as a server
 // error.
-func gqlSubscribe(ctx context.Context, conn *websocket.Conn, subject, from string) error {
+func gqlSubscribe(ctx context.Context, conn *wsConn, subject, from string) error {
 	vars := map[string]string{"s": subject}
 	if from != "" {
 		vars["f"] = from
@@ -149,7 +144,7 @@ func gqlSubscribe(ctx context.Context, conn *websocket.Conn, subject, from strin
 }
 
 // gqlHandshake initialises a GraphQL connection and subscribes it.
-func gqlHandshake(ctx context.Context, conn *websocket.Conn, subject, from string) error {
+func gqlHandshake(ctx context.Context, conn *wsConn, subject, from string) error {
 	if err := gqlInit(ctx, conn); err != nil {
 		return err
 	}

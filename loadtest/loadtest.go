@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,6 +106,12 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client) (*Re
 	if err != nil {
 		return nil, err
 	}
+	if cfg.CPUProfile != nil {
+		if err := pprof.StartCPUProfile(cfg.CPUProfile); err != nil {
+			return nil, fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile() // on an early return; a second stop is a no-op
+	}
 	start := time.Now()
 	published := make(chan error, 1)
 	wg.Go(func() { published <- publish(stopCtx, out, cfg, &sent) })
@@ -116,6 +123,9 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client) (*Re
 	after, err := sampleUsage(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.CPUProfile != nil {
+		pprof.StopCPUProfile()
 	}
 	stop()
 	wg.Wait() // readers have exited: their tallies are ours to read

@@ -72,6 +72,11 @@ type Config struct {
 	// ResumeSeed picks the resuming clients and their drop points, so a
 	// failing run can be repeated; 0 draws one (Result.Resume reports it).
 	ResumeSeed uint64
+
+	// CPUProfile, when set, receives a CPU profile (pprof format) of this
+	// process over the measured window of Run: from the first publish to
+	// the end of delivery, the window LoadtestCPUSeconds covers.
+	CPUProfile io.Writer
 }
 
 // setDefaults fills zero-valued fields. It is the only place defaults live.

@@ -67,19 +67,23 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 	dctx, cancel := context.WithTimeout(ctx, cfg.Timeout+time.Duration(behind)*time.Millisecond)
 	defer cancel()
 	gql := cfg.Proto == ProtoGraphQL
-	var conn *websocket.Conn
+	var conn wireConn
+	var gc *wsConn
+	var nc *websocket.Conn
 	if gql {
-		conn, err = dial(dctx, &cfg, cfg.GraphQLURL, []string{gqlSubprotocol})
-	} else {
-		conn, err = dialWS(dctx, &cfg)
+		if gc, err = dialGraphQL(dctx, &cfg); err == nil {
+			conn = gc
+		}
+	} else if nc, err = dialWS(dctx, &cfg); err == nil {
+		conn = &nativeConn{Conn: nc}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: %w", err)
 	}
 	defer conn.CloseNow()
 	if gql {
-		err = gqlInit(dctx, conn)
-	} else if _, err = await(dctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
+		err = gqlInit(dctx, gc)
+	} else if _, err = await(dctx, nc, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
 		err = fmt.Errorf("await ready: %w", err)
 	}
 	if err != nil {
@@ -87,25 +91,27 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 	}
 	start := time.Now()
 	if gql {
-		err = gqlSubscribe(dctx, conn, cfg.Subject, cursor)
+		err = gqlSubscribe(dctx, gc, cfg.Subject, cursor)
 	} else {
 		sub, _ := json.Marshal(map[string]string{"type": "subscribe", "id": subID, "subject": cfg.Subject, "from": cursor})
-		err = conn.Write(dctx, websocket.MessageText, sub)
+		err = nc.Write(dctx, websocket.MessageText, sub)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: resume: %w", err)
 	}
+	// Reads take no context (wireConn): the connection is closed when dctx ends.
+	unwatch := context.AfterFunc(dctx, func() { _ = conn.CloseNow() })
+	defer unwatch()
 	c := &client{gql: gql, conn: conn, v: newVerifier(behind)}
 	for !c.v.complete() {
-		_, r, err := conn.Reader(dctx)
-		if err == nil {
-			c.buf.Reset()
-			_, err = c.buf.ReadFrom(r)
-		}
+		msg, at, err := conn.ReadMessage()
 		if err != nil {
+			if dctx.Err() != nil {
+				err = fmt.Errorf("%w (%v)", dctx.Err(), err)
+			}
 			return nil, fmt.Errorf("loadtest: resume: after %d of %d events: %w", c.v.delivered, behind, err)
 		}
-		c.handleFrame(c.buf.Bytes(), time.Now().UnixNano())
+		c.handleFrame(msg, at)
 		if c.serverErrors > 0 {
 			return nil, fmt.Errorf("%w: %s", ErrRejected, c.firstServerError)
 		}
@@ -113,7 +119,9 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 	res := &ResumeResult{Behind: behind, Received: int(c.v.delivered), CatchUp: time.Since(start), Cursor: cursor}
 	res.EventsPerSec = float64(res.Received) / res.CatchUp.Seconds()
 	res.OK = c.v.gaps == 0 && c.v.dups == 0 && c.v.missing() == 0
-	_ = conn.Close(websocket.StatusNormalClosure, "done")
+	if unwatch() {
+		conn.CloseNormal(dctx)
+	}
 	return res, nil
 }
 

@@ -38,6 +38,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 		idle       time.Duration
 		behind     int
 		brokerKind string
+		cpuProfile string
 	)
 	fs := c.fs
 	fs.IntVar(&cfg.Clients, "clients", loadtest.DefaultClients, "WebSocket clients, each subscribed to the hot subject")
@@ -64,6 +65,7 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	fs.IntVar(&cfg.ResumeDrops, "resume-drops", 1, "with --resume: how many times each resuming client drops")
 	fs.Uint64Var(&cfg.ResumeSeed, "resume-seed", 0, "with --resume: seed choosing the resuming clients and their drop points (0: a random one, printed with the result; give it to repeat a run)")
 	fs.IntVar(&behind, "resume-behind", 0, "instead of the fan-out test: a client leaves, this many events are published, and it resumes from its cursor; reports the catch-up rate (needs --broker jetstream on the gateway)")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "fan-out test: write a CPU profile of this (the loadtest) process, from the first publish to the end of delivery, to this file (go tool pprof)")
 	fs.DurationVar(&idle, "idle", 0, "instead of publishing: connect --clients subscribed clients, wait this long, and report the gateway's RSS per idle connection")
 	c.run = func([]string) error {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -133,6 +135,14 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 		}
 		if !asJSON {
 			cfg.Progress = os.Stderr
+		}
+		if cpuProfile != "" {
+			f, err := os.Create(cpuProfile)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			cfg.CPUProfile = f
 		}
 		res, err := loadtest.Run(ctx, cfg)
 		if err != nil {
