@@ -19,14 +19,9 @@ import (
 // this process) on a real embedded NATS server: every client must get every
 // event exactly once and in order, and the gateway's figures are sampled.
 func TestRunAgainstGateway(t *testing.T) {
-	natsURL := startNATS(t)
+	natsURL, b := startNATSBroker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := broker.DialNATS(ctx, broker.NATSConfig{URL: natsURL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() }) // after the gateway's cleanup: cleanups run last-in first-out
 	wsURL := startGateway(t, b, nil)
 
 	var progress strings.Builder
@@ -112,16 +107,11 @@ func TestRunGraphQLAgainstGateway(t *testing.T) {
 // TestRunGraphQLRejected checks that a GraphQL subscription the gateway
 // refuses fails the run before anything is published, naming its code.
 func TestRunGraphQLRejected(t *testing.T) {
-	natsURL := startNATS(t)
+	natsURL, b := startNATSBroker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := broker.DialNATS(ctx, broker.NATSConfig{URL: natsURL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
 	wsURL := gatewaytest.Start(t, gateway.Config{Broker: b, Subjects: []string{"other.>"}}).WSURL()
-	_, err = Run(ctx, Config{URL: wsURL, NATSURL: natsURL, Proto: ProtoGraphQL, Clients: 3, Events: 10, Timeout: 5 * time.Second})
+	_, err := Run(ctx, Config{URL: wsURL, NATSURL: natsURL, Proto: ProtoGraphQL, Clients: 3, Events: 10, Timeout: 5 * time.Second})
 	if !errors.Is(err, ErrRejected) {
 		t.Fatalf("err = %v, want ErrRejected", err)
 	}
@@ -213,18 +203,13 @@ func TestRunWithResumingClients(t *testing.T) {
 // before connecting them when the gateway cannot resume: when no stream
 // stores the subject, and when one does but the gateway runs on Core NATS.
 func TestRunResumeNeedsHistory(t *testing.T) {
+	natsURL, b := startNATSBroker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	natsURL := startNATS(t)
-	b, err := broker.DialNATS(ctx, broker.NATSConfig{URL: natsURL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
 	wsURL := startGateway(t, b, nil)
 	cfg := Config{URL: wsURL, NATSURL: natsURL, Broker: "jetstream", Clients: 5, Events: 10, ResumeShare: 0.5, Timeout: 5 * time.Second}
 
-	_, err = Run(ctx, cfg)
+	_, err := Run(ctx, cfg)
 	if !errors.Is(err, ErrNotDurable) {
 		t.Fatalf("no stream: err = %v, want ErrNotDurable", err)
 	}

@@ -13,8 +13,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/fanwire/fanwire/broker"
 )
 
 // wsPeer is the server side of a wsConn under test: a loopback TCP
@@ -472,14 +470,9 @@ func TestWSReadMessageAllocs(t *testing.T) {
 // connection the gateway closes is reported with its close code and
 // reason: a malformed message makes it close with 4400.
 func TestGraphQLCloseReported(t *testing.T) {
-	natsURL := startNATS(t)
+	_, b := startNATSBroker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := broker.DialNATS(ctx, broker.NATSConfig{URL: natsURL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
 	cfg := Config{URL: startGateway(t, b, nil), Proto: ProtoGraphQL, Events: 10, Timeout: 5 * time.Second}
 	if err := cfg.setDefaults(); err != nil {
 		t.Fatal(err)
@@ -511,14 +504,9 @@ func TestGraphQLCloseReported(t *testing.T) {
 // end of a run does) completes a close handshake with the gateway at once,
 // with and without a reader.
 func TestGraphQLCloseHandshake(t *testing.T) {
-	natsURL := startNATS(t)
+	_, b := startNATSBroker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := broker.DialNATS(ctx, broker.NATSConfig{URL: natsURL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
 	cfg := Config{URL: startGateway(t, b, nil), Proto: ProtoGraphQL, Events: 10, Timeout: 5 * time.Second}
 	if err := cfg.setDefaults(); err != nil {
 		t.Fatal(err)
