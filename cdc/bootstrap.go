@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -22,7 +23,7 @@ import (
 // nothing is missed or doubled between the two.
 // The record goes through state, a connection outside the snapshot's
 // read-only transaction.
-func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[string][]string, snapshot string, at pglogrepl.LSN, pub *publisher) error {
+func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[string][]string, docs *docEngine, snapshot string, at pglogrepl.LSN, pub *publisher) error {
 	cfg := &in.cfg
 	conn, err := pgx.Connect(ctx, cfg.DSN)
 	if err != nil {
@@ -80,6 +81,13 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 		total += n
 		in.bootRows.Add(uint64(n))
 		in.log.Info("ingest: bootstrapped table", zap.String("table", q), zap.Int("rows", n))
+	}
+	if docs != nil {
+		n, err := in.bootstrapDocs(ctx, tx, docs, tx0, pub)
+		if err != nil {
+			return err
+		}
+		total += n
 	}
 	if err := pub.sync(ctx); err != nil {
 		return err
@@ -141,6 +149,62 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema,
 		return nil, fmt.Errorf("postgres: bootstrap %s: %w", q, err)
 	}
 	return evs, nil
+}
+
+// bootstrapDocs publishes every document of every projection, composed in
+// the bootstrap's snapshot, and returns how many.
+func (in *Ingest) bootstrapDocs(ctx context.Context, tx pgx.Tx, docs *docEngine, tx0 *txn, pub *publisher) (int, error) {
+	total := 0
+	for pi, p := range docs.projs {
+		cur := fmt.Sprintf("fanwire_bootstrap_doc_%d", pi)
+		if _, err := tx.Exec(ctx, "DECLARE "+cur+" NO SCROLL CURSOR FOR SELECT "+p.key.ident+"::text FROM "+p.root.ident+" ORDER BY "+p.key.ident); err != nil {
+			return total, fmt.Errorf("postgres: bootstrap projection %q: %w", p.spec.Name, err)
+		}
+		n := 0
+		for {
+			rows, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", in.cfg.BootstrapChunk, cur), pgx.QueryExecModeSimpleProtocol)
+			if err != nil {
+				return total, fmt.Errorf("postgres: bootstrap projection %q: %w", p.spec.Name, err)
+			}
+			var keys [][]byte
+			for rows.Next() {
+				keys = append(keys, bytes.Clone(rows.RawValues()[0]))
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return total, fmt.Errorf("postgres: bootstrap projection %q: %w", p.spec.Name, err)
+			}
+			if len(keys) == 0 {
+				break
+			}
+			var evs []broker.Outgoing
+			for start := 0; start < len(keys); start += docs.chunk {
+				part := keys[start:min(start+docs.chunk, len(keys))]
+				out, err := docs.compose(ctx, tx, p, part)
+				if err != nil {
+					return total, err
+				}
+				for i, doc := range out {
+					if doc == nil {
+						continue // cannot happen in one snapshot
+					}
+					id := bootstrapID("projection "+p.spec.Name, [][]byte{part[i], doc})
+					ev, err := docEvent(p, part[i], doc, id, tx0.commitLSN, tx0.commitTime)
+					if err != nil {
+						return total, err
+					}
+					evs = append(evs, ev)
+				}
+			}
+			if err := pub.add(ctx, evs, 0, time.Time{}); err != nil {
+				return total, err
+			}
+			n += len(evs)
+		}
+		total += n
+		in.log.Info("ingest: bootstrapped projection", zap.String("projection", p.spec.Name), zap.Int("documents", n))
+	}
+	return total, nil
 }
 
 func quoteString(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

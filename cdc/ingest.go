@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -110,9 +111,24 @@ func (in *Ingest) runOnce(ctx context.Context) error {
 	if err != nil {
 		return errFatal{err}
 	}
-	keys, err := ensurePublication(ctx, conn, cfg.Publication, cfg.Tables)
+	// Projections are checked against the catalog first. The publication
+	// holds their tables too, but only the tables --tables names publish
+	// table events.
+	var docs *docEngine
+	pubTables := cfg.Tables
+	if len(cfg.Projections) > 0 {
+		if docs, err = in.newDocEngine(ctx, conn); err != nil {
+			return err
+		}
+		defer docs.close()
+		pubTables = slices.Concat(cfg.Tables, projectionTables(cfg.Projections))
+	}
+	keys, err := ensurePublication(ctx, conn, cfg.Publication, pubTables)
 	if err != nil {
 		return errFatal{err}
+	}
+	if docs != nil {
+		keys = tableEventKeys(keys, cfg.Tables)
 	}
 	st, err := lookupSlot(ctx, conn, cfg.Slot)
 	if err != nil {
@@ -173,7 +189,7 @@ func (in *Ingest) runOnce(ctx context.Context) error {
 		in.log.Info("ingest: created slot; bootstrapping", zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", start))
 		// The snapshot lives until the replication connection runs its next
 		// command: bootstrap before starting replication.
-		if err := in.bootstrap(ctx, conn, keys, res.SnapshotName, start, pub); err != nil {
+		if err := in.bootstrap(ctx, conn, keys, docs, res.SnapshotName, start, pub); err != nil {
 			return err
 		}
 	}
@@ -191,7 +207,7 @@ func (in *Ingest) runOnce(ctx context.Context) error {
 	}
 	in.ready.Store(true)
 	in.log.Info("ingest: tailing", zap.String("slot", cfg.Slot), zap.String("publication", cfg.Publication), zap.Int("tables", len(keys)))
-	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys), pub: pub, streamed: make(map[uint32][]change), hbConn: conn}
+	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys), pub: pub, streamed: make(map[uint32][]change), hbConn: conn, docs: docs}
 	return r.run(ctx)
 }
 
@@ -200,6 +216,7 @@ type reader struct {
 	in        *Ingest
 	conn      *pgconn.PgConn
 	rels      *relations
+	docs      *docEngine // projections; nil without
 	pub       *publisher
 	hbConn    *pgx.Conn // for heartbeats; owned by the reader once tailing
 	cur       *txn      // the transaction being received (not streamed)
@@ -411,6 +428,10 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	var evs []broker.Outgoing
 	done := 0 // events of the transaction already handed to the publisher
 	id := func(i int) string { return eventID(t.commitLSN, done+i) }
+	var dc *docChanges // the documents the transaction affects
+	if r.docs != nil {
+		dc = newDocChanges()
+	}
 	for i := range t.changes {
 		// A big transaction goes to the publisher in MaxBatch slices as its
 		// events are built (only the last slice confirms its end), and its
@@ -428,6 +449,11 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 			route := metrics.RouteSkip
 			for _, rel := range c.truncs {
 				tb := r.rels.byID[rel]
+				if tb != nil && r.docs != nil {
+					if err := r.docs.observeTruncate(ctx, dc, tb); err != nil {
+						return err
+					}
+				}
 				if tb == nil || !tb.published() {
 					continue
 				}
@@ -441,6 +467,9 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		if tb == nil {
 			return fmt.Errorf("postgres: change for relation %d before its Relation message", c.rel)
 		}
+		if r.docs != nil {
+			r.docs.observe(dc, tb, c)
+		}
 		if !tb.published() {
 			r.in.wal.Observe(metrics.Kind(c.kind), metrics.RouteSkip)
 			continue
@@ -451,6 +480,14 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 			return err
 		}
 		*c = change{}
+	}
+	if dc != nil && !dc.empty() {
+		// The documents, recomposed once each however many of their rows
+		// the transaction changed, after its table events.
+		var err error
+		if evs, err = r.docs.events(ctx, evs, dc, t.commitLSN, t.commitTime, id); err != nil {
+			return err
+		}
 	}
 	r.received = t.endLSN
 	r.in.oldest.CompareAndSwap(0, t.commitTime.UnixNano())

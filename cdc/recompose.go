@@ -1,0 +1,921 @@
+package cdc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+)
+
+// A projection's documents are a primary row with embedded child rows
+// (docs/projections.md). This file is the sql mode: a change to any table
+// of a projection is mapped to the primary keys of the documents it
+// affects (reverse lookup: directly from the changed row where the join
+// reaches the primary key, otherwise with batched queries), the affected
+// documents of a transaction are coalesced, re-read with batched
+// `= ANY($1)` queries, one per relation level, and published after the
+// transaction's table events, in commit order.
+
+// docNode is one relation of a projection: the primary table (root) or an
+// embedded one.
+type docNode struct {
+	spec     *EmbedSpec // nil for the root
+	schema   string
+	name     string
+	nameKey  string   // "schema.table"
+	ident    string   // quoted "schema"."table"
+	as       []byte   // `"items":` (not the root)
+	many     bool     // a list of rows
+	orderBy  string   // quoted column (many)
+	cols     []docCol // the document's columns
+	on       []docJoin
+	parent   *docNode
+	children []*docNode
+	depth    int
+	proj     *docProjection
+}
+
+// docCol is a selected column.
+type docCol struct {
+	name     string
+	ident    string // quoted
+	typ      string // format_type, for casts of text arrays
+	oid      uint32
+	jsonName []byte // "name":
+}
+
+// docJoin is one pair of a relation's on: child column = parent column.
+type docJoin struct {
+	child, parent docCol
+}
+
+// docProjection is one resolved ProjectionSpec.
+type docProjection struct {
+	spec    *ProjectionSpec
+	root    *docNode
+	key     docCol
+	subject string // <prefix>.<name>
+	nodes   []*docNode
+}
+
+// docEngine serves every projection of an ingest.
+type docEngine struct {
+	projs   []*docProjection
+	byTable map[string][]*docNode // "schema.table" → the nodes on that table
+	db      querier               // where documents are re-read (a pool)
+	pool    *pgxpool.Pool
+	chunk   int // keys per query
+	workers int // concurrent queries
+	log     *zap.Logger
+}
+
+// querier runs queries: a pool, a connection or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// catalogColumn is what the catalog says of a column.
+type catalogColumn struct {
+	oid uint32
+	typ string
+}
+
+// catalogTable is what the catalog says of a table.
+type catalogTable struct {
+	cols      map[string]catalogColumn
+	order     []string // attnum order
+	pkey      []string
+	replIdent byte     // relreplident: 'd' default, 'f' full, 'i' index, 'n' nothing
+	indexed   []string // columns that lead some index
+}
+
+func splitTable(s string) (schema, name string) {
+	if schema, name, ok := strings.Cut(s, "."); ok {
+		return schema, name
+	}
+	return "public", s
+}
+
+// loadCatalog reads what resolving projections needs of the named tables.
+func loadCatalog(ctx context.Context, q querier, tables []string) (map[string]*catalogTable, error) {
+	out := make(map[string]*catalogTable)
+	for _, t := range tables {
+		if _, ok := out[t]; ok {
+			continue
+		}
+		schema, name := splitTable(t)
+		rows, err := q.Query(ctx, `
+			SELECT a.attname, a.atttypid, format_type(a.atttypid, a.atttypmod), c.relreplident,
+			       coalesce(a.attnum = ANY((SELECT i.indkey::int2[] FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)::int2[]), false),
+			       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indkey[0] = a.attnum)
+			FROM pg_class c
+			JOIN pg_namespace n ON n.oid = c.relnamespace
+			JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+			WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')
+			ORDER BY a.attnum`, schema, name)
+		if err != nil {
+			return nil, fmt.Errorf("postgres: read the catalog of %s: %w", t, err)
+		}
+		ct := &catalogTable{cols: make(map[string]catalogColumn)}
+		for rows.Next() {
+			var col, typ string
+			var oid uint32
+			var ident byte
+			var pk, idx bool
+			if err := rows.Scan(&col, &oid, &typ, &ident, &pk, &idx); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("postgres: read the catalog of %s: %w", t, err)
+			}
+			ct.cols[col] = catalogColumn{oid: oid, typ: typ}
+			ct.order = append(ct.order, col)
+			ct.replIdent = ident
+			if pk {
+				ct.pkey = append(ct.pkey, col)
+			}
+			if idx {
+				ct.indexed = append(ct.indexed, col)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("postgres: read the catalog of %s: %w", t, err)
+		}
+		if len(ct.order) == 0 {
+			out[t] = nil // unknown
+			continue
+		}
+		out[t] = ct
+	}
+	return out, nil
+}
+
+// projectionTables lists every table the specs name, qualified.
+func projectionTables(specs []ProjectionSpec) []string {
+	var out []string
+	var walk func(es []EmbedSpec)
+	walk = func(es []EmbedSpec) {
+		for i := range es {
+			s, n := splitTable(es[i].Table)
+			out = append(out, qualified(s, n))
+			walk(es[i].Embed)
+		}
+	}
+	for i := range specs {
+		s, n := splitTable(specs[i].Table)
+		out = append(out, qualified(s, n))
+		walk(specs[i].Embed)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// resolveProjections checks the specs against the live catalog: every
+// table and column exists, the key is the primary table's primary key,
+// joins compare equal types, and every embedded table sends its old rows
+// (REPLICA IDENTITY FULL: a child that moves or is deleted must recompose
+// its former parent). Every problem is reported, each naming the
+// projection and the field. Join columns a lookup filters on without an
+// index are warned about, with the CREATE INDEX to run.
+func resolveProjections(ctx context.Context, q querier, specs []ProjectionSpec, prefix string, log *zap.Logger) ([]*docProjection, error) {
+	cat, err := loadCatalog(ctx, q, projectionTables(specs))
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	var out []*docProjection
+	for pi := range specs {
+		ps := &specs[pi]
+		where := fmt.Sprintf("projection %q", ps.Name)
+		p := &docProjection{spec: ps, subject: prefix + "." + subjectToken(ps.Name)}
+		root, rerrs := resolveNode(cat, where, ps.Table, ps.Columns, nil, nil, p)
+		errs = append(errs, rerrs...)
+		if root == nil {
+			continue
+		}
+		p.root = root
+		ct := cat[root.nameKey]
+		switch {
+		case len(ct.pkey) == 0:
+			errs = append(errs, fmt.Errorf("%s: table %s has no primary key: a document needs one (key: %q)", where, root.nameKey, ps.Key))
+		case len(ct.pkey) != 1 || ct.pkey[0] != ps.Key:
+			errs = append(errs, fmt.Errorf("%s: key %q: the primary key of %s is (%s); key must be that one column", where, ps.Key, root.nameKey, strings.Join(ct.pkey, ", ")))
+		default:
+			p.key = mkCol(ps.Key, ct.cols[ps.Key])
+			if !slices.ContainsFunc(root.cols, func(c docCol) bool { return c.name == ps.Key }) {
+				errs = append(errs, fmt.Errorf("%s: columns must include the key %q", where, ps.Key))
+			}
+		}
+		errs = append(errs, resolveEmbeds(cat, where, root, ps.Embed, p)...)
+		out = append(out, p)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	for _, p := range out {
+		for _, n := range p.nodes {
+			warnIndexes(cat, n, log)
+		}
+	}
+	return out, nil
+}
+
+func mkCol(name string, c catalogColumn) docCol {
+	return docCol{name: name, ident: pgx.Identifier{name}.Sanitize(), typ: c.typ, oid: c.oid, jsonName: append(AppendJSONString(nil, []byte(name)), ':')}
+}
+
+func resolveNode(cat map[string]*catalogTable, where, table string, columns []string, spec *EmbedSpec, parent *docNode, p *docProjection) (*docNode, []error) {
+	schema, name := splitTable(table)
+	n := &docNode{spec: spec, schema: schema, name: name, nameKey: qualified(schema, name), ident: pgx.Identifier{schema, name}.Sanitize(), parent: parent, proj: p}
+	ct := cat[n.nameKey]
+	if ct == nil {
+		return nil, []error{fmt.Errorf("%s: table %s does not exist", where, n.nameKey)}
+	}
+	var errs []error
+	if len(columns) == 0 {
+		columns = ct.order
+	}
+	for _, c := range columns {
+		cc, ok := ct.cols[c]
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s: columns: %s has no column %q", where, n.nameKey, c))
+			continue
+		}
+		n.cols = append(n.cols, mkCol(c, cc))
+	}
+	if parent != nil {
+		n.depth = parent.depth + 1
+	}
+	p.nodes = append(p.nodes, n)
+	return n, errs
+}
+
+func resolveEmbeds(cat map[string]*catalogTable, where string, parent *docNode, embeds []EmbedSpec, p *docProjection) []error {
+	var errs []error
+	pct := cat[parent.nameKey]
+	for i := range embeds {
+		es := &embeds[i]
+		w := fmt.Sprintf("%s: embed %q", where, es.As)
+		n, nerrs := resolveNode(cat, w, es.Table, es.Columns, es, parent, p)
+		errs = append(errs, nerrs...)
+		if n == nil {
+			continue
+		}
+		ct := cat[n.nameKey]
+		n.as = append(AppendJSONString(nil, []byte(es.As)), ':')
+		n.many = es.Many
+		if n.many {
+			ob := es.OrderBy
+			if ob == "" && len(ct.pkey) > 0 {
+				ob = strings.Join(ct.pkey, ", ")
+				n.orderBy = strings.Join(quoteAll(ct.pkey), ", ")
+			} else if ob != "" {
+				if _, ok := ct.cols[ob]; !ok {
+					errs = append(errs, fmt.Errorf("%s: order_by: %s has no column %q", w, n.nameKey, ob))
+				}
+				n.orderBy = pgx.Identifier{ob}.Sanitize()
+			}
+		}
+		childCols := make([]string, 0, len(es.On))
+		for c := range es.On {
+			childCols = append(childCols, c)
+		}
+		slices.Sort(childCols)
+		if len(childCols) == 0 {
+			errs = append(errs, fmt.Errorf("%s: on: needs at least one child column: parent column pair", w))
+		}
+		for _, c := range childCols {
+			pc := es.On[c]
+			cc, ok1 := ct.cols[c]
+			pcc, ok2 := pct.cols[pc]
+			if !ok1 {
+				errs = append(errs, fmt.Errorf("%s: on: %s has no column %q", w, n.nameKey, c))
+			}
+			if !ok2 {
+				errs = append(errs, fmt.Errorf("%s: on: %s has no column %q", w, parent.nameKey, pc))
+			}
+			if ok1 && ok2 && cc.oid != pcc.oid {
+				errs = append(errs, fmt.Errorf("%s: on: %s.%s is %s but %s.%s is %s: a join needs equal types", w, n.nameKey, c, cc.typ, parent.nameKey, pc, pcc.typ))
+			}
+			if ok1 && ok2 {
+				n.on = append(n.on, docJoin{child: mkCol(c, cc), parent: mkCol(pc, pcc)})
+			}
+		}
+		if ct.replIdent != 'f' {
+			errs = append(errs, fmt.Errorf("%s: table %s must send its old rows, so that a row that moves or is deleted recomposes its former parent: ALTER TABLE %s REPLICA IDENTITY FULL", w, n.nameKey, n.ident))
+		}
+		if n.depth > 4 {
+			errs = append(errs, fmt.Errorf("%s: embeds nest at most 4 deep", w))
+		}
+		parent.children = append(parent.children, n)
+		errs = append(errs, resolveEmbeds(cat, w, n, es.Embed, p)...)
+	}
+	return errs
+}
+
+func quoteAll(names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = pgx.Identifier{n}.Sanitize()
+	}
+	return out
+}
+
+// warnIndexes warns about join columns that a query filters on without an
+// index: the child's columns (composing a document reads its children by
+// them) and the parent's, unless they are its key (a changed child finds
+// its parents by them).
+func warnIndexes(cat map[string]*catalogTable, n *docNode, log *zap.Logger) {
+	if n.parent == nil || len(n.on) == 0 {
+		return
+	}
+	check := func(t *docNode, col string) {
+		ct := cat[t.nameKey]
+		if ct == nil || slices.Contains(ct.indexed, col) {
+			return
+		}
+		log.Warn("projection: a lookup column has no index; every lookup scans the table",
+			zap.String("projection", n.proj.spec.Name), zap.String("table", t.nameKey), zap.String("column", col),
+			zap.String("fix", fmt.Sprintf("CREATE INDEX ON %s (%s)", t.ident, pgx.Identifier{col}.Sanitize())))
+	}
+	check(n, n.on[0].child.name)
+	if n.parent.parent != nil || n.on[0].parent.name != n.proj.key.name {
+		check(n.parent, n.on[0].parent.name)
+	}
+}
+
+// docChanges collects, for one transaction, the primary keys of the
+// documents its changes affect, and the lookups still to run.
+type docChanges struct {
+	keys    map[*docProjection]map[string]struct{}
+	pending map[*docNode]map[string][][]byte // node → parent-column values (tuple key → values) to find parents by
+}
+
+func newDocChanges() *docChanges {
+	return &docChanges{keys: make(map[*docProjection]map[string]struct{}), pending: make(map[*docNode]map[string][][]byte)}
+}
+
+func (d *docChanges) empty() bool { return len(d.keys) == 0 && len(d.pending) == 0 }
+
+func (d *docChanges) addKey(p *docProjection, key []byte) {
+	m := d.keys[p]
+	if m == nil {
+		m = make(map[string]struct{})
+		d.keys[p] = m
+	}
+	m[string(key)] = struct{}{}
+}
+
+// addParentLookup records that the parent rows of n whose join columns hold
+// vals are affected.
+func (d *docChanges) addParentLookup(n *docNode, vals [][]byte) {
+	m := d.pending[n]
+	if m == nil {
+		m = make(map[string][][]byte)
+		d.pending[n] = m
+	}
+	k := tupleKey(vals)
+	if _, ok := m[k]; !ok {
+		m[k] = cloneAll(vals)
+	}
+}
+
+func tupleKey(vals [][]byte) string {
+	var b strings.Builder
+	for _, v := range vals {
+		if v == nil {
+			b.WriteString("\x00N")
+			continue
+		}
+		b.WriteString("\x00V")
+		b.Write(v)
+	}
+	return b.String()
+}
+
+func cloneAll(vals [][]byte) [][]byte {
+	out := make([][]byte, len(vals))
+	for i, v := range vals {
+		if v != nil {
+			out[i] = bytes.Clone(v)
+		}
+	}
+	return out
+}
+
+// rowValue returns the text of column name in row, and whether the row has
+// it (nil for NULL).
+func rowValue(t *table, row *pglogrepl.TupleData, name string) ([]byte, bool) {
+	i := t.column(name)
+	if row == nil || i < 0 || i >= len(row.Columns) {
+		return nil, false
+	}
+	c := row.Columns[i]
+	switch c.DataType {
+	case pglogrepl.TupleDataTypeText:
+		return c.Data, true
+	case pglogrepl.TupleDataTypeNull:
+		return nil, true
+	}
+	return nil, false // unchanged TOAST: not sent
+}
+
+// observe maps change c of table t to the documents it affects.
+func (e *docEngine) observe(d *docChanges, t *table, c *change) {
+	for _, n := range e.byTable[t.nameKey] {
+		for _, row := range []*pglogrepl.TupleData{c.newRow, c.oldRow} {
+			if row == nil {
+				continue
+			}
+			if n.parent == nil {
+				if v, ok := rowValue(t, row, n.proj.key.name); ok && v != nil {
+					d.addKey(n.proj, v)
+				}
+				continue
+			}
+			vals := make([][]byte, len(n.on))
+			ok := true
+			for i, j := range n.on {
+				v, has := rowValue(t, row, j.child.name)
+				if !has || v == nil { // a NULL join value joins no parent
+					ok = false
+					break
+				}
+				vals[i] = v
+			}
+			if ok {
+				d.addParentLookup(n, vals)
+			}
+		}
+	}
+}
+
+// observeTruncate: a truncated table of a projection affects every one of
+// its documents whose relations it holds; the simplest exact answer is to
+// recompose them all, which the engine does by reading every key.
+func (e *docEngine) observeTruncate(ctx context.Context, d *docChanges, t *table) error {
+	for _, n := range e.byTable[t.nameKey] {
+		p := n.proj
+		if n.parent == nil {
+			continue // the documents are gone: their keys are unknown now (a truncate event per projection follows)
+		}
+		rows, err := e.db.Query(ctx, "SELECT "+p.key.ident+"::text FROM "+p.root.ident)
+		if err != nil {
+			return fmt.Errorf("postgres: projection %q: %w", p.spec.Name, err)
+		}
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				rows.Close()
+				return err
+			}
+			d.addKey(p, []byte(k))
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resolve runs the pending parent lookups, deepest relations first, until
+// every affected document is known by its primary key.
+func (e *docEngine) resolve(ctx context.Context, d *docChanges) error {
+	for len(d.pending) > 0 {
+		var deepest *docNode
+		for n := range d.pending {
+			if deepest == nil || n.depth > deepest.depth || (n.depth == deepest.depth && n.nameKey < deepest.nameKey) {
+				deepest = n
+			}
+		}
+		tuples := d.pending[deepest]
+		delete(d.pending, deepest)
+		parent := deepest.parent
+		p := deepest.proj
+		// Direct: the join reaches the primary key itself.
+		if parent.parent == nil && len(deepest.on) == 1 && deepest.on[0].parent.name == p.key.name {
+			for _, vals := range tuples {
+				d.addKey(p, vals[0])
+			}
+			continue
+		}
+		// Query the parent rows by the join columns: the root's keys, or
+		// the parent's own join values towards its parent.
+		var sel []string
+		if parent.parent == nil {
+			sel = []string{p.key.ident}
+		} else {
+			for _, j := range parent.on {
+				sel = append(sel, j.child.ident)
+			}
+		}
+		cols := make([]docCol, len(deepest.on))
+		for i, j := range deepest.on {
+			cols[i] = j.parent
+		}
+		list := make([][][]byte, 0, len(tuples))
+		for _, v := range tuples {
+			list = append(list, v)
+		}
+		err := e.queryByTuples(ctx, e.db, parent, sel, cols, list, "", func(raw [][]byte) {
+			if parent.parent == nil {
+				if raw[0] != nil {
+					d.addKey(p, raw[0])
+				}
+				return
+			}
+			for _, v := range raw {
+				if v == nil {
+					return
+				}
+			}
+			d.addParentLookup(parent, raw)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// queryByTuples selects sel (as text) from n's rows whose cols hold one of
+// tuples, in chunks, calling fn for each row (its values are valid during
+// the call only).
+func (e *docEngine) queryByTuples(ctx context.Context, q querier, n *docNode, sel []string, cols []docCol, tuples [][][]byte, order string, fn func(raw [][]byte)) error {
+	texts := make([]string, len(sel))
+	for i, s := range sel {
+		texts[i] = s + "::text"
+	}
+	chunk := e.chunk
+	for start := 0; start < len(tuples); start += chunk {
+		part := tuples[start:min(start+chunk, len(tuples))]
+		args := make([]any, len(cols))
+		for ci := range cols {
+			arr := make([]*string, len(part))
+			for ti, t := range part {
+				if t[ci] != nil {
+					s := string(t[ci])
+					arr[ti] = &s
+				}
+			}
+			args[ci] = arr
+		}
+		sql := "SELECT " + strings.Join(texts, ", ") + " FROM " + n.ident + " WHERE " + tupleFilter(cols)
+		if order != "" {
+			sql += " ORDER BY " + order
+		}
+		rows, err := q.Query(ctx, sql, args...)
+		if err != nil {
+			return fmt.Errorf("postgres: projection %q, %s: %w", n.proj.spec.Name, n.nameKey, err)
+		}
+		for rows.Next() {
+			raw := rows.RawValues()
+			fn(raw)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("postgres: projection %q, %s: %w", n.proj.spec.Name, n.nameKey, err)
+		}
+	}
+	return nil
+}
+
+// tupleFilter is the WHERE condition "cols equal one of the tuples passed
+// as one text array per column".
+func tupleFilter(cols []docCol) string {
+	if len(cols) == 1 {
+		return cols[0].ident + " = ANY($1::text[]::" + cols[0].typ + "[])"
+	}
+	var lhs, un []string
+	for i, c := range cols {
+		lhs = append(lhs, c.ident)
+		un = append(un, fmt.Sprintf("$%d::text[]::%s[]", i+1, c.typ))
+	}
+	return "(" + strings.Join(lhs, ", ") + ") IN (SELECT * FROM unnest(" + strings.Join(un, ", ") + "))"
+}
+
+// composedRow is one row of a relation, read for composing documents.
+type composedRow struct {
+	vals     [][]byte // the node's cols, text (nil: NULL)
+	extra    [][]byte // the node's extras (joinExtras), text
+	children [][]*composedRow
+}
+
+// joinExtras lists the columns of n its children join on that are not in
+// its document columns: they are read too.
+func joinExtras(n *docNode) []docCol {
+	var out []docCol
+	for _, c := range n.children {
+		for _, j := range c.on {
+			if !slices.ContainsFunc(n.cols, func(x docCol) bool { return x.name == j.parent.name }) &&
+				!slices.ContainsFunc(out, func(x docCol) bool { return x.name == j.parent.name }) {
+				out = append(out, j.parent)
+			}
+		}
+	}
+	return out
+}
+
+// value returns column name of row r of node n (from its columns or its
+// extras).
+func (n *docNode) value(r *composedRow, extras []docCol, name string) []byte {
+	if i := slices.IndexFunc(n.cols, func(c docCol) bool { return c.name == name }); i >= 0 {
+		return r.vals[i]
+	}
+	if i := slices.IndexFunc(extras, func(c docCol) bool { return c.name == name }); i >= 0 {
+		return r.extra[i]
+	}
+	return nil
+}
+
+func idents(cols []docCol) []string {
+	out := make([]string, len(cols))
+	for i, c := range cols {
+		out[i] = c.ident
+	}
+	return out
+}
+
+// compose reads the documents of p with the given keys and returns, for
+// each key in order, its document (nil when the primary row is gone).
+func (e *docEngine) compose(ctx context.Context, q querier, p *docProjection, keys [][]byte) ([][]byte, error) {
+	root := p.root
+	tuples := make([][][]byte, len(keys))
+	for i, k := range keys {
+		tuples[i] = [][]byte{k}
+	}
+	extras := joinExtras(root)
+	byKey := make(map[string]*composedRow, len(keys))
+	var rows []*composedRow
+	sel := append(append(idents(root.cols), idents(extras)...), p.key.ident)
+	nc, nx := len(root.cols), len(extras)
+	err := e.queryByTuples(ctx, q, root, sel, []docCol{p.key}, tuples, "", func(raw [][]byte) {
+		r := &composedRow{vals: cloneAll(raw[:nc]), extra: cloneAll(raw[nc : nc+nx])}
+		byKey[string(raw[nc+nx])] = r
+		rows = append(rows, r)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := e.fill(ctx, q, root, extras, rows); err != nil {
+		return nil, err
+	}
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		r := byKey[string(k)]
+		if r == nil {
+			continue
+		}
+		b, err := appendDoc(make([]byte, 0, 512), root, r)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
+// fill reads the children of rows (of node n, read with extras),
+// recursively.
+func (e *docEngine) fill(ctx context.Context, q querier, n *docNode, extras []docCol, rows []*composedRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	for _, r := range rows {
+		r.children = make([][]*composedRow, len(n.children))
+	}
+	for ci, child := range n.children {
+		// The parents by the values the child joins on.
+		parents := make(map[string][]*composedRow)
+		var tuples [][][]byte
+		for _, r := range rows {
+			vals := make([][]byte, len(child.on))
+			ok := true
+			for i, j := range child.on {
+				if vals[i] = n.value(r, extras, j.parent.name); vals[i] == nil {
+					ok = false // NULL joins nothing
+					break
+				}
+			}
+			if !ok {
+				continue
+			}
+			k := tupleKey(vals)
+			if _, seen := parents[k]; !seen {
+				tuples = append(tuples, vals)
+			}
+			parents[k] = append(parents[k], r)
+		}
+		cx := joinExtras(child)
+		joinCols := make([]docCol, len(child.on))
+		for i, j := range child.on {
+			joinCols[i] = j.child
+		}
+		sel := append(append(idents(child.cols), idents(cx)...), idents(joinCols)...)
+		nc, nx, nj := len(child.cols), len(cx), len(joinCols)
+		var kids []*composedRow
+		err := e.queryByTuples(ctx, q, child, sel, joinCols, tuples, child.orderBy, func(raw [][]byte) {
+			kr := &composedRow{vals: cloneAll(raw[:nc]), extra: cloneAll(raw[nc : nc+nx])}
+			for _, pr := range parents[tupleKey(raw[nc+nx:nc+nx+nj])] {
+				pr.children[ci] = append(pr.children[ci], kr)
+			}
+			kids = append(kids, kr)
+		})
+		if err != nil {
+			return err
+		}
+		if err := e.fill(ctx, q, child, cx, kids); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// appendDoc appends row r of node n as a JSON object with its embeds.
+func appendDoc(b []byte, n *docNode, r *composedRow) ([]byte, error) {
+	b = append(b, '{')
+	var err error
+	for i, c := range n.cols {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, c.jsonName...)
+		if r.vals[i] == nil {
+			b = append(b, "null"...)
+			continue
+		}
+		if b, err = AppendValue(b, c.oid, r.vals[i]); err != nil {
+			return nil, fmt.Errorf("projection %q, %s column %s: %w", n.proj.spec.Name, n.nameKey, c.name, err)
+		}
+	}
+	for ci, child := range n.children {
+		if len(n.cols) > 0 || ci > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, child.as...)
+		kids := r.children[ci]
+		if child.many {
+			b = append(b, '[')
+			for k, kr := range kids {
+				if k > 0 {
+					b = append(b, ',')
+				}
+				if b, err = appendDoc(b, child, kr); err != nil {
+					return nil, err
+				}
+			}
+			b = append(b, ']')
+			continue
+		}
+		if len(kids) == 0 {
+			b = append(b, "null"...)
+			continue
+		}
+		if b, err = appendDoc(b, child, kids[0]); err != nil {
+			return nil, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// events recomposes every document d names and appends their events, in
+// the order of the projections and, within one, of their keys. ids numbers
+// them from the transaction's next event.
+func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docChanges, lsn pglogrepl.LSN, commitTime time.Time, id func(i int) string) ([]broker.Outgoing, error) {
+	if err := e.resolve(ctx, d); err != nil {
+		return evs, err
+	}
+	for _, p := range e.projs {
+		set := d.keys[p]
+		if len(set) == 0 {
+			continue
+		}
+		keys := make([][]byte, 0, len(set))
+		for k := range set {
+			keys = append(keys, []byte(k))
+		}
+		sort.Slice(keys, func(i, j int) bool { return bytes.Compare(keys[i], keys[j]) < 0 })
+		docs := make([][]byte, len(keys))
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(e.workers)
+		for start := 0; start < len(keys); start += e.chunk {
+			end := min(start+e.chunk, len(keys))
+			g.Go(func() error {
+				out, err := e.compose(gctx, e.db, p, keys[start:end])
+				copy(docs[start:end], out)
+				return err
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return evs, err
+		}
+		for i, k := range keys {
+			ev, err := docEvent(p, k, docs[i], id(len(evs)), lsn, commitTime)
+			if err != nil {
+				return evs, err
+			}
+			evs = append(evs, ev)
+		}
+	}
+	return evs, nil
+}
+
+// docEvent is a document's event: upsert with the document, or delete.
+func docEvent(p *docProjection, key, doc []byte, id string, lsn pglogrepl.LSN, commitTime time.Time) (broker.Outgoing, error) {
+	b := make([]byte, 0, 128+len(doc))
+	b = append(b, `{"id":"`...)
+	b = append(b, id...)
+	if doc == nil {
+		b = append(b, `","op":"delete","key":`...)
+	} else {
+		b = append(b, `","op":"upsert","key":`...)
+	}
+	var err error
+	if b, err = AppendValue(b, p.key.oid, key); err != nil {
+		return broker.Outgoing{}, fmt.Errorf("projection %q key: %w", p.spec.Name, err)
+	}
+	b = append(b, `,"lsn":"`...)
+	b = append(b, lsn.String()...)
+	b = append(b, `","commit_time":"`...)
+	b = commitTime.UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","doc":`...)
+	if doc == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, doc...)
+	}
+	b = append(b, '}')
+	return broker.Outgoing{Subject: p.subject + "." + subjectToken(string(key)), Data: b, ID: id}, nil
+}
+
+// tableEventKeys keeps, of the publication's tables, those whose table
+// events were asked for (tables, as --tables names them): with projections,
+// a table publishes table events only if --tables names it.
+func tableEventKeys(keys map[string][]string, tables []string) map[string][]string {
+	out := make(map[string][]string)
+	for _, t := range tables {
+		s, n := splitTable(t)
+		if k, ok := keys[qualified(s, n)]; ok {
+			out[qualified(s, n)] = k
+		}
+	}
+	return out
+}
+
+// Defaults of the sql mode.
+const (
+	docChunk   = 128 // keys per query
+	docWorkers = 8   // concurrent queries
+)
+
+// newDocEngine resolves the projections against the catalog and opens the
+// pool their queries run on, with the session settings pgoutput writes
+// values in (so a re-read value is the text a change carries).
+func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn) (*docEngine, error) {
+	cfg := &in.cfg
+	for i := range cfg.Projections {
+		if m := cfg.Projections[i].Mode; m != "" && m != ModeSQL {
+			return nil, errFatal{fmt.Errorf("projection %q: mode %q is not available yet: use mode: sql", cfg.Projections[i].Name, m)}
+		}
+	}
+	projs, err := resolveProjections(ctx, conn, cfg.Projections, cfg.Prefix, in.log)
+	if err != nil {
+		return nil, errFatal{err}
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.DSN)
+	if err != nil {
+		return nil, errFatal{fmt.Errorf("postgres: %w", err)}
+	}
+	pcfg.MaxConns = docWorkers
+	for k, v := range map[string]string{"DateStyle": "ISO", "TimeZone": "UTC", "bytea_output": "hex", "extra_float_digits": "3"} {
+		pcfg.ConnConfig.RuntimeParams[k] = v
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: projection pool: %w", err)
+	}
+	e := &docEngine{projs: projs, byTable: make(map[string][]*docNode), db: pool, pool: pool, chunk: docChunk, workers: docWorkers, log: in.log}
+	for _, p := range projs {
+		for _, n := range p.nodes {
+			e.byTable[n.nameKey] = append(e.byTable[n.nameKey], n)
+		}
+	}
+	return e, nil
+}
+
+func (e *docEngine) close() {
+	if e.pool != nil {
+		e.pool.Close()
+	}
+}
