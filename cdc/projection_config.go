@@ -14,14 +14,14 @@ import (
 	"github.com/goccy/go-yaml"
 )
 
-// maxEmbedDepth is how deep embeds may nest: a projection's embed is level
+// maxEmbedNesting is how deep embeds may nest: a projection's embed is level
 // 1, an embed inside it level 2.
-const maxEmbedDepth = 4
+const maxEmbedNesting = 4
 
-// pgIdentRE is a PostgreSQL identifier that needs no quotes (apart from
+// pgNameRE is a PostgreSQL identifier that needs no quotes (apart from
 // case): a letter or '_', then letters, digits, '_' or '$', at most 63
 // bytes (NAMEDATALEN-1).
-var pgIdentRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
+var pgNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
 
 // LoadProjections reads the projections of the --config file at path (see
 // ParseProjections). Errors name the file.
@@ -48,7 +48,7 @@ func ParseProjections(data []byte) ([]ProjectionSpec, error) {
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data), yaml.DisallowUnknownField())
 	if err := dec.Decode(&doc); err != nil {
-		return nil, yamlError(err)
+		return nil, projectionYAMLError(err)
 	}
 	if doc.Projections == nil {
 		return nil, errors.New(`no "projections": the file must be a mapping with a "projections" list (docs/projections.md)`)
@@ -63,9 +63,9 @@ func ParseProjections(data []byte) ([]ProjectionSpec, error) {
 	return specs, nil
 }
 
-// yamlError turns a decoding error into one line: "line L, column C: msg"
+// projectionYAMLError turns a decoding error into one line: "line L, column C: msg"
 // (go-yaml's own text also prints the source, over several lines).
-func yamlError(err error) error {
+func projectionYAMLError(err error) error {
 	var ye yaml.Error
 	if errors.As(err, &ye) {
 		if tk := ye.GetToken(); tk != nil && tk.Position != nil {
@@ -104,13 +104,13 @@ func validateProjections(specs []ProjectionSpec) error {
 				names[p.Name] = i
 			}
 		}
-		if msg := checkTable(p.Table); msg != "" {
+		if msg := tableNameProblem(p.Table); msg != "" {
 			fail("table: %s", msg)
 		}
 		if p.Key == "" {
 			fail("key: required (the primary table's key column)")
-		} else if !pgIdentRE.MatchString(p.Key) {
-			fail("key: %s", identMsg(p.Key))
+		} else if !pgNameRE.MatchString(p.Key) {
+			fail("key: %s", badColumnNameMsg(p.Key))
 		}
 		switch p.Mode {
 		case "":
@@ -119,26 +119,26 @@ func validateProjections(specs []ProjectionSpec) error {
 		default:
 			fail("mode: %q: use %q (the default) or %q", p.Mode, ModeSQL, ModeMemory)
 		}
-		for _, msg := range checkColumns(p.Columns) {
+		for _, msg := range columnListProblems(p.Columns) {
 			fail("columns: %s", msg)
 		}
 		if len(p.Columns) > 0 && p.Key != "" && !slices.Contains(p.Columns, p.Key) {
 			fail("columns: must include the key %q", p.Key)
 		}
-		for _, e := range checkEmbeds(p.Embed, p.Columns, "", 1) {
+		for _, e := range validateEmbedSpecs(p.Embed, p.Columns, "", 1) {
 			fail("%s", e)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// checkEmbeds checks the embeds of a parent with the given columns (empty:
+// validateEmbedSpecs checks the embeds of a parent with the given columns (empty:
 // all), at nesting level depth, and returns their problems, each prefixed
 // with its path from the projection (path ends in ": " when not empty).
-func checkEmbeds(embeds []EmbedSpec, parentColumns []string, path string, depth int) []string {
+func validateEmbedSpecs(embeds []EmbedSpec, parentColumns []string, path string, depth int) []string {
 	var msgs []string
-	if len(embeds) > 0 && depth > maxEmbedDepth {
-		return []string{fmt.Sprintf("%sembed: nested %d levels deep; at most %d", path, depth, maxEmbedDepth)}
+	if len(embeds) > 0 && depth > maxEmbedNesting {
+		return []string{fmt.Sprintf("%sembed: nested %d levels deep; at most %d", path, depth, maxEmbedNesting)}
 	}
 	as := map[string]int{}
 	for i := range embeds {
@@ -164,7 +164,7 @@ func checkEmbeds(embeds []EmbedSpec, parentColumns []string, path string, depth 
 				fail("as: the parent's column %q has that field already", e.As)
 			}
 		}
-		if msg := checkTable(e.Table); msg != "" {
+		if msg := tableNameProblem(e.Table); msg != "" {
 			fail("table: %s", msg)
 		}
 		if len(e.On) == 0 {
@@ -176,30 +176,30 @@ func checkEmbeds(embeds []EmbedSpec, parentColumns []string, path string, depth 
 		}
 		sort.Strings(child)
 		for _, c := range child {
-			if !pgIdentRE.MatchString(c) {
-				fail("on: child column %s", identMsg(c))
+			if !pgNameRE.MatchString(c) {
+				fail("on: child column %s", badColumnNameMsg(c))
 			}
-			if p := e.On[c]; !pgIdentRE.MatchString(p) {
-				fail("on: %s: parent column %s", c, identMsg(p))
+			if p := e.On[c]; !pgNameRE.MatchString(p) {
+				fail("on: %s: parent column %s", c, badColumnNameMsg(p))
 			}
 		}
 		if e.OrderBy != "" {
 			if !e.Many {
 				fail("order_by: only with many: true (one row has no order)")
-			} else if !pgIdentRE.MatchString(e.OrderBy) {
-				fail("order_by: %s", identMsg(e.OrderBy))
+			} else if !pgNameRE.MatchString(e.OrderBy) {
+				fail("order_by: %s", badColumnNameMsg(e.OrderBy))
 			}
 		}
-		for _, msg := range checkColumns(e.Columns) {
+		for _, msg := range columnListProblems(e.Columns) {
 			fail("columns: %s", msg)
 		}
-		msgs = append(msgs, checkEmbeds(e.Embed, e.Columns, at, depth+1)...)
+		msgs = append(msgs, validateEmbedSpecs(e.Embed, e.Columns, at, depth+1)...)
 	}
 	return msgs
 }
 
-// checkTable returns what is wrong with a table name, "" if nothing.
-func checkTable(t string) string {
+// tableNameProblem returns what is wrong with a table name, "" if nothing.
+func tableNameProblem(t string) string {
 	if t == "" {
 		return `required: "table" (in public) or "schema.table"`
 	}
@@ -208,21 +208,21 @@ func checkTable(t string) string {
 		return fmt.Sprintf(`%q: use "table" (in public) or "schema.table"`, t)
 	}
 	for _, p := range parts {
-		if !pgIdentRE.MatchString(p) {
+		if !pgNameRE.MatchString(p) {
 			return fmt.Sprintf(`%q: use "table" or "schema.table", each name letters, digits, '_' and '$', starting with a letter or '_' (no quotes)`, t)
 		}
 	}
 	return ""
 }
 
-// checkColumns returns what is wrong with a column list.
-func checkColumns(cols []string) []string {
+// columnListProblems returns what is wrong with a column list.
+func columnListProblems(cols []string) []string {
 	var msgs []string
 	seen := map[string]bool{}
 	for _, c := range cols {
 		switch {
-		case !pgIdentRE.MatchString(c):
-			msgs = append(msgs, identMsg(c))
+		case !pgNameRE.MatchString(c):
+			msgs = append(msgs, badColumnNameMsg(c))
 		case seen[c]:
 			msgs = append(msgs, fmt.Sprintf("%q is listed twice", c))
 		}
@@ -231,7 +231,7 @@ func checkColumns(cols []string) []string {
 	return msgs
 }
 
-func identMsg(name string) string {
+func badColumnNameMsg(name string) string {
 	if name == "" {
 		return "empty name"
 	}
