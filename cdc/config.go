@@ -27,7 +27,9 @@ type Config struct {
 	Heartbeat      time.Duration // on an idle database, emit a logical message this often so the slot advances (default 10s; negative: never)
 	Retry          time.Duration // wait before reconnecting after a lost connection (default 1s)
 
-	Projections []ProjectionSpec // documents of a row with child rows embedded (--config; see LoadProjections and docs/projections.md)
+	// Projections are the documents to publish (--config); see
+	// docs/projections.md.
+	Projections []ProjectionSpec
 
 	Logger *zap.Logger
 }
