@@ -33,6 +33,8 @@ type ingestFlags struct {
 	flushWindow time.Duration
 	maxBatch    int
 	heartbeat   time.Duration
+	configFile  string               // --config: the projections file
+	projections []cdc.ProjectionSpec // its projections, once loaded
 }
 
 func (f *ingestFlags) register(fs *flag.FlagSet, dev bool) {
@@ -49,6 +51,22 @@ func (f *ingestFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.DurationVar(&f.flushWindow, "flush-window", 2*time.Millisecond, "ingest: longest an event waits for others to share its publish, 0 for none (latency against throughput; see docs/benchmarks.md)")
 	fs.IntVar(&f.maxBatch, "max-batch", 4096, "ingest: most events per publish")
 	fs.DurationVar(&f.heartbeat, "heartbeat", 10*time.Second, "ingest: on an idle database, emit a logical message this often so the slot keeps advancing (negative: never)")
+	fs.StringVar(&f.configFile, "config", "", "ingest: YAML file of projections: documents of a row with its child rows embedded (see docs/projections.md)")
+}
+
+// loadProjections reads --config, if given. Call it at start-up, before
+// connecting to anything: a bad file is an error naming it, its line or
+// each problem.
+func (f *ingestFlags) loadProjections() error {
+	if f.configFile == "" {
+		return nil
+	}
+	specs, err := cdc.LoadProjections(f.configFile)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	f.projections = specs
+	return nil
 }
 
 func (f *ingestFlags) config(log *zap.Logger) cdc.Config {
@@ -59,7 +77,7 @@ func (f *ingestFlags) config(log *zap.Logger) cdc.Config {
 	return cdc.Config{
 		DSN: f.pg, Slot: f.slot, Publication: f.publication, Prefix: f.prefix, Tables: f.tables,
 		Rebootstrap: f.rebootstrap, FlushWindow: window, MaxBatch: f.maxBatch, Heartbeat: f.heartbeat,
-		Logger: log.Named("ingest"),
+		Projections: f.projections, Logger: log.Named("ingest"),
 	}
 }
 
@@ -79,6 +97,9 @@ func ingestCommand() *command {
 	c.run = func([]string) error {
 		if f.pg == "" {
 			return errors.New("--pg is required: the PostgreSQL to ingest, e.g. postgres://user@127.0.0.1:5432/app")
+		}
+		if err := f.loadProjections(); err != nil {
+			return err
 		}
 		log, err := newLogger(logLevel, logFormat)
 		if err != nil {

@@ -158,6 +158,12 @@ func devCommand() *command {
 	var ing ingestFlags
 	ing.register(c.fs, true)
 	c.run = func([]string) error {
+		if ing.configFile != "" && ing.pg == "" {
+			return errors.New("--config needs --pg: projections are made by the ingest role")
+		}
+		if err := ing.loadProjections(); err != nil {
+			return err
+		}
 		log, err := newLogger(f.logLevel, f.logFormat)
 		if err != nil {
 			return err
