@@ -92,6 +92,11 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 	if err := pub.sync(ctx); err != nil {
 		return err
 	}
+	if docs != nil && docs.store != nil { // the memory state, as of the snapshot
+		if err := docs.store.writeAll(docs.mem, at); err != nil {
+			return err
+		}
+	}
 	if _, err := state.Exec(ctx, "INSERT INTO "+stateTable+" (slot, bootstrapped_lsn) VALUES ($1, $2) ON CONFLICT (slot) DO UPDATE SET bootstrapped_lsn = EXCLUDED.bootstrapped_lsn, bootstrapped_at = now()", cfg.Slot, at.String()); err != nil {
 		return fmt.Errorf("postgres: record the bootstrap: %w", err)
 	}
@@ -155,7 +160,20 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema,
 // the bootstrap's snapshot, and returns how many.
 func (in *Ingest) bootstrapDocs(ctx context.Context, tx pgx.Tx, docs *docEngine, tx0 *txn, pub *publisher) (int, error) {
 	total := 0
+	if docs.mem != nil {
+		if err := in.bootstrapMem(ctx, tx, docs); err != nil {
+			return 0, err
+		}
+	}
 	for pi, p := range docs.projs {
+		if p.root.mem != nil {
+			n, err := in.bootstrapMemDocs(ctx, docs, p, tx0, pub)
+			if err != nil {
+				return total, err
+			}
+			total += n
+			continue
+		}
 		cur := fmt.Sprintf("fanwire_bootstrap_doc_%d", pi)
 		if _, err := tx.Exec(ctx, "DECLARE "+cur+" NO SCROLL CURSOR FOR SELECT "+p.key.ident+"::text FROM "+p.root.ident+" ORDER BY "+p.key.ident); err != nil {
 			return total, fmt.Errorf("postgres: bootstrap projection %q: %w", p.spec.Name, err)
@@ -205,6 +223,67 @@ func (in *Ingest) bootstrapDocs(ctx context.Context, tx pgx.Tx, docs *docEngine,
 		in.log.Info("ingest: bootstrapped projection", zap.String("projection", p.spec.Name), zap.Int("documents", n))
 	}
 	return total, nil
+}
+
+// bootstrapMem loads the memory-mode tables from the snapshot into a fresh
+// state.
+func (in *Ingest) bootstrapMem(ctx context.Context, tx pgx.Tx, docs *docEngine) error {
+	for name, t := range docs.mem.tables {
+		t.rows = make(map[string][]byte)
+		for _, ix := range t.indexes {
+			ix.m = make(map[string][]string)
+		}
+		schema, rel := splitTable(name)
+		sel := make([]string, len(t.cols))
+		for i, c := range t.cols {
+			sel[i] = c.ident + "::text"
+		}
+		rows, err := tx.Query(ctx, "SELECT "+strings.Join(sel, ", ")+" FROM "+pgx.Identifier{schema, rel}.Sanitize(), pgx.QueryExecModeSimpleProtocol)
+		if err != nil {
+			return fmt.Errorf("postgres: bootstrap the memory state of %s: %w", name, err)
+		}
+		for rows.Next() {
+			row := encodeRow(rows.RawValues())
+			t.insert(t.key(row), row)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("postgres: bootstrap the memory state of %s: %w", name, err)
+		}
+	}
+	docs.mem.deltas = nil
+	rows, bytes := docs.mem.stats()
+	in.log.Info("ingest: memory state loaded", zap.Int("rows", rows), zap.Int("value_bytes", bytes))
+	return nil
+}
+
+// bootstrapMemDocs publishes every document of memory projection p,
+// composed from the state just loaded.
+func (in *Ingest) bootstrapMemDocs(ctx context.Context, docs *docEngine, p *docProjection, tx0 *txn, pub *publisher) (int, error) {
+	keys := docs.memKeys(p)
+	var evs []broker.Outgoing
+	for _, k := range keys {
+		doc, err := docs.memCompose(p, k)
+		if err != nil {
+			return 0, err
+		}
+		id := bootstrapID("projection "+p.spec.Name, [][]byte{k, doc})
+		ev, err := docEvent(p, k, doc, id, tx0.commitLSN, tx0.commitTime)
+		if err != nil {
+			return 0, err
+		}
+		if evs = append(evs, ev); len(evs) >= in.cfg.MaxBatch {
+			if err := pub.add(ctx, evs, 0, time.Time{}); err != nil {
+				return 0, err
+			}
+			evs = nil
+		}
+	}
+	if err := pub.add(ctx, evs, 0, time.Time{}); err != nil {
+		return 0, err
+	}
+	in.log.Info("ingest: bootstrapped projection", zap.String("projection", p.spec.Name), zap.Int("documents", len(keys)))
+	return len(keys), nil
 }
 
 func quoteString(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"path/filepath"
 	"errors"
 	"fmt"
 	"regexp"
@@ -30,6 +31,9 @@ type Config struct {
 	// Projections are the documents to publish (--config); see
 	// docs/projections.md.
 	Projections []ProjectionSpec
+	// StateDir holds the memory-mode projections' state, one file per slot
+	// (default ".fanwire/ingest").
+	StateDir string
 
 	Logger *zap.Logger
 }
@@ -66,6 +70,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
+	}
+	if c.StateDir == "" {
+		c.StateDir = filepath.Join(".fanwire", "ingest")
 	}
 }
 

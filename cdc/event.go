@@ -24,6 +24,7 @@ type change struct {
 
 // txn is a committed transaction.
 type txn struct {
+	xid        uint32 // 0 for the bootstrap
 	commitLSN  pglogrepl.LSN
 	endLSN     pglogrepl.LSN
 	commitTime time.Time

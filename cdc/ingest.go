@@ -137,6 +137,10 @@ func (in *Ingest) runOnce(ctx context.Context) error {
 	if st.active {
 		return fmt.Errorf("postgres: slot %q is in use by another connection (another ingest?)", cfg.Slot)
 	}
+	if st.exists && st.bootstrapped && !cfg.Rebootstrap && !docs.memLoaded() {
+		in.log.Warn("ingest: the memory projections' state is missing or was built for other projections; bootstrapping again", zap.String("slot", cfg.Slot))
+		st.bootstrapped = false
+	}
 	if st.exists && (cfg.Rebootstrap || !st.bootstrapped) {
 		if !st.bootstrapped {
 			in.log.Warn("ingest: the slot's bootstrap never finished; starting over", zap.String("slot", cfg.Slot))
@@ -306,6 +310,11 @@ func (r *reader) seeWALEnd(lsn pglogrepl.LSN) {
 func (r *reader) sendStatus(ctx context.Context, reply bool) error {
 	r.in.wal.Publish()
 	acked := pglogrepl.LSN(r.pub.acked.Load())
+	// The memory state is stored up to what is acknowledged before that
+	// is confirmed: PostgreSQL never resends less than the state lacks.
+	if err := r.docs.persist(acked); err != nil {
+		return err
+	}
 	lsn := acked
 	if r.cur == nil && len(r.streamed) == 0 && acked >= r.received && r.walEnd > lsn {
 		lsn = r.walEnd
@@ -362,7 +371,7 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 	case *pglogrepl.RelationMessageV2:
 		return r.rels.define(&m.RelationMessage)
 	case *pglogrepl.BeginMessage:
-		r.cur = &txn{commitLSN: m.FinalLSN, commitTime: m.CommitTime}
+		r.cur = &txn{xid: m.Xid, commitLSN: m.FinalLSN, commitTime: m.CommitTime}
 	case *pglogrepl.CommitMessage:
 		t := r.cur
 		r.cur = nil
@@ -386,7 +395,7 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 	case *pglogrepl.StreamCommitMessageV2:
 		changes := r.streamed[m.Xid]
 		delete(r.streamed, m.Xid)
-		return r.commit(ctx, &txn{commitLSN: m.CommitLSN, endLSN: m.TransactionEndLSN, commitTime: m.CommitTime, changes: changes})
+		return r.commit(ctx, &txn{xid: m.Xid, commitLSN: m.CommitLSN, endLSN: m.TransactionEndLSN, commitTime: m.CommitTime, changes: changes})
 	case *pglogrepl.StreamAbortMessageV2:
 		if m.SubXid == m.Xid || m.SubXid == 0 {
 			delete(r.streamed, m.Xid)
@@ -432,6 +441,14 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	if r.docs != nil {
 		dc = newDocChanges()
 	}
+	// A transaction the memory state already holds (it was persisted once
+	// its events were acknowledged, and PostgreSQL resends from the LSN
+	// confirmed before) is done: nothing of it is applied or published.
+	skip := r.docs != nil && r.docs.mem != nil && t.endLSN <= r.docs.mem.lsn
+	if skip {
+		r.received = t.endLSN
+		return r.pub.add(ctx, nil, t.endLSN, t.commitTime)
+	}
 	for i := range t.changes {
 		// A big transaction goes to the publisher in MaxBatch slices as its
 		// events are built (only the last slice confirms its end), and its
@@ -467,8 +484,10 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		if tb == nil {
 			return fmt.Errorf("postgres: change for relation %d before its Relation message", c.rel)
 		}
-		if r.docs != nil {
-			r.docs.observe(dc, tb, c)
+		if r.docs != nil && !skip {
+			if err := r.docs.observe(dc, tb, c); err != nil {
+				return err
+			}
 		}
 		if !tb.published() {
 			r.in.wal.Observe(metrics.Kind(c.kind), metrics.RouteSkip)
@@ -485,9 +504,10 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		// The documents, recomposed once each however many of their rows
 		// the transaction changed, after its table events.
 		var err error
-		if evs, err = r.docs.events(ctx, evs, dc, t.commitLSN, t.commitTime, id); err != nil {
+		if evs, err = r.docs.events(ctx, evs, dc, t, id); err != nil {
 			return err
 		}
+		r.docs.commitMem(dc, t.endLSN)
 	}
 	r.received = t.endLSN
 	r.in.oldest.CompareAndSwap(0, t.commitTime.UnixNano())

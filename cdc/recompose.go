@@ -3,6 +3,7 @@ package cdc
 import (
 	"bytes"
 	"context"
+	"path/filepath"
 	"errors"
 	"fmt"
 	"slices"
@@ -37,13 +38,15 @@ type docNode struct {
 	ident    string   // quoted "schema"."table"
 	as       []byte   // `"items":` (not the root)
 	many     bool     // a list of rows
-	orderBy  string   // quoted column (many)
+	orderBy   string   // quoted columns (many)
+	orderCols []string // the same, unquoted
 	cols     []docCol // the document's columns
 	on       []docJoin
 	parent   *docNode
 	children []*docNode
 	depth    int
 	proj     *docProjection
+	mem      *memNodeInfo // memory mode
 }
 
 // docCol is a selected column.
@@ -73,6 +76,8 @@ type docProjection struct {
 type docEngine struct {
 	projs   []*docProjection
 	byTable map[string][]*docNode // "schema.table" → the nodes on that table
+	mem     *memState             // the memory-mode tables; nil without
+	store   *memStore             // where mem is persisted
 	db      querier               // where documents are re-read (a pool)
 	pool    *pgxpool.Pool
 	chunk   int // keys per query
@@ -187,10 +192,10 @@ func projectionTables(specs []ProjectionSpec) []string {
 // its former parent). Every problem is reported, each naming the
 // projection and the field. Join columns a lookup filters on without an
 // index are warned about, with the CREATE INDEX to run.
-func resolveProjections(ctx context.Context, q querier, specs []ProjectionSpec, prefix string, log *zap.Logger) ([]*docProjection, error) {
+func resolveProjections(ctx context.Context, q querier, specs []ProjectionSpec, prefix string, log *zap.Logger) ([]*docProjection, map[string]*catalogTable, error) {
 	cat, err := loadCatalog(ctx, q, projectionTables(specs))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var errs []error
 	var out []*docProjection
@@ -220,14 +225,17 @@ func resolveProjections(ctx context.Context, q querier, specs []ProjectionSpec, 
 		out = append(out, p)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, p := range out {
+		if p.spec.Mode == ModeMemory {
+			continue // no lookup queries
+		}
 		for _, n := range p.nodes {
 			warnIndexes(cat, n, log)
 		}
 	}
-	return out, nil
+	return out, cat, nil
 }
 
 func mkCol(name string, c catalogColumn) docCol {
@@ -277,9 +285,10 @@ func resolveEmbeds(cat map[string]*catalogTable, where string, parent *docNode, 
 		if n.many {
 			ob := es.OrderBy
 			if ob == "" && len(ct.pkey) > 0 {
-				ob = strings.Join(ct.pkey, ", ")
+				n.orderCols = ct.pkey
 				n.orderBy = strings.Join(quoteAll(ct.pkey), ", ")
 			} else if ob != "" {
+				n.orderCols = []string{ob}
 				if _, ok := ct.cols[ob]; !ok {
 					errs = append(errs, fmt.Errorf("%s: order_by: %s has no column %q", w, n.nameKey, ob))
 				}
@@ -311,7 +320,15 @@ func resolveEmbeds(cat map[string]*catalogTable, where string, parent *docNode, 
 				n.on = append(n.on, docJoin{child: mkCol(c, cc), parent: mkCol(pc, pcc)})
 			}
 		}
-		if ct.replIdent != 'f' {
+		// The sql mode finds a changed row's former parent from its old
+		// tuple: it must hold the join columns (REPLICA IDENTITY FULL, or
+		// the default identity when they are part of the primary key). The
+		// memory mode has the old row in its state.
+		joinInKey := true
+		for c := range es.On {
+			joinInKey = joinInKey && slices.Contains(ct.pkey, c)
+		}
+		if p.spec.Mode != ModeMemory && ct.replIdent != 'f' && !(ct.replIdent == 'd' && joinInKey) {
 			errs = append(errs, fmt.Errorf("%s: table %s must send its old rows, so that a row that moves or is deleted recomposes its former parent: ALTER TABLE %s REPLICA IDENTITY FULL", w, n.nameKey, n.ident))
 		}
 		if n.depth > 4 {
@@ -357,6 +374,7 @@ func warnIndexes(cat map[string]*catalogTable, n *docNode, log *zap.Logger) {
 // docChanges collects, for one transaction, the primary keys of the
 // documents its changes affect, and the lookups still to run.
 type docChanges struct {
+	delta   memTxDelta // memory mode: what the transaction changed in the state
 	keys    map[*docProjection]map[string]struct{}
 	pending map[*docNode]map[string][][]byte // node → parent-column values (tuple key → values) to find parents by
 }
@@ -365,7 +383,9 @@ func newDocChanges() *docChanges {
 	return &docChanges{keys: make(map[*docProjection]map[string]struct{}), pending: make(map[*docNode]map[string][][]byte)}
 }
 
-func (d *docChanges) empty() bool { return len(d.keys) == 0 && len(d.pending) == 0 }
+func (d *docChanges) empty() bool {
+	return len(d.keys) == 0 && len(d.pending) == 0 && len(d.delta.ops) == 0
+}
 
 func (d *docChanges) addKey(p *docProjection, key []byte) {
 	m := d.keys[p]
@@ -430,9 +450,18 @@ func rowValue(t *table, row *pglogrepl.TupleData, name string) ([]byte, bool) {
 	return nil, false // unchanged TOAST: not sent
 }
 
-// observe maps change c of table t to the documents it affects.
-func (e *docEngine) observe(d *docChanges, t *table, c *change) {
+// observe maps change c of table t to the documents it affects (and, in
+// memory mode, applies it to the state).
+func (e *docEngine) observe(d *docChanges, t *table, c *change) error {
+	if e.mem != nil {
+		if err := e.memApply(d, t, c, &d.delta); err != nil {
+			return err
+		}
+	}
 	for _, n := range e.byTable[t.nameKey] {
+		if n.mem != nil {
+			continue
+		}
 		for _, row := range []*pglogrepl.TupleData{c.newRow, c.oldRow} {
 			if row == nil {
 				continue
@@ -458,14 +487,21 @@ func (e *docEngine) observe(d *docChanges, t *table, c *change) {
 			}
 		}
 	}
+	return nil
 }
 
 // observeTruncate: a truncated table of a projection affects every one of
 // its documents whose relations it holds; the simplest exact answer is to
 // recompose them all, which the engine does by reading every key.
 func (e *docEngine) observeTruncate(ctx context.Context, d *docChanges, t *table) error {
+	if e.mem != nil {
+		e.memTruncate(d, t, &d.delta)
+	}
 	for _, n := range e.byTable[t.nameKey] {
 		p := n.proj
+		if n.mem != nil {
+			continue
+		}
 		if n.parent == nil {
 			continue // the documents are gone: their keys are unknown now (a truncate event per projection follows)
 		}
@@ -792,7 +828,18 @@ func appendDoc(b []byte, n *docNode, r *composedRow) ([]byte, error) {
 // events recomposes every document d names and appends their events, in
 // the order of the projections and, within one, of their keys. ids numbers
 // them from the transaction's next event.
-func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docChanges, lsn pglogrepl.LSN, commitTime time.Time, id func(i int) string) ([]broker.Outgoing, error) {
+func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docChanges, t *txn, id func(i int) string) ([]broker.Outgoing, error) {
+	lsn, commitTime := t.commitLSN, t.commitTime
+	if len(d.pending) > 0 || slices.ContainsFunc(e.projs, func(p *docProjection) bool { return p.root.mem == nil && len(d.keys[p]) > 0 }) {
+		// The sql mode reads the database: first wait until the
+		// transaction is visible to new snapshots. Its commit reaches
+		// logical decoding once it is in the WAL, a moment before other
+		// sessions see it, and a read in that moment sees the rows as
+		// they were before it.
+		if err := e.waitVisible(ctx, t.xid); err != nil {
+			return evs, err
+		}
+	}
 	if err := e.resolve(ctx, d); err != nil {
 		return evs, err
 	}
@@ -807,17 +854,15 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 		}
 		sort.Slice(keys, func(i, j int) bool { return bytes.Compare(keys[i], keys[j]) < 0 })
 		docs := make([][]byte, len(keys))
-		g, gctx := errgroup.WithContext(ctx)
-		g.SetLimit(e.workers)
-		for start := 0; start < len(keys); start += e.chunk {
-			end := min(start+e.chunk, len(keys))
-			g.Go(func() error {
-				out, err := e.compose(gctx, e.db, p, keys[start:end])
-				copy(docs[start:end], out)
-				return err
-			})
-		}
-		if err := g.Wait(); err != nil {
+		if p.root.mem != nil { // memory mode: as of this commit, no query
+			for i, k := range keys {
+				doc, err := e.memCompose(p, k)
+				if err != nil {
+					return evs, err
+				}
+				docs[i] = doc
+			}
+		} else if err := e.sqlCompose(ctx, p, keys, docs); err != nil {
 			return evs, err
 		}
 		for i, k := range keys {
@@ -829,6 +874,68 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 		}
 	}
 	return evs, nil
+}
+
+// sqlCompose re-reads the documents of keys into docs: chunks of e.chunk
+// keys, e.workers at a time.
+func (e *docEngine) sqlCompose(ctx context.Context, p *docProjection, keys, docs [][]byte) error {
+	{
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(e.workers)
+		for start := 0; start < len(keys); start += e.chunk {
+			end := min(start+e.chunk, len(keys))
+			g.Go(func() error {
+				out, err := e.compose(gctx, e.db, p, keys[start:end])
+				copy(docs[start:end], out)
+				return err
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// visibleSQL reports whether 32-bit xid $1 (committed) is visible to a new
+// snapshot: the xid is extended with the epoch of the snapshot's xmax.
+const visibleSQL = `
+	SELECT txid_visible_in_snapshot(
+	         (txid_snapshot_xmax(s) >> 32 << 32) + $1::bigint
+	           - CASE WHEN $1::bigint > (txid_snapshot_xmax(s) & 4294967295) THEN 4294967296 ELSE 0 END,
+	         s)
+	FROM txid_current_snapshot() AS s`
+
+// waitVisible waits until transaction xid is visible to new snapshots.
+func (e *docEngine) waitVisible(ctx context.Context, xid uint32) error {
+	if xid == 0 {
+		return nil
+	}
+	for wait := 100 * time.Microsecond; ; wait = min(2*wait, 10*time.Millisecond) {
+		rows, err := e.db.Query(ctx, visibleSQL, int64(xid))
+		if err != nil {
+			return fmt.Errorf("postgres: transaction visibility: %w", err)
+		}
+		var visible bool
+		for rows.Next() {
+			if err := rows.Scan(&visible); err != nil {
+				rows.Close()
+				return err
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("postgres: transaction visibility: %w", err)
+		}
+		if visible {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }
 
 // docEvent is a document's event: upsert with the document, or delete.
@@ -884,12 +991,7 @@ const (
 // values in (so a re-read value is the text a change carries).
 func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn) (*docEngine, error) {
 	cfg := &in.cfg
-	for i := range cfg.Projections {
-		if m := cfg.Projections[i].Mode; m != "" && m != ModeSQL {
-			return nil, errFatal{fmt.Errorf("projection %q: mode %q is not available yet: use mode: sql", cfg.Projections[i].Name, m)}
-		}
-	}
-	projs, err := resolveProjections(ctx, conn, cfg.Projections, cfg.Prefix, in.log)
+	projs, cat, err := resolveProjections(ctx, conn, cfg.Projections, cfg.Prefix, in.log)
 	if err != nil {
 		return nil, errFatal{err}
 	}
@@ -911,11 +1013,56 @@ func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn) (*docEngine,
 			e.byTable[n.nameKey] = append(e.byTable[n.nameKey], n)
 		}
 	}
+	if slices.ContainsFunc(projs, func(p *docProjection) bool { return p.spec.Mode == ModeMemory }) {
+		e.mem = newMemState(projs, cat)
+		path := filepath.Join(cfg.StateDir, cfg.Slot+".db")
+		if e.store, err = openMemStore(path, cfg.Projections); err != nil {
+			pool.Close()
+			return nil, errFatal{err}
+		}
+		lsn, err := e.store.load(e.mem)
+		if err != nil {
+			e.close()
+			return nil, errFatal{err}
+		}
+		rows, bytes := e.mem.stats()
+		in.log.Info("projection: memory state", zap.String("file", path), zap.Stringer("lsn", lsn), zap.Int("rows", rows), zap.Int("value_bytes", bytes))
+	}
 	return e, nil
 }
+
+// memLoaded reports whether the memory state was restored from its store
+// (false: it must be bootstrapped).
+func (e *docEngine) memLoaded() bool { return e == nil || e.mem == nil || e.mem.lsn != 0 }
 
 func (e *docEngine) close() {
 	if e.pool != nil {
 		e.pool.Close()
 	}
+	if e.store != nil {
+		_ = e.store.close()
+	}
+}
+
+// commitMem records a transaction's state changes (memory mode) for
+// persisting once its events are acknowledged.
+func (e *docEngine) commitMem(d *docChanges, end pglogrepl.LSN) {
+	if e.mem == nil {
+		return
+	}
+	e.mem.lsn = end
+	if len(d.delta.ops) > 0 {
+		d.delta.end = end
+		e.mem.deltas = append(e.mem.deltas, d.delta)
+	}
+}
+
+// persist writes the memory state's changes up to acked; the reader
+// confirms acked to PostgreSQL only after.
+func (e *docEngine) persist(acked pglogrepl.LSN) error {
+	if e == nil || e.store == nil {
+		return nil
+	}
+	_, err := e.store.persist(e.mem, acked)
+	return err
 }

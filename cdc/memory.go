@@ -1,0 +1,506 @@
+package cdc
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math/big"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// The memory mode keeps the projected columns of every row of a
+// projection's tables in memory, with the indexes its joins need, and
+// applies each change as it is decoded: a document is composed from that
+// state as of its transaction's commit, with no query, so every document
+// published existed at some commit (the sql mode re-reads the database,
+// which may have moved on). The state is persisted with the LSN it is at
+// (memstore.go), so a restart resumes from there.
+
+// memTable is one table's rows: the columns any projection needs of it,
+// keyed by primary key.
+type memTable struct {
+	nameKey string
+	cols    []docCol       // kept columns, in a fixed order
+	colIdx  map[string]int // name → index in cols
+	pk      []int          // indexes into cols of the primary key
+	rows    map[string][]byte
+	indexes []*memIndex
+}
+
+// memIndex finds a table's rows by the values of some columns.
+type memIndex struct {
+	cols []int
+	m    map[string][]string // value tuple → primary keys (row keys)
+}
+
+// encodeRow packs values (nil: NULL) into one allocation: per value a
+// flag byte, then a uvarint length and the bytes.
+func encodeRow(vals [][]byte) []byte {
+	n := 0
+	for _, v := range vals {
+		n += 1 + binary.MaxVarintLen32 + len(v)
+	}
+	b := make([]byte, 0, n)
+	for _, v := range vals {
+		if v == nil {
+			b = append(b, 0)
+			continue
+		}
+		b = append(b, 1)
+		b = binary.AppendUvarint(b, uint64(len(v)))
+		b = append(b, v...)
+	}
+	return slices.Clip(b)
+}
+
+// rowField returns value i of an encoded row (nil for NULL).
+func rowField(row []byte, i int) []byte {
+	for j := 0; ; j++ {
+		if len(row) == 0 {
+			return nil
+		}
+		flag := row[0]
+		row = row[1:]
+		if flag == 0 {
+			if j == i {
+				return nil
+			}
+			continue
+		}
+		l, n := binary.Uvarint(row)
+		row = row[n:]
+		if j == i {
+			return row[:l:l]
+		}
+		row = row[l:]
+	}
+}
+
+func (t *memTable) key(row []byte) string {
+	vals := make([][]byte, len(t.pk))
+	for i, c := range t.pk {
+		vals[i] = rowField(row, c)
+	}
+	return tupleKey(vals)
+}
+
+func (ix *memIndex) tuple(row []byte) (string, bool) {
+	vals := make([][]byte, len(ix.cols))
+	for i, c := range ix.cols {
+		if vals[i] = rowField(row, c); vals[i] == nil {
+			return "", false // NULL joins nothing
+		}
+	}
+	return tupleKey(vals), true
+}
+
+func (t *memTable) insert(k string, row []byte) {
+	t.rows[k] = row
+	for _, ix := range t.indexes {
+		if tk, ok := ix.tuple(row); ok {
+			ix.m[tk] = append(ix.m[tk], k)
+		}
+	}
+}
+
+func (t *memTable) remove(k string) []byte {
+	row, ok := t.rows[k]
+	if !ok {
+		return nil
+	}
+	delete(t.rows, k)
+	for _, ix := range t.indexes {
+		if tk, ok := ix.tuple(row); ok {
+			l := ix.m[tk]
+			if i := slices.Index(l, k); i >= 0 {
+				l[i] = l[len(l)-1]
+				l = l[:len(l)-1]
+			}
+			if len(l) == 0 {
+				delete(ix.m, tk)
+			} else {
+				ix.m[tk] = l
+			}
+		}
+	}
+	return row
+}
+
+// index returns (creating it) the index on cols.
+func (t *memTable) index(cols []string) *memIndex {
+	idx := make([]int, len(cols))
+	for i, c := range cols {
+		idx[i] = t.colIdx[c]
+	}
+	for _, ix := range t.indexes {
+		if slices.Equal(ix.cols, idx) {
+			return ix
+		}
+	}
+	ix := &memIndex{cols: idx, m: make(map[string][]string)}
+	t.indexes = append(t.indexes, ix)
+	return ix
+}
+
+// memState is every memory-mode table, owned by the reader.
+type memState struct {
+	tables map[string]*memTable
+	lsn    pglogrepl.LSN // the end of the last transaction applied
+	// deltas not yet persisted, by transaction (memstore.go)
+	deltas []memTxDelta
+}
+
+// memTxDelta is what one transaction changed in the state.
+type memTxDelta struct {
+	end pglogrepl.LSN
+	ops []memOp
+}
+
+type memOp struct {
+	table string
+	key   string
+	row   []byte // nil: deleted
+	clear bool   // the table was truncated
+}
+
+// memNodeInfo is what the memory mode needs of a node: its table, the
+// index finding its rows by its join columns (children), and the index
+// finding its parent's rows by the parent's join columns.
+type memNodeInfo struct {
+	t        *memTable
+	byJoin   *memIndex // this node's rows by its child-side join columns
+	parentIx *memIndex // the parent's rows by the parent-side join columns; nil when direct
+	order    []int     // cols of t ordering a many list
+	orderOID []uint32
+}
+
+// newMemState sizes the state for the memory-mode projections: the
+// columns each table keeps (document columns, join columns, keys,
+// ordering) and the indexes.
+func newMemState(projs []*docProjection, cat map[string]*catalogTable) *memState {
+	s := &memState{tables: make(map[string]*memTable)}
+	need := make(map[string][]string)
+	add := func(t string, cols ...string) {
+		for _, c := range cols {
+			if !slices.Contains(need[t], c) {
+				need[t] = append(need[t], c)
+			}
+		}
+	}
+	for _, p := range projs {
+		if p.spec.Mode != ModeMemory {
+			continue
+		}
+		for _, n := range p.nodes {
+			ct := cat[n.nameKey]
+			add(n.nameKey, ct.pkey...)
+			for _, c := range n.cols {
+				add(n.nameKey, c.name)
+			}
+			for _, j := range n.on {
+				add(n.nameKey, j.child.name)
+				add(n.parent.nameKey, j.parent.name)
+			}
+			add(n.nameKey, n.orderCols...)
+		}
+	}
+	for name, cols := range need {
+		ct := cat[name]
+		t := &memTable{nameKey: name, colIdx: make(map[string]int), rows: make(map[string][]byte)}
+		for _, c := range cols {
+			t.colIdx[c] = len(t.cols)
+			t.cols = append(t.cols, mkCol(c, ct.cols[c]))
+		}
+		for _, c := range ct.pkey {
+			t.pk = append(t.pk, t.colIdx[c])
+		}
+		s.tables[name] = t
+	}
+	for _, p := range projs {
+		if p.spec.Mode != ModeMemory {
+			continue
+		}
+		for _, n := range p.nodes {
+			info := &memNodeInfo{t: s.tables[n.nameKey]}
+			if n.parent != nil {
+				var cc, pc []string
+				for _, j := range n.on {
+					cc = append(cc, j.child.name)
+					pc = append(pc, j.parent.name)
+				}
+				info.byJoin = info.t.index(cc)
+				if !(n.parent.parent == nil && len(pc) == 1 && pc[0] == p.key.name) {
+					info.parentIx = s.tables[n.parent.nameKey].index(pc)
+				}
+			}
+			for _, c := range n.orderCols {
+				info.order = append(info.order, info.t.colIdx[c])
+				info.orderOID = append(info.orderOID, info.t.cols[info.t.colIdx[c]].oid)
+			}
+			n.mem = info
+		}
+	}
+	return s
+}
+
+// rowFrom builds the kept columns of table t (a memTable) from a change's
+// tuple as rel (the relation) describes it; a column not sent (unchanged
+// TOAST) is taken from old, the row's stored version.
+func (t *memTable) rowFrom(rel *table, tuple *pglogrepl.TupleData, old []byte) ([]byte, error) {
+	vals := make([][]byte, len(t.cols))
+	for i, c := range t.cols {
+		j := rel.column(c.name)
+		if j < 0 || j >= len(tuple.Columns) {
+			return nil, fmt.Errorf("table %s: column %s is not replicated", t.nameKey, c.name)
+		}
+		col := tuple.Columns[j]
+		switch col.DataType {
+		case pglogrepl.TupleDataTypeText:
+			vals[i] = col.Data
+		case pglogrepl.TupleDataTypeNull:
+		case pglogrepl.TupleDataTypeToast:
+			if old == nil {
+				return nil, fmt.Errorf("table %s: column %s was not sent (unchanged TOAST) and the row is not in the state", t.nameKey, c.name)
+			}
+			vals[i] = rowField(old, i)
+		default:
+			return nil, fmt.Errorf("table %s column %s: tuple data type %q", t.nameKey, c.name, col.DataType)
+		}
+	}
+	return encodeRow(vals), nil
+}
+
+// keyFrom is the row key of a change's tuple (the key columns are always
+// sent: a key-only old tuple holds them).
+func (t *memTable) keyFrom(rel *table, tuple *pglogrepl.TupleData) (string, bool) {
+	vals := make([][]byte, len(t.pk))
+	for i, c := range t.pk {
+		j := rel.column(t.cols[c].name)
+		if j < 0 || j >= len(tuple.Columns) || tuple.Columns[j].DataType != pglogrepl.TupleDataTypeText {
+			return "", false
+		}
+		vals[i] = tuple.Columns[j].Data
+	}
+	return tupleKey(vals), true
+}
+
+// apply applies change c of relation rel to the state and records in d the
+// documents it affects: those of the row as it was, before, and as it is,
+// after (a child moving between parents affects both).
+func (e *docEngine) memApply(d *docChanges, rel *table, c *change, delta *memTxDelta) error {
+	t := e.mem.tables[rel.nameKey]
+	if t == nil {
+		return nil
+	}
+	var oldKey string
+	var oldOK bool
+	if c.oldRow != nil {
+		oldKey, oldOK = t.keyFrom(rel, c.oldRow)
+	} else if c.newRow != nil && c.kind == 'U' {
+		oldKey, oldOK = t.keyFrom(rel, c.newRow) // the key did not change
+	}
+	var old []byte
+	if oldOK {
+		old = t.rows[oldKey]
+		if old != nil {
+			e.memAffected(d, t, old)
+			t.remove(oldKey)
+			delta.ops = append(delta.ops, memOp{table: t.nameKey, key: oldKey})
+		}
+	}
+	if c.kind == 'I' || c.kind == 'U' {
+		row, err := t.rowFrom(rel, c.newRow, old)
+		if err != nil {
+			return err
+		}
+		k := t.key(row)
+		if prev := t.remove(k); prev != nil { // an insert over a row the state has (a re-read transaction)
+			e.memAffected(d, t, prev)
+		}
+		t.insert(k, row)
+		delta.ops = append(delta.ops, memOp{table: t.nameKey, key: k, row: row})
+		e.memAffected(d, t, row)
+	}
+	return nil
+}
+
+// memTruncate empties a table: every document that had one of its rows is
+// affected.
+func (e *docEngine) memTruncate(d *docChanges, rel *table, delta *memTxDelta) {
+	t := e.mem.tables[rel.nameKey]
+	if t == nil {
+		return
+	}
+	for _, row := range t.rows {
+		e.memAffected(d, t, row)
+	}
+	t.rows = make(map[string][]byte)
+	for _, ix := range t.indexes {
+		ix.m = make(map[string][]string)
+	}
+	delta.ops = append(delta.ops, memOp{table: t.nameKey, clear: true})
+}
+
+// memAffected records the documents row (of table t) is part of, in every
+// memory-mode projection, by walking up the joins in the state.
+func (e *docEngine) memAffected(d *docChanges, t *memTable, row []byte) {
+	for _, n := range e.byTable[t.nameKey] {
+		if n.mem == nil {
+			continue
+		}
+		e.memUp(d, n, row)
+	}
+}
+
+func (e *docEngine) memUp(d *docChanges, n *docNode, row []byte) {
+	info := n.mem
+	if n.parent == nil {
+		if k := rowField(row, info.t.colIdx[n.proj.key.name]); k != nil {
+			d.addKey(n.proj, k)
+		}
+		return
+	}
+	vals := make([][]byte, len(n.on))
+	for i, j := range n.on {
+		if vals[i] = rowField(row, info.t.colIdx[j.child.name]); vals[i] == nil {
+			return
+		}
+	}
+	if info.parentIx == nil { // the join reaches the primary key
+		d.addKey(n.proj, vals[0])
+		return
+	}
+	pt := n.parent.mem.t
+	for _, pk := range info.parentIx.m[tupleKey(vals)] {
+		if prow := pt.rows[pk]; prow != nil {
+			e.memUp(d, n.parent, prow)
+		}
+	}
+}
+
+// memCompose composes the document of p with key from the state (nil: the
+// primary row does not exist).
+func (e *docEngine) memCompose(p *docProjection, key []byte) ([]byte, error) {
+	root := p.root
+	row := root.mem.t.rows[tupleKey([][]byte{key})]
+	if row == nil {
+		return nil, nil
+	}
+	r := e.memRow(root, row)
+	return appendDoc(make([]byte, 0, 512), root, r)
+}
+
+// memRow builds the composedRow of row (of node n) with its children.
+func (e *docEngine) memRow(n *docNode, row []byte) *composedRow {
+	t := n.mem.t
+	r := &composedRow{vals: make([][]byte, len(n.cols)), children: make([][]*composedRow, len(n.children))}
+	for i, c := range n.cols {
+		r.vals[i] = rowField(row, t.colIdx[c.name])
+	}
+	for ci, child := range n.children {
+		vals := make([][]byte, len(child.on))
+		ok := true
+		for i, j := range child.on {
+			if vals[i] = rowField(row, t.colIdx[j.parent.name]); vals[i] == nil {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		ct := child.mem.t
+		keys := child.mem.byJoin.m[tupleKey(vals)]
+		rows := make([][]byte, 0, len(keys))
+		for _, k := range keys {
+			if cr := ct.rows[k]; cr != nil {
+				rows = append(rows, cr)
+			}
+		}
+		if child.many {
+			info := child.mem
+			slices.SortFunc(rows, func(a, b []byte) int {
+				for i, c := range info.order {
+					if x := compareText(info.orderOID[i], rowField(a, c), rowField(b, c)); x != 0 {
+						return x
+					}
+				}
+				return 0
+			})
+		}
+		for _, cr := range rows {
+			r.children[ci] = append(r.children[ci], e.memRow(child, cr))
+		}
+	}
+	return r
+}
+
+// compareText orders two values of a type as PostgreSQL's ORDER BY does for
+// the types a key or an ordering column usually has: numbers numerically,
+// everything else by bytes (the C collation). NULLs sort last.
+func compareText(oid uint32, a, b []byte) int {
+	switch {
+	case a == nil && b == nil:
+		return 0
+	case a == nil:
+		return 1
+	case b == nil:
+		return -1
+	}
+	switch oid {
+	case 20, 21, 23, 26: // int8, int2, int4, oid
+		x, err1 := strconv.ParseInt(string(a), 10, 64)
+		y, err2 := strconv.ParseInt(string(b), 10, 64)
+		if err1 == nil && err2 == nil {
+			switch {
+			case x < y:
+				return -1
+			case x > y:
+				return 1
+			}
+			return 0
+		}
+	case 700, 701, 1700: // float4, float8, numeric
+		x, ok1 := new(big.Float).SetString(string(a))
+		y, ok2 := new(big.Float).SetString(string(b))
+		if ok1 && ok2 {
+			return x.Cmp(y)
+		}
+	}
+	return bytes.Compare(a, b)
+}
+
+// memKeys lists the keys of every document of p in the state, in order.
+func (e *docEngine) memKeys(p *docProjection) [][]byte {
+	t := p.root.mem.t
+	kc := t.colIdx[p.key.name]
+	keys := make([][]byte, 0, len(t.rows))
+	for _, row := range t.rows {
+		keys = append(keys, rowField(row, kc))
+	}
+	slices.SortFunc(keys, func(a, b []byte) int { return compareText(p.key.oid, a, b) })
+	return keys
+}
+
+// memStats reports the state's rows and the bytes their values take.
+func (s *memState) stats() (rows int, valueBytes int) {
+	for _, t := range s.tables {
+		rows += len(t.rows)
+		for _, r := range t.rows {
+			valueBytes += len(r)
+		}
+	}
+	return rows, valueBytes
+}
+
+func (s *memState) String() string {
+	var b strings.Builder
+	for name, t := range s.tables {
+		fmt.Fprintf(&b, "%s: %d rows\n", name, len(t.rows))
+	}
+	return b.String()
+}

@@ -1,0 +1,177 @@
+package cdc
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/jackc/pglogrepl"
+	bolt "go.etcd.io/bbolt"
+)
+
+// memStore persists the memory mode's state in a bbolt file, one bucket per
+// table (row key → encoded row) and a meta bucket with the LSN the state is
+// at and a hash of the projections it was built for.
+//
+// The state on disk is only ever at a transaction boundary whose events
+// the broker has acknowledged: the reader writes the deltas of the
+// transactions up to the acknowledged LSN (persist), and only then
+// confirms that LSN to PostgreSQL. After a restart PostgreSQL resends from
+// what was confirmed, at or before the stored LSN; transactions up to the
+// stored LSN are skipped (their state and events are done), and the rest
+// applied. A document is never composed from a state that mixes two
+// points in time.
+type memStore struct {
+	db   *bolt.DB
+	hash []byte
+}
+
+var (
+	metaBucket = []byte("meta")
+	lsnKey     = []byte("lsn")
+	hashKey    = []byte("projections")
+)
+
+// openMemStore opens (creating) the store at path, for projections specs.
+func openMemStore(path string, specs []ProjectionSpec) (*memStore, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("memory state: %w", err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 0, NoFreelistSync: true})
+	if err != nil {
+		return nil, fmt.Errorf("memory state %s: %w", path, err)
+	}
+	b, _ := json.Marshal(specs)
+	h := sha256.Sum256(b)
+	return &memStore{db: db, hash: h[:]}, nil
+}
+
+func (s *memStore) close() error { return s.db.Close() }
+
+// load reads the state into st if it was stored for the same projections,
+// and returns its LSN (0: nothing usable stored; st is left empty).
+func (s *memStore) load(st *memState) (pglogrepl.LSN, error) {
+	var lsn pglogrepl.LSN
+	err := s.db.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(metaBucket)
+		if meta == nil || string(meta.Get(hashKey)) != string(s.hash) {
+			return nil
+		}
+		v := meta.Get(lsnKey)
+		if len(v) != 8 {
+			return nil
+		}
+		for name, t := range st.tables {
+			b := tx.Bucket([]byte(name))
+			if b == nil {
+				continue
+			}
+			if err := b.ForEach(func(k, v []byte) error {
+				t.insert(string(k), slicesClone(v))
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		lsn = pglogrepl.LSN(binary.BigEndian.Uint64(v))
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("memory state: load: %w", err)
+	}
+	st.lsn = lsn
+	return lsn, nil
+}
+
+func slicesClone(b []byte) []byte { return append([]byte(nil), b...) }
+
+// writeAll replaces the stored state by st, at lsn (after a bootstrap).
+func (s *memStore) writeAll(st *memState, lsn pglogrepl.LSN) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for name, t := range st.tables {
+			if err := tx.DeleteBucket([]byte(name)); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+				return err
+			}
+			b, err := tx.CreateBucket([]byte(name))
+			if err != nil {
+				return err
+			}
+			b.FillPercent = 0.9
+			for k, row := range t.rows {
+				if err := b.Put([]byte(k), row); err != nil {
+					return err
+				}
+			}
+		}
+		return s.putMeta(tx, lsn)
+	})
+	if err != nil {
+		return fmt.Errorf("memory state: write: %w", err)
+	}
+	st.deltas = nil
+	st.lsn = lsn
+	return nil
+}
+
+func (s *memStore) putMeta(tx *bolt.Tx, lsn pglogrepl.LSN) error {
+	meta, err := tx.CreateBucketIfNotExists(metaBucket)
+	if err != nil {
+		return err
+	}
+	var v [8]byte
+	binary.BigEndian.PutUint64(v[:], uint64(lsn))
+	if err := meta.Put(lsnKey, v[:]); err != nil {
+		return err
+	}
+	return meta.Put(hashKey, s.hash)
+}
+
+// persist writes the deltas of the transactions that end at or before
+// acked, in one transaction, and drops them from st. It returns the LSN the
+// stored state is at (0 when nothing was written).
+func (s *memStore) persist(st *memState, acked pglogrepl.LSN) (pglogrepl.LSN, error) {
+	n := 0
+	for n < len(st.deltas) && st.deltas[n].end <= acked {
+		n++
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	end := st.deltas[n-1].end
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for _, d := range st.deltas[:n] {
+			for _, op := range d.ops {
+				name := []byte(op.table)
+				if op.clear {
+					if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+						return err
+					}
+					continue
+				}
+				b, err := tx.CreateBucketIfNotExists(name)
+				if err != nil {
+					return err
+				}
+				if op.row == nil {
+					err = b.Delete([]byte(op.key))
+				} else {
+					err = b.Put([]byte(op.key), op.row)
+				}
+				if err != nil {
+					return err
+				}
+			}
+		}
+		return s.putMeta(tx, end)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("memory state: persist: %w", err)
+	}
+	clear(st.deltas[:n])
+	st.deltas = st.deltas[n:]
+	return end, nil
+}
