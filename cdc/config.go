@@ -1,9 +1,9 @@
 package cdc
 
 import (
-	"path/filepath"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"time"
 

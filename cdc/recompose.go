@@ -3,9 +3,9 @@ package cdc
 import (
 	"bytes"
 	"context"
-	"path/filepath"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -31,22 +31,22 @@ import (
 // docNode is one relation of a projection: the primary table (root) or an
 // embedded one.
 type docNode struct {
-	spec     *EmbedSpec // nil for the root
-	schema   string
-	name     string
-	nameKey  string   // "schema.table"
-	ident    string   // quoted "schema"."table"
-	as       []byte   // `"items":` (not the root)
-	many     bool     // a list of rows
+	spec      *EmbedSpec // nil for the root
+	schema    string
+	name      string
+	nameKey   string   // "schema.table"
+	ident     string   // quoted "schema"."table"
+	as        []byte   // `"items":` (not the root)
+	many      bool     // a list of rows
 	orderBy   string   // quoted columns (many)
 	orderCols []string // the same, unquoted
-	cols     []docCol // the document's columns
-	on       []docJoin
-	parent   *docNode
-	children []*docNode
-	depth    int
-	proj     *docProjection
-	mem      *memNodeInfo // memory mode
+	cols      []docCol // the document's columns
+	on        []docJoin
+	parent    *docNode
+	children  []*docNode
+	depth     int
+	proj      *docProjection
+	mem       *memNodeInfo // memory mode
 }
 
 // docCol is a selected column.
