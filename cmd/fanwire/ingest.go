@@ -34,6 +34,7 @@ type ingestFlags struct {
 	maxBatch    int
 	heartbeat   time.Duration
 	configFile  string               // --config: the projections file
+	stateDir    string               // --state-dir: the memory projections' state
 	projections []cdc.ProjectionSpec // its projections, once loaded
 }
 
@@ -51,6 +52,7 @@ func (f *ingestFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.DurationVar(&f.flushWindow, "flush-window", 2*time.Millisecond, "ingest: longest an event waits for others to share its publish, 0 for none (latency against throughput; see docs/benchmarks.md)")
 	fs.IntVar(&f.maxBatch, "max-batch", 4096, "ingest: most events per publish")
 	fs.DurationVar(&f.heartbeat, "heartbeat", 10*time.Second, "ingest: on an idle database, emit a logical message this often so the slot keeps advancing (negative: never)")
+	fs.StringVar(&f.stateDir, "state-dir", ".fanwire/ingest", "ingest: where memory-mode projections keep their state, one file per slot (keep it on a persistent volume)")
 	fs.StringVar(&f.configFile, "config", "", "ingest: YAML file of projections: documents of a row with its child rows embedded (see docs/projections.md)")
 }
 
@@ -77,7 +79,7 @@ func (f *ingestFlags) config(log *zap.Logger) cdc.Config {
 	return cdc.Config{
 		DSN: f.pg, Slot: f.slot, Publication: f.publication, Prefix: f.prefix, Tables: f.tables,
 		Rebootstrap: f.rebootstrap, FlushWindow: window, MaxBatch: f.maxBatch, Heartbeat: f.heartbeat,
-		Projections: f.projections, Logger: log.Named("ingest"),
+		Projections: f.projections, StateDir: f.stateDir, Logger: log.Named("ingest"),
 	}
 }
 

@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -169,4 +171,218 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// TestMemoryProjectionKilledResumes kills an ingest serving a memory-mode
+// projection with SIGKILL three times while transactions keep changing
+// orders and their items, each keeping an order's total equal to the sum
+// of its items' quantities. Every document published must hold that
+// invariant (a document mixing two states would not), no event may be
+// published twice, and the last document of every order must equal the
+// database's.
+func TestMemoryProjectionKilledResumes(t *testing.T) {
+	bin := buildBinary(t)
+	pg := pgtest.Start(t, pgtest.Config{})
+	pg.Exec("postgres",
+		"CREATE TABLE orders (id int PRIMARY KEY, total int NOT NULL)",
+		"CREATE TABLE items (id int PRIMARY KEY, order_id int NOT NULL, qty int NOT NULL)",
+		"INSERT INTO orders SELECT g, 0 FROM generate_series(1, 20) g",
+	)
+	cfgFile := filepath.Join(t.TempDir(), "projections.yaml")
+	if err := os.WriteFile(cfgFile, []byte(`projections:
+  - name: orders
+    table: orders
+    key: id
+    mode: memory
+    embed:
+      - as: items
+        table: items
+        on: {order_id: id}
+        many: true
+        order_by: id
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	ns := brokertest.NATS(t)
+	b, err := broker.DialJetStream(ctx, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "CDC"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"ingest", "--pg", pg.DSN("postgres"), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn",
+		"--broker", "jetstream", "--nats-url", ns.ClientURL(), "--subjects", "db.>", "--stream", "CDC",
+		"--config", cfgFile, "--state-dir", t.TempDir()}
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	start := func() *exec.Cmd {
+		cmd := exec.Command(bin, args...)
+		w := lockedWriter{mu: &logMu, w: &logs}
+		cmd.Stdout, cmd.Stderr = w, w
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	cmd := start()
+	// Writers: 900 transactions, each keeping total = sum(qty) per order.
+	const n = 900
+	written := make(chan error, 1)
+	go func() {
+		conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
+		if err != nil {
+			written <- err
+			return
+		}
+		defer conn.Close(context.Background())
+		tx := func(sqls ...string) error {
+			b := &pgx.Batch{}
+			b.Queue("BEGIN")
+			for _, q := range sqls {
+				b.Queue(q)
+			}
+			b.Queue("COMMIT")
+			return conn.SendBatch(ctx, b).Close()
+		}
+		for i := 1; i <= n; i++ {
+			o, o2, q := i%20+1, (i*7)%20+1, i%5+1
+			var err error
+			switch i % 3 {
+			case 0, 1: // a new item
+				err = tx(fmt.Sprintf("INSERT INTO items VALUES (%d, %d, %d)", i, o, q),
+					fmt.Sprintf("UPDATE orders SET total = total + %d WHERE id = %d", q, o))
+			case 2: // move item i-1 to another order
+				err = tx(fmt.Sprintf("UPDATE orders SET total = total - (SELECT qty FROM items WHERE id = %d) WHERE id = (SELECT order_id FROM items WHERE id = %d)", i-1, i-1),
+					fmt.Sprintf("UPDATE items SET order_id = %d WHERE id = %d", o2, i-1),
+					fmt.Sprintf("UPDATE orders SET total = total + (SELECT qty FROM items WHERE id = %d) WHERE id = %d", i-1, o2))
+			}
+			if err != nil {
+				written <- err
+				return
+			}
+			if i%150 == 0 {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		written <- nil
+	}()
+	type doc struct {
+		Total int `json:"total"`
+		Items []struct {
+			ID  int `json:"id"`
+			Qty int `json:"qty"`
+		} `json:"items"`
+	}
+	type ev struct {
+		ID  string          `json:"id"`
+		Op  string          `json:"op"`
+		Key int             `json:"key"`
+		Doc json.RawMessage `json:"doc"`
+	}
+	read := func() []ev {
+		var out []ev
+		_ = b.Replay(ctx, []string{"db.>"}, "", "js:1000000000", func(ms []broker.Message) error {
+			for _, m := range ms {
+				var e ev
+				if err := json.Unmarshal(m.Data, &e); err != nil {
+					return err
+				}
+				out = append(out, e)
+			}
+			return nil
+		})
+		return out
+	}
+	for kill := 0; kill < 3; kill++ {
+		deadline := time.Now().Add(30 * time.Second)
+		for len(read()) < (kill+1)*200 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		cmd = start()
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	if err := <-written; err != nil {
+		t.Fatal(err)
+	}
+	// The database's documents.
+	conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	want := map[int]string{}
+	rows, err := conn.Query(ctx, `SELECT o.id, json_build_object('total', o.total, 'items',
+		coalesce((SELECT json_agg(json_build_object('id', i.id, 'qty', i.qty) ORDER BY i.id) FROM items i WHERE i.order_id = o.id), '[]'))::text FROM orders o`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id int
+		var j string
+		if err := rows.Scan(&id, &j); err != nil {
+			t.Fatal(err)
+		}
+		var d doc
+		_ = json.Unmarshal([]byte(j), &d)
+		nb, _ := json.Marshal(d)
+		want[id] = string(nb)
+	}
+	rows.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		evs := read()
+		last := map[int]string{}
+		seen := map[string]int{}
+		var bad []string
+		for _, e := range evs {
+			seen[e.ID]++
+			var d doc
+			if err := json.Unmarshal(e.Doc, &d); err != nil {
+				t.Fatal(err)
+			}
+			sum := 0
+			for _, it := range d.Items {
+				sum += it.Qty
+			}
+			if sum != d.Total {
+				bad = append(bad, fmt.Sprintf("event %s: order %d total %d, items sum to %d: %s", e.ID, e.Key, d.Total, sum, e.Doc))
+			}
+			nb, _ := json.Marshal(d)
+			last[e.Key] = string(nb)
+		}
+		if len(bad) > 0 {
+			logMu.Lock()
+			t.Fatalf("inconsistent documents:\n%s\nlogs:\n%s", strings.Join(bad[:min(5, len(bad))], "\n"), logs.String())
+		}
+		for id, c := range seen {
+			if c != 1 {
+				t.Fatalf("event %s published %d times", id, c)
+			}
+		}
+		done := true
+		for id, w := range want {
+			if last[id] != w {
+				done = false
+				if time.Now().After(deadline) {
+					logMu.Lock()
+					t.Fatalf("order %d: last document %s, database %s\nlogs:\n%s", id, last[id], w, logs.String())
+				}
+			}
+		}
+		if done {
+			t.Logf("%d events, %d distinct documents, all consistent", len(evs), len(last))
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
