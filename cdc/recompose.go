@@ -286,13 +286,16 @@ func resolveEmbeds(cat map[string]*catalogTable, where string, parent *docNode, 
 			ob := es.OrderBy
 			if ob == "" && len(ct.pkey) > 0 {
 				n.orderCols = ct.pkey
-				n.orderBy = strings.Join(quoteAll(ct.pkey), ", ")
 			} else if ob != "" {
-				n.orderCols = []string{ob}
 				if _, ok := ct.cols[ob]; !ok {
 					errs = append(errs, fmt.Errorf("%s: order_by: %s has no column %q", w, n.nameKey, ob))
 				}
-				n.orderBy = pgx.Identifier{ob}.Sanitize()
+				n.orderCols = []string{ob}
+			}
+			// Qualified: a bare name in ORDER BY means the select list's
+			// column of that name, which is the value cast to text.
+			if len(n.orderCols) > 0 {
+				n.orderBy = "x." + strings.Join(quoteAll(n.orderCols), ", x.")
 			}
 		}
 		childCols := make([]string, 0, len(es.On))
@@ -607,7 +610,7 @@ func (e *docEngine) queryByTuples(ctx context.Context, q querier, n *docNode, se
 			}
 			args[ci] = arr
 		}
-		sql := "SELECT " + strings.Join(texts, ", ") + " FROM " + n.ident + " WHERE " + tupleFilter(cols)
+		sql := "SELECT " + strings.Join(texts, ", ") + " FROM " + n.ident + " AS x WHERE " + tupleFilter(cols)
 		if order != "" {
 			sql += " ORDER BY " + order
 		}
@@ -877,24 +880,30 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 }
 
 // sqlCompose re-reads the documents of keys into docs: chunks of e.chunk
-// keys, e.workers at a time.
+// keys, e.workers at a time. A chunk's queries (one per relation level)
+// share one snapshot, so each document is the document at some commit, if
+// not always the one that triggered it.
 func (e *docEngine) sqlCompose(ctx context.Context, p *docProjection, keys, docs [][]byte) error {
-	{
-		g, gctx := errgroup.WithContext(ctx)
-		g.SetLimit(e.workers)
-		for start := 0; start < len(keys); start += e.chunk {
-			end := min(start+e.chunk, len(keys))
-			g.Go(func() error {
-				out, err := e.compose(gctx, e.db, p, keys[start:end])
-				copy(docs[start:end], out)
-				return err
-			})
-		}
-		if err := g.Wait(); err != nil {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(e.workers)
+	for start := 0; start < len(keys); start += e.chunk {
+		end := min(start+e.chunk, len(keys))
+		g.Go(func() error {
+			q := e.db
+			if e.pool != nil && (len(p.root.children) > 0) {
+				tx, err := e.pool.BeginTx(gctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+				if err != nil {
+					return fmt.Errorf("postgres: projection %q: %w", p.spec.Name, err)
+				}
+				defer tx.Rollback(context.WithoutCancel(gctx))
+				q = tx
+			}
+			out, err := e.compose(gctx, q, p, keys[start:end])
+			copy(docs[start:end], out)
 			return err
-		}
+		})
 	}
-	return nil
+	return g.Wait()
 }
 
 // visibleSQL reports whether 32-bit xid $1 (committed) is visible to a new
