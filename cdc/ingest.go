@@ -221,6 +221,13 @@ type reader struct {
 	conn      *pgconn.PgConn
 	rels      *relations
 	docs      *docEngine // projections; nil without
+	// Documents waiting for the flush window (coalesced across the
+	// transactions of one window): the last transaction merged, and how
+	// many of its events are already numbered.
+	pend         *docChanges
+	pendTx       *txn
+	pendBase     int
+	pendDeadline time.Time
 	pub       *publisher
 	hbConn    *pgx.Conn // for heartbeats; owned by the reader once tailing
 	cur       *txn      // the transaction being received (not streamed)
@@ -250,7 +257,16 @@ func (r *reader) run(ctx context.Context) error {
 				return err
 			}
 		}
-		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		if r.pend != nil && !time.Now().Before(r.pendDeadline) {
+			if err := r.flushDocs(ctx); err != nil {
+				return err
+			}
+		}
+		deadline := nextStatus
+		if r.pend != nil && r.pendDeadline.Before(deadline) {
+			deadline = r.pendDeadline
+		}
+		rctx, cancel := context.WithDeadline(ctx, deadline)
 		raw, err := r.conn.ReceiveMessage(rctx)
 		cancel()
 		if err != nil {
@@ -316,7 +332,7 @@ func (r *reader) sendStatus(ctx context.Context, reply bool) error {
 		return err
 	}
 	lsn := acked
-	if r.cur == nil && len(r.streamed) == 0 && acked >= r.received && r.walEnd > lsn {
+	if r.cur == nil && len(r.streamed) == 0 && r.pend == nil && acked >= r.received && r.walEnd > lsn {
 		lsn = r.walEnd
 	}
 	if lsn > pglogrepl.LSN(r.in.confirmed.Load()) {
@@ -502,16 +518,46 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	}
 	if dc != nil && !dc.empty() {
 		// The documents, recomposed once each however many of their rows
-		// the transaction changed, after its table events.
-		var err error
-		if evs, err = r.docs.events(ctx, evs, dc, t, id); err != nil {
-			return err
-		}
+		// the transaction changed — or the transactions of one flush window
+		// changed — after its table events.
 		r.docs.commitMem(dc, t.endLSN)
+		if r.pend == nil {
+			r.pend, r.pendDeadline = dc, time.Now().Add(r.in.cfg.FlushWindow)
+		} else {
+			r.pend.merge(dc)
+		}
+	}
+	if r.pend != nil {
+		r.pendTx, r.pendBase = t, done+len(evs)
+		if r.in.cfg.FlushWindow <= 0 || !time.Now().Before(r.pendDeadline) || r.pend.size() >= r.in.cfg.MaxBatch {
+			var err error
+			if evs, err = r.docs.events(ctx, evs, r.pend, t, id); err != nil {
+				return err
+			}
+			r.pend, r.pendTx = nil, nil
+		} else {
+			// Documents wait for the window: the transaction's table events
+			// go now, but its end is confirmed with the documents.
+			r.received = t.endLSN
+			return r.pub.add(ctx, evs, 0, t.commitTime)
+		}
 	}
 	r.received = t.endLSN
 	r.in.oldest.CompareAndSwap(0, t.commitTime.UnixNano())
 	r.in.wal.Publish() // counters readable by scrapes, once per commit
+	return r.pub.add(ctx, evs, t.endLSN, t.commitTime)
+}
+
+// flushDocs publishes the documents waiting for the flush window, with the
+// end of the last transaction they cover, which is then confirmable.
+func (r *reader) flushDocs(ctx context.Context) error {
+	t, base := r.pendTx, r.pendBase
+	id := func(i int) string { return eventID(t.commitLSN, base+i) }
+	evs, err := r.docs.events(ctx, nil, r.pend, t, id)
+	if err != nil {
+		return err
+	}
+	r.pend, r.pendTx = nil, nil
 	return r.pub.add(ctx, evs, t.endLSN, t.commitTime)
 }
 

@@ -390,6 +390,33 @@ func (d *docChanges) empty() bool {
 	return len(d.keys) == 0 && len(d.pending) == 0 && len(d.delta.ops) == 0
 }
 
+// merge adds o's documents and lookups to d (o's delta is already
+// committed).
+func (d *docChanges) merge(o *docChanges) {
+	for p, set := range o.keys {
+		for k := range set {
+			d.addKey(p, []byte(k))
+		}
+	}
+	for n, m := range o.pending {
+		for _, vals := range m {
+			d.addParentLookup(n, vals)
+		}
+	}
+}
+
+// size is how many documents and lookups d holds.
+func (d *docChanges) size() int {
+	n := 0
+	for _, set := range d.keys {
+		n += len(set)
+	}
+	for _, m := range d.pending {
+		n += len(m)
+	}
+	return n
+}
+
 func (d *docChanges) addKey(p *docProjection, key []byte) {
 	m := d.keys[p]
 	if m == nil {
