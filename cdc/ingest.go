@@ -217,10 +217,10 @@ func (in *Ingest) runOnce(ctx context.Context) error {
 
 // reader owns the replication connection.
 type reader struct {
-	in        *Ingest
-	conn      *pgconn.PgConn
-	rels      *relations
-	docs      *docEngine // projections; nil without
+	in   *Ingest
+	conn *pgconn.PgConn
+	rels *relations
+	docs *docEngine // projections; nil without
 	// Documents waiting for the flush window (coalesced across the
 	// transactions of one window): the last transaction merged, and how
 	// many of its events are already numbered.
@@ -228,12 +228,12 @@ type reader struct {
 	pendTx       *txn
 	pendBase     int
 	pendDeadline time.Time
-	pub       *publisher
-	hbConn    *pgx.Conn // for heartbeats; owned by the reader once tailing
-	cur       *txn      // the transaction being received (not streamed)
-	inStream  bool
-	streamXid uint32
-	streamed  map[uint32][]change // streamed transactions' changes so far, by top-level xid
+	pub          *publisher
+	hbConn       *pgx.Conn // for heartbeats; owned by the reader once tailing
+	cur          *txn      // the transaction being received (not streamed)
+	inStream     bool
+	streamXid    uint32
+	streamed     map[uint32][]change // streamed transactions' changes so far, by top-level xid
 
 	walEnd   pglogrepl.LSN // the server's WAL end, last reported
 	received pglogrepl.LSN // end of the last commit handed to the publisher
