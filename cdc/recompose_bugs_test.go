@@ -35,11 +35,12 @@ func TestProjectionEmbedsOrderedByValue(t *testing.T) {
 
 // TestProjectionReadsItsOwnCommit: a document's event shows at least the
 // transaction it is the event of. 200 transactions (BEGIN; UPDATE; COMMIT)
-// each set one order's status to the next number, and read it back (an
-// ingest that keeps up); event i must show status i or later. Re-reading a document as soon
-// as the commit has been decoded can see the database before that commit:
-// the commit record is in the WAL (and sent by the walsender) before the
-// transaction becomes visible to other sessions.
+// each set one order's status to the next number and read it back, as an
+// application would; event i must show status i or later. The ingest keeps
+// up, so it re-reads each document as soon as the commit is decoded, and
+// then sees the database before that commit: the commit record is flushed
+// (and sent by the walsender) before the transaction becomes visible to
+// other sessions' snapshots.
 func TestProjectionReadsItsOwnCommit(t *testing.T) {
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", ordersSchema...)
