@@ -125,10 +125,12 @@ func resetHWM(tb testing.TB) {
 	}
 }
 
-// cpuTimes is the CPU time (user + system) of this process and of the
-// PostgreSQL processes it started (postmasters, their backends, walsenders
-// and auxiliary processes), from /proc.
-func cpuTimes(tb testing.TB) (self, pg time.Duration) {
+// cpuTimes is the CPU time (user + system) of this process, and of the
+// PostgreSQL processes it started (postmasters and their children), those
+// of walsenders (decoding) apart from the rest (backends running queries,
+// auxiliary processes), from /proc. Processes that exit in between are
+// not counted.
+func cpuTimes(tb testing.TB) (self, walsenders, others time.Duration) {
 	tb.Helper()
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
@@ -163,30 +165,36 @@ func cpuTimes(tb testing.TB) (self, pg time.Duration) {
 		procs[pid] = proc{ppid: ppid, ticks: ut + st, comm: string(b[lp+1 : rp])}
 	}
 	me := os.Getpid()
-	var ticks int64
-	for _, p := range procs {
-		if p.comm != "postgres" {
+	var ws, rest int64
+	for pid, p := range procs {
+		if p.comm != "postgres" || !(p.ppid == me || procs[p.ppid].ppid == me && procs[p.ppid].comm == "postgres") {
 			continue
 		}
-		if p.ppid == me || procs[p.ppid].ppid == me && procs[p.ppid].comm == "postgres" {
-			ticks += p.ticks
+		title, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)) // "postgres: walsender …"
+		if bytes.Contains(title, []byte("walsender")) {
+			ws += p.ticks
+		} else {
+			rest += p.ticks
 		}
 	}
-	return self, time.Duration(ticks) * time.Second / 100 // USER_HZ
+	tick := time.Second / 100 // USER_HZ
+	return self, time.Duration(ws) * tick, time.Duration(rest) * tick
 }
 
-// projRun is one op of the tail benchmarks: a fresh cluster with the data
-// set and a bootstrapped ingest (not timed), then write, timed from its
-// commit until the ingest has published want more events. It returns the
-// time, the CPU used by this process and by PostgreSQL meanwhile, and the
-// process's RSS before and its peak during that time.
+// projResult is what one op of projRun measured.
 type projResult struct {
-	took          time.Duration
+	took          time.Duration // commit → the last document acknowledged
+	first         time.Duration // commit → the first document acknowledged
 	selfCPU       time.Duration
-	pgCPU         time.Duration
+	walCPU, pgCPU time.Duration // walsenders, other PostgreSQL processes
 	rssStart, hwm float64
 }
 
+// projRun is one op of the update and delete benchmarks: a fresh cluster
+// with the data set and a bootstrapped ingest (not timed), then write,
+// timed from its commit until the ingest has published want(r) more
+// events. It measures the CPU used by this process and by PostgreSQL
+// meanwhile, and the process's RSS before and its peak during that time.
 func projRun(b *testing.B, want func(*benchRig) uint64, write string) projResult {
 	b.StopTimer()
 	r := newBenchRig(b)
@@ -217,18 +225,24 @@ func projRun(b *testing.B, want func(*benchRig) uint64, write string) projResult
 	var res projResult
 	resetHWM(b)
 	res.rssStart = procStatus(b, "VmRSS")
-	self0, pg0 := cpuTimes(b)
+	self0, wal0, pg0 := cpuTimes(b)
 	if _, err := conn.Exec(context.Background(), write); err != nil {
 		b.Fatal(err)
 	}
 	b.StartTimer()
 	start := time.Now()
-	waitFor(b, "documents", 5*time.Minute, func() bool { return in.Published() >= base+n })
+	waitFor(b, "documents", 5*time.Minute, func() bool {
+		p := in.Published()
+		if res.first == 0 && p > base {
+			res.first = time.Since(start)
+		}
+		return p >= base+n
+	})
 	res.took = time.Since(start)
 	b.StopTimer()
-	self1, pg1 := cpuTimes(b)
+	self1, wal1, pg1 := cpuTimes(b)
 	res.hwm = procStatus(b, "VmHWM")
-	res.selfCPU, res.pgCPU = self1-self0, pg1-pg0
+	res.selfCPU, res.walCPU, res.pgCPU = self1-self0, wal1-wal0, pg1-pg0
 	if *projProfile != "" {
 		pprof.StopCPUProfile()
 	}
@@ -240,15 +254,18 @@ func projRun(b *testing.B, want func(*benchRig) uint64, write string) projResult
 }
 
 func reportProj(b *testing.B, docs int, res []projResult) {
-	var took, self, pg time.Duration
+	var took, first, self, wal, pg time.Duration
 	var rss, hwm float64
 	for _, r := range res {
-		took, self, pg = took+r.took, self+r.selfCPU, pg+r.pgCPU
+		took, first, self, wal, pg = took+r.took, first+r.first, self+r.selfCPU, wal+r.walCPU, pg+r.pgCPU
 		rss, hwm = max(rss, r.rssStart), max(hwm, r.hwm)
 	}
+	ops := float64(len(res))
 	b.ReportMetric(float64(docs*len(res))/took.Seconds(), "docs/s")
-	b.ReportMetric(self.Seconds()/float64(len(res)), "go-cpu-s/op")
-	b.ReportMetric(pg.Seconds()/float64(len(res)), "pg-cpu-s/op")
+	b.ReportMetric(first.Seconds()*1000/ops, "first-doc-ms")
+	b.ReportMetric(self.Seconds()/ops, "go-cpu-s/op")
+	b.ReportMetric(wal.Seconds()/ops, "pg-walsender-cpu-s/op")
+	b.ReportMetric(pg.Seconds()/ops, "pg-backends-cpu-s/op")
 	b.ReportMetric(rss, "rss-start-MiB")
 	b.ReportMetric(hwm, "VmHWM-MiB")
 }
