@@ -453,6 +453,18 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	var evs []broker.Outgoing
 	done := 0 // events of the transaction already handed to the publisher
 	id := func(i int) string { return eventID(t.commitLSN, done+i) }
+	// flush hands a full batch of the transaction's events to the
+	// publisher as they are built (only the last confirms its end).
+	flush := func(evs []broker.Outgoing) ([]broker.Outgoing, error) {
+		if len(evs) < r.in.cfg.MaxBatch {
+			return evs, nil
+		}
+		if err := r.pub.add(ctx, evs, 0, time.Time{}); err != nil {
+			return evs, err
+		}
+		done += len(evs)
+		return nil, nil
+	}
 	var dc *docChanges // the documents the transaction affects
 	if r.docs != nil {
 		dc = newDocChanges()
@@ -531,7 +543,7 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		r.pendTx, r.pendBase = t, done+len(evs)
 		if r.in.cfg.FlushWindow <= 0 || !time.Now().Before(r.pendDeadline) || r.pend.size() >= r.in.cfg.MaxBatch {
 			var err error
-			if evs, err = r.docs.events(ctx, evs, r.pend, t, id); err != nil {
+			if evs, err = r.docs.events(ctx, evs, r.pend, t, id, flush); err != nil {
 				return err
 			}
 			r.pend, r.pendTx = nil, nil
@@ -553,7 +565,17 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 func (r *reader) flushDocs(ctx context.Context) error {
 	t, base := r.pendTx, r.pendBase
 	id := func(i int) string { return eventID(t.commitLSN, base+i) }
-	evs, err := r.docs.events(ctx, nil, r.pend, t, id)
+	flush := func(evs []broker.Outgoing) ([]broker.Outgoing, error) {
+		if len(evs) < r.in.cfg.MaxBatch {
+			return evs, nil
+		}
+		if err := r.pub.add(ctx, evs, 0, time.Time{}); err != nil {
+			return evs, err
+		}
+		base += len(evs)
+		return nil, nil
+	}
+	evs, err := r.docs.events(ctx, nil, r.pend, t, id, flush)
 	if err != nil {
 		return err
 	}

@@ -360,7 +360,7 @@ func (e *docEngine) memUp(d *docChanges, n *docNode, row []byte) {
 	info := n.mem
 	if n.parent == nil {
 		if k := rowField(row, info.t.colIdx[n.proj.key.name]); k != nil {
-			d.addKey(n.proj, k)
+			d.addKey(n.proj, k, true)
 		}
 		return
 	}
@@ -371,7 +371,7 @@ func (e *docEngine) memUp(d *docChanges, n *docNode, row []byte) {
 		}
 	}
 	if info.parentIx == nil { // the join reaches the primary key
-		d.addKey(n.proj, vals[0])
+		d.addKey(n.proj, vals[0], false)
 		return
 	}
 	pt := n.parent.mem.t

@@ -377,26 +377,30 @@ func warnIndexes(cat map[string]*catalogTable, n *docNode, log *zap.Logger) {
 // docChanges collects, for one transaction, the primary keys of the
 // documents its changes affect, and the lookups still to run.
 type docChanges struct {
-	delta   memTxDelta // memory mode: what the transaction changed in the state
-	keys    map[*docProjection]map[string]struct{}
-	pending map[*docNode]map[string][][]byte // node → parent-column values (tuple key → values) to find parents by
+	delta   memTxDelta                         // memory mode: what the transaction changed in the state
+	keys    map[*docProjection]map[string]bool // document key → whether its primary row changed
+	trunc   map[*docProjection]bool            // sql mode: the primary table was truncated
+	pending map[*docNode]map[string][][]byte   // node → parent-column values (tuple key → values) to find parents by
 }
 
 func newDocChanges() *docChanges {
-	return &docChanges{keys: make(map[*docProjection]map[string]struct{}), pending: make(map[*docNode]map[string][][]byte)}
+	return &docChanges{keys: make(map[*docProjection]map[string]bool), trunc: make(map[*docProjection]bool), pending: make(map[*docNode]map[string][][]byte)}
 }
 
 func (d *docChanges) empty() bool {
-	return len(d.keys) == 0 && len(d.pending) == 0 && len(d.delta.ops) == 0
+	return len(d.keys) == 0 && len(d.pending) == 0 && len(d.delta.ops) == 0 && len(d.trunc) == 0
 }
 
 // merge adds o's documents and lookups to d (o's delta is already
 // committed).
 func (d *docChanges) merge(o *docChanges) {
 	for p, set := range o.keys {
-		for k := range set {
-			d.addKey(p, []byte(k))
+		for k, root := range set {
+			d.addKey(p, []byte(k), root)
 		}
+	}
+	for p := range o.trunc {
+		d.trunc[p] = true
 	}
 	for n, m := range o.pending {
 		for _, vals := range m {
@@ -417,13 +421,17 @@ func (d *docChanges) size() int {
 	return n
 }
 
-func (d *docChanges) addKey(p *docProjection, key []byte) {
+// addKey records that the document of p with key is affected; root says
+// its primary row changed. A document whose primary row does not exist is
+// published as deleted only if its primary row changed: a child that
+// points at no parent (no foreign key) makes no document.
+func (d *docChanges) addKey(p *docProjection, key []byte, root bool) {
 	m := d.keys[p]
 	if m == nil {
-		m = make(map[string]struct{})
+		m = make(map[string]bool)
 		d.keys[p] = m
 	}
-	m[string(key)] = struct{}{}
+	m[string(key)] = m[string(key)] || root
 }
 
 // addParentLookup records that the parent rows of n whose join columns hold
@@ -498,7 +506,7 @@ func (e *docEngine) observe(d *docChanges, t *table, c *change) error {
 			}
 			if n.parent == nil {
 				if v, ok := rowValue(t, row, n.proj.key.name); ok && v != nil {
-					d.addKey(n.proj, v)
+					d.addKey(n.proj, v, true)
 				}
 				continue
 			}
@@ -533,7 +541,8 @@ func (e *docEngine) observeTruncate(ctx context.Context, d *docChanges, t *table
 			continue
 		}
 		if n.parent == nil {
-			continue // the documents are gone: their keys are unknown now (a truncate event per projection follows)
+			d.trunc[p] = true // the documents are gone, and their keys unknown: one truncate event
+			continue
 		}
 		rows, err := e.db.Query(ctx, "SELECT "+p.key.ident+"::text FROM "+p.root.ident)
 		if err != nil {
@@ -545,7 +554,7 @@ func (e *docEngine) observeTruncate(ctx context.Context, d *docChanges, t *table
 				rows.Close()
 				return err
 			}
-			d.addKey(p, []byte(k))
+			d.addKey(p, []byte(k), false)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -572,7 +581,7 @@ func (e *docEngine) resolve(ctx context.Context, d *docChanges) error {
 		// Direct: the join reaches the primary key itself.
 		if parent.parent == nil && len(deepest.on) == 1 && deepest.on[0].parent.name == p.key.name {
 			for _, vals := range tuples {
-				d.addKey(p, vals[0])
+				d.addKey(p, vals[0], false)
 			}
 			continue
 		}
@@ -597,7 +606,7 @@ func (e *docEngine) resolve(ctx context.Context, d *docChanges) error {
 		err := e.queryByTuples(ctx, e.db, parent, sel, cols, list, "", func(raw [][]byte) {
 			if parent.parent == nil {
 				if raw[0] != nil {
-					d.addKey(p, raw[0])
+					d.addKey(p, raw[0], false)
 				}
 				return
 			}
@@ -858,7 +867,7 @@ func appendDoc(b []byte, n *docNode, r *composedRow) ([]byte, error) {
 // events recomposes every document d names and appends their events, in
 // the order of the projections and, within one, of their keys. ids numbers
 // them from the transaction's next event.
-func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docChanges, t *txn, id func(i int) string) ([]broker.Outgoing, error) {
+func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docChanges, t *txn, id func(i int) string, flush func([]broker.Outgoing) ([]broker.Outgoing, error)) ([]broker.Outgoing, error) {
 	lsn, commitTime := t.commitLSN, t.commitTime
 	if len(d.pending) > 0 || slices.ContainsFunc(e.projs, func(p *docProjection) bool { return p.root.mem == nil && len(d.keys[p]) > 0 }) {
 		// The sql mode reads the database: first wait until the
@@ -874,6 +883,9 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 		return evs, err
 	}
 	for _, p := range e.projs {
+		if d.trunc[p] {
+			evs = append(evs, truncateDocsEvent(p, id(len(evs)), lsn, commitTime))
+		}
 		set := d.keys[p]
 		if len(set) == 0 {
 			continue
@@ -883,27 +895,57 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 			keys = append(keys, []byte(k))
 		}
 		sort.Slice(keys, func(i, j int) bool { return bytes.Compare(keys[i], keys[j]) < 0 })
-		docs := make([][]byte, len(keys))
-		if p.root.mem != nil { // memory mode: as of this commit, no query
-			for i, k := range keys {
-				doc, err := e.memCompose(p, k)
+		// In groups, each handed to the publisher as it is composed: a
+		// 100,000-document transaction is neither held whole nor waited
+		// for before the first documents go.
+		group := max(e.chunk*e.workers, 1024)
+		docs := make([][]byte, min(group, len(keys)))
+		for start := 0; start < len(keys); start += group {
+			part := keys[start:min(start+group, len(keys))]
+			docs := docs[:len(part)]
+			clear(docs)
+			if p.root.mem != nil { // memory mode: as of this commit, no query
+				for i, k := range part {
+					doc, err := e.memCompose(p, k)
+					if err != nil {
+						return evs, err
+					}
+					docs[i] = doc
+				}
+			} else if err := e.sqlCompose(ctx, p, part, docs); err != nil {
+				return evs, err
+			}
+			for i, k := range part {
+				if docs[i] == nil && !set[string(k)] {
+					continue // no such document, and its primary row did not change
+				}
+				ev, err := docEvent(p, k, docs[i], id(len(evs)), lsn, commitTime)
 				if err != nil {
 					return evs, err
 				}
-				docs[i] = doc
+				evs = append(evs, ev)
 			}
-		} else if err := e.sqlCompose(ctx, p, keys, docs); err != nil {
-			return evs, err
-		}
-		for i, k := range keys {
-			ev, err := docEvent(p, k, docs[i], id(len(evs)), lsn, commitTime)
-			if err != nil {
+			var err error
+			if evs, err = flush(evs); err != nil {
 				return evs, err
 			}
-			evs = append(evs, ev)
 		}
 	}
 	return evs, nil
+}
+
+// truncateDocsEvent is the event of a projection whose primary table was
+// truncated (sql mode: the documents' keys are gone with the rows).
+func truncateDocsEvent(p *docProjection, id string, lsn pglogrepl.LSN, commitTime time.Time) broker.Outgoing {
+	b := make([]byte, 0, 128)
+	b = append(b, `{"id":"`...)
+	b = append(b, id...)
+	b = append(b, `","op":"truncate","key":null,"lsn":"`...)
+	b = append(b, lsn.String()...)
+	b = append(b, `","commit_time":"`...)
+	b = commitTime.UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","doc":null}`...)
+	return broker.Outgoing{Subject: p.subject + "." + truncateToken, Data: b, ID: id}
 }
 
 // sqlCompose re-reads the documents of keys into docs: chunks of e.chunk

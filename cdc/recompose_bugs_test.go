@@ -25,7 +25,7 @@ func TestProjectionEmbedsOrderedByValue(t *testing.T) {
 		"INSERT INTO order_items VALUES (9, 1, 'a', 1), (10, 1, 'b', 1)",
 		"INSERT INTO notes VALUES (9, 9, 'x'), (10, 9, 'y')",
 	)
-	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = ordersProjection() })
+	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = ordersProjection(cdc.ModeSQL) })
 	want := `{"id":1,"status":"new","customer_id":1,"items":[{"id":9,"sku":"a","qty":1,"notes":[{"body":"x"},{"body":"y"}]},{"id":10,"sku":"b","qty":1,"notes":[]}],"customer":{"id":1,"name":"Ada"}}`
 	jsonEq(t, "bootstrap doc", r.events(1)[0].Doc, want)
 }
@@ -45,7 +45,7 @@ func TestProjectionReadsItsOwnCommit(t *testing.T) {
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", ordersSchema...)
 	pg.Exec("postgres", "INSERT INTO customers VALUES (1, 'Ada')", "INSERT INTO orders VALUES (1, 'new', 1)", "CREATE TABLE probe (id int)")
-	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = ordersProjection() })
+	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = ordersProjection(cdc.ModeSQL) })
 	r.events(1)
 	pg.Exec("postgres", "ALTER SYSTEM SET synchronous_standby_names = 'nobody'", "SELECT pg_reload_conf()")
 	release := func() {
@@ -101,7 +101,7 @@ func TestProjectionNoEventForMissingParent(t *testing.T) {
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", randomSchema()...)
 	pg.Exec("postgres", "INSERT INTO orders VALUES (1, 'new', NULL)")
-	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = ordersProjection() })
+	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = ordersProjection(cdc.ModeSQL) })
 	r.events(1)
 	pg.Exec("postgres",
 		"INSERT INTO order_items VALUES (7, 99, 'orphan', 1)", // order 99 never exists

@@ -25,7 +25,7 @@ import (
 var projSeed = flag.Uint64("projection-seed", 0, "seed of TestProjectionRandomConsistency (0: random)")
 
 // composeOrdersSQL composes, in one query, every order's document exactly
-// as ordersProjection() defines it, independently of the ingest: an object
+// as ordersProjection(cdc.ModeSQL) defines it, independently of the ingest: an object
 // of order id → document.
 const composeOrdersSQL = `SELECT coalesce(json_object_agg(o.id, json_build_object(
 	'id', o.id, 'status', o.status, 'customer_id', o.customer_id,
@@ -164,7 +164,7 @@ func (w *randomWorkload) statements() []string {
 }
 
 // TestProjectionRandomConsistency: ~300 seeded random transactions of 1–5
-// statements on every table of ordersProjection() (inserts, updates and
+// statements on every table of ordersProjection(cdc.ModeSQL) (inserts, updates and
 // deletes, children moving between parents, keys changing, orphans, rolled
 // back transactions and savepoints, bulk statements that stream) while the
 // ingest runs. Once it has confirmed the WAL, for every order that ever
@@ -231,7 +231,7 @@ func TestProjectionRandomConsistency(t *testing.T) {
 		existed[k] = true
 	}
 
-	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = ordersProjection() })
+	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = ordersProjection(cdc.ModeSQL) })
 	r.events(len(before)) // the bootstrap
 	prev, prevLSN := snapshot()
 
