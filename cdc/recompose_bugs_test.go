@@ -98,10 +98,16 @@ func TestProjectionReadsItsOwnCommit(t *testing.T) {
 // document key without checking that the order exists, and the document
 // then read as missing is published as op delete.
 func TestProjectionNoEventForMissingParent(t *testing.T) {
+	for _, mode := range []string{cdc.ModeSQL, cdc.ModeMemory} {
+		t.Run(mode, func(t *testing.T) { testProjectionNoEventForMissingParent(t, mode) })
+	}
+}
+
+func testProjectionNoEventForMissingParent(t *testing.T, mode string) {
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", randomSchema()...)
 	pg.Exec("postgres", "INSERT INTO orders VALUES (1, 'new', NULL)")
-	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = ordersProjection(cdc.ModeSQL) })
+	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = ordersProjection(mode); c.StateDir = t.TempDir() })
 	r.events(1)
 	pg.Exec("postgres",
 		"INSERT INTO order_items VALUES (7, 99, 'orphan', 1)", // order 99 never exists

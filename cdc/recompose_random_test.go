@@ -174,6 +174,12 @@ func (w *randomWorkload) statements() []string {
 // never existed has an event. This checks that the reverse lookups miss
 // nothing.
 func TestProjectionRandomConsistency(t *testing.T) {
+	for _, mode := range []string{cdc.ModeSQL, cdc.ModeMemory} {
+		t.Run(mode, func(t *testing.T) { testProjectionRandomConsistency(t, mode) })
+	}
+}
+
+func testProjectionRandomConsistency(t *testing.T, mode string) {
 	seed := *projSeed
 	if s := os.Getenv("FANWIRE_PROJECTION_SEED"); seed == 0 && s != "" {
 		var err error
@@ -231,7 +237,7 @@ func TestProjectionRandomConsistency(t *testing.T) {
 		existed[k] = true
 	}
 
-	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = ordersProjection(cdc.ModeSQL) })
+	r := newRig(t, pg, func(c *cdc.Config) { c.Projections, c.StateDir = ordersProjection(mode), t.TempDir() })
 	r.events(len(before)) // the bootstrap
 	prev, prevLSN := snapshot()
 
