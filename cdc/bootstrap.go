@@ -229,10 +229,7 @@ func (in *Ingest) bootstrapDocs(ctx context.Context, tx pgx.Tx, docs *docEngine,
 // state.
 func (in *Ingest) bootstrapMem(ctx context.Context, tx pgx.Tx, docs *docEngine) error {
 	for name, t := range docs.mem.tables {
-		t.rows = make(map[string][]byte)
-		for _, ix := range t.indexes {
-			ix.m = make(map[string][]string)
-		}
+		t.reset()
 		schema, rel := splitTable(name)
 		sel := make([]string, len(t.cols))
 		for i, c := range t.cols {

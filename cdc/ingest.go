@@ -25,11 +25,12 @@ type Ingest struct {
 	log *zap.Logger
 
 	ready     atomic.Bool
-	confirmed atomic.Uint64 // the LSN confirmed to PostgreSQL
-	walEnd    atomic.Uint64 // the server's WAL end, last reported
-	published atomic.Uint64 // events the broker acknowledged
-	bootRows  atomic.Uint64 // rows published by bootstraps
-	oldest    atomic.Int64  // commit time (Unix ns) of the oldest transaction not yet acknowledged; 0: none
+	confirmed atomic.Uint64            // the LSN confirmed to PostgreSQL
+	mem       atomic.Pointer[memState] // the memory projections' state, for MemoryState
+	walEnd    atomic.Uint64            // the server's WAL end, last reported
+	published atomic.Uint64            // events the broker acknowledged
+	bootRows  atomic.Uint64            // rows published by bootstraps
+	oldest    atomic.Int64             // commit time (Unix ns) of the oldest transaction not yet acknowledged; 0: none
 
 	wal metrics.WAL // pgoutput messages by kind and route; the reader owns it
 
@@ -64,6 +65,15 @@ func New(cfg Config) (*Ingest, error) {
 
 // Ready reports whether the ingest is tailing the slot.
 func (in *Ingest) Ready() bool { return in.ready.Load() }
+
+// MemoryState reports the rows the memory-mode projections hold and the
+// bytes of their values (0, 0 without).
+func (in *Ingest) MemoryState() (rows, valueBytes int64) {
+	if s := in.mem.Load(); s != nil {
+		return s.rows.Load(), s.bytes.Load()
+	}
+	return 0, 0
+}
 
 // Confirmed is the LSN last confirmed to PostgreSQL.
 func (in *Ingest) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(in.confirmed.Load()) }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -23,6 +24,7 @@ import (
 // memTable is one table's rows: the columns any projection needs of it,
 // keyed by primary key.
 type memTable struct {
+	st      *memState
 	nameKey string
 	cols    []docCol       // kept columns, in a fixed order
 	colIdx  map[string]int // name → index in cols
@@ -100,6 +102,8 @@ func (ix *memIndex) tuple(row []byte) (string, bool) {
 
 func (t *memTable) insert(k string, row []byte) {
 	t.rows[k] = row
+	t.st.rows.Add(1)
+	t.st.bytes.Add(int64(len(row)))
 	for _, ix := range t.indexes {
 		if tk, ok := ix.tuple(row); ok {
 			ix.m[tk] = append(ix.m[tk], k)
@@ -113,6 +117,8 @@ func (t *memTable) remove(k string) []byte {
 		return nil
 	}
 	delete(t.rows, k)
+	t.st.rows.Add(-1)
+	t.st.bytes.Add(-int64(len(row)))
 	for _, ix := range t.indexes {
 		if tk, ok := ix.tuple(row); ok {
 			l := ix.m[tk]
@@ -128,6 +134,18 @@ func (t *memTable) remove(k string) []byte {
 		}
 	}
 	return row
+}
+
+// reset empties the table.
+func (t *memTable) reset() {
+	for _, row := range t.rows {
+		t.st.rows.Add(-1)
+		t.st.bytes.Add(-int64(len(row)))
+	}
+	t.rows = make(map[string][]byte)
+	for _, ix := range t.indexes {
+		ix.m = make(map[string][]string)
+	}
 }
 
 // index returns (creating it) the index on cols.
@@ -148,6 +166,8 @@ func (t *memTable) index(cols []string) *memIndex {
 
 // memState is every memory-mode table, owned by the reader.
 type memState struct {
+	rows   atomic.Int64 // rows held, for metrics (read by other goroutines)
+	bytes  atomic.Int64 // bytes of their encoded values
 	tables map[string]*memTable
 	lsn    pglogrepl.LSN // the end of the last transaction applied
 	// deltas not yet persisted, by transaction (memstore.go)
@@ -210,7 +230,7 @@ func newMemState(projs []*docProjection, cat map[string]*catalogTable) *memState
 	}
 	for name, cols := range need {
 		ct := cat[name]
-		t := &memTable{nameKey: name, colIdx: make(map[string]int), rows: make(map[string][]byte)}
+		t := &memTable{st: s, nameKey: name, colIdx: make(map[string]int), rows: make(map[string][]byte)}
 		for _, c := range cols {
 			t.colIdx[c] = len(t.cols)
 			t.cols = append(t.cols, mkCol(c, ct.cols[c]))
@@ -338,10 +358,7 @@ func (e *docEngine) memTruncate(d *docChanges, rel *table, delta *memTxDelta) {
 	for _, row := range t.rows {
 		e.memAffected(d, t, row)
 	}
-	t.rows = make(map[string][]byte)
-	for _, ix := range t.indexes {
-		ix.m = make(map[string][]string)
-	}
+	t.reset()
 	delta.ops = append(delta.ops, memOp{table: t.nameKey, clear: true})
 }
 
@@ -486,15 +503,9 @@ func (e *docEngine) memKeys(p *docProjection) [][]byte {
 	return keys
 }
 
-// memStats reports the state's rows and the bytes their values take.
+// stats reports the state's rows and the bytes their encoded values take.
 func (s *memState) stats() (rows int, valueBytes int) {
-	for _, t := range s.tables {
-		rows += len(t.rows)
-		for _, r := range t.rows {
-			valueBytes += len(r)
-		}
-	}
-	return rows, valueBytes
+	return int(s.rows.Load()), int(s.bytes.Load())
 }
 
 func (s *memState) String() string {

@@ -24,10 +24,12 @@ var (
 	descPublished = prometheus.NewDesc("fanwire_ingest_events_published_total", "Events the broker acknowledged.", nil, nil)
 	descBootRows  = prometheus.NewDesc("fanwire_ingest_bootstrap_rows_total", "Rows published by bootstraps.", nil, nil)
 	descReady     = prometheus.NewDesc("fanwire_ingest_ready", "1 while the ingest is tailing its slot.", nil, nil)
+	descMemRows   = prometheus.NewDesc("fanwire_projection_memory_rows", "Rows the memory-mode projections hold.", nil, nil)
+	descMemBytes  = prometheus.NewDesc("fanwire_projection_memory_value_bytes", "Bytes of the encoded column values the memory-mode projections hold (the process's memory is more: maps and indexes).", nil, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descConfirmed, descWALEnd, descLagBytes, descLagSecs, descPublished, descBootRows, descReady} {
+	for _, d := range []*prometheus.Desc{descConfirmed, descWALEnd, descLagBytes, descLagSecs, descPublished, descBootRows, descReady, descMemRows, descMemBytes} {
 		ch <- d
 	}
 	c.wal.Describe(ch)
@@ -52,6 +54,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPublished, prometheus.CounterValue, float64(in.published.Load()))
 	ch <- prometheus.MustNewConstMetric(descBootRows, prometheus.CounterValue, float64(in.bootRows.Load()))
 	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready)
+	rows, bytes := in.MemoryState()
+	ch <- prometheus.MustNewConstMetric(descMemRows, prometheus.GaugeValue, float64(rows))
+	ch <- prometheus.MustNewConstMetric(descMemBytes, prometheus.GaugeValue, float64(bytes))
 	c.wal.Collect(ch)
 	c.in.commitToAck.Collect(ch)
 }

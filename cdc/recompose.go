@@ -1093,6 +1093,7 @@ func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn) (*docEngine,
 	}
 	if slices.ContainsFunc(projs, func(p *docProjection) bool { return p.spec.Mode == ModeMemory }) {
 		e.mem = newMemState(projs, cat)
+		in.mem.Store(e.mem)
 		path := filepath.Join(cfg.StateDir, cfg.Slot+".db")
 		if e.store, err = openMemStore(path, cfg.Projections); err != nil {
 			pool.Close()

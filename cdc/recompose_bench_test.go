@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
 	"path/filepath"
 	"runtime/pprof"
 	"strconv"
@@ -57,10 +58,13 @@ func projectionDataSet(r *benchRig) {
 	)
 }
 
-// benchProjection: orders with their items (by id) and their customer.
+var projMode = flag.String("projmode", cdc.ModeSQL, "the projection benchmarks' mode: sql or memory")
+
+// benchProjection: orders with their items (by id) and their customer, in
+// -projmode.
 func benchProjection() []cdc.ProjectionSpec {
 	return []cdc.ProjectionSpec{{
-		Name: "orders", Table: "orders", Key: "id", Mode: cdc.ModeSQL,
+		Name: "orders", Table: "orders", Key: "id", Mode: *projMode,
 		Embed: []cdc.EmbedSpec{
 			{As: "items", Table: "order_items", On: map[string]string{"order_id": "id"}, Many: true, OrderBy: "id"},
 			{As: "customer", Table: "customers", On: map[string]string{"id": "customer_id"}},
@@ -73,7 +77,7 @@ func benchProjection() []cdc.ProjectionSpec {
 // for it to be ready.
 func (r *benchRig) projIngest() (*cdc.Ingest, func()) {
 	r.tb.Helper()
-	in, err := cdc.New(cdc.Config{DSN: r.pg.DSN("postgres"), Broker: r.b, Logger: zap.NewNop(), Retry: 100 * time.Millisecond, Projections: benchProjection()})
+	in, err := cdc.New(cdc.Config{DSN: r.pg.DSN("postgres"), Broker: r.b, Logger: zap.NewNop(), Retry: 100 * time.Millisecond, Projections: benchProjection(), StateDir: r.tb.TempDir()})
 	if err != nil {
 		r.tb.Fatal(err)
 	}
@@ -188,6 +192,8 @@ type projResult struct {
 	selfCPU       time.Duration
 	walCPU, pgCPU time.Duration // walsenders, other PostgreSQL processes
 	rssStart, hwm float64
+	memRows       int64 // memory mode: rows held, and their values' bytes
+	memBytes      int64
 }
 
 // projRun is one op of the update and delete benchmarks: a fresh cluster
@@ -223,6 +229,8 @@ func projRun(b *testing.B, want func(*benchRig) uint64, write string) projResult
 		}
 	}
 	var res projResult
+	runtime.GC()
+	res.memRows, res.memBytes = in.MemoryState()
 	resetHWM(b)
 	res.rssStart = procStatus(b, "VmRSS")
 	self0, wal0, pg0 := cpuTimes(b)
@@ -268,6 +276,10 @@ func reportProj(b *testing.B, docs int, res []projResult) {
 	b.ReportMetric(pg.Seconds()/ops, "pg-backends-cpu-s/op")
 	b.ReportMetric(rss, "rss-start-MiB")
 	b.ReportMetric(hwm, "VmHWM-MiB")
+	if last := res[len(res)-1]; last.memRows > 0 {
+		b.ReportMetric(float64(last.memRows), "mem-rows")
+		b.ReportMetric(float64(last.memBytes)/float64(last.memRows), "mem-value-B/row")
+	}
 }
 
 // BenchmarkProjectionUpdate: one UPDATE of the status of all 100,000
