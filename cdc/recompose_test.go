@@ -176,3 +176,36 @@ func TestProjectionCatalogErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestProjectionFanOut: a customer with 1,000 orders; renaming it
+// recomposes every one of them, once, in both modes.
+func TestProjectionFanOut(t *testing.T) {
+	for _, mode := range []string{cdc.ModeSQL, cdc.ModeMemory} {
+		t.Run(mode, func(t *testing.T) {
+			pg := pgtest.Start(t, pgtest.Config{})
+			pg.Exec("postgres", ordersSchema...)
+			pg.Exec("postgres",
+				"INSERT INTO customers VALUES (1, 'Ada'), (2, 'Bob')",
+				"INSERT INTO orders SELECT g, 'new', 1 FROM generate_series(1, 1000) g",
+				"INSERT INTO orders VALUES (5000, 'new', 2)",
+			)
+			r := newRig(t, pg, func(c *cdc.Config) { c.Projections, c.StateDir = ordersProjection(mode), t.TempDir() })
+			r.events(1001)
+			pg.Exec("postgres", "UPDATE customers SET name = 'Ada L.' WHERE id = 1")
+			evs := r.events(2001)[1001:]
+			seen := map[string]bool{}
+			for _, e := range evs {
+				if seen[e.Subject] {
+					t.Fatalf("%s twice", e.Subject)
+				}
+				seen[e.Subject] = true
+				if e.Op != "upsert" || !strings.Contains(string(e.Doc), `"customer":{"id":1,"name":"Ada L."}`) {
+					t.Fatalf("%s: %s %s", e.Subject, e.Op, e.Doc)
+				}
+			}
+			if seen["db.orders.5000"] {
+				t.Fatal("order 5000 (another customer) recomposed")
+			}
+		})
+	}
+}
