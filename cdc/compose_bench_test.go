@@ -1,0 +1,101 @@
+package cdc
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	"github.com/fanwire/fanwire/cdc/pgtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+)
+
+// BenchmarkComposeQueries compares the sql mode's two ways of re-reading
+// documents, on the ingest issue's data set (orders 100k, items 300k,
+// customers 10k), 128 keys per query, 8 queries at a time: one query per
+// relation level (what the engine does: values come back as text and are
+// encoded like change values), and one composed query per chunk
+// (json_build_object and json_agg: PostgreSQL's JSON, whose values differ
+// from the events' — numeric as numbers, timestamps in its own format —
+// and would need re-encoding on top of the figure here).
+func BenchmarkComposeQueries(b *testing.B) {
+	pg := pgtest.Start(b, pgtest.Config{})
+	pg.Exec("postgres",
+		"CREATE TABLE customers (id int PRIMARY KEY, name text, email text)",
+		"CREATE TABLE orders (id int PRIMARY KEY, status text, total numeric(10,2), customer_id int, updated_at timestamptz DEFAULT now())",
+		"CREATE TABLE order_items (id int PRIMARY KEY, order_id int, sku text, qty int, price numeric(10,2))",
+		"INSERT INTO customers SELECT g, 'customer ' || g, 'c' || g || '@example.com' FROM generate_series(1, 10000) g",
+		"INSERT INTO orders SELECT g, 'new', g % 1000, g % 10000 + 1 FROM generate_series(1, 100000) g",
+		"INSERT INTO order_items SELECT g, (g + 2) / 3, 'SKU-' || g, g % 5 + 1, g % 100 FROM generate_series(1, 300000) g",
+		"CREATE INDEX ON order_items (order_id)",
+		"CREATE INDEX ON orders (customer_id)",
+		"ALTER TABLE order_items REPLICA IDENTITY FULL",
+		"VACUUM ANALYZE",
+	)
+	ctx := context.Background()
+	pcfg, err := pgxpool.ParseConfig(pg.DSN("postgres"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	pcfg.MaxConns = docWorkers
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	specs := []ProjectionSpec{{Name: "orders", Table: "orders", Key: "id", Embed: []EmbedSpec{
+		{As: "items", Table: "order_items", On: map[string]string{"order_id": "id"}, Many: true, OrderBy: "id"},
+		{As: "customer", Table: "customers", On: map[string]string{"id": "customer_id"}},
+	}}}
+	projs, _, err := resolveProjections(ctx, pool, specs, "db", zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	e := &docEngine{projs: projs, db: pool, pool: pool, chunk: docChunk, workers: docWorkers, log: zap.NewNop()}
+	const n = 100_000
+	keys := make([][]byte, n)
+	for i := range keys {
+		keys[i] = []byte(strconv.Itoa(i + 1))
+	}
+	composed := `SELECT o.id::text, json_build_object('id', o.id, 'status', o.status, 'total', o.total, 'customer_id', o.customer_id, 'updated_at', o.updated_at,
+		'items', coalesce((SELECT json_agg(json_build_object('id', i.id, 'order_id', i.order_id, 'sku', i.sku, 'qty', i.qty, 'price', i.price) ORDER BY i.id) FROM order_items i WHERE i.order_id = o.id), '[]'),
+		'customer', (SELECT json_build_object('id', c.id, 'name', c.name, 'email', c.email) FROM customers c WHERE c.id = o.customer_id))::text
+		FROM orders o WHERE o.id = ANY($1::text[]::int4[])`
+	b.Run("per-level", func(b *testing.B) {
+		docs := make([][]byte, n)
+		for b.Loop() {
+			if err := e.sqlCompose(ctx, projs[0], keys, docs); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "docs/s")
+	})
+	b.Run("composed", func(b *testing.B) {
+		for b.Loop() {
+			g, gctx := errgroup.WithContext(ctx)
+			g.SetLimit(docWorkers)
+			for start := 0; start < n; start += docChunk {
+				part := make([]string, 0, docChunk)
+				for _, k := range keys[start:min(start+docChunk, n)] {
+					part = append(part, string(k))
+				}
+				g.Go(func() error {
+					rows, err := pool.Query(gctx, composed, part)
+					if err != nil {
+						return err
+					}
+					defer rows.Close()
+					for rows.Next() {
+						_ = rows.RawValues()
+					}
+					return rows.Err()
+				})
+			}
+			if err := g.Wait(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "docs/s")
+	})
+}
