@@ -21,18 +21,7 @@ import (
 // and would need re-encoding on top of the figure here).
 func BenchmarkComposeQueries(b *testing.B) {
 	pg := pgtest.Start(b, pgtest.Config{})
-	pg.Exec("postgres",
-		"CREATE TABLE customers (id int PRIMARY KEY, name text, email text)",
-		"CREATE TABLE orders (id int PRIMARY KEY, status text, total numeric(10,2), customer_id int, updated_at timestamptz DEFAULT now())",
-		"CREATE TABLE order_items (id int PRIMARY KEY, order_id int, sku text, qty int, price numeric(10,2))",
-		"INSERT INTO customers SELECT g, 'customer ' || g, 'c' || g || '@example.com' FROM generate_series(1, 10000) g",
-		"INSERT INTO orders SELECT g, 'new', g % 1000, g % 10000 + 1 FROM generate_series(1, 100000) g",
-		"INSERT INTO order_items SELECT g, (g + 2) / 3, 'SKU-' || g, g % 5 + 1, g % 100 FROM generate_series(1, 300000) g",
-		"CREATE INDEX ON order_items (order_id)",
-		"CREATE INDEX ON orders (customer_id)",
-		"ALTER TABLE order_items REPLICA IDENTITY FULL",
-		"VACUUM ANALYZE",
-	)
+	pg.Exec("postgres", pgtest.OrdersDataSet...)
 	ctx := context.Background()
 	pcfg, err := pgxpool.ParseConfig(pg.DSN("postgres"))
 	if err != nil {

@@ -156,6 +156,12 @@ func appendRow(b []byte, t *table, row, old *pglogrepl.TupleData, keyOnly bool) 
 
 // truncateEvent is the one event of a truncated table.
 func truncateEvent(t *table, id string, lsn pglogrepl.LSN, commitTime time.Time) broker.Outgoing {
+	return truncateEventOn(t.subject, id, lsn, commitTime)
+}
+
+// truncateEventOn is a truncate event on subject's truncate token: a
+// table's, or a projection's whose primary table was truncated.
+func truncateEventOn(subject, id string, lsn pglogrepl.LSN, commitTime time.Time) broker.Outgoing {
 	b := make([]byte, 0, 128)
 	b = append(b, `{"id":"`...)
 	b = append(b, id...)
@@ -164,5 +170,5 @@ func truncateEvent(t *table, id string, lsn pglogrepl.LSN, commitTime time.Time)
 	b = append(b, `","commit_time":"`...)
 	b = commitTime.UTC().AppendFormat(b, time.RFC3339Nano)
 	b = append(b, `","doc":null}`...)
-	return broker.Outgoing{Subject: t.subject + "." + truncateToken, Data: b, ID: id}
+	return broker.Outgoing{Subject: subject + "." + truncateToken, Data: b, ID: id}
 }

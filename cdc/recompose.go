@@ -884,7 +884,7 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 	}
 	for _, p := range e.projs {
 		if d.trunc[p] {
-			evs = append(evs, truncateDocsEvent(p, id(len(evs)), lsn, commitTime))
+			evs = append(evs, truncateEventOn(p.subject, id(len(evs)), lsn, commitTime))
 		}
 		set := d.keys[p]
 		if len(set) == 0 {
@@ -932,20 +932,6 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 		}
 	}
 	return evs, nil
-}
-
-// truncateDocsEvent is the event of a projection whose primary table was
-// truncated (sql mode: the documents' keys are gone with the rows).
-func truncateDocsEvent(p *docProjection, id string, lsn pglogrepl.LSN, commitTime time.Time) broker.Outgoing {
-	b := make([]byte, 0, 128)
-	b = append(b, `{"id":"`...)
-	b = append(b, id...)
-	b = append(b, `","op":"truncate","key":null,"lsn":"`...)
-	b = append(b, lsn.String()...)
-	b = append(b, `","commit_time":"`...)
-	b = commitTime.UTC().AppendFormat(b, time.RFC3339Nano)
-	b = append(b, `","doc":null}`...)
-	return broker.Outgoing{Subject: p.subject + "." + truncateToken, Data: b, ID: id}
 }
 
 // sqlCompose re-reads the documents of keys into docs: chunks of e.chunk

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/cdc"
+	"github.com/fanwire/fanwire/cdc/pgtest"
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 )
@@ -31,31 +32,12 @@ import (
 // their set-up and bootstrap, which -cpuprofile would include).
 var projProfile = flag.String("projprofile", "", "write a CPU profile of the projection benchmarks' timed part to this file")
 
-// The data set: 10k customers, 100k orders, 3 items per order.
-const (
-	benchCustomers = 10_000
-	benchOrders    = 100_000
-	benchItems     = 3 * benchOrders
-)
+// benchOrders is the number of orders (documents) in pgtest.OrdersDataSet.
+const benchOrders = 100_000
 
-// projectionDataSet creates the data set: items 1–3 belong to order 1, 4–6
-// to order 2, and so on; order i to customer 1 + i % 10,000. Items and
-// customers send their old rows (REPLICA IDENTITY FULL), and the join
-// columns are indexed.
+// projectionDataSet creates pgtest.OrdersDataSet.
 func projectionDataSet(r *benchRig) {
-	r.pg.Exec("postgres",
-		"CREATE TABLE customers (id int PRIMARY KEY, name text, email text)",
-		"CREATE TABLE orders (id int PRIMARY KEY, customer_id int, status text, total numeric(12,2), created_at timestamptz)",
-		"CREATE TABLE order_items (id int PRIMARY KEY, order_id int, sku text, qty int, price numeric(10,2))",
-		fmt.Sprintf("INSERT INTO customers SELECT i, 'Customer '||i, 'customer'||i||'@example.com' FROM generate_series(1, %d) i", benchCustomers),
-		fmt.Sprintf("INSERT INTO orders SELECT i, 1 + i %% %d, 'new', (i %% 1000) + 0.99, '2026-11-30 12:00:00+00'::timestamptz + i * interval '1 second' FROM generate_series(1, %d) i", benchCustomers, benchOrders),
-		fmt.Sprintf("INSERT INTO order_items SELECT i, (i + 2) / 3, 'SKU-'||(i %% 5000), 1 + i %% 5, (i %% 200) + 0.5 FROM generate_series(1, %d) i", benchItems),
-		"CREATE INDEX ON orders (customer_id)",
-		"CREATE INDEX ON order_items (order_id)",
-		"ALTER TABLE order_items REPLICA IDENTITY FULL",
-		"ALTER TABLE customers REPLICA IDENTITY FULL",
-		"VACUUM ANALYZE",
-	)
+	r.pg.Exec("postgres", pgtest.OrdersDataSet...)
 }
 
 var projMode = flag.String("projmode", cdc.ModeSQL, "the projection benchmarks' mode: sql or memory")

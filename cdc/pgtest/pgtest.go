@@ -272,3 +272,21 @@ func (s *Server) Log() string {
 	b, _ := os.ReadFile(filepath.Join(s.dir, "postgres.log"))
 	return string(b)
 }
+
+// OrdersDataSet is the projection benchmarks' data set (the ingest issue's):
+// customers 10k, orders 100k (order i to customer 1 + i % 10,000), items
+// 300k (items 1–3 to order 1, 4–6 to order 2, …). Items and customers send
+// their old rows (REPLICA IDENTITY FULL); the join columns are indexed.
+var OrdersDataSet = []string{
+	"CREATE TABLE customers (id int PRIMARY KEY, name text, email text)",
+	"CREATE TABLE orders (id int PRIMARY KEY, customer_id int, status text, total numeric(12,2), created_at timestamptz)",
+	"CREATE TABLE order_items (id int PRIMARY KEY, order_id int, sku text, qty int, price numeric(10,2))",
+	"INSERT INTO customers SELECT i, 'Customer '||i, 'customer'||i||'@example.com' FROM generate_series(1, 10000) i",
+	"INSERT INTO orders SELECT i, 1 + i % 10000, 'new', (i % 1000) + 0.99, '2026-11-30 12:00:00+00'::timestamptz + i * interval '1 second' FROM generate_series(1, 100000) i",
+	"INSERT INTO order_items SELECT i, (i + 2) / 3, 'SKU-'||(i % 5000), 1 + i % 5, (i % 200) + 0.5 FROM generate_series(1, 300000) i",
+	"CREATE INDEX ON orders (customer_id)",
+	"CREATE INDEX ON order_items (order_id)",
+	"ALTER TABLE order_items REPLICA IDENTITY FULL",
+	"ALTER TABLE customers REPLICA IDENTITY FULL",
+	"VACUUM ANALYZE",
+}

@@ -75,15 +75,7 @@ func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
 			args = append([]string{"ingest", "--pg", pg.DSN("postgres"), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn"}, args...)
 			var logs bytes.Buffer
 			var logMu sync.Mutex
-			start := func() *exec.Cmd {
-				cmd := exec.Command(bin, args...)
-				w := lockedWriter{mu: &logMu, w: &logs}
-				cmd.Stdout, cmd.Stderr = w, w
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				return cmd
-			}
+			start := starter(t, bin, args, &logs, &logMu)
 			cmd := start()
 			// Writers: 1,500 single-row transactions, while the ingest is
 			// killed and started again.
@@ -162,6 +154,20 @@ func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
 	}
 }
 
+// starter returns a function that starts bin with args, its output going
+// to logs (guarded by mu).
+func starter(t *testing.T, bin string, args []string, logs *bytes.Buffer, mu *sync.Mutex) func() *exec.Cmd {
+	return func() *exec.Cmd {
+		cmd := exec.Command(bin, args...)
+		w := lockedWriter{mu: mu, w: logs}
+		cmd.Stdout, cmd.Stderr = w, w
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+}
+
 type lockedWriter struct {
 	mu *sync.Mutex
 	w  *bytes.Buffer
@@ -220,15 +226,7 @@ func TestMemoryProjectionKilledResumes(t *testing.T) {
 		"--config", cfgFile, "--state-dir", t.TempDir()}
 	var logs bytes.Buffer
 	var logMu sync.Mutex
-	start := func() *exec.Cmd {
-		cmd := exec.Command(bin, args...)
-		w := lockedWriter{mu: &logMu, w: &logs}
-		cmd.Stdout, cmd.Stderr = w, w
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd
-	}
+	start := starter(t, bin, args, &logs, &logMu)
 	cmd := start()
 	// Writers: 900 transactions, each keeping total = sum(qty) per order.
 	const n = 900
