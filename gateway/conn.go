@@ -30,8 +30,9 @@ type conn struct {
 	cl  *client         // static
 	ctx context.Context // static: cancelled when the server stops hard
 
-	gql *gqlConn     // static: nil for the native protocol
-	fw  *frameWriter // static: the socket's writer (corked by the GraphQL writer)
+	gql    *gqlConn     // static: nil for the native protocol
+	grants *Grants      // what the connection may subscribe to (nil: everything); set before reading (GraphQL: by connection_init)
+	fw     *frameWriter // static: the socket's writer (corked by the GraphQL writer)
 
 	closeCode     atomic.Int32           // requested close code; 0 while open. Set once.
 	closeReason   atomic.Pointer[string] // set before closeCode when the close has its own reason
@@ -310,6 +311,10 @@ func (c *conn) subscribe(id, pattern string, from, durable *string) {
 	}
 	if err := c.s.checkPattern(pattern); err != nil {
 		c.clientError(id, CodeBadPattern, err.Error())
+		return
+	}
+	if !c.grants.Allows(pattern) {
+		c.clientError(id, CodeForbidden, "this connection's token does not grant "+strconv.Quote(pattern))
 		return
 	}
 	if durable != nil || c.s.cfg.Consumer == ConsumerPerConnection {

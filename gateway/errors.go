@@ -15,6 +15,7 @@ const (
 	CodeCursorExpired        = "cursor_expired"         // "from" older than the broker's retention: re-sync
 	CodeBadDurable           = "bad_durable"            // "durable" malformed, in use on this node, bound to another pattern, or no consumers on this broker
 	CodeBrokerUnavailable    = "broker_unavailable"     // the broker could not start the subscription's replay or consumer: retry
+	CodeForbidden            = "forbidden"              // the connection's grants do not contain the pattern
 )
 
 // WebSocket close codes the server uses.

@@ -57,13 +57,14 @@ const (
 	CloseTooManyInitialise = 4429 // a second connection_init
 )
 
-// Authenticator decides whether a connection may proceed, on both
-// protocols: for GraphQL it is called with the connection_init payload
-// (JSON, nil when absent) and the upgrade request, and an error closes the
-// connection with 4403; for the native protocol, which has no init message,
-// with the upgrade request and a nil payload, and an error refuses the
-// upgrade with 401.
-type Authenticator func(ctx context.Context, r *http.Request, initPayload json.RawMessage) error
+// Authenticator decides whether a connection may proceed, and what it may
+// subscribe to (nil grants: everything), on both protocols: for GraphQL it
+// is called with the connection_init payload (JSON, nil when absent) and
+// the upgrade request, and an error closes the connection with 4403; for
+// the native protocol, which has no init message, with the upgrade request
+// and a nil payload, and an error refuses the upgrade with 401.
+// JWTAuth.Grant is one.
+type Authenticator func(ctx context.Context, r *http.Request, initPayload json.RawMessage) (*Grants, error)
 
 // gqlField kinds: which of an event's values a selected field takes.
 const (
@@ -455,7 +456,8 @@ func (c *conn) gqlInit(payload json.RawMessage) {
 		return
 	}
 	if auth := c.s.cfg.Authenticate; auth != nil {
-		if err := auth(c.runCtx, g.req, payload); err != nil {
+		grants, err := auth(c.runCtx, g.req, payload)
+		if err != nil {
 			c.s.metrics.ConnectionsRejected.WithLabelValues("unauthorized").Inc()
 			if g.legacy {
 				c.send(gqlMessage("connection_error", "", map[string]string{"message": "Forbidden"}))
@@ -463,6 +465,7 @@ func (c *conn) gqlInit(payload json.RawMessage) {
 			c.closeWith(CloseForbidden, "Forbidden")
 			return
 		}
+		c.grants = grants // the reader's: subscribes run after it
 	}
 	g.ctx = c.runCtx
 	g.acked = true

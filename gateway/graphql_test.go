@@ -136,12 +136,12 @@ func TestGraphQLSubscribe(t *testing.T) {
 // TestGraphQLCloseCodes: every protocol violation closes with the code
 // graphql-transport-ws specifies.
 func TestGraphQLCloseCodes(t *testing.T) {
-	auth := func(ctx context.Context, r *http.Request, payload json.RawMessage) error {
+	auth := func(ctx context.Context, r *http.Request, payload json.RawMessage) (*gateway.Grants, error) {
 		var p struct{ Token string }
 		if err := json.Unmarshal(payload, &p); err != nil || p.Token != "good" {
-			return errors.New("bad token")
+			return nil, errors.New("bad token")
 		}
-		return nil
+		return nil, nil
 	}
 	e := newEnv(t, func(c *gateway.Config) {
 		c.GraphQLInitTimeout = time.Second
@@ -648,7 +648,7 @@ func TestAuthenticateBothProtocols(t *testing.T) {
 	var mu sync.Mutex
 	var seen []string
 	e := newEnv(t, func(c *gateway.Config) {
-		c.Authenticate = func(ctx context.Context, r *http.Request, payload json.RawMessage) error {
+		c.Authenticate = func(ctx context.Context, r *http.Request, payload json.RawMessage) (*gateway.Grants, error) {
 			tok := r.URL.Query().Get("token")
 			if payload != nil {
 				var p struct{ Token string }
@@ -659,9 +659,9 @@ func TestAuthenticateBothProtocols(t *testing.T) {
 			seen = append(seen, r.URL.Path+" "+tok)
 			mu.Unlock()
 			if tok != "good" {
-				return errors.New("bad token")
+				return nil, errors.New("bad token")
 			}
-			return nil
+			return nil, nil
 		}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

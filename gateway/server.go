@@ -233,10 +233,12 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		}
 	}()
 
+	var grants *Grants
 	if !gql && s.cfg.Authenticate != nil {
 		// The native protocol has no init message: credentials come with
 		// the upgrade request, refused before it.
-		if err := s.cfg.Authenticate(r.Context(), r, nil); err != nil {
+		var err error
+		if grants, err = s.cfg.Authenticate(r.Context(), r, nil); err != nil {
 			s.metrics.ConnectionsRejected.WithLabelValues("unauthorized").Inc()
 			writeJSON(w, http.StatusUnauthorized, apiError{Error: "unauthorized: " + err.Error(), Code: "unauthorized"})
 			return
@@ -265,13 +267,14 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		return
 	}
 	c := &conn{
-		s:    s,
-		ws:   ws,
-		fw:   fw,
-		id:   newConnID(),
-		ctx:  s.ctx,
-		stop: make(chan struct{}),
-		subs: make(map[string]*subState),
+		s:      s,
+		ws:     ws,
+		fw:     fw,
+		grants: grants,
+		id:     newConnID(),
+		ctx:    s.ctx,
+		stop:   make(chan struct{}),
+		subs:   make(map[string]*subState),
 	}
 	c.cl = newClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
 	if gql {

@@ -31,6 +31,12 @@ type wsFlags struct {
 	consumer         string
 	durableInactive  time.Duration
 	graphqlInit      time.Duration
+	jwtSecretFile    string
+	jwtJWKSFile      string
+	jwtIssuer        string
+	jwtAudience      string
+	allowAnonymous   bool
+	anonymousGrants  listFlag
 	listen           string
 	apiKey           string
 	console          bool
@@ -56,6 +62,12 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.consumer, "consumer", "shared", "jetstream: shared (one live consumer per node feeds every subscription) or per-connection (every subscription gets its own consumer on the server)")
 	fs.DurationVar(&f.durableInactive, "durable-inactive", 24*time.Hour, "jetstream: the server deletes a durable subscription consumer nobody has been bound to for this long")
 	fs.DurationVar(&f.graphqlInit, "graphql-init-timeout", 3*time.Second, "a GraphQL WebSocket connection that sends no connection_init within this is closed with 4408")
+	fs.StringVar(&f.jwtSecretFile, "jwt-secret-file", "", "file holding the HS256 secret (32+ bytes) that signs connection tokens; with a key configured every connection needs a valid token (Authorization: Bearer, ?token=, or GraphQL connection_init's token) unless --allow-anonymous")
+	fs.StringVar(&f.jwtJWKSFile, "jwt-jwks-file", "", "JSON Web Key Set file with the RS256/ES256 public keys that sign connection tokens")
+	fs.StringVar(&f.jwtIssuer, "jwt-issuer", "", "when set, a token's iss must equal it")
+	fs.StringVar(&f.jwtAudience, "jwt-audience", "", "when set, a token's aud must contain it")
+	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", dev, "with a JWT key configured: admit connections without a token, with --anonymous-grants")
+	fs.Var(&f.anonymousGrants, "anonymous-grants", "subject patterns anonymous connections may subscribe to, comma-separated (default none)")
 	fs.StringVar(&f.apiKey, "api-key", "", "when set, POST /api/publish requires Authorization: Bearer <key>")
 	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
 	fs.Var(&f.allowedOrigins, "allowed-origins", "browser origins allowed to connect besides same-origin, comma-separated host patterns (e.g. app.example.com,*.example.com)")
@@ -212,6 +224,19 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	}
 	defer b.Close()
 
+	var authenticate gateway.Authenticator
+	if f.jwtSecretFile != "" || f.jwtJWKSFile != "" {
+		auth, err := gateway.NewJWTAuth(gateway.JWTConfig{
+			SecretFile: f.jwtSecretFile, JWKSFile: f.jwtJWKSFile, Issuer: f.jwtIssuer, Audience: f.jwtAudience,
+			AllowAnonymous: f.allowAnonymous, AnonymousGrants: f.anonymousGrants,
+		})
+		if err != nil {
+			return err
+		}
+		authenticate = auth.Grant
+	} else if f.jwtIssuer != "" || f.jwtAudience != "" {
+		return errors.New("--jwt-issuer and --jwt-audience need a key: --jwt-secret-file or --jwt-jwks-file")
+	}
 	srv, err := gateway.New(gateway.Config{
 		Broker:           b,
 		Subjects:         f.subjects,
@@ -233,6 +258,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		DurableInactive:  f.durableInactive,
 
 		GraphQLInitTimeout: f.graphqlInit,
+		Authenticate:       authenticate,
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,295 @@
+package gateway
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rsa"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// Grants is what an authenticated connection may do: the subject patterns
+// it may subscribe to (a subscription's pattern must lie inside one of
+// them), until Expires (zero: no expiry). A nil *Grants allows everything.
+type Grants struct {
+	Subscribe []string
+	Expires   time.Time
+	Subject   string // the token's sub, for logs
+}
+
+// JWTConfig configures token authentication (see NewJWTAuth).
+type JWTConfig struct {
+	SecretFile string // HS256 shared secret (the file's bytes, trailing newline trimmed)
+	JWKSFile   string // RS256/ES256 public keys, a JSON Web Key Set
+	Issuer     string // when set, iss must equal it
+	Audience   string // when set, aud must contain it
+	Leeway     time.Duration
+	// AllowAnonymous admits connections without a token, with
+	// AnonymousGrants.
+	AllowAnonymous  bool
+	AnonymousGrants []string
+}
+
+// JWTAuth verifies connection tokens (JWTs) and turns their claims into
+// grants. Tokens come from an "Authorization: Bearer" header, a ?token=
+// query parameter (browsers cannot set headers on a WebSocket), or the
+// GraphQL connection_init payload's "token" (or "authToken",
+// "Authorization") field.
+//
+// Grants come from the token's "subscribe" claim, a list of subject
+// patterns in which {name} is replaced by the token's string claim name
+// ({sub}, {tenant}, …): "orders.{tenant}.>" keeps tenants apart. A pattern
+// whose placeholder has no string claim (or one that is not a single subject
+// token) is dropped, never widened.
+type JWTAuth struct {
+	cfg     JWTConfig
+	secret  []byte
+	keys    map[string]any // kid → *rsa.PublicKey or *ecdsa.PublicKey
+	anyKeys []any          // keys without a kid
+	parser  *jwt.Parser
+}
+
+// NewJWTAuth loads the keys. At least one of SecretFile and JWKSFile is
+// needed.
+func NewJWTAuth(cfg JWTConfig) (*JWTAuth, error) {
+	a := &JWTAuth{cfg: cfg, keys: make(map[string]any)}
+	if cfg.SecretFile == "" && cfg.JWKSFile == "" {
+		return nil, errors.New("jwt: give a secret file (HS256) or a JWKS file (RS256/ES256)")
+	}
+	methods := []string{}
+	if cfg.SecretFile != "" {
+		b, err := os.ReadFile(cfg.SecretFile)
+		if err != nil {
+			return nil, fmt.Errorf("jwt secret: %w", err)
+		}
+		a.secret = []byte(strings.TrimRight(string(b), "\r\n"))
+		if len(a.secret) < 32 {
+			return nil, fmt.Errorf("jwt secret %s: %d bytes; use at least 32", cfg.SecretFile, len(a.secret))
+		}
+		methods = append(methods, "HS256")
+	}
+	if cfg.JWKSFile != "" {
+		if err := a.loadJWKS(cfg.JWKSFile); err != nil {
+			return nil, err
+		}
+		methods = append(methods, "RS256", "ES256")
+	}
+	if a.cfg.Leeway == 0 {
+		a.cfg.Leeway = 30 * time.Second
+	}
+	opts := []jwt.ParserOption{jwt.WithValidMethods(methods), jwt.WithLeeway(a.cfg.Leeway), jwt.WithExpirationRequired()}
+	if cfg.Issuer != "" {
+		opts = append(opts, jwt.WithIssuer(cfg.Issuer))
+	}
+	if cfg.Audience != "" {
+		opts = append(opts, jwt.WithAudience(cfg.Audience))
+	}
+	a.parser = jwt.NewParser(opts...)
+	return a, nil
+}
+
+// jwk is the subset of a JSON Web Key the gateway reads.
+type jwk struct {
+	Kty string `json:"kty"`
+	Kid string `json:"kid"`
+	Use string `json:"use"`
+	N   string `json:"n"`
+	E   string `json:"e"`
+	Crv string `json:"crv"`
+	X   string `json:"x"`
+	Y   string `json:"y"`
+}
+
+func (a *JWTAuth) loadJWKS(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("jwks: %w", err)
+	}
+	var set struct {
+		Keys []jwk `json:"keys"`
+	}
+	if err := json.Unmarshal(b, &set); err != nil {
+		return fmt.Errorf("jwks %s: %w", path, err)
+	}
+	for i, k := range set.Keys {
+		if k.Use != "" && k.Use != "sig" {
+			continue
+		}
+		pub, err := k.publicKey()
+		if err != nil {
+			return fmt.Errorf("jwks %s: key %d (kid %q): %w", path, i, k.Kid, err)
+		}
+		if k.Kid == "" {
+			a.anyKeys = append(a.anyKeys, pub)
+		} else {
+			a.keys[k.Kid] = pub
+		}
+	}
+	if len(a.keys)+len(a.anyKeys) == 0 {
+		return fmt.Errorf("jwks %s: no signing key", path)
+	}
+	return nil
+}
+
+func b64int(s string) (*big.Int, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return nil, err
+	}
+	return new(big.Int).SetBytes(b), nil
+}
+
+func (k jwk) publicKey() (any, error) {
+	switch k.Kty {
+	case "RSA":
+		n, err := b64int(k.N)
+		if err != nil {
+			return nil, fmt.Errorf("n: %w", err)
+		}
+		e, err := b64int(k.E)
+		if err != nil || !e.IsInt64() {
+			return nil, fmt.Errorf("e: bad exponent")
+		}
+		return &rsa.PublicKey{N: n, E: int(e.Int64())}, nil
+	case "EC":
+		if k.Crv != "P-256" {
+			return nil, fmt.Errorf("curve %q: ES256 needs P-256", k.Crv)
+		}
+		x, err1 := b64int(k.X)
+		y, err2 := b64int(k.Y)
+		if err1 != nil || err2 != nil {
+			return nil, errors.New("bad x or y")
+		}
+		pub := &ecdsa.PublicKey{Curve: elliptic.P256(), X: x, Y: y}
+		if !pub.Curve.IsOnCurve(x, y) { //nolint:staticcheck // validating an imported point
+			return nil, errors.New("the point is not on P-256")
+		}
+		return pub, nil
+	}
+	return nil, fmt.Errorf("key type %q: use RSA or EC", k.Kty)
+}
+
+func (a *JWTAuth) keyFunc(t *jwt.Token) (any, error) {
+	switch t.Method.Alg() {
+	case "HS256":
+		if a.secret == nil {
+			return nil, errors.New("HS256 is not configured")
+		}
+		return a.secret, nil
+	}
+	kid, _ := t.Header["kid"].(string)
+	if k, ok := a.keys[kid]; ok {
+		return k, nil
+	}
+	for _, k := range a.anyKeys {
+		switch t.Method.Alg() {
+		case "RS256":
+			if _, ok := k.(*rsa.PublicKey); ok {
+				return k, nil
+			}
+		case "ES256":
+			if _, ok := k.(*ecdsa.PublicKey); ok {
+				return k, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("no key for kid %q", kid)
+}
+
+// ErrNoToken is returned when a connection brings no token and anonymous
+// connections are not allowed.
+var ErrNoToken = errors.New("a token is required (Authorization: Bearer, ?token=, or the GraphQL connection_init payload's token)")
+
+// tokenFrom finds a connection's token.
+func tokenFrom(r *http.Request, payload json.RawMessage) string {
+	if len(payload) > 0 {
+		var p map[string]any
+		if json.Unmarshal(payload, &p) == nil {
+			for _, k := range []string{"token", "authToken", "Authorization", "authorization"} {
+				if s, ok := p[k].(string); ok && s != "" {
+					return strings.TrimPrefix(strings.TrimPrefix(s, "Bearer "), "bearer ")
+				}
+			}
+		}
+	}
+	if h := r.Header.Get("Authorization"); h != "" {
+		if t, ok := strings.CutPrefix(h, "Bearer "); ok {
+			return strings.TrimSpace(t)
+		}
+	}
+	return r.URL.Query().Get("token")
+}
+
+// Grant authenticates a connection: it verifies its token and returns its
+// grants, or refuses it.
+func (a *JWTAuth) Grant(ctx context.Context, r *http.Request, payload json.RawMessage) (*Grants, error) {
+	raw := tokenFrom(r, payload)
+	if raw == "" {
+		if a.cfg.AllowAnonymous {
+			return &Grants{Subscribe: a.cfg.AnonymousGrants, Subject: "anonymous"}, nil
+		}
+		return nil, ErrNoToken
+	}
+	claims := jwt.MapClaims{}
+	if _, err := a.parser.ParseWithClaims(raw, claims, a.keyFunc); err != nil {
+		return nil, fmt.Errorf("token: %w", err)
+	}
+	g := &Grants{}
+	g.Subject, _ = claims["sub"].(string)
+	if exp, err := claims.GetExpirationTime(); err == nil && exp != nil {
+		g.Expires = exp.Time
+	}
+	list, _ := claims["subscribe"].([]any)
+	for _, v := range list {
+		p, ok := v.(string)
+		if !ok {
+			continue
+		}
+		if p, ok = substituteClaims(p, claims); ok && ValidatePattern(p) == nil {
+			g.Subscribe = append(g.Subscribe, p)
+		}
+	}
+	return g, nil
+}
+
+var placeholderRE = regexp.MustCompile(`\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// substituteClaims replaces each {name} in pattern by the string claim
+// name. It fails when a claim is missing, not a string, or not a valid
+// single subject token (it would widen or split the pattern).
+func substituteClaims(pattern string, claims jwt.MapClaims) (string, bool) {
+	ok := true
+	out := placeholderRE.ReplaceAllStringFunc(pattern, func(m string) string {
+		v, isStr := claims[m[1:len(m)-1]].(string)
+		if !isStr || v == "" || strings.ContainsAny(v, ".*> \t\r\n") {
+			ok = false
+			return m
+		}
+		return v
+	})
+	return out, ok
+}
+
+// Allows reports whether the grants admit a subscription to pattern.
+func (g *Grants) Allows(pattern string) bool {
+	if g == nil {
+		return true
+	}
+	for _, p := range g.Subscribe {
+		if Contains(p, pattern) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,215 @@
+package gateway_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"encoding/base64"
+	"encoding/json"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/fanwire/fanwire/gateway"
+	"github.com/golang-jwt/jwt/v5"
+)
+
+const testSecret = "0123456789abcdef0123456789abcdef-test-secret"
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func b64(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
+
+// jwksFor writes a JWKS holding the public halves of rk (kid "r1") and ek
+// (kid "e1").
+func jwksFor(t *testing.T, rk *rsa.PrivateKey, ek *ecdsa.PrivateKey) string {
+	t.Helper()
+	pad := func(b []byte) []byte { return append(make([]byte, 32-len(b)), b...) }
+	set := map[string]any{"keys": []map[string]string{
+		{"kty": "RSA", "kid": "r1", "use": "sig", "n": b64(rk.N.Bytes()), "e": b64(big.NewInt(int64(rk.E)).Bytes())},
+		{"kty": "EC", "kid": "e1", "crv": "P-256", "x": b64(pad(ek.X.Bytes())), "y": b64(pad(ek.Y.Bytes()))},
+	}}
+	b, _ := json.Marshal(set)
+	return writeFile(t, "jwks.json", string(b))
+}
+
+func sign(t *testing.T, method jwt.SigningMethod, key any, kid string, claims jwt.MapClaims) string {
+	t.Helper()
+	tok := jwt.NewWithClaims(method, claims)
+	if kid != "" {
+		tok.Header["kid"] = kid
+	}
+	s, err := tok.SignedString(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestJWTAuth: tokens signed with HS256, RS256 and ES256 are verified
+// (exp, nbf, iss, aud, algorithm), found in each place a client may put
+// them, and their subscribe claim becomes grants with claims substituted.
+func TestJWTAuth(t *testing.T) {
+	rk, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ek, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := gateway.NewJWTAuth(gateway.JWTConfig{
+		SecretFile: writeFile(t, "secret", testSecret+"\n"),
+		JWKSFile:   jwksFor(t, rk, ek),
+		Issuer:     "https://issuer.example", Audience: "fanwire",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	good := func(extra jwt.MapClaims) jwt.MapClaims {
+		c := jwt.MapClaims{"sub": "u1", "tenant": "acme", "iss": "https://issuer.example", "aud": "fanwire",
+			"exp": now.Add(time.Hour).Unix(), "subscribe": []any{"orders.{tenant}.>", "public.>", "users.{sub}", "bad.{nope}", "x.{evil}"}, "evil": "a.>"}
+		for k, v := range extra {
+			c[k] = v
+		}
+		return c
+	}
+	req := func(header, query string) *http.Request {
+		r := httptest.NewRequest("GET", "/ws"+query, nil)
+		if header != "" {
+			r.Header.Set("Authorization", header)
+		}
+		return r
+	}
+	hs := sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", good(nil))
+	for name, tc := range map[string]struct {
+		r       *http.Request
+		payload string
+	}{
+		"bearer header": {req("Bearer "+hs, ""), ""},
+		"query":         {req("", "?token="+hs), ""},
+		"init payload":  {req("", ""), `{"token":"` + hs + `"}`},
+		"authToken":     {req("", ""), `{"authToken":"Bearer ` + hs + `"}`},
+	} {
+		g, err := a.Grant(context.Background(), tc.r, json.RawMessage(tc.payload))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		want := []string{"orders.acme.>", "public.>", "users.u1"}
+		if strings.Join(g.Subscribe, " ") != strings.Join(want, " ") || g.Subject != "u1" || g.Expires.IsZero() {
+			t.Fatalf("%s: grants %+v, want %v", name, g, want)
+		}
+		for p, ok := range map[string]bool{"orders.acme.*": true, "orders.acme.>": true, "orders.other.1": false, "orders.>": false, "public.x.y": true, "users.u1": true, "users.u2": false, "a.b": false, ">": false} {
+			if g.Allows(p) != ok {
+				t.Errorf("%s: Allows(%q) = %v, want %v", name, p, !ok, ok)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		tok  string
+	}{
+		{"RS256", sign(t, jwt.SigningMethodRS256, rk, "r1", good(nil))},
+		{"ES256", sign(t, jwt.SigningMethodES256, ek, "e1", good(nil))},
+	} {
+		if _, err := a.Grant(context.Background(), req("Bearer "+tc.tok, ""), nil); err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+	other, _ := rsa.GenerateKey(rand.Reader, 2048)
+	for _, tc := range []struct {
+		name string
+		tok  string
+	}{
+		{"expired", sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", good(jwt.MapClaims{"exp": now.Add(-time.Hour).Unix()}))},
+		{"no exp", sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", good(jwt.MapClaims{"exp": nil}))},
+		{"not yet", sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", good(jwt.MapClaims{"nbf": now.Add(time.Hour).Unix()}))},
+		{"issuer", sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", good(jwt.MapClaims{"iss": "https://evil.example"}))},
+		{"audience", sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", good(jwt.MapClaims{"aud": "other"}))},
+		{"wrong secret", sign(t, jwt.SigningMethodHS256, []byte(testSecret+"x"), "", good(nil))},
+		{"unknown key", sign(t, jwt.SigningMethodRS256, other, "r1", good(nil))},
+		{"unsupported alg", sign(t, jwt.SigningMethodHS512, []byte(testSecret), "", good(nil))},
+		{"alg none", sign(t, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, "", good(nil))},
+		{"garbage", "not.a.token"},
+	} {
+		if _, err := a.Grant(context.Background(), req("Bearer "+tc.tok, ""), nil); err == nil {
+			t.Errorf("%s: accepted", tc.name)
+		}
+	}
+	if _, err := a.Grant(context.Background(), req("", ""), nil); err == nil {
+		t.Error("no token: accepted without AllowAnonymous")
+	}
+	anon, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "s", testSecret), AllowAnonymous: true, AnonymousGrants: []string{"public.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := anon.Grant(context.Background(), req("", ""), nil)
+	if err != nil || !g.Allows("public.news") || g.Allows("orders.1") {
+		t.Fatalf("anonymous grants %+v, %v", g, err)
+	}
+	if _, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "short", "short")}); err == nil {
+		t.Error("a 5-byte secret accepted")
+	}
+}
+
+// TestGrantsEnforced: on a gateway with token authentication, a
+// subscription outside the token's grants is refused with forbidden and
+// the connection stays; one inside is served; a connection without a token
+// is refused before the upgrade (native) or with 4403 (GraphQL).
+func TestGrantsEnforced(t *testing.T) {
+	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, func(c *gateway.Config) { c.Authenticate = a.Grant })
+	tok := sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", jwt.MapClaims{"sub": "u1", "tenant": "acme", "exp": time.Now().Add(time.Hour).Unix(), "subscribe": []any{"orders.{tenant}.>"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, resp, err := websocket.Dial(ctx, e.wsURL(), nil); err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("native without a token: %v, want 401", err)
+	}
+	c, _, err := websocket.Dial(ctx, e.wsURL()+"?token="+tok, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &client{t: t, c: c}
+	t.Cleanup(func() { _ = c.CloseNow() })
+	cl.expect(map[string]any{"type": "ready"})
+	cl.send(`{"type":"subscribe","id":"x","subject":"orders.other.>"}`)
+	cl.expect(map[string]any{"type": "error", "id": "x", "code": gateway.CodeForbidden})
+	cl.subscribe("ok", "orders.acme.*")
+	e.publish("orders.acme.1", `{"n":1}`)
+	cl.expect(map[string]any{"type": "event", "subject": "orders.acme.1"})
+	// GraphQL: the token in connection_init; forbidden is an operation error.
+	g := e.dialGQL()
+	g.send(`{"type":"connection_init","payload":{"token":"` + tok + `"}}`)
+	if raw := g.nextRaw(); raw != `{"type":"connection_ack"}` {
+		t.Fatalf("got %s", raw)
+	}
+	g.gqlSubscribe("f", "orders.>", nil)
+	if code := g.gqlErrorCode("f"); code != gateway.CodeForbidden {
+		t.Fatalf("code %q", code)
+	}
+	g.gqlQuiet()
+	n := e.dialGQL()
+	n.send(`{"type":"connection_init","payload":{}}`)
+	if got := n.closeStatus(5 * time.Second); got != gateway.CloseForbidden {
+		t.Fatalf("GraphQL without a token: close %d, want 4403", got)
+	}
+}
