@@ -213,3 +213,45 @@ func TestGrantsEnforced(t *testing.T) {
 		t.Fatalf("GraphQL without a token: close %d, want 4403", got)
 	}
 }
+
+// TestTokenExpiryAndRefresh: a connection whose token expires is closed
+// with 4001, unless it sent a refresh with a new token in time; a refused
+// refresh is an unauthorized error and changes nothing.
+func TestTokenExpiryAndRefresh(t *testing.T) {
+	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, func(c *gateway.Config) { c.Authenticate = a.Grant })
+	token := func(exp time.Time, grants ...any) string {
+		return sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", jwt.MapClaims{"sub": "u1", "exp": exp.Unix(), "subscribe": grants})
+	}
+	dial := func(tok string) *client {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, _, err := websocket.Dial(ctx, e.wsURL()+"?token="+tok, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.CloseNow() })
+		cl := &client{t: t, c: c}
+		cl.expect(map[string]any{"type": "ready"})
+		return cl
+	}
+	// JWT exp has second precision: expire 2 s from now.
+	soon := time.Now().Add(2 * time.Second).Truncate(time.Second).Add(time.Second)
+	expiring := dial(token(soon, "orders.>"))
+	if got := expiring.closeStatus(5 * time.Second); got != gateway.CloseTokenExpired {
+		t.Fatalf("close %d, want %d", got, gateway.CloseTokenExpired)
+	}
+	soon = time.Now().Add(2 * time.Second).Truncate(time.Second).Add(time.Second)
+	refreshed := dial(token(soon, "orders.>"))
+	refreshed.send(`{"type":"refresh","token":"garbage"}`)
+	refreshed.expect(map[string]any{"type": "error", "code": gateway.CodeUnauthorized})
+	later := time.Now().Add(time.Hour).Truncate(time.Second)
+	refreshed.send(`{"type":"refresh","token":"` + token(later, "orders.>", "users.>") + `"}`)
+	refreshed.expect(map[string]any{"type": "refreshed", "expires": later.UTC().Format(time.RFC3339)})
+	refreshed.subscribe("u", "users.*") // the new grants apply
+	time.Sleep(time.Until(soon) + 500*time.Millisecond)
+	refreshed.quiet() // still open past the first token's expiry
+}

@@ -4,8 +4,10 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"math/rand/v2"
+	"net/http"
 	"runtime"
 	"strconv"
 	"sync"
@@ -30,9 +32,10 @@ type conn struct {
 	cl  *client         // static
 	ctx context.Context // static: cancelled when the server stops hard
 
-	gql    *gqlConn     // static: nil for the native protocol
-	grants *Grants      // what the connection may subscribe to (nil: everything); set before reading (GraphQL: by connection_init)
-	fw     *frameWriter // static: the socket's writer (corked by the GraphQL writer)
+	gql    *gqlConn      // static: nil for the native protocol
+	req    *http.Request // static: the upgrade request (authentication)
+	grants *Grants       // what the connection may subscribe to (nil: everything); set before reading (GraphQL: by connection_init)
+	fw     *frameWriter  // static: the socket's writer (corked by the GraphQL writer)
 
 	closeCode     atomic.Int32           // requested close code; 0 while open. Set once.
 	closeReason   atomic.Pointer[string] // set before closeCode when the close has its own reason
@@ -47,6 +50,7 @@ type conn struct {
 	tasks    sync.WaitGroup // writer and ping goroutines; Add only under mu while !closed
 	pingT    *time.Timer    // guarded by mu
 	watchdog *time.Timer    // guarded by mu: cuts the socket if a close stalls
+	expiry   *time.Timer    // guarded by mu: closes the connection when its token expires
 
 	subsMu sync.Mutex
 	subs   map[string]*subState // guarded by subsMu; id → state (the reader adds and removes, resumes mark live or fail)
@@ -186,6 +190,7 @@ func (c *conn) serve() {
 	c.schedulePingLocked(interval/2 + rand.N(interval/2+1))
 	c.mu.Unlock()
 	if c.gql == nil {
+		c.armExpiry()
 		c.send(readyMessage(c.id))
 	} else {
 		c.mu.Lock()
@@ -208,6 +213,9 @@ func (c *conn) serve() {
 	}
 	if c.gql != nil && c.gql.initTimer != nil {
 		c.gql.initTimer.Stop()
+	}
+	if c.expiry != nil {
+		c.expiry.Stop()
 	}
 	c.mu.Unlock()
 	_ = c.ws.CloseNow() // ends a write or a ping in flight
@@ -249,6 +257,8 @@ func (c *conn) disconnectReason(readErr error) string {
 		return "slow_consumer"
 	case ClosePolicy:
 		return "policy"
+	case CloseTokenExpired:
+		return "token_expired"
 	}
 	switch {
 	case c.pingFailed.Load():
@@ -293,7 +303,50 @@ func (c *conn) handle(data []byte) {
 		c.unsubscribe(*f.ID)
 	case "ping":
 		c.send(pongMessage)
+	case "refresh":
+		c.refresh(*f.Token)
 	}
+}
+
+// refresh replaces the connection's token: its grants apply from now on,
+// and its expiry moves. A refused token is an error (code unauthorized);
+// the connection keeps its old token until that expires.
+func (c *conn) refresh(token string) {
+	auth := c.s.cfg.Authenticate
+	if auth == nil {
+		c.clientError("", CodeUnauthorized, "this gateway does not authenticate connections: nothing to refresh")
+		return
+	}
+	payload, _ := json.Marshal(map[string]string{"token": token})
+	grants, err := auth(c.runCtx, c.req, payload)
+	if err != nil {
+		c.clientError("", CodeUnauthorized, err.Error())
+		return
+	}
+	c.grants = grants
+	c.armExpiry()
+	var exp time.Time
+	if grants != nil {
+		exp = grants.Expires
+	}
+	c.send(refreshedMessage(exp))
+}
+
+// armExpiry (re)starts the timer that closes the connection with 4001 when
+// its token expires. The reader calls it (start, connection_init, refresh).
+func (c *conn) armExpiry() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.expiry != nil {
+		c.expiry.Stop()
+		c.expiry = nil
+	}
+	if c.grants == nil || c.grants.Expires.IsZero() || c.closed {
+		return
+	}
+	c.expiry = time.AfterFunc(time.Until(c.grants.Expires), func() {
+		c.closeWith(CloseTokenExpired, "token expired: reconnect with a new one")
+	})
 }
 
 func (c *conn) subscribe(id, pattern string, from, durable *string) {

@@ -16,6 +16,7 @@ const (
 	CodeBadDurable           = "bad_durable"            // "durable" malformed, in use on this node, bound to another pattern, or no consumers on this broker
 	CodeBrokerUnavailable    = "broker_unavailable"     // the broker could not start the subscription's replay or consumer: retry
 	CodeForbidden            = "forbidden"              // the connection's grants do not contain the pattern
+	CodeUnauthorized         = "unauthorized"           // a refresh whose token was refused
 )
 
 // WebSocket close codes the server uses.
@@ -24,6 +25,7 @@ const (
 	ClosePolicy       = 1008 // repeated protocol abuse
 	CloseTooBig       = 1009 // client frame over the read limit (sent by the websocket library)
 	CloseSlowConsumer = 4008 // mailbox overflowed: reconnect (and resume from a cursor where the broker keeps history)
+	CloseTokenExpired = 4001 // the connection's token expired without a refresh: reconnect with a new one
 )
 
 // Sentinel errors; validation errors wrap them with the offending value.

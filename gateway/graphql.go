@@ -257,7 +257,6 @@ func appendGQLString(dst []byte, s string) []byte { return appendJSONString(dst,
 // gqlConn is the GraphQL state of a connection.
 type gqlConn struct {
 	legacy bool
-	req    *http.Request // the upgrade request, for the authenticator
 	exec   *executor.Executor
 
 	initTimer *time.Timer // guarded by conn.mu
@@ -456,7 +455,7 @@ func (c *conn) gqlInit(payload json.RawMessage) {
 		return
 	}
 	if auth := c.s.cfg.Authenticate; auth != nil {
-		grants, err := auth(c.runCtx, g.req, payload)
+		grants, err := auth(c.runCtx, c.req, payload)
 		if err != nil {
 			c.s.metrics.ConnectionsRejected.WithLabelValues("unauthorized").Inc()
 			if g.legacy {
@@ -466,6 +465,7 @@ func (c *conn) gqlInit(payload json.RawMessage) {
 			return
 		}
 		c.grants = grants // the reader's: subscribes run after it
+		c.armExpiry()
 	}
 	g.ctx = c.runCtx
 	g.acked = true

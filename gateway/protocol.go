@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // maxIDLen bounds client-chosen subscription ids.
@@ -23,13 +24,14 @@ type clientFrame struct {
 	Subject *string `json:"subject"`
 	From    *string `json:"from"`    // subscribe: a cursor, or "first"
 	Durable *string `json:"durable"` // subscribe: bind (or create) the named durable consumer
+	Token   *string `json:"token"`   // refresh: a new connection token
 }
 
 // parseClientFrame decodes and validates one client frame. Every error wraps
 // ErrBadFrame or ErrUnknownType and says what is wrong.
 func parseClientFrame(data []byte) (clientFrame, error) {
 	var f clientFrame
-	if err := decodeObject(data, &f, "type", "id", "subject", "from", "durable"); err != nil {
+	if err := decodeObject(data, &f, "type", "id", "subject", "from", "durable", "token"); err != nil {
 		return f, fmt.Errorf("%w: %s", ErrBadFrame, err.Error())
 	}
 	switch f.Type {
@@ -43,16 +45,26 @@ func parseClientFrame(data []byte) (clientFrame, error) {
 		if f.From != nil && *f.From == "" {
 			return f, fmt.Errorf("%w: \"from\" must be a cursor or \"first\"", ErrBadFrame)
 		}
+		if f.Token != nil {
+			return f, fmt.Errorf("%w: \"token\" belongs in a refresh", ErrBadFrame)
+		}
 	case "unsubscribe":
 		if err := checkID(f.ID); err != nil {
 			return f, err
 		}
-		if f.Subject != nil || f.From != nil || f.Durable != nil {
+		if f.Subject != nil || f.From != nil || f.Durable != nil || f.Token != nil {
 			return f, fmt.Errorf("%w: unsubscribe takes only \"id\"", ErrBadFrame)
 		}
 	case "ping":
-		if f.ID != nil || f.Subject != nil || f.From != nil || f.Durable != nil {
+		if f.ID != nil || f.Subject != nil || f.From != nil || f.Durable != nil || f.Token != nil {
 			return f, fmt.Errorf("%w: ping takes no other field", ErrBadFrame)
+		}
+	case "refresh":
+		if f.Token == nil || *f.Token == "" {
+			return f, fmt.Errorf("%w: refresh needs \"token\"", ErrBadFrame)
+		}
+		if f.ID != nil || f.Subject != nil || f.From != nil || f.Durable != nil {
+			return f, fmt.Errorf("%w: refresh takes only \"token\"", ErrBadFrame)
 		}
 	case "":
 		return f, fmt.Errorf("%w: missing \"type\"", ErrBadFrame)
@@ -182,6 +194,18 @@ func subscribedMessage(id, cursor string) []byte {
 }
 
 var pongMessage = []byte(`{"type":"pong"}`)
+
+// refreshedMessage acknowledges a refresh: the new token's expiry (RFC
+// 3339; omitted when it has none).
+func refreshedMessage(expires time.Time) []byte {
+	b := []byte(`{"type":"refreshed"`)
+	if !expires.IsZero() {
+		b = append(b, `,"expires":"`...)
+		b = expires.UTC().AppendFormat(b, time.RFC3339)
+		b = append(b, '"')
+	}
+	return append(b, '}')
+}
 
 func errorMessage(id, code, msg string) []byte {
 	b := []byte(`{"type":"error"`)

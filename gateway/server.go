@@ -277,8 +277,11 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		subs:   make(map[string]*subState),
 	}
 	c.cl = newClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
+	if s.cfg.Authenticate != nil {
+		c.req = r // refresh and connection_init authenticate with it
+	}
 	if gql {
-		c.gql = &gqlConn{legacy: ws.Subprotocol() == subprotoLegacy, req: r, exec: s.gqlExec, ops: make(map[string]*gqlOp)}
+		c.gql = &gqlConn{legacy: ws.Subprotocol() == subprotoLegacy, exec: s.gqlExec, ops: make(map[string]*gqlOp)}
 		c.cl.encode = c.gql.encode
 	}
 	// Set before the connection is registered: Shutdown may wake its
