@@ -255,3 +255,50 @@ func TestTokenExpiryAndRefresh(t *testing.T) {
 	time.Sleep(time.Until(soon) + 500*time.Millisecond)
 	refreshed.quiet() // still open past the first token's expiry
 }
+
+// TestConnectionCaps: one address's connections over MaxConnectionsPerIP
+// get 429 with Retry-After, counted by reason; /readyz turns not ready at
+// 90% of MaxConnections, before the cap refuses anyone.
+func TestConnectionCaps(t *testing.T) {
+	e := newEnv(t, func(c *gateway.Config) {
+		c.MaxConnectionsPerIP = 2
+		c.MaxConnections = 3
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for range 2 {
+		c, _, err := websocket.Dial(ctx, e.wsURL(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.CloseNow() })
+	}
+	_, resp, err := websocket.Dial(ctx, e.wsURL(), nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a third connection from one address: %v %v, want 429 with Retry-After", resp, err)
+	}
+	if got := e.metric("fanwire_connections_rejected_total", map[string]string{"reason": "max_connections_per_ip"}); got != 1 {
+		t.Fatalf("rejections counted %v", got)
+	}
+	// 2 of 3: under 90%, ready. The GraphQL endpoint counts too.
+	if !e.ready() {
+		t.Fatal("not ready at 2 of 3 connections")
+	}
+	g, _, err := websocket.Dial(ctx, e.graphqlURL(), &websocket.DialOptions{Subprotocols: []string{"graphql-transport-ws"}})
+	if err == nil {
+		t.Cleanup(func() { _ = g.CloseNow() })
+		t.Fatal("a GraphQL connection from the same address passed the per-address cap")
+	}
+	e2 := newEnv(t, func(c *gateway.Config) { c.MaxConnections = 10 })
+	for i := range 9 {
+		if i == 8 && !e2.ready() {
+			t.Fatal("not ready at 8 of 10 connections")
+		}
+		c, _, err := websocket.Dial(ctx, e2.wsURL(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.CloseNow() })
+	}
+	waitFor(t, "not ready at 9 of 10 connections", func() bool { return !e2.ready() })
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -42,6 +43,7 @@ type Server struct {
 	cancel context.CancelFunc
 
 	nconns    atomic.Int64
+	perIP     ipCounts
 	consuming atomic.Bool
 
 	mu       sync.Mutex
@@ -211,7 +213,50 @@ func (s *Server) notReady() []string {
 	if !s.consuming.Load() {
 		why = append(why, "not consuming")
 	}
+	// Near the connection cap a load balancer should steer new clients to
+	// other nodes before this one starts refusing them.
+	if n := s.nconns.Load(); 10*n >= 9*int64(s.cfg.MaxConnections) {
+		why = append(why, fmt.Sprintf("%d connections: at 90%% of --max-connections", n))
+	}
 	return why
+}
+
+// ipCounts counts connections per client address.
+type ipCounts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// acquire counts a connection from ip unless it has max already (0: no cap).
+func (c *ipCounts) acquire(ip string, max int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if max > 0 && c.n[ip] >= max {
+		return false
+	}
+	if c.n == nil {
+		c.n = make(map[string]int)
+	}
+	c.n[ip]++
+	return true
+}
+
+func (c *ipCounts) release(ip string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[ip]--; c.n[ip] <= 0 {
+		delete(c.n, ip)
+	}
+}
+
+// clientIP is the connection's remote address without the port (behind a
+// proxy, the proxy's: a proxy should enforce its own per-client caps).
+func clientIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) { s.serveConn(w, r, false) }
@@ -226,10 +271,19 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "too many connections", Code: "max_connections"})
 		return
 	}
+	ip := clientIP(r)
+	if !s.perIP.acquire(ip, s.cfg.MaxConnectionsPerIP) {
+		s.nconns.Add(-1)
+		s.metrics.ConnectionsRejected.WithLabelValues("max_connections_per_ip").Inc()
+		w.Header().Set("Retry-After", "5")
+		writeJSON(w, http.StatusTooManyRequests, apiError{Error: "too many connections from this address", Code: "max_connections_per_ip"})
+		return
+	}
 	served := false
 	defer func() {
 		if !served {
 			s.nconns.Add(-1)
+			s.perIP.release(ip)
 		}
 	}()
 
@@ -312,6 +366,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	go func() {
 		defer s.wg.Done()
 		defer s.nconns.Add(-1)
+		defer s.perIP.release(ip)
 		c.serve()
 		s.mu.Lock()
 		delete(s.conns, c)

@@ -17,18 +17,23 @@ type Config struct {
 	Logger   *zap.Logger
 	Registry *prometheus.Registry // metrics are registered here and served at /metrics (default: a new one)
 
-	MaxConnections   int           // over it the upgrade gets 503 + Retry-After (default 100,000)
-	MaxSubscriptions int           // per connection (default 256)
-	MailboxMessages  int           // per-connection queue bound in messages (default 4096)
-	MailboxBytes     int           // per-connection queue bound in bytes (default 4 MiB)
-	ReadLimit        int64         // largest client frame; over it: close 1009 (default 64 KiB)
-	MaxFrameBytes    int           // the writer starts a new frame past this size (default 64 KiB)
-	MaxPace          time.Duration // longest dispatcher wait per batch when most clients are behind (default 50ms; negative: never wait)
-	PingInterval     time.Duration // server ping period (default 30s)
-	PingTimeout      time.Duration // a ping not answered in this time closes the connection (default 10s)
-	CloseTimeout     time.Duration // how long a close (1001, 4008, 1008) may take before the socket is cut (default 5s)
-	MaxClientErrors  int           // protocol errors per ErrorWindow before close 1008 (default 100)
-	ErrorWindow      time.Duration // default 10s
+	MaxConnections int // over it the upgrade gets 503 + Retry-After (default 100,000); /readyz is not ready from 90% of it
+	// MaxConnectionsPerIP caps one client address's connections; over it
+	// the upgrade gets 429 + Retry-After (default 0: no cap). Behind a load
+	// balancer every client has its address: cap there, or trust its
+	// header in a proxy of your own.
+	MaxConnectionsPerIP int
+	MaxSubscriptions    int           // per connection (default 256)
+	MailboxMessages     int           // per-connection queue bound in messages (default 4096)
+	MailboxBytes        int           // per-connection queue bound in bytes (default 4 MiB)
+	ReadLimit           int64         // largest client frame; over it: close 1009 (default 64 KiB)
+	MaxFrameBytes       int           // the writer starts a new frame past this size (default 64 KiB)
+	MaxPace             time.Duration // longest dispatcher wait per batch when most clients are behind (default 50ms; negative: never wait)
+	PingInterval        time.Duration // server ping period (default 30s)
+	PingTimeout         time.Duration // a ping not answered in this time closes the connection (default 10s)
+	CloseTimeout        time.Duration // how long a close (1001, 4008, 1008) may take before the socket is cut (default 5s)
+	MaxClientErrors     int           // protocol errors per ErrorWindow before close 1008 (default 100)
+	ErrorWindow         time.Duration // default 10s
 
 	APIKey          string   // when set, POST /api/publish needs "Authorization: Bearer <key>"
 	MaxPublishBytes int64    // largest publish request body (default 1 MiB)

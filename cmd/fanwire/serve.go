@@ -42,6 +42,7 @@ type wsFlags struct {
 	console          bool
 	allowedOrigins   listFlag
 	maxConnections   int
+	maxConnsPerIP    int
 	maxSubscriptions int
 	mailboxMessages  int
 	mailboxBytes     int
@@ -71,7 +72,8 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.apiKey, "api-key", "", "when set, POST /api/publish requires Authorization: Bearer <key>")
 	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
 	fs.Var(&f.allowedOrigins, "allowed-origins", "browser origins allowed to connect besides same-origin, comma-separated host patterns (e.g. app.example.com,*.example.com)")
-	fs.IntVar(&f.maxConnections, "max-connections", 100_000, "connections over this get 503 with Retry-After")
+	fs.IntVar(&f.maxConnections, "max-connections", 100_000, "connections over this get 503 with Retry-After; /readyz is not ready from 90% of it")
+	fs.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "connections from one client address over this get 429 with Retry-After (0: no cap; behind a load balancer every client has its address)")
 	fs.IntVar(&f.maxSubscriptions, "max-subscriptions", 256, "subscriptions per connection")
 	fs.IntVar(&f.mailboxMessages, "mailbox-messages", 4096, "per-connection queue bound in messages; over it: close 4008 (slow consumer)")
 	fs.IntVar(&f.mailboxBytes, "mailbox-bytes", 4<<20, "per-connection queue bound in bytes; over it: close 4008 (slow consumer)")
@@ -238,24 +240,25 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		return errors.New("--jwt-issuer and --jwt-audience need a key: --jwt-secret-file or --jwt-jwks-file")
 	}
 	srv, err := gateway.New(gateway.Config{
-		Broker:           b,
-		Subjects:         f.subjects,
-		Logger:           log,
-		Registry:         reg,
-		MaxConnections:   f.maxConnections,
-		MaxSubscriptions: f.maxSubscriptions,
-		MailboxMessages:  f.mailboxMessages,
-		MailboxBytes:     f.mailboxBytes,
-		ReadLimit:        f.readLimit,
-		MaxFrameBytes:    f.maxFrameBytes,
-		MaxPace:          f.maxPace,
-		PingInterval:     f.pingInterval,
-		PingTimeout:      f.pingTimeout,
-		APIKey:           f.apiKey,
-		AllowedOrigins:   f.allowedOrigins,
-		Console:          f.console,
-		Consumer:         f.consumer,
-		DurableInactive:  f.durableInactive,
+		Broker:              b,
+		Subjects:            f.subjects,
+		Logger:              log,
+		Registry:            reg,
+		MaxConnections:      f.maxConnections,
+		MaxConnectionsPerIP: f.maxConnsPerIP,
+		MaxSubscriptions:    f.maxSubscriptions,
+		MailboxMessages:     f.mailboxMessages,
+		MailboxBytes:        f.mailboxBytes,
+		ReadLimit:           f.readLimit,
+		MaxFrameBytes:       f.maxFrameBytes,
+		MaxPace:             f.maxPace,
+		PingInterval:        f.pingInterval,
+		PingTimeout:         f.pingTimeout,
+		APIKey:              f.apiKey,
+		AllowedOrigins:      f.allowedOrigins,
+		Console:             f.console,
+		Consumer:            f.consumer,
+		DurableInactive:     f.durableInactive,
 
 		GraphQLInitTimeout: f.graphqlInit,
 		Authenticate:       authenticate,
