@@ -302,3 +302,39 @@ func TestConnectionCaps(t *testing.T) {
 	}
 	waitFor(t, "not ready at 9 of 10 connections", func() bool { return !e2.ready() })
 }
+
+// TestMessageRateLimit: a native client over the message rate gets
+// rate_limited errors (the messages are dropped, the connection stays
+// until the abuse limit); a GraphQL client is closed with 1008.
+func TestMessageRateLimit(t *testing.T) {
+	e := newEnv(t, func(c *gateway.Config) { c.MaxMessageRate = 5; c.MaxClientErrors = 1000 })
+	cl := e.dial()
+	for range 30 {
+		cl.send(`{"type":"ping"}`)
+	}
+	pongs, limited := 0, 0
+	for pongs+limited < 30 {
+		m := cl.next()
+		switch {
+		case m["type"] == "pong":
+			pongs++
+		case m["type"] == "error" && m["code"] == gateway.CodeRateLimited:
+			limited++
+		default:
+			t.Fatalf("unexpected %v", m)
+		}
+	}
+	if pongs < 10 || pongs > 12 || limited == 0 {
+		t.Fatalf("%d pongs and %d rate_limited for 30 pings at 5/s (burst 10)", pongs, limited)
+	}
+	if got := e.metric("fanwire_client_errors_total", map[string]string{"code": "rate_limited"}); got != float64(limited) {
+		t.Fatalf("rate_limited counted %v, want %d", got, limited)
+	}
+	g := e.initGQL()
+	for range 30 {
+		g.send(`{"type":"ping"}`)
+	}
+	if got := g.closeStatus(5 * time.Second); got != gateway.ClosePolicy {
+		t.Fatalf("GraphQL close %d, want 1008", got)
+	}
+}

@@ -59,6 +59,7 @@ type conn struct {
 	cancelRun context.CancelFunc // static
 
 	// owned by serve (the reader)
+	rate     tokenBucket
 	errCount int
 	errSince time.Time
 }
@@ -277,6 +278,15 @@ func (c *conn) readLoop() error {
 		if err != nil {
 			return err
 		}
+		if !c.rate.allow(time.Now(), c.s.cfg.MaxMessageRate) {
+			if c.gql != nil { // the protocol has no error without an operation
+				c.s.metrics.ClientErrors.WithLabelValues(CodeRateLimited).Inc()
+				c.closeWith(ClosePolicy, "message rate over the limit")
+				continue
+			}
+			c.clientError("", CodeRateLimited, "over "+strconv.Itoa(c.s.cfg.MaxMessageRate)+" messages per second: this one was dropped")
+			continue
+		}
 		if c.gql != nil {
 			c.gqlHandle(typ == websocket.MessageText, data)
 			continue
@@ -432,6 +442,32 @@ func (c *conn) unsubscribe(id string) {
 	if wake {
 		c.cl.signal()
 	}
+}
+
+// tokenBucket limits a connection's message rate: rate per second, with a
+// burst of twice that. Owned by the reader.
+type tokenBucket struct {
+	tokens float64
+	last   time.Time
+}
+
+// allow takes a token; rate <= 0 means no limit.
+func (b *tokenBucket) allow(now time.Time, rate int) bool {
+	if rate <= 0 {
+		return true
+	}
+	burst := float64(2 * rate)
+	if b.last.IsZero() {
+		b.tokens = burst
+	} else {
+		b.tokens = min(burst, b.tokens+now.Sub(b.last).Seconds()*float64(rate))
+	}
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
 }
 
 // clientError reports a protocol error to the client. A client error never

@@ -17,6 +17,7 @@ const (
 	CodeBrokerUnavailable    = "broker_unavailable"     // the broker could not start the subscription's replay or consumer: retry
 	CodeForbidden            = "forbidden"              // the connection's grants do not contain the pattern
 	CodeUnauthorized         = "unauthorized"           // a refresh whose token was refused
+	CodeRateLimited          = "rate_limited"           // over Config.MaxMessageRate: the message was dropped
 )
 
 // WebSocket close codes the server uses.

@@ -33,6 +33,7 @@ type Config struct {
 	PingTimeout         time.Duration // a ping not answered in this time closes the connection (default 10s)
 	CloseTimeout        time.Duration // how long a close (1001, 4008, 1008) may take before the socket is cut (default 5s)
 	MaxClientErrors     int           // protocol errors per ErrorWindow before close 1008 (default 100)
+	MaxMessageRate      int           // client messages per second per connection, burst twice that; over it a message is dropped with rate_limited (GraphQL: close 1008) (default 100; negative: no limit)
 	ErrorWindow         time.Duration // default 10s
 
 	APIKey          string   // when set, POST /api/publish needs "Authorization: Bearer <key>"
@@ -90,6 +91,8 @@ func (c *Config) setDefaults() {
 	defDur(&c.PingTimeout, 10*time.Second)
 	defDur(&c.CloseTimeout, 5*time.Second)
 	def(&c.MaxClientErrors, 100)
+	def(&c.MaxMessageRate, 100)
+	def(&c.MaxMessageRate, 100)
 	defDur(&c.ErrorWindow, 10*time.Second)
 	if c.Consumer == "" {
 		c.Consumer = ConsumerShared
