@@ -15,7 +15,7 @@ func main() {
 }
 
 func commands() []*command {
-	return []*command{devCommand(), wsCommand(), ingestCommand(), loadtestCommand()}
+	return []*command{devCommand(), wsCommand(), ingestCommand(), loadtestCommand(), healthCommand()}
 }
 
 func run(args []string, stdout, stderr io.Writer) int {

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// healthCommand is "fanwire health": an HTTP probe of a fanwire endpoint, so
+// that an image without curl (distroless) can run a HEALTHCHECK with the
+// binary itself. Exit 0 on a 2xx, 1 otherwise with one line on stderr.
+func healthCommand() *command {
+	c := newCommand("health", "Probe a fanwire HTTP endpoint (for container health checks): exit 0 on a 2xx, 1 otherwise.")
+	c.usage = `GETs --url once, without a proxy and without following redirects. Any answer but
+2xx, or none within --timeout, exits 1 with the reason on one line of stderr.
+Point it at /healthz (the process is up) or /readyz (it consumes and is not
+draining); "fanwire ingest" serves them on its own --listen (default port 8081).`
+	var (
+		target  string
+		timeout time.Duration
+	)
+	c.fs.StringVar(&target, "url", "http://127.0.0.1:8080/healthz", "the URL to GET")
+	c.fs.DurationVar(&timeout, "timeout", 2*time.Second, "give up after this long (connecting, the answer's headers and a short body)")
+	c.run = func([]string) error {
+		return probe(target, timeout)
+	}
+	return c
+}
+
+// probe GETs target and returns nil on a 2xx, or an error of one line.
+func probe(target string, timeout time.Duration) error {
+	u, err := url.Parse(target)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("--url %q: want an http:// or https:// URL with a host", target)
+	}
+	if timeout <= 0 {
+		return fmt.Errorf("--timeout %v: want a positive duration", timeout)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return fmt.Errorf("GET %s: %v", target, err)
+	}
+	client := &http.Client{
+		Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true},
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+	defer client.CloseIdleConnections()
+	resp, err := client.Do(req)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			return fmt.Errorf("GET %s: no answer within %v", target, timeout)
+		}
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("GET %s: %s", target, oneLine(err.Error()))
+	}
+	defer resp.Body.Close()
+	// A little of the body says why (/readyz: {"status":"not ready","reasons":[…]}).
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return nil
+	}
+	msg := fmt.Sprintf("GET %s: %s", target, resp.Status)
+	if b := oneLine(string(body)); b != "" {
+		msg += ": " + b
+	}
+	return errors.New(msg)
+}
+
+// oneLine folds s onto one line of at most 200 bytes.
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
