@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -189,8 +190,9 @@ func TestReplyMessages(t *testing.T) {
 }
 
 // FuzzClientFrame feeds arbitrary bytes to parseClientFrame: it never
-// panics, an accepted frame is a known type with exactly its fields, and the
-// error reply for a rejected one is valid JSON.
+// panics, an accepted frame is a known type with exactly its fields and
+// survives re-encoding (checkFrameRoundTrip), and the error reply for a
+// rejected one is valid JSON.
 func FuzzClientFrame(f *testing.F) {
 	for _, s := range []string{
 		`{"type":"subscribe","id":"s1","subject":"orders.*"}`,
@@ -199,6 +201,10 @@ func FuzzClientFrame(f *testing.F) {
 		`{"type":"subscribe","id":"` + strings.Repeat("i", maxIDLen+1) + `","subject":"a"}`,
 		`{"type":"publish","id":"\ud800"}`,
 		`{"type":"ping"}{}`,
+		`{"type":"subscribe","id":"s1","subject":"orders.>","from":"first","durable":"d1"}`,
+		`{"type":"subscribe","id":"s1","subject":"orders.>","from":""}`,
+		`{"type":"unsubscribe","id":"s1","durable":"d1"}`,
+		`{"type":"subscribe","id":"\u00e9\ud83d\ude00","subject":"a\u0000b","from":null}`,
 		`{"type":"ping","x":[1,{"y":null}]}`,
 		`{"type":1}`,
 		`{"type":"subscribe","id":"s1","subject":5}`,
@@ -228,18 +234,22 @@ func FuzzClientFrame(f *testing.F) {
 			if fr.ID == nil || *fr.ID == "" || len(*fr.ID) > maxIDLen || fr.Subject == nil {
 				t.Fatalf("accepted subscribe without a usable id and a subject: %q", data)
 			}
+			if fr.From != nil && *fr.From == "" {
+				t.Fatalf("accepted subscribe with an empty \"from\": %q", data)
+			}
 		case "unsubscribe":
-			if fr.ID == nil || *fr.ID == "" || len(*fr.ID) > maxIDLen || fr.Subject != nil {
+			if fr.ID == nil || *fr.ID == "" || len(*fr.ID) > maxIDLen || fr.Subject != nil || fr.From != nil || fr.Durable != nil {
 				t.Fatalf("accepted bad unsubscribe: %q", data)
 			}
 		case "ping":
-			if fr.ID != nil || fr.Subject != nil {
+			if fr.ID != nil || fr.Subject != nil || fr.From != nil || fr.Durable != nil {
 				t.Fatalf("accepted ping with fields: %q", data)
 			}
 		default:
 			t.Fatalf("accepted unknown type %q: %q", fr.Type, data)
 		}
 		checkTopLevelKeys(t, data)
+		checkFrameRoundTrip(t, data, fr)
 		// The replies built from an accepted frame are valid JSON too.
 		if fr.ID != nil {
 			if r := replyMessage("subscribed", *fr.ID); !json.Valid(r) || !utf8.Valid(r) {
@@ -250,7 +260,7 @@ func FuzzClientFrame(f *testing.F) {
 }
 
 // checkTopLevelKeys checks that an accepted frame's keys are exactly (case
-// included) among type, id and subject, each at most once.
+// included) among type, id, subject, from and durable, each at most once.
 func checkTopLevelKeys(t testing.TB, data []byte) {
 	t.Helper()
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -264,7 +274,7 @@ func checkTopLevelKeys(t testing.TB, data []byte) {
 			t.Fatalf("accepted %q: %v", data, err)
 		}
 		key := tok.(string)
-		if key != "type" && key != "id" && key != "subject" || seen[key] {
+		if !slices.Contains([]string{"type", "id", "subject", "from", "durable"}, key) || seen[key] {
 			t.Fatalf("accepted %q with key %q (unknown, or repeated)", data, key)
 		}
 		seen[key] = true
@@ -272,6 +282,31 @@ func checkTopLevelKeys(t testing.TB, data []byte) {
 		if err := dec.Decode(&skip); err != nil {
 			t.Fatalf("accepted %q: %v", data, err)
 		}
+	}
+}
+
+// checkFrameRoundTrip re-encodes an accepted frame's fields (those present)
+// as a JSON object and checks that parseClientFrame accepts it and gives
+// the same frame.
+func checkFrameRoundTrip(t testing.TB, data []byte, fr clientFrame) {
+	t.Helper()
+	m := map[string]string{"type": fr.Type}
+	for key, p := range map[string]*string{"id": fr.ID, "subject": fr.Subject, "from": fr.From, "durable": fr.Durable} {
+		if p != nil {
+			m[key] = *p
+		}
+	}
+	enc, err := json.Marshal(m)
+	if err != nil {
+		t.Fatalf("re-encode %q: %v", data, err)
+	}
+	again, err := parseClientFrame(enc)
+	if err != nil {
+		t.Fatalf("accepted %q, but not its re-encoding %s: %v", data, enc, err)
+	}
+	same := func(a, b *string) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
+	if again.Type != fr.Type || !same(again.ID, fr.ID) || !same(again.Subject, fr.Subject) || !same(again.From, fr.From) || !same(again.Durable, fr.Durable) {
+		t.Fatalf("%q parses to %+v, its re-encoding %s to %+v", data, fr, enc, again)
 	}
 }
 

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -402,4 +403,185 @@ func TestContains(t *testing.T) {
 			}
 		}
 	}
+}
+
+// refMatch is a reference matcher for the Contains tests, written
+// independently of MatchSubject: pattern and subject as token slices.
+func refMatch(p, s []string) bool {
+	switch {
+	case len(p) == 0:
+		return len(s) == 0
+	case p[0] == ">":
+		return len(s) > 0
+	case len(s) == 0:
+		return false
+	case p[0] != "*" && p[0] != s[0]:
+		return false
+	}
+	return refMatch(p[1:], s[1:])
+}
+
+// tokenSeqs returns every token sequence of 1..maxLen tokens over alphabet.
+func tokenSeqs(alphabet []string, maxLen int) [][]string {
+	var out [][]string
+	level := [][]string{nil}
+	for n := 1; n <= maxLen; n++ {
+		var next [][]string
+		for _, prefix := range level {
+			for _, tok := range alphabet {
+				next = append(next, append(slices.Clone(prefix), tok))
+			}
+		}
+		out = append(out, next...)
+		level = next
+	}
+	return out
+}
+
+// TestContainsBruteForce checks Contains on every pair of patterns of 1..4
+// tokens from {a, b, *} (the last one possibly '>') against the definition:
+// Contains(o, i) iff every subject over {a, b, c} of 1..5 tokens that
+// matches i matches o. Five tokens is one more than the longest pattern,
+// which is enough to tell every pair apart.
+func TestContainsBruteForce(t *testing.T) {
+	var patterns []string
+	for _, toks := range tokenSeqs([]string{"a", "b", "*"}, 4) {
+		patterns = append(patterns, strings.Join(toks, "."))
+		toks[len(toks)-1] = ">"
+		if p := strings.Join(toks, "."); !slices.Contains(patterns, p) {
+			patterns = append(patterns, p)
+		}
+	}
+	subjects := tokenSeqs([]string{"a", "b", "c"}, 5)
+	matches := make(map[string][]bool, len(patterns)) // pattern → matches subjects[k]
+	for _, p := range patterns {
+		if err := ValidatePattern(p); err != nil {
+			t.Fatalf("test setup: %v", err)
+		}
+		m := make([]bool, len(subjects))
+		for k, s := range subjects {
+			m[k] = refMatch(strings.Split(p, "."), s)
+			if got := MatchSubject(p, strings.Join(s, ".")); got != m[k] {
+				t.Fatalf("MatchSubject(%q, %q) = %v, reference says %v", p, strings.Join(s, "."), got, m[k])
+			}
+		}
+		matches[p] = m
+	}
+	trues := 0
+	for _, o := range patterns {
+		for _, i := range patterns {
+			want := true
+			for k := range subjects {
+				if matches[i][k] && !matches[o][k] {
+					want = false
+					break
+				}
+			}
+			if got := Contains(o, i); got != want {
+				t.Errorf("Contains(%q, %q) = %v, brute force says %v", o, i, got, want)
+			}
+			if want {
+				trues++
+			}
+		}
+	}
+	t.Logf("%d patterns, %d subjects, %d of %d pairs contained", len(patterns), len(subjects), trues, len(patterns)*len(patterns))
+}
+
+// checkContains checks Contains(o, i) for two valid patterns of at most
+// maxTokens tokens against the definition, by enumerating the subjects that
+// match i with each wildcard position filled from o's literal tokens plus
+// one token in neither pattern. That set is complete: a subject that
+// matches i but not o stays such a counterexample when each token not
+// among o's literals becomes the fresh one (i has a wildcard there), and
+// when a '>' of i is expanded to no more tokens than o can still look at.
+func checkContains(t testing.TB, o, i string) {
+	t.Helper()
+	ot, it := strings.Split(o, "."), strings.Split(i, ".")
+	fresh := "fresh"
+	for strings.Contains(o, fresh) || strings.Contains(i, fresh) {
+		fresh += "_"
+	}
+	alphabet := []string{fresh}
+	for _, tok := range ot {
+		if tok != "*" && tok != ">" && !slices.Contains(alphabet, tok) {
+			alphabet = append(alphabet, tok)
+		}
+	}
+	want := true
+	var walk func(pos int, s []string) bool // false once a counterexample is found
+	walk = func(pos int, s []string) bool {
+		if pos == len(it) {
+			if !refMatch(ot, s) {
+				want = false
+				if Contains(o, i) {
+					t.Fatalf("Contains(%q, %q) = true, but %q matches only the inner one", o, i, strings.Join(s, "."))
+				}
+				return false
+			}
+			return true
+		}
+		switch it[pos] {
+		case "*":
+			for _, tok := range alphabet {
+				if !walk(pos+1, append(s, tok)) {
+					return false
+				}
+			}
+			return true
+		case ">":
+			for _, tail := range tokenSeqs(alphabet, max(1, len(ot)+1-pos)) {
+				if !walk(pos+1, append(slices.Clone(s), tail...)) {
+					return false
+				}
+			}
+			return true
+		}
+		return walk(pos+1, append(s, it[pos]))
+	}
+	walk(0, nil)
+	if got := Contains(o, i); got != want {
+		t.Fatalf("Contains(%q, %q) = %v, enumeration says %v", o, i, got, want)
+	}
+}
+
+// FuzzContains checks Contains on pairs of valid patterns: it agrees with
+// the definition (checkContains, for patterns of up to 5 tokens), every
+// pattern contains itself, containment implies intersection, and mutual
+// containment means the patterns are equal.
+func FuzzContains(f *testing.F) {
+	for _, s := range [][2]string{
+		{"orders.>", "orders.*"},
+		{"orders.*", "orders.>"},
+		{"orders.*", "orders.42"},
+		{">", "a.b"},
+		{"a.*.c", "a.b.c"},
+		{"a.b", "a.*"},
+		{"a.>", "a"},
+		{"*.*.>", "a.>"},
+		{"fresh.*", "fresh_.b"},
+	} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, o, i string) {
+		_ = Contains(o, i) // documented for valid patterns only, but must not panic
+		if ValidatePattern(o) != nil || ValidatePattern(i) != nil {
+			return
+		}
+		for _, p := range []string{o, i} {
+			if !Contains(p, p) {
+				t.Fatalf("Contains(%q, %q) = false", p, p)
+			}
+		}
+		got := Contains(o, i)
+		if got && !Intersects(o, i) {
+			t.Fatalf("Contains(%q, %q) but not Intersects", o, i)
+		}
+		if got && Contains(i, o) && o != i {
+			t.Fatalf("%q and %q contain each other but differ", o, i)
+		}
+		if strings.Count(o, ".") < 5 && strings.Count(i, ".") < 5 {
+			checkContains(t, o, i)
+		}
+	})
 }
