@@ -338,3 +338,38 @@ func TestMessageRateLimit(t *testing.T) {
 		t.Fatalf("GraphQL close %d, want 1008", got)
 	}
 }
+
+// FuzzTokenGrant: whatever a client sends as a token or an init payload,
+// Grant never panics, and accepted grants are valid patterns.
+func FuzzTokenGrant(f *testing.F) {
+	good := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"sub": "u", "exp": time.Now().Add(time.Hour).Unix(), "subscribe": []any{"a.{sub}.>", "b.*"}})
+	tok, _ := good.SignedString([]byte(testSecret))
+	f.Add(tok, []byte(nil))
+	f.Add("", []byte(`{"token":"`+tok+`"}`))
+	f.Add("a.b.c", []byte(`{"token":5}`))
+	f.Add("eyJhbGciOiJub25lIn0.e30.", []byte(`[1]`))
+	secret := filepath.Join(f.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte(testSecret), 0o600); err != nil {
+		f.Fatal(err)
+	}
+	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: secret})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, token string, payload []byte) {
+		r := httptest.NewRequest("GET", "/ws", nil)
+		r.Header.Set("Authorization", "Bearer "+token)
+		g, err := a.Grant(context.Background(), r, json.RawMessage(payload))
+		if err != nil {
+			return
+		}
+		if g == nil {
+			t.Fatal("no grants and no error")
+		}
+		for _, p := range g.Subscribe {
+			if gateway.ValidatePattern(p) != nil {
+				t.Fatalf("granted invalid pattern %q", p)
+			}
+		}
+	})
+}

@@ -234,16 +234,20 @@ func FuzzClientFrame(f *testing.F) {
 			if fr.ID == nil || *fr.ID == "" || len(*fr.ID) > maxIDLen || fr.Subject == nil {
 				t.Fatalf("accepted subscribe without a usable id and a subject: %q", data)
 			}
-			if fr.From != nil && *fr.From == "" {
-				t.Fatalf("accepted subscribe with an empty \"from\": %q", data)
+			if (fr.From != nil && *fr.From == "") || fr.Token != nil {
+				t.Fatalf("accepted subscribe with an empty \"from\" or a token: %q", data)
 			}
 		case "unsubscribe":
-			if fr.ID == nil || *fr.ID == "" || len(*fr.ID) > maxIDLen || fr.Subject != nil || fr.From != nil || fr.Durable != nil {
+			if fr.ID == nil || *fr.ID == "" || len(*fr.ID) > maxIDLen || fr.Subject != nil || fr.From != nil || fr.Durable != nil || fr.Token != nil {
 				t.Fatalf("accepted bad unsubscribe: %q", data)
 			}
 		case "ping":
-			if fr.ID != nil || fr.Subject != nil || fr.From != nil || fr.Durable != nil {
+			if fr.ID != nil || fr.Subject != nil || fr.From != nil || fr.Durable != nil || fr.Token != nil {
 				t.Fatalf("accepted ping with fields: %q", data)
+			}
+		case "refresh":
+			if fr.Token == nil || *fr.Token == "" || fr.ID != nil || fr.Subject != nil || fr.From != nil || fr.Durable != nil {
+				t.Fatalf("accepted bad refresh: %q", data)
 			}
 		default:
 			t.Fatalf("accepted unknown type %q: %q", fr.Type, data)
@@ -260,7 +264,8 @@ func FuzzClientFrame(f *testing.F) {
 }
 
 // checkTopLevelKeys checks that an accepted frame's keys are exactly (case
-// included) among type, id, subject, from and durable, each at most once.
+// included) among type, id, subject, from, durable and token, each at most
+// once.
 func checkTopLevelKeys(t testing.TB, data []byte) {
 	t.Helper()
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -274,7 +279,7 @@ func checkTopLevelKeys(t testing.TB, data []byte) {
 			t.Fatalf("accepted %q: %v", data, err)
 		}
 		key := tok.(string)
-		if !slices.Contains([]string{"type", "id", "subject", "from", "durable"}, key) || seen[key] {
+		if !slices.Contains([]string{"type", "id", "subject", "from", "durable", "token"}, key) || seen[key] {
 			t.Fatalf("accepted %q with key %q (unknown, or repeated)", data, key)
 		}
 		seen[key] = true
@@ -291,7 +296,7 @@ func checkTopLevelKeys(t testing.TB, data []byte) {
 func checkFrameRoundTrip(t testing.TB, data []byte, fr clientFrame) {
 	t.Helper()
 	m := map[string]string{"type": fr.Type}
-	for key, p := range map[string]*string{"id": fr.ID, "subject": fr.Subject, "from": fr.From, "durable": fr.Durable} {
+	for key, p := range map[string]*string{"id": fr.ID, "subject": fr.Subject, "from": fr.From, "durable": fr.Durable, "token": fr.Token} {
 		if p != nil {
 			m[key] = *p
 		}
@@ -305,7 +310,7 @@ func checkFrameRoundTrip(t testing.TB, data []byte, fr clientFrame) {
 		t.Fatalf("accepted %q, but not its re-encoding %s: %v", data, enc, err)
 	}
 	same := func(a, b *string) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
-	if again.Type != fr.Type || !same(again.ID, fr.ID) || !same(again.Subject, fr.Subject) || !same(again.From, fr.From) || !same(again.Durable, fr.Durable) {
+	if again.Type != fr.Type || !same(again.ID, fr.ID) || !same(again.Subject, fr.Subject) || !same(again.From, fr.From) || !same(again.Durable, fr.Durable) || !same(again.Token, fr.Token) {
 		t.Fatalf("%q parses to %+v, its re-encoding %s to %+v", data, fr, enc, again)
 	}
 }
