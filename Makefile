@@ -13,9 +13,9 @@ APT_PKGS := redis-server postgresql chromium nodejs npm
 # The npm fixture the GraphQL tests run (package-lock.json pins it).
 NPM_FIXTURE := gateway/testdata/graphqlws
 
-.PHONY: test deps vet fmt-check generate-check unit fuzz bench build loadtest
+.PHONY: test deps vet fmt-check generate-check unit fuzz fuzz-short bench build loadtest
 
-test: deps vet fmt-check generate-check unit
+test: deps vet fmt-check generate-check unit fuzz-short
 
 # deps installs missing system packages with apt-get (as root, or with sudo),
 # then the npm fixture's node_modules with npm ci when it is missing.
@@ -67,6 +67,11 @@ fuzz:
 			$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 		done; \
 	done
+
+# fuzz-short runs every fuzz target briefly (CI): beyond the committed
+# corpora, which every `make test` runs, a few seconds of new inputs each.
+fuzz-short:
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=2s
 
 # bench runs the hot-path benchmarks 6 times for benchstat.
 bench:

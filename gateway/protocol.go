@@ -161,8 +161,12 @@ func jsonKind(goKind string) string {
 	switch goKind {
 	case "string", "ptr":
 		return "string"
-	case "struct":
+	case "struct", "map":
 		return "object"
+	case "slice", "array":
+		return "array"
+	case "int", "int64", "float64":
+		return "number"
 	}
 	return goKind
 }
