@@ -8,6 +8,7 @@ import (
 	"crypto/rsa"
 	"encoding/base64"
 	"encoding/json"
+	"io"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
@@ -372,4 +373,49 @@ func FuzzTokenGrant(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestPublishAPIKeys: several publish keys, each limited to its patterns;
+// a wrong key is 401, a subject outside the key's grants 403 naming the
+// key (never the secret), and nothing of a refused request is published.
+func TestPublishAPIKeys(t *testing.T) {
+	e := newEnv(t, func(c *gateway.Config) {
+		c.APIKeys = []gateway.APIKey{
+			{Name: "orders-service", Key: "k-orders-0123456789", Publish: []string{"orders.>"}},
+			{Name: "admin", Key: "k-admin-0123456789"},
+		}
+	})
+	post := func(key, body string) (int, string) {
+		req, _ := http.NewRequest("POST", e.http.URL+"/api/publish", strings.NewReader(body))
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	cl := e.dial()
+	cl.subscribe("s", ">")
+	if code, _ := post("", `{"subject":"orders.1","data":1}`); code != http.StatusUnauthorized {
+		t.Fatalf("no key: %d", code)
+	}
+	if code, _ := post("k-wrong", `{"subject":"orders.1","data":1}`); code != http.StatusUnauthorized {
+		t.Fatalf("wrong key: %d", code)
+	}
+	code, body := post("k-orders-0123456789", `[{"subject":"orders.1","data":1},{"subject":"billing.1","data":2}]`)
+	if code != http.StatusForbidden || !strings.Contains(body, "orders-service") || strings.Contains(body, "k-orders") {
+		t.Fatalf("outside the grants: %d %s", code, body)
+	}
+	if code, body := post("k-orders-0123456789", `{"subject":"orders.2","data":2}`); code != http.StatusOK {
+		t.Fatalf("inside the grants: %d %s", code, body)
+	}
+	if code, body := post("k-admin-0123456789", `{"subject":"billing.3","data":3}`); code != http.StatusOK {
+		t.Fatalf("admin: %d %s", code, body)
+	}
+	cl.expect(map[string]any{"type": "event", "subject": "orders.2"}) // nothing of the refused batch
+	cl.expect(map[string]any{"type": "event", "subject": "billing.3"})
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -37,7 +38,8 @@ const publishTimeout = 10 * time.Second
 // every gateway node on that broker delivers them. It is all or nothing for
 // validation: one bad event rejects the request and names it.
 func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.APIKey != "" && !bearerMatches(r.Header.Get("Authorization"), s.cfg.APIKey) {
+	key, ok := s.apiKeyFor(r.Header.Get("Authorization"))
+	if !ok {
 		s.metrics.PublishRequests.WithLabelValues("unauthorized").Inc()
 		w.Header().Set("WWW-Authenticate", `Bearer realm="fanwire"`)
 		writeJSON(w, http.StatusUnauthorized, apiError{Error: "missing or wrong API key (Authorization: Bearer <key>)", Code: "unauthorized"})
@@ -61,9 +63,13 @@ func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
 		s.publishError(w, http.StatusBadRequest, apiError{Error: "read body: " + err.Error(), Code: "bad_request"})
 		return
 	}
-	msgs, aerr := s.parsePublish(body)
+	msgs, aerr := s.parsePublish(body, key)
 	if aerr != nil {
-		s.publishError(w, http.StatusBadRequest, *aerr)
+		status := http.StatusBadRequest
+		if aerr.Code == "forbidden" {
+			status = http.StatusForbidden
+		}
+		s.publishError(w, status, *aerr)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
@@ -96,7 +102,7 @@ func (s *Server) publishError(w http.ResponseWriter, status int, e apiError) {
 }
 
 // parsePublish accepts {"subject":…,"data":…} or an array of them.
-func (s *Server) parsePublish(body []byte) ([]broker.Outgoing, *apiError) {
+func (s *Server) parsePublish(body []byte, key *APIKey) ([]broker.Outgoing, *apiError) {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
 		return nil, &apiError{Error: "empty body: send {\"subject\":…,\"data\":…} or an array of them", Code: "bad_request"}
@@ -143,6 +149,9 @@ func (s *Server) parsePublish(body []byte) ([]broker.Outgoing, *apiError) {
 		if err := s.inSubjectSpace(*q.Subject); err != nil { // ValidateSubject above checked the syntax
 			return nil, &apiError{Error: err.Error(), Code: "bad_subject", Field: "subject", Index: idx}
 		}
+		if !key.allows(*q.Subject) {
+			return nil, &apiError{Error: "API key " + strconv.Quote(key.Name) + " may not publish to " + strconv.Quote(*q.Subject), Code: "forbidden", Field: "subject", Index: idx}
+		}
 		var data bytes.Buffer
 		if err := json.Compact(&data, q.Data); err != nil {
 			return nil, &apiError{Error: "\"data\": " + jsonErrorText(err), Code: "bad_request", Field: "data", Index: idx}
@@ -171,6 +180,45 @@ func (s *Server) originAllowed(origin, host string) bool {
 }
 
 // bearerMatches compares the bearer token with key in constant time.
+// APIKey is a key for POST /api/publish: a name (for errors and logs; the
+// key itself is never logged) and the subject patterns it may publish to
+// (none: all).
+type APIKey struct {
+	Name    string
+	Key     string
+	Publish []string
+}
+
+// allows reports whether key (nil: no keys configured) may publish to
+// subject.
+func (k *APIKey) allows(subject string) bool {
+	if k == nil || len(k.Publish) == 0 {
+		return true
+	}
+	for _, p := range k.Publish {
+		if MatchSubject(p, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+// apiKeyFor finds the API key a request's Authorization header carries. It
+// compares against every key in constant time. ok is false when keys are
+// configured and none matches; with no keys, every request passes (key
+// nil).
+func (s *Server) apiKeyFor(header string) (key *APIKey, ok bool) {
+	if len(s.cfg.APIKeys) == 0 {
+		return nil, true
+	}
+	for i := range s.cfg.APIKeys {
+		if bearerMatches(header, s.cfg.APIKeys[i].Key) && key == nil {
+			key = &s.cfg.APIKeys[i]
+		}
+	}
+	return key, key != nil
+}
+
 func bearerMatches(header, key string) bool {
 	const prefix = "Bearer "
 	if len(header) < len(prefix) || !strings.EqualFold(header[:len(prefix)], prefix) {

@@ -36,7 +36,8 @@ type Config struct {
 	MaxMessageRate      int           // client messages per second per connection, burst twice that; over it a message is dropped with rate_limited (GraphQL: close 1008) (default 100; negative: no limit)
 	ErrorWindow         time.Duration // default 10s
 
-	APIKey          string   // when set, POST /api/publish needs "Authorization: Bearer <key>"
+	APIKey          string   // when set, POST /api/publish needs "Authorization: Bearer <key>" (shorthand for one APIKeys entry, "default", publishing anywhere)
+	APIKeys         []APIKey // when set, POST /api/publish needs one of these keys, and publishes only where it may
 	MaxPublishBytes int64    // largest publish request body (default 1 MiB)
 	AllowedOrigins  []string // browser origins allowed besides same-origin (host patterns, e.g. "*.example.com")
 	Console         bool     // serve the live console page at /
@@ -99,6 +100,9 @@ func (c *Config) setDefaults() {
 	}
 	defDur(&c.DurableInactive, 24*time.Hour)
 	defDur(&c.GraphQLInitTimeout, 3*time.Second)
+	if c.APIKey != "" {
+		c.APIKeys = append([]APIKey{{Name: "default", Key: c.APIKey}}, c.APIKeys...)
+	}
 	if c.MaxPublishBytes == 0 {
 		c.MaxPublishBytes = 1 << 20
 	}
@@ -146,6 +150,16 @@ func (c *Config) validate() error {
 	pos("CloseTimeout", int64(c.CloseTimeout))
 	pos("MaxClientErrors", int64(c.MaxClientErrors))
 	pos("MaxPublishBytes", c.MaxPublishBytes)
+	for i, k := range c.APIKeys {
+		if k.Key == "" {
+			errs = append(errs, fmt.Errorf("APIKeys[%d] (%q): empty key", i, k.Name))
+		}
+		for _, p := range k.Publish {
+			if err := ValidatePattern(p); err != nil {
+				errs = append(errs, fmt.Errorf("APIKeys[%d] (%q): %w", i, k.Name, err))
+			}
+		}
+	}
 	pos("GraphQLInitTimeout", int64(c.GraphQLInitTimeout))
 	return errors.Join(errs...)
 }

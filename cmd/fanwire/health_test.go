@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -106,4 +108,23 @@ func TestHealth(t *testing.T) {
 			t.Errorf("--url over FANWIRE_URL: exit %d, stderr %q; want 0", code, errOut.String())
 		}
 	})
+}
+
+// TestLoadAPIKeys: the --api-keys-file format, and errors that name the
+// line, never the key.
+func TestLoadAPIKeys(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(p, []byte("# keys\norders k-1234567890 orders.>,public.*\n\nadmin  k-admin-000  # anywhere\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := loadAPIKeys(p)
+	if err != nil || len(keys) != 2 || keys[0].Name != "orders" || strings.Join(keys[0].Publish, " ") != "orders.> public.*" || keys[1].Key != "k-admin-000" || keys[1].Publish != nil {
+		t.Fatalf("%+v %v", keys, err)
+	}
+	if err := os.WriteFile(p, []byte("only-a-name-secretkey\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadAPIKeys(p); err == nil || !strings.Contains(err.Error(), "line 1") || strings.Contains(err.Error(), "secretkey") {
+		t.Fatalf("err %v", err)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -32,6 +33,7 @@ type wsFlags struct {
 	durableInactive  time.Duration
 	graphqlInit      time.Duration
 	jwtSecretFile    string
+	apiKeysFile      string
 	jwtJWKSFile      string
 	jwtIssuer        string
 	jwtAudience      string
@@ -70,6 +72,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.jwtAudience, "jwt-audience", "", "when set, a token's aud must contain it")
 	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", dev, "with a JWT key configured: admit connections without a token, with --anonymous-grants")
 	fs.Var(&f.anonymousGrants, "anonymous-grants", "subject patterns anonymous connections may subscribe to, comma-separated (default none)")
+	fs.StringVar(&f.apiKeysFile, "api-keys-file", "", "file of POST /api/publish keys, one per line: name key [patterns,comma-separated] (none: publish anywhere); # starts a comment")
 	fs.StringVar(&f.apiKey, "api-key", "", "when set, POST /api/publish requires Authorization: Bearer <key>")
 	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
 	fs.Var(&f.allowedOrigins, "allowed-origins", "browser origins allowed to connect besides same-origin, comma-separated host patterns (e.g. app.example.com,*.example.com)")
@@ -228,6 +231,10 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	}
 	defer b.Close()
 
+	apiKeys, err := loadAPIKeys(f.apiKeysFile)
+	if err != nil {
+		return err
+	}
 	var authenticate gateway.Authenticator
 	if f.jwtSecretFile != "" || f.jwtJWKSFile != "" {
 		auth, err := gateway.NewJWTAuth(gateway.JWTConfig{
@@ -265,6 +272,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 
 		GraphQLInitTimeout: f.graphqlInit,
 		Authenticate:       authenticate,
+		APIKeys:            apiKeys,
 	})
 	if err != nil {
 		return err
@@ -323,4 +331,36 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	}
 	log.Info("stopped")
 	return errors.Join(errs...)
+}
+
+// loadAPIKeys reads an --api-keys-file: one key per line, "name key
+// [pattern,pattern]"; blank lines and # comments are skipped. Errors name
+// the line, never the key.
+func loadAPIKeys(path string) ([]gateway.APIKey, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--api-keys-file: %w", err)
+	}
+	var keys []gateway.APIKey
+	for i, line := range strings.Split(string(b), "\n") {
+		if j := strings.IndexByte(line, '#'); j >= 0 {
+			line = line[:j]
+		}
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if len(f) < 2 || len(f) > 3 {
+			return nil, fmt.Errorf("--api-keys-file %s line %d: want \"name key [patterns]\"", path, i+1)
+		}
+		k := gateway.APIKey{Name: f[0], Key: f[1]}
+		if len(f) == 3 {
+			k.Publish = strings.Split(f[2], ",")
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
 }
