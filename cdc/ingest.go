@@ -463,18 +463,7 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	var evs []broker.Outgoing
 	done := 0 // events of the transaction already handed to the publisher
 	id := func(i int) string { return eventID(t.commitLSN, done+i) }
-	// flush hands a full batch of the transaction's events to the
-	// publisher as they are built (only the last confirms its end).
-	flush := func(evs []broker.Outgoing) ([]broker.Outgoing, error) {
-		if len(evs) < r.in.cfg.MaxBatch {
-			return evs, nil
-		}
-		if err := r.pub.add(ctx, evs, 0, time.Time{}); err != nil {
-			return evs, err
-		}
-		done += len(evs)
-		return nil, nil
-	}
+	flush := r.flusher(ctx, &done)
 	var dc *docChanges // the documents the transaction affects
 	if r.docs != nil {
 		dc = newDocChanges()
@@ -482,8 +471,7 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	// A transaction the memory state already holds (it was persisted once
 	// its events were acknowledged, and PostgreSQL resends from the LSN
 	// confirmed before) is done: nothing of it is applied or published.
-	skip := r.docs != nil && r.docs.mem != nil && t.endLSN <= r.docs.mem.lsn
-	if skip {
+	if r.docs != nil && r.docs.mem != nil && t.endLSN <= r.docs.mem.lsn {
 		r.received = t.endLSN
 		return r.pub.add(ctx, nil, t.endLSN, t.commitTime)
 	}
@@ -492,12 +480,9 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		// events are built (only the last slice confirms its end), and its
 		// decoded rows are let go as they are used: it is held once, not
 		// as rows, events and one batch at the same time.
-		if len(evs) >= r.in.cfg.MaxBatch {
-			if err := r.pub.add(ctx, evs, 0, time.Time{}); err != nil {
-				return err
-			}
-			done += len(evs)
-			evs = nil
+		var err error
+		if evs, err = flush(evs); err != nil {
+			return err
 		}
 		c := &t.changes[i]
 		if c.kind == 'T' {
@@ -522,7 +507,7 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		if tb == nil {
 			return fmt.Errorf("postgres: change for relation %d before its Relation message", c.rel)
 		}
-		if r.docs != nil && !skip {
+		if r.docs != nil {
 			if err := r.docs.observe(dc, tb, c); err != nil {
 				return err
 			}
@@ -532,7 +517,6 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 			continue
 		}
 		r.in.wal.Observe(metrics.Kind(c.kind), metrics.RoutePublish)
-		var err error
 		if evs, err = tb.proj.project(evs, t, tb, c, id); err != nil {
 			return err
 		}
@@ -570,22 +554,30 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	return r.pub.add(ctx, evs, t.endLSN, t.commitTime)
 }
 
-// flushDocs publishes the documents waiting for the flush window, with the
-// end of the last transaction they cover, which is then confirmable.
-func (r *reader) flushDocs(ctx context.Context) error {
-	t, base := r.pendTx, r.pendBase
-	id := func(i int) string { return eventID(t.commitLSN, base+i) }
-	flush := func(evs []broker.Outgoing) ([]broker.Outgoing, error) {
+// flusher returns the function that hands a transaction's events to the
+// publisher once they fill a MaxBatch slice, as they are built (a big
+// transaction is not held whole; only its last slice confirms its end). It
+// returns the events still to hand over; *handed counts those handed, whose
+// ids are taken.
+func (r *reader) flusher(ctx context.Context, handed *int) func([]broker.Outgoing) ([]broker.Outgoing, error) {
+	return func(evs []broker.Outgoing) ([]broker.Outgoing, error) {
 		if len(evs) < r.in.cfg.MaxBatch {
 			return evs, nil
 		}
 		if err := r.pub.add(ctx, evs, 0, time.Time{}); err != nil {
 			return evs, err
 		}
-		base += len(evs)
+		*handed += len(evs)
 		return nil, nil
 	}
-	evs, err := r.docs.events(ctx, nil, r.pend, t, id, flush)
+}
+
+// flushDocs publishes the documents waiting for the flush window, with the
+// end of the last transaction they cover, which is then confirmable.
+func (r *reader) flushDocs(ctx context.Context) error {
+	t, base := r.pendTx, r.pendBase
+	id := func(i int) string { return eventID(t.commitLSN, base+i) }
+	evs, err := r.docs.events(ctx, nil, r.pend, t, id, r.flusher(ctx, &base))
 	if err != nil {
 		return err
 	}
