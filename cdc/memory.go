@@ -7,7 +7,6 @@ import (
 	"math/big"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 
 	"github.com/jackc/pglogrepl"
@@ -506,12 +505,4 @@ func (e *docEngine) memKeys(p *docProjection) [][]byte {
 // stats reports the state's rows and the bytes their encoded values take.
 func (s *memState) stats() (rows int, valueBytes int) {
 	return int(s.rows.Load()), int(s.bytes.Load())
-}
-
-func (s *memState) String() string {
-	var b strings.Builder
-	for name, t := range s.tables {
-		fmt.Fprintf(&b, "%s: %d rows\n", name, len(t.rows))
-	}
-	return b.String()
 }

@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
@@ -74,7 +75,7 @@ func (s *memStore) load(st *memState) (pglogrepl.LSN, error) {
 				continue
 			}
 			if err := b.ForEach(func(k, v []byte) error {
-				t.insert(string(k), slicesClone(v))
+				t.insert(string(k), bytes.Clone(v)) // bbolt's bytes live only as long as its transaction
 				return nil
 			}); err != nil {
 				return err
@@ -89,8 +90,6 @@ func (s *memStore) load(st *memState) (pglogrepl.LSN, error) {
 	st.lsn = lsn
 	return lsn, nil
 }
-
-func slicesClone(b []byte) []byte { return append([]byte(nil), b...) }
 
 // writeAll replaces the stored state by st, at lsn (after a bootstrap).
 func (s *memStore) writeAll(st *memState, lsn pglogrepl.LSN) error {
