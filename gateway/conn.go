@@ -35,7 +35,7 @@ type conn struct {
 	gql    *gqlConn      // static: nil for the native protocol
 	req    *http.Request // static: the upgrade request (authentication)
 	grants *Grants       // what the connection may subscribe to (nil: everything); set before reading (GraphQL: by connection_init)
-	fw     *frameWriter  // static: the socket's writer (corked by the GraphQL writer)
+	fw     *frameWriter  // static: the socket's writer (GraphQL frames its messages into it in batches)
 
 	closeCode     atomic.Int32           // requested close code; 0 while open. Set once.
 	closeReason   atomic.Pointer[string] // set before closeCode when the close has its own reason

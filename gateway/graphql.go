@@ -89,8 +89,7 @@ type gqlOp struct {
 	ch   chan *schema.Event
 	head []byte // {"id":...,"type":"next","payload":
 
-	overhead int // bytes a delivery adds to the event's (mailbox accounting)
-	litLen   int // fast path: total length of pieces
+	overhead int // bytes a delivery adds to the event's (mailbox accounting); fast path: the pieces' total length
 	done     atomic.Bool
 }
 
@@ -122,7 +121,7 @@ func (op *gqlOp) appendNext(dst []byte, ev *Event) []byte {
 // nextLen is len(op.appendNext(nil, ev)) on the fast path, so the message
 // can be framed before it is built.
 func (op *gqlOp) nextLen(ev *Event) int {
-	n := op.litLen
+	n := op.overhead
 	for _, k := range op.kinds {
 		switch k {
 		case fieldSubject:
@@ -189,7 +188,7 @@ func appendResponse(dst []byte, resp *graphql.Response) []byte {
 func newFastOp(id string, legacy bool, rootAlias string, fields []graphql.CollectedField) *gqlOp {
 	op := &gqlOp{id: id, fast: true}
 	cur := append(nextHead(id, legacy), `{"data":{`...)
-	cur = appendGQLString(cur, rootAlias)
+	cur = appendJSONString(cur, rootAlias)
 	cur = append(cur, ":{"...)
 	for i, f := range fields {
 		if len(f.Deferrables) > 0 || len(f.Selections) > 0 {
@@ -211,17 +210,16 @@ func newFastOp(id string, legacy bool, rootAlias string, fields []graphql.Collec
 		if i > 0 {
 			cur = append(cur, ',')
 		}
-		cur = appendGQLString(cur, f.Alias)
+		cur = appendJSONString(cur, f.Alias)
 		cur = append(cur, ':')
 		op.pieces = append(op.pieces, cur)
 		op.kinds = append(op.kinds, k)
-		op.litLen += len(cur)
+		op.overhead += len(cur)
 		cur = nil
 	}
 	cur = append(cur, "}}}}"...)
 	op.pieces = append(op.pieces, cur)
-	op.litLen += len(cur)
-	op.overhead = op.litLen
+	op.overhead += len(cur)
 	return op
 }
 
@@ -249,10 +247,6 @@ func nextHead(id string, legacy bool) []byte {
 	}
 	return append(b, `,"type":"next","payload":`...)
 }
-
-// appendGQLString appends s as gqlgen's MarshalString writes it (used for
-// keys, which are GraphQL names, so it equals appendJSONString).
-func appendGQLString(dst []byte, s string) []byte { return appendJSONString(dst, s) }
 
 // gqlConn is the GraphQL state of a connection.
 type gqlConn struct {
@@ -518,7 +512,7 @@ func (c *conn) gqlSubscribe(id string, p *gqlSubscribePayload) {
 		from = &f
 	}
 	if from != nil && *from == "" {
-		c.gqlError(id, CodeBadCursor, `"from" must be a cursor or "first"`)
+		c.clientError(id, CodeBadCursor, `"from" must be a cursor or "first"`)
 		return
 	}
 	var durable *string
@@ -560,9 +554,6 @@ func (c *conn) gqlOperationErrors(id string, errs gqlerror.List) {
 	}
 	c.sendClientError(code, gqlMessage("error", id, errs))
 }
-
-// gqlError ends operation id with one error carrying code.
-func (c *conn) gqlError(id, code, msg string) { c.clientError(id, code, msg) }
 
 // writeBatchGQL writes each delivery as its own message (the protocol's
 // framing), batched: it frames the messages itself, straight into the
