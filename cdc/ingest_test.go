@@ -110,21 +110,7 @@ func (r *rig) events(n int) []event {
 	r.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		var got []event
-		err := r.b.Replay(context.Background(), []string{"db.>"}, "", "js:1000000", func(ms []broker.Message) error {
-			for _, m := range ms {
-				var e event
-				if err := json.Unmarshal(m.Data, &e); err != nil {
-					return fmt.Errorf("event %s is not JSON: %v: %s", m.Cursor, err, m.Data)
-				}
-				e.Subject, e.Cursor = m.Subject, m.Cursor
-				got = append(got, e)
-			}
-			return nil
-		})
-		if err != nil && !strings.Contains(err.Error(), "ahead of the stream") {
-			r.t.Fatal(err)
-		}
+		got := allEvents(r.t, r.b)
 		if len(got) >= n || time.Now().After(deadline) {
 			if len(got) != n {
 				r.t.Fatalf("%d events in the stream, want %d: %+v", len(got), n, got)

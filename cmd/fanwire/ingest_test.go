@@ -116,15 +116,7 @@ func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
 				return ids
 			}
 			// Kill it once events flow, then twice more.
-			for kill := 0; kill < 3; kill++ {
-				deadline := time.Now().Add(30 * time.Second)
-				for len(count()) < (kill+1)*300 && time.Now().Before(deadline) {
-					time.Sleep(20 * time.Millisecond)
-				}
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-				cmd = start()
-			}
+			cmd = killThrice(cmd, start, func() int { return len(count()) }, 300)
 			defer func() {
 				_ = cmd.Process.Kill()
 				_ = cmd.Wait()
@@ -166,6 +158,22 @@ func starter(t *testing.T, bin string, args []string, logs *bytes.Buffer, mu *sy
 		}
 		return cmd
 	}
+}
+
+// killThrice kills cmd with SIGKILL and starts it again, three times: each
+// time once progress has reached another step (or 30 s have passed). It
+// returns the running process.
+func killThrice(cmd *exec.Cmd, start func() *exec.Cmd, progress func() int, step int) *exec.Cmd {
+	for kill := 1; kill <= 3; kill++ {
+		deadline := time.Now().Add(30 * time.Second)
+		for progress() < kill*step && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		cmd = start()
+	}
+	return cmd
 }
 
 type lockedWriter struct {
@@ -296,15 +304,7 @@ func TestMemoryProjectionKilledResumes(t *testing.T) {
 		})
 		return out
 	}
-	for kill := 0; kill < 3; kill++ {
-		deadline := time.Now().Add(30 * time.Second)
-		for len(read()) < (kill+1)*200 && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		cmd = start()
-	}
+	cmd = killThrice(cmd, start, func() int { return len(read()) }, 200)
 	defer func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
