@@ -27,6 +27,9 @@ type Config struct {
 	StatusInterval time.Duration // standby status update period (default 1s)
 	Heartbeat      time.Duration // on an idle database, emit a logical message this often so the slot advances (default 10s; negative: never)
 	Retry          time.Duration // wait before reconnecting after a lost connection (default 1s)
+	// SlotWait is how long a new leader waits for the slot to be released
+	// by the walsender of the ingest it took over from (default 30s).
+	SlotWait time.Duration
 
 	// Projections are the documents to publish (--config); see
 	// docs/projections.md.
@@ -67,6 +70,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Retry == 0 {
 		c.Retry = time.Second
+	}
+	if c.SlotWait == 0 {
+		c.SlotWait = 30 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()

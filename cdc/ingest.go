@@ -25,6 +25,8 @@ type Ingest struct {
 	log *zap.Logger
 
 	ready     atomic.Bool
+	standby   atomic.Bool              // waiting for the slot's lock (another ingest leads)
+	takeovers atomic.Uint64            // times this ingest took the lock after waiting
 	confirmed atomic.Uint64            // the LSN confirmed to PostgreSQL
 	mem       atomic.Pointer[memState] // the memory projections' state, for MemoryState
 	walEnd    atomic.Uint64            // the server's WAL end, last reported
@@ -65,6 +67,10 @@ func New(cfg Config) (*Ingest, error) {
 
 // Ready reports whether the ingest is tailing the slot.
 func (in *Ingest) Ready() bool { return in.ready.Load() }
+
+// Standby reports whether the ingest is waiting for another ingest of the
+// same slot to end.
+func (in *Ingest) Standby() bool { return in.standby.Load() }
 
 // MemoryState reports the rows the memory-mode projections hold and the
 // bytes of their values (0, 0 without).
@@ -112,7 +118,12 @@ func (in *Ingest) Run(ctx context.Context) error {
 // runOnce connects, sets up, bootstraps when the slot is new, and tails.
 func (in *Ingest) runOnce(ctx context.Context) error {
 	cfg := &in.cfg
-	conn, err := pgx.Connect(ctx, cfg.DSN)
+	ccfg, err := pgx.ParseConfig(cfg.DSN)
+	if err != nil {
+		return errFatal{fmt.Errorf("postgres: %w", err)}
+	}
+	withSessionParams(ccfg.RuntimeParams)
+	conn, err := pgx.ConnectConfig(ctx, ccfg)
 	if err != nil {
 		return fmt.Errorf("postgres: connect: %w", err)
 	}
@@ -120,6 +131,11 @@ func (in *Ingest) runOnce(ctx context.Context) error {
 	srv, err := checkServer(ctx, conn)
 	if err != nil {
 		return errFatal{err}
+	}
+	// Lead first: everything below (the publication, the slot, a
+	// bootstrap, the memory state's file) belongs to one ingest at a time.
+	if err := in.lead(ctx, conn); err != nil {
+		return err
 	}
 	// Projections are checked against the catalog first. The publication
 	// holds their tables too, but only the tables --tables names publish
@@ -140,15 +156,20 @@ func (in *Ingest) runOnce(ctx context.Context) error {
 	if docs != nil {
 		keys = tableEventKeys(keys, cfg.Tables)
 	}
-	st, err := lookupSlot(ctx, conn, cfg.Slot)
+	st, err := waitSlotFree(ctx, conn, cfg.Slot, cfg.SlotWait)
 	if err != nil {
 		return err
 	}
-	if st.active {
-		return fmt.Errorf("postgres: slot %q is in use by another connection (another ingest?)", cfg.Slot)
-	}
 	if st.exists && st.bootstrapped && !cfg.Rebootstrap && !docs.memLoaded() {
 		in.log.Warn("ingest: the memory projections' state is missing or was built for other projections; bootstrapping again", zap.String("slot", cfg.Slot))
+		st.bootstrapped = false
+	}
+	// The state is written before its LSN is confirmed, so a state behind
+	// the slot missed changes: another host's ingest led meanwhile (its
+	// --state-dir is not shared), or the file was restored from a backup.
+	if lsn := docs.memLSN(); st.exists && st.bootstrapped && !cfg.Rebootstrap && lsn != 0 && lsn < st.confirmed {
+		in.log.Warn("ingest: the memory projections' state is behind the slot (another ingest led with another --state-dir?); bootstrapping again",
+			zap.String("slot", cfg.Slot), zap.Stringer("state_lsn", lsn), zap.Stringer("slot_confirmed_lsn", st.confirmed))
 		st.bootstrapped = false
 	}
 	if st.exists && (cfg.Rebootstrap || !st.bootstrapped) {
@@ -166,6 +187,7 @@ func (in *Ingest) runOnce(ctx context.Context) error {
 	if err != nil {
 		return errFatal{fmt.Errorf("postgres: %w", err)}
 	}
+	withSessionParams(rcfg.RuntimeParams)
 	rcfg.RuntimeParams["replication"] = "database"
 	// pgoutput writes values with the walsender's output settings.
 	rcfg.RuntimeParams["DateStyle"] = "ISO"
@@ -344,6 +366,9 @@ func (r *reader) sendStatus(ctx context.Context, reply bool) error {
 	lsn := acked
 	if r.cur == nil && len(r.streamed) == 0 && r.pend == nil && acked >= r.received && r.walEnd > lsn {
 		lsn = r.walEnd
+		if err := r.docs.advance(lsn); err != nil {
+			return err
+		}
 	}
 	if lsn > pglogrepl.LSN(r.in.confirmed.Load()) {
 		r.in.confirmed.Store(uint64(lsn))

@@ -56,8 +56,30 @@ func newRig(t *testing.T, pg *pgtest.Server, mutate func(*cdc.Config)) *rig {
 	return r
 }
 
-// start runs an ingest on the rig's database and broker.
+// start runs an ingest on the rig's database and broker and waits until
+// it is ready.
 func (r *rig) start(mutate func(*cdc.Config)) {
+	r.t.Helper()
+	r.startStandby(mutate)
+	r.waitReady()
+}
+
+// startStandby runs an ingest that another ingest of the slot keeps
+// waiting: it returns once the ingest is a standby.
+func (r *rig) startStandby(mutate func(*cdc.Config)) {
+	r.t.Helper()
+	r.run(mutate)
+	deadline := time.Now().Add(20 * time.Second)
+	for !r.in.Standby() && !r.in.Ready() {
+		if time.Now().After(deadline) {
+			r.t.Fatal("ingest neither ready nor standby after 20s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// run starts an ingest on the rig's database and broker.
+func (r *rig) run(mutate func(*cdc.Config)) {
 	r.t.Helper()
 	cfg := cdc.Config{DSN: r.pg.DSN("postgres"), Broker: r.b, Logger: zaptest.NewLogger(r.t), StatusInterval: 100 * time.Millisecond, Retry: 100 * time.Millisecond}
 	if mutate != nil {
@@ -83,8 +105,13 @@ func (r *rig) start(mutate func(*cdc.Config)) {
 		}
 	}
 	r.t.Cleanup(r.stop)
+}
+
+// waitReady waits until the rig's ingest tails its slot.
+func (r *rig) waitReady() {
+	r.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
-	for !in.Ready() {
+	for !r.in.Ready() {
 		if time.Now().After(deadline) {
 			r.t.Fatal("ingest not ready after 20s")
 		}

@@ -182,3 +182,18 @@ func (s *memStore) persist(st *memState, acked pglogrepl.LSN) (pglogrepl.LSN, er
 	st.deltas = st.deltas[n:]
 	return end, nil
 }
+
+// advance moves the stored state's LSN to lsn when nothing is waiting to
+// be written: the ingest confirms an idle slot's WAL end, past the last
+// transaction the state holds, and a state behind its slot's confirmed
+// LSN would otherwise look stale (ingest.go bootstraps such a state).
+func (s *memStore) advance(st *memState, lsn pglogrepl.LSN) error {
+	if len(st.deltas) > 0 || lsn <= st.lsn {
+		return nil
+	}
+	if err := s.db.Update(func(tx *bolt.Tx) error { return s.putMeta(tx, lsn) }); err != nil {
+		return fmt.Errorf("memory state: persist: %w", err)
+	}
+	st.lsn = lsn
+	return nil
+}

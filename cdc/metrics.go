@@ -24,12 +24,14 @@ var (
 	descPublished = prometheus.NewDesc("fanwire_ingest_events_published_total", "Events the broker acknowledged.", nil, nil)
 	descBootRows  = prometheus.NewDesc("fanwire_ingest_bootstrap_rows_total", "Rows published by bootstraps.", nil, nil)
 	descReady     = prometheus.NewDesc("fanwire_ingest_ready", "1 while the ingest is tailing its slot.", nil, nil)
+	descStandby   = prometheus.NewDesc("fanwire_ingest_standby", "1 while the ingest waits for another ingest of its slot to end (failover).", nil, nil)
+	descTakeovers = prometheus.NewDesc("fanwire_ingest_takeovers_total", "Times this ingest took its slot over after waiting as a standby.", nil, nil)
 	descMemRows   = prometheus.NewDesc("fanwire_projection_memory_rows", "Rows the memory-mode projections hold.", nil, nil)
 	descMemBytes  = prometheus.NewDesc("fanwire_projection_memory_value_bytes", "Bytes of the encoded column values the memory-mode projections hold (the process's memory is more: maps and indexes).", nil, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descConfirmed, descWALEnd, descLagBytes, descLagSecs, descPublished, descBootRows, descReady, descMemRows, descMemBytes} {
+	for _, d := range []*prometheus.Desc{descConfirmed, descWALEnd, descLagBytes, descLagSecs, descPublished, descBootRows, descReady, descStandby, descTakeovers, descMemRows, descMemBytes} {
 		ch <- d
 	}
 	c.wal.Describe(ch)
@@ -54,6 +56,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPublished, prometheus.CounterValue, float64(in.published.Load()))
 	ch <- prometheus.MustNewConstMetric(descBootRows, prometheus.CounterValue, float64(in.bootRows.Load()))
 	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready)
+	standby := 0.0
+	if in.Standby() {
+		standby = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descStandby, prometheus.GaugeValue, standby)
+	ch <- prometheus.MustNewConstMetric(descTakeovers, prometheus.CounterValue, float64(in.takeovers.Load()))
 	rows, bytes := in.MemoryState()
 	ch <- prometheus.MustNewConstMetric(descMemRows, prometheus.GaugeValue, float64(rows))
 	ch <- prometheus.MustNewConstMetric(descMemBytes, prometheus.GaugeValue, float64(bytes))

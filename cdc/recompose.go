@@ -1100,6 +1100,24 @@ func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn) (*docEngine,
 // (false: it must be bootstrapped).
 func (e *docEngine) memLoaded() bool { return e == nil || e.mem == nil || e.mem.lsn != 0 }
 
+// advance stores that the memory state is at lsn, with no transaction
+// between its last one and lsn (an idle slot's WAL end, about to be
+// confirmed).
+func (e *docEngine) advance(lsn pglogrepl.LSN) error {
+	if e == nil || e.store == nil {
+		return nil
+	}
+	return e.store.advance(e.mem, lsn)
+}
+
+// memLSN is the LSN the memory state was stored at (0: none).
+func (e *docEngine) memLSN() pglogrepl.LSN {
+	if e == nil || e.mem == nil {
+		return 0
+	}
+	return e.mem.lsn
+}
+
 func (e *docEngine) close() {
 	if e.pool != nil {
 		e.pool.Close()

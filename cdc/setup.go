@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/jackc/pglogrepl"
 	"slices"
 	"strings"
 
@@ -131,6 +132,7 @@ type slotState struct {
 	exists       bool
 	bootstrapped bool
 	active       bool
+	confirmed    pglogrepl.LSN // the slot's confirmed_flush_lsn
 }
 
 func lookupSlot(ctx context.Context, conn *pgx.Conn, slot string) (slotState, error) {
@@ -138,8 +140,8 @@ func lookupSlot(ctx context.Context, conn *pgx.Conn, slot string) (slotState, er
 	if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+stateTable+" (slot text PRIMARY KEY, bootstrapped_lsn pg_lsn NOT NULL, bootstrapped_at timestamptz NOT NULL DEFAULT now())"); err != nil {
 		return st, fmt.Errorf("postgres: create %s (the ingest's bootstrap record): %w", stateTable, err)
 	}
-	var plugin string
-	err := conn.QueryRow(ctx, "SELECT plugin, active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&plugin, &st.active)
+	var plugin, confirmed string
+	err := conn.QueryRow(ctx, "SELECT plugin, active, coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&plugin, &st.active, &confirmed)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -148,6 +150,9 @@ func lookupSlot(ctx context.Context, conn *pgx.Conn, slot string) (slotState, er
 		return st, fmt.Errorf("postgres: slot %q exists with plugin %q, not pgoutput: drop it or choose another --slot", slot, plugin)
 	default:
 		st.exists = true
+		if st.confirmed, err = pglogrepl.ParseLSN(confirmed); err != nil {
+			return st, fmt.Errorf("postgres: slot %q confirmed_flush_lsn %q: %w", slot, confirmed, err)
+		}
 	}
 	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+stateTable+" WHERE slot = $1)", slot).Scan(&st.bootstrapped); err != nil {
 		return st, fmt.Errorf("postgres: read %s: %w", stateTable, err)

@@ -151,6 +151,11 @@ func runIngest(ctx context.Context, log *zap.Logger, f *ingestFlags, bf *brokerF
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, `{"status":"ok"}`) })
 		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if in.Standby() {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintln(w, `{"status":"standby"}`)
+				return
+			}
 			if !in.Ready() || !b.Ready() {
 				w.WriteHeader(http.StatusServiceUnavailable)
 				fmt.Fprintln(w, `{"status":"not ready"}`)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,34 +42,9 @@ func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			pg := pgtest.Start(t, pgtest.Config{})
 			pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY, v int)")
-			var args []string
-			var d broker.Durable
-			until := "js:1000000000" // past every event: a replay of everything
-			if kind == "redis" {
-				until = "rs:99999999999999-0"
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			switch kind {
-			case "jetstream":
-				ns := brokertest.NATS(t)
-				args = []string{"--broker", "jetstream", "--nats-url", ns.ClientURL(), "--subjects", "db.>", "--stream", "CDC"}
-				b, err := broker.DialJetStream(ctx, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "CDC"})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer b.Close()
-				d = b
-			case "redis":
-				url := "redis://" + brokertest.Redis(t)
-				args = []string{"--broker", "redis", "--redis-url", url, "--stream", "cdc"}
-				b, err := broker.DialRedis(ctx, broker.RedisConfig{URL: url, Stream: "cdc"})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer b.Close()
-				d = b
-			}
+			args, count := ingestBroker(ctx, t, kind)
 			port, err := freePort()
 			if err != nil {
 				t.Fatal(err)
@@ -80,41 +57,7 @@ func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
 			// Writers: 1,500 single-row transactions, while the ingest is
 			// killed and started again.
 			const n = 1500
-			written := make(chan error, 1)
-			go func() {
-				conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
-				if err != nil {
-					written <- err
-					return
-				}
-				defer conn.Close(context.Background())
-				for i := 1; i <= n; i++ {
-					if _, err := conn.Exec(ctx, "INSERT INTO t VALUES ($1, $1)", i); err != nil {
-						written <- err
-						return
-					}
-					if i%300 == 0 {
-						time.Sleep(50 * time.Millisecond)
-					}
-				}
-				written <- nil
-			}()
-			count := func() map[string]int {
-				ids := map[string]int{}
-				_ = d.Replay(ctx, []string{"db.>"}, "", until, func(ms []broker.Message) error {
-					for _, m := range ms {
-						var e struct {
-							Key any `json:"key"`
-						}
-						if err := json.Unmarshal(m.Data, &e); err != nil {
-							return err
-						}
-						ids[fmt.Sprint(e.Key)]++
-					}
-					return nil
-				})
-				return ids
-			}
+			written := writeRows(ctx, pg.DSN("postgres"), n)
 			// Kill it once events flow, then twice more.
 			cmd = killThrice(cmd, start, func() int { return len(count()) }, 300)
 			defer func() {
@@ -124,25 +67,211 @@ func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
 			if err := <-written; err != nil {
 				t.Fatal(err)
 			}
-			deadline := time.Now().Add(30 * time.Second)
-			var ids map[string]int
-			for {
-				ids = count()
-				if len(ids) == n || time.Now().After(deadline) {
-					break
-				}
-				time.Sleep(50 * time.Millisecond)
+			checkOnce(t, count, n, func() string {
+				logMu.Lock()
+				defer logMu.Unlock()
+				return logs.String()
+			})
+		})
+	}
+}
+
+// TestIngestFailover runs two ingest processes for one slot while
+// single-row transactions keep committing: one leads, the other waits as
+// a standby (not ready, fanwire_ingest_standby 1). Three times, the
+// leader is killed with SIGKILL: the standby takes over, and the killed
+// one is started again as the new standby. Every committed change is in
+// the broker exactly once, on JetStream and on Redis Streams. The
+// takeover times are logged (docs/benchmarks.md, "Ingest failover").
+func TestIngestFailover(t *testing.T) {
+	bin := buildBinary(t)
+	for _, kind := range []string{"jetstream", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			pg := pgtest.Start(t, pgtest.Config{})
+			pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY, v int)")
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			bargs, count := ingestBroker(ctx, t, kind)
+			var logs bytes.Buffer
+			var logMu sync.Mutex
+			type ingest struct {
+				addr  string
+				start func() *exec.Cmd
+				cmd   *exec.Cmd
 			}
-			for i := 1; i <= n; i++ {
-				if c := ids[fmt.Sprint(i)]; c != 1 {
-					logMu.Lock()
-					t.Fatalf("row %d is in the broker %d times (want exactly once); ingest logs:\n%s", i, c, logs.String())
+			var nodes [2]*ingest
+			for i := range nodes {
+				port, err := freePort()
+				if err != nil {
+					t.Fatal(err)
 				}
+				addr := fmt.Sprintf("127.0.0.1:%d", port)
+				args := append([]string{"ingest", "--pg", pg.DSN("postgres"), "--listen", addr, "--log-level", "info"}, bargs...)
+				nodes[i] = &ingest{addr: addr, start: starter(t, bin, args, &logs, &logMu)}
 			}
-			if len(ids) != n {
-				t.Fatalf("%d distinct keys, want %d", len(ids), n)
+			defer func() {
+				for _, n := range nodes {
+					if n.cmd != nil {
+						_ = n.cmd.Process.Kill()
+						_ = n.cmd.Wait()
+					}
+				}
+			}()
+			dump := func() string {
+				logMu.Lock()
+				defer logMu.Unlock()
+				return logs.String()
+			}
+			// waitFor polls an ingest's /readyz or /metrics until ok.
+			waitFor := func(n *ingest, what string, ok func(status int, body string) bool) {
+				t.Helper()
+				path := "/readyz"
+				if what == "standby" {
+					path = "/metrics"
+				}
+				deadline := time.Now().Add(30 * time.Second)
+				for time.Now().Before(deadline) {
+					if resp, err := http.Get("http://" + n.addr + path); err == nil {
+						body, _ := io.ReadAll(resp.Body)
+						resp.Body.Close()
+						if ok(resp.StatusCode, string(body)) {
+							return
+						}
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				t.Fatalf("ingest on %s never became %s; logs:\n%s", n.addr, what, dump())
+			}
+			ready := func(status int, _ string) bool { return status == http.StatusOK }
+			standby := func(_ int, body string) bool {
+				return strings.Contains(body, "\nfanwire_ingest_standby 1\n") && strings.Contains(body, "\nfanwire_ingest_ready 0\n")
+			}
+			leader, follower := nodes[0], nodes[1]
+			leader.cmd = leader.start()
+			waitFor(leader, "ready", ready)
+			follower.cmd = follower.start()
+			waitFor(follower, "standby", standby)
+
+			const n = 1500
+			written := writeRows(ctx, pg.DSN("postgres"), n)
+			for kill := 1; kill <= 3; kill++ {
+				deadline := time.Now().Add(30 * time.Second)
+				for len(count()) < kill*300 && time.Now().Before(deadline) {
+					time.Sleep(20 * time.Millisecond)
+				}
+				_ = leader.cmd.Process.Kill()
+				killed := time.Now()
+				_ = leader.cmd.Wait()
+				waitFor(follower, "ready", ready)
+				t.Logf("kill %d: the standby took over (ready) %v after the leader's SIGKILL", kill, time.Since(killed).Round(time.Millisecond))
+				leader.cmd = leader.start()
+				waitFor(leader, "standby", standby)
+				leader, follower = follower, leader
+			}
+			if err := <-written; err != nil {
+				t.Fatal(err)
+			}
+			checkOnce(t, count, n, dump)
+			if out := dump(); !strings.Contains(out, "taking over the slot") {
+				t.Fatalf("no takeover logged:\n%s", out)
 			}
 		})
+	}
+}
+
+// ingestBroker starts a broker of kind ("jetstream" or "redis") for an
+// ingest process: the ingest's broker flags, and a function that counts
+// the events in the broker by their key.
+func ingestBroker(ctx context.Context, t *testing.T, kind string) (args []string, count func() map[string]int) {
+	t.Helper()
+	var d broker.Durable
+	until := "js:1000000000" // past every event: a replay of everything
+	switch kind {
+	case "jetstream":
+		ns := brokertest.NATS(t)
+		args = []string{"--broker", "jetstream", "--nats-url", ns.ClientURL(), "--subjects", "db.>", "--stream", "CDC"}
+		b, err := broker.DialJetStream(ctx, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "CDC"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		d = b
+	case "redis":
+		until = "rs:99999999999999-0"
+		url := "redis://" + brokertest.Redis(t)
+		args = []string{"--broker", "redis", "--redis-url", url, "--stream", "cdc"}
+		b, err := broker.DialRedis(ctx, broker.RedisConfig{URL: url, Stream: "cdc"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		d = b
+	default:
+		t.Fatalf("no broker %q", kind)
+	}
+	return args, func() map[string]int {
+		ids := map[string]int{}
+		_ = d.Replay(ctx, []string{"db.>"}, "", until, func(ms []broker.Message) error {
+			for _, m := range ms {
+				var e struct {
+					Key any `json:"key"`
+				}
+				if err := json.Unmarshal(m.Data, &e); err != nil {
+					return err
+				}
+				ids[fmt.Sprint(e.Key)]++
+			}
+			return nil
+		})
+		return ids
+	}
+}
+
+// writeRows commits n single-row transactions into t, pausing a little
+// every 300 rows; the channel gets the outcome.
+func writeRows(ctx context.Context, dsn string, n int) <-chan error {
+	written := make(chan error, 1)
+	go func() {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			written <- err
+			return
+		}
+		defer conn.Close(context.Background())
+		for i := 1; i <= n; i++ {
+			if _, err := conn.Exec(ctx, "INSERT INTO t VALUES ($1, $1)", i); err != nil {
+				written <- err
+				return
+			}
+			if i%300 == 0 {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		written <- nil
+	}()
+	return written
+}
+
+// checkOnce waits up to 30 s for rows 1..n to be in the broker, then
+// fails unless each is there exactly once.
+func checkOnce(t *testing.T, count func() map[string]int, n int, logs func() string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var ids map[string]int
+	for {
+		ids = count()
+		if len(ids) == n || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for i := 1; i <= n; i++ {
+		if c := ids[fmt.Sprint(i)]; c != 1 {
+			t.Fatalf("row %d is in the broker %d times (want exactly once); ingest logs:\n%s", i, c, logs())
+		}
+	}
+	if len(ids) != n {
+		t.Fatalf("%d distinct keys, want %d", len(ids), n)
 	}
 }
 

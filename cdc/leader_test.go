@@ -1,0 +1,106 @@
+package cdc_test
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/fanwire/fanwire/cdc"
+	"github.com/fanwire/fanwire/cdc/pgtest"
+	"github.com/jackc/pglogrepl"
+)
+
+// TestStandbyTakesOver runs two ingests for one slot: the second waits as
+// a standby, not ready, until the first stops, then takes over where the
+// first confirmed. (cmd/fanwire's TestIngestFailover kills processes.)
+func TestStandbyTakesOver(t *testing.T) {
+	pg := pgtest.Start(t, pgtest.Config{})
+	pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t VALUES (1, 'a')")
+	r := newRig(t, pg, nil)
+	r.events(1)
+	leader, stopLeader := r.in, r.stop
+
+	r.startStandby(nil)
+	if !r.in.Standby() || r.in.Ready() {
+		t.Fatalf("second ingest: standby %v, ready %v; want a standby, not ready", r.in.Standby(), r.in.Ready())
+	}
+	pg.Exec("postgres", "INSERT INTO t VALUES (2, 'b')")
+	r.events(2) // the leader still streams
+	stopLeader()
+	if leader.Ready() {
+		t.Fatal("the stopped leader is ready")
+	}
+	r.waitReady()
+	pg.Exec("postgres", "UPDATE t SET v = 'x' WHERE id = 1")
+	evs := r.events(3)
+	if got := ops(evs); got != "insert db.t.1\ninsert db.t.2\nupdate db.t.1\n" {
+		t.Fatalf("events across the takeover:\n%s", got)
+	}
+}
+
+// TestMemoryStateBehindTheSlotBootstraps: a memory state older than what
+// its slot confirmed (another host's ingest led meanwhile with its own
+// --state-dir, or a restored backup) missed changes; the ingest bootstraps
+// again rather than compose documents from it. A state that is merely idle
+// (the slot confirmed heartbeats past its last transaction) is kept.
+func TestMemoryStateBehindTheSlotBootstraps(t *testing.T) {
+	pg := pgtest.Start(t, pgtest.Config{})
+	pg.Exec("postgres", randomSchema()...)
+	pg.Exec("postgres", "INSERT INTO orders VALUES (1, 'new', NULL)", "INSERT INTO order_items VALUES (7, 1, 'a', 1)")
+	dir, stale := t.TempDir(), t.TempDir()
+	cfg := func(dir string) func(*cdc.Config) {
+		return func(c *cdc.Config) {
+			c.Projections = ordersProjection(cdc.ModeMemory)
+			c.StateDir = dir
+			c.Heartbeat = 50 * time.Millisecond
+		}
+	}
+	r := newRig(t, pg, cfg(dir))
+	boot := r.events(1) // the bootstrap
+	r.stop()
+	if err := os.CopyFS(stale, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Idle: heartbeats move the slot past the state's last transaction.
+	r.start(cfg(dir))
+	r.confirmedPast(boot[0].LSN)
+	r.stop()
+	r.start(cfg(dir))
+	pg.Exec("postgres", "UPDATE orders SET status = 'paid' WHERE id = 1")
+	evs := r.events(2) // no second bootstrap
+	paid := `upsert db.orders.1 {"id":1,"status":"paid","customer_id":null,"items":[{"id":7,"sku":"a","qty":1,"notes":[]}],"customer":null}` + "\n"
+	if got := docLines(evs[1:]); got != paid {
+		t.Fatalf("after restarting on an idle state:\n%s", got)
+	}
+	if n := r.in.Published(); n != 1 {
+		t.Fatalf("after restarting on an idle state, %d events published; want 1: the update, no bootstrap (a repeated one is dropped by JetStream as a duplicate)", n)
+	}
+	r.confirmedPast(evs[1].LSN)
+	r.stop()
+
+	// The stale copy missed the update: it must not be used.
+	r.start(cfg(stale))
+	pg.Exec("postgres", "UPDATE order_items SET qty = 5 WHERE id = 7")
+	evs = r.events(4) // the bootstrap again, then the update
+	want := `upsert db.orders.1 {"id":1,"status":"paid","customer_id":null,"items":[{"id":7,"sku":"a","qty":5,"notes":[]}],"customer":null}` + "\n"
+	if got := docLines(evs[2:]); got != paid+want {
+		t.Fatalf("after starting on a stale state:\n%s", got)
+	}
+}
+
+// confirmedPast waits until the ingest confirmed a position past lsn to
+// PostgreSQL.
+func (r *rig) confirmedPast(lsn string) {
+	r.t.Helper()
+	at, err := pglogrepl.ParseLSN(lsn)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); r.in.Confirmed() <= at; {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("confirmed %s, never past %s", r.in.Confirmed(), at)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
