@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/golang-jwt/jwt/v5"
 )
 
 // /graphql is tested here with real third-party clients: the npm graphql-ws
@@ -93,10 +94,24 @@ type nodeClient struct {
 // the client disposes of itself and exits, and waits for the process.
 func startNode(t *testing.T, e *env) *nodeClient {
 	t.Helper()
+	return startNodeWithTokens(t, e, nil)
+}
+
+// startNodeWithTokens is startNode with a token for each connection
+// attempt, renewing the connection when it closes (client.mjs).
+func startNodeWithTokens(t *testing.T, e *env, tokens []string) *nodeClient {
+	t.Helper()
 	node := requireGraphQLFixture(t)
 	url := "ws" + strings.TrimPrefix(e.http.URL, "http") + "/graphql"
 	cmd := exec.Command(node, "client.mjs", url)
 	cmd.Dir = graphqlFixture
+	if tokens != nil {
+		b, err := json.Marshal(tokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Env = append(os.Environ(), "FANWIRE_TOKENS="+string(b))
+	}
 	nc := &nodeClient{t: t, lines: make(chan string, 1024), stderr: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = nc.stderr
 	var err error
@@ -441,4 +456,33 @@ func TestGraphQLNodeQuery(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGraphQLNodeTokenExpiryReconnects: graphql-transport-ws has no
+// message to renew a token, so a connection whose token expires is closed
+// with 4001, which graphql-ws retries: it connects again with fresh
+// connectionParams (here the next token) and subscribes again, and events
+// flow on under the new token.
+func TestGraphQLNodeTokenExpiryReconnects(t *testing.T) {
+	requireGraphQLFixture(t)
+	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnvOn(t, "nats", func(c *gateway.Config) { c.Subjects = []string{"app.>"}; c.Authenticate = a.Grant })
+	token := func(exp time.Time) string {
+		return sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", jwt.MapClaims{"sub": "u1", "exp": exp.Unix(), "subscribe": []any{"app.>"}})
+	}
+	// JWT exp has second precision: the first token expires 2-3 s from now.
+	soon := time.Now().Add(2 * time.Second).Truncate(time.Second).Add(time.Second)
+	nc := startNodeWithTokens(t, e, []string{token(soon), token(time.Now().Add(time.Hour))})
+	nc.subscribe("a", nodeEventsQuery, map[string]any{"s": "app.>"})
+	e.waitSubscriptions(1)
+	e.publishAPI(pubEvent{"app.x", `{"n":1}`})
+	nc.expect(gqlEventLine("a", "app.x", "", `{"n":1}`))
+	nc.expect(`{"closed":{"code":4001,"reason":"token expired: reconnect with a new one"}}`)
+	nc.expect(`{"connected":true}`)
+	e.waitSubscriptions(1)
+	e.publishAPI(pubEvent{"app.x", `{"n":2}`})
+	nc.expect(gqlEventLine("a", "app.x", "", `{"n":2}`))
 }

@@ -21,6 +21,12 @@
 //	{"unsubscribed":"a"}                          after the unsubscribe call returned
 //	{"closed":{"code":1000,"reason":"..."}}       the socket closed
 //
+// With FANWIRE_TOKENS set to a JSON array of tokens, each connection
+// attempt sends the next token in its connection_init payload ({"token"};
+// the last one is used again), and a closed connection is retried at once,
+// up to 5 times, with graphql-ws re-subscribing what is active: how an
+// application renews an expiring token (close 4001).
+//
 // Payloads are printed with JSON.stringify, which keeps the server's key
 // order, so the test can compare lines byte for byte. The process exits 2
 // (after printing {"fatal":"..."}) if it is still running after 10 s.
@@ -48,11 +54,16 @@ const describe = (e) => {
   return { message: String(e?.message ?? e) };
 };
 
+const tokens = process.env.FANWIRE_TOKENS ? JSON.parse(process.env.FANWIRE_TOKENS) : null;
+let attempt = 0;
+
 const client = createClient({
   url,
   webSocketImpl: WebSocket,
   lazy: false,
-  retryAttempts: 0,
+  retryAttempts: tokens ? 5 : 0,
+  retryWait: async () => {},
+  connectionParams: tokens ? () => ({ token: tokens[Math.min(attempt++, tokens.length - 1)] }) : undefined,
   onNonLazyError: (e) => out({ error: describe(e) }),
   on: {
     connected: () => out({ connected: true }),
