@@ -203,7 +203,7 @@ func spawnGateway(ctx context.Context, role string, extra []string) (*devChild, 
 			return nil, fmt.Errorf("spawn: %w", err)
 		}
 		ch.ns, ch.natsURL = ns, ns.ClientURL()
-		args = []string{"ws", "--nats-url", ns.ClientURL()}
+		args = []string{"ws", "--nats-url", ns.ClientURL(), "--allow-anonymous"}
 	default:
 		return nil, fmt.Errorf("--spawn-role %q: want dev or ws", role)
 	}

@@ -75,7 +75,7 @@ func TestRedisClusterWantsHashTag(t *testing.T) {
 	t.Setenv("FANWIRE_REDIS_CLUSTER", "true")
 	var out, errOut bytes.Buffer
 	code := run([]string{"ws", "--broker", "redis", "--redis-url", "redis://127.0.0.1:1", "--stream", "FANWIRE",
-		"--listen", "127.0.0.1:0", "--log-level", "error"}, &out, &errOut)
+		"--listen", "127.0.0.1:0", "--log-level", "error", "--allow-anonymous"}, &out, &errOut)
 	if code == 0 || !strings.Contains(errOut.String(), "hash tag") || !strings.Contains(errOut.String(), "{FANWIRE}") {
 		t.Errorf("ws --redis-cluster --stream FANWIRE: exit %d, %q; want a failure asking for a hash tag such as {FANWIRE}", code, errOut.String())
 	}
@@ -150,5 +150,21 @@ func TestDevShutsDownGracefullyOnSIGTERM(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "data", "nats")); err != nil {
 		t.Errorf("embedded NATS store not under --data-dir: %v", err)
+	}
+}
+
+// TestWSWithoutAuthenticationNeedsAllowAnonymous: ws with no JWT key
+// refuses to start, naming both ways out, before it connects to anything;
+// a bad --anonymous-grants pattern is refused too.
+func TestWSWithoutAuthenticationNeedsAllowAnonymous(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run([]string{"ws", "--nats-url", "nats://127.0.0.1:1", "--listen", "127.0.0.1:0", "--log-level", "error"}, &out, &errOut)
+	if code == 0 || !strings.Contains(errOut.String(), "--allow-anonymous") || !strings.Contains(errOut.String(), "--jwt-secret-file") {
+		t.Errorf("ws without a key: exit %d, %q; want a failure naming --jwt-secret-file and --allow-anonymous", code, errOut.String())
+	}
+	errOut.Reset()
+	code = run([]string{"ws", "--nats-url", "nats://127.0.0.1:1", "--allow-anonymous", "--anonymous-grants", "a.>.b", "--listen", "127.0.0.1:0", "--log-level", "error"}, &out, &errOut)
+	if code == 0 || !strings.Contains(errOut.String(), "--anonymous-grants") {
+		t.Errorf("bad --anonymous-grants: exit %d, %q", code, errOut.String())
 	}
 }

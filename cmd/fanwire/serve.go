@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -70,8 +71,8 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.jwtJWKSFile, "jwt-jwks-file", "", "JSON Web Key Set file with the RS256/ES256 public keys that sign connection tokens")
 	fs.StringVar(&f.jwtIssuer, "jwt-issuer", "", "when set, a token's iss must equal it")
 	fs.StringVar(&f.jwtAudience, "jwt-audience", "", "when set, a token's aud must contain it")
-	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", dev, "with a JWT key configured: admit connections without a token, with --anonymous-grants")
-	fs.Var(&f.anonymousGrants, "anonymous-grants", "subject patterns anonymous connections may subscribe to, comma-separated (default none)")
+	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", dev, "admit connections without a token, with --anonymous-grants; without a JWT key, ws refuses to start unless this is set (every connection would be anonymous)")
+	fs.Var(&f.anonymousGrants, "anonymous-grants", "subject patterns anonymous connections may subscribe to, comma-separated (default: none with a JWT key, every subject without one)")
 	fs.StringVar(&f.apiKeysFile, "api-keys-file", "", "file of POST /api/publish keys, one per line: name key [patterns,comma-separated] (none: publish anywhere); # starts a comment")
 	fs.StringVar(&f.apiKey, "api-key", "", "when set, POST /api/publish requires Authorization: Bearer <key>")
 	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
@@ -215,6 +216,12 @@ func devCommand() *command {
 // gracefully: stop accepting, drain and close every connection with 1001,
 // stop consuming, close the broker.
 func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.Server) error {
+	// Credentials first: a missing key file or a gateway that would admit
+	// anyone by accident fails before anything connects.
+	authenticate, err := f.authenticator()
+	if err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -234,19 +241,6 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	apiKeys, err := loadAPIKeys(f.apiKeysFile)
 	if err != nil {
 		return err
-	}
-	var authenticate gateway.Authenticator
-	if f.jwtSecretFile != "" || f.jwtJWKSFile != "" {
-		auth, err := gateway.NewJWTAuth(gateway.JWTConfig{
-			SecretFile: f.jwtSecretFile, JWKSFile: f.jwtJWKSFile, Issuer: f.jwtIssuer, Audience: f.jwtAudience,
-			AllowAnonymous: f.allowAnonymous, AnonymousGrants: f.anonymousGrants,
-		})
-		if err != nil {
-			return err
-		}
-		authenticate = auth.Grant
-	} else if f.jwtIssuer != "" || f.jwtAudience != "" {
-		return errors.New("--jwt-issuer and --jwt-audience need a key: --jwt-secret-file or --jwt-jwks-file")
 	}
 	srv, err := gateway.New(gateway.Config{
 		Broker:              b,
@@ -363,4 +357,40 @@ func loadAPIKeys(path string) ([]gateway.APIKey, error) {
 		keys = append(keys, k)
 	}
 	return keys, nil
+}
+
+// authenticator is the connections' authentication. With a JWT key every
+// connection needs a valid token, unless --allow-anonymous admits those
+// without one (with --anonymous-grants). Without a key, connections are
+// anonymous, which must be asked for with --allow-anonymous (on in dev):
+// they may subscribe to --anonymous-grants, or without those to every
+// subject the gateway serves.
+func (f *wsFlags) authenticator() (gateway.Authenticator, error) {
+	for _, p := range f.anonymousGrants {
+		if err := gateway.ValidatePattern(p); err != nil {
+			return nil, fmt.Errorf("--anonymous-grants: %w", err)
+		}
+	}
+	if f.jwtSecretFile != "" || f.jwtJWKSFile != "" {
+		auth, err := gateway.NewJWTAuth(gateway.JWTConfig{
+			SecretFile: f.jwtSecretFile, JWKSFile: f.jwtJWKSFile, Issuer: f.jwtIssuer, Audience: f.jwtAudience,
+			AllowAnonymous: f.allowAnonymous, AnonymousGrants: f.anonymousGrants,
+		})
+		if err != nil {
+			return nil, err
+		}
+		return auth.Grant, nil
+	}
+	if f.jwtIssuer != "" || f.jwtAudience != "" {
+		return nil, errors.New("--jwt-issuer and --jwt-audience need a key: --jwt-secret-file or --jwt-jwks-file")
+	}
+	if !f.allowAnonymous {
+		return nil, errors.New("no authentication configured: give --jwt-secret-file or --jwt-jwks-file so that connections need a token, or --allow-anonymous to admit every connection without one (fanwire dev does)")
+	}
+	if len(f.anonymousGrants) == 0 {
+		return nil, nil // every subject of --subjects
+	}
+
+	grants := &gateway.Grants{Subscribe: f.anonymousGrants, Subject: "anonymous"}
+	return func(context.Context, *http.Request, json.RawMessage) (*gateway.Grants, error) { return grants, nil }, nil
 }
