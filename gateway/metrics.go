@@ -24,7 +24,7 @@ type Metrics struct {
 	DispatchLatency prometheus.Histogram
 	DispatchPaced   prometheus.Counter
 
-	PublishRequests *prometheus.CounterVec // result: ok, bad_request, unauthorized, broker_error
+	PublishRequests *prometheus.CounterVec // result: ok, unauthorized, broker_error, or a refusal's code (bad_request, bad_subject, forbidden, forbidden_origin, too_large)
 	PublishedEvents prometheus.Counter
 }
 

@@ -96,8 +96,11 @@ func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
+// publishError answers a refused publish; the metric counts it by its
+// code (a fixed set: bad_request, bad_subject, forbidden, forbidden_origin,
+// too_large).
 func (s *Server) publishError(w http.ResponseWriter, status int, e apiError) {
-	s.metrics.PublishRequests.WithLabelValues("bad_request").Inc()
+	s.metrics.PublishRequests.WithLabelValues(e.Code).Inc()
 	writeJSON(w, status, e)
 }
 

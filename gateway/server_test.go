@@ -450,6 +450,9 @@ func TestPublishBodyTooLarge(t *testing.T) {
 	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "too_large") {
 		t.Fatalf("status %d %s, want 413 too_large", resp.StatusCode, b)
 	}
+	if n := e.metric("fanwire_publish_requests_total", map[string]string{"result": "too_large"}); n != 1 {
+		t.Fatalf(`fanwire_publish_requests_total{result="too_large"} = %v, want 1`, n)
+	}
 }
 
 // TestUnansweredPingCloses uses a client that never reads, so it never
