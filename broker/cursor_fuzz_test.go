@@ -3,6 +3,7 @@ package broker_test
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -46,12 +47,10 @@ func FuzzCursors(f *testing.F) {
 				return false
 			}
 			ms, seq, _ := strings.Cut(id, "-")
-			var m, s uint64
-			if _, err := fmt.Sscan(ms, &m); err != nil {
-				t.Fatalf("accepted %q: %v", c, err)
-			}
-			if _, err := fmt.Sscan(seq, &s); err != nil {
-				t.Fatalf("accepted %q: %v", c, err)
+			m, err1 := strconv.ParseUint(ms, 10, 64)
+			s, err2 := strconv.ParseUint(seq, 10, 64)
+			if err1 != nil || err2 != nil {
+				t.Fatalf("accepted %q: %v, %v", c, err1, err2)
 			}
 			canon := fmt.Sprintf("%s%d-%d", broker.CursorPrefixRedis, m, s)
 			if n, err := rs.CompareCursors(c, canon); err != nil || n != 0 {
