@@ -9,7 +9,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type Metrics struct {
 	Connections         prometheus.Gauge
 	ConnectionsAccepted prometheus.Counter
-	ConnectionsRejected *prometheus.CounterVec // reason: max_connections, shutting_down, bad_upgrade
+	ConnectionsRejected *prometheus.CounterVec // reason: max_connections, max_connections_per_ip, shutting_down, bad_upgrade, bad_subprotocol, unauthorized, handshake_timeout
 	Disconnects         *prometheus.CounterVec // reason: client, slow_consumer, policy, shutdown, ping_timeout, write_error, read_limit
 	Subscriptions       prometheus.Gauge
 	SlowConsumers       prometheus.Counter     // mailbox overflows found (each connection is then closed with 4008)

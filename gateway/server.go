@@ -42,9 +42,10 @@ type Server struct {
 	ctx    context.Context // cancelled by Shutdown when its deadline passes
 	cancel context.CancelFunc
 
-	nconns    atomic.Int64
-	perIP     ipCounts
-	consuming atomic.Bool
+	nconns     atomic.Int64
+	perIP      ipCounts
+	handshakes handshakes
+	consuming  atomic.Bool
 
 	mu       sync.Mutex
 	conns    map[*conn]struct{} // guarded by mu
@@ -81,6 +82,9 @@ func New(cfg Config) (*Server, error) {
 	s.hub.keepRecent = s.durable != nil
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.invalidLogs = rateLimiter{every: 10 * time.Second}
+	s.handshakes = handshakes{timeout: cfg.HandshakeTimeout, rejected: func() {
+		m.ConnectionsRejected.WithLabelValues("handshake_timeout").Inc()
+	}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ws", s.serveWS)
 	s.gqlHTTP = s.newGraphQL()
@@ -107,7 +111,8 @@ func (s *Server) CountDropped(reason string, n int) {
 	s.metrics.EventsDropped.WithLabelValues(reason).Add(float64(n))
 }
 
-// Handler returns the HTTP handler serving every endpoint.
+// Handler returns the HTTP handler serving every endpoint. Serve it with
+// HTTPServer, which bounds the handshake.
 func (s *Server) Handler() http.Handler { return s.mux }
 
 // Metrics returns the server's metrics (for tests).

@@ -52,6 +52,7 @@ type wsFlags struct {
 	readLimit        int64
 	maxFrameBytes    int
 	maxPace          time.Duration
+	handshakeTimeout time.Duration
 	pingInterval     time.Duration
 	pingTimeout      time.Duration
 	shutdownTimeout  time.Duration
@@ -85,6 +86,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.Int64Var(&f.readLimit, "read-limit", 64<<10, "largest client frame in bytes; over it: close 1009")
 	fs.IntVar(&f.maxFrameBytes, "max-frame-bytes", 64<<10, "the writer coalesces queued messages into frames up to this size")
 	fs.DurationVar(&f.maxPace, "max-pace", 50*time.Millisecond, "when most clients' mailboxes are over half full (node saturated), the dispatcher waits up to this long per batch for them to drain instead of disconnecting them; negative: never wait")
+	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 10*time.Second, "a connection must send its request headers (for /ws: the WebSocket upgrade) within this of connecting, or it is closed without an answer")
 	fs.DurationVar(&f.pingInterval, "ping-interval", 30*time.Second, "server WebSocket ping period")
 	fs.DurationVar(&f.pingTimeout, "ping-timeout", 10*time.Second, "a ping unanswered this long closes the connection")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT: time to drain and close connections with 1001 before cutting them")
@@ -262,6 +264,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		ReadLimit:           f.readLimit,
 		MaxFrameBytes:       f.maxFrameBytes,
 		MaxPace:             f.maxPace,
+		HandshakeTimeout:    f.handshakeTimeout,
 		PingInterval:        f.pingInterval,
 		PingTimeout:         f.pingTimeout,
 		APIKey:              f.apiKey,
@@ -282,12 +285,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	hs := &http.Server{
-		Handler:           srv.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		ErrorLog:          zap.NewStdLog(log.Named("http")),
-	}
+	hs := srv.HTTPServer()
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
 	g, gctx := errgroup.WithContext(ctx)
