@@ -292,6 +292,18 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		}
 	}()
 
+	if !isWebSocketUpgrade(r) { // only on /ws: /graphql answers plain requests over HTTP
+		// A plain request on /ws is a mistake or a probe. The websocket
+		// library would answer 426 and keep the connection alive for
+		// another request, for the 120 s idle timeout: close it instead.
+		// net/http closes only when the first Connection value is exactly
+		// "close"; "Upgrade" must be listed too beside an Upgrade header.
+		s.metrics.ConnectionsRejected.WithLabelValues("bad_upgrade").Inc()
+		w.Header().Set("Upgrade", "websocket")
+		w.Header()["Connection"] = []string{"close", "Upgrade"}
+		writeJSON(w, http.StatusUpgradeRequired, apiError{Error: "this endpoint speaks WebSocket only: send an upgrade request", Code: "bad_upgrade"})
+		return
+	}
 	var grants *Grants
 	if !gql && s.cfg.Authenticate != nil {
 		// The native protocol has no init message: credentials come with
