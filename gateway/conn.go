@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 	"go.uber.org/zap"
@@ -260,6 +261,8 @@ func (c *conn) disconnectReason(readErr error) string {
 		return "policy"
 	case CloseTokenExpired:
 		return "token_expired"
+	case CloseInvalidUTF8:
+		return "invalid_utf8"
 	}
 	switch {
 	case c.pingFailed.Load():
@@ -278,13 +281,19 @@ func (c *conn) readLoop() error {
 		if err != nil {
 			return err
 		}
+		if c.closeCode.Load() != 0 {
+			continue // closing: read on until the peer's close frame, act on nothing
+		}
+		if typ == websocket.MessageText && !utf8.Valid(data) {
+			// RFC 6455 §8.1: a text message that is not UTF-8 fails the
+			// connection. The websocket library does not check, and
+			// encoding/json would quietly turn the bad bytes into U+FFFD
+			// and act on a message the client did not send.
+			c.closeWith(CloseInvalidUTF8, "text message is not valid UTF-8")
+			continue
+		}
 		if !c.rate.allow(time.Now(), c.s.cfg.MaxMessageRate) {
-			if c.gql != nil { // the protocol has no error without an operation
-				c.s.metrics.ClientErrors.WithLabelValues(CodeRateLimited).Inc()
-				c.closeWith(ClosePolicy, "message rate over the limit")
-				continue
-			}
-			c.clientError("", CodeRateLimited, "over "+strconv.Itoa(c.s.cfg.MaxMessageRate)+" messages per second: this one was dropped")
+			c.overRate()
 			continue
 		}
 		if c.gql != nil {
@@ -297,6 +306,17 @@ func (c *conn) readLoop() error {
 		}
 		c.handle(data)
 	}
+}
+
+// overRate reports a client message over MaxMessageRate, which was
+// dropped. Called by the reader only.
+func (c *conn) overRate() {
+	if c.gql != nil { // the protocol has no error without an operation
+		c.s.metrics.ClientErrors.WithLabelValues(CodeRateLimited).Inc()
+		c.closeWith(ClosePolicy, "message rate over the limit")
+		return
+	}
+	c.clientError("", CodeRateLimited, "over "+strconv.Itoa(c.s.cfg.MaxMessageRate)+" messages per second: this one was dropped")
 }
 
 func (c *conn) handle(data []byte) {
