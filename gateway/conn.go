@@ -319,6 +319,25 @@ func (c *conn) overRate() {
 	c.clientError("", CodeRateLimited, "over "+strconv.Itoa(c.s.cfg.MaxMessageRate)+" messages per second: this one was dropped")
 }
 
+// onPing is the websocket library's callback for a client's WebSocket
+// ping; it reports whether to answer with a pong. A ping is a client
+// message like any other: over MaxMessageRate it gets no pong and counts
+// as rate_limited, so a ping flood costs a read per ping, not a write,
+// and soon closes the connection (1008) like any flood. The library calls
+// it inside Read, on the reader, except while Close waits for the peer's
+// close frame (on the writer, after a close was requested): then it
+// touches nothing of the reader's and sends no more pongs.
+func (c *conn) onPing(context.Context, []byte) bool {
+	if c.closeCode.Load() != 0 {
+		return false
+	}
+	if c.rate.allow(time.Now(), c.s.cfg.MaxMessageRate) {
+		return true
+	}
+	c.overRate()
+	return false
+}
+
 func (c *conn) handle(data []byte) {
 	f, err := parseClientFrame(data)
 	if err != nil {

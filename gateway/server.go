@@ -315,9 +315,11 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 			return
 		}
 	}
+	var c *conn // set before the connection reads: pings arrive only then
 	opts := &websocket.AcceptOptions{
 		OriginPatterns:  s.cfg.AllowedOrigins,
 		CompressionMode: websocket.CompressionDisabled,
+		OnPingReceived:  func(ctx context.Context, p []byte) bool { return c.onPing(ctx, p) },
 	}
 	if gql {
 		// Listed in order of preference: the library picks the first the
@@ -337,7 +339,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		_ = ws.Close(CloseSubprotocol, "Subprotocol not acceptable: offer graphql-transport-ws (or graphql-ws)")
 		return
 	}
-	c := &conn{
+	c = &conn{
 		s:      s,
 		ws:     ws,
 		fw:     fw,
