@@ -33,7 +33,7 @@ type Config struct {
 	PingTimeout         time.Duration // a ping not answered in this time closes the connection (default 10s)
 	CloseTimeout        time.Duration // how long a close (1001, 4008, 1008) may take before the socket is cut (default 5s)
 	MaxClientErrors     int           // protocol errors per ErrorWindow before close 1008 (default 100)
-	MaxMessageRate      int           // client messages per second per connection, burst twice that; over it a message is dropped with rate_limited (GraphQL: close 1008) (default 100; negative: no limit)
+	MaxMessageRate      int           // client messages (WebSocket pings included) per second per connection, burst twice that; over it a message is dropped with rate_limited, a ping gets no pong (GraphQL: close 1008) (default 100; negative: no limit)
 	ErrorWindow         time.Duration // default 10s
 	// HandshakeTimeout bounds the time from a TCP accept to the end of its
 	// first request's headers (for /ws, to the WebSocket upgrade); later

@@ -80,7 +80,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.IntVar(&f.maxConnections, "max-connections", 100_000, "connections over this get 503 with Retry-After; /readyz is not ready from 90% of it")
 	fs.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "connections from one client address over this get 429 with Retry-After (0: no cap; behind a load balancer every client has its address)")
 	fs.IntVar(&f.maxSubscriptions, "max-subscriptions", 256, "subscriptions per connection")
-	fs.IntVar(&f.maxMessageRate, "max-message-rate", 100, "client messages per second per connection (burst twice that); over it a message is dropped with rate_limited (GraphQL: close 1008); negative: no limit")
+	fs.IntVar(&f.maxMessageRate, "max-message-rate", 100, "client messages (WebSocket pings included) per second per connection (burst twice that); over it a message is dropped with rate_limited, a ping gets no pong (GraphQL: close 1008); negative: no limit")
 	fs.IntVar(&f.mailboxMessages, "mailbox-messages", 4096, "per-connection queue bound in messages; over it: close 4008 (slow consumer)")
 	fs.IntVar(&f.mailboxBytes, "mailbox-bytes", 4<<20, "per-connection queue bound in bytes; over it: close 4008 (slow consumer)")
 	fs.Int64Var(&f.readLimit, "read-limit", 64<<10, "largest client frame in bytes; over it: close 1009")
