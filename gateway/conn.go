@@ -263,6 +263,12 @@ func (c *conn) disconnectReason(readErr error) string {
 		return "token_expired"
 	case CloseInvalidUTF8:
 		return "invalid_utf8"
+	case CloseInitTimeout:
+		return "init_timeout"
+	case CloseForbidden:
+		return "unauthorized"
+	case CloseBadRequest, CloseUnauthorized, CloseSubscriberExists, CloseTooManyInitialise:
+		return "protocol_error"
 	}
 	switch {
 	case c.pingFailed.Load():

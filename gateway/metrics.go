@@ -10,7 +10,7 @@ type Metrics struct {
 	Connections         prometheus.Gauge
 	ConnectionsAccepted prometheus.Counter
 	ConnectionsRejected *prometheus.CounterVec // reason: max_connections, max_connections_per_ip, shutting_down, bad_upgrade, bad_subprotocol, unauthorized, handshake_timeout
-	Disconnects         *prometheus.CounterVec // reason: client, slow_consumer, policy, shutdown, ping_timeout, write_error, read_limit
+	Disconnects         *prometheus.CounterVec // reason: client, slow_consumer, policy, shutdown, ping_timeout, write_error, read_limit, token_expired, invalid_utf8; GraphQL: init_timeout (4408), unauthorized (4403), protocol_error (4400, 4401, 4409, 4429)
 	Subscriptions       prometheus.Gauge
 	SlowConsumers       prometheus.Counter     // mailbox overflows found (each connection is then closed with 4008)
 	ClientErrors        *prometheus.CounterVec // code: the protocol error code
