@@ -49,6 +49,7 @@ func TestHostileClients(t *testing.T) {
 		c.PingTimeout = 2 * time.Second
 		c.CloseTimeout = time.Second
 		c.MaxSubscriptions = 32
+		c.GraphQLInitTimeout = 500 * time.Millisecond
 	})
 	feed := startFeed(t, e, 4, "feed.seq")
 	base := measureFootprint()
@@ -69,6 +70,7 @@ func TestHostileClients(t *testing.T) {
 		{"binary frames", abuseBinaryFrames},
 		{"ping floods", abusePingFlood},
 		{"subscribe/unsubscribe storms", abuseSubscriptionStorm},
+		{"GraphQL: no init, garbage, ping flood", abuseGraphQL},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			sc.run(t, e)
@@ -519,6 +521,57 @@ func abuseSubscriptionStorm(t *testing.T, e *env) {
 	}
 }
 
+// abuseGraphQL: on /graphql, a connection that never sends
+// connection_init is closed with 4408 (its handshake timeout), garbage gets
+// 4400, and a flood (of WebSocket pings here) 1008 at once: the protocol
+// has no error without an operation.
+func abuseGraphQL(t *testing.T, e *env) {
+	reason := func(r string) float64 {
+		return e.metric("fanwire_disconnects_total", map[string]string{"reason": r})
+	}
+	init0, proto0, policy0 := reason("init_timeout"), reason("protocol_error"), reason("policy")
+
+	silent := upgradeRawTo(t, e, "/graphql", "graphql-transport-ws", 0)
+	defer silent.Close()
+	if code, _ := silent.closeCode(t, 10*time.Second); code != gateway.CloseInitTimeout {
+		t.Fatalf("GraphQL without connection_init: close %v, want 4408", code)
+	}
+
+	garbage := upgradeRawTo(t, e, "/graphql", "graphql-transport-ws", 0)
+	defer garbage.Close()
+	garbage.send(t, websocket.MessageText, `{"type":"connection_init"}`)
+	garbage.expectText(t, `{"type":"connection_ack"`)
+	garbage.send(t, websocket.MessageText, `{"type":"subscribe","id":"1","payload":{"query":`)
+	if code, _ := garbage.closeCode(t, 10*time.Second); code != gateway.CloseBadRequest {
+		t.Fatalf("GraphQL garbage: close %v, want 4400", code)
+	}
+
+	flood := upgradeRawTo(t, e, "/graphql", "graphql-transport-ws", 0)
+	defer flood.Close()
+	flood.send(t, websocket.MessageText, `{"type":"connection_init"}`)
+	flood.expectText(t, `{"type":"connection_ack"`)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer flood.Close() // before the wait: ends a flood stuck in a write
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range 5000 {
+			if flood.writeFrame(true, opPing, []byte("x")) != nil {
+				return
+			}
+		}
+	}()
+	if code, _ := flood.closeCode(t, 10*time.Second); code != websocket.StatusPolicyViolation {
+		t.Fatalf("GraphQL ping flood: close %v, want 1008", code)
+	}
+	flood.Close()
+
+	waitCounted(t, e, "GraphQL closes counted by reason", func() bool {
+		return reason("init_timeout")-init0 == 1 && reason("protocol_error")-proto0 == 1 && reason("policy")-policy0 == 1
+	})
+}
+
 // TestSilentConnectionCostsAnIdleOne: a connection that upgrades and then
 // sends nothing holds what any idle connection does: one goroutine (its
 // reader; the writer exits once idle) and no buffer of note.
@@ -815,6 +868,12 @@ type rawWS struct {
 // socket receive buffer, so that a client that stops reading backs up fast.
 func upgradeRaw(t *testing.T, e *env, rcvbuf int) *rawWS {
 	t.Helper()
+	return upgradeRawTo(t, e, "/ws", "", rcvbuf)
+}
+
+// upgradeRawTo is upgradeRaw on path, offering subprotocol (if not "").
+func upgradeRawTo(t *testing.T, e *env, path, subprotocol string, rcvbuf int) *rawWS {
+	t.Helper()
 	d := net.Dialer{Timeout: 5 * time.Second}
 	if rcvbuf > 0 {
 		d.Control = func(_, _ string, rc syscall.RawConn) error {
@@ -834,8 +893,12 @@ func upgradeRaw(t *testing.T, e *env, rcvbuf int) *rawWS {
 	}
 	var key [16]byte
 	_, _ = crand.Read(key[:])
-	req := "GET /ws HTTP/1.1\r\nHost: " + addr + "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
-		"Sec-WebSocket-Key: " + base64.StdEncoding.EncodeToString(key[:]) + "\r\nSec-WebSocket-Version: 13\r\n\r\n"
+	req := "GET " + path + " HTTP/1.1\r\nHost: " + addr + "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+		"Sec-WebSocket-Key: " + base64.StdEncoding.EncodeToString(key[:]) + "\r\nSec-WebSocket-Version: 13\r\n"
+	if subprotocol != "" {
+		req += "Sec-WebSocket-Protocol: " + subprotocol + "\r\n"
+	}
+	req += "\r\n"
 	if _, err := io.WriteString(c, req); err != nil {
 		c.Close()
 		t.Fatal(err)
