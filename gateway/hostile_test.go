@@ -73,7 +73,12 @@ func TestHostileClients(t *testing.T) {
 		{"GraphQL: no init, garbage, ping flood", abuseGraphQL},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
+			paced0 := e.metric("fanwire_dispatch_paced_seconds_total", nil)
+			feed.resetGaps()
 			sc.run(t, e)
+			// Reported, not asserted: how the abuse slowed the feed.
+			t.Logf("good clients' longest wait between two events: %v; dispatcher paced for %.3fs",
+				feed.maxGap().Round(time.Millisecond), e.metric("fanwire_dispatch_paced_seconds_total", nil)-paced0)
 			checkFootprint(t, base)
 		})
 		if t.Failed() {
@@ -655,8 +660,24 @@ type feed struct {
 }
 
 type feedReader struct {
-	got atomic.Int64 // events received in order
-	err atomic.Pointer[error]
+	got    atomic.Int64 // events received in order
+	err    atomic.Pointer[error]
+	last   atomic.Int64 // UnixNano of the last event
+	maxGap atomic.Int64 // longest time between two events since resetGaps, in ns
+}
+
+func (f *feed) resetGaps() {
+	for _, r := range f.readers {
+		r.maxGap.Store(0)
+	}
+}
+
+func (f *feed) maxGap() time.Duration {
+	var m int64
+	for _, r := range f.readers {
+		m = max(m, r.maxGap.Load())
+	}
+	return time.Duration(m)
 }
 
 func startFeed(t *testing.T, e *env, clients int, subject string) *feed {
@@ -692,6 +713,10 @@ func startFeed(t *testing.T, e *env, clients int, subject string) *feed {
 						return
 					}
 					r.got.Add(1)
+				}
+				now := time.Now().UnixNano()
+				if prev := r.last.Swap(now); prev != 0 && now-prev > r.maxGap.Load() {
+					r.maxGap.Store(now - prev)
 				}
 			}
 		}()
