@@ -60,6 +60,7 @@ func TestHostileClients(t *testing.T) {
 	}{
 		{"connects without upgrade", abuseConnectsWithoutUpgrade},
 		{"slowloris headers", abuseSlowloris},
+		{"oversized headers", abuseOversizedHeaders},
 		{"silent after upgrade", abuseSilentAfterUpgrade},
 		{"half-open, never reading", abuseHalfOpen},
 		{"1 MiB frames", abuseHugeFrames},
@@ -221,6 +222,32 @@ func abuseSlowloris(t *testing.T, e *env) {
 	waitCounted(t, e, "slowloris handshake timeouts counted", func() bool {
 		return e.metric("fanwire_connections_rejected_total", map[string]string{"reason": "handshake_timeout"})-timeouts0 == n
 	})
+}
+
+// abuseOversizedHeaders: an upgrade request with 100 KiB of headers is
+// over the server's 64 KiB: 431, and the connection is closed.
+func abuseOversizedHeaders(t *testing.T, e *env) {
+	addr := e.http.Listener.Addr().String()
+	req := "GET /ws HTTP/1.1\r\nHost: " + addr + "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+		"X-Big: " + strings.Repeat("b", 100<<10) + "\r\n\r\n"
+	for range 5 {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, err := io.ReadAll(c)
+		if err != nil && !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("oversized headers: connection not closed: %v", err)
+		}
+		if !bytes.HasPrefix(got, []byte("HTTP/1.1 431 ")) {
+			t.Fatalf("oversized headers: got %q, want 431", got)
+		}
+	}
 }
 
 // abuseSilentAfterUpgrade: connections that upgrade and then neither send
