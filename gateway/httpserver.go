@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -27,9 +28,10 @@ const (
 
 // HTTPServer returns the http.Server to serve Handler with: a connection
 // must complete its request headers within Config.HandshakeTimeout of the
-// TCP accept (for an upgrade, that bounds the time to a WebSocket), headers
-// are at most 64 KiB, and a keep-alive connection is closed after 120 s
-// without a request. Connections closed before their first request's
+// TCP accept (for an upgrade, that bounds the time to a WebSocket), a
+// request body (POST /api/publish, POST /graphql) must arrive within as long
+// again, headers are at most 64 KiB, and a keep-alive connection is closed
+// after 120 s without a request. Connections closed before their first request's
 // headers arrived, at or after the handshake timeout, are counted in
 // fanwire_connections_rejected_total{reason="handshake_timeout"}.
 //
@@ -78,14 +80,45 @@ func (h *handshakes) connContext(ctx context.Context, c net.Conn) context.Contex
 	return context.WithValue(ctx, pendingKey{}, p)
 }
 
-// handler marks the request's connection as past its handshake.
+// handler marks the request's connection as past its handshake, and gives
+// a request body the handshake timeout to arrive: net/http's only body
+// timeout, ReadTimeout, would also cut every WebSocket (its deadline stays
+// on the hijacked connection), and without one a body trickling in a byte
+// at a time would hold its connection forever.
 func (h *handshakes) handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p, ok := r.Context().Value(pendingKey{}).(*pendingConn); ok {
 			p.handled.Store(true)
 		}
+		if r.Body != nil && r.Body != http.NoBody {
+			rc := http.NewResponseController(w)
+			if rc.SetReadDeadline(time.Now().Add(h.timeout)) == nil {
+				r.Body = &bodyDeadline{ReadCloser: r.Body, rc: rc}
+			}
+		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// bodyDeadline clears the connection's read deadline once the whole body
+// has been read: net/http then reads on in the background while the
+// handler runs, to notice a client going away, and a deadline passing then
+// would cancel the request's context (a publish waiting for the broker).
+// After any other error the deadline stays: net/http discards what is left
+// of a body after the handler, and would wait for a trickling one forever.
+type bodyDeadline struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	done bool // owned by the handler reading the body
+}
+
+func (b *bodyDeadline) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.done {
+		b.done = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
 }
 
 // connState forgets a connection once its first request is done (idle,

@@ -24,7 +24,7 @@ type Metrics struct {
 	DispatchLatency prometheus.Histogram
 	DispatchPaced   prometheus.Counter
 
-	PublishRequests *prometheus.CounterVec // result: ok, bad_request, unauthorized, broker_error
+	PublishRequests *prometheus.CounterVec // result: ok, bad_request, unauthorized, broker_error, body_timeout
 	PublishedEvents prometheus.Counter
 }
 

@@ -38,8 +38,9 @@ type Config struct {
 	// HandshakeTimeout bounds the time from a TCP accept to the end of its
 	// first request's headers (for /ws, to the WebSocket upgrade); later
 	// requests on a keep-alive connection get as long for their headers.
-	// A connection over it is closed without an answer (see HTTPServer;
-	// default 10s).
+	// A connection over it is closed without an answer. A request body
+	// (POST /api/publish, POST /graphql) gets as long again after its
+	// headers (see HTTPServer; default 10s).
 	HandshakeTimeout time.Duration
 
 	APIKey          string   // when set, POST /api/publish needs "Authorization: Bearer <key>" (shorthand for one APIKeys entry, "default", publishing anywhere)

@@ -86,7 +86,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.Int64Var(&f.readLimit, "read-limit", 64<<10, "largest client frame in bytes; over it: close 1009")
 	fs.IntVar(&f.maxFrameBytes, "max-frame-bytes", 64<<10, "the writer coalesces queued messages into frames up to this size")
 	fs.DurationVar(&f.maxPace, "max-pace", 50*time.Millisecond, "when most clients' mailboxes are over half full (node saturated), the dispatcher waits up to this long per batch for them to drain instead of disconnecting them; negative: never wait")
-	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 10*time.Second, "a connection must send its request headers (for /ws: the WebSocket upgrade) within this of connecting, or it is closed without an answer")
+	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 10*time.Second, "a connection must send its request headers (for /ws: the WebSocket upgrade) within this of connecting, or it is closed without an answer; a request body (POST /api/publish, /graphql) gets as long again")
 	fs.DurationVar(&f.pingInterval, "ping-interval", 30*time.Second, "server WebSocket ping period")
 	fs.DurationVar(&f.pingTimeout, "ping-timeout", 10*time.Second, "a ping unanswered this long closes the connection")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT: time to drain and close connections with 1001 before cutting them")
