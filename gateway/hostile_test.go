@@ -61,6 +61,7 @@ func TestHostileClients(t *testing.T) {
 		{"connects without upgrade", abuseConnectsWithoutUpgrade},
 		{"slowloris headers", abuseSlowloris},
 		{"oversized headers", abuseOversizedHeaders},
+		{"slow request bodies", abuseSlowBody},
 		{"silent after upgrade", abuseSilentAfterUpgrade},
 		{"half-open, never reading", abuseHalfOpen},
 		{"1 MiB frames", abuseHugeFrames},
@@ -247,6 +248,75 @@ func abuseOversizedHeaders(t *testing.T, e *env) {
 		if !bytes.HasPrefix(got, []byte("HTTP/1.1 431 ")) {
 			t.Fatalf("oversized headers: got %q, want 431", got)
 		}
+	}
+}
+
+// abuseSlowBody: a POST whose body trickles in (one byte per 100 ms) gets
+// the handshake timeout for it as well: a publish is answered 408 and
+// counted; a GraphQL query is answered too. Neither holds its connection.
+// A publish whose body arrives in time still works on the same server.
+func abuseSlowBody(t *testing.T, e *env) {
+	timeouts0 := e.metric("fanwire_publish_requests_total", map[string]string{"result": "body_timeout"})
+	addr := e.http.Listener.Addr().String()
+	for _, path := range []string{"/api/publish", "/api/publish", "/graphql"} {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		body := `{"subject":"slow.x","data":"` + strings.Repeat("s", 200) + `"}`
+		if path == "/graphql" {
+			body = `{"query":"{ health { status } }","pad":"` + strings.Repeat("s", 200) + `"}`
+		}
+		head := "POST " + path + " HTTP/1.1\r\nHost: " + addr + "\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n"
+		if _, err := io.WriteString(c, head); err != nil {
+			t.Fatal(err)
+		}
+		answered := make(chan []byte, 1)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { // reads the answer while the body trickles
+			defer wg.Done()
+			_ = c.SetReadDeadline(time.Now().Add(15 * time.Second))
+			got, _ := io.ReadAll(c) // a reset after the answer is fine
+			answered <- got
+		}()
+		var got []byte
+	trickle:
+		for i := range len(body) {
+			select {
+			case got = <-answered:
+				break trickle
+			case <-time.After(100 * time.Millisecond):
+			}
+			if _, err := c.Write([]byte{body[i]}); err != nil {
+				break
+			}
+		}
+		if got == nil {
+			got = <-answered
+		}
+		wg.Wait()
+		want := "HTTP/1.1 408 "
+		if path == "/graphql" {
+			want = "HTTP/1.1 " // gqlgen's answer to a failed read
+		}
+		if !bytes.HasPrefix(got, []byte(want)) {
+			t.Fatalf("POST %s with a trickling body: got %q, want %q…", path, got, want)
+		}
+		status, _, _ := bytes.Cut(got, []byte("\r\n"))
+		t.Logf("POST %s with a trickling body: %s", path, status)
+	}
+	if got := e.metric("fanwire_publish_requests_total", map[string]string{"result": "body_timeout"}) - timeouts0; got != 2 {
+		t.Fatalf("body_timeout counted %v times, want 2", got)
+	}
+	resp, err := http.Post(e.http.URL+"/api/publish", "application/json", strings.NewReader(`{"subject":"slow.x","data":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a timely publish after the slow ones: %s", resp.Status)
 	}
 }
 
