@@ -28,3 +28,11 @@ func IndexSize(s *Server) (subs, nodes int) {
 	}
 	return ix.size, count(ix.root)
 }
+
+// PendingHandshakes reports the connections s's HTTPServer tracks as not
+// yet past their first request (they must not outlive their connections).
+func PendingHandshakes(s *Server) int {
+	s.handshakes.mu.Lock()
+	defer s.handshakes.mu.Unlock()
+	return len(s.handshakes.pending)
+}

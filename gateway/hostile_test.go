@@ -154,6 +154,9 @@ func abuseConnectsWithoutUpgrade(t *testing.T, e *env) {
 	if n := e.metric("fanwire_connections", nil); n != conns0 {
 		t.Fatalf("fanwire_connections %v, want %v: no probe is a WebSocket", n, conns0)
 	}
+	waitCounted(t, e, "handshake tracking to forget the closed connections", func() bool {
+		return gateway.PendingHandshakes(e.srv) == 0
+	})
 }
 
 // abuseSlowloris: request headers trickling in at one byte per 100 ms are
