@@ -315,11 +315,14 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 			return
 		}
 	}
-	var c *conn // set before the connection reads: pings arrive only then
+	// c is set before the connection reads. Until then a ping can arrive
+	// only while an upgrade refused for its subprotocol (4406) waits for
+	// the close handshake: no pong then.
+	var c *conn
 	opts := &websocket.AcceptOptions{
 		OriginPatterns:  s.cfg.AllowedOrigins,
 		CompressionMode: websocket.CompressionDisabled,
-		OnPingReceived:  func(ctx context.Context, p []byte) bool { return c.onPing(ctx, p) },
+		OnPingReceived:  func(ctx context.Context, p []byte) bool { return c != nil && c.onPing(ctx, p) },
 	}
 	if gql {
 		// Listed in order of preference: the library picks the first the
