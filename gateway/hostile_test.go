@@ -21,6 +21,8 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/gateway"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // The hostile-client suite: real TCP and WebSocket clients that misbehave
@@ -40,7 +42,11 @@ const (
 
 func TestHostileClients(t *testing.T) {
 	raiseFDLimit(t, 6000)
+	// The server's logs, net/http's included (a panic in a handler is
+	// recovered and logged there): none may report one.
+	logCore, logs := observer.New(zap.DebugLevel)
 	e := newEnv(t, func(c *gateway.Config) {
+		c.Logger = zap.New(logCore)
 		c.HandshakeTimeout = hostileHandshake
 		c.PingInterval = 2 * time.Second
 		c.PingTimeout = 2 * time.Second
@@ -85,6 +91,11 @@ func TestHostileClients(t *testing.T) {
 		}
 	}
 	feed.finish(t, e)
+	for _, l := range logs.All() {
+		if strings.Contains(l.Message, "panic") {
+			t.Errorf("server log: %s %v", l.Message, l.ContextMap())
+		}
+	}
 }
 
 // abuseConnectsWithoutUpgrade: 2,000 connections that never upgrade. Those
@@ -632,6 +643,17 @@ func abuseGraphQL(t *testing.T, e *env) {
 		return e.metric("fanwire_disconnects_total", map[string]string{"reason": r})
 	}
 	init0, proto0, policy0 := reason("init_timeout"), reason("protocol_error"), reason("policy")
+
+	// No subprotocol: 4406, whatever the client sends meanwhile (a ping
+	// arrives while the server waits for the close handshake).
+	noProto := upgradeRawTo(t, e, "/graphql", "", 0)
+	defer noProto.Close()
+	if err := noProto.writeFrame(true, opPing, []byte("early")); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := noProto.closeCode(t, 10*time.Second); code != gateway.CloseSubprotocol {
+		t.Fatalf("GraphQL without a subprotocol: close %v, want 4406", code)
+	}
 
 	silent := upgradeRawTo(t, e, "/graphql", "graphql-transport-ws", 0)
 	defer silent.Close()
