@@ -271,12 +271,15 @@ func (c *conn) disconnectReason(readErr error) string {
 		return "protocol_error"
 	}
 	switch {
+	// First: the library closed with 1009 from the reader, and a write or
+	// ping failing after that is its consequence (the writer's "ready"
+	// could lose that race and count a 1009 as write_error).
+	case errors.Is(readErr, websocket.ErrMessageTooBig):
+		return "read_limit"
 	case c.pingFailed.Load():
 		return "ping_timeout"
 	case c.writeErr.Load():
 		return "write_error"
-	case errors.Is(readErr, websocket.ErrMessageTooBig): // the library sent 1009
-		return "read_limit"
 	}
 	return "client"
 }
