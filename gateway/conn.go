@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 	"go.uber.org/zap"
@@ -260,14 +261,25 @@ func (c *conn) disconnectReason(readErr error) string {
 		return "policy"
 	case CloseTokenExpired:
 		return "token_expired"
+	case CloseInvalidUTF8:
+		return "invalid_utf8"
+	case CloseInitTimeout:
+		return "init_timeout"
+	case CloseForbidden:
+		return "unauthorized"
+	case CloseBadRequest, CloseUnauthorized, CloseSubscriberExists, CloseTooManyInitialise:
+		return "protocol_error"
 	}
 	switch {
+	// First: the library closed with 1009 from the reader, and a write or
+	// ping failing after that is its consequence (the writer's "ready"
+	// could lose that race and count a 1009 as write_error).
+	case errors.Is(readErr, websocket.ErrMessageTooBig):
+		return "read_limit"
 	case c.pingFailed.Load():
 		return "ping_timeout"
 	case c.writeErr.Load():
 		return "write_error"
-	case errors.Is(readErr, websocket.ErrMessageTooBig): // the library sent 1009
-		return "read_limit"
 	}
 	return "client"
 }
@@ -278,13 +290,19 @@ func (c *conn) readLoop() error {
 		if err != nil {
 			return err
 		}
+		if c.closeCode.Load() != 0 {
+			continue // closing: read on until the peer's close frame, act on nothing
+		}
+		if typ == websocket.MessageText && !utf8.Valid(data) {
+			// RFC 6455 §8.1: a text message that is not UTF-8 fails the
+			// connection. The websocket library does not check, and
+			// encoding/json would quietly turn the bad bytes into U+FFFD
+			// and act on a message the client did not send.
+			c.closeWith(CloseInvalidUTF8, "text message is not valid UTF-8")
+			continue
+		}
 		if !c.rate.allow(time.Now(), c.s.cfg.MaxMessageRate) {
-			if c.gql != nil { // the protocol has no error without an operation
-				c.s.metrics.ClientErrors.WithLabelValues(CodeRateLimited).Inc()
-				c.closeWith(ClosePolicy, "message rate over the limit")
-				continue
-			}
-			c.clientError("", CodeRateLimited, "over "+strconv.Itoa(c.s.cfg.MaxMessageRate)+" messages per second: this one was dropped")
+			c.overRate()
 			continue
 		}
 		if c.gql != nil {
@@ -297,6 +315,36 @@ func (c *conn) readLoop() error {
 		}
 		c.handle(data)
 	}
+}
+
+// overRate reports a client message over MaxMessageRate, which was
+// dropped. Called by the reader only.
+func (c *conn) overRate() {
+	if c.gql != nil { // the protocol has no error without an operation
+		c.s.metrics.ClientErrors.WithLabelValues(CodeRateLimited).Inc()
+		c.closeWith(ClosePolicy, "message rate over the limit")
+		return
+	}
+	c.clientError("", CodeRateLimited, "over "+strconv.Itoa(c.s.cfg.MaxMessageRate)+" messages per second: this one was dropped")
+}
+
+// onPing is the websocket library's callback for a client's WebSocket
+// ping; it reports whether to answer with a pong. A ping is a client
+// message like any other: over MaxMessageRate it gets no pong and counts
+// as rate_limited, so a ping flood costs a read per ping, not a write,
+// and soon closes the connection (1008) like any flood. The library calls
+// it inside Read, on the reader, except while Close waits for the peer's
+// close frame (on the writer, after a close was requested): then it
+// touches nothing of the reader's and sends no more pongs.
+func (c *conn) onPing(context.Context, []byte) bool {
+	if c.closeCode.Load() != 0 {
+		return false
+	}
+	if c.rate.allow(time.Now(), c.s.cfg.MaxMessageRate) {
+		return true
+	}
+	c.overRate()
+	return false
 }
 
 func (c *conn) handle(data []byte) {

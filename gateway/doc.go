@@ -17,6 +17,9 @@
 //   - Each connection has two goroutines: the HTTP handler's goroutine reads
 //     (and owns the connection's subscriptions), and a writer it starts and
 //     waits for. Only the writer writes to the socket.
+//   - Serve Handler with HTTPServer: its header timeout (HandshakeTimeout)
+//     bounds a connection's time from accept to upgrade; after the upgrade
+//     pings and the mailbox bound govern it (httpserver.go).
 //   - Shutdown refuses new connections, asks every writer to drain and close
 //     with 1001, and waits for every connection's goroutines. Cancel Run's
 //     context after Shutdown returns.

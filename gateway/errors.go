@@ -23,6 +23,7 @@ const (
 // WebSocket close codes the server uses.
 const (
 	CloseGoingAway    = 1001 // server draining: reconnect elsewhere
+	CloseInvalidUTF8  = 1007 // a text message that is not valid UTF-8 (RFC 6455 §8.1)
 	ClosePolicy       = 1008 // repeated protocol abuse
 	CloseTooBig       = 1009 // client frame over the read limit (sent by the websocket library)
 	CloseSlowConsumer = 4008 // mailbox overflowed: reconnect (and resume from a cursor where the broker keeps history)

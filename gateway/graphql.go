@@ -688,11 +688,16 @@ func (s *Server) newGraphQL() http.Handler {
 // serveGraphQL serves /graphql: WebSocket upgrades (subscriptions and
 // queries) here, everything else to gqlgen's HTTP transports.
 func (s *Server) serveGraphQL(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodGet && headerContainsToken(r.Header, "Connection", "upgrade") && headerContainsToken(r.Header, "Upgrade", "websocket") {
+	if r.Method == http.MethodGet && isWebSocketUpgrade(r) {
 		s.serveConn(w, r, true)
 		return
 	}
 	s.gqlHTTP.ServeHTTP(w, r)
+}
+
+// isWebSocketUpgrade reports whether r asks for a WebSocket upgrade.
+func isWebSocketUpgrade(r *http.Request) bool {
+	return headerContainsToken(r.Header, "Connection", "upgrade") && headerContainsToken(r.Header, "Upgrade", "websocket")
 }
 
 // headerContainsToken reports whether the comma-separated header name holds

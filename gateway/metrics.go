@@ -9,8 +9,8 @@ import "github.com/prometheus/client_golang/prometheus"
 type Metrics struct {
 	Connections         prometheus.Gauge
 	ConnectionsAccepted prometheus.Counter
-	ConnectionsRejected *prometheus.CounterVec // reason: max_connections, shutting_down, bad_upgrade
-	Disconnects         *prometheus.CounterVec // reason: client, slow_consumer, policy, shutdown, ping_timeout, write_error, read_limit
+	ConnectionsRejected *prometheus.CounterVec // reason: max_connections, max_connections_per_ip, shutting_down, bad_upgrade, bad_subprotocol, unauthorized, handshake_timeout
+	Disconnects         *prometheus.CounterVec // reason: client, slow_consumer, policy, shutdown, ping_timeout, write_error, read_limit, token_expired, invalid_utf8; GraphQL: init_timeout (4408), unauthorized (4403), protocol_error (4400, 4401, 4409, 4429)
 	Subscriptions       prometheus.Gauge
 	SlowConsumers       prometheus.Counter     // mailbox overflows found (each connection is then closed with 4008)
 	ClientErrors        *prometheus.CounterVec // code: the protocol error code
@@ -24,7 +24,7 @@ type Metrics struct {
 	DispatchLatency prometheus.Histogram
 	DispatchPaced   prometheus.Counter
 
-	PublishRequests *prometheus.CounterVec // result: ok, unauthorized, broker_error, or a refusal's code (bad_request, bad_subject, forbidden, forbidden_origin, too_large)
+	PublishRequests *prometheus.CounterVec // result: ok, unauthorized, broker_error, or a refusal's code (bad_request, bad_subject, forbidden, forbidden_origin, too_large, body_timeout)
 	PublishedEvents prometheus.Counter
 }
 

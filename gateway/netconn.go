@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"time"
 )
 
 // The websocket library writes each frame through the bufio.Writer it gets
@@ -36,6 +37,9 @@ func (w hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// An upgrade request that came with a body got a read deadline for it
+	// (HTTPServer); a WebSocket has none.
+	_ = nc.SetReadDeadline(time.Time{})
 	// net/http flushed the 101 response before handing us the connection;
 	// its reader may already hold the client's first frames (a GraphQL
 	// client sends connection_init at once): keep them. They must be

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"path"
@@ -58,6 +59,11 @@ func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			s.publishError(w, http.StatusRequestEntityTooLarge, apiError{Error: fmt.Sprintf("request body over %d bytes", s.cfg.MaxPublishBytes), Code: "too_large"})
+			return
+		}
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() { // see HTTPServer
+			s.metrics.PublishRequests.WithLabelValues("body_timeout").Inc()
+			writeJSON(w, http.StatusRequestTimeout, apiError{Error: "request body not received within " + s.cfg.HandshakeTimeout.String() + " (--handshake-timeout)", Code: "body_timeout"})
 			return
 		}
 		s.publishError(w, http.StatusBadRequest, apiError{Error: "read body: " + err.Error(), Code: "bad_request"})

@@ -42,9 +42,10 @@ type Server struct {
 	ctx    context.Context // cancelled by Shutdown when its deadline passes
 	cancel context.CancelFunc
 
-	nconns    atomic.Int64
-	perIP     ipCounts
-	consuming atomic.Bool
+	nconns     atomic.Int64
+	perIP      ipCounts
+	handshakes handshakes
+	consuming  atomic.Bool
 
 	mu       sync.Mutex
 	conns    map[*conn]struct{} // guarded by mu
@@ -81,6 +82,9 @@ func New(cfg Config) (*Server, error) {
 	s.hub.keepRecent = s.durable != nil
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.invalidLogs = rateLimiter{every: 10 * time.Second}
+	s.handshakes = handshakes{timeout: cfg.HandshakeTimeout, rejected: func() {
+		m.ConnectionsRejected.WithLabelValues("handshake_timeout").Inc()
+	}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ws", s.serveWS)
 	s.gqlHTTP = s.newGraphQL()
@@ -107,7 +111,8 @@ func (s *Server) CountDropped(reason string, n int) {
 	s.metrics.EventsDropped.WithLabelValues(reason).Add(float64(n))
 }
 
-// Handler returns the HTTP handler serving every endpoint.
+// Handler returns the HTTP handler serving every endpoint. Serve it with
+// HTTPServer, which bounds the handshake.
 func (s *Server) Handler() http.Handler { return s.mux }
 
 // Metrics returns the server's metrics (for tests).
@@ -287,6 +292,18 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		}
 	}()
 
+	if !isWebSocketUpgrade(r) { // only on /ws: /graphql answers plain requests over HTTP
+		// A plain request on /ws is a mistake or a probe. The websocket
+		// library would answer 426 and keep the connection alive for
+		// another request, for the 120 s idle timeout: close it instead.
+		// net/http closes only when the first Connection value is exactly
+		// "close"; "Upgrade" must be listed too beside an Upgrade header.
+		s.metrics.ConnectionsRejected.WithLabelValues("bad_upgrade").Inc()
+		w.Header().Set("Upgrade", "websocket")
+		w.Header()["Connection"] = []string{"close", "Upgrade"}
+		writeJSON(w, http.StatusUpgradeRequired, apiError{Error: "this endpoint speaks WebSocket only: send an upgrade request", Code: "bad_upgrade"})
+		return
+	}
 	var grants *Grants
 	if !gql && s.cfg.Authenticate != nil {
 		// The native protocol has no init message: credentials come with
@@ -298,9 +315,14 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 			return
 		}
 	}
+	// c is set before the connection reads. Until then a ping can arrive
+	// only while an upgrade refused for its subprotocol (4406) waits for
+	// the close handshake: no pong then.
+	var c *conn
 	opts := &websocket.AcceptOptions{
 		OriginPatterns:  s.cfg.AllowedOrigins,
 		CompressionMode: websocket.CompressionDisabled,
+		OnPingReceived:  func(ctx context.Context, p []byte) bool { return c != nil && c.onPing(ctx, p) },
 	}
 	if gql {
 		// Listed in order of preference: the library picks the first the
@@ -320,7 +342,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		_ = ws.Close(CloseSubprotocol, "Subprotocol not acceptable: offer graphql-transport-ws (or graphql-ws)")
 		return
 	}
-	c := &conn{
+	c = &conn{
 		s:      s,
 		ws:     ws,
 		fw:     fw,

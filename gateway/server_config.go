@@ -33,8 +33,15 @@ type Config struct {
 	PingTimeout         time.Duration // a ping not answered in this time closes the connection (default 10s)
 	CloseTimeout        time.Duration // how long a close (1001, 4008, 1008) may take before the socket is cut (default 5s)
 	MaxClientErrors     int           // protocol errors per ErrorWindow before close 1008 (default 100)
-	MaxMessageRate      int           // client messages per second per connection, burst twice that; over it a message is dropped with rate_limited (GraphQL: close 1008) (default 100; negative: no limit)
+	MaxMessageRate      int           // client messages (WebSocket pings included) per second per connection, burst twice that; over it a message is dropped with rate_limited, a ping gets no pong (GraphQL: close 1008) (default 100; negative: no limit)
 	ErrorWindow         time.Duration // default 10s
+	// HandshakeTimeout bounds the time from a TCP accept to the end of its
+	// first request's headers (for /ws, to the WebSocket upgrade); later
+	// requests on a keep-alive connection get as long for their headers.
+	// A connection over it is closed without an answer. A request body
+	// (POST /api/publish, POST /graphql) gets as long again after its
+	// headers (see HTTPServer; default 10s).
+	HandshakeTimeout time.Duration
 
 	APIKey          string   // when set, POST /api/publish needs "Authorization: Bearer <key>" (shorthand for one APIKeys entry, "default", publishing anywhere)
 	APIKeys         []APIKey // when set, POST /api/publish needs one of these keys, and publishes only where it may
@@ -88,11 +95,11 @@ func (c *Config) setDefaults() {
 	}
 	def(&c.MaxFrameBytes, 64<<10)
 	defDur(&c.MaxPace, 50*time.Millisecond)
+	defDur(&c.HandshakeTimeout, 10*time.Second)
 	defDur(&c.PingInterval, 30*time.Second)
 	defDur(&c.PingTimeout, 10*time.Second)
 	defDur(&c.CloseTimeout, 5*time.Second)
 	def(&c.MaxClientErrors, 100)
-	def(&c.MaxMessageRate, 100)
 	def(&c.MaxMessageRate, 100)
 	defDur(&c.ErrorWindow, 10*time.Second)
 	if c.Consumer == "" {
@@ -145,6 +152,7 @@ func (c *Config) validate() error {
 	pos("MailboxBytes", int64(c.MailboxBytes))
 	pos("ReadLimit", c.ReadLimit)
 	pos("MaxFrameBytes", int64(c.MaxFrameBytes))
+	pos("HandshakeTimeout", int64(c.HandshakeTimeout))
 	pos("PingInterval", int64(c.PingInterval))
 	pos("PingTimeout", int64(c.PingTimeout))
 	pos("CloseTimeout", int64(c.CloseTimeout))

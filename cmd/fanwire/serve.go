@@ -53,6 +53,7 @@ type wsFlags struct {
 	readLimit        int64
 	maxFrameBytes    int
 	maxPace          time.Duration
+	handshakeTimeout time.Duration
 	pingInterval     time.Duration
 	pingTimeout      time.Duration
 	shutdownTimeout  time.Duration
@@ -80,12 +81,13 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.IntVar(&f.maxConnections, "max-connections", 100_000, "connections over this get 503 with Retry-After; /readyz is not ready from 90% of it")
 	fs.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "connections from one client address over this get 429 with Retry-After (0: no cap; behind a load balancer every client has its address)")
 	fs.IntVar(&f.maxSubscriptions, "max-subscriptions", 256, "subscriptions per connection")
-	fs.IntVar(&f.maxMessageRate, "max-message-rate", 100, "client messages per second per connection (burst twice that); over it a message is dropped with rate_limited (GraphQL: close 1008); negative: no limit")
+	fs.IntVar(&f.maxMessageRate, "max-message-rate", 100, "client messages (WebSocket pings included) per second per connection (burst twice that); over it a message is dropped with rate_limited, a ping gets no pong (GraphQL: close 1008); negative: no limit")
 	fs.IntVar(&f.mailboxMessages, "mailbox-messages", 4096, "per-connection queue bound in messages; over it: close 4008 (slow consumer)")
 	fs.IntVar(&f.mailboxBytes, "mailbox-bytes", 4<<20, "per-connection queue bound in bytes; over it: close 4008 (slow consumer)")
 	fs.Int64Var(&f.readLimit, "read-limit", 64<<10, "largest client frame in bytes; over it: close 1009")
 	fs.IntVar(&f.maxFrameBytes, "max-frame-bytes", 64<<10, "the writer coalesces queued messages into frames up to this size")
 	fs.DurationVar(&f.maxPace, "max-pace", 50*time.Millisecond, "when most clients' mailboxes are over half full (node saturated), the dispatcher waits up to this long per batch for them to drain instead of disconnecting them; negative: never wait")
+	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 10*time.Second, "a connection must send its request headers (for /ws: the WebSocket upgrade) within this of connecting, or it is closed without an answer; a request body (POST /api/publish, /graphql) gets as long again")
 	fs.DurationVar(&f.pingInterval, "ping-interval", 30*time.Second, "server WebSocket ping period")
 	fs.DurationVar(&f.pingTimeout, "ping-timeout", 10*time.Second, "a ping unanswered this long closes the connection")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT: time to drain and close connections with 1001 before cutting them")
@@ -256,6 +258,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		ReadLimit:           f.readLimit,
 		MaxFrameBytes:       f.maxFrameBytes,
 		MaxPace:             f.maxPace,
+		HandshakeTimeout:    f.handshakeTimeout,
 		PingInterval:        f.pingInterval,
 		PingTimeout:         f.pingTimeout,
 		APIKey:              f.apiKey,
@@ -276,12 +279,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	hs := &http.Server{
-		Handler:           srv.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		ErrorLog:          zap.NewStdLog(log.Named("http")),
-	}
+	hs := srv.HTTPServer()
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
 	g, gctx := errgroup.WithContext(ctx)

@@ -1,7 +1,8 @@
 // Package gatewaytest runs a real gateway in the test's process, the way
 // net/http/httptest runs a real HTTP server: on a free loopback port, ready
 // (consuming its broker) when Start returns, shut down gracefully by Close
-// or t.Cleanup.
+// or t.Cleanup. It serves through the gateway's HTTPServer, with the
+// timeouts and limits fanwire ws runs with.
 package gatewaytest
 
 import (
@@ -33,7 +34,9 @@ func Start(t testing.TB, cfg gateway.Config) *Server {
 	if err != nil {
 		t.Fatalf("gatewaytest: %v", err)
 	}
-	hs := httptest.NewServer(gw.Handler())
+	hs := httptest.NewUnstartedServer(nil)
+	hs.Config = gw.HTTPServer()
+	hs.Start()
 	runCtx, stopRun := context.WithCancel(context.Background())
 	runDone := make(chan error, 1)
 	go func() { runDone <- gw.Run(runCtx) }()
