@@ -29,7 +29,7 @@ func TestHandshakeTimeoutReachesTheServer(t *testing.T) {
 	c := newCommand("ws", "")
 	var f wsFlags
 	f.register(c.fs, false)
-	if err := c.parse([]string{"--listen", listen, "--nats-url", ns.ClientURL()}); err != nil {
+	if err := c.parse([]string{"--listen", listen, "--nats-url", ns.ClientURL(), "--allow-anonymous"}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
