@@ -34,17 +34,20 @@ const (
 	numSessionKinds
 )
 
+var sessionKindNames = [numSessionKinds]string{"clean close", "drop", "resubscribing", "early drop"}
+
 // churnTally is what one churner did. It is owned by the churner's
 // goroutine; the soak reads it after that goroutine has exited.
 type churnTally struct {
 	sessions     [numSessionKinds]int64 // sessions that connected (and subscribed, but early ones), by kind
 	resubscribes int64                  // subscription hand-overs within a resubscribing session
 	delivered    int64
-	gaps         int64 // events skipped within a session's stream
-	dups         int64 // events at or below the last one of the session's stream (repeats or out of order)
-	misrouted    int64 // events listing a subscription before its "subscribed" or after its "unsubscribed"
-	violation    string
-	errors       int64 // sessions that failed: a connect, subscribe or read error, or a server error message
+	gaps         int64                  // events skipped within a session's stream
+	dups         int64                  // events at or below the last one of the session's stream (repeats or out of order)
+	misrouted    int64                  // events listing a subscription before its "subscribed" or after its "unsubscribed"
+	violation    string                 // the first violation, described
+	violating    [numSessionKinds]int64 // sessions with a violation, by kind
+	errors       int64                  // sessions that failed: a connect, subscribe or read error, or a server error message
 	firstError   string
 }
 
@@ -188,6 +191,8 @@ type churnSession struct {
 	pending string // a subscription sent, not yet confirmed by "subscribed"
 	leaving string // an unsubscribe sent, not yet confirmed by "unsubscribed"
 	gone    string // an unsubscribed id: no later event may list it
+
+	violated bool // a violation has been counted for this session
 }
 
 // run receives, and for a resubscribing session hands the subscription
@@ -338,8 +343,13 @@ func (s *churnSession) observe(seq uint64, msg []byte) {
 }
 
 func (s *churnSession) violate(format string, args ...any) {
+	if !s.violated {
+		s.violated = true
+		s.ch.t.violating[s.kind]++
+	}
 	if s.ch.t.violation == "" {
-		s.ch.t.violation = fmt.Sprintf("churner %d, session %d: ", s.ch.id, s.ch.sessionCount()) + fmt.Sprintf(format, args...)
+		s.ch.t.violation = fmt.Sprintf("churner %d, session %d (%s): ", s.ch.id, s.ch.sessionCount(), sessionKindNames[s.kind]) +
+			fmt.Sprintf(format, args...)
 	}
 }
 

@@ -65,6 +65,7 @@ func (s *soak) run(ctx, stop context.Context, start time.Time) *ChurnStats {
 
 	var base reading
 	s.sample(stop, cs, start.Add(cfg.ChurnBaseline-win), churnAt, func(_ time.Time, g gauges) { base.low(g) })
+	s.ensure(stop, cs, &base)
 
 	churnCtx, cancel := context.WithDeadline(stop, churnAt.Add(cfg.Churn))
 	defer cancel()
@@ -93,14 +94,16 @@ func (s *soak) run(ctx, stop context.Context, start time.Time) *ChurnStats {
 			after.low(g)
 		}
 	})
+	s.ensure(stop, cs, &after)
 	cs.Incomplete = stop.Err() != nil || !base.ok || !after.ok
 	cs.fill(base, peak, after, s.churners)
 	return cs
 }
 
 // sample reads the gauges every sampleEvery from from until until, or
-// until done ends, and hands each reading to f. A failed read is counted,
-// not fatal: the verdict needs only a reading in each window.
+// until done ends, and hands each reading to f with the time it
+// completed. A failed read is counted, not fatal: the verdict needs only
+// a reading in each window.
 func (s *soak) sample(done context.Context, cs *ChurnStats, from, until time.Time, f func(time.Time, gauges)) {
 	if d := time.Until(from); d > 0 {
 		t := time.NewTimer(d)
@@ -114,19 +117,13 @@ func (s *soak) sample(done context.Context, cs *ChurnStats, from, until time.Tim
 	tick := time.NewTicker(sampleEvery)
 	defer tick.Stop()
 	for {
-		now := time.Now()
-		if now.After(until) {
+		if time.Now().After(until) {
 			return
 		}
-		g, err := s.mr.read(done)
-		switch {
-		case err == nil:
-			f(now, g)
-		case done.Err() == nil:
-			cs.MetricErrors++
-			if cs.FirstMetricError == "" {
-				cs.FirstMetricError = err.Error()
-			}
+		if g, err := s.mr.read(done); err != nil {
+			cs.metricError(done, err)
+		} else {
+			f(time.Now(), g)
 		}
 		select {
 		case <-tick.C:
@@ -134,6 +131,20 @@ func (s *soak) sample(done context.Context, cs *ChurnStats, from, until time.Tim
 			return
 		}
 	}
+}
+
+// ensure gives a window that got no reading (on a saturated gateway one
+// read can outlast a window) one more, taken now.
+func (s *soak) ensure(stop context.Context, cs *ChurnStats, r *reading) {
+	if r.ok || stop.Err() != nil {
+		return
+	}
+	g, err := s.mr.read(stop)
+	if err != nil {
+		cs.metricError(stop, err)
+		return
+	}
+	r.low(g)
 }
 
 // reading keeps the lowest or the highest of a window's readings.

@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"context"
 	"fmt"
 	"time"
 )
@@ -27,6 +28,9 @@ type ChurnStats struct {
 	// before its "subscribed" or after its "unsubscribed".
 	Gaps, Duplicates, Misrouted int64
 	FirstViolation              string
+	// ViolatingSessions counts the sessions with a gap, a repeat or a
+	// misrouted event, by kind: clean close, drop, resubscribing, early drop.
+	ViolatingSessions [numSessionKinds]int64
 	// Errors counts sessions that failed while the window was open: a
 	// connect or subscribe that failed, a connection that ended, a server
 	// error message.
@@ -117,6 +121,9 @@ func (c *ChurnStats) fill(base, peak, after reading, churners []*churner) {
 		if c.FirstViolation == "" {
 			c.FirstViolation = t.violation
 		}
+		for k, n := range t.violating {
+			c.ViolatingSessions[k] += n
+		}
 		c.Errors += t.errors
 		if c.FirstError == "" {
 			c.FirstError = t.firstError
@@ -135,6 +142,17 @@ func (c *ChurnStats) fill(base, peak, after reading, churners []*churner) {
 	c.Subscriptions = Gauge{base.g.subscriptions, peak.g.subscriptions, after.g.subscriptions}
 }
 
+// metricError counts a failed read of /metrics, unless done ended it.
+func (c *ChurnStats) metricError(done context.Context, err error) {
+	if done.Err() != nil {
+		return
+	}
+	c.MetricErrors++
+	if c.FirstMetricError == "" {
+		c.FirstMetricError = err.Error()
+	}
+}
+
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 // writeChurn adds a churn run's rows to Result.WriteTable's table.
@@ -145,7 +163,9 @@ func writeChurn(row func(name, format string, args ...any), c *ChurnStats) {
 	row("churn deliveries", "%d (%s/s)", c.Delivered, siRate(c.DeliveriesPerSec))
 	row("churn gaps / dups / misrouted", "%d / %d / %d", c.Gaps, c.Duplicates, c.Misrouted)
 	if c.FirstViolation != "" {
-		row("churn first violation", "%s", c.FirstViolation)
+		v := c.ViolatingSessions
+		row("churn violating sessions", "%d clean close, %d drop, %d resubscribing, %d early drop; first: %s",
+			v[sessionClean], v[sessionDrop], v[sessionResub], v[sessionEarly], c.FirstViolation)
 	}
 	row("churn session errors", "%d", c.Errors)
 	if c.FirstError != "" {
@@ -188,6 +208,7 @@ type churnJSON struct {
 	Duplicates             int64   `json:"duplicates"`
 	Misrouted              int64   `json:"misrouted"`
 	FirstViolation         string  `json:"first_violation,omitempty"`
+	ViolatingSessions      []int64 `json:"violating_sessions,omitempty"` // clean close, drop, resubscribing, early drop
 	Errors                 int64   `json:"errors"`
 	FirstError             string  `json:"first_error,omitempty"`
 	Goroutines             Gauge   `json:"goroutines"`
@@ -213,6 +234,9 @@ func newChurnJSON(c *ChurnStats) *churnJSON {
 		Goroutines: c.Goroutines, GoroutineSlack: c.GoroutineSlack, GoroutinesReturnedSecs: -1,
 		HeapInuseBytes: c.Heap, HeapLimitBytes: c.HeapLimit,
 		MetricErrors: c.MetricErrors, Incomplete: c.Incomplete,
+	}
+	if c.FirstViolation != "" {
+		j.ViolatingSessions = c.ViolatingSessions[:]
 	}
 	if c.GoroutinesReturnedIn >= 0 {
 		j.GoroutinesReturnedSecs = c.GoroutinesReturnedIn.Seconds()
