@@ -45,6 +45,7 @@ type churnTally struct {
 	gaps         int64                  // events skipped within a session's stream
 	dups         int64                  // events at or below the last one of the session's stream (repeats or out of order)
 	misrouted    int64                  // events listing a subscription before its "subscribed" or after its "unsubscribed"
+	late         int64                  // sessions whose first event came after one published once they were subscribed
 	violation    string                 // the first violation, described
 	violating    [numSessionKinds]int64 // sessions with a violation, by kind
 	errors       int64                  // sessions that failed: a connect, subscribe or read error, or a server error message
@@ -57,6 +58,7 @@ type churner struct {
 	id       int           // static
 	cfg      *Config       // static
 	connects *atomic.Int64 // the soak's: sessions connected so far, for progress
+	sent     *atomic.Int64 // static once run starts: events the publisher has handed to the broker so far
 
 	rng *rand.Rand // owned by run
 	t   churnTally // owned by run
@@ -129,7 +131,11 @@ func (ch *churner) session(ctx, churn context.Context, kind sessionKind) error {
 		return fmt.Errorf("connect and subscribe: %w", err)
 	}
 	ch.counted(kind)
-	s := &churnSession{ch: ch, kind: kind, conn: conn, sub: subID}
+	// Every event the publisher hands over from the next but one on was
+	// published after the subscribe reply (GraphQL: the pong behind the
+	// subscribe) had arrived, so the gateway must deliver it: the first
+	// event may come no later.
+	s := &churnSession{ch: ch, kind: kind, conn: conn, sub: subID, due: uint64(ch.sent.Load()) + 2}
 	if nc, ok := conn.(*nativeConn); ok {
 		s.nc = nc.Conn
 	}
@@ -184,6 +190,7 @@ type churnSession struct {
 	conn wireConn
 	nc   *websocket.Conn // the native connection, for subscribe and unsubscribe; nil with GraphQL
 
+	due    uint64 // the latest sequence number the first event may have
 	last   uint64 // the stream's last sequence number; 0 before its first event
 	events int64  // events received in this session
 
@@ -319,7 +326,13 @@ func (s *churnSession) observe(seq uint64, msg []byte) {
 	t.delivered++
 	s.events++
 	switch {
-	case s.last == 0 || seq == s.last+1:
+	case s.last == 0:
+		if seq > s.due {
+			t.late++
+			s.violate("first event seq %d: seq %d was published after the subscribe reply had arrived", seq, s.due)
+		}
+		s.last = seq
+	case seq == s.last+1:
 		s.last = seq
 	case seq <= s.last:
 		t.dups++

@@ -127,7 +127,7 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client, sk *
 
 	churned := make(chan *ChurnStats, 1)
 	if sk != nil {
-		wg.Go(func() { churned <- sk.run(ctx, stopCtx, start) })
+		wg.Go(func() { churned <- sk.run(ctx, stopCtx, start, &sent) })
 	}
 
 	m := monitor{cfg: cfg, clients: clients, start: start, soak: sk}

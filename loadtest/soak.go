@@ -55,9 +55,9 @@ func newSoak(cfg *Config, mr *metricsReader) *soak {
 }
 
 // run follows the schedule from start (the first publish) and returns
-// what it measured. When stop ends first it returns at once, with
+// what it measured. sent counts the events the publisher has handed over. When stop ends first it returns at once, with
 // Incomplete set. ctx is the caller's (see churner.run).
-func (s *soak) run(ctx, stop context.Context, start time.Time) *ChurnStats {
+func (s *soak) run(ctx, stop context.Context, start time.Time, sent *atomic.Int64) *ChurnStats {
 	cfg := s.cfg
 	cs := &ChurnStats{Duration: cfg.Churn, Clients: cfg.ChurnClients, Seed: cfg.ChurnSeed, GoroutineSlack: goroutineSlack, GoroutinesReturnedIn: -1}
 	win := cfg.churnWindow()
@@ -72,6 +72,7 @@ func (s *soak) run(ctx, stop context.Context, start time.Time) *ChurnStats {
 	churnStart := time.Now()
 	var wg sync.WaitGroup
 	for _, ch := range s.churners {
+		ch.sent = sent
 		wg.Go(func() { ch.run(ctx, churnCtx) })
 	}
 	var peak reading

@@ -27,7 +27,11 @@ type ChurnStats struct {
 	// events repeated or out of order, and events listing a subscription
 	// before its "subscribed" or after its "unsubscribed".
 	Gaps, Duplicates, Misrouted int64
-	FirstViolation              string
+	// LateStarts counts sessions whose first event came after one that
+	// was published once their subscribe reply had arrived: events the
+	// gateway owed them and lost.
+	LateStarts     int64
+	FirstViolation string
 	// ViolatingSessions counts the sessions with a gap, a repeat or a
 	// misrouted event, by kind: clean close, drop, resubscribing, early drop.
 	ViolatingSessions [numSessionKinds]int64
@@ -75,7 +79,7 @@ func (c *ChurnStats) ConnectionsOK() bool {
 // OK reports whether churn happened, every churner's stream was clean,
 // no session failed, and the gateway came back to its baseline.
 func (c *ChurnStats) OK() bool {
-	return c.Connects > 0 && c.Gaps == 0 && c.Duplicates == 0 && c.Misrouted == 0 && c.Errors == 0 &&
+	return c.Connects > 0 && c.Gaps == 0 && c.Duplicates == 0 && c.Misrouted == 0 && c.LateStarts == 0 && c.Errors == 0 &&
 		c.GoroutinesOK() && c.HeapOK() && c.ConnectionsOK()
 }
 
@@ -96,7 +100,7 @@ func (c *ChurnStats) Problem() string {
 	case !c.ConnectionsOK():
 		return fmt.Sprintf("gateway gauges not back: connections %d after, %d before; subscriptions %d after, %d before",
 			c.Connections.After, c.Connections.Baseline, c.Subscriptions.After, c.Subscriptions.Baseline)
-	case c.Gaps+c.Duplicates+c.Misrouted > 0:
+	case c.Gaps+c.Duplicates+c.Misrouted+c.LateStarts > 0:
 		return "churn stream: " + c.FirstViolation
 	case c.Errors > 0:
 		return "churn session failed: " + c.FirstError
@@ -118,6 +122,7 @@ func (c *ChurnStats) fill(base, peak, after reading, churners []*churner) {
 		c.Gaps += t.gaps
 		c.Duplicates += t.dups
 		c.Misrouted += t.misrouted
+		c.LateStarts += t.late
 		if c.FirstViolation == "" {
 			c.FirstViolation = t.violation
 		}
@@ -161,7 +166,7 @@ func writeChurn(row func(name, format string, args ...any), c *ChurnStats) {
 	row("churn connects", "%d (%.1f/s): %d clean close, %d drop, %d resubscribing (%d hand-overs), %d early drop",
 		c.Connects, c.ConnectsPerSec, c.CleanCloses, c.Drops, c.Resubscribing, c.Resubscribes, c.EarlyDrops)
 	row("churn deliveries", "%d (%s/s)", c.Delivered, siRate(c.DeliveriesPerSec))
-	row("churn gaps / dups / misrouted", "%d / %d / %d", c.Gaps, c.Duplicates, c.Misrouted)
+	row("churn gaps / dups / misrouted / late", "%d / %d / %d / %d", c.Gaps, c.Duplicates, c.Misrouted, c.LateStarts)
 	if c.FirstViolation != "" {
 		v := c.ViolatingSessions
 		row("churn violating sessions", "%d clean close, %d drop, %d resubscribing, %d early drop; first: %s",
@@ -207,6 +212,7 @@ type churnJSON struct {
 	Gaps                   int64   `json:"gaps"`
 	Duplicates             int64   `json:"duplicates"`
 	Misrouted              int64   `json:"misrouted"`
+	LateStarts             int64   `json:"late_starts"`
 	FirstViolation         string  `json:"first_violation,omitempty"`
 	ViolatingSessions      []int64 `json:"violating_sessions,omitempty"` // clean close, drop, resubscribing, early drop
 	Errors                 int64   `json:"errors"`
@@ -229,7 +235,7 @@ func newChurnJSON(c *ChurnStats) *churnJSON {
 		Connects: c.Connects, CleanCloses: c.CleanCloses, Drops: c.Drops, Resubscribing: c.Resubscribing,
 		Resubscribes: c.Resubscribes, EarlyDrops: c.EarlyDrops, ConnectsPerSec: c.ConnectsPerSec,
 		Delivered: c.Delivered, DeliveriesPerSec: c.DeliveriesPerSec,
-		Gaps: c.Gaps, Duplicates: c.Duplicates, Misrouted: c.Misrouted, FirstViolation: c.FirstViolation,
+		Gaps: c.Gaps, Duplicates: c.Duplicates, Misrouted: c.Misrouted, LateStarts: c.LateStarts, FirstViolation: c.FirstViolation,
 		Errors: c.Errors, FirstError: c.FirstError,
 		Goroutines: c.Goroutines, GoroutineSlack: c.GoroutineSlack, GoroutinesReturnedSecs: -1,
 		HeapInuseBytes: c.Heap, HeapLimitBytes: c.HeapLimit,

@@ -179,6 +179,7 @@ func TestChurnVerdict(t *testing.T) {
 		{"no churn", func(c *ChurnStats) { c.Connects = 0 }, "no churn session connected"},
 		{"gap", func(c *ChurnStats) { c.Gaps, c.FirstViolation = 3, "churner 1, session 2: seq 9 after 5" }, "seq 9 after 5"},
 		{"misrouted", func(c *ChurnStats) { c.Misrouted, c.FirstViolation = 1, "x" }, "churn stream: x"},
+		{"late start", func(c *ChurnStats) { c.LateStarts, c.FirstViolation = 1, "first event seq 90" }, "first event seq 90"},
 		{"session error", func(c *ChurnStats) { c.Errors, c.FirstError = 1, "churner 3: read: EOF" }, "churner 3: read: EOF"},
 		{"incomplete", func(c *ChurnStats) { c.Incomplete = true }, "incomplete"},
 	} {
