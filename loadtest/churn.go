@@ -73,9 +73,9 @@ var errChurnOver = errors.New("churn window over")
 // run loops over sessions until churn ends. ctx is the caller's: when it
 // ends, connections are cut without a close handshake.
 func (ch *churner) run(ctx, churn context.Context) {
-	for churn.Err() == nil {
+	for !windowOver(churn) {
 		err := ch.session(ctx, churn, ch.pickKind())
-		if err == nil || errors.Is(err, errChurnOver) || churn.Err() != nil {
+		if err == nil || errors.Is(err, errChurnOver) || windowOver(churn) {
 			continue
 		}
 		ch.t.errors++
@@ -87,6 +87,18 @@ func (ch *churner) run(ctx, churn context.Context) {
 		case <-time.After(churnErrorPause):
 		}
 	}
+}
+
+// windowOver reports whether the churn window has ended. Past its
+// deadline counts before the context says so: a dial bounded by it fails
+// with an i/o timeout from the socket's deadline, which can fire before
+// the context's own timer has cancelled it.
+func windowOver(churn context.Context) bool {
+	if churn.Err() != nil {
+		return true
+	}
+	dl, ok := churn.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // pickKind draws a session kind: 35% clean closes, 35% drops, 20%
@@ -142,7 +154,7 @@ func (ch *churner) session(ctx, churn context.Context, kind sessionKind) error {
 	unwatch := closeOnDone(ctx, churn, conn)
 	err = s.run(churn, rest)
 	unwatch()
-	if churn.Err() != nil { // the watcher has closed it, or the close raced with ours
+	if windowOver(churn) { // the watcher has closed it, or the close raced with ours
 		_ = conn.CloseNow()
 		return errChurnOver
 	}
@@ -151,7 +163,8 @@ func (ch *churner) session(ctx, churn context.Context, kind sessionKind) error {
 		return err
 	}
 	if kind == sessionDrop {
-		return conn.CloseNow()
+		_ = conn.CloseNow() // no close frame: the gateway finds out from the socket
+		return nil
 	}
 	conn.CloseNormal(churn)
 	return nil

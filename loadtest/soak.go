@@ -8,30 +8,34 @@ import (
 	"time"
 )
 
-// The soak's schedule, from the first publish (events flow at Config.Rate
+// The soak's schedule, from the first publish. Events flow at Config.Rate
 // throughout, so the Clients' writers are busy in every window and the
-// gateway allocates, and collects, all along):
+// gateway allocates, and collects, all along:
 //
-//	0 ─ ChurnBaseline ─┬─ Churn ─┬─ (churners leave) ─ ChurnSettle ─┐
-//	    baseline: the  │ churners│ returned: the first reading      │
-//	    window before  │ come and│ within goroutineSlack of the     │
-//	    churn starts   │ go; peak│ baseline; after: the last window │
+//	|---- ChurnBaseline ----|------- Churn -------|----- ChurnSettle -----|
+//	            [ baseline ]  churners come and go  churners gone [ after ]
+//	                          peak ...........................................
 //
-// Baseline and after are the smallest readings over a window of the same
-// length (Config.churnWindow), so neither a reading that catches a
-// transient goroutine nor one taken just before a GC decides the verdict.
+// The churners leave when Churn ends (a session then open is closed with
+// a handshake); "returned" is the first reading after that within
+// goroutineSlack of the baseline. Baseline and after are the lowest
+// readings over windows of the same length (Config.churnWindow), so
+// neither a reading that catches a transient goroutine nor one taken just
+// before a GC decides the verdict.
 
 const (
 	// sampleEvery is how often the soak reads the gateway's /metrics.
 	sampleEvery = 250 * time.Millisecond
 	// goroutineSlack is how far above the baseline the after count may
-	// be. The smallest reading over a window of a steady gateway is
-	// exact, so the slack is small: one leaked goroutine per thousand
-	// sessions shows after a few thousand.
+	// be. The lowest reading over a window of a steady gateway is exact:
+	// in the soaks of docs/benchmarks.md (9,000–27,000 sessions) after
+	// equalled the baseline, and a planted leak of one goroutine per
+	// ~500 connections ended 12 over it.
 	goroutineSlack = 5
 	// Heap in use comes back within heapSlackShare of the baseline plus
 	// heapSlackBytes: the heap is read without forcing a collection, so
-	// it carries up to a GC cycle's garbage.
+	// it carries up to a GC cycle's garbage (after was 1.2–1.6 × the
+	// baseline in those soaks, the same after 3× the sessions).
 	heapSlackShare = 0.5
 	heapSlackBytes = 8 << 20
 )
