@@ -137,9 +137,10 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client, sk *
 	var cs *ChurnStats
 	if sk != nil {
 		// The soak's schedule ends with the publishing; a run that ended
-		// before everything was published (a stall, clients gone) stops
-		// it early.
-		if m.timedOut || sent.Load() < int64(cfg.Events) {
+		// before every client held every event (a stall, clients gone)
+		// stops it early. (Not the publisher's count: the last event can
+		// reach every client before the publisher has counted it.)
+		if m.timedOut || m.delivered() < int64(len(clients))*int64(cfg.Events) {
 			stop()
 		}
 		select {
