@@ -134,13 +134,26 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client, sk *
 	if err := m.wait(ctx, finished, published); err != nil {
 		return nil, err
 	}
+	complete := !m.timedOut && m.delivered() >= int64(len(clients))*int64(cfg.Events)
+	if complete && m.published == 0 {
+		// The last delivery can beat the publisher's final flush (and
+		// its count of the last event), which is about to return.
+		select {
+		case err := <-published:
+			if err == nil {
+				m.published = time.Since(start)
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	var cs *ChurnStats
 	if sk != nil {
 		// The soak's schedule ends with the publishing; a run that ended
 		// before every client held every event (a stall, clients gone)
 		// stops it early. (Not the publisher's count: the last event can
 		// reach every client before the publisher has counted it.)
-		if m.timedOut || m.delivered() < int64(len(clients))*int64(cfg.Events) {
+		if !complete {
 			stop()
 		}
 		select {
