@@ -2,7 +2,9 @@
 // many WebSocket clients to the gateway's native endpoint, subscribes them all
 // to one subject, publishes numbered, timestamped events straight into NATS and
 // checks that every client receives every event exactly once and in order,
-// also clients that drop their connection and resume from a cursor. It
+// also clients that drop their connection and resume from a cursor, and,
+// in a churn soak, whether the gateway's goroutines and heap come back to
+// their baseline after thousands of clients have come and gone. It
 // reports delivery throughput, latency percentiles and, when given the
 // gateway's pid, the gateway's CPU time and peak RSS over the run.
 //
@@ -31,7 +33,14 @@
 //     A GraphQL watcher that finds its reader between two reads reads the
 //     connection itself, skipping data, until the gateway's close arrives;
 //     the reader's next read waits for it;
-//   - one publisher goroutine.
+//   - one publisher goroutine;
+//   - in a churn run (Config.Churn), one soak goroutine, which reads the
+//     gateway's /metrics on its schedule and owns Config.ChurnClients
+//     churner goroutines: each runs its sessions one after another, is
+//     the only goroutine that reads its current connection, and has a
+//     close watcher per connection like a client's. The soak waits for
+//     every churner before it reads the gateway's after figures, and Run
+//     waits for the soak.
 //
 // The monitor loop runs on the caller's goroutine: it reads per-client atomic
 // counters (stored once per frame), writes Config.Progress and decides when the

@@ -39,6 +39,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("loadtest: %w", err)
 	}
 	defer out.close()
+	var sk *soak
+	if cfg.Churn > 0 { // fail before connecting anything if the gateway's figures cannot be read
+		mr := newMetricsReader(cfg.MetricsURL, cfg.Timeout)
+		if _, err := mr.read(ctx); err != nil {
+			return nil, fmt.Errorf("loadtest: churn: %w", err)
+		}
+		sk = newSoak(&cfg, mr)
+	}
 	var primer string // a resume run's primer's cursor
 	if cfg.ResumeShare > 0 {
 		if primer, err = checkDurable(ctx, &cfg, out); err != nil {
@@ -58,7 +66,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			c.subCursor = primer
 		}
 	}
-	res, err := execute(ctx, &cfg, out, clients)
+	res, err := execute(ctx, &cfg, out, clients, sk)
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: %w", err)
 	}
@@ -84,9 +92,10 @@ func sampleUsage(cfg *Config) (usage, error) {
 	return u, nil
 }
 
-// execute runs the measured part: readers start, the publisher starts, the
-// monitor waits for the end, then everything is stopped and waited for.
-func execute(ctx context.Context, cfg *Config, out sink, clients []*client) (*Result, error) {
+// execute runs the measured part: readers start, the publisher starts (and
+// in a churn run the soak, sk), the monitor waits for the end, then
+// everything is stopped and waited for.
+func execute(ctx context.Context, cfg *Config, out sink, clients []*client, sk *soak) (*Result, error) {
 	stopCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait() // runs after stop (defers run last-in first-out)
@@ -116,9 +125,42 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client) (*Re
 	published := make(chan error, 1)
 	wg.Go(func() { published <- publish(stopCtx, out, cfg, &sent) })
 
-	m := monitor{cfg: cfg, clients: clients, start: start}
+	churned := make(chan *ChurnStats, 1)
+	if sk != nil {
+		wg.Go(func() { churned <- sk.run(ctx, stopCtx, start, &sent) })
+	}
+
+	m := monitor{cfg: cfg, clients: clients, start: start, soak: sk}
 	if err := m.wait(ctx, finished, published); err != nil {
 		return nil, err
+	}
+	complete := !m.timedOut && m.delivered() >= int64(len(clients))*int64(cfg.Events)
+	if complete && m.published == 0 {
+		// The last delivery can beat the publisher's final flush (and
+		// its count of the last event), which is about to return.
+		select {
+		case err := <-published:
+			if err == nil {
+				m.published = time.Since(start)
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	var cs *ChurnStats
+	if sk != nil {
+		// The soak's schedule ends with the publishing; a run that ended
+		// before every client held every event (a stall, clients gone)
+		// stops it early. (Not the publisher's count: the last event can
+		// reach every client before the publisher has counted it.)
+		if !complete {
+			stop()
+		}
+		select {
+		case cs = <-churned:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	after, err := sampleUsage(cfg)
 	if err != nil {
@@ -129,5 +171,7 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client) (*Re
 	}
 	stop()
 	wg.Wait() // readers have exited: their tallies are ours to read
-	return collect(cfg, clients, &m, before, after), nil
+	res := collect(cfg, clients, &m, before, after)
+	res.Churn = cs
+	return res, nil
 }

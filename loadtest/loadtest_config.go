@@ -18,6 +18,12 @@ const (
 	DefaultEvents  = 20000
 	DefaultSize    = 256
 	DefaultTimeout = 15 * time.Second
+
+	// Churn runs (Config.Churn).
+	DefaultChurnClients  = 50
+	DefaultChurnRate     = 500 // events/s when Rate is not given
+	DefaultChurnBaseline = 5 * time.Second
+	DefaultChurnSettle   = 15 * time.Second
 )
 
 // maxBitmapBytes bounds the per-client "seen" bitmaps (Clients × Events bits),
@@ -73,6 +79,33 @@ type Config struct {
 	// failing run can be repeated; 0 draws one (Result.Resume reports it).
 	ResumeSeed uint64
 
+	// Churn, when above 0, makes the run a churn soak (see churn.go):
+	// besides the Clients, which stay connected and are verified as
+	// usual, ChurnClients clients connect, subscribe, receive for a short
+	// random time and leave, over and over, for this long. Events flow at
+	// Rate for ChurnBaseline + Churn + ChurnSettle, and the gateway's
+	// goroutines and heap (read from MetricsURL) must come back to their
+	// baseline afterwards. Events is derived from that schedule and must
+	// be left 0; Rate defaults to DefaultChurnRate.
+	Churn time.Duration
+	// ChurnClients is how many clients churn concurrently; default 50.
+	ChurnClients int
+	// ChurnBaseline is how long events flow to the Clients alone before
+	// churn starts; the gateway's baseline is read over its last part.
+	// Default 5s.
+	ChurnBaseline time.Duration
+	// ChurnSettle is how long events keep flowing after the churners have
+	// gone; the gateway's "after" figures are read over its last part, as
+	// long as ChurnBaseline's. Default 15s; at least ChurnBaseline.
+	ChurnSettle time.Duration
+	// ChurnSeed draws the churners' session kinds and lengths; 0 draws
+	// one (Result.Churn reports it).
+	ChurnSeed uint64
+	// MetricsURL is the gateway's Prometheus endpoint for a churn run;
+	// default URL's host with path /metrics (the gateway serves both on
+	// one listener).
+	MetricsURL string
+
 	// CPUProfile, when set, receives a CPU profile (pprof format) of this
 	// process over the measured window of Run: from the first publish to
 	// the end of delivery, the window LoadtestCPUSeconds covers.
@@ -83,6 +116,9 @@ type Config struct {
 func (c *Config) setDefaults() error {
 	if c.Clients == 0 {
 		c.Clients = DefaultClients
+	}
+	if c.Churn > 0 {
+		c.setChurnDefaults()
 	}
 	if c.Events == 0 {
 		c.Events = DefaultEvents
@@ -178,6 +214,9 @@ func (c *Config) validate() error {
 	case int64(c.Clients)*int64(c.Events)/8 > maxBitmapBytes:
 		return fmt.Errorf("%w: Clients×Events %d×%d needs over 1 GiB of verification bitmaps",
 			ErrInvalidConfig, c.Clients, c.Events)
+	}
+	if err := c.validateChurn(); err != nil {
+		return err
 	}
 	if err := checkWSURL("URL", c.URL); err != nil {
 		return err

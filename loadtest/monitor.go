@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"time"
 )
 
@@ -13,6 +14,7 @@ type monitor struct {
 	cfg     *Config   // static
 	clients []*client // static
 	start   time.Time // first publish
+	soak    *soak     // static: a churn run's, for its progress; nil otherwise
 
 	published time.Duration // publish + flush time; 0 if the publisher had not finished
 	timedOut  bool          // stopped because delivery made no progress for cfg.Timeout
@@ -31,6 +33,9 @@ func (m *monitor) wait(ctx context.Context, finished <-chan struct{}, published 
 	tick := time.NewTicker(pollInterval(m.cfg.Timeout))
 	defer tick.Stop()
 	p := progress{w: m.cfg.Progress, expected: int64(len(m.clients)) * int64(m.cfg.Events), start: m.start, at: m.start}
+	if m.soak != nil {
+		p.churn = &m.soak.connects
+	}
 	var last int64
 	lastChange := m.start
 	for done := 0; done < len(m.clients); {
@@ -75,9 +80,10 @@ func (m *monitor) delivered() int64 {
 type progress struct {
 	w        io.Writer // nil: print nothing
 	expected int64
-	start    time.Time // first publish
-	at       time.Time // time of the last line (or of the start)
-	n        int64     // delivered at the last line
+	start    time.Time     // first publish
+	at       time.Time     // time of the last line (or of the start)
+	n        int64         // delivered at the last line
+	churn    *atomic.Int64 // a churn run's sessions so far; nil otherwise
 }
 
 func (p *progress) tick(now time.Time, n int64) {
@@ -101,7 +107,11 @@ func (p *progress) line(n int64, rate float64, unit string) {
 	if p.expected > 0 {
 		pct = 100 * float64(n) / float64(p.expected)
 	}
-	_, _ = fmt.Fprintf(p.w, "delivered %d/%d (%.1f%%) %s%s\n", n, p.expected, pct, siRate(rate), unit)
+	churn := ""
+	if p.churn != nil {
+		churn = fmt.Sprintf(", churn connects %d", p.churn.Load())
+	}
+	_, _ = fmt.Fprintf(p.w, "delivered %d/%d (%.1f%%) %s%s%s\n", n, p.expected, pct, siRate(rate), unit, churn)
 }
 
 // siRate formats a rate with an SI suffix: 1.21M, 850.3k, 12.

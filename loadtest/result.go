@@ -30,6 +30,10 @@ type Result struct {
 	// Resume is set when clients dropped and resumed (Config.ResumeShare);
 	// their deliveries are in the counts above, verified like everyone's.
 	Resume *ResumeStats
+	// Churn is set for a churn run (Config.Churn): the churners' sessions
+	// and the gateway's goroutines and heap around them. Its OK is part
+	// of Result.OK.
+	Churn *ChurnStats
 
 	// Timing. Elapsed runs from the first publish to the last delivery.
 	Elapsed          time.Duration
@@ -51,10 +55,12 @@ type Result struct {
 }
 
 // OK reports whether every client received every event exactly once, in
-// order, and nothing else went wrong on the wire.
+// order, and nothing else went wrong on the wire; in a churn run, also
+// whether the churn was clean and the gateway came back to its baseline
+// (ChurnStats.OK).
 func (r *Result) OK() bool {
 	return r.Gaps == 0 && r.Duplicates == 0 && r.OutOfOrder == 0 && r.Missing == 0 &&
-		r.Unexpected == 0 && r.Malformed == 0 && r.ServerErrors == 0
+		r.Unexpected == 0 && r.Malformed == 0 && r.ServerErrors == 0 && (r.Churn == nil || r.Churn.OK())
 }
 
 // collect sums the clients' tallies once their readers have exited.

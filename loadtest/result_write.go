@@ -37,6 +37,9 @@ func (r *Result) WriteTable(w io.Writer) {
 		row("resuming clients", "%d × %d drops (seed %d)", rs.Clients, rs.Drops, rs.Seed)
 		row("reconnects", "%d: reconnect %s, catch-up %s (totals)", rs.Reconnects, roundDur(rs.ReconnectTime), roundDur(rs.CatchUpTime))
 	}
+	if c := r.Churn; c != nil {
+		writeChurn(row, c)
+	}
 	row("elapsed", "%s (publish %s)", roundDur(r.Elapsed), roundDur(r.PublishElapsed))
 	row("deliveries/s", "%s", siRate(r.DeliveriesPerSec))
 	row("latency p50 / p95 / p99", "%s / %s / %s", roundDur(r.LatencyP50), roundDur(r.LatencyP95), roundDur(r.LatencyP99))
@@ -50,6 +53,8 @@ func (r *Result) WriteTable(w io.Writer) {
 	switch {
 	case r.TimedOut:
 		verdict = "FAIL (timed out: no delivery progress)"
+	case r.Churn != nil && !r.Churn.OK():
+		verdict = "FAIL (" + r.Churn.Problem() + ")"
 	case !r.OK():
 		verdict = "FAIL"
 	}
@@ -92,6 +97,7 @@ type resultJSON struct {
 	CPUPerDeliveryMicros     *float64    `json:"cpu_per_delivery_micros,omitempty"`
 	LoadtestCPUSeconds       float64     `json:"loadtest_cpu_seconds"`
 	Resume                   *resumeJSON `json:"resume,omitempty"`
+	Churn                    *churnJSON  `json:"churn,omitempty"`
 }
 
 type resumeJSON struct {
@@ -105,7 +111,8 @@ type resumeJSON struct {
 
 // WriteJSON writes r as one JSON object with snake_case keys, then a newline.
 // The gateway_* and cpu_per_delivery_micros keys are present only when the
-// gateway was sampled, and "resume" only when clients dropped and resumed.
+// gateway was sampled, "resume" only when clients dropped and resumed, and
+// "churn" only in a churn run.
 func (r *Result) WriteJSON(w io.Writer) error {
 	j := resultJSON{
 		OK: r.OK(), Subject: r.Subject,
@@ -132,6 +139,9 @@ func (r *Result) WriteJSON(w io.Writer) error {
 	}
 	if rs := r.Resume; rs != nil {
 		j.Resume = &resumeJSON{rs.Clients, rs.Drops, rs.Seed, rs.Reconnects, rs.ReconnectTime.Seconds(), rs.CatchUpTime.Seconds()}
+	}
+	if c := r.Churn; c != nil {
+		j.Churn = newChurnJSON(c)
 	}
 	if err := json.NewEncoder(w).Encode(j); err != nil {
 		return fmt.Errorf("write result: %w", err)

@@ -26,7 +26,10 @@ func loadtestCommand() *command {
 (an existing gateway and the NATS it consumes; add --pid to sample its CPU and RSS).
 --url is the native endpoint even with --proto graphql: the GraphQL endpoint is derived
 from it (or given with --graphql-url), and a --resume run's primer check speaks native.
-Exits 1 on any gap, duplicate, missing or unexpected delivery.`
+Exits 1 on any gap, duplicate, missing or unexpected delivery; with --churn also when a churning
+client's stream has a gap or a repeat, a churn session fails, or the gateway's goroutines, heap
+in use, connections or subscriptions do not come back to their baseline (the gateway's /metrics
+must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 	var (
 		cfg        loadtest.Config
 		spawn      bool
@@ -42,9 +45,9 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	)
 	fs := c.fs
 	fs.IntVar(&cfg.Clients, "clients", loadtest.DefaultClients, "WebSocket clients, each subscribed to the hot subject")
-	fs.IntVar(&cfg.Events, "events", loadtest.DefaultEvents, "events to publish")
+	fs.IntVar(&cfg.Events, "events", 0, fmt.Sprintf("events to publish (0: %d; with --churn it is derived: --rate × (--churn-baseline + --churn + --churn-settle), and may not be given)", loadtest.DefaultEvents))
 	fs.IntVar(&cfg.Size, "size", loadtest.DefaultSize, "bytes per event (its JSON data)")
-	fs.IntVar(&cfg.Rate, "rate", 0, "events per second; 0 = burst, as fast as possible")
+	fs.IntVar(&cfg.Rate, "rate", 0, fmt.Sprintf("events per second; 0 = burst, as fast as possible (with --churn: %d/s)", loadtest.DefaultChurnRate))
 	fs.StringVar(&cfg.URL, "url", "", "gateway WebSocket URL, e.g. ws://127.0.0.1:8080/ws")
 	fs.StringVar(&cfg.Proto, "proto", loadtest.ProtoNative, "what the clients speak: native (the gateway's protocol at --url) or graphql (a GraphQL events subscription over graphql-transport-ws at --graphql-url, one event per WebSocket message); deliveries are verified the same way")
 	fs.StringVar(&cfg.GraphQLURL, "graphql-url", "", "with --proto graphql: the gateway's GraphQL WebSocket URL (default: --url with its final /ws replaced by /graphql, e.g. ws://127.0.0.1:8080/graphql; with --spawn, the spawned gateway's)")
@@ -66,6 +69,12 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 	fs.Uint64Var(&cfg.ResumeSeed, "resume-seed", 0, "with --resume: seed choosing the resuming clients and their drop points (0: a random one, printed with the result; give it to repeat a run)")
 	fs.IntVar(&behind, "resume-behind", 0, "instead of the fan-out test: a client leaves, this many events are published, and it resumes from its cursor; reports the catch-up rate (needs --broker jetstream on the gateway)")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "fan-out test: write a CPU profile of this (the loadtest) process, from the first publish to the end of delivery, to this file (go tool pprof)")
+	fs.DurationVar(&cfg.Churn, "churn", 0, "churn soak: besides --clients (connected throughout, verified as usual), --churn-clients clients connect, subscribe, receive for up to half a second and leave (clean closes, TCP drops, resubscriptions on one connection, drops before subscribing), over and over, for this long (0: off); events flow at --rate throughout, and the gateway's goroutines and heap (from --metrics-url) must come back to their baseline")
+	fs.IntVar(&cfg.ChurnClients, "churn-clients", loadtest.DefaultChurnClients, "with --churn: concurrent churning clients")
+	fs.DurationVar(&cfg.ChurnBaseline, "churn-baseline", loadtest.DefaultChurnBaseline, "with --churn: how long events flow to --clients alone before churn starts; the baseline is read over its second half")
+	fs.DurationVar(&cfg.ChurnSettle, "churn-settle", loadtest.DefaultChurnSettle, "with --churn: how long events keep flowing once the churners have left; the after figures are read over its last part, as long as the baseline's window (at least --churn-baseline)")
+	fs.Uint64Var(&cfg.ChurnSeed, "churn-seed", 0, "with --churn: seed drawing the sessions' kinds and lengths (0: a random one, printed with the result)")
+	fs.StringVar(&cfg.MetricsURL, "metrics-url", "", "with --churn: the gateway's Prometheus endpoint, which must carry the Go collector's go_goroutines and go_memstats_heap_inuse_bytes (default: --url's host, path /metrics; with --spawn, the spawned gateway's)")
 	fs.DurationVar(&idle, "idle", 0, "instead of publishing: connect --clients subscribed clients, wait this long, and report the gateway's RSS per idle connection")
 	c.run = func([]string) error {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -89,8 +98,8 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 			return fmt.Errorf("--consumer %s applies to a gateway this run spawns on JetStream (--spawn --broker jetstream); an existing gateway runs the mode it was started with", consumer)
 		}
 		if spawn {
-			if cfg.URL != "" || cfg.GraphQLURL != "" || cfg.NATSURL != "" || pid != 0 {
-				return errors.New("--spawn starts its own gateway: drop --url, --graphql-url, --nats and --pid")
+			if cfg.URL != "" || cfg.GraphQLURL != "" || cfg.NATSURL != "" || cfg.MetricsURL != "" || pid != 0 {
+				return errors.New("--spawn starts its own gateway: drop --url, --graphql-url, --nats, --metrics-url and --pid")
 			}
 			child, err := spawnGateway(ctx, spawnRole, extra)
 			if err != nil {
@@ -104,6 +113,9 @@ Exits 1 on any gap, duplicate, missing or unexpected delivery.`
 		cfg.Proc = loadtest.ProcSampler{PID: pid}
 		if cfg.ResumeShare != 0 && (behind > 0 || idle > 0) {
 			return errors.New("--resume applies to the fan-out test: drop --resume-behind or --idle")
+		}
+		if cfg.Churn != 0 && (behind > 0 || idle > 0 || cfg.ResumeShare != 0) {
+			return errors.New("--churn is a test of its own: drop --resume, --resume-behind or --idle")
 		}
 		if behind > 0 {
 			res, err := loadtest.Resume(ctx, cfg, behind)

@@ -1,0 +1,30 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestLoadtestChurnFlags: a churn soak is a test of its own, its event
+// count is derived, and a spawned gateway's metrics URL is the loadtest's
+// to know; each misuse is refused before anything connects, naming it.
+func TestLoadtestChurnFlags(t *testing.T) {
+	existing := []string{"--url", "ws://127.0.0.1:1/ws", "--nats", "nats://127.0.0.1:1"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{append([]string{"--churn", "5s", "--idle", "1s"}, existing...), "--churn is a test of its own"},
+		{append([]string{"--churn", "5s", "--resume", "0.5", "--broker", "jetstream"}, existing...), "--churn is a test of its own"},
+		{append([]string{"--churn", "5s", "--events", "100"}, existing...), "Events 100 with Churn"},
+		{append([]string{"--churn", "5s", "--churn-baseline", "20s"}, existing...), "ChurnSettle 15s is shorter than ChurnBaseline 20s"},
+		{[]string{"--spawn", "--churn", "5s", "--metrics-url", "http://127.0.0.1:1/metrics"}, "drop --url, --graphql-url, --nats, --metrics-url and --pid"},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(append([]string{"loadtest"}, tc.args...), &out, &errOut)
+		if code != 1 || !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("loadtest %s: exit %d, %q; want exit 1 and %q", strings.Join(tc.args, " "), code, errOut.String(), tc.want)
+		}
+	}
+}
