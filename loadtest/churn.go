@@ -295,13 +295,7 @@ func (s *churnSession) handleFrame(frame []byte) error {
 		var msg []byte
 		var kind msgKind
 		var seq uint64
-		if s.nc == nil {
-			msg, frame = frame, nil
-			kind, seq, _ = parseNext(msg)
-		} else {
-			msg, frame = nextMessage(frame)
-			kind, seq, _ = parseMessage(msg)
-		}
+		msg, frame, kind, seq, _ = splitFrame(frame, s.nc == nil)
 		switch kind {
 		case kindEvent:
 			s.observe(seq, msg)

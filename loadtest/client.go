@@ -94,6 +94,18 @@ func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 	}
 }
 
+// splitFrame takes the first message off a frame: a native frame holds
+// newline-separated messages, a GraphQL one exactly one.
+func splitFrame(frame []byte, gql bool) (msg, rest []byte, kind msgKind, seq uint64, ts int64) {
+	if gql {
+		kind, seq, ts = parseNext(frame)
+		return frame, nil, kind, seq, ts
+	}
+	msg, rest = nextMessage(frame)
+	kind, seq, ts = parseMessage(msg)
+	return msg, rest, kind, seq, ts
+}
+
 // handleFrame verifies every event in one frame. now is the frame's receive
 // time: every event in a frame arrived at that moment, so one clock read per
 // frame serves them all (a GraphQL message's is when the socket read that
@@ -108,13 +120,7 @@ func (c *client) handleFrame(frame []byte, now int64) (drop bool) {
 		var kind msgKind
 		var seq uint64
 		var ts int64
-		if c.gql {
-			msg, frame = frame, nil
-			kind, seq, ts = parseNext(msg)
-		} else {
-			msg, frame = nextMessage(frame)
-			kind, seq, ts = parseMessage(msg)
-		}
+		msg, frame, kind, seq, ts = splitFrame(frame, c.gql)
 		switch kind {
 		case kindEvent:
 			c.v.observe(seq)

@@ -38,42 +38,35 @@ func buildBinary(t *testing.T) string {
 // has), on JetStream and on Redis Streams.
 func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
 	bin := buildBinary(t)
-	for _, kind := range []string{"jetstream", "redis"} {
-		t.Run(kind, func(t *testing.T) {
-			pg := pgtest.Start(t, pgtest.Config{})
-			pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY, v int)")
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			args, count := ingestBroker(ctx, t, kind)
-			port, err := freePort()
-			if err != nil {
-				t.Fatal(err)
-			}
-			args = append([]string{"ingest", "--pg", pg.DSN("postgres"), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn"}, args...)
-			var logs bytes.Buffer
-			var logMu sync.Mutex
-			start := starter(t, bin, args, &logs, &logMu)
-			cmd := start()
-			// Writers: 1,500 single-row transactions, while the ingest is
-			// killed and started again.
-			const n = 1500
-			written := writeRows(ctx, pg.DSN("postgres"), n)
-			// Kill it once events flow, then twice more.
-			cmd = killThrice(cmd, start, func() int { return len(count()) }, 300)
-			defer func() {
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-			}()
-			if err := <-written; err != nil {
-				t.Fatal(err)
-			}
-			checkOnce(t, count, n, func() string {
-				logMu.Lock()
-				defer logMu.Unlock()
-				return logs.String()
-			})
+	forEachIngestBroker(t, 60*time.Second, func(ctx context.Context, t *testing.T, pg *pgtest.Server, args []string, count func() map[string]int) {
+		port, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		args = append([]string{"ingest", "--pg", pg.DSN("postgres"), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn"}, args...)
+		var logs bytes.Buffer
+		var logMu sync.Mutex
+		start := starter(t, bin, args, &logs, &logMu)
+		cmd := start()
+		// Writers: 1,500 single-row transactions, while the ingest is
+		// killed and started again.
+		const n = 1500
+		written := writeRows(ctx, pg.DSN("postgres"), n)
+		// Kill it once events flow, then twice more.
+		cmd = killThrice(cmd, start, func() int { return len(count()) }, 300)
+		defer func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}()
+		if err := <-written; err != nil {
+			t.Fatal(err)
+		}
+		checkOnce(t, count, n, func() string {
+			logMu.Lock()
+			defer logMu.Unlock()
+			return logs.String()
 		})
-	}
+	})
 }
 
 // TestIngestFailover runs two ingest processes for one slot while
@@ -85,96 +78,105 @@ func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
 // takeover times are logged (docs/benchmarks.md, "Ingest failover").
 func TestIngestFailover(t *testing.T) {
 	bin := buildBinary(t)
+	forEachIngestBroker(t, 90*time.Second, func(ctx context.Context, t *testing.T, pg *pgtest.Server, bargs []string, count func() map[string]int) {
+		var logs bytes.Buffer
+		var logMu sync.Mutex
+		type ingest struct {
+			addr  string
+			start func() *exec.Cmd
+			cmd   *exec.Cmd
+		}
+		var nodes [2]*ingest
+		for i := range nodes {
+			port, err := freePort()
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := fmt.Sprintf("127.0.0.1:%d", port)
+			args := append([]string{"ingest", "--pg", pg.DSN("postgres"), "--listen", addr, "--log-level", "info"}, bargs...)
+			nodes[i] = &ingest{addr: addr, start: starter(t, bin, args, &logs, &logMu)}
+		}
+		defer func() {
+			for _, n := range nodes {
+				if n.cmd != nil {
+					_ = n.cmd.Process.Kill()
+					_ = n.cmd.Wait()
+				}
+			}
+		}()
+		dump := func() string {
+			logMu.Lock()
+			defer logMu.Unlock()
+			return logs.String()
+		}
+		// waitFor polls an ingest's /readyz or /metrics until ok.
+		waitFor := func(n *ingest, what string, ok func(status int, body string) bool) {
+			t.Helper()
+			path := "/readyz"
+			if what == "standby" {
+				path = "/metrics"
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for time.Now().Before(deadline) {
+				if resp, err := http.Get("http://" + n.addr + path); err == nil {
+					body, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if ok(resp.StatusCode, string(body)) {
+						return
+					}
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			t.Fatalf("ingest on %s never became %s; logs:\n%s", n.addr, what, dump())
+		}
+		ready := func(status int, _ string) bool { return status == http.StatusOK }
+		standby := func(_ int, body string) bool {
+			return strings.Contains(body, "\nfanwire_ingest_standby 1\n") && strings.Contains(body, "\nfanwire_ingest_ready 0\n")
+		}
+		leader, follower := nodes[0], nodes[1]
+		leader.cmd = leader.start()
+		waitFor(leader, "ready", ready)
+		follower.cmd = follower.start()
+		waitFor(follower, "standby", standby)
+
+		const n = 1500
+		written := writeRows(ctx, pg.DSN("postgres"), n)
+		for kill := 1; kill <= 3; kill++ {
+			deadline := time.Now().Add(30 * time.Second)
+			for len(count()) < kill*300 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			_ = leader.cmd.Process.Kill()
+			killed := time.Now()
+			_ = leader.cmd.Wait()
+			waitFor(follower, "ready", ready)
+			t.Logf("kill %d: the standby took over (ready) %v after the leader's SIGKILL", kill, time.Since(killed).Round(time.Millisecond))
+			leader.cmd = leader.start()
+			waitFor(leader, "standby", standby)
+			leader, follower = follower, leader
+		}
+		if err := <-written; err != nil {
+			t.Fatal(err)
+		}
+		checkOnce(t, count, n, dump)
+		if out := dump(); !strings.Contains(out, "taking over the slot") {
+			t.Fatalf("no takeover logged:\n%s", out)
+		}
+	})
+}
+
+// forEachIngestBroker runs test, as a subtest per broker (JetStream, Redis
+// Streams), with a PostgreSQL cluster holding the table t (id, v), the
+// ingest's broker flags and a count of the events in the broker by key.
+func forEachIngestBroker(t *testing.T, timeout time.Duration, test func(ctx context.Context, t *testing.T, pg *pgtest.Server, brokerArgs []string, count func() map[string]int)) {
 	for _, kind := range []string{"jetstream", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			pg := pgtest.Start(t, pgtest.Config{})
 			pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY, v int)")
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
-			bargs, count := ingestBroker(ctx, t, kind)
-			var logs bytes.Buffer
-			var logMu sync.Mutex
-			type ingest struct {
-				addr  string
-				start func() *exec.Cmd
-				cmd   *exec.Cmd
-			}
-			var nodes [2]*ingest
-			for i := range nodes {
-				port, err := freePort()
-				if err != nil {
-					t.Fatal(err)
-				}
-				addr := fmt.Sprintf("127.0.0.1:%d", port)
-				args := append([]string{"ingest", "--pg", pg.DSN("postgres"), "--listen", addr, "--log-level", "info"}, bargs...)
-				nodes[i] = &ingest{addr: addr, start: starter(t, bin, args, &logs, &logMu)}
-			}
-			defer func() {
-				for _, n := range nodes {
-					if n.cmd != nil {
-						_ = n.cmd.Process.Kill()
-						_ = n.cmd.Wait()
-					}
-				}
-			}()
-			dump := func() string {
-				logMu.Lock()
-				defer logMu.Unlock()
-				return logs.String()
-			}
-			// waitFor polls an ingest's /readyz or /metrics until ok.
-			waitFor := func(n *ingest, what string, ok func(status int, body string) bool) {
-				t.Helper()
-				path := "/readyz"
-				if what == "standby" {
-					path = "/metrics"
-				}
-				deadline := time.Now().Add(30 * time.Second)
-				for time.Now().Before(deadline) {
-					if resp, err := http.Get("http://" + n.addr + path); err == nil {
-						body, _ := io.ReadAll(resp.Body)
-						resp.Body.Close()
-						if ok(resp.StatusCode, string(body)) {
-							return
-						}
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
-				t.Fatalf("ingest on %s never became %s; logs:\n%s", n.addr, what, dump())
-			}
-			ready := func(status int, _ string) bool { return status == http.StatusOK }
-			standby := func(_ int, body string) bool {
-				return strings.Contains(body, "\nfanwire_ingest_standby 1\n") && strings.Contains(body, "\nfanwire_ingest_ready 0\n")
-			}
-			leader, follower := nodes[0], nodes[1]
-			leader.cmd = leader.start()
-			waitFor(leader, "ready", ready)
-			follower.cmd = follower.start()
-			waitFor(follower, "standby", standby)
-
-			const n = 1500
-			written := writeRows(ctx, pg.DSN("postgres"), n)
-			for kill := 1; kill <= 3; kill++ {
-				deadline := time.Now().Add(30 * time.Second)
-				for len(count()) < kill*300 && time.Now().Before(deadline) {
-					time.Sleep(20 * time.Millisecond)
-				}
-				_ = leader.cmd.Process.Kill()
-				killed := time.Now()
-				_ = leader.cmd.Wait()
-				waitFor(follower, "ready", ready)
-				t.Logf("kill %d: the standby took over (ready) %v after the leader's SIGKILL", kill, time.Since(killed).Round(time.Millisecond))
-				leader.cmd = leader.start()
-				waitFor(leader, "standby", standby)
-				leader, follower = follower, leader
-			}
-			if err := <-written; err != nil {
-				t.Fatal(err)
-			}
-			checkOnce(t, count, n, dump)
-			if out := dump(); !strings.Contains(out, "taking over the slot") {
-				t.Fatalf("no takeover logged:\n%s", out)
-			}
+			args, count := ingestBroker(ctx, t, kind)
+			test(ctx, t, pg, args, count)
 		})
 	}
 }

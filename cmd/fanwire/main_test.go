@@ -108,19 +108,8 @@ func TestDevShutsDownGracefullyOnSIGTERM(t *testing.T) {
 		_ = cmd.Process.Kill()
 		<-exited
 	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get("http://" + listen + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fanwire dev not ready: %s", logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !readyWithin(listen, 20*time.Second) {
+		t.Fatalf("fanwire dev not ready: %s", logs.String())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -166,5 +155,24 @@ func TestWSWithoutAuthenticationNeedsAllowAnonymous(t *testing.T) {
 	code = run([]string{"ws", "--nats-url", "nats://127.0.0.1:1", "--allow-anonymous", "--anonymous-grants", "a.>.b", "--listen", "127.0.0.1:0", "--log-level", "error"}, &out, &errOut)
 	if code == 0 || !strings.Contains(errOut.String(), "--anonymous-grants") {
 		t.Errorf("bad --anonymous-grants: exit %d, %q", code, errOut.String())
+	}
+}
+
+// readyWithin polls http://addr/readyz until it answers 200 (true) or
+// within has passed (false).
+func readyWithin(addr string, within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	for {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return true
+			}
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

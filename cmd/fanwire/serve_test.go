@@ -41,19 +41,8 @@ func TestHandshakeTimeoutReachesTheServer(t *testing.T) {
 			t.Errorf("serveGateway: %v", err)
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get("http://" + listen + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("fanwire ws not ready")
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !readyWithin(listen, 10*time.Second) {
+		t.Fatal("fanwire ws not ready")
 	}
 
 	conn, err := net.DialTimeout("tcp", listen, 5*time.Second)
