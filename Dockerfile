@@ -1,6 +1,8 @@
 # fanwire: one static binary on distroless. Build: docker build -t fanwire .
-# Run: docker run -p 8080:8080 -e FANWIRE_NATS_URL=nats://nats:4222 fanwire
-# (README, "Container").
+# Run: docker run -p 8080:8080 -e FANWIRE_NATS_URL=nats://nats:4222 \
+#        -e FANWIRE_JWT_SECRET_FILE=/run/secrets/jwt fanwire
+# (ws refuses to start without a JWT key unless FANWIRE_ALLOW_ANONYMOUS=true;
+# README, "Container").
 
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
