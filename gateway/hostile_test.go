@@ -766,6 +766,51 @@ func TestHandshakeTimeoutComesFromConfig(t *testing.T) {
 	}
 }
 
+// TestMaxHandshakes: with MaxHandshakes connections waiting for their
+// first request, a new TCP connection is closed at once and counted as
+// max_handshakes; once the waiting ones are gone, clients connect again.
+func TestMaxHandshakes(t *testing.T) {
+	const max, over = 50, 20
+	e := newEnv(t, func(c *gateway.Config) { c.MaxHandshakes = max; c.HandshakeTimeout = 30 * time.Second })
+	addr := e.http.Listener.Addr().String()
+	dial := func() net.Conn {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	var silent []net.Conn
+	defer func() {
+		for _, c := range silent {
+			c.Close()
+		}
+	}()
+	for range max {
+		silent = append(silent, dial())
+	}
+	waitCounted(t, e, "the silent connections pending", func() bool { return gateway.PendingHandshakes(e.srv) == max })
+	for i := range over {
+		c := dial()
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, err := io.ReadAll(c)
+		c.Close()
+		if (err != nil && !errors.Is(err, syscall.ECONNRESET)) || len(got) != 0 {
+			t.Fatalf("connection %d over the cap: read %q, %v; want it closed at once without an answer", i, got, err)
+		}
+	}
+	waitCounted(t, e, "max_handshakes counted", func() bool {
+		return e.metric("fanwire_connections_rejected_total", map[string]string{"reason": "max_handshakes"}) == over
+	})
+	for _, c := range silent {
+		c.Close()
+	}
+	silent = nil
+	waitCounted(t, e, "the silent connections forgotten", func() bool { return gateway.PendingHandshakes(e.srv) == 0 })
+	cl := e.dial()
+	cl.subscribe("s", "orders.>")
+}
+
 // feed is the well-behaved side: clients subscribed to one subject and a
 // publisher sending it a numbered sequence for the whole suite.
 type feed struct {

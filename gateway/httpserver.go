@@ -33,7 +33,9 @@ const (
 // again, headers are at most 64 KiB, and a keep-alive connection is closed
 // after 120 s without a request. Connections closed before their first request's
 // headers arrived, at or after the handshake timeout, are counted in
-// fanwire_connections_rejected_total{reason="handshake_timeout"}.
+// fanwire_connections_rejected_total{reason="handshake_timeout"}; while
+// Config.MaxHandshakes connections wait for their first request, a new one
+// is closed at once (reason "max_handshakes").
 //
 // There is no read or write timeout: an upgraded connection's lifetime is
 // governed by pings (PingInterval, PingTimeout) and its mailbox bounds.
@@ -54,8 +56,9 @@ func (s *Server) HTTPServer() *http.Server {
 // itself (ReadHeaderTimeout) and tells no one; its ConnState hook sees the
 // close, and the handler marks a connection whose request got through.
 type handshakes struct {
-	timeout  time.Duration // static
-	rejected func()        // static: counts one handshake timeout
+	timeout  time.Duration       // static
+	max      int                 // static: most pending connections (Config.MaxHandshakes)
+	rejected func(reason string) // static: counts one rejected connection
 
 	mu      sync.Mutex
 	pending map[net.Conn]*pendingConn // guarded by mu: accepted, first request not yet past its handler
@@ -68,15 +71,24 @@ type pendingConn struct {
 
 type pendingKey struct{}
 
-// connContext runs in net/http's accept loop, once per connection.
+// connContext runs in net/http's accept loop, once per connection. Over
+// the cap, it closes the connection before net/http reads from it: its
+// goroutine finds it closed and ends.
 func (h *handshakes) connContext(ctx context.Context, c net.Conn) context.Context {
 	p := &pendingConn{accepted: time.Now()}
 	h.mu.Lock()
 	if h.pending == nil {
 		h.pending = make(map[net.Conn]*pendingConn)
 	}
-	h.pending[c] = p
+	full := h.max > 0 && len(h.pending) >= h.max
+	if !full {
+		h.pending[c] = p
+	}
 	h.mu.Unlock()
+	if full {
+		_ = c.Close()
+		h.rejected("max_handshakes")
+	}
 	return context.WithValue(ctx, pendingKey{}, p)
 }
 
@@ -137,6 +149,6 @@ func (h *handshakes) connState(c net.Conn, st http.ConnState) {
 	delete(h.pending, c)
 	h.mu.Unlock()
 	if ok && st == http.StateClosed && !p.handled.Load() && time.Since(p.accepted) >= h.timeout {
-		h.rejected()
+		h.rejected("handshake_timeout")
 	}
 }

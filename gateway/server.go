@@ -82,8 +82,8 @@ func New(cfg Config) (*Server, error) {
 	s.hub.keepRecent = s.durable != nil
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.invalidLogs = rateLimiter{every: 10 * time.Second}
-	s.handshakes = handshakes{timeout: cfg.HandshakeTimeout, rejected: func() {
-		m.ConnectionsRejected.WithLabelValues("handshake_timeout").Inc()
+	s.handshakes = handshakes{timeout: cfg.HandshakeTimeout, max: cfg.MaxHandshakes, rejected: func(reason string) {
+		m.ConnectionsRejected.WithLabelValues(reason).Inc()
 	}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ws", s.serveWS)

@@ -42,6 +42,14 @@ type Config struct {
 	// (POST /api/publish, POST /graphql) gets as long again after its
 	// headers (see HTTPServer; default 10s).
 	HandshakeTimeout time.Duration
+	// MaxHandshakes caps the connections accepted whose first request has
+	// not been handled yet (a WebSocket not upgraded yet). Over it a new
+	// TCP connection is closed at once, counted as
+	// rejected{reason="max_handshakes"}: a flood of connections that never
+	// send a request costs at most this many goroutines, not rate ×
+	// HandshakeTimeout (default 4096; well-behaved clients are past their
+	// handshake in milliseconds).
+	MaxHandshakes int
 
 	APIKey          string   // when set, POST /api/publish needs "Authorization: Bearer <key>" (shorthand for one APIKeys entry, "default", publishing anywhere)
 	APIKeys         []APIKey // when set, POST /api/publish needs one of these keys, and publishes only where it may
@@ -96,6 +104,7 @@ func (c *Config) setDefaults() {
 	def(&c.MaxFrameBytes, 64<<10)
 	defDur(&c.MaxPace, 50*time.Millisecond)
 	defDur(&c.HandshakeTimeout, 10*time.Second)
+	def(&c.MaxHandshakes, 4096)
 	defDur(&c.PingInterval, 30*time.Second)
 	defDur(&c.PingTimeout, 10*time.Second)
 	defDur(&c.CloseTimeout, 5*time.Second)
@@ -153,6 +162,7 @@ func (c *Config) validate() error {
 	pos("ReadLimit", c.ReadLimit)
 	pos("MaxFrameBytes", int64(c.MaxFrameBytes))
 	pos("HandshakeTimeout", int64(c.HandshakeTimeout))
+	pos("MaxHandshakes", int64(c.MaxHandshakes))
 	pos("PingInterval", int64(c.PingInterval))
 	pos("PingTimeout", int64(c.PingTimeout))
 	pos("CloseTimeout", int64(c.CloseTimeout))

@@ -54,6 +54,7 @@ type wsFlags struct {
 	maxFrameBytes    int
 	maxPace          time.Duration
 	handshakeTimeout time.Duration
+	maxHandshakes    int
 	pingInterval     time.Duration
 	pingTimeout      time.Duration
 	shutdownTimeout  time.Duration
@@ -87,6 +88,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.Int64Var(&f.readLimit, "read-limit", 64<<10, "largest client frame in bytes; over it: close 1009")
 	fs.IntVar(&f.maxFrameBytes, "max-frame-bytes", 64<<10, "the writer coalesces queued messages into frames up to this size")
 	fs.DurationVar(&f.maxPace, "max-pace", 50*time.Millisecond, "when most clients' mailboxes are over half full (node saturated), the dispatcher waits up to this long per batch for them to drain instead of disconnecting them; negative: never wait")
+	fs.IntVar(&f.maxHandshakes, "max-handshakes", 4096, "most connections waiting for their first request (a WebSocket not upgraded yet); over it a new connection is closed at once, so a flood of silent connections costs at most this many")
 	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", 10*time.Second, "a connection must send its request headers (for /ws: the WebSocket upgrade) within this of connecting, or it is closed without an answer; a request body (POST /api/publish, /graphql) gets as long again")
 	fs.DurationVar(&f.pingInterval, "ping-interval", 30*time.Second, "server WebSocket ping period")
 	fs.DurationVar(&f.pingTimeout, "ping-timeout", 10*time.Second, "a ping unanswered this long closes the connection")
@@ -259,6 +261,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		MaxFrameBytes:       f.maxFrameBytes,
 		MaxPace:             f.maxPace,
 		HandshakeTimeout:    f.handshakeTimeout,
+		MaxHandshakes:       f.maxHandshakes,
 		PingInterval:        f.pingInterval,
 		PingTimeout:         f.pingTimeout,
 		APIKey:              f.apiKey,
