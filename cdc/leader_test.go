@@ -20,6 +20,17 @@ func TestStandbyTakesOver(t *testing.T) {
 	r.events(1)
 	leader, stopLeader := r.in, r.stop
 
+	// A standby stopped while it waits ends at once (its wait is a query
+	// the context cancels).
+	r.startStandby(nil)
+	stopped := make(chan struct{})
+	go func() { r.stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a waiting standby did not stop within 10 s")
+	}
+
 	r.startStandby(nil)
 	if !r.in.Standby() || r.in.Ready() {
 		t.Fatalf("second ingest: standby %v, ready %v; want a standby, not ready", r.in.Standby(), r.in.Ready())
