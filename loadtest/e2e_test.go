@@ -62,25 +62,11 @@ func TestRunGraphQLAgainstGateway(t *testing.T) {
 		resume float64
 	}{{"nats", 0}, {"jetstream", 0}, {"jetstream", 0.3}} {
 		t.Run(fmt.Sprintf("%s/resume=%v", tc.kind, tc.resume), func(t *testing.T) {
-			natsURL := startNATS(t)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			cfg := Config{NATSURL: natsURL, Proto: ProtoGraphQL, Clients: 20, Events: 2000, Size: 200, RcvBuf: 1 << 20,
+			cfg := Config{Proto: ProtoGraphQL, Clients: 20, Events: 2000, Size: 200, RcvBuf: 1 << 20,
 				Proc: ProcSampler{PID: os.Getpid()}, ResumeShare: tc.resume, ResumeDrops: 2}
-			var b broker.Broker
-			var err error
-			var subjects []string
-			if tc.kind == "jetstream" {
-				cfg.Broker, subjects = "jetstream", []string{"loadtest.>"}
-				b, err = broker.DialJetStream(ctx, broker.JetStreamConfig{
-					NATSConfig: broker.NATSConfig{URL: natsURL, Subjects: subjects}, Storage: "memory"})
-			} else {
-				b, err = broker.DialNATS(ctx, broker.NATSConfig{URL: natsURL})
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = b.Close() }) // after the gateway's cleanup: cleanups run last-in first-out
+			b, subjects := testBroker(ctx, t, &cfg, tc.kind)
 			cfg.URL = startGateway(t, b, subjects)
 
 			res, err := Run(ctx, cfg)
@@ -158,23 +144,7 @@ func TestRunWithResumingClients(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			cfg := Config{Clients: 20, Events: 3000, Size: 200, Rate: tc.rate, RcvBuf: 1 << 20, ResumeShare: 0.5, ResumeDrops: 3}
-			var b broker.Broker
-			var err error
-			var subjects []string
-			switch kind {
-			case "jetstream":
-				cfg.Broker, cfg.NATSURL = "jetstream", startNATS(t)
-				subjects = []string{"loadtest.>"}
-				b, err = broker.DialJetStream(ctx, broker.JetStreamConfig{
-					NATSConfig: broker.NATSConfig{URL: cfg.NATSURL, Subjects: subjects}, Storage: "memory"})
-			case "redis":
-				cfg.Broker, cfg.RedisURL, cfg.Stream = "redis", "redis://"+brokertest.Redis(t), "{loadtest}"
-				b, err = broker.DialRedis(ctx, broker.RedisConfig{URL: cfg.RedisURL, Stream: cfg.Stream})
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = b.Close() }) // after the gateway's cleanup: cleanups run last-in first-out
+			b, subjects := testBroker(ctx, t, &cfg, kind)
 			cfg.URL = startGateway(t, b, subjects)
 
 			res, err := Run(ctx, cfg)
@@ -228,6 +198,37 @@ func TestRunResumeNeedsHistory(t *testing.T) {
 
 // startGateway runs a real gateway on b in this process until the test ends
 // and returns its WebSocket URL once it is consuming.
+// testBroker starts a broker of kind ("nats", "jetstream" or "redis") for
+// a load test, points cfg at it, and dials it for the gateway: the broker,
+// closed after the gateway (cleanups run last-in first-out), and the
+// subjects the gateway serves.
+func testBroker(ctx context.Context, t *testing.T, cfg *Config, kind string) (broker.Broker, []string) {
+	t.Helper()
+	var b broker.Broker
+	var err error
+	var subjects []string
+	switch kind {
+	case "nats":
+		cfg.NATSURL = startNATS(t)
+		b, err = broker.DialNATS(ctx, broker.NATSConfig{URL: cfg.NATSURL})
+	case "jetstream":
+		cfg.Broker, cfg.NATSURL = "jetstream", startNATS(t)
+		subjects = []string{"loadtest.>"}
+		b, err = broker.DialJetStream(ctx, broker.JetStreamConfig{
+			NATSConfig: broker.NATSConfig{URL: cfg.NATSURL, Subjects: subjects}, Storage: "memory"})
+	case "redis":
+		cfg.Broker, cfg.RedisURL, cfg.Stream = "redis", "redis://"+brokertest.Redis(t), "{loadtest}"
+		b, err = broker.DialRedis(ctx, broker.RedisConfig{URL: cfg.RedisURL, Stream: cfg.Stream})
+	default:
+		t.Fatalf("no broker %q", kind)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b, subjects
+}
+
 func startGateway(t *testing.T, b broker.Broker, subjects []string) string {
 	t.Helper()
 	return gatewaytest.Start(t, gateway.Config{Broker: b, Subjects: subjects}).WSURL()

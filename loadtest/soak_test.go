@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/fanwire/fanwire/gateway/gatewaytest"
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,22 +28,9 @@ func TestRunWithChurn(t *testing.T) {
 		t.Run(tc.proto+"/"+tc.kind, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			cfg := Config{NATSURL: startNATS(t), Proto: tc.proto, Clients: 10, Size: 200, RcvBuf: 1 << 20,
+			cfg := Config{Proto: tc.proto, Clients: 10, Size: 200, RcvBuf: 1 << 20,
 				Churn: 3 * time.Second, ChurnClients: 10, Rate: 400, ChurnBaseline: 2 * time.Second, ChurnSettle: 4 * time.Second}
-			var b broker.Broker
-			var err error
-			var subjects []string
-			if tc.kind == "jetstream" {
-				cfg.Broker, subjects = "jetstream", []string{"loadtest.>"}
-				b, err = broker.DialJetStream(ctx, broker.JetStreamConfig{
-					NATSConfig: broker.NATSConfig{URL: cfg.NATSURL, Subjects: subjects}, Storage: "memory"})
-			} else {
-				b, err = broker.DialNATS(ctx, broker.NATSConfig{URL: cfg.NATSURL})
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = b.Close() }) // after the gateway's cleanup: cleanups run last-in first-out
+			b, subjects := testBroker(ctx, t, &cfg, tc.kind)
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector())
 			cfg.URL = gatewaytest.Start(t, gateway.Config{Broker: b, Subjects: subjects, Registry: reg}).WSURL()
