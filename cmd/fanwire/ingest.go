@@ -84,7 +84,7 @@ func (f *ingestFlags) config(log *zap.Logger) cdc.Config {
 }
 
 func ingestCommand() *command {
-	c := newCommand("ingest", "Run the ingest role: publish committed PostgreSQL changes (logical replication) as events.")
+	c := newCommand("ingest", "Run the ingest role: publish committed PostgreSQL changes (logical replication) as events. Several may run for one slot: one leads, the others wait as standbys and take over when it dies.")
 	var f ingestFlags
 	var b brokerFlags
 	var listen, logLevel, logFormat, debugListen string
