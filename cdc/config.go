@@ -30,6 +30,11 @@ type Config struct {
 	// SlotWait is how long a new leader waits for the slot to be released
 	// by the walsender of the ingest it took over from (default 30s).
 	SlotWait time.Duration
+	// LeaderTimeout: a leader whose lock session stays idle this long
+	// (the process frozen) loses the lock to a standby (PostgreSQL 14+;
+	// default 10s; negative: never). The leader pings it every quarter of
+	// this.
+	LeaderTimeout time.Duration
 
 	// Projections are the documents to publish (--config); see
 	// docs/projections.md.
@@ -74,6 +79,9 @@ func (c *Config) setDefaults() {
 	if c.SlotWait == 0 {
 		c.SlotWait = 30 * time.Second
 	}
+	if c.LeaderTimeout == 0 {
+		c.LeaderTimeout = 10 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -99,6 +107,9 @@ func (c *Config) validate() error {
 	}
 	if c.MaxBatch < 0 || c.BootstrapChunk < 0 {
 		errs = append(errs, errors.New("MaxBatch and BootstrapChunk must not be negative"))
+	}
+	if c.LeaderTimeout > 0 && c.LeaderTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("leader timeout %v: at least 1s (the leader pings its lock every quarter of it), or negative for none", c.LeaderTimeout))
 	}
 	return errors.Join(errs...)
 }

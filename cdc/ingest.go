@@ -116,7 +116,15 @@ func (in *Ingest) Run(ctx context.Context) error {
 }
 
 // runOnce connects, sets up, bootstraps when the slot is new, and tails.
-func (in *Ingest) runOnce(ctx context.Context) error {
+// It ends with an error when this ingest loses the slot's lock.
+func (in *Ingest) runOnce(parent context.Context) (err error) {
+	ctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
+	defer func() {
+		if parent.Err() == nil && ctx.Err() != nil {
+			err = context.Cause(ctx) // the lock was lost
+		}
+	}()
 	cfg := &in.cfg
 	ccfg, err := pgx.ParseConfig(cfg.DSN)
 	if err != nil {
@@ -134,9 +142,11 @@ func (in *Ingest) runOnce(ctx context.Context) error {
 	}
 	// Lead first: everything below (the publication, the slot, a
 	// bootstrap, the memory state's file) belongs to one ingest at a time.
-	if err := in.lead(ctx, conn); err != nil {
+	release, err := in.lead(ctx, ccfg, srv.version, cancel)
+	if err != nil {
 		return err
 	}
+	defer release()
 	// Projections are checked against the catalog first. The publication
 	// holds their tables too, but only the tables --tables names publish
 	// table events.
@@ -156,7 +166,7 @@ func (in *Ingest) runOnce(ctx context.Context) error {
 	if docs != nil {
 		keys = tableEventKeys(keys, cfg.Tables)
 	}
-	st, err := waitSlotFree(ctx, conn, cfg.Slot, cfg.SlotWait)
+	st, err := in.waitSlotFree(ctx, conn)
 	if err != nil {
 		return err
 	}

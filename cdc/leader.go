@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,28 +55,80 @@ func withSessionParams(params map[string]string) {
 	}
 }
 
-// lead takes the slot's lock on conn, waiting while another ingest holds
-// it. While it waits, the ingest reports standby.
-func (in *Ingest) lead(ctx context.Context, conn *pgx.Conn) error {
+// lead takes the slot's lock on a connection of its own, waiting while
+// another ingest holds it; while it waits, the ingest reports standby. It
+// returns once this ingest leads, with a function that gives the lock up
+// (stops the keeper, closes the connection).
+//
+// The lock's connection then sits idle, so on PostgreSQL 14 and later it
+// is opened with idle_session_timeout = Config.LeaderTimeout and a keeper
+// pings it every quarter of that. A leader that freezes (SIGSTOP, a paused
+// VM, a process stuck whole) stops pinging, PostgreSQL ends its session
+// and a standby takes over; a connection that keeps its TCP peer alive
+// would otherwise hold the lock forever. When a ping fails, the keeper
+// calls lost: this ingest no longer leads and must stop streaming.
+func (in *Ingest) lead(ctx context.Context, ccfg *pgx.ConnConfig, version int, lost func(error)) (release func(), err error) {
+	lcfg := ccfg.Copy()
+	timeout := in.cfg.LeaderTimeout
+	if version >= 140000 && timeout > 0 {
+		if _, set := lcfg.RuntimeParams["idle_session_timeout"]; !set {
+			lcfg.RuntimeParams["idle_session_timeout"] = strconv.FormatInt(timeout.Milliseconds(), 10)
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, lcfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: connect (the slot's lock): %w", err)
+	}
+	closeConn := func() { _ = conn.Close(context.WithoutCancel(ctx)) }
 	key := lockKey(in.cfg.Slot)
 	var ok bool
 	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok); err != nil {
-		return fmt.Errorf("postgres: take the slot's lock: %w", err)
+		closeConn()
+		return nil, fmt.Errorf("postgres: take the slot's lock: %w", err)
 	}
-	if ok {
-		return nil
+	if !ok {
+		holder := in.lockHolder(ctx, conn, key)
+		in.log.Info("ingest: standby: another ingest leads this slot; waiting to take over", zap.String("slot", in.cfg.Slot), zap.String("leader", holder))
+		in.standby.Store(true)
+		waitStart := time.Now()
+		_, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", key)
+		in.standby.Store(false)
+		if err != nil {
+			closeConn()
+			return nil, fmt.Errorf("postgres: wait for the slot's lock: %w", err)
+		}
+		in.takeovers.Add(1)
+		in.log.Info("ingest: taking over the slot", zap.String("slot", in.cfg.Slot), zap.String("previous_leader", holder), zap.Duration("waited", time.Since(waitStart)))
 	}
-	holder := in.lockHolder(ctx, conn, key)
-	in.log.Info("ingest: standby: another ingest leads this slot; waiting to take over", zap.String("slot", in.cfg.Slot), zap.String("leader", holder))
-	in.standby.Store(true)
-	defer in.standby.Store(false)
-	waitStart := time.Now()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
-		return fmt.Errorf("postgres: wait for the slot's lock: %w", err)
+	if timeout <= 0 {
+		return closeConn, nil
 	}
-	in.takeovers.Add(1)
-	in.log.Info("ingest: taking over the slot", zap.String("slot", in.cfg.Slot), zap.String("previous_leader", holder), zap.Duration("waited", time.Since(waitStart)))
-	return nil
+	kctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(timeout / 4)
+		defer tick.Stop()
+		for {
+			select {
+			case <-kctx.Done():
+				return
+			case <-tick.C:
+			}
+			pctx, cancel := context.WithTimeout(kctx, timeout/2)
+			_, err := conn.Exec(pctx, "SELECT 1")
+			cancel()
+			if err != nil && kctx.Err() == nil {
+				lost(fmt.Errorf("postgres: lost the slot's lock (its session ended: frozen for over %v, or the connection broke): %w", timeout, err))
+				return
+			}
+		}
+	}()
+	return func() {
+		stop()
+		<-done
+		closeConn()
+	}, nil
 }
 
 // lockHolder describes the session holding the slot's lock, for the log.
@@ -90,21 +143,34 @@ func (in *Ingest) lockHolder(ctx context.Context, conn *pgx.Conn, key int64) str
 	return desc
 }
 
-// waitSlotFree waits while the slot is active: after a takeover, the
-// killed leader's walsender may end a moment after its lock was released.
-// A slot still active after wait is used by something that does not take
-// the lock (pg_recvlogical, an older fanwire): an error.
-func waitSlotFree(ctx context.Context, conn *pgx.Conn, slot string, wait time.Duration) (slotState, error) {
-	deadline := time.Now().Add(wait)
+// waitSlotFree waits while the slot is active: after a takeover, the old
+// leader's walsender may end a moment after its lock was released. One
+// whose application_name is this ingest's own belongs to an ingest that
+// lost the lock (frozen, or its lock's connection ended): it is
+// terminated, since holding the lock makes this ingest the leader. A slot
+// still active after Config.SlotWait is used by something that does not
+// take the lock (pg_recvlogical, an older fanwire): an error.
+func (in *Ingest) waitSlotFree(ctx context.Context, conn *pgx.Conn) (slotState, error) {
+	slot := in.cfg.Slot
+	deadline := time.Now().Add(in.cfg.SlotWait)
 	for {
 		st, err := lookupSlot(ctx, conn, slot)
 		if err != nil || !st.active {
 			return st, err
 		}
+		var pid int
+		var app string
+		_ = conn.QueryRow(ctx, `SELECT s.active_pid, coalesce(a.application_name, '')
+			FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
+			WHERE s.slot_name = $1`, slot).Scan(&pid, &app)
+		if pid != 0 && app == conn.Config().RuntimeParams["application_name"] {
+			in.log.Warn("ingest: the slot is still streamed by an ingest that lost its lock; terminating its walsender", zap.String("slot", slot), zap.Int("pid", pid))
+			if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+				in.log.Warn("ingest: could not terminate the old walsender; waiting for it to end", zap.Int("pid", pid), zap.Error(err))
+			}
+		}
 		if time.Now().After(deadline) {
-			var pid int
-			_ = conn.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&pid)
-			return st, fmt.Errorf("postgres: slot %q is in use by backend pid %d, which does not hold fanwire's lock (pg_recvlogical? another program?)", slot, pid)
+			return st, fmt.Errorf("postgres: slot %q is in use by backend pid %d (%q), which does not hold fanwire's lock (pg_recvlogical? another program?)", slot, pid, app)
 		}
 		select {
 		case <-ctx.Done():

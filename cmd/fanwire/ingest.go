@@ -24,18 +24,19 @@ import (
 
 // ingestFlags are the ingest role's own flags (the broker's are shared).
 type ingestFlags struct {
-	pg          string
-	slot        string
-	publication string
-	prefix      string
-	tables      listFlag
-	rebootstrap bool
-	flushWindow time.Duration
-	maxBatch    int
-	heartbeat   time.Duration
-	configFile  string               // --config: the projections file
-	stateDir    string               // --state-dir: the memory projections' state
-	projections []cdc.ProjectionSpec // its projections, once loaded
+	pg            string
+	slot          string
+	publication   string
+	prefix        string
+	tables        listFlag
+	rebootstrap   bool
+	flushWindow   time.Duration
+	maxBatch      int
+	heartbeat     time.Duration
+	leaderTimeout time.Duration
+	configFile    string               // --config: the projections file
+	stateDir      string               // --state-dir: the memory projections' state
+	projections   []cdc.ProjectionSpec // its projections, once loaded
 }
 
 func (f *ingestFlags) register(fs *flag.FlagSet, dev bool) {
@@ -52,6 +53,7 @@ func (f *ingestFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.DurationVar(&f.flushWindow, "flush-window", 2*time.Millisecond, "ingest: longest an event waits for others to share its publish, 0 for none (latency against throughput; see docs/benchmarks.md)")
 	fs.IntVar(&f.maxBatch, "max-batch", 4096, "ingest: most events per publish")
 	fs.DurationVar(&f.heartbeat, "heartbeat", 10*time.Second, "ingest: on an idle database, emit a logical message this often so the slot keeps advancing (negative: never)")
+	fs.DurationVar(&f.leaderTimeout, "leader-timeout", 10*time.Second, "ingest: failover: a leader frozen this long (SIGSTOP, a paused VM) loses the slot's lock to a standby (PostgreSQL 14+: idle_session_timeout on the lock's session, pinged every quarter of this; negative: never)")
 	fs.StringVar(&f.stateDir, "state-dir", ".fanwire/ingest", "ingest: where memory-mode projections keep their state, one file per slot (keep it on a persistent volume)")
 	fs.StringVar(&f.configFile, "config", "", "ingest: YAML file of projections: documents of a row with its child rows embedded (see docs/projections.md)")
 }
@@ -78,7 +80,7 @@ func (f *ingestFlags) config(log *zap.Logger) cdc.Config {
 	}
 	return cdc.Config{
 		DSN: f.pg, Slot: f.slot, Publication: f.publication, Prefix: f.prefix, Tables: f.tables,
-		Rebootstrap: f.rebootstrap, FlushWindow: window, MaxBatch: f.maxBatch, Heartbeat: f.heartbeat,
+		Rebootstrap: f.rebootstrap, FlushWindow: window, MaxBatch: f.maxBatch, Heartbeat: f.heartbeat, LeaderTimeout: f.leaderTimeout,
 		Projections: f.projections, StateDir: f.stateDir, Logger: log.Named("ingest"),
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -71,9 +72,10 @@ func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
 
 // TestIngestFailover runs two ingest processes for one slot while
 // single-row transactions keep committing: one leads, the other waits as
-// a standby (not ready, fanwire_ingest_standby 1). Three times, the
-// leader is killed with SIGKILL: the standby takes over, and the killed
-// one is started again as the new standby. Every committed change is in
+// a standby (not ready, fanwire_ingest_standby 1). First the leader
+// freezes (SIGSTOP; --leader-timeout 3s), then three times it is killed
+// with SIGKILL: each time the standby takes over, and the old leader is
+// started again as the new standby. Every committed change is in
 // the broker exactly once, on JetStream and on Redis Streams. The
 // takeover times are logged (docs/benchmarks.md, "Ingest failover").
 func TestIngestFailover(t *testing.T) {
@@ -93,7 +95,7 @@ func TestIngestFailover(t *testing.T) {
 				t.Fatal(err)
 			}
 			addr := fmt.Sprintf("127.0.0.1:%d", port)
-			args := append([]string{"ingest", "--pg", pg.DSN("postgres"), "--listen", addr, "--log-level", "info"}, bargs...)
+			args := append([]string{"ingest", "--pg", pg.DSN("postgres"), "--listen", addr, "--log-level", "info", "--leader-timeout", "3s"}, bargs...)
 			nodes[i] = &ingest{addr: addr, start: starter(t, bin, args, &logs, &logMu)}
 		}
 		defer func() {
@@ -141,16 +143,26 @@ func TestIngestFailover(t *testing.T) {
 
 		const n = 1500
 		written := writeRows(ctx, pg.DSN("postgres"), n)
-		for kill := 1; kill <= 3; kill++ {
+		// First the leader freezes (SIGSTOP: its sockets stay open, so
+		// PostgreSQL sees nothing wrong but its silence); then it is killed
+		// three times.
+		for round := 1; round <= 4; round++ {
 			deadline := time.Now().Add(30 * time.Second)
-			for len(count()) < kill*300 && time.Now().Before(deadline) {
+			for len(count()) < round*300 && time.Now().Before(deadline) {
 				time.Sleep(20 * time.Millisecond)
 			}
-			_ = leader.cmd.Process.Kill()
-			killed := time.Now()
-			_ = leader.cmd.Wait()
+			how := "SIGKILL"
+			if round == 1 {
+				how = "SIGSTOP"
+				_ = leader.cmd.Process.Signal(syscall.SIGSTOP)
+			} else {
+				_ = leader.cmd.Process.Kill()
+			}
+			stopped := time.Now()
 			waitFor(follower, "ready", ready)
-			t.Logf("kill %d: the standby took over (ready) %v after the leader's SIGKILL", kill, time.Since(killed).Round(time.Millisecond))
+			t.Logf("round %d: the standby took over (ready) %v after the leader's %s", round, time.Since(stopped).Round(time.Millisecond), how)
+			_ = leader.cmd.Process.Kill() // a stopped process dies too
+			_ = leader.cmd.Wait()
 			leader.cmd = leader.start()
 			waitFor(leader, "standby", standby)
 			leader, follower = follower, leader
@@ -159,8 +171,8 @@ func TestIngestFailover(t *testing.T) {
 			t.Fatal(err)
 		}
 		checkOnce(t, count, n, dump)
-		if out := dump(); !strings.Contains(out, "taking over the slot") {
-			t.Fatalf("no takeover logged:\n%s", out)
+		if out := dump(); !strings.Contains(out, "taking over the slot") || !strings.Contains(out, "terminating its walsender") {
+			t.Fatalf("no takeover, or no frozen leader's walsender terminated, in the logs:\n%s", out)
 		}
 	})
 }
