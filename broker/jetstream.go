@@ -43,6 +43,11 @@ type JetStream struct {
 	want   jetstream.StreamConfig // static: the stream's settings, to re-create it when it is lost
 	stream jetstream.Stream
 	buffer int // messages the live feed holds for a busy handler (consumeBuffer; tests make it small)
+
+	// ackedAt is the connection's reconnect count when a Publish last had
+	// every message acknowledged: a Publish on a connection that has
+	// reconnected since starts carefully (see Publish).
+	ackedAt atomic.Uint64
 }
 
 // CursorPrefixJS starts every JetStream cursor.
@@ -189,22 +194,41 @@ func ParseJSCursor(c string) (uint64, error) {
 // whose ack was lost (rather than refused) may be stored already: it is
 // sent again only if it has an id, which the duplicate window recognizes.
 // Without one, Publish returns the error rather than risk storing it twice.
-// Order holds across attempts, except that when the connection fails in the
-// middle of a window, messages sent after the failure can be stored before
-// those sent again.
+// Order holds across attempts: an attempt after a failure, and the first
+// one after the connection reconnected (the stream may be electing a leader
+// or being re-created), sends its first message alone and pipelines the
+// rest only once that one is stored. Otherwise a message refused for want
+// of a stream ("no responders") could be overtaken by the next one, sent
+// microseconds later to a stream that had just come back. The exception:
+// when the connection fails in the middle of a window, messages sent after
+// the failure can be stored before those sent again.
 func (b *JetStream) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	cursors := make([]string, len(msgs))
 	todo := make([]int, len(msgs)) // indexes of the messages not acknowledged yet, in order
 	for i := range todo {
 		todo[i] = i
 	}
+	reconnects := b.core.nc.Stats().Reconnects
 	wait := publishRetryMin
 	for attempt := 0; ; attempt++ {
 		var err error
-		if todo, err = b.publishOnce(ctx, msgs, todo, cursors); err != nil {
+		if (attempt > 0 || reconnects != b.ackedAt.Load()) && len(todo) > 1 {
+			// Carefully: the first message alone.
+			var first []int
+			if first, err = b.publishOnce(ctx, msgs, todo[:1], cursors); err != nil {
+				return nil, err
+			}
+			if len(first) == 0 {
+				todo, err = b.publishOnce(ctx, msgs, todo[1:], cursors)
+			}
+		} else {
+			todo, err = b.publishOnce(ctx, msgs, todo, cursors)
+		}
+		if err != nil {
 			return nil, err
 		}
 		if len(todo) == 0 {
+			b.ackedAt.Store(reconnects)
 			return cursors, nil
 		}
 		if attempt == 0 {
