@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -76,5 +77,27 @@ func TestHandshakeTimeoutReachesTheServer(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// TestAnonymousGrantsWithoutAKey: without a JWT key, --allow-anonymous
+// admits every connection; with --anonymous-grants they may subscribe only
+// inside those patterns, without them to anything.
+func TestAnonymousGrantsWithoutAKey(t *testing.T) {
+	f := wsFlags{allowAnonymous: true, anonymousGrants: listFlag{"public.>"}}
+	auth, err := f.authenticator()
+	if err != nil || auth == nil {
+		t.Fatalf("authenticator: %v, %v; want one granting public.>", auth, err)
+	}
+	g, err := auth(context.Background(), httptest.NewRequest("GET", "/ws", nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !g.Allows("public.news") || g.Allows("orders.>") || g.Allows(">") {
+		t.Fatalf("grants %v: want public.> only", g.Subscribe)
+	}
+	open := wsFlags{allowAnonymous: true}
+	if auth, err := open.authenticator(); err != nil || auth != nil {
+		t.Fatalf("no grants: authenticator %v, %v; want none (every subject)", auth != nil, err)
 	}
 }
