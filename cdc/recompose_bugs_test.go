@@ -98,9 +98,7 @@ func TestProjectionReadsItsOwnCommit(t *testing.T) {
 // document key without checking that the order exists, and the document
 // then read as missing is published as op delete.
 func TestProjectionNoEventForMissingParent(t *testing.T) {
-	for _, mode := range []string{cdc.ModeSQL, cdc.ModeMemory} {
-		t.Run(mode, func(t *testing.T) { testProjectionNoEventForMissingParent(t, mode) })
-	}
+	bothModes(t, testProjectionNoEventForMissingParent)
 }
 
 func testProjectionNoEventForMissingParent(t *testing.T, mode string) {

@@ -174,9 +174,7 @@ func (w *randomWorkload) statements() []string {
 // never existed has an event. This checks that the reverse lookups miss
 // nothing.
 func TestProjectionRandomConsistency(t *testing.T) {
-	for _, mode := range []string{cdc.ModeSQL, cdc.ModeMemory} {
-		t.Run(mode, func(t *testing.T) { testProjectionRandomConsistency(t, mode) })
-	}
+	bothModes(t, testProjectionRandomConsistency)
 }
 
 func testProjectionRandomConsistency(t *testing.T, mode string) {

@@ -36,6 +36,13 @@ func ordersProjection(mode string) []cdc.ProjectionSpec {
 	}}
 }
 
+// bothModes runs test as a subtest per projection mode, sql and memory.
+func bothModes(t *testing.T, test func(t *testing.T, mode string)) {
+	for _, mode := range []string{cdc.ModeSQL, cdc.ModeMemory} {
+		t.Run(mode, func(t *testing.T) { test(t, mode) })
+	}
+}
+
 // docs returns the events' "op subject doc" lines.
 func docLines(evs []event) string {
 	var b strings.Builder
@@ -52,9 +59,7 @@ func docLines(evs []event) string {
 // between parents recomposes both; changes within one transaction are
 // coalesced; deletes at every level; a deleted primary row is op delete.
 func TestProjectionRecomposes(t *testing.T) {
-	for _, mode := range []string{cdc.ModeSQL, cdc.ModeMemory} {
-		t.Run(mode, func(t *testing.T) { testProjectionRecomposes(t, mode) })
-	}
+	bothModes(t, testProjectionRecomposes)
 }
 
 func testProjectionRecomposes(t *testing.T, mode string) {
@@ -180,32 +185,30 @@ func TestProjectionCatalogErrors(t *testing.T) {
 // TestProjectionFanOut: a customer with 1,000 orders; renaming it
 // recomposes every one of them, once, in both modes.
 func TestProjectionFanOut(t *testing.T) {
-	for _, mode := range []string{cdc.ModeSQL, cdc.ModeMemory} {
-		t.Run(mode, func(t *testing.T) {
-			pg := pgtest.Start(t, pgtest.Config{})
-			pg.Exec("postgres", ordersSchema...)
-			pg.Exec("postgres",
-				"INSERT INTO customers VALUES (1, 'Ada'), (2, 'Bob')",
-				"INSERT INTO orders SELECT g, 'new', 1 FROM generate_series(1, 1000) g",
-				"INSERT INTO orders VALUES (5000, 'new', 2)",
-			)
-			r := newRig(t, pg, func(c *cdc.Config) { c.Projections, c.StateDir = ordersProjection(mode), t.TempDir() })
-			r.events(1001)
-			pg.Exec("postgres", "UPDATE customers SET name = 'Ada L.' WHERE id = 1")
-			evs := r.events(2001)[1001:]
-			seen := map[string]bool{}
-			for _, e := range evs {
-				if seen[e.Subject] {
-					t.Fatalf("%s twice", e.Subject)
-				}
-				seen[e.Subject] = true
-				if e.Op != "upsert" || !strings.Contains(string(e.Doc), `"customer":{"id":1,"name":"Ada L."}`) {
-					t.Fatalf("%s: %s %s", e.Subject, e.Op, e.Doc)
-				}
+	bothModes(t, func(t *testing.T, mode string) {
+		pg := pgtest.Start(t, pgtest.Config{})
+		pg.Exec("postgres", ordersSchema...)
+		pg.Exec("postgres",
+			"INSERT INTO customers VALUES (1, 'Ada'), (2, 'Bob')",
+			"INSERT INTO orders SELECT g, 'new', 1 FROM generate_series(1, 1000) g",
+			"INSERT INTO orders VALUES (5000, 'new', 2)",
+		)
+		r := newRig(t, pg, func(c *cdc.Config) { c.Projections, c.StateDir = ordersProjection(mode), t.TempDir() })
+		r.events(1001)
+		pg.Exec("postgres", "UPDATE customers SET name = 'Ada L.' WHERE id = 1")
+		evs := r.events(2001)[1001:]
+		seen := map[string]bool{}
+		for _, e := range evs {
+			if seen[e.Subject] {
+				t.Fatalf("%s twice", e.Subject)
 			}
-			if seen["db.orders.5000"] {
-				t.Fatal("order 5000 (another customer) recomposed")
+			seen[e.Subject] = true
+			if e.Op != "upsert" || !strings.Contains(string(e.Doc), `"customer":{"id":1,"name":"Ada L."}`) {
+				t.Fatalf("%s: %s %s", e.Subject, e.Op, e.Doc)
 			}
-		})
-	}
+		}
+		if seen["db.orders.5000"] {
+			t.Fatal("order 5000 (another customer) recomposed")
+		}
+	})
 }
