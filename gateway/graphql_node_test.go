@@ -273,6 +273,18 @@ func (e *env) waitSubscriptions(n float64) {
 
 var graphqlNodeKinds = []string{"nats", "jetstream", "redis"}
 
+// nodeOnEveryBroker runs test as a subtest per broker kind, with a gateway
+// on it (graphqlNodeEnv) and the npm client connected to it.
+func nodeOnEveryBroker(t *testing.T, test func(t *testing.T, e *env, nc *nodeClient)) {
+	requireGraphQLFixture(t) // before any broker starts: fail fast
+	for _, kind := range graphqlNodeKinds {
+		t.Run(kind, func(t *testing.T) {
+			e := graphqlNodeEnv(t, kind)
+			test(t, e, startNode(t, e))
+		})
+	}
+}
+
 func graphqlNodeEnv(t *testing.T, kind string) *env {
 	return newEnvOn(t, kind, func(c *gateway.Config) { c.Subjects = []string{"orders.>", "app.>"} })
 }
@@ -282,98 +294,88 @@ func graphqlNodeEnv(t *testing.T, kind string) *env {
 // data, then unsubscribes (complete): the gateway drops the subscription
 // while the connection stays open, and no further event reaches it.
 func TestGraphQLNodeSubscribeComplete(t *testing.T) {
-	requireGraphQLFixture(t) // before any broker starts: fail fast
-	for _, kind := range graphqlNodeKinds {
-		t.Run(kind, func(t *testing.T) {
-			e := graphqlNodeEnv(t, kind)
-			nc := startNode(t, e)
-			if n := e.metric("fanwire_connections", nil); n != 1 {
-				t.Fatalf("fanwire_connections = %v with the client connected, want 1", n)
-			}
-			nc.subscribe("a", nodeEventsQuery, map[string]any{"s": "app.>"})
-			e.waitSubscriptions(1)
+	nodeOnEveryBroker(t, func(t *testing.T, e *env, nc *nodeClient) {
+		if n := e.metric("fanwire_connections", nil); n != 1 {
+			t.Fatalf("fanwire_connections = %v with the client connected, want 1", n)
+		}
+		nc.subscribe("a", nodeEventsQuery, map[string]any{"s": "app.>"})
+		e.waitSubscriptions(1)
 
-			events := []pubEvent{
-				{"orders.1", `{"n":0}`}, // outside app.>: not delivered
-				{"app.x", `{"n":1,"s":"<&> é"}`},
-				{"app.y.z", `[1,2.5,null,true]`},
-				{"app.x", `"three"`},
-				{"orders.2", `{"n":-1}`},
-				{"app.w", `{"n":4,"nested":{"k":[{}]}}`},
-				{"app.x", `5`},
+		events := []pubEvent{
+			{"orders.1", `{"n":0}`}, // outside app.>: not delivered
+			{"app.x", `{"n":1,"s":"<&> é"}`},
+			{"app.y.z", `[1,2.5,null,true]`},
+			{"app.x", `"three"`},
+			{"orders.2", `{"n":-1}`},
+			{"app.w", `{"n":4,"nested":{"k":[{}]}}`},
+			{"app.x", `5`},
+		}
+		cursors := e.publishAPI(events...)
+		for i, ev := range events {
+			if strings.HasPrefix(ev.subject, "app.") {
+				nc.expect(gqlEventLine("a", ev.subject, cursorAt(cursors, i), ev.data))
 			}
-			cursors := e.publishAPI(events...)
-			for i, ev := range events {
-				if strings.HasPrefix(ev.subject, "app.") {
-					nc.expect(gqlEventLine("a", ev.subject, cursorAt(cursors, i), ev.data))
-				}
-			}
+		}
 
-			nc.send(map[string]any{"cmd": "unsubscribe", "key": "a"})
-			nc.expect(`{"unsubscribed":"a"}`)
-			nc.expect(`{"key":"a","complete":true}`)
-			e.waitSubscriptions(0)
-			if n := e.metric("fanwire_connections", nil); n != 1 {
-				t.Fatalf("fanwire_connections = %v after complete, want 1: the complete must end the subscription, not the connection", n)
-			}
+		nc.send(map[string]any{"cmd": "unsubscribe", "key": "a"})
+		nc.expect(`{"unsubscribed":"a"}`)
+		nc.expect(`{"key":"a","complete":true}`)
+		e.waitSubscriptions(0)
+		if n := e.metric("fanwire_connections", nil); n != 1 {
+			t.Fatalf("fanwire_connections = %v after complete, want 1: the complete must end the subscription, not the connection", n)
+		}
 
-			// A second subscription on the same connection gets the next
-			// event; the completed one must not: its next would be printed
-			// before or right after b's, and before the query's reply.
-			nc.subscribe("b", nodeEventsQuery, map[string]any{"s": "app.x"})
-			e.waitSubscriptions(1)
-			cursors = e.publishAPI(pubEvent{"app.x", `{"after":"complete"}`})
-			nc.expect(gqlEventLine("b", "app.x", cursorAt(cursors, 0), `{"after":"complete"}`))
-			nc.subscribe("q", `{ health { status } }`, nil)
-			nc.expect(`{"key":"q","next":{"data":{"health":{"status":"ok"}}}}`)
-			nc.expect(`{"key":"q","complete":true}`)
-			nc.send(map[string]any{"cmd": "unsubscribe", "key": "b"})
-			nc.expect(`{"unsubscribed":"b"}`)
-			nc.expect(`{"key":"b","complete":true}`)
-			e.waitSubscriptions(0)
-		})
-	}
+		// A second subscription on the same connection gets the next
+		// event; the completed one must not: its next would be printed
+		// before or right after b's, and before the query's reply.
+		nc.subscribe("b", nodeEventsQuery, map[string]any{"s": "app.x"})
+		e.waitSubscriptions(1)
+		cursors = e.publishAPI(pubEvent{"app.x", `{"after":"complete"}`})
+		nc.expect(gqlEventLine("b", "app.x", cursorAt(cursors, 0), `{"after":"complete"}`))
+		nc.subscribe("q", `{ health { status } }`, nil)
+		nc.expect(`{"key":"q","next":{"data":{"health":{"status":"ok"}}}}`)
+		nc.expect(`{"key":"q","complete":true}`)
+		nc.send(map[string]any{"cmd": "unsubscribe", "key": "b"})
+		nc.expect(`{"unsubscribed":"b"}`)
+		nc.expect(`{"key":"b","complete":true}`)
+		e.waitSubscriptions(0)
+	})
 }
 
 // TestGraphQLNodeErrors: a subscription the gateway refuses reaches the npm
 // client's error callback with the GraphQL error and its extensions.code,
 // and the connection goes on serving.
 func TestGraphQLNodeErrors(t *testing.T) {
-	requireGraphQLFixture(t) // before any broker starts: fail fast
-	for _, kind := range graphqlNodeKinds {
-		t.Run(kind, func(t *testing.T) {
-			e := graphqlNodeEnv(t, kind)
-			nc := startNode(t, e)
+	nodeOnEveryBroker(t, func(t *testing.T, e *env, nc *nodeClient) {
 
-			nc.subscribe("p", nodeEventsQuery, map[string]any{"s": "a..b"})
-			nc.expect(gqlErrorLine("p", "bad_pattern", `bad pattern: pattern "a..b" has an empty token`))
+		nc.subscribe("p", nodeEventsQuery, map[string]any{"s": "a..b"})
+		nc.expect(gqlErrorLine("p", "bad_pattern", `bad pattern: pattern "a..b" has an empty token`))
 
-			nc.subscribe("c", nodeEventsQuery, map[string]any{"s": "app.>", "from": "zz"})
-			nc.expect(gqlErrorLine("c", "bad_cursor", map[string]string{
-				"nats":      `this gateway's broker keeps no history: subscribe without "from"`,
-				"jetstream": `bad cursor: "zz" is not a JetStream cursor (js:<sequence>)`,
-				"redis":     `bad cursor: "zz" is not a Redis Streams cursor (rs:<ms>-<seq>)`,
-			}[kind]))
-			if n := e.metric("fanwire_subscriptions", nil); n != 0 {
-				t.Fatalf("fanwire_subscriptions = %v after two refused subscriptions, want 0", n)
-			}
-			if n := e.metric("fanwire_client_errors_total", map[string]string{"code": "bad_pattern"}); n != 1 {
-				t.Fatalf("client errors bad_pattern = %v, want 1", n)
-			}
-			if n := e.metric("fanwire_client_errors_total", map[string]string{"code": "bad_cursor"}); n != 1 {
-				t.Fatalf("client errors bad_cursor = %v, want 1", n)
-			}
+		nc.subscribe("c", nodeEventsQuery, map[string]any{"s": "app.>", "from": "zz"})
+		nc.expect(gqlErrorLine("c", "bad_cursor", map[string]string{
+			"nats":      `this gateway's broker keeps no history: subscribe without "from"`,
+			"jetstream": `bad cursor: "zz" is not a JetStream cursor (js:<sequence>)`,
+			"redis":     `bad cursor: "zz" is not a Redis Streams cursor (rs:<ms>-<seq>)`,
+		}[e.kind]))
+		if n := e.metric("fanwire_subscriptions", nil); n != 0 {
+			t.Fatalf("fanwire_subscriptions = %v after two refused subscriptions, want 0", n)
+		}
+		if n := e.metric("fanwire_client_errors_total", map[string]string{"code": "bad_pattern"}); n != 1 {
+			t.Fatalf("client errors bad_pattern = %v, want 1", n)
+		}
+		if n := e.metric("fanwire_client_errors_total", map[string]string{"code": "bad_cursor"}); n != 1 {
+			t.Fatalf("client errors bad_cursor = %v, want 1", n)
+		}
 
-			// The connection still serves: a subscription gets its event.
-			nc.subscribe("ok", nodeEventsQuery, map[string]any{"s": "app.*"})
-			e.waitSubscriptions(1)
-			cursors := e.publishAPI(pubEvent{"app.1", `{"ok":true}`})
-			nc.expect(gqlEventLine("ok", "app.1", cursorAt(cursors, 0), `{"ok":true}`))
-			if n := e.metric("fanwire_connections", nil); n != 1 {
-				t.Fatalf("fanwire_connections = %v, want 1 (errors must not close the connection)", n)
-			}
-		})
-	}
+		// The connection still serves: a subscription gets its event.
+		nc.subscribe("ok", nodeEventsQuery, map[string]any{"s": "app.*"})
+		e.waitSubscriptions(1)
+		cursors := e.publishAPI(pubEvent{"app.1", `{"ok":true}`})
+		nc.expect(gqlEventLine("ok", "app.1", cursorAt(cursors, 0), `{"ok":true}`))
+		if n := e.metric("fanwire_connections", nil); n != 1 {
+			t.Fatalf("fanwire_connections = %v, want 1 (errors must not close the connection)", n)
+		}
+	})
 }
 
 // TestGraphQLNodeResume: on the durable brokers, from "first" replays every
@@ -439,23 +441,18 @@ func TestGraphQLNodeResume(t *testing.T) {
 // TestGraphQLNodeQuery: queries over the WebSocket through the npm client:
 // one next with the result, then complete.
 func TestGraphQLNodeQuery(t *testing.T) {
-	requireGraphQLFixture(t) // before any broker starts: fail fast
-	for _, kind := range graphqlNodeKinds {
-		t.Run(kind, func(t *testing.T) {
-			e := graphqlNodeEnv(t, kind)
-			nc := startNode(t, e)
-			nc.subscribe("h", `{ health { status } }`, nil)
-			nc.expect(`{"key":"h","next":{"data":{"health":{"status":"ok"}}}}`)
-			nc.expect(`{"key":"h","complete":true}`)
-			nc.subscribe("s", `query { health { status ready } subscribable { broker history patterns } }`, nil)
-			history := kind != "nats"
-			nc.expect(fmt.Sprintf(`{"key":"s","next":{"data":{"health":{"status":"ok","ready":true},"subscribable":{"broker":%q,"history":%v,"patterns":["orders.>","app.>"]}}}}`, kind, history))
-			nc.expect(`{"key":"s","complete":true}`)
-			if n := e.metric("fanwire_subscriptions", nil); n != 0 {
-				t.Fatalf("fanwire_subscriptions = %v after two queries, want 0", n)
-			}
-		})
-	}
+	nodeOnEveryBroker(t, func(t *testing.T, e *env, nc *nodeClient) {
+		nc.subscribe("h", `{ health { status } }`, nil)
+		nc.expect(`{"key":"h","next":{"data":{"health":{"status":"ok"}}}}`)
+		nc.expect(`{"key":"h","complete":true}`)
+		nc.subscribe("s", `query { health { status ready } subscribable { broker history patterns } }`, nil)
+		history := e.kind != "nats"
+		nc.expect(fmt.Sprintf(`{"key":"s","next":{"data":{"health":{"status":"ok","ready":true},"subscribable":{"broker":%q,"history":%v,"patterns":["orders.>","app.>"]}}}}`, e.kind, history))
+		nc.expect(`{"key":"s","complete":true}`)
+		if n := e.metric("fanwire_subscriptions", nil); n != 0 {
+			t.Fatalf("fanwire_subscriptions = %v after two queries, want 0", n)
+		}
+	})
 }
 
 // TestGraphQLNodeTokenExpiryReconnects: graphql-transport-ws has no
