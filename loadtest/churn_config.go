@@ -1,8 +1,6 @@
 package loadtest
 
 import (
-	"crypto/rand"
-	"encoding/binary"
 	"fmt"
 	"net/url"
 	"time"
@@ -29,10 +27,8 @@ func (c *Config) setChurnDefaults() {
 	if c.MetricsURL == "" && c.URL != "" {
 		c.MetricsURL, _ = metricsURL(c.URL) // validate reports a URL it cannot derive from
 	}
-	for c.ChurnSeed == 0 {
-		var b [8]byte
-		_, _ = rand.Read(b[:]) // never fails (Go 1.24+)
-		c.ChurnSeed = binary.LittleEndian.Uint64(b[:])
+	if c.ChurnSeed == 0 {
+		c.ChurnSeed = randomSeed()
 	}
 }
 

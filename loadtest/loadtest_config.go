@@ -146,15 +146,23 @@ func (c *Config) setDefaults() error {
 		if c.ResumeDrops == 0 {
 			c.ResumeDrops = 1
 		}
-		for c.ResumeSeed == 0 {
-			var b [8]byte
-			if _, err := rand.Read(b[:]); err != nil {
-				return fmt.Errorf("resume seed: %w", err)
-			}
-			c.ResumeSeed = binary.LittleEndian.Uint64(b[:])
+		if c.ResumeSeed == 0 {
+			c.ResumeSeed = randomSeed()
 		}
 	}
 	return nil
+}
+
+// randomSeed draws a seed for a run's random choices (never 0: 0 asks
+// for one). crypto/rand.Read never fails (Go 1.24+).
+func randomSeed() uint64 {
+	for {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		if s := binary.LittleEndian.Uint64(b[:]); s != 0 {
+			return s
+		}
+	}
 }
 
 // brokerName is Broker with its default spelled out, for messages.

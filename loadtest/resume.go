@@ -67,27 +67,20 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 	dctx, cancel := context.WithTimeout(ctx, cfg.Timeout+time.Duration(behind)*time.Millisecond)
 	defer cancel()
 	gql := cfg.Proto == ProtoGraphQL
-	var conn wireConn
-	var gc *wsConn
-	var nc *websocket.Conn
-	if gql {
-		if gc, err = dialGraphQL(dctx, &cfg); err == nil {
-			conn = gc
-		}
-	} else if nc, err = dialWS(dctx, &cfg); err == nil {
-		conn = &nativeConn{Conn: nc}
-	}
+	conn, err := openEarly(dctx, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: %w", err)
 	}
 	defer conn.CloseNow()
+	var gc *wsConn
+	var nc *websocket.Conn
 	if gql {
-		err = gqlInit(dctx, gc)
-	} else if _, err = await(dctx, nc, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
-		err = fmt.Errorf("await ready: %w", err)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("loadtest: %w", err)
+		gc = conn.(*wsConn)
+		if err := gqlInit(dctx, gc); err != nil {
+			return nil, fmt.Errorf("loadtest: %w", err)
+		}
+	} else {
+		nc = conn.(*nativeConn).Conn
 	}
 	start := time.Now()
 	if gql {
