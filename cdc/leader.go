@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -154,27 +155,29 @@ func (in *Ingest) waitSlotFree(ctx context.Context, conn *pgx.Conn) (slotState, 
 	slot := in.cfg.Slot
 	deadline := time.Now().Add(in.cfg.SlotWait)
 	for {
-		st, err := lookupSlot(ctx, conn, slot)
-		if err != nil || !st.active {
-			return st, err
-		}
 		var pid int
 		var app string
-		_ = conn.QueryRow(ctx, `SELECT s.active_pid, coalesce(a.application_name, '')
+		err := conn.QueryRow(ctx, `SELECT s.active_pid, coalesce(a.application_name, '')
 			FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
-			WHERE s.slot_name = $1`, slot).Scan(&pid, &app)
-		if pid != 0 && app == conn.Config().RuntimeParams["application_name"] {
+			WHERE s.slot_name = $1 AND s.active`, slot).Scan(&pid, &app)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return lookupSlot(ctx, conn, slot) // missing or free
+		}
+		if err != nil {
+			return slotState{}, fmt.Errorf("postgres: look up slot %q: %w", slot, err)
+		}
+		if app == conn.Config().RuntimeParams["application_name"] {
 			in.log.Warn("ingest: the slot is still streamed by an ingest that lost its lock; terminating its walsender", zap.String("slot", slot), zap.Int("pid", pid))
 			if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
 				in.log.Warn("ingest: could not terminate the old walsender; waiting for it to end", zap.Int("pid", pid), zap.Error(err))
 			}
 		}
 		if time.Now().After(deadline) {
-			return st, fmt.Errorf("postgres: slot %q is in use by backend pid %d (%q), which does not hold fanwire's lock (pg_recvlogical? another program?)", slot, pid, app)
+			return slotState{}, fmt.Errorf("postgres: slot %q is in use by backend pid %d (%q), which does not hold fanwire's lock (pg_recvlogical? another program?)", slot, pid, app)
 		}
 		select {
 		case <-ctx.Done():
-			return st, ctx.Err()
+			return slotState{}, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
