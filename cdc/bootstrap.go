@@ -40,7 +40,8 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 	}
 	// Values in text format, as pgoutput sends them, in the same session
 	// settings.
-	for _, set := range []string{"SET LOCAL DateStyle = ISO", "SET LOCAL TimeZone = 'UTC'", "SET LOCAL bytea_output = hex", "SET LOCAL extra_float_digits = 3"} {
+	for k, v := range outputParams {
+		set := "SET LOCAL " + k + " = " + quoteString(v)
 		if _, err := tx.Exec(ctx, set); err != nil {
 			return fmt.Errorf("postgres: bootstrap: %s: %w", set, err)
 		}
@@ -250,7 +251,7 @@ func (in *Ingest) bootstrapMem(ctx context.Context, tx pgx.Tx, docs *docEngine) 
 	}
 	docs.mem.deltas = nil
 	rows, bytes := docs.mem.stats()
-	in.log.Info("ingest: memory state loaded", zap.Int("rows", rows), zap.Int("value_bytes", bytes))
+	in.log.Info("ingest: memory state loaded", zap.Int64("rows", rows), zap.Int64("value_bytes", bytes))
 	return nil
 }
 

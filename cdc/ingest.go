@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -76,7 +77,7 @@ func (in *Ingest) Standby() bool { return in.standby.Load() }
 // bytes of their values (0, 0 without).
 func (in *Ingest) MemoryState() (rows, valueBytes int64) {
 	if s := in.mem.Load(); s != nil {
-		return s.rows.Load(), s.bytes.Load()
+		return s.stats()
 	}
 	return 0, 0
 }
@@ -170,17 +171,20 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	if st.exists && st.bootstrapped && !cfg.Rebootstrap && !docs.memLoaded() {
-		in.log.Warn("ingest: the memory projections' state is missing or was built for other projections; bootstrapping again", zap.String("slot", cfg.Slot))
-		st.bootstrapped = false
-	}
-	// The state is written before its LSN is confirmed, so a state behind
-	// the slot missed changes: another host's ingest led meanwhile (its
-	// --state-dir is not shared), or the file was restored from a backup.
-	if lsn := docs.memLSN(); st.exists && st.bootstrapped && !cfg.Rebootstrap && lsn != 0 && lsn < st.confirmed {
-		in.log.Warn("ingest: the memory projections' state is behind the slot (another ingest led with another --state-dir?); bootstrapping again",
-			zap.String("slot", cfg.Slot), zap.Stringer("state_lsn", lsn), zap.Stringer("slot_confirmed_lsn", st.confirmed))
-		st.bootstrapped = false
+	if lsn, mem := docs.memLSN(); mem && st.exists && st.bootstrapped && !cfg.Rebootstrap {
+		switch {
+		case lsn == 0:
+			in.log.Warn("ingest: the memory projections' state is missing or was built for other projections; bootstrapping again", zap.String("slot", cfg.Slot))
+			st.bootstrapped = false
+		case lsn < st.confirmed:
+			// The state is written before its LSN is confirmed, so a state
+			// behind the slot missed changes: another host's ingest led
+			// meanwhile (its --state-dir is not shared), or the file was
+			// restored from a backup.
+			in.log.Warn("ingest: the memory projections' state is behind the slot (another ingest led with another --state-dir?); bootstrapping again",
+				zap.String("slot", cfg.Slot), zap.Stringer("state_lsn", lsn), zap.Stringer("slot_confirmed_lsn", st.confirmed))
+			st.bootstrapped = false
+		}
 	}
 	if st.exists && (cfg.Rebootstrap || !st.bootstrapped) {
 		if !st.bootstrapped {
@@ -200,10 +204,7 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	withSessionParams(rcfg.RuntimeParams)
 	rcfg.RuntimeParams["replication"] = "database"
 	// pgoutput writes values with the walsender's output settings.
-	rcfg.RuntimeParams["DateStyle"] = "ISO"
-	rcfg.RuntimeParams["TimeZone"] = "UTC"
-	rcfg.RuntimeParams["bytea_output"] = "hex"
-	rcfg.RuntimeParams["extra_float_digits"] = "3" // a server set to 0 would round floats
+	maps.Copy(rcfg.RuntimeParams, outputParams)
 	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
 		return fmt.Errorf("postgres: replication connection: %w", err)

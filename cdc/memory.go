@@ -503,6 +503,6 @@ func (e *docEngine) memKeys(p *docProjection) [][]byte {
 }
 
 // stats reports the state's rows and the bytes their encoded values take.
-func (s *memState) stats() (rows int, valueBytes int) {
-	return int(s.rows.Load()), int(s.bytes.Load())
+func (s *memState) stats() (rows, valueBytes int64) {
+	return s.rows.Load(), s.bytes.Load()
 }

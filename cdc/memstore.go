@@ -138,15 +138,14 @@ func (s *memStore) putMeta(tx *bolt.Tx, lsn pglogrepl.LSN) error {
 }
 
 // persist writes the deltas of the transactions that end at or before
-// acked, in one transaction, and drops them from st. It returns the LSN the
-// stored state is at (0 when nothing was written).
-func (s *memStore) persist(st *memState, acked pglogrepl.LSN) (pglogrepl.LSN, error) {
+// acked, in one transaction, and drops them from st.
+func (s *memStore) persist(st *memState, acked pglogrepl.LSN) error {
 	n := 0
 	for n < len(st.deltas) && st.deltas[n].end <= acked {
 		n++
 	}
 	if n == 0 {
-		return 0, nil
+		return nil
 	}
 	end := st.deltas[n-1].end
 	err := s.db.Update(func(tx *bolt.Tx) error {
@@ -176,11 +175,11 @@ func (s *memStore) persist(st *memState, acked pglogrepl.LSN) (pglogrepl.LSN, er
 		return s.putMeta(tx, end)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("memory state: persist: %w", err)
+		return fmt.Errorf("memory state: persist: %w", err)
 	}
 	clear(st.deltas[:n])
 	st.deltas = st.deltas[n:]
-	return end, nil
+	return nil
 }
 
 // advance moves the stored state's LSN to lsn when nothing is waiting to

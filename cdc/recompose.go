@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -31,9 +32,6 @@ import (
 // docNode is one relation of a projection: the primary table (root) or an
 // embedded one.
 type docNode struct {
-	spec      *EmbedSpec // nil for the root
-	schema    string
-	name      string
 	nameKey   string   // "schema.table"
 	ident     string   // quoted "schema"."table"
 	as        []byte   // `"items":` (not the root)
@@ -78,11 +76,9 @@ type docEngine struct {
 	byTable map[string][]*docNode // "schema.table" → the nodes on that table
 	mem     *memState             // the memory-mode tables; nil without
 	store   *memStore             // where mem is persisted
-	db      querier               // where documents are re-read (a pool)
-	pool    *pgxpool.Pool
-	chunk   int // keys per query
-	workers int // concurrent queries
-	log     *zap.Logger
+	pool    *pgxpool.Pool         // where documents are re-read
+	chunk   int                   // keys per query
+	workers int                   // concurrent queries
 }
 
 // querier runs queries: a pool, a connection or a transaction.
@@ -203,7 +199,7 @@ func resolveProjections(ctx context.Context, q querier, specs []ProjectionSpec, 
 		ps := &specs[pi]
 		where := fmt.Sprintf("projection %q", ps.Name)
 		p := &docProjection{spec: ps, subject: prefix + "." + subjectToken(ps.Name)}
-		root, rerrs := resolveNode(cat, where, ps.Table, ps.Columns, nil, nil, p)
+		root, rerrs := resolveNode(cat, where, ps.Table, ps.Columns, nil, p)
 		errs = append(errs, rerrs...)
 		if root == nil {
 			continue
@@ -242,9 +238,9 @@ func mkCol(name string, c catalogColumn) docCol {
 	return docCol{name: name, ident: pgx.Identifier{name}.Sanitize(), typ: c.typ, oid: c.oid, jsonName: append(AppendJSONString(nil, []byte(name)), ':')}
 }
 
-func resolveNode(cat map[string]*catalogTable, where, table string, columns []string, spec *EmbedSpec, parent *docNode, p *docProjection) (*docNode, []error) {
+func resolveNode(cat map[string]*catalogTable, where, table string, columns []string, parent *docNode, p *docProjection) (*docNode, []error) {
 	schema, name := splitTable(table)
-	n := &docNode{spec: spec, schema: schema, name: name, nameKey: qualified(schema, name), ident: pgx.Identifier{schema, name}.Sanitize(), parent: parent, proj: p}
+	n := &docNode{nameKey: qualified(schema, name), ident: pgx.Identifier{schema, name}.Sanitize(), parent: parent, proj: p}
 	ct := cat[n.nameKey]
 	if ct == nil {
 		return nil, []error{fmt.Errorf("%s: table %s does not exist", where, n.nameKey)}
@@ -274,7 +270,7 @@ func resolveEmbeds(cat map[string]*catalogTable, where string, parent *docNode, 
 	for i := range embeds {
 		es := &embeds[i]
 		w := fmt.Sprintf("%s: embed %q", where, es.As)
-		n, nerrs := resolveNode(cat, w, es.Table, es.Columns, es, parent, p)
+		n, nerrs := resolveNode(cat, w, es.Table, es.Columns, parent, p)
 		errs = append(errs, nerrs...)
 		if n == nil {
 			continue
@@ -334,8 +330,8 @@ func resolveEmbeds(cat map[string]*catalogTable, where string, parent *docNode, 
 		if p.spec.Mode != ModeMemory && ct.replIdent != 'f' && !(ct.replIdent == 'd' && joinInKey) {
 			errs = append(errs, fmt.Errorf("%s: table %s must send its old rows, so that a row that moves or is deleted recomposes its former parent: ALTER TABLE %s REPLICA IDENTITY FULL", w, n.nameKey, n.ident))
 		}
-		if n.depth > 4 {
-			errs = append(errs, fmt.Errorf("%s: embeds nest at most 4 deep", w))
+		if n.depth > maxEmbedNesting {
+			errs = append(errs, fmt.Errorf("%s: embeds nest at most %d deep", w, maxEmbedNesting))
 		}
 		parent.children = append(parent.children, n)
 		errs = append(errs, resolveEmbeds(cat, w, n, es.Embed, p)...)
@@ -544,7 +540,7 @@ func (e *docEngine) observeTruncate(ctx context.Context, d *docChanges, t *table
 			d.trunc[p] = true // the documents are gone, and their keys unknown: one truncate event
 			continue
 		}
-		rows, err := e.db.Query(ctx, "SELECT "+p.key.ident+"::text FROM "+p.root.ident)
+		rows, err := e.pool.Query(ctx, "SELECT "+p.key.ident+"::text FROM "+p.root.ident)
 		if err != nil {
 			return fmt.Errorf("postgres: projection %q: %w", p.spec.Name, err)
 		}
@@ -603,7 +599,7 @@ func (e *docEngine) resolve(ctx context.Context, d *docChanges) error {
 		for _, v := range tuples {
 			list = append(list, v)
 		}
-		err := e.queryByTuples(ctx, e.db, parent, sel, cols, list, "", func(raw [][]byte) {
+		err := e.queryByTuples(ctx, e.pool, parent, sel, cols, list, "", func(raw [][]byte) {
 			if parent.parent == nil {
 				if raw[0] != nil {
 					d.addKey(p, raw[0], false)
@@ -944,8 +940,8 @@ func (e *docEngine) sqlCompose(ctx context.Context, p *docProjection, keys, docs
 	for start := 0; start < len(keys); start += e.chunk {
 		end := min(start+e.chunk, len(keys))
 		g.Go(func() error {
-			q := e.db
-			if e.pool != nil && (len(p.root.children) > 0) {
+			var q querier = e.pool
+			if len(p.root.children) > 0 {
 				tx, err := e.pool.BeginTx(gctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 				if err != nil {
 					return fmt.Errorf("postgres: projection %q: %w", p.spec.Name, err)
@@ -976,7 +972,7 @@ func (e *docEngine) waitVisible(ctx context.Context, xid uint32) error {
 		return nil
 	}
 	for wait := 100 * time.Microsecond; ; wait = min(2*wait, 10*time.Millisecond) {
-		rows, err := e.db.Query(ctx, visibleSQL, int64(xid))
+		rows, err := e.pool.Query(ctx, visibleSQL, int64(xid))
 		if err != nil {
 			return fmt.Errorf("postgres: transaction visibility: %w", err)
 		}
@@ -1064,14 +1060,12 @@ func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn) (*docEngine,
 		return nil, errFatal{fmt.Errorf("postgres: %w", err)}
 	}
 	pcfg.MaxConns = docWorkers
-	for k, v := range map[string]string{"DateStyle": "ISO", "TimeZone": "UTC", "bytea_output": "hex", "extra_float_digits": "3"} {
-		pcfg.ConnConfig.RuntimeParams[k] = v
-	}
+	maps.Copy(pcfg.ConnConfig.RuntimeParams, outputParams)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: projection pool: %w", err)
 	}
-	e := &docEngine{projs: projs, byTable: make(map[string][]*docNode), db: pool, pool: pool, chunk: docChunk, workers: docWorkers, log: in.log}
+	e := &docEngine{projs: projs, byTable: make(map[string][]*docNode), pool: pool, chunk: docChunk, workers: docWorkers}
 	for _, p := range projs {
 		for _, n := range p.nodes {
 			e.byTable[n.nameKey] = append(e.byTable[n.nameKey], n)
@@ -1091,14 +1085,10 @@ func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn) (*docEngine,
 			return nil, errFatal{err}
 		}
 		rows, bytes := e.mem.stats()
-		in.log.Info("projection: memory state", zap.String("file", path), zap.Stringer("lsn", lsn), zap.Int("rows", rows), zap.Int("value_bytes", bytes))
+		in.log.Info("projection: memory state", zap.String("file", path), zap.Stringer("lsn", lsn), zap.Int64("rows", rows), zap.Int64("value_bytes", bytes))
 	}
 	return e, nil
 }
-
-// memLoaded reports whether the memory state was restored from its store
-// (false: it must be bootstrapped).
-func (e *docEngine) memLoaded() bool { return e == nil || e.mem == nil || e.mem.lsn != 0 }
 
 // advance stores that the memory state is at lsn, with no transaction
 // between its last one and lsn (an idle slot's WAL end, about to be
@@ -1110,12 +1100,13 @@ func (e *docEngine) advance(lsn pglogrepl.LSN) error {
 	return e.store.advance(e.mem, lsn)
 }
 
-// memLSN is the LSN the memory state was stored at (0: none).
-func (e *docEngine) memLSN() pglogrepl.LSN {
+// memLSN is the LSN the memory state was restored at (0: it was not, and
+// must be bootstrapped), and whether there is one (memory-mode projections).
+func (e *docEngine) memLSN() (pglogrepl.LSN, bool) {
 	if e == nil || e.mem == nil {
-		return 0
+		return 0, false
 	}
-	return e.mem.lsn
+	return e.mem.lsn, true
 }
 
 func (e *docEngine) close() {
@@ -1146,6 +1137,5 @@ func (e *docEngine) persist(acked pglogrepl.LSN) error {
 	if e == nil || e.store == nil {
 		return nil
 	}
-	_, err := e.store.persist(e.mem, acked)
-	return err
+	return e.store.persist(e.mem, acked)
 }

@@ -11,6 +11,17 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+// outputParams are the session settings every value the ingest reads is
+// written with: the walsender's, so that the replication stream, the
+// bootstrap and the projections' re-reads encode a value the same way (a
+// server set to extra_float_digits = 0 would round floats).
+var outputParams = map[string]string{
+	"DateStyle":          "ISO",
+	"TimeZone":           "UTC",
+	"bytea_output":       "hex",
+	"extra_float_digits": "3",
+}
+
 // Column values arrive in PostgreSQL's text output format (pgoutput sends
 // every value through the type's output function) together with the
 // column's type OID from the Relation message. AppendValue turns one into
