@@ -41,9 +41,8 @@ const publishTimeout = 10 * time.Second
 func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
 	key, ok := s.apiKeyFor(r.Header.Get("Authorization"))
 	if !ok {
-		s.metrics.PublishRequests.WithLabelValues("unauthorized").Inc()
 		w.Header().Set("WWW-Authenticate", `Bearer realm="fanwire"`)
-		writeJSON(w, http.StatusUnauthorized, apiError{Error: "missing or wrong API key (Authorization: Bearer <key>)", Code: "unauthorized"})
+		s.publishError(w, http.StatusUnauthorized, apiError{Error: "missing or wrong API key (Authorization: Bearer <key>)", Code: "unauthorized"})
 		return
 	}
 	// The body is parsed as JSON whatever its Content-Type says (curl -d
@@ -62,8 +61,7 @@ func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() { // see HTTPServer
-			s.metrics.PublishRequests.WithLabelValues("body_timeout").Inc()
-			writeJSON(w, http.StatusRequestTimeout, apiError{Error: "request body not received within " + s.cfg.HandshakeTimeout.String() + " (--handshake-timeout)", Code: "body_timeout"})
+			s.publishError(w, http.StatusRequestTimeout, apiError{Error: "request body not received within " + s.cfg.HandshakeTimeout.String() + " (--handshake-timeout)", Code: "body_timeout"})
 			return
 		}
 		s.publishError(w, http.StatusBadRequest, apiError{Error: "read body: " + err.Error(), Code: "bad_request"})
@@ -103,8 +101,8 @@ func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
 }
 
 // publishError answers a refused publish; the metric counts it by its
-// code (a fixed set: bad_request, bad_subject, forbidden, forbidden_origin,
-// too_large).
+// code (a fixed set: unauthorized, bad_request, bad_subject, forbidden,
+// forbidden_origin, too_large, body_timeout).
 func (s *Server) publishError(w http.ResponseWriter, status int, e apiError) {
 	s.metrics.PublishRequests.WithLabelValues(e.Code).Inc()
 	writeJSON(w, status, e)
