@@ -226,6 +226,10 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	if err != nil {
 		return err
 	}
+	apiKeys, err := loadAPIKeys(f.apiKeysFile)
+	if err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -242,10 +246,6 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	}
 	defer b.Close()
 
-	apiKeys, err := loadAPIKeys(f.apiKeysFile)
-	if err != nil {
-		return err
-	}
 	srv, err := gateway.New(gateway.Config{
 		Broker:              b,
 		Subjects:            f.subjects,
