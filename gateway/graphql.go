@@ -19,7 +19,6 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler"
 	"github.com/99designs/gqlgen/graphql/handler/extension"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
-	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/schema"
 	"github.com/vektah/gqlparser/v2/ast"
@@ -569,11 +568,11 @@ func (c *conn) writeBatchGQL(bt *batch) error {
 	var frames, bytes int
 	var err error
 	write := func(b []byte) error { // a prebuilt message
-		frames, bytes = frames+1, bytes+len(b)
-		if batched {
-			return fw.appendText(b)
+		if !batched {
+			return c.writeFrame(b)
 		}
-		return c.ws.Write(context.Background(), websocket.MessageText, b)
+		frames, bytes = frames+1, bytes+len(b)
+		return fw.appendText(b)
 	}
 items:
 	for s := bt.head; s != nil; s = bt.next(s) {
