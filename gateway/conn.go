@@ -301,8 +301,7 @@ func (c *conn) readLoop() error {
 			c.closeWith(CloseInvalidUTF8, "text message is not valid UTF-8")
 			continue
 		}
-		if !c.rate.allow(time.Now(), c.s.cfg.MaxMessageRate) {
-			c.overRate()
+		if !c.admit() {
 			continue
 		}
 		if c.gql != nil {
@@ -317,15 +316,20 @@ func (c *conn) readLoop() error {
 	}
 }
 
-// overRate reports a client message over MaxMessageRate, which was
-// dropped. Called by the reader only.
-func (c *conn) overRate() {
+// admit counts a client message against MaxMessageRate; one over it is
+// reported (rate_limited; GraphQL: close 1008) and must be dropped. Called
+// by the reader only.
+func (c *conn) admit() bool {
+	if c.rate.allow(time.Now(), c.s.cfg.MaxMessageRate) {
+		return true
+	}
 	if c.gql != nil { // the protocol has no error without an operation
 		c.s.metrics.ClientErrors.WithLabelValues(CodeRateLimited).Inc()
 		c.closeWith(ClosePolicy, "message rate over the limit")
-		return
+		return false
 	}
 	c.clientError("", CodeRateLimited, "over "+strconv.Itoa(c.s.cfg.MaxMessageRate)+" messages per second: this one was dropped")
+	return false
 }
 
 // onPing is the websocket library's callback for a client's WebSocket
@@ -337,14 +341,7 @@ func (c *conn) overRate() {
 // close frame (on the writer, after a close was requested): then it
 // touches nothing of the reader's and sends no more pongs.
 func (c *conn) onPing(context.Context, []byte) bool {
-	if c.closeCode.Load() != 0 {
-		return false
-	}
-	if c.rate.allow(time.Now(), c.s.cfg.MaxMessageRate) {
-		return true
-	}
-	c.overRate()
-	return false
+	return c.closeCode.Load() == 0 && c.admit()
 }
 
 func (c *conn) handle(data []byte) {
