@@ -53,10 +53,9 @@ func probe(target string, timeout time.Duration) error {
 			return http.ErrUseLastResponse
 		},
 	}
-	defer client.CloseIdleConnections()
 	resp, err := client.Do(req)
 	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return fmt.Errorf("GET %s: no answer within %v", target, timeout)
 		}
 		var ue *url.Error
