@@ -186,7 +186,6 @@ func (s *Server) originAllowed(origin, host string) bool {
 	return false
 }
 
-// bearerMatches compares the bearer token with key in constant time.
 // APIKey is a key for POST /api/publish: a name (for errors and logs; the
 // key itself is never logged) and the subject patterns it may publish to
 // (none: all).
@@ -226,6 +225,7 @@ func (s *Server) apiKeyFor(header string) (key *APIKey, ok bool) {
 	return key, key != nil
 }
 
+// bearerMatches compares the bearer token with key in constant time.
 func bearerMatches(header, key string) bool {
 	const prefix = "Bearer "
 	if len(header) < len(prefix) || !strings.EqualFold(header[:len(prefix)], prefix) {
