@@ -466,17 +466,25 @@ func TestWSReadMessageAllocs(t *testing.T) {
 	}
 }
 
-// TestGraphQLCloseReported checks, against a real gateway, that a
-// connection the gateway closes is reported with its close code and
-// reason: a malformed message makes it close with 4400.
-func TestGraphQLCloseReported(t *testing.T) {
+// graphqlGatewayConfig starts a gateway on Core NATS and returns a GraphQL
+// run's configuration for it, defaults set.
+func graphqlGatewayConfig(t *testing.T) Config {
+	t.Helper()
 	_, b := startNATSBroker(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	cfg := Config{URL: startGateway(t, b, nil), Proto: ProtoGraphQL, Events: 10, Timeout: 5 * time.Second}
 	if err := cfg.setDefaults(); err != nil {
 		t.Fatal(err)
 	}
+	return cfg
+}
+
+// TestGraphQLCloseReported checks, against a real gateway, that a
+// connection the gateway closes is reported with its close code and
+// reason: a malformed message makes it close with 4400.
+func TestGraphQLCloseReported(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := graphqlGatewayConfig(t)
 	conn, _, _, err := open(ctx, &cfg, "")
 	if err != nil {
 		t.Fatal(err)
@@ -504,13 +512,9 @@ func TestGraphQLCloseReported(t *testing.T) {
 // end of a run does) completes a close handshake with the gateway at once,
 // with and without a reader.
 func TestGraphQLCloseHandshake(t *testing.T) {
-	_, b := startNATSBroker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg := Config{URL: startGateway(t, b, nil), Proto: ProtoGraphQL, Events: 10, Timeout: 5 * time.Second}
-	if err := cfg.setDefaults(); err != nil {
-		t.Fatal(err)
-	}
+	cfg := graphqlGatewayConfig(t)
 	for _, reading := range []bool{false, true} {
 		conn, _, _, err := open(ctx, &cfg, "")
 		if err != nil {
