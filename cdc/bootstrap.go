@@ -176,7 +176,7 @@ func (in *Ingest) bootstrapDocs(ctx context.Context, tx pgx.Tx, docs *docEngine,
 			continue
 		}
 		cur := fmt.Sprintf("fanwire_bootstrap_doc_%d", pi)
-		if _, err := tx.Exec(ctx, "DECLARE "+cur+" NO SCROLL CURSOR FOR SELECT "+p.key.ident+"::text FROM "+p.root.ident+" ORDER BY "+p.key.ident); err != nil {
+		if _, err := tx.Exec(ctx, "DECLARE "+cur+" NO SCROLL CURSOR FOR SELECT "+p.key.ident+" FROM "+p.root.ident+" ORDER BY "+p.key.ident); err != nil {
 			return total, fmt.Errorf("postgres: bootstrap projection %q: %w", p.spec.Name, err)
 		}
 		n := 0
@@ -234,7 +234,7 @@ func (in *Ingest) bootstrapMem(ctx context.Context, tx pgx.Tx, docs *docEngine) 
 		schema, rel := splitTable(name)
 		sel := make([]string, len(t.cols))
 		for i, c := range t.cols {
-			sel[i] = c.ident + "::text"
+			sel[i] = c.ident
 		}
 		rows, err := tx.Query(ctx, "SELECT "+strings.Join(sel, ", ")+" FROM "+pgx.Identifier{schema, rel}.Sanitize(), pgx.QueryExecModeSimpleProtocol)
 		if err != nil {

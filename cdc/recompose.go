@@ -540,17 +540,12 @@ func (e *docEngine) observeTruncate(ctx context.Context, d *docChanges, t *table
 			d.trunc[p] = true // the documents are gone, and their keys unknown: one truncate event
 			continue
 		}
-		rows, err := e.pool.Query(ctx, "SELECT "+p.key.ident+"::text FROM "+p.root.ident)
+		rows, err := e.pool.Query(ctx, "SELECT "+p.key.ident+" FROM "+p.root.ident, textResults)
 		if err != nil {
 			return fmt.Errorf("postgres: projection %q: %w", p.spec.Name, err)
 		}
 		for rows.Next() {
-			var k string
-			if err := rows.Scan(&k); err != nil {
-				rows.Close()
-				return err
-			}
-			d.addKey(p, []byte(k), false)
+			d.addKey(p, bytes.Clone(rows.RawValues()[0]), false)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -620,18 +615,21 @@ func (e *docEngine) resolve(ctx context.Context, d *docChanges) error {
 	return nil
 }
 
+// textResults asks for every column of a query's result in text format:
+// the type's output function writes it, as pgoutput does. A cast to text
+// would not do: bool::text is "true" where the output is "t",
+// inet::text always adds the netmask, char(n)::text drops the padding.
+var textResults = pgx.QueryResultFormats{pgx.TextFormatCode}
+
 // queryByTuples selects sel (as text) from n's rows whose cols hold one of
 // tuples, in chunks, calling fn for each row (its values are valid during
 // the call only).
 func (e *docEngine) queryByTuples(ctx context.Context, q querier, n *docNode, sel []string, cols []docCol, tuples [][][]byte, order string, fn func(raw [][]byte)) error {
-	texts := make([]string, len(sel))
-	for i, s := range sel {
-		texts[i] = s + "::text"
-	}
 	chunk := e.chunk
 	for start := 0; start < len(tuples); start += chunk {
 		part := tuples[start:min(start+chunk, len(tuples))]
-		args := make([]any, len(cols))
+		args := make([]any, 1+len(cols))
+		args[0] = textResults
 		for ci := range cols {
 			arr := make([]*string, len(part))
 			for ti, t := range part {
@@ -640,9 +638,9 @@ func (e *docEngine) queryByTuples(ctx context.Context, q querier, n *docNode, se
 					arr[ti] = &s
 				}
 			}
-			args[ci] = arr
+			args[1+ci] = arr
 		}
-		sql := "SELECT " + strings.Join(texts, ", ") + " FROM " + n.ident + " AS x WHERE " + tupleFilter(cols)
+		sql := "SELECT " + strings.Join(sel, ", ") + " FROM " + n.ident + " AS x WHERE " + tupleFilter(cols)
 		if order != "" {
 			sql += " ORDER BY " + order
 		}

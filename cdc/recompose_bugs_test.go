@@ -119,3 +119,38 @@ func testProjectionNoEventForMissingParent(t *testing.T, mode string) {
 		t.Fatalf("events after the bootstrap:\n%s", got)
 	}
 }
+
+// TestProjectionValuesAsTheOutputFunctionWritesThem: a projection reads
+// values the way pgoutput sends them. It cast them to text, and three types
+// cast differently from their output: a boolean customer column ("false"
+// instead of "f") was malformed and the ingest crash-looped at start; an
+// inet lost nothing but gained its netmask; a char(n) key lost its padding,
+// so its document was never found again.
+func TestProjectionValuesAsTheOutputFunctionWritesThem(t *testing.T) {
+	bothModes(t, testProjectionValuesAsTheOutputFunctionWritesThem)
+}
+
+func testProjectionValuesAsTheOutputFunctionWritesThem(t *testing.T, mode string) {
+	pg := pgtest.Start(t, pgtest.Config{})
+	pg.Exec("postgres",
+		"CREATE TABLE customers (id char(4) PRIMARY KEY, vip boolean, ip inet)",
+		"CREATE TABLE orders (id int PRIMARY KEY, customer_id char(4), paid boolean)",
+		"CREATE TABLE order_items (id int PRIMARY KEY, order_id int, gift boolean)",
+		"ALTER TABLE customers REPLICA IDENTITY FULL",
+		"ALTER TABLE order_items REPLICA IDENTITY FULL",
+		"INSERT INTO customers VALUES ('c1', false, '10.0.0.1')",
+		"INSERT INTO orders VALUES (1, 'c1', true)",
+		"INSERT INTO order_items VALUES (7, 1, false)",
+	)
+	spec := []cdc.ProjectionSpec{{Name: "orders", Table: "orders", Key: "id", Mode: mode, Embed: []cdc.EmbedSpec{
+		{As: "items", Table: "order_items", On: map[string]string{"order_id": "id"}, Many: true},
+		{As: "customer", Table: "customers", On: map[string]string{"id": "customer_id"}},
+	}}}
+	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = spec; c.StateDir = t.TempDir() })
+	want := func(vip string) string {
+		return `{"id":1,"customer_id":"c1  ","paid":true,"items":[{"id":7,"order_id":1,"gift":false}],"customer":{"id":"c1  ","vip":` + vip + `,"ip":"10.0.0.1"}}`
+	}
+	jsonEq(t, "bootstrap doc", r.events(1)[0].Doc, want("false"))
+	pg.Exec("postgres", "UPDATE customers SET vip = true")
+	jsonEq(t, "doc after the customer's change", r.events(2)[1].Doc, want("true"))
+}
