@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
@@ -109,7 +108,7 @@ func rowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTime time
 		b = append(b, ']')
 	}
 	b = append(b, '}')
-	return broker.Outgoing{Subject: t.subject + "." + subjectToken(strings.Join(keyText, ",")), Data: b, ID: id}, nil
+	return broker.Outgoing{Subject: t.subject + "." + keyToken(keyText), Data: b, ID: id}, nil
 }
 
 // appendRow appends a row as a JSON object. A column whose value did not

@@ -590,3 +590,40 @@ func TestBigTransactionKeepsItsRows(t *testing.T) {
 		}
 	}
 }
+
+// TestCompositeKeySubjectsCannotCollide: each value of a composite key is
+// escaped on its own before the values are joined with ',', so a separator
+// inside a value cannot make two keys share a subject. They were joined
+// first: ("a,b", "c") and ("a", "b,c") were both "a%2Cb%2Cc".
+func TestCompositeKeySubjectsCannotCollide(t *testing.T) {
+	pg := pgtest.Start(t, pgtest.Config{})
+	pg.Exec("postgres",
+		"CREATE TABLE pairs (a text, b text, PRIMARY KEY (a, b))",
+		`INSERT INTO pairs VALUES ('a,b', 'c'), ('a', 'b,c'), ('', 'x'), ('%', 'x'), ('.', '*'), ('%2C', 'y')`,
+	)
+	r := newRig(t, pg, nil)
+	pg.Exec("postgres", `INSERT INTO pairs VALUES ('a,b,c', ''), ('a.b', '>')`)
+	want := map[string]string{
+		"db.pairs.a%2Cb,c":     `["a,b","c"]`,
+		"db.pairs.a,b%2Cc":     `["a","b,c"]`,
+		"db.pairs.%,x":         `["","x"]`,
+		"db.pairs.%25,x":       `["%","x"]`,
+		"db.pairs.%2E,%2A":     `[".","*"]`,
+		"db.pairs.%252C,y":     `["%2C","y"]`,
+		"db.pairs.a%2Cb%2Cc,%": `["a,b,c",""]`,
+		"db.pairs.a%2Eb,%3E":   `["a.b",">"]`,
+	}
+	evs := r.events(len(want))
+	for _, e := range evs {
+		k, ok := want[e.Subject]
+		if !ok {
+			t.Errorf("unexpected subject %q (key %s)", e.Subject, e.Key)
+			continue
+		}
+		jsonEq(t, e.Subject, e.Key, k)
+		delete(want, e.Subject)
+	}
+	if len(want) > 0 {
+		t.Errorf("subjects missing: %v", want)
+	}
+}

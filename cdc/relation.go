@@ -127,6 +127,21 @@ func subjectToken(s string) string {
 	return b.String()
 }
 
+// keyToken is the subject token of a key: each value made a token of its
+// own by subjectToken, then joined with ',' (which subjectToken escapes
+// inside a value), so that two composite keys never share a token: ("a,b",
+// "c") is "a%2Cb,c" and ("a", "b,c") is "a,b%2Cc".
+func keyToken(vals []string) string {
+	if len(vals) == 1 {
+		return subjectToken(vals[0])
+	}
+	toks := make([]string, len(vals))
+	for i, v := range vals {
+		toks[i] = subjectToken(v)
+	}
+	return strings.Join(toks, ",")
+}
+
 func tokenByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
 }
