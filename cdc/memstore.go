@@ -28,8 +28,9 @@ import (
 // applied. A document is never composed from a state that mixes two
 // points in time.
 type memStore struct {
-	db   *bolt.DB
-	hash []byte
+	db     *bolt.DB
+	hash   []byte
+	stored pglogrepl.LSN // the LSN in the file; owned by the reader
 }
 
 var (
@@ -87,7 +88,7 @@ func (s *memStore) load(st *memState) (pglogrepl.LSN, error) {
 	if err != nil {
 		return 0, fmt.Errorf("memory state: load: %w", err)
 	}
-	st.lsn = lsn
+	st.lsn, s.stored = lsn, lsn
 	return lsn, nil
 }
 
@@ -120,7 +121,7 @@ func (s *memStore) writeAll(st *memState, lsn pglogrepl.LSN) error {
 		return fmt.Errorf("memory state: write: %w", err)
 	}
 	st.deltas = nil
-	st.lsn = lsn
+	st.lsn, s.stored = lsn, lsn
 	return nil
 }
 
@@ -138,16 +139,20 @@ func (s *memStore) putMeta(tx *bolt.Tx, lsn pglogrepl.LSN) error {
 }
 
 // persist writes the deltas of the transactions that end at or before
-// acked, in one transaction, and drops them from st.
+// acked, in one transaction, and drops them from st. The state is then
+// stored at acked, not at its last delta's end: the transactions after it
+// changed no memory table, and acked is what the reader confirms next. A
+// state stored behind its slot's confirmed LSN looks stale and is
+// bootstrapped again.
 func (s *memStore) persist(st *memState, acked pglogrepl.LSN) error {
 	n := 0
 	for n < len(st.deltas) && st.deltas[n].end <= acked {
 		n++
 	}
-	if n == 0 {
+	if n == 0 && acked <= s.stored {
 		return nil
 	}
-	end := st.deltas[n-1].end
+	end := max(acked, s.stored)
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		for _, d := range st.deltas[:n] {
 			for _, op := range d.ops {
@@ -179,6 +184,7 @@ func (s *memStore) persist(st *memState, acked pglogrepl.LSN) error {
 	}
 	clear(st.deltas[:n])
 	st.deltas = st.deltas[n:]
+	s.stored = end
 	return nil
 }
 
@@ -193,6 +199,6 @@ func (s *memStore) advance(st *memState, lsn pglogrepl.LSN) error {
 	if err := s.db.Update(func(tx *bolt.Tx) error { return s.putMeta(tx, lsn) }); err != nil {
 		return fmt.Errorf("memory state: persist: %w", err)
 	}
-	st.lsn = lsn
+	st.lsn, s.stored = lsn, lsn
 	return nil
 }
