@@ -121,7 +121,7 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema,
 		for _, fd := range fds {
 			t.columns = append(t.columns, newColumn(fd.Name, fd.DataTypeOID))
 		}
-		if err := t.publish(in.cfg.Prefix, schema, rel, key); err != nil {
+		if err := t.publish(in.cfg.Prefix, schema, rel, key, in.maxEvent); err != nil {
 			return nil, err
 		}
 		*tp = t
@@ -147,7 +147,11 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema,
 		// bootstrap publishes the documents a projection makes of the row.
 		id := bootstrapID(q, raw)
 		if evs, err = t.proj.project(evs, tx0, t, &change{kind: 'I', newRow: row}, func(int) string { return id }); err != nil {
-			return nil, err
+			bad, ok := asBadRow(err)
+			if !ok {
+				return nil, err
+			}
+			in.reportBad(bad)
 		}
 		*n++
 	}
@@ -199,20 +203,20 @@ func (in *Ingest) bootstrapDocs(ctx context.Context, tx pgx.Tx, docs *docEngine,
 			var evs []broker.Outgoing
 			for start := 0; start < len(keys); start += docs.chunk {
 				part := keys[start:min(start+docs.chunk, len(keys))]
-				out, err := docs.compose(ctx, tx, p, part)
+				out, bad, err := docs.compose(ctx, tx, p, part)
 				if err != nil {
 					return total, err
 				}
 				for i, doc := range out {
-					if doc == nil {
+					var docErr error
+					if bad != nil {
+						docErr = bad[i]
+					}
+					if doc == nil && docErr == nil {
 						continue // cannot happen in one snapshot
 					}
 					id := bootstrapID("projection "+p.spec.Name, [][]byte{part[i], doc})
-					ev, err := docEvent(p, part[i], doc, id, tx0.commitLSN, tx0.commitTime)
-					if err != nil {
-						return total, err
-					}
-					evs = append(evs, ev)
+					evs = append(evs, docs.docEvent(p, part[i], doc, docErr, id, tx0.commitLSN, tx0.commitTime))
 				}
 			}
 			if err := pub.add(ctx, evs, 0, time.Time{}); err != nil {
@@ -261,16 +265,9 @@ func (in *Ingest) bootstrapMemDocs(ctx context.Context, docs *docEngine, p *docP
 	keys := docs.memKeys(p)
 	var evs []broker.Outgoing
 	for _, k := range keys {
-		doc, err := docs.memCompose(p, k)
-		if err != nil {
-			return 0, err
-		}
+		doc, docErr := docs.memCompose(p, k)
 		id := bootstrapID("projection "+p.spec.Name, [][]byte{k, doc})
-		ev, err := docEvent(p, k, doc, id, tx0.commitLSN, tx0.commitTime)
-		if err != nil {
-			return 0, err
-		}
-		if evs = append(evs, ev); len(evs) >= in.cfg.MaxBatch {
+		if evs = append(evs, docs.docEvent(p, k, doc, docErr, id, tx0.commitLSN, tx0.commitTime)); len(evs) >= in.cfg.MaxBatch {
 			if err := pub.add(ctx, evs, 0, time.Time{}); err != nil {
 				return 0, err
 			}

@@ -54,7 +54,7 @@ func BenchmarkComposeQueries(b *testing.B) {
 	b.Run("per-level", func(b *testing.B) {
 		docs := make([][]byte, n)
 		for b.Loop() {
-			if err := e.sqlCompose(ctx, projs[0], keys, docs); err != nil {
+			if err := e.sqlCompose(ctx, projs[0], keys, docs, make([]error, len(keys))); err != nil {
 				b.Fatal(err)
 			}
 		}

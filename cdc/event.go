@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
@@ -40,14 +41,28 @@ func eventID(commit pglogrepl.LSN, i int) string {
 	return strconv.FormatUint(uint64(commit), 16) + "-" + strconv.Itoa(i)
 }
 
-// rowEvent builds the event of a row change of a published table t.
+// rowEvent builds the event of a row change of a published table t. A row
+// that cannot be encoded, or whose event is over the broker's limit,
+// becomes its error event, returned with a *badRowError.
 func rowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTime time.Time, op string) (broker.Outgoing, error) {
+	ev, keyJSON, keyText, err := encodeRowEvent(t, c, id, lsn, commitTime, op)
+	source := "table " + t.nameKey
+	if err != nil {
+		bad := &badRowError{reason: badValue, source: source, key: strings.Join(keyText, ","), lsn: lsn, err: err}
+		return errorEvent(t.errSubject, bad, keyJSON, id, commitTime), bad
+	}
+	return checkSize(ev, t.maxEvent, t.errSubject, source, keyJSON, strings.Join(keyText, ","), lsn, commitTime)
+}
+
+// encodeRowEvent builds the event of a row change, and returns its key as
+// JSON and as text (as far as it got, on an error).
+func encodeRowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTime time.Time, op string) (_ broker.Outgoing, keyJSON []byte, keyText []string, _ error) {
 	keyRow := c.newRow
 	if c.kind == 'D' || keyRow == nil {
 		keyRow = c.oldRow
 	}
 	if keyRow == nil {
-		return broker.Outgoing{}, fmt.Errorf("table %s: %s without a row", t.nameKey, op)
+		return broker.Outgoing{}, nil, nil, fmt.Errorf("table %s: %s without a row", t.nameKey, op)
 	}
 	b := make([]byte, 0, 256)
 	b = append(b, `{"id":"`...)
@@ -56,7 +71,8 @@ func rowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTime time
 	b = append(b, op...)
 	b = append(b, `","key":`...)
 	var err error
-	keyText := make([]string, 0, len(t.key))
+	keyText = make([]string, 0, len(t.key))
+	keyStart := len(b)
 	if len(t.key) > 1 {
 		b = append(b, '[')
 	}
@@ -65,17 +81,18 @@ func rowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTime time
 			b = append(b, ',')
 		}
 		if i >= len(keyRow.Columns) || keyRow.Columns[i].DataType != pglogrepl.TupleDataTypeText {
-			return broker.Outgoing{}, fmt.Errorf("table %s: %s without its key column %q", t.nameKey, op, t.columns[i].name)
+			return broker.Outgoing{}, nil, keyText, fmt.Errorf("table %s: %s without its key column %q", t.nameKey, op, t.columns[i].name)
 		}
 		col := keyRow.Columns[i]
-		if b, err = AppendValue(b, t.columns[i].oid, col.Data); err != nil {
-			return broker.Outgoing{}, fmt.Errorf("table %s column %s: %w", t.nameKey, t.columns[i].name, err)
-		}
 		keyText = append(keyText, string(col.Data))
+		if b, err = AppendValue(b, t.columns[i].oid, col.Data); err != nil {
+			return broker.Outgoing{}, nil, keyText, fmt.Errorf("table %s column %s: %w", t.nameKey, t.columns[i].name, err)
+		}
 	}
 	if len(t.key) > 1 {
 		b = append(b, ']')
 	}
+	keyJSON = b[keyStart:len(b):len(b)]
 	b = append(b, `,"lsn":"`...)
 	b = append(b, lsn.String()...)
 	b = append(b, `","commit_time":"`...)
@@ -89,12 +106,12 @@ func rowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTime time
 	if c.kind == 'D' {
 		b = append(b, "null"...)
 	} else if b, unchanged, err = appendRow(b, t, c.newRow, old, false); err != nil {
-		return broker.Outgoing{}, err
+		return broker.Outgoing{}, keyJSON, keyText, err
 	}
 	if c.oldRow != nil && c.kind != 'I' {
 		b = append(b, `,"old":`...)
 		if b, _, err = appendRow(b, t, c.oldRow, nil, c.oldKind == 'K'); err != nil {
-			return broker.Outgoing{}, err
+			return broker.Outgoing{}, keyJSON, keyText, err
 		}
 	}
 	if len(unchanged) > 0 {
@@ -108,7 +125,7 @@ func rowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTime time
 		b = append(b, ']')
 	}
 	b = append(b, '}')
-	return broker.Outgoing{Subject: t.subject + "." + keyToken(keyText), Data: b, ID: id}, nil
+	return broker.Outgoing{Subject: t.subject + "." + keyToken(keyText), Data: b, ID: id}, keyJSON, keyText, nil
 }
 
 // appendRow appends a row as a JSON object. A column whose value did not

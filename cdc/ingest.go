@@ -26,14 +26,18 @@ type Ingest struct {
 	log *zap.Logger
 
 	ready     atomic.Bool
-	standby   atomic.Bool              // waiting for the slot's lock (another ingest leads)
-	takeovers atomic.Uint64            // times this ingest took the lock after waiting
-	confirmed atomic.Uint64            // the LSN confirmed to PostgreSQL
-	mem       atomic.Pointer[memState] // the memory projections' state, for MemoryState
-	walEnd    atomic.Uint64            // the server's WAL end, last reported
-	published atomic.Uint64            // events the broker acknowledged
-	bootRows  atomic.Uint64            // rows published by bootstraps
-	oldest    atomic.Int64             // commit time (Unix ns) of the oldest transaction not yet acknowledged; 0: none
+	standby   atomic.Bool               // waiting for the slot's lock (another ingest leads)
+	takeovers atomic.Uint64             // times this ingest took the lock after waiting
+	confirmed atomic.Uint64             // the LSN confirmed to PostgreSQL
+	mem       atomic.Pointer[memState]  // the memory projections' state, for MemoryState
+	walEnd    atomic.Uint64             // the server's WAL end, last reported
+	published atomic.Uint64             // events the broker acknowledged
+	bootRows  atomic.Uint64             // rows published by bootstraps
+	oldest    atomic.Int64              // commit time (Unix ns) of the oldest transaction not yet acknowledged; 0: none
+	badRows   [badReasons]atomic.Uint64 // error events published instead of rows, by reason (badValue, badTooLarge)
+
+	// maxEvent is the broker's message size limit (0: none); static after New.
+	maxEvent int
 
 	wal metrics.WAL // pgoutput messages by kind and route; the reader owns it
 
@@ -59,7 +63,11 @@ func New(cfg Config) (*Ingest, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("ingest config: %w", err)
 	}
-	return &Ingest{cfg: cfg, log: cfg.Logger, commitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
+	maxEvent := 0
+	if l, ok := cfg.Broker.(broker.Limited); ok {
+		maxEvent = l.MaxMessage()
+	}
+	return &Ingest{cfg: cfg, log: cfg.Logger, maxEvent: maxEvent, commitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "fanwire_ingest_commit_to_ack_seconds",
 		Help:    "Time from a transaction's commit in PostgreSQL to the broker's ack of its events.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16), // 0.5 ms to 16 s
@@ -254,7 +262,7 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	}
 	in.ready.Store(true)
 	in.log.Info("ingest: tailing", zap.String("slot", cfg.Slot), zap.String("publication", cfg.Publication), zap.Int("tables", len(keys)))
-	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys), pub: pub, streamed: make(map[uint32][]change), hbConn: conn, docs: docs}
+	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys, in.maxEvent), pub: pub, streamed: make(map[uint32][]change), hbConn: conn, docs: docs}
 	return r.run(ctx)
 }
 
@@ -554,7 +562,11 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		}
 		r.in.wal.Observe(metrics.Kind(c.kind), metrics.RoutePublish)
 		if evs, err = tb.proj.project(evs, t, tb, c, id); err != nil {
-			return err
+			bad, ok := asBadRow(err)
+			if !ok {
+				return err
+			}
+			r.in.reportBad(bad)
 		}
 		*c = change{}
 	}

@@ -130,6 +130,10 @@ type event struct {
 	Doc        json.RawMessage `json:"doc"`
 	Old        json.RawMessage `json:"old"`
 	Unchanged  []string        `json:"unchanged"`
+	// error events
+	Source string `json:"source"`
+	Reason string `json:"reason"`
+	Error  string `json:"error"`
 }
 
 // events waits until the stream holds n events and returns them all.

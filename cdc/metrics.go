@@ -26,12 +26,13 @@ var (
 	descReady     = prometheus.NewDesc("fanwire_ingest_ready", "1 while the ingest is tailing its slot.", nil, nil)
 	descStandby   = prometheus.NewDesc("fanwire_ingest_standby", "1 while the ingest waits for another ingest of its slot to end (failover).", nil, nil)
 	descTakeovers = prometheus.NewDesc("fanwire_ingest_takeovers_total", "Times this ingest took its slot over after waiting as a standby.", nil, nil)
+	descBadRows   = prometheus.NewDesc("fanwire_ingest_error_events_total", "Rows and documents that could not be published (a value the encoder refuses, an event over the broker's size limit) and were published as error events on <prefix>.%errors.>, by reason.", []string{"reason"}, nil)
 	descMemRows   = prometheus.NewDesc("fanwire_projection_memory_rows", "Rows the memory-mode projections hold.", nil, nil)
 	descMemBytes  = prometheus.NewDesc("fanwire_projection_memory_value_bytes", "Bytes of the encoded column values the memory-mode projections hold (the process's memory is more: maps and indexes).", nil, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descConfirmed, descWALEnd, descLagBytes, descLagSecs, descPublished, descBootRows, descReady, descStandby, descTakeovers, descMemRows, descMemBytes} {
+	for _, d := range []*prometheus.Desc{descConfirmed, descWALEnd, descLagBytes, descLagSecs, descPublished, descBootRows, descReady, descStandby, descTakeovers, descBadRows, descMemRows, descMemBytes} {
 		ch <- d
 	}
 	c.wal.Describe(ch)
@@ -62,6 +63,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descStandby, prometheus.GaugeValue, standby)
 	ch <- prometheus.MustNewConstMetric(descTakeovers, prometheus.CounterValue, float64(in.takeovers.Load()))
+	ch <- prometheus.MustNewConstMetric(descBadRows, prometheus.CounterValue, float64(in.badRows[0].Load()), badValue)
+	ch <- prometheus.MustNewConstMetric(descBadRows, prometheus.CounterValue, float64(in.badRows[1].Load()), badTooLarge)
 	rows, bytes := in.MemoryState()
 	ch <- prometheus.MustNewConstMetric(descMemRows, prometheus.GaugeValue, float64(rows))
 	ch <- prometheus.MustNewConstMetric(descMemBytes, prometheus.GaugeValue, float64(bytes))

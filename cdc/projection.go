@@ -12,7 +12,8 @@ import (
 type projection interface {
 	// project appends to evs the events of change c of table t, committed
 	// in tx. ids gives each event's idempotency id from its index in the
-	// transaction.
+	// transaction. A row that cannot be published is appended as its error
+	// event, and reported with a *badRowError.
 	project(evs []broker.Outgoing, tx *txn, t *table, c *change, id func(i int) string) ([]broker.Outgoing, error)
 }
 
@@ -21,8 +22,8 @@ type tableProjection struct{}
 
 func (tableProjection) project(evs []broker.Outgoing, tx *txn, t *table, c *change, id func(int) string) ([]broker.Outgoing, error) {
 	ev, err := rowEvent(t, c, id(len(evs)), tx.commitLSN, tx.commitTime, opNames[c.kind])
-	if err != nil {
+	if _, bad := asBadRow(err); err != nil && !bad {
 		return evs, err
 	}
-	return append(evs, ev), nil
+	return append(evs, ev), err
 }

@@ -63,11 +63,12 @@ type docJoin struct {
 
 // docProjection is one resolved ProjectionSpec.
 type docProjection struct {
-	spec    *ProjectionSpec
-	root    *docNode
-	key     docCol
-	subject string // <prefix>.<name>
-	nodes   []*docNode
+	spec       *ProjectionSpec
+	root       *docNode
+	key        docCol
+	subject    string // <prefix>.<name>
+	errSubject string // where its error events go
+	nodes      []*docNode
 }
 
 // docEngine serves every projection of an ingest.
@@ -79,6 +80,10 @@ type docEngine struct {
 	pool    *pgxpool.Pool         // where documents are re-read
 	chunk   int                   // keys per query
 	workers int                   // concurrent queries
+	// maxEvent is the broker's message size limit (0: none); report counts
+	// and logs a document published as an error event.
+	maxEvent int
+	report   func(*badRowError)
 }
 
 // querier runs queries: a pool, a connection or a transaction.
@@ -199,6 +204,7 @@ func resolveProjections(ctx context.Context, q querier, specs []ProjectionSpec, 
 		ps := &specs[pi]
 		where := fmt.Sprintf("projection %q", ps.Name)
 		p := &docProjection{spec: ps, subject: prefix + "." + subjectToken(ps.Name)}
+		p.errSubject = errorSubject(prefix, p.subject)
 		root, rerrs := resolveNode(cat, where, ps.Table, ps.Columns, nil, p)
 		errs = append(errs, rerrs...)
 		if root == nil {
@@ -717,8 +723,9 @@ func idents(cols []docCol) []string {
 }
 
 // compose reads the documents of p with the given keys and returns, for
-// each key in order, its document (nil when the primary row is gone).
-func (e *docEngine) compose(ctx context.Context, q querier, p *docProjection, keys [][]byte) ([][]byte, error) {
+// each key in order, its document (nil when the primary row is gone), and
+// why a document could not be encoded (nil when every one could).
+func (e *docEngine) compose(ctx context.Context, q querier, p *docProjection, keys [][]byte) (_ [][]byte, bad []error, _ error) {
 	root := p.root
 	tuples := make([][][]byte, len(keys))
 	for i, k := range keys {
@@ -735,10 +742,10 @@ func (e *docEngine) compose(ctx context.Context, q querier, p *docProjection, ke
 		rows = append(rows, r)
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := e.fill(ctx, q, root, extras, rows); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out := make([][]byte, len(keys))
 	for i, k := range keys {
@@ -748,11 +755,15 @@ func (e *docEngine) compose(ctx context.Context, q querier, p *docProjection, ke
 		}
 		b, err := appendDoc(make([]byte, 0, 512), root, r)
 		if err != nil {
-			return nil, err
+			if bad == nil {
+				bad = make([]error, len(keys))
+			}
+			bad[i] = err
+			continue
 		}
 		out[i] = b
 	}
-	return out, nil
+	return out, bad, nil
 }
 
 // fill reads the children of rows (of node n, read with extras),
@@ -893,31 +904,24 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 		// 100,000-document transaction is neither held whole nor waited
 		// for before the first documents go.
 		group := max(e.chunk*e.workers, 1024)
-		docs := make([][]byte, min(group, len(keys)))
+		docs, bad := make([][]byte, min(group, len(keys))), make([]error, min(group, len(keys)))
 		for start := 0; start < len(keys); start += group {
 			part := keys[start:min(start+group, len(keys))]
-			docs := docs[:len(part)]
+			docs, bad := docs[:len(part)], bad[:len(part)]
 			clear(docs)
+			clear(bad)
 			if p.root.mem != nil { // memory mode: as of this commit, no query
 				for i, k := range part {
-					doc, err := e.memCompose(p, k)
-					if err != nil {
-						return evs, err
-					}
-					docs[i] = doc
+					docs[i], bad[i] = e.memCompose(p, k)
 				}
-			} else if err := e.sqlCompose(ctx, p, part, docs); err != nil {
+			} else if err := e.sqlCompose(ctx, p, part, docs, bad); err != nil {
 				return evs, err
 			}
 			for i, k := range part {
-				if docs[i] == nil && !set[string(k)] {
+				if docs[i] == nil && bad[i] == nil && !set[string(k)] {
 					continue // no such document, and its primary row did not change
 				}
-				ev, err := docEvent(p, k, docs[i], id(len(evs)), lsn, commitTime)
-				if err != nil {
-					return evs, err
-				}
-				evs = append(evs, ev)
+				evs = append(evs, e.docEvent(p, k, docs[i], bad[i], id(len(evs)), lsn, commitTime))
 			}
 			var err error
 			if evs, err = flush(evs); err != nil {
@@ -928,11 +932,12 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 	return evs, nil
 }
 
-// sqlCompose re-reads the documents of keys into docs: chunks of e.chunk
+// sqlCompose re-reads the documents of keys into docs, and why one could
+// not be encoded into bad: chunks of e.chunk
 // keys, e.workers at a time. A chunk's queries (one per relation level)
 // share one snapshot, so each document is the document at some commit, if
 // not always the one that triggered it.
-func (e *docEngine) sqlCompose(ctx context.Context, p *docProjection, keys, docs [][]byte) error {
+func (e *docEngine) sqlCompose(ctx context.Context, p *docProjection, keys, docs [][]byte, bad []error) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(e.workers)
 	for start := 0; start < len(keys); start += e.chunk {
@@ -947,8 +952,9 @@ func (e *docEngine) sqlCompose(ctx context.Context, p *docProjection, keys, docs
 				defer tx.Rollback(context.WithoutCancel(gctx))
 				q = tx
 			}
-			out, err := e.compose(gctx, q, p, keys[start:end])
+			out, b, err := e.compose(gctx, q, p, keys[start:end])
 			copy(docs[start:end], out)
+			copy(bad[start:end], b)
 			return err
 		})
 	}
@@ -996,8 +1002,32 @@ func (e *docEngine) waitVisible(ctx context.Context, xid uint32) error {
 	}
 }
 
-// docEvent is a document's event: upsert with the document, or delete.
-func docEvent(p *docProjection, key, doc []byte, id string, lsn pglogrepl.LSN, commitTime time.Time) (broker.Outgoing, error) {
+// docEvent is a document's event: upsert with the document, or delete. A
+// document that could not be encoded (docErr), whose key cannot be, or
+// whose event is over the broker's limit becomes its error event, reported
+// (counted and logged) here.
+func (e *docEngine) docEvent(p *docProjection, key, doc []byte, docErr error, id string, lsn pglogrepl.LSN, commitTime time.Time) broker.Outgoing {
+	source := "projection " + p.spec.Name
+	keyJSON, keyErr := AppendValue(nil, p.key.oid, key)
+	if keyErr != nil {
+		keyJSON, docErr = nil, fmt.Errorf("key: %w", keyErr)
+	}
+	var ev broker.Outgoing
+	var err error
+	if docErr != nil {
+		bad := &badRowError{reason: badValue, source: source, key: string(key), lsn: lsn, err: docErr}
+		ev, err = errorEvent(p.errSubject, bad, keyJSON, id, commitTime), bad
+	} else {
+		ev, err = checkSize(encodeDocEvent(p, keyJSON, key, doc, id, lsn, commitTime), e.maxEvent, p.errSubject, source, keyJSON, string(key), lsn, commitTime)
+	}
+	if bad, ok := asBadRow(err); ok {
+		e.report(bad)
+	}
+	return ev
+}
+
+// encodeDocEvent builds a document's event, with its key already encoded.
+func encodeDocEvent(p *docProjection, keyJSON, key, doc []byte, id string, lsn pglogrepl.LSN, commitTime time.Time) broker.Outgoing {
 	b := make([]byte, 0, 128+len(doc))
 	b = append(b, `{"id":"`...)
 	b = append(b, id...)
@@ -1006,10 +1036,7 @@ func docEvent(p *docProjection, key, doc []byte, id string, lsn pglogrepl.LSN, c
 	} else {
 		b = append(b, `","op":"upsert","key":`...)
 	}
-	var err error
-	if b, err = AppendValue(b, p.key.oid, key); err != nil {
-		return broker.Outgoing{}, fmt.Errorf("projection %q key: %w", p.spec.Name, err)
-	}
+	b = append(b, keyJSON...)
 	b = append(b, `,"lsn":"`...)
 	b = append(b, lsn.String()...)
 	b = append(b, `","commit_time":"`...)
@@ -1021,7 +1048,7 @@ func docEvent(p *docProjection, key, doc []byte, id string, lsn pglogrepl.LSN, c
 		b = append(b, doc...)
 	}
 	b = append(b, '}')
-	return broker.Outgoing{Subject: p.subject + "." + subjectToken(string(key)), Data: b, ID: id}, nil
+	return broker.Outgoing{Subject: p.subject + "." + subjectToken(string(key)), Data: b, ID: id}
 }
 
 // tableEventKeys keeps, of the publication's tables, those whose table
@@ -1063,7 +1090,7 @@ func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn) (*docEngine,
 	if err != nil {
 		return nil, fmt.Errorf("postgres: projection pool: %w", err)
 	}
-	e := &docEngine{projs: projs, byTable: make(map[string][]*docNode), pool: pool, chunk: docChunk, workers: docWorkers}
+	e := &docEngine{projs: projs, byTable: make(map[string][]*docNode), pool: pool, chunk: docChunk, workers: docWorkers, maxEvent: in.maxEvent, report: in.reportBad}
 	for _, p := range projs {
 		for _, n := range p.nodes {
 			e.byTable[n.nameKey] = append(e.byTable[n.nameKey], n)

@@ -12,10 +12,14 @@ import (
 // is published, its primary key, subject and projection.
 type table struct {
 	columns []column
-	key     []int      // indexes into columns of the primary key, in key order
-	subject string     // "<prefix>.<table>" or "<prefix>.<schema>.<table>"
-	nameKey string     // "schema.table", how --tables and errors name it
-	proj    projection // what its changes become; nil when it is not published
+	key     []int  // indexes into columns of the primary key, in key order
+	subject string // "<prefix>.<table>" or "<prefix>.<schema>.<table>"
+	// errSubject is where its error events go; maxEvent is the broker's
+	// message size limit (0: none).
+	errSubject string
+	maxEvent   int
+	nameKey    string     // "schema.table", how --tables and errors name it
+	proj       projection // what its changes become; nil when it is not published
 }
 
 type column struct {
@@ -30,7 +34,7 @@ func newColumn(name string, oid uint32) column {
 
 // publish makes t a published table: its key columns (by name), its
 // subject, and the table's own projection.
-func (t *table) publish(prefix, schema, name string, keyCols []string) error {
+func (t *table) publish(prefix, schema, name string, keyCols []string, maxEvent int) error {
 	for _, k := range keyCols {
 		i := t.column(k)
 		if i < 0 {
@@ -39,6 +43,7 @@ func (t *table) publish(prefix, schema, name string, keyCols []string) error {
 		t.key = append(t.key, i)
 	}
 	t.subject = tableSubject(prefix, schema, name)
+	t.errSubject, t.maxEvent = errorSubject(prefix, t.subject), maxEvent
 	t.proj = tableProjection{}
 	return nil
 }
@@ -50,13 +55,14 @@ func qualified(schema, name string) string { return schema + "." + name }
 // them; keys come from the catalog (pgoutput marks replica identity
 // columns, which for REPLICA IDENTITY FULL are all of them).
 type relations struct {
-	prefix string
-	keys   map[string][]string // "schema.table" → primary key columns (the published tables)
-	byID   map[uint32]*table
+	prefix   string
+	maxEvent int                 // the broker's message size limit (0: none)
+	keys     map[string][]string // "schema.table" → primary key columns (the published tables)
+	byID     map[uint32]*table
 }
 
-func newRelations(prefix string, keys map[string][]string) *relations {
-	return &relations{prefix: prefix, keys: keys, byID: make(map[uint32]*table)}
+func newRelations(prefix string, keys map[string][]string, maxEvent int) *relations {
+	return &relations{prefix: prefix, maxEvent: maxEvent, keys: keys, byID: make(map[uint32]*table)}
 }
 
 // define records (or replaces) a relation. A table that is not published
@@ -69,7 +75,7 @@ func (r *relations) define(m *pglogrepl.RelationMessage) error {
 		t.columns = append(t.columns, newColumn(c.Name, c.DataType))
 	}
 	if keyCols, ok := r.keys[q]; ok {
-		if err := t.publish(r.prefix, m.Namespace, m.RelationName, keyCols); err != nil {
+		if err := t.publish(r.prefix, m.Namespace, m.RelationName, keyCols, r.maxEvent); err != nil {
 			return err
 		}
 	}
