@@ -151,7 +151,7 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	}
 	// Lead first: everything below (the publication, the slot, a
 	// bootstrap, the memory state's file) belongs to one ingest at a time.
-	release, err := in.lead(ctx, ccfg, srv.version, cancel)
+	lease, release, err := in.lead(ctx, ccfg, srv.version, cancel)
 	if err != nil {
 		return err
 	}
@@ -219,7 +219,7 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	}
 	defer rconn.Close(context.WithoutCancel(ctx))
 
-	pub := newPublisher(in)
+	pub := newPublisher(in, lease)
 	pctx, stopPub := context.WithCancel(ctx)
 	pubDone := make(chan struct{})
 	go func() {

@@ -67,8 +67,10 @@ func withSessionParams(params map[string]string) {
 // VM, a process stuck whole) stops pinging, PostgreSQL ends its session
 // and a standby takes over; a connection that keeps its TCP peer alive
 // would otherwise hold the lock forever. When a ping fails, the keeper
-// calls lost: this ingest no longer leads and must stop streaming.
-func (in *Ingest) lead(ctx context.Context, ccfg *pgx.ConnConfig, version int, lost func(error)) (release func(), err error) {
+// calls lost: this ingest no longer leads and must stop streaming. The
+// lease it returns (nil without a timeout) fences a leader that wakes up
+// after a standby took over: the publisher checks it before publishing.
+func (in *Ingest) lead(ctx context.Context, ccfg *pgx.ConnConfig, version int, lost func(error)) (_ *lease, release func(), err error) {
 	lcfg := ccfg.Copy()
 	timeout := in.cfg.LeaderTimeout
 	if version >= 140000 && timeout > 0 {
@@ -78,14 +80,14 @@ func (in *Ingest) lead(ctx context.Context, ccfg *pgx.ConnConfig, version int, l
 	}
 	conn, err := pgx.ConnectConfig(ctx, lcfg)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: connect (the slot's lock): %w", err)
+		return nil, nil, fmt.Errorf("postgres: connect (the slot's lock): %w", err)
 	}
 	closeConn := func() { _ = conn.Close(context.WithoutCancel(ctx)) }
 	key := lockKey(in.cfg.Slot)
 	var ok bool
 	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok); err != nil {
 		closeConn()
-		return nil, fmt.Errorf("postgres: take the slot's lock: %w", err)
+		return nil, nil, fmt.Errorf("postgres: take the slot's lock: %w", err)
 	}
 	if !ok {
 		holder := in.lockHolder(ctx, conn, key)
@@ -96,36 +98,22 @@ func (in *Ingest) lead(ctx context.Context, ccfg *pgx.ConnConfig, version int, l
 		in.standby.Store(false)
 		if err != nil {
 			closeConn()
-			return nil, fmt.Errorf("postgres: wait for the slot's lock: %w", err)
+			return nil, nil, fmt.Errorf("postgres: wait for the slot's lock: %w", err)
 		}
 		in.takeovers.Add(1)
 		in.log.Info("ingest: taking over the slot", zap.String("slot", in.cfg.Slot), zap.String("previous_leader", holder), zap.Duration("waited", time.Since(waitStart)))
 	}
 	if timeout <= 0 {
-		return closeConn, nil
+		return nil, closeConn, nil
 	}
+	l := newLease(conn, timeout, lost)
 	kctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(timeout / 4)
-		defer tick.Stop()
-		for {
-			select {
-			case <-kctx.Done():
-				return
-			case <-tick.C:
-			}
-			pctx, cancel := context.WithTimeout(kctx, timeout/2)
-			_, err := conn.Exec(pctx, "SELECT 1")
-			cancel()
-			if err != nil && kctx.Err() == nil {
-				lost(fmt.Errorf("postgres: lost the slot's lock (its session ended: frozen for over %v, or the connection broke): %w", timeout, err))
-				return
-			}
-		}
+		l.keep(kctx)
 	}()
-	return func() {
+	return l, func() {
 		stop()
 		<-done
 		closeConn()

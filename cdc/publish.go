@@ -27,6 +27,7 @@ type pending struct {
 // grow with the load; an event waits at most FlushWindow for others.
 type publisher struct {
 	in    *Ingest
+	lease *lease // asked before every publish: a leader that lost its lock publishes nothing
 	ch    chan pending
 	acked atomic.Uint64 // end LSN of the last transaction whose events are acknowledged
 
@@ -35,8 +36,8 @@ type publisher struct {
 	stop   chan struct{}
 }
 
-func newPublisher(in *Ingest) *publisher {
-	return &publisher{in: in, ch: make(chan pending, 1024), stop: make(chan struct{})}
+func newPublisher(in *Ingest, l *lease) *publisher {
+	return &publisher{in: in, lease: l, ch: make(chan pending, 1024), stop: make(chan struct{})}
 }
 
 // add queues a transaction's events; it blocks while the queue is full
@@ -125,6 +126,10 @@ func (p *publisher) run(ctx context.Context) {
 		// confirmed only after the last.
 		for i := 0; i < len(batch); i += cfg.MaxBatch {
 			slice := batch[i:min(i+cfg.MaxBatch, len(batch))]
+			if err := p.lease.check(ctx); err != nil {
+				p.fail(fmt.Errorf("not publishing %d events: %w", len(batch)-i, err))
+				return
+			}
 			if _, err := cfg.Broker.Publish(ctx, slice); err != nil {
 				p.fail(fmt.Errorf("broker: %w", err))
 				return

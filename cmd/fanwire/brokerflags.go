@@ -26,6 +26,7 @@ type brokerFlags struct {
 	redisCluster     bool
 	redisMaxLen      int64
 	redisDedupWindow time.Duration
+	dedupWindow      time.Duration
 }
 
 // register adds the broker flags; embedded (dev) has no --nats-url, and
@@ -38,7 +39,8 @@ func (f *brokerFlags) register(fs *flag.FlagSet, embedded bool, subjects string)
 	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379", "redis: server URL; with --redis-cluster a seed node, more as addr parameters (redis://a:6379?addr=b:6379&addr=c:6379)")
 	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "redis: --redis-url is a Redis Cluster: follow its slot map and MOVED/ASK redirections (--stream must then hold a hash tag, e.g. {fanwire})")
 	fs.Int64Var(&f.redisMaxLen, "redis-maxlen", 1_000_000, "redis: keep about this many events in the stream (XADD MAXLEN ~; 0: no limit)")
-	fs.DurationVar(&f.redisDedupWindow, "redis-dedup-window", broker.DefaultRedisDedupWindow, "redis: how long a publish \"id\" is remembered: a repeat within it is not appended again and gets the original cursor (JetStream's duplicate window is 2m too)")
+	fs.DurationVar(&f.dedupWindow, "dedup-window", broker.DefaultRedisDedupWindow, "jetstream and redis: how long a publish \"id\" is remembered: a repeat within it is not stored again and gets the original cursor (jetstream: the stream's duplicate window, never lowered below what an operator set)")
+	fs.DurationVar(&f.redisDedupWindow, "redis-dedup-window", 0, "deprecated: --dedup-window (when set, it wins for redis)")
 	fs.StringVar(&f.stream, "stream", "FANWIRE", "jetstream: the stream that captures --subjects (created or updated at start); redis: the stream key (with --redis-cluster it must hold a hash tag, e.g. {fanwire})")
 	fs.DurationVar(&f.retentionAge, "retention-age", 24*time.Hour, "jetstream: keep events this long (0: no age limit)")
 	fs.Int64Var(&f.retentionBytes, "retention-bytes", 1<<30, "jetstream: keep at most this many bytes of events (0: no size limit)")
@@ -72,11 +74,16 @@ func (f *brokerFlags) dial(ctx context.Context, log *zap.Logger, ns *server.Serv
 			MaxBytes:   f.retentionBytes,
 			Storage:    f.storage,
 			Replicas:   f.replicas,
+			Duplicates: f.dedupWindow,
 			OnGap:      func(n int) { drop("removed_before_read", n) },
 		})
 	case "redis":
+		dedup := f.dedupWindow
+		if f.redisDedupWindow != 0 {
+			dedup = f.redisDedupWindow
+		}
 		return broker.DialRedis(ctx, broker.RedisConfig{URL: f.redisURL, Cluster: f.redisCluster, Stream: f.stream, MaxLen: f.redisMaxLen,
-			DedupWindow: f.redisDedupWindow, Logger: log.Named("redis")})
+			DedupWindow: dedup, Logger: log.Named("redis")})
 	}
 	return nil, fmt.Errorf("--broker %q: want nats, jetstream or redis", f.brokerKind)
 }

@@ -39,7 +39,7 @@ func buildBinary(t *testing.T) string {
 // has), on JetStream and on Redis Streams.
 func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
 	bin := buildBinary(t)
-	forEachIngestBroker(t, 60*time.Second, func(ctx context.Context, t *testing.T, pg *pgtest.Server, args []string, count func() map[string]int) {
+	forEachIngestBroker(t, 60*time.Second, 0, func(ctx context.Context, t *testing.T, pg *pgtest.Server, args []string, count func() map[string]int) {
 		port, err := freePort()
 		if err != nil {
 			t.Fatal(err)
@@ -80,7 +80,7 @@ func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
 // takeover times are logged (docs/benchmarks.md, "Ingest failover").
 func TestIngestFailover(t *testing.T) {
 	bin := buildBinary(t)
-	forEachIngestBroker(t, 90*time.Second, func(ctx context.Context, t *testing.T, pg *pgtest.Server, bargs []string, count func() map[string]int) {
+	forEachIngestBroker(t, 90*time.Second, 0, func(ctx context.Context, t *testing.T, pg *pgtest.Server, bargs []string, count func() map[string]int) {
 		var logs bytes.Buffer
 		var logMu sync.Mutex
 		type ingest struct {
@@ -180,23 +180,25 @@ func TestIngestFailover(t *testing.T) {
 // forEachIngestBroker runs test, as a subtest per broker (JetStream, Redis
 // Streams), with a PostgreSQL cluster holding the table t (id, v), the
 // ingest's broker flags and a count of the events in the broker by key.
-func forEachIngestBroker(t *testing.T, timeout time.Duration, test func(ctx context.Context, t *testing.T, pg *pgtest.Server, brokerArgs []string, count func() map[string]int)) {
+// dedup is the broker's duplicate window (0: the default).
+func forEachIngestBroker(t *testing.T, timeout, dedup time.Duration, test func(ctx context.Context, t *testing.T, pg *pgtest.Server, brokerArgs []string, count func() map[string]int)) {
 	for _, kind := range []string{"jetstream", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			pg := pgtest.Start(t, pgtest.Config{})
 			pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY, v int)")
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
-			args, count := ingestBroker(ctx, t, kind)
+			args, count := ingestBroker(ctx, t, kind, dedup)
 			test(ctx, t, pg, args, count)
 		})
 	}
 }
 
 // ingestBroker starts a broker of kind ("jetstream" or "redis") for an
-// ingest process: the ingest's broker flags, and a function that counts
-// the events in the broker by their key.
-func ingestBroker(ctx context.Context, t *testing.T, kind string) (args []string, count func() map[string]int) {
+// ingest process, with duplicate window dedup (0: the default): the
+// ingest's broker flags, and a function that counts the events in the
+// broker by their key.
+func ingestBroker(ctx context.Context, t *testing.T, kind string, dedup time.Duration) (args []string, count func() map[string]int) {
 	t.Helper()
 	var d broker.Durable
 	until := "js:1000000000" // past every event: a replay of everything
@@ -204,7 +206,7 @@ func ingestBroker(ctx context.Context, t *testing.T, kind string) (args []string
 	case "jetstream":
 		ns := brokertest.NATS(t)
 		args = []string{"--broker", "jetstream", "--nats-url", ns.ClientURL(), "--subjects", "db.>", "--stream", "CDC"}
-		b, err := broker.DialJetStream(ctx, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "CDC"})
+		b, err := broker.DialJetStream(ctx, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "CDC", Duplicates: dedup})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -214,7 +216,7 @@ func ingestBroker(ctx context.Context, t *testing.T, kind string) (args []string
 		until = "rs:99999999999999-0"
 		url := "redis://" + brokertest.Redis(t)
 		args = []string{"--broker", "redis", "--redis-url", url, "--stream", "cdc"}
-		b, err := broker.DialRedis(ctx, broker.RedisConfig{URL: url, Stream: "cdc"})
+		b, err := broker.DialRedis(ctx, broker.RedisConfig{URL: url, Stream: "cdc", DedupWindow: dedup})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,6 +224,9 @@ func ingestBroker(ctx context.Context, t *testing.T, kind string) (args []string
 		d = b
 	default:
 		t.Fatalf("no broker %q", kind)
+	}
+	if dedup != 0 {
+		args = append(args, "--dedup-window", dedup.String())
 	}
 	return args, func() map[string]int {
 		ids := map[string]int{}
