@@ -3,7 +3,6 @@ package cdc
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -33,13 +32,6 @@ type txn struct {
 
 // ops by change kind
 var opNames = map[byte]string{'I': "insert", 'U': "update", 'D': "delete", 'T': "truncate"}
-
-// eventID is an event's idempotency id: its transaction's commit LSN and
-// its index among the transaction's events. A re-read transaction (after
-// a crash, before its LSN was confirmed) makes the same ids.
-func eventID(commit pglogrepl.LSN, i int) string {
-	return strconv.FormatUint(uint64(commit), 16) + "-" + strconv.Itoa(i)
-}
 
 // rowEvent builds the event of a row change of a published table t. A row
 // that cannot be encoded, or whose event is over the broker's limit,

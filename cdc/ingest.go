@@ -219,7 +219,17 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	}
 	defer rconn.Close(context.WithoutCancel(ctx))
 
-	pub := newPublisher(in, lease)
+	// A slot that exists is read again from its confirmed LSN: the
+	// broker's high-water mark says what of that it has. (A new slot is
+	// bootstrapped, and its changes are all after any mark.)
+	var hw *highWater
+	var rp *replay
+	if st.exists {
+		if hw, rp, err = in.learnHighWater(ctx, conn); err != nil {
+			return err
+		}
+	}
+	pub := newPublisher(in, lease, hw)
 	pctx, stopPub := context.WithCancel(ctx)
 	pubDone := make(chan struct{})
 	go func() {
@@ -262,7 +272,7 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	}
 	in.ready.Store(true)
 	in.log.Info("ingest: tailing", zap.String("slot", cfg.Slot), zap.String("publication", cfg.Publication), zap.Int("tables", len(keys)))
-	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys, in.maxEvent), pub: pub, streamed: make(map[uint32][]change), hbConn: conn, docs: docs}
+	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys, in.maxEvent), pub: pub, streamed: make(map[uint32][]change), hbConn: conn, docs: docs, replay: rp}
 	return r.run(ctx)
 }
 
@@ -278,7 +288,11 @@ type reader struct {
 	pend         *docChanges
 	pendTx       *txn
 	pendBase     int
+	pendStart    pglogrepl.LSN // the commit LSN of the window's first transaction
 	pendDeadline time.Time
+	// replay, while the transactions read again are ones whose events the
+	// broker may have already (highwater.go); nil otherwise.
+	replay *replay
 	pub          *publisher
 	hbConn       *pgx.Conn // for heartbeats; owned by the reader once tailing
 	cur          *txn      // the transaction being received (not streamed)
@@ -308,13 +322,13 @@ func (r *reader) run(ctx context.Context) error {
 				return err
 			}
 		}
-		if r.pend != nil && !time.Now().Before(r.pendDeadline) {
+		if r.pend != nil && r.replay == nil && !time.Now().Before(r.pendDeadline) {
 			if err := r.flushDocs(ctx); err != nil {
 				return err
 			}
 		}
 		deadline := nextStatus
-		if r.pend != nil && r.pendDeadline.Before(deadline) {
+		if r.pend != nil && r.replay == nil && r.pendDeadline.Before(deadline) {
 			deadline = r.pendDeadline
 		}
 		rctx, cancel := context.WithDeadline(ctx, deadline)
@@ -506,7 +520,11 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	r.lastData = time.Now()
 	var evs []broker.Outgoing
 	done := 0 // events of the transaction already handed to the publisher
-	id := func(i int) string { return eventID(t.commitLSN, done+i) }
+	var window pglogrepl.LSN
+	if r.pend != nil {
+		window = r.pendStart
+	}
+	id := func(i int) string { return tableEventID(t.commitLSN, done+i, window) }
 	flush := r.flusher(ctx, &done)
 	var dc *docChanges // the documents the transaction affects
 	if r.docs != nil {
@@ -516,6 +534,10 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	// its events were acknowledged, and PostgreSQL resends from the LSN
 	// confirmed before) is done: nothing of it is applied or published.
 	if r.docs != nil && r.docs.mem != nil && t.endLSN <= r.docs.mem.lsn {
+		if r.replay != nil && t.commitLSN >= r.replay.until {
+			// Acknowledged through the high-water mark: nothing to replay.
+			r.replay, r.pend, r.pendTx = nil, nil, nil
+		}
 		r.received = t.endLSN
 		return r.pub.add(ctx, nil, t.endLSN, t.commitTime)
 	}
@@ -575,17 +597,31 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		// the transaction changed — or the transactions of one flush window
 		// changed — after its table events.
 		r.docs.commitMem(dc, t.endLSN)
+		if r.replay.drops(t.commitLSN) {
+			dc = nil // published in a window the broker has whole
+		}
+	}
+	if dc != nil && !dc.empty() {
 		if r.pend == nil {
-			r.pend, r.pendDeadline = dc, time.Now().Add(r.in.cfg.FlushWindow)
+			r.pend, r.pendStart, r.pendDeadline = dc, t.commitLSN, time.Now().Add(r.in.cfg.FlushWindow)
 		} else {
 			r.pend.merge(dc)
 		}
 	}
+	flushNow := r.in.cfg.FlushWindow <= 0 || r.pend != nil && (!time.Now().Before(r.pendDeadline) || r.pend.size() >= r.in.cfg.MaxBatch)
+	if r.replay != nil && t.commitLSN <= r.replay.until {
+		// The window that was open at the high-water mark is made again
+		// exactly: it ends with the mark's transaction.
+		flushNow = t.commitLSN == r.replay.until
+	}
+	if r.replay != nil && t.commitLSN >= r.replay.until {
+		r.replay = nil
+	}
 	if r.pend != nil {
 		r.pendTx, r.pendBase = t, done+len(evs)
-		if r.in.cfg.FlushWindow <= 0 || !time.Now().Before(r.pendDeadline) || r.pend.size() >= r.in.cfg.MaxBatch {
+		if flushNow {
 			var err error
-			if evs, err = r.docs.events(ctx, evs, r.pend, t, id, flush); err != nil {
+			if evs, err = r.docs.events(ctx, evs, r.pend, t, r.docID(t), flush); err != nil {
 				return err
 			}
 			r.pend, r.pendTx = nil, nil
@@ -620,12 +656,17 @@ func (r *reader) flusher(ctx context.Context, handed *int) func([]broker.Outgoin
 	}
 }
 
+// docID gives the ids of the documents of the window that ends with t.
+func (r *reader) docID(t *txn) func(p *docProjection, key []byte) string {
+	start := r.pendStart
+	return func(p *docProjection, key []byte) string { return docEventID(t.commitLSN, start, p.spec.Name, key) }
+}
+
 // flushDocs publishes the documents waiting for the flush window, with the
 // end of the last transaction they cover, which is then confirmable.
 func (r *reader) flushDocs(ctx context.Context) error {
 	t, base := r.pendTx, r.pendBase
-	id := func(i int) string { return eventID(t.commitLSN, base+i) }
-	evs, err := r.docs.events(ctx, nil, r.pend, t, id, r.flusher(ctx, &base))
+	evs, err := r.docs.events(ctx, nil, r.pend, t, r.docID(t), r.flusher(ctx, &base))
 	if err != nil {
 		return err
 	}

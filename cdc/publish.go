@@ -28,6 +28,7 @@ type pending struct {
 type publisher struct {
 	in    *Ingest
 	lease *lease // asked before every publish: a leader that lost its lock publishes nothing
+	hw    *highWater // owned by run: events at or before it are skipped; nil once passed
 	ch    chan pending
 	acked atomic.Uint64 // end LSN of the last transaction whose events are acknowledged
 
@@ -36,8 +37,8 @@ type publisher struct {
 	stop   chan struct{}
 }
 
-func newPublisher(in *Ingest, l *lease) *publisher {
-	return &publisher{in: in, lease: l, ch: make(chan pending, 1024), stop: make(chan struct{})}
+func newPublisher(in *Ingest, l *lease, hw *highWater) *publisher {
+	return &publisher{in: in, lease: l, hw: hw, ch: make(chan pending, 1024), stop: make(chan struct{})}
 }
 
 // add queues a transaction's events; it blocks while the queue is full
@@ -121,13 +122,21 @@ func (p *publisher) run(ctx context.Context) {
 			}
 		}
 		deadline.Stop()
+		out := batch
+		if p.hw != nil {
+			var passed bool
+			if out, passed = p.hw.skip(batch); passed {
+				p.in.log.Info("ingest: past the high-water mark", zap.String("id", p.hw.id), zap.Int("skipped", p.hw.skipped))
+				p.hw = nil
+			}
+		}
 		// A transaction larger than MaxBatch goes out in slices (the
 		// broker client holds one slice's acks at a time); its end is
 		// confirmed only after the last.
-		for i := 0; i < len(batch); i += cfg.MaxBatch {
-			slice := batch[i:min(i+cfg.MaxBatch, len(batch))]
+		for i := 0; i < len(out); i += cfg.MaxBatch {
+			slice := out[i:min(i+cfg.MaxBatch, len(out))]
 			if err := p.lease.check(ctx); err != nil {
-				p.fail(fmt.Errorf("not publishing %d events: %w", len(batch)-i, err))
+				p.fail(fmt.Errorf("not publishing %d events: %w", len(out)-i, err))
 				return
 			}
 			if _, err := cfg.Broker.Publish(ctx, slice); err != nil {

@@ -870,9 +870,10 @@ func appendDoc(b []byte, n *docNode, r *composedRow) ([]byte, error) {
 }
 
 // events recomposes every document d names and appends their events, in
-// the order of the projections and, within one, of their keys. ids numbers
-// them from the transaction's next event.
-func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docChanges, t *txn, id func(i int) string, flush func([]broker.Outgoing) ([]broker.Outgoing, error)) ([]broker.Outgoing, error) {
+// the order of the projections and, within one, of their keys (a
+// projection's truncate event first). id gives an event's id from its
+// projection and key (nil: the truncate event).
+func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docChanges, t *txn, id func(p *docProjection, key []byte) string, flush func([]broker.Outgoing) ([]broker.Outgoing, error)) ([]broker.Outgoing, error) {
 	lsn, commitTime := t.commitLSN, t.commitTime
 	if len(d.pending) > 0 || slices.ContainsFunc(e.projs, func(p *docProjection) bool { return p.root.mem == nil && len(d.keys[p]) > 0 }) {
 		// The sql mode reads the database: first wait until the
@@ -889,7 +890,7 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 	}
 	for _, p := range e.projs {
 		if d.trunc[p] {
-			evs = append(evs, truncateEventOn(p.subject, id(len(evs)), lsn, commitTime))
+			evs = append(evs, truncateEventOn(p.subject, id(p, nil), lsn, commitTime))
 		}
 		set := d.keys[p]
 		if len(set) == 0 {
@@ -921,7 +922,7 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 				if docs[i] == nil && bad[i] == nil && !set[string(k)] {
 					continue // no such document, and its primary row did not change
 				}
-				evs = append(evs, e.docEvent(p, k, docs[i], bad[i], id(len(evs)), lsn, commitTime))
+				evs = append(evs, e.docEvent(p, k, docs[i], bad[i], id(p, k), lsn, commitTime))
 			}
 			var err error
 			if evs, err = flush(evs); err != nil {

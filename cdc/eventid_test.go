@@ -1,0 +1,62 @@
+package cdc
+
+import (
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// TestEventIDsOrderAsPublished: ids parse back to their positions, and
+// ordered by compareEvents they are in the order the ingest publishes
+// them: by LSN; at one LSN table events, then documents by projection
+// (its truncate event first) and key. Keys with separators, '%' and the
+// empty key survive the id.
+func TestEventIDsOrderAsPublished(t *testing.T) {
+	projs := []string{"orders", "customers"}
+	index := func(name string) int {
+		for i, p := range projs {
+			if p == name {
+				return i
+			}
+		}
+		return -1
+	}
+	published := []string{
+		tableEventID(0x16b3748, 0, 0),
+		tableEventID(0x16b3748, 1, 0),
+		tableEventID(0x16b3748, 10, 0),
+		tableEventID(0x16b3800, 0, 0x16b3800),
+		tableEventID(0x16b3900, 0, 0x16b3800),
+		docEventID(0x16b3900, 0x16b3800, "orders", nil),
+		docEventID(0x16b3900, 0x16b3800, "orders", []byte("")),
+		docEventID(0x16b3900, 0x16b3800, "orders", []byte("%")),
+		docEventID(0x16b3900, 0x16b3800, "orders", []byte("10")),
+		docEventID(0x16b3900, 0x16b3800, "orders", []byte("9")),
+		docEventID(0x16b3900, 0x16b3800, "orders", []byte("a-b.c,d")),
+		docEventID(0x16b3900, 0x16b3800, "customers", []byte("1")),
+		tableEventID(0x1_0000_0000, 0, 0),
+	}
+	var prev eventPos
+	for i, id := range published {
+		pos, ok := parseEventID(id)
+		if !ok {
+			t.Fatalf("%q does not parse", id)
+		}
+		if i > 0 && compareEvents(prev, pos, index) >= 0 {
+			t.Errorf("%q is not after %q", id, published[i-1])
+		}
+		if compareEvents(pos, pos, index) != 0 {
+			t.Errorf("%q is not equal to itself", id)
+		}
+		prev = pos
+	}
+	pos, _ := parseEventID(docEventID(1, 2, "orders", []byte("a-b.c,d%")))
+	if string(pos.key) != "a-b.c,d%" || pos.window != 2 || pos.lsn != pglogrepl.LSN(1) || pos.proj != "orders" {
+		t.Errorf("parsed %+v", pos)
+	}
+	for _, id := range []string{"", "b-0123456789abcdef01234567", "x-1", "16b3748", "16b3748-x", "16b3748-1-2-3", "16b3748-dzz-orders-1", "16b3748-d1-orders-%zz", "16b3748-d1-orders"} {
+		if _, ok := parseEventID(id); ok {
+			t.Errorf("%q parses as a change's id", id)
+		}
+	}
+}
