@@ -292,13 +292,13 @@ type reader struct {
 	pendDeadline time.Time
 	// replay, while the transactions read again are ones whose events the
 	// broker may have already (highwater.go); nil otherwise.
-	replay *replay
-	pub          *publisher
-	hbConn       *pgx.Conn // for heartbeats; owned by the reader once tailing
-	cur          *txn      // the transaction being received (not streamed)
-	inStream     bool
-	streamXid    uint32
-	streamed     map[uint32][]change // streamed transactions' changes so far, by top-level xid
+	replay    *replay
+	pub       *publisher
+	hbConn    *pgx.Conn // for heartbeats; owned by the reader once tailing
+	cur       *txn      // the transaction being received (not streamed)
+	inStream  bool
+	streamXid uint32
+	streamed  map[uint32][]change // streamed transactions' changes so far, by top-level xid
 
 	walEnd   pglogrepl.LSN // the server's WAL end, last reported
 	received pglogrepl.LSN // end of the last commit handed to the publisher

@@ -27,7 +27,7 @@ type pending struct {
 // grow with the load; an event waits at most FlushWindow for others.
 type publisher struct {
 	in    *Ingest
-	lease *lease // asked before every publish: a leader that lost its lock publishes nothing
+	lease *lease     // asked before every publish: a leader that lost its lock publishes nothing
 	hw    *highWater // owned by run: events at or before it are skipped; nil once passed
 	ch    chan pending
 	acked atomic.Uint64 // end LSN of the last transaction whose events are acknowledged
