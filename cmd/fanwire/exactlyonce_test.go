@@ -132,7 +132,7 @@ type storedEvent struct {
 // process that a test can restart with its data.
 type restartableBroker struct {
 	kind  string
-	args  []string // the ingest's broker flags
+	args  []string       // the ingest's broker flags
 	ns    *server.Server // jetstream
 	redis *brokertest.RedisServer
 	url   string
