@@ -23,12 +23,15 @@ import (
 // Core NATS) and the stream that captures the subject space.
 type JetStreamConfig struct {
 	NATSConfig
-	Stream     string        // stream name (default "FANWIRE")
-	MaxAge     time.Duration // retention by age (0: unlimited)
-	MaxBytes   int64         // retention by size (0: unlimited)
-	Storage    string        // "file" (default) or "memory"
-	Replicas   int           // stream replicas, 3 on a cluster (0: an existing stream keeps its own, a new one gets 1)
-	Duplicates time.Duration // deduplication window for publish ids (default 2m)
+	Stream   string        // stream name (default "FANWIRE")
+	MaxAge   time.Duration // retention by age (0: unlimited)
+	MaxBytes int64         // retention by size (0: unlimited)
+	Storage  string        // "file" (default) or "memory"
+	Replicas int           // stream replicas, 3 on a cluster (0: an existing stream keeps its own, a new one gets 1)
+	// Duplicates is the least deduplication window for publish ids
+	// (default 2m): a stream whose window is longer (an operator's choice)
+	// keeps it.
+	Duplicates time.Duration
 	// OnGap is called with the number of events the live feed skipped
 	// because they were removed from the stream before it read them (a
 	// long outage outlived retention): they cannot be delivered, so they
@@ -117,6 +120,7 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 	}
 	b.want = want
 	b.want.Replicas = b.stream.CachedInfo().Config.Replicas
+	b.want.Duplicates = b.stream.CachedInfo().Config.Duplicates
 	b.batchMax.Store(publishWindow)
 	b.atomic.Store(b.stream.CachedInfo().Config.AllowAtomicPublish)
 	if !b.atomic.Load() {
@@ -156,6 +160,15 @@ func (b *JetStream) ensureStream(ctx context.Context, want jetstream.StreamConfi
 	// would shrink an R3 stream an operator made to one replica.
 	if want.Replicas == 0 {
 		want.Replicas = have.Replicas
+	}
+	// Our window is a floor: a longer one an operator set (to deduplicate
+	// over a longer outage) stays, unless our MaxAge is shorter (the
+	// server wants the window within it).
+	if have.Duplicates > want.Duplicates {
+		want.Duplicates = have.Duplicates
+		if want.MaxAge > 0 {
+			want.Duplicates = max(min(want.Duplicates, want.MaxAge), b.cfg.Duplicates)
+		}
 	}
 	if slices.Equal(sortedCopy(have.Subjects), sortedCopy(want.Subjects)) && have.MaxAge == want.MaxAge &&
 		have.MaxBytes == want.MaxBytes && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas &&
