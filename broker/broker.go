@@ -71,6 +71,33 @@ type Durable interface {
 	CompareCursors(a, b string) (int, error)
 }
 
+// HighWater is implemented by brokers that can say which of a publisher's
+// events they already store (JetStream, Redis Streams; not Core NATS,
+// which keeps no history). A publisher whose events have ids in publish
+// order (the ingest: "<commit LSN hex>-<index>") asks it at start and after
+// every reconnect, and skips its events at or before the answer: exactly
+// once without depending on the duplicate window, however long it was
+// away. Publish stores a prefix of what it is given, in order, even
+// through failures (a message is never stored after a later one that was
+// not), so every event published before the last one stored is stored.
+type HighWater interface {
+	// LastID returns the ID (Outgoing.ID) of the newest message with an ID
+	// the broker stores on subjects, a pattern within its subject space
+	// that only this publisher publishes on (e.g. "db.>"). It returns ""
+	// when it stores none: nothing to skip. A repeat Publish dropped as a
+	// duplicate does not move it back.
+	//
+	// JetStream answers from the stream itself: the Nats-Msg-Id of its
+	// last message on subjects, whoever published it; a deleted or purged
+	// stream forgets. Redis Streams answers from a key it updates with
+	// each append (the stream's own entries do not keep ids), and only
+	// for patterns it has been asked about: LastID registers subjects with
+	// this broker, whose Publish calls from then on record their messages
+	// on it. Call it once before publishing, as the ingest does at start;
+	// a new process (a failover) finds what the last one recorded.
+	LastID(ctx context.Context, subjects string) (string, error)
+}
+
 // Consumers is implemented by brokers that can keep a consumer per
 // subscription on the server (JetStream): the server tracks its position,
 // so a client can come back to a named (durable) one without holding a

@@ -3,6 +3,8 @@ package broker
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -21,12 +23,15 @@ import (
 // Core NATS) and the stream that captures the subject space.
 type JetStreamConfig struct {
 	NATSConfig
-	Stream     string        // stream name (default "FANWIRE")
-	MaxAge     time.Duration // retention by age (0: unlimited)
-	MaxBytes   int64         // retention by size (0: unlimited)
-	Storage    string        // "file" (default) or "memory"
-	Replicas   int           // stream replicas, 3 on a cluster (0: an existing stream keeps its own, a new one gets 1)
-	Duplicates time.Duration // deduplication window for publish ids (default 2m)
+	Stream   string        // stream name (default "FANWIRE")
+	MaxAge   time.Duration // retention by age (0: unlimited)
+	MaxBytes int64         // retention by size (0: unlimited)
+	Storage  string        // "file" (default) or "memory"
+	Replicas int           // stream replicas, 3 on a cluster (0: an existing stream keeps its own, a new one gets 1)
+	// Duplicates is the least deduplication window for publish ids
+	// (default 2m): a stream whose window is longer (an operator's choice)
+	// keeps it.
+	Duplicates time.Duration
 	// OnGap is called with the number of events the live feed skipped
 	// because they were removed from the stream before it read them (a
 	// long outage outlived retention): they cannot be delivered, so they
@@ -44,10 +49,12 @@ type JetStream struct {
 	stream jetstream.Stream
 	buffer int // messages the live feed holds for a busy handler (consumeBuffer; tests make it small)
 
-	// ackedAt is the connection's reconnect count when a Publish last had
-	// every message acknowledged: a Publish on a connection that has
-	// reconnected since starts carefully (see Publish).
-	ackedAt atomic.Uint64
+	// atomic is whether the stream takes atomic batches (see Publish): set
+	// by DialJetStream, cleared when the server refuses one as disabled.
+	atomic atomic.Bool
+	// batchMax is the largest window Publish sends as one batch:
+	// publishWindow, halved each time the server says it is over its limit.
+	batchMax atomic.Int32
 }
 
 // CursorPrefixJS starts every JetStream cursor.
@@ -100,6 +107,9 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 		Replicas:   cfg.Replicas,
 		Duplicates: cfg.Duplicates,
 		Discard:    jetstream.DiscardOld,
+		// Publish sends atomic batches (NATS 2.12+; an older server
+		// ignores the setting, and Publish then goes a message at a time).
+		AllowAtomicPublish: true,
 	}
 	if cfg.MaxBytes == 0 {
 		want.MaxBytes = -1
@@ -110,6 +120,13 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 	}
 	b.want = want
 	b.want.Replicas = b.stream.CachedInfo().Config.Replicas
+	b.want.Duplicates = b.stream.CachedInfo().Config.Duplicates
+	b.batchMax.Store(publishWindow)
+	b.atomic.Store(b.stream.CachedInfo().Config.AllowAtomicPublish)
+	if !b.atomic.Load() {
+		b.core.log.Warn("jetstream: the server does not take atomic batches (NATS older than 2.12?): publishing one message at a time, in order, which is much slower",
+			zap.String("stream", want.Name))
+	}
 	return b, nil
 }
 
@@ -144,13 +161,24 @@ func (b *JetStream) ensureStream(ctx context.Context, want jetstream.StreamConfi
 	if want.Replicas == 0 {
 		want.Replicas = have.Replicas
 	}
+	// Our window is a floor: a longer one an operator set (to deduplicate
+	// over a longer outage) stays, unless our MaxAge is shorter (the
+	// server wants the window within it).
+	if have.Duplicates > want.Duplicates {
+		want.Duplicates = have.Duplicates
+		if want.MaxAge > 0 {
+			want.Duplicates = max(min(want.Duplicates, want.MaxAge), b.cfg.Duplicates)
+		}
+	}
 	if slices.Equal(sortedCopy(have.Subjects), sortedCopy(want.Subjects)) && have.MaxAge == want.MaxAge &&
-		have.MaxBytes == want.MaxBytes && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas {
+		have.MaxBytes == want.MaxBytes && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas &&
+		have.AllowAtomicPublish == want.AllowAtomicPublish {
 		log.Info("using JetStream stream", zap.String("stream", want.Name))
 		return s, nil
 	}
 	upd := have
 	upd.Subjects, upd.MaxAge, upd.MaxBytes, upd.Duplicates, upd.Replicas = want.Subjects, want.MaxAge, want.MaxBytes, want.Duplicates, want.Replicas
+	upd.AllowAtomicPublish = want.AllowAtomicPublish
 	s, err = b.js.UpdateStream(ctx, upd)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: update stream %q: %w", want.Name, err)
@@ -183,117 +211,268 @@ func ParseJSCursor(c string) (uint64, error) {
 }
 
 // Publish publishes msgs with their ids as Nats-Msg-Id (the stream's
-// duplicate window drops a repeat and acks it with the original sequence),
-// pipelined, and returns when every one is acknowledged.
+// duplicate window drops a repeat and acks it with the original sequence)
+// and returns when every one is stored.
 //
-// It rides out a failover until ctx is done. While a replicated stream
-// elects a new leader, publishes are answered "no responders"; when the
-// connection moves to another server, the acks it was waiting for fail; an
-// ack the failed leader never sent times out. Publish then waits a little
-// and sends again, in order, every message not acknowledged yet. A message
-// whose ack was lost (rather than refused) may be stored already: it is
-// sent again only if it has an id, which the duplicate window recognizes.
-// Without one, Publish returns the error rather than risk storing it twice.
-// Order holds across attempts: an attempt after a failure, and the first
-// one after the connection reconnected (the stream may be electing a leader
-// or being re-created), sends its first message alone and pipelines the
-// rest only once that one is stored. Otherwise a message refused for want
-// of a stream ("no responders") could be overtaken by the next one, sent
-// microseconds later to a stream that had just come back. The exception:
-// when the connection fails in the middle of a window, messages sent after
-// the failure can be stored before those sent again.
+// It sends them in windows of up to publishWindow, each one an atomic batch
+// (NATS 2.12+: Nats-Batch-Id and Nats-Batch-Sequence headers, the last
+// message with Nats-Batch-Commit, and only that one waits for an answer).
+// The server stages a batch and stores all of it, contiguously, or none of
+// it: it drops a batch with a gap in its sequence (a message lost with the
+// connection, or sent to a stream deleted and re-created meanwhile), one
+// whose staging outlived a leader, and one that fails a check. So a message
+// is never stored after a later one that was refused or lost, and a window
+// goes out only once the one before it is stored: the stream holds a prefix
+// of the publish order at every moment, which the ingest's per-key order
+// and its high-water restart (see HighWater) rely on.
+//
+// Why a batch rather than a chain of checks on a pipeline of single
+// publishes (verified against the nats-server 2.15 source):
+//   - Nats-Expected-Last-Msg-Id (each message naming the previous one's id)
+//     is checked against the stream's last message, whoever published it:
+//     an event the gateway publishes on app.> between two of ours breaks the
+//     chain. On a replicated stream it is checked only when the entry is
+//     applied, after the proposal recorded the message's id for
+//     deduplication with no sequence; a message refused there leaves its id
+//     "in process" (409, error 10158) for the whole duplicate window, so
+//     sending it again fails for two minutes.
+//   - Nats-Expected-Last-Subject-Sequence with a wildcard
+//     Nats-Expected-Last-Subject-Sequence-Subject (db.>) is scoped to our
+//     subjects, but needs the previous message's stream sequence, which a
+//     pipeline does not know yet. Predicted (contiguous) sequences are
+//     unsafe: once another publisher's message shifts them, message k+1 is
+//     refused while k+2, whose prediction now equals the real last one, is
+//     stored.
+//   - Finding out after a failure which later messages got stored cannot
+//     undo them: consumers may have read them already.
+//
+// A batch has one answer instead of one ack per message: on a memory
+// stream, BenchmarkJetStreamPublish went from 58k to 80k events/s (medians
+// of 5 interleaved runs, 2 busy cores). On a file stream of one replica it
+// went from 56k to 36k: the server stages each batch in a file store of its
+// own, created, synced and removed per batch, so that a batch survives a
+// crash between its commit and its storing. The price of never reordering.
+// The server keeps the batch headers (about 60 bytes) on stored messages.
+//
+// It rides out a failover until ctx is done: a window refused for want of a
+// stream leader ("no responders", 503), dropped (incomplete), or whose
+// answer is lost (a timeout, a reconnect) is sent again as a new batch, at
+// growing intervals. One whose messages were stored already (a lost answer)
+// is refused as a whole for holding a known id: it then goes one message at
+// a time (publishEach), which stores the rest in order and acks the repeats
+// with their original sequences. So do windows of one message, windows the
+// server refuses for another reason (each message then gets its own
+// answer, the failing one its error), and every window on a server or
+// stream without atomic batches (older than 2.12): a message at a time is
+// slow but keeps the order. A message without an id whose answer is lost
+// may be stored already: Publish returns that error rather than risk
+// storing it twice.
 func (b *JetStream) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	cursors := make([]string, len(msgs))
-	todo := make([]int, len(msgs)) // indexes of the messages not acknowledged yet, in order
-	for i := range todo {
-		todo[i] = i
-	}
-	reconnects := b.core.nc.Stats().Reconnects
-	wait := publishRetryMin
-	for attempt := 0; ; attempt++ {
-		var err error
-		if (attempt > 0 || reconnects != b.ackedAt.Load()) && len(todo) > 1 {
-			// Carefully: the first message alone.
-			var first []int
-			if first, err = b.publishOnce(ctx, msgs, todo[:1], cursors); err != nil {
-				return nil, err
-			}
-			if len(first) == 0 {
-				todo, err = b.publishOnce(ctx, msgs, todo[1:], cursors)
-			}
-		} else {
-			todo, err = b.publishOnce(ctx, msgs, todo, cursors)
+	for start := 0; start < len(msgs); {
+		n := min(len(msgs)-start, int(b.batchMax.Load()))
+		err := b.publishWindow(ctx, msgs[start:start+n], cursors[start:start+n])
+		if errors.Is(err, errBatchTooLarge) {
+			continue // batchMax shrank: send this window again, in smaller ones
 		}
 		if err != nil {
 			return nil, err
 		}
-		if len(todo) == 0 {
-			b.ackedAt.Store(reconnects)
-			return cursors, nil
+		start += n
+	}
+	return cursors, nil
+}
+
+// errBatchTooLarge is returned by publishWindow when the server refused a
+// batch as larger than its limit; batchMax has been halved.
+var errBatchTooLarge = errors.New("jetstream: atomic batch too large")
+
+// publishWindow stores msgs, in order, and records their cursors, trying
+// again until ctx is done or a message fails for good.
+func (b *JetStream) publishWindow(ctx context.Context, msgs []Outgoing, cursors []string) error {
+	wait := publishRetryMin
+	for attempt := 0; ; attempt++ {
+		var again bool
+		var err error
+		if len(msgs) == 1 || !b.atomic.Load() {
+			again, err = b.publishEach(ctx, msgs, cursors)
+		} else {
+			again, err = b.publishBatch(ctx, msgs, cursors)
+		}
+		if err != nil || !again {
+			return err
 		}
 		if attempt == 0 {
-			b.core.log.Warn("jetstream publish not acknowledged (failover?); sending again", zap.Int("messages", len(todo)))
+			b.core.log.Warn("jetstream publish not acknowledged (failover?); sending again", zap.Int("messages", len(msgs)))
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("jetstream publish: %d of %d messages not acknowledged: %w", len(todo), len(msgs), ctx.Err())
+			return fmt.Errorf("jetstream publish: %d messages not acknowledged: %w", len(msgs), ctx.Err())
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, publishRetryMax)
 	}
 }
 
-// publishOnce sends the messages msgs[todo[…]] in order, at most
-// publishWindow awaiting their acks at once, and records each acknowledged
-// one's cursor. It returns the indexes to send again, in order, or an
-// error when a message failed in a way a new attempt cannot fix or could
-// make a duplicate of.
-func (b *JetStream) publishOnce(ctx context.Context, msgs []Outgoing, todo []int, cursors []string) ([]int, error) {
-	var again []int
-	futures := make([]jetstream.PubAckFuture, 0, min(len(todo), publishWindow))
-	for start := 0; start < len(todo); start += publishWindow {
-		// At most publishWindow acks outstanding: the client stalls, then
-		// fails, past 4,000 (nats.go's default).
-		window := todo[start:min(start+publishWindow, len(todo))]
-		futures = futures[:0]
-		for _, i := range window {
-			m := msgs[i]
-			opts := []jetstream.PublishOpt{publishNoRetry}
-			if m.ID != "" {
-				opts = append(opts, jetstream.WithMsgID(m.ID))
-			}
-			f, err := b.js.PublishAsync(m.Subject, m.Data, opts...)
-			if err != nil {
-				if errors.Is(err, nats.ErrConnectionClosed) {
-					return nil, fmt.Errorf("jetstream publish %q: %w", m.Subject, err)
-				}
-				break // not sent: this one and the rest of the window go again
-			}
-			futures = append(futures, f)
+// publishBatch sends msgs as one atomic batch and records their cursors.
+// It reports again when the batch was not stored and may be sent again
+// as it is; it falls back to publishEach when the server refuses the
+// batch as a whole for what a message-at-a-time publish can sort out.
+func (b *JetStream) publishBatch(ctx context.Context, msgs []Outgoing, cursors []string) (again bool, err error) {
+	nc := b.core.nc
+	batch := rand.Text() // 26 characters; the server takes up to 64
+	last := len(msgs) - 1
+	for i, m := range msgs {
+		hdr := nats.Header{
+			batchIDHeader:  []string{batch},
+			batchSeqHeader: []string{strconv.Itoa(i + 1)},
 		}
-		// Wait for every future of the window, failed ones included, so
-		// that nothing of this attempt is still in flight when the next
-		// one sends.
-		for k, i := range window {
-			if k >= len(futures) {
-				again = append(again, i)
-				continue
-			}
-			select {
-			case ack := <-futures[k].Ok():
-				cursors[i] = FormatJSCursor(ack.Sequence)
-			case err := <-futures[k].Err():
-				if !publishRetryable(err, msgs[i].ID != "") {
-					return nil, fmt.Errorf("jetstream publish %q: %w", msgs[i].Subject, err)
+		if m.ID != "" {
+			hdr[jetstream.MsgIDHeader] = []string{m.ID}
+		}
+		msg := &nats.Msg{Subject: m.Subject, Data: m.Data, Header: hdr}
+		if i < last {
+			// No reply subject: the server answers only the commit.
+			if err := nc.PublishMsg(msg); err != nil {
+				if errors.Is(err, nats.ErrConnectionClosed) {
+					return false, fmt.Errorf("jetstream publish %q: %w", m.Subject, err)
 				}
-				again = append(again, i)
-			case <-ctx.Done():
-				return nil, fmt.Errorf("jetstream publish: waiting for acks: %w", ctx.Err())
+				return true, nil // the server drops the incomplete batch
 			}
+			continue
+		}
+		hdr[batchCommitHeader] = []string{"1"}
+		resp, err := b.commitBatch(ctx, msg)
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return false, fmt.Errorf("jetstream publish: waiting for the batch's ack: %w", ctx.Err())
+		case errors.Is(err, nats.ErrConnectionClosed):
+			return false, fmt.Errorf("jetstream publish %q: %w", m.Subject, err)
+		default:
+			// No responders (no stream, or no leader), a lost answer: the
+			// batch may have been stored, and if it was, the next one is
+			// refused for its known ids and goes one message at a time.
+			return true, nil
+		}
+		var ack batchAck
+		if err := json.Unmarshal(resp.Data, &ack); err != nil {
+			return false, fmt.Errorf("jetstream publish: batch ack %q: %w", resp.Data, err)
+		}
+		if ack.Error != nil {
+			return b.batchRefused(ctx, ack.Error, msgs, cursors)
+		}
+		if ack.Count != len(msgs) || ack.Seq < uint64(len(msgs)) {
+			return false, fmt.Errorf("jetstream publish: batch of %d acked with count %d at sequence %d", len(msgs), ack.Count, ack.Seq)
+		}
+		// A batch is stored contiguously: its last message at ack.Seq.
+		first := ack.Seq - uint64(len(msgs)) + 1
+		for i := range cursors {
+			cursors[i] = FormatJSCursor(first + uint64(i))
 		}
 	}
-	return again, nil
+	return false, nil
 }
+
+// commitBatch sends a batch's last message and waits for the server's
+// answer, at most publishAckTimeout, and no longer than the connection
+// lasts: when it drops the answer is lost (as nats.go fails the acks of
+// async publishes), and waiting out the timeout would stall the ingest.
+func (b *JetStream) commitBatch(ctx context.Context, msg *nats.Msg) (*nats.Msg, error) {
+	nc := b.core.nc
+	lost := nc.StatusChanged(nats.RECONNECTING, nats.CLOSED)
+	defer nc.RemoveStatusListener(lost)
+	rctx, cancel := context.WithTimeout(ctx, publishAckTimeout)
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		select {
+		case <-lost:
+			cancel()
+		case <-rctx.Done():
+		}
+	})
+	defer watch.Wait()
+	defer cancel()
+	return nc.RequestMsgWithContext(rctx, msg)
+}
+
+// batchRefused handles a batch the server answered with an error.
+func (b *JetStream) batchRefused(ctx context.Context, e *jetstream.APIError, msgs []Outgoing, cursors []string) (again bool, err error) {
+	switch e.ErrorCode {
+	case errCodeBatchIncomplete, errCodeBatchTooManyInflight:
+		return true, nil // a message went missing, or too many batches at once: send it again
+	case errCodeBatchTooLarge:
+		if n := b.batchMax.Load(); n > 1 {
+			b.batchMax.CompareAndSwap(n, max(n/2, 1))
+		}
+		b.core.log.Warn("jetstream: the server limits atomic batches below our window; halving it", zap.Int32("window", b.batchMax.Load()), zap.String("error", e.Description))
+		return false, errBatchTooLarge
+	case errCodeBatchDisabled:
+		if b.atomic.Swap(false) {
+			b.core.log.Warn("jetstream: the stream refuses atomic batches (re-created without allow_atomic?): publishing one message at a time, in order", zap.String("stream", b.cfg.Stream))
+		}
+	}
+	if e.Code == 503 {
+		return true, nil
+	}
+	// A known id (the batch, or part of it, was stored before and its
+	// answer lost), a message the stream refuses: one at a time, each
+	// message gets its own answer.
+	return b.publishEach(ctx, msgs, cursors)
+}
+
+// publishEach publishes msgs one at a time, each after the one before is
+// stored, skipping those with a cursor already. Nothing of it is in flight
+// when it returns. It reports again when a message was not acknowledged
+// and may be sent again.
+func (b *JetStream) publishEach(ctx context.Context, msgs []Outgoing, cursors []string) (again bool, err error) {
+	for i, m := range msgs {
+		if cursors[i] != "" {
+			continue
+		}
+		opts := []jetstream.PublishOpt{publishNoRetry}
+		if m.ID != "" {
+			opts = append(opts, jetstream.WithMsgID(m.ID))
+		}
+		rctx, cancel := context.WithTimeout(ctx, publishAckTimeout)
+		ack, err := b.js.Publish(rctx, m.Subject, m.Data, opts...)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, fmt.Errorf("jetstream publish: %w", ctx.Err())
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = jetstream.ErrAsyncPublishTimeout // the ack is lost: retryable with an id
+			}
+			if !publishRetryable(err, m.ID != "") {
+				return false, fmt.Errorf("jetstream publish %q: %w", m.Subject, err)
+			}
+			return true, nil
+		}
+		cursors[i] = FormatJSCursor(ack.Sequence)
+	}
+	return false, nil
+}
+
+// batchAck is the server's answer to a batch's commit.
+type batchAck struct {
+	Seq   uint64              `json:"seq"`   // the batch's last message
+	Count int                 `json:"count"` // messages stored
+	Error *jetstream.APIError `json:"error"`
+}
+
+// Atomic batch headers and the server's error codes about batches.
+const (
+	batchIDHeader     = "Nats-Batch-Id"
+	batchSeqHeader    = "Nats-Batch-Sequence"
+	batchCommitHeader = "Nats-Batch-Commit"
+
+	errCodeBatchDisabled        jetstream.ErrorCode = 10174
+	errCodeBatchIncomplete      jetstream.ErrorCode = 10176
+	errCodeBatchTooLarge        jetstream.ErrorCode = 10199
+	errCodeBatchTooManyInflight jetstream.ErrorCode = 10210
+	errCodeIDInProcess          jetstream.ErrorCode = 10158
+)
 
 // publishRetryable reports whether a message that failed with err may be
 // sent again: always when the server refused it or never got it, and only
@@ -304,21 +483,25 @@ func publishRetryable(err error, hasID bool) bool {
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
 		return true // no stream leader to store it: an election
 	case errors.As(err, &apiErr):
-		return apiErr.Code == 503 // JetStream temporarily unavailable; other refusals are final
+		// JetStream temporarily unavailable, or (replicated stream) the id
+		// is still being stored by an earlier attempt; other refusals are
+		// final.
+		return apiErr.Code == 503 || apiErr.ErrorCode == errCodeIDInProcess
 	case errors.Is(err, nats.ErrDisconnected), errors.Is(err, jetstream.ErrAsyncPublishTimeout):
 		return hasID
 	}
 	return false
 }
 
-// publishNoRetry turns off the library's own retry on "no responders": it
-// re-sends each message on a timer of its own, which can reorder a window.
+// publishNoRetry turns off the library's own retry on "no responders":
 // Publish retries itself, in order.
 var publishNoRetry = jetstream.WithRetryAttempts(0)
 
 const (
-	// publishWindow bounds the acks Publish waits for at once.
-	publishWindow = 1024
+	// publishWindow is the most messages Publish sends as one atomic
+	// batch: the server's default limit (its max_batch_size option can
+	// lower it; Publish then halves its window until it fits).
+	publishWindow = 1000
 	// publishAckTimeout fails an ack that never comes, as when the stream
 	// leader fails after receiving a message but before acknowledging it
 	// to a publisher on another server (whose connection stays up). Acks
@@ -509,6 +692,21 @@ const (
 	// the answer takes milliseconds, so give up soon and look again.
 	streamLookTimeout = time.Second
 )
+
+// LastID returns the Nats-Msg-Id of the stream's last message on
+// subjects (see HighWater), read with a get of the last message on a
+// wildcard (last_by_subj), which the server answers from its per-subject
+// index without scanning.
+func (b *JetStream) LastID(ctx context.Context, subjects string) (string, error) {
+	m, err := b.stream.GetLastMsgForSubject(ctx, subjects)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("jetstream: last message on %q: %w", subjects, err)
+	}
+	return m.Header.Get(jetstream.MsgIDHeader), nil
+}
 
 // Ready reports whether the connection is up.
 func (b *JetStream) Ready() bool { return b.core.Ready() }

@@ -468,3 +468,39 @@ func TestJetStreamGapsAreCounted(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestJetStreamDuplicatesIsAFloor: the configured duplicate window raises
+// a shorter one and never lowers the longer one an operator set.
+func TestJetStreamDuplicatesIsAFloor(t *testing.T) {
+	ns := brokertest.NATS(t)
+	url := ns.ClientURL()
+	js := brokertest.JetStream(t, url)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DUP", Subjects: []string{"d.>"}, Duplicates: 10 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	window := func() time.Duration {
+		t.Helper()
+		s, err := js.Stream(ctx, "DUP")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Config.Duplicates
+	}
+	cfg := broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"d.>"}}, Stream: "DUP"}
+	dialJS(t, cfg) // the default, 2 minutes
+	if w := window(); w != 10*time.Minute {
+		t.Errorf("the operator's 10m window is %v after a broker with the default dialled, want 10m", w)
+	}
+	cfg.MaxAge = 5 * time.Minute
+	dialJS(t, cfg)
+	if w := window(); w != 5*time.Minute {
+		t.Errorf("window %v with MaxAge 5m, want 5m (the server keeps it within MaxAge)", w)
+	}
+	cfg.MaxAge, cfg.Duplicates = 0, 20*time.Minute
+	dialJS(t, cfg)
+	if w := window(); w != 20*time.Minute {
+		t.Errorf("window %v after a broker asking for 20m, want 20m", w)
+	}
+}

@@ -1,0 +1,271 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest"
+)
+
+// TestJetStreamPublishKeepsOrderThroughFailures fails the broker in the
+// middle of a large Publish, several times per kind of failure, and checks
+// that the stream then holds the published events in publish order, with
+// no gap and no duplicate: all of them when the stream survives, a suffix
+// of them when it was deleted (its history is gone), never event k after
+// event k+1. Another publisher adds events on app.> meanwhile, as the
+// gateway's HTTP publish does: they may sit between ours, and are all
+// stored once.
+func TestJetStreamPublishKeepsOrderThroughFailures(t *testing.T) {
+	const n = 6000
+	for _, tc := range []struct {
+		name   string
+		suffix bool // the stream's earlier history is lost: a suffix of the events is stored
+		fail   func(t *testing.T, ns *server.Server, js jetstream.JetStream) *server.Server
+	}{
+		{"server restart", false, func(t *testing.T, ns *server.Server, _ jetstream.JetStream) *server.Server {
+			return brokertest.RestartNATS(t, ns)
+		}},
+		{"connection closed by the server", false, func(t *testing.T, ns *server.Server, _ jetstream.JetStream) *server.Server {
+			kickClient(t, ns, "publisher")
+			return ns
+		}},
+		{"stream deleted and re-created", true, func(t *testing.T, ns *server.Server, js jetstream.JetStream) *server.Server {
+			recreateStream(t, js, true)
+			return ns
+		}},
+		{"stream re-created without atomic batches", true, func(t *testing.T, ns *server.Server, js jetstream.JetStream) *server.Server {
+			recreateStream(t, js, false)
+			return ns
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for run := range 3 {
+				t.Run(fmt.Sprint(run), func(t *testing.T) {
+					ns := brokertest.NATS(t)
+					url := ns.ClientURL()
+					b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"db.>", "app.>"}, Name: "publisher", Logger: zaptest.NewLogger(t)}, Stream: "ORDER"})
+					out := make([]broker.Outgoing, n)
+					for i := range out {
+						out[i] = broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i%7), Data: []byte(fmt.Sprint(i)), ID: eventID(i)}
+					}
+					ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+					defer cancel()
+					published := make(chan error, 1)
+					go func() {
+						_, err := b.Publish(ctx, out)
+						published <- err
+					}()
+					other := startOtherPublisher(t, url)
+					js := brokertest.JetStream(t, url)
+					// Fail it in the middle: a window is in flight nearly all the time.
+					waitStored(t, js, uint64(n/4+run*n/8))
+					ns = tc.fail(t, ns, js)
+					if err := <-published; err != nil {
+						t.Fatalf("Publish: %v", err)
+					}
+					apps := other.stop(t)
+					ids, appIDs := storedIDs(t, brokertest.JetStream(t, ns.ClientURL()))
+					first := 0
+					if tc.suffix && len(ids) > 0 {
+						fmt.Sscanf(ids[0], "e-%d", &first)
+					}
+					if len(ids) != n-first {
+						t.Errorf("%d events stored from %s on, want %d (every one after it, once)", len(ids), eventID(first), n-first)
+					}
+					for i, id := range ids {
+						if id != eventID(first+i) {
+							t.Fatalf("stored event %d is %s, want %s (stored order: ...%v...)", i, id, eventID(first+i), ids[max(0, i-3):min(len(ids), i+3)])
+						}
+					}
+					if !tc.suffix && first != 0 {
+						t.Errorf("the stream kept its history, yet starts at %s", eventID(first))
+					}
+					// The last one may be stored unacknowledged, when stopped.
+					if seen := map[string]bool{}; !tc.suffix && (len(appIDs) < apps || len(appIDs) > apps+1) {
+						t.Errorf("%d of the other publisher's events stored, %d acknowledged", len(appIDs), apps)
+					} else {
+						for _, id := range appIDs {
+							if seen[id] {
+								t.Errorf("the other publisher's %s stored twice", id)
+							}
+							seen[id] = true
+						}
+					}
+					t.Logf("%d events stored from %s on, %d of the other publisher's among them", len(ids), eventID(first), len(appIDs))
+				})
+			}
+		})
+	}
+}
+
+func eventID(i int) string { return fmt.Sprintf("e-%06d", i) }
+
+// waitStored polls the stream until it holds at least n messages.
+func waitStored(t *testing.T, js jetstream.JetStream, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		s, err := js.Stream(ctx, "ORDER")
+		var last uint64
+		if err == nil {
+			var info *jetstream.StreamInfo
+			if info, err = s.Info(ctx); err == nil {
+				last = info.State.LastSeq
+			}
+		}
+		cancel()
+		if last >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stream holds %d messages after 30s, want %d (%v)", last, n, err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// kickClient closes, on the server's side, the connection of the client
+// named name.
+func kickClient(t *testing.T, ns *server.Server, name string) {
+	t.Helper()
+	cz, err := ns.Connz(&server.ConnzOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cz.Conns {
+		if c.Name == name {
+			if err := ns.DisconnectClientByID(c.Cid); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("no connection named %q", name)
+}
+
+// recreateStream deletes the ORDER stream and creates it again at once,
+// as another node (or an operator) would, with or without atomic batches.
+func recreateStream(t *testing.T, js jetstream.JetStream, atomic bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, "ORDER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.AllowAtomicPublish = atomic
+	if err := js.DeleteStream(ctx, "ORDER"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// storedIDs reads the whole ORDER stream and returns the publish ids of
+// its db.> messages and of its app.> messages, in stream order.
+func storedIDs(t *testing.T, js jetstream.JetStream) (db, app []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, "ORDER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs == 0 {
+		return nil, nil
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for uint64(len(db)+len(app)) < info.State.Msgs {
+		left := int(info.State.Msgs) - len(db) - len(app)
+		msgs, err := cons.Fetch(min(left, 1000), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := false
+		for m := range msgs.Messages() {
+			got = true
+			id := m.Headers().Get(jetstream.MsgIDHeader)
+			if len(m.Subject()) > 3 && m.Subject()[:3] == "db." {
+				db = append(db, id)
+			} else {
+				app = append(app, id)
+			}
+		}
+		if !got {
+			t.Fatalf("reading the stream: %v after %d of %d messages", msgs.Error(), len(db)+len(app), info.State.Msgs)
+		}
+	}
+	return db, app
+}
+
+// otherPublisher publishes events on app.x, one at a time, until stopped:
+// another publisher on the same stream.
+type otherPublisher struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	stored atomic.Int64 // acknowledged events
+}
+
+func startOtherPublisher(t *testing.T, url string) *otherPublisher {
+	t.Helper()
+	js := brokertest.JetStream(t, url)
+	ctx, cancel := context.WithCancel(t.Context())
+	p := &otherPublisher{cancel: cancel}
+	p.wg.Go(func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+			// Each one with an id: sent again until acknowledged, stored once.
+			for ctx.Err() == nil {
+				_, err := js.Publish(actx, "app.x", nil, jetstream.WithMsgID(fmt.Sprintf("app-%d", i)))
+				if err == nil {
+					p.stored.Add(1)
+					break
+				}
+				if errors.Is(err, context.DeadlineExceeded) {
+					acancel()
+					actx, acancel = context.WithTimeout(ctx, 2*time.Second)
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+			acancel()
+			select { // about 500 a second, a busy gateway's share
+			case <-ctx.Done():
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	})
+	t.Cleanup(p.cancel)
+	t.Cleanup(p.wg.Wait)
+	return p
+}
+
+// stop stops the publisher and returns how many of its events were
+// acknowledged.
+func (p *otherPublisher) stop(t *testing.T) int {
+	t.Helper()
+	p.cancel()
+	p.wg.Wait()
+	return int(p.stored.Load())
+}
