@@ -50,19 +50,16 @@ type highWater struct {
 	skipped int      // events skipped so far
 }
 
-// lastIDer is implemented by brokers that can tell the last event they
-// store on some subjects (JetStream, Redis Streams).
-type lastIDer interface {
-	LastID(ctx context.Context, subjects string) (string, error)
-}
-
-// learnHighWater asks the broker for the ingest's last stored event. It
-// returns nil when the broker cannot tell (Core NATS), stores no tail event
-// of the ingest's, or its mark cannot be this server's (an LSN past the
-// server's WAL end: the broker holds events of another cluster, as after
-// a restore into a new one); the duplicate window is then the only guard.
-func (in *Ingest) learnHighWater(ctx context.Context, conn *pgx.Conn) (*highWater, *replay, error) {
-	b, ok := in.cfg.Broker.(lastIDer)
+// learnHighWater asks the broker for the ingest's last stored event. It is
+// asked at every start, a bootstrap's too (Redis Streams records the mark
+// only for subjects it has been asked about), but the mark is used only
+// when the slot is read again (use). It returns nil when the broker cannot
+// tell (Core NATS), stores no tail event of the ingest's, or its mark
+// cannot be this server's (an LSN past the server's WAL end: the broker
+// holds events of another cluster, as after a restore into a new one); the
+// duplicate window is then the only guard.
+func (in *Ingest) learnHighWater(ctx context.Context, conn *pgx.Conn, use bool) (*highWater, *replay, error) {
+	b, ok := in.cfg.Broker.(broker.HighWater)
 	if !ok {
 		return nil, nil, nil
 	}
@@ -70,6 +67,9 @@ func (in *Ingest) learnHighWater(ctx context.Context, conn *pgx.Conn) (*highWate
 	id, err := b.LastID(ctx, in.cfg.Prefix+".>")
 	if err != nil {
 		return nil, nil, fmt.Errorf("broker: the ingest's last stored event: %w", err)
+	}
+	if !use {
+		return nil, nil, nil
 	}
 	pos, ok := parseEventID(id)
 	if !ok {

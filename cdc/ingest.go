@@ -222,12 +222,9 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	// A slot that exists is read again from its confirmed LSN: the
 	// broker's high-water mark says what of that it has. (A new slot is
 	// bootstrapped, and its changes are all after any mark.)
-	var hw *highWater
-	var rp *replay
-	if st.exists {
-		if hw, rp, err = in.learnHighWater(ctx, conn); err != nil {
-			return err
-		}
+	hw, rp, err := in.learnHighWater(ctx, conn, st.exists)
+	if err != nil {
+		return err
 	}
 	pub := newPublisher(in, lease, hw)
 	pctx, stopPub := context.WithCancel(ctx)

@@ -99,7 +99,7 @@ func TestIngestDownLongerThanTheDuplicateWindow(t *testing.T) {
 			if len(evs) != want {
 				t.Fatalf("%d events, want %d; ingest logs:\n%s", len(evs), want, dump())
 			}
-			t.Logf("%d events, each key's once and in order, over two restarts 3 s apart (one with the broker restarted)", len(evs))
+			t.Logf("%d events, each key's once and in order, over two restarts 3 s apart (one with the broker restarted); %s", len(evs), lastLine(dump(), "past the high-water mark"))
 		})
 	}
 }

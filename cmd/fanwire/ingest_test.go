@@ -54,7 +54,7 @@ func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
 		const n = 1500
 		written := writeRows(ctx, pg.DSN("postgres"), n)
 		// Kill it once events flow, then twice more.
-		cmd = killThrice(cmd, start, func() int { return len(count()) }, 300)
+		cmd = killThrice(cmd, start, func() int { return len(count()) }, 300, 0)
 		defer func() {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
@@ -308,10 +308,10 @@ func starter(t *testing.T, bin string, args []string, logs *bytes.Buffer, mu *sy
 	}
 }
 
-// killThrice kills cmd with SIGKILL and starts it again, three times: each
-// time once progress has reached another step (or 30 s have passed). It
-// returns the running process.
-func killThrice(cmd *exec.Cmd, start func() *exec.Cmd, progress func() int, step int) *exec.Cmd {
+// killThrice kills cmd with SIGKILL and starts it again after down, three
+// times: each time once progress has reached another step (or 30 s have
+// passed). It returns the running process.
+func killThrice(cmd *exec.Cmd, start func() *exec.Cmd, progress func() int, step int, down time.Duration) *exec.Cmd {
 	for kill := 1; kill <= 3; kill++ {
 		deadline := time.Now().Add(30 * time.Second)
 		for progress() < kill*step && time.Now().Before(deadline) {
@@ -319,6 +319,7 @@ func killThrice(cmd *exec.Cmd, start func() *exec.Cmd, progress func() int, step
 		}
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
+		time.Sleep(down)
 		cmd = start()
 	}
 	return cmd
@@ -338,7 +339,8 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 // TestMemoryProjectionKilledResumes kills an ingest serving a memory-mode
 // projection with SIGKILL three times while transactions keep changing
 // orders and their items, each keeping an order's total equal to the sum
-// of its items' quantities. Every document published must hold that
+// of its items' quantities, and keeps it down for longer than the
+// broker's duplicate window. Every document published must hold that
 // invariant (a document mixing two states would not), no event may be
 // published twice, and the last document of every order must equal the
 // database's.
@@ -368,7 +370,7 @@ func TestMemoryProjectionKilledResumes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	ns := brokertest.NATS(t)
-	b, err := broker.DialJetStream(ctx, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "CDC"})
+	b, err := broker.DialJetStream(ctx, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "CDC", Duplicates: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -377,9 +379,13 @@ func TestMemoryProjectionKilledResumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"ingest", "--pg", pg.DSN("postgres"), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn",
+	args := []string{"ingest", "--pg", pg.DSN("postgres"), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "info",
 		"--broker", "jetstream", "--nats-url", ns.ClientURL(), "--subjects", "db.>", "--stream", "CDC",
-		"--config", cfgFile, "--state-dir", t.TempDir()}
+		"--config", cfgFile, "--state-dir", t.TempDir(),
+		// Down for longer than the duplicate window: the high-water mark
+		// alone keeps repeats out. Windows of several transactions: the
+		// one open at the mark is made again exactly.
+		"--dedup-window", "1s", "--flush-window", "20ms"}
 	var logs bytes.Buffer
 	var logMu sync.Mutex
 	start := starter(t, bin, args, &logs, &logMu)
@@ -452,7 +458,7 @@ func TestMemoryProjectionKilledResumes(t *testing.T) {
 		})
 		return out
 	}
-	cmd = killThrice(cmd, start, func() int { return len(read()) }, 200)
+	cmd = killThrice(cmd, start, func() int { return len(read()) }, 60, 1500*time.Millisecond)
 	defer func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
@@ -526,9 +532,22 @@ func TestMemoryProjectionKilledResumes(t *testing.T) {
 			}
 		}
 		if done {
-			t.Logf("%d events, %d distinct documents, all consistent", len(evs), len(last))
+			logMu.Lock()
+			t.Logf("%d events, %d distinct documents, all consistent; high-water marks:\n%s", len(evs), len(last), grepLines(logs.String(), "high-water mark"))
+			logMu.Unlock()
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// grepLines is the lines of logs that contain s.
+func grepLines(logs, s string) string {
+	var out []string
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
