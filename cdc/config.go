@@ -27,6 +27,10 @@ type Config struct {
 	StatusInterval time.Duration // standby status update period (default 1s)
 	Heartbeat      time.Duration // on an idle database, emit a logical message this often so the slot advances (default 10s; negative: never)
 	Retry          time.Duration // wait before reconnecting after a lost connection (default 1s)
+	// PublishTimeout: a publish the broker has not acknowledged by then
+	// ends the run, and the next one learns from the broker what it stores
+	// (default 30s; the broker rides out shorter failovers itself).
+	PublishTimeout time.Duration
 	// SlotWait is how long a new leader waits for the slot to be released
 	// by the walsender of the ingest it took over from (default 30s).
 	SlotWait time.Duration
@@ -75,6 +79,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Retry == 0 {
 		c.Retry = time.Second
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = 30 * time.Second
 	}
 	if c.SlotWait == 0 {
 		c.SlotWait = 30 * time.Second

@@ -78,7 +78,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{0, 1, 'Z'})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := &Ingest{cfg: Config{MaxBatch: 16}, log: zap.NewNop()}
-		pub := newPublisher(in, nil, nil)
+		pub := newPublisher(in, nil, nil, nil)
 		r := &reader{in: in, rels: newRelations("db", map[string][]string{"public.t": {"id"}}, 0), pub: pub, streamed: make(map[uint32][]change)}
 		ctx := context.Background()
 		for len(data) >= 2 {

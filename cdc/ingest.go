@@ -131,7 +131,7 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	defer cancel(nil)
 	defer func() {
 		if parent.Err() == nil && ctx.Err() != nil {
-			err = context.Cause(ctx) // the lock was lost
+			err = context.Cause(ctx) // the lock was lost, or a publish failed
 		}
 	}()
 	cfg := &in.cfg
@@ -226,7 +226,7 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	pub := newPublisher(in, lease, hw)
+	pub := newPublisher(in, lease, hw, cancel)
 	pctx, stopPub := context.WithCancel(ctx)
 	pubDone := make(chan struct{})
 	go func() {

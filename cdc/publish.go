@@ -32,13 +32,17 @@ type publisher struct {
 	ch    chan pending
 	acked atomic.Uint64 // end LSN of the last transaction whose events are acknowledged
 
-	mu     sync.Mutex
-	failed error // guarded by mu: why run stopped
-	stop   chan struct{}
+	stopped func(error) // static: told why run stopped
+	mu      sync.Mutex
+	failed  error // guarded by mu: why run stopped
+	stop    chan struct{}
 }
 
-func newPublisher(in *Ingest, l *lease, hw *highWater) *publisher {
-	return &publisher{in: in, lease: l, hw: hw, ch: make(chan pending, 1024), stop: make(chan struct{})}
+// newPublisher makes the publisher of a run; stopped is called with the
+// reason when it stops (a failed publish must end the run at once: the
+// reader, waiting for WAL on an idle database, would not notice it).
+func newPublisher(in *Ingest, l *lease, hw *highWater, stopped func(error)) *publisher {
+	return &publisher{in: in, lease: l, hw: hw, stopped: stopped, ch: make(chan pending, 1024), stop: make(chan struct{})}
 }
 
 // add queues a transaction's events; it blocks while the queue is full
@@ -139,7 +143,14 @@ func (p *publisher) run(ctx context.Context) {
 				p.fail(fmt.Errorf("not publishing %d events: %w", len(out)-i, err))
 				return
 			}
-			if _, err := cfg.Broker.Publish(ctx, slice); err != nil {
+			// A broker that has not acknowledged within PublishTimeout (an
+			// outage) ends the run: the next one starts from what the broker
+			// says it stores (its high-water mark), which the broker's own
+			// retries cannot know once its duplicate window has passed.
+			pctx, cancel := context.WithTimeout(ctx, cfg.PublishTimeout)
+			_, err := cfg.Broker.Publish(pctx, slice)
+			cancel()
+			if err != nil {
 				p.fail(fmt.Errorf("broker: %w", err))
 				return
 			}
@@ -169,5 +180,8 @@ func (p *publisher) fail(err error) {
 	close(p.stop)
 	if !errors.Is(err, context.Canceled) {
 		p.in.log.Warn("ingest: publish failed", zap.Error(err))
+	}
+	if p.stopped != nil {
+		p.stopped(err)
 	}
 }
