@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"slices"
@@ -111,44 +112,52 @@ func (b *Redis) CompareCursors(x, y string) (int, error) {
 }
 
 // Publish appends msgs with one pipelined round trip, in order, trimmed
-// approximately to MaxLen. A message without an ID is a plain XADD; one
-// with an ID goes through publishOnce, so a repeat within DedupWindow is
-// not appended again and returns the original cursor. Every command names
-// the stream's slot, so on Redis Cluster the whole pipeline goes to one
+// approximately to MaxLen. Each message goes through publishOnce: one with
+// an ID is not appended again when that id was seen within DedupWindow
+// (it returns the original cursor); one without is given an id of this
+// call's own, remembered for publishRetryWindow. Every command names the
+// stream's slot, so on Redis Cluster the whole pipeline goes to one
 // primary and runs there in order.
+//
+// The ids make the pipeline idempotent, which keeps the order: when the
+// connection drops after the server ran the pipeline, or part of it,
+// go-redis sends all of it again on a new connection (up to MaxRetries
+// times). A plain XADD run twice appended its message again, after the
+// later ones (TestRedisPublishRetryKeepsOrder).
 func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	pipe := b.rdb.Pipeline()
 	tracked := b.tracked.Load()
 	loaded := false
+	call := ""                                           // this call's id, for the messages without one
 	results := make([]func() (string, error), len(msgs)) // each message's entry id, once Exec has run
 	for i, m := range msgs {
-		if m.ID == "" {
-			results[i] = pipe.XAdd(ctx, &redis.XAddArgs{
-				Stream: b.cfg.Stream,
-				MaxLen: b.cfg.MaxLen,
-				Approx: b.cfg.MaxLen > 0,
-				Values: []any{"s", m.Subject, "d", m.Data},
-			}).Result
-			continue
-		}
-		keys := []string{b.cfg.Stream, b.dedupKey(m.ID), b.highWaterKey()}
+		keys := []string{b.cfg.Stream, "", b.highWaterKey()}
 		args := []any{b.cfg.MaxLen, b.cfg.DedupWindow.Milliseconds(), m.Subject, m.Data, m.ID}
-		if tracked != nil {
-			for _, p := range *tracked {
-				if matchSubject(p, m.Subject) {
-					args = append(args, p)
+		if m.ID != "" {
+			keys[1] = b.dedupKey(m.ID)
+			if tracked != nil {
+				for _, p := range *tracked {
+					if matchSubject(p, m.Subject) {
+						args = append(args, p)
+					}
 				}
 			}
+		} else {
+			if call == "" {
+				call = rand.Text()
+			}
+			keys[1] = b.cfg.Stream + ":retry:" + call + ":" + strconv.Itoa(i)
+			args[1] = publishRetryWindow.Milliseconds()
 		}
 		if !loaded {
 			// The batch's first script call sends the source (EVAL), which
 			// also caches it on the server, so the EVALSHAs after it in
 			// the pipeline cannot fail with NOSCRIPT (a restarted server
-			// forgets scripts); retrying after NOSCRIPT instead would
-			// append the batch's plain XADDs twice. Not SCRIPT LOAD: it
-			// names no key, so in a Redis Cluster pipeline go-redis sends
-			// it to any primary, not necessarily the stream's (seen with
-			// v9.23); EVAL is routed by its keys, with the EVALSHAs.
+			// forgets scripts), and the pipeline goes again whole only
+			// when the connection fails. Not SCRIPT LOAD: it names no key,
+			// so in a Redis Cluster pipeline go-redis sends it to any
+			// primary, not necessarily the stream's (seen with v9.23);
+			// EVAL is routed by its keys, with the EVALSHAs.
 			results[i] = pipe.Eval(ctx, publishOnceSrc, keys, args...).Text
 			loaded = true
 			continue
@@ -168,6 +177,13 @@ func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) 
 	}
 	return cursors, nil
 }
+
+// publishRetryWindow is how long the id Publish gives a message without
+// one is remembered: longer than go-redis's retries of a pipeline take
+// (MaxRetries 3, each bounded by the dial, write and read timeouts of 5,
+// 3 and 3 s). A key per message for a minute: about 6 MB of keys at 1,000
+// such messages a second.
+const publishRetryWindow = time.Minute
 
 // dedupKey is where the entry id published with a publish id is remembered. It starts with the
 // stream key, so it shares the stream's hash tag and slot on Redis Cluster

@@ -1,0 +1,143 @@
+package broker_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestRedisPublishRetryKeepsOrder loses the server's replies to a Publish
+// (the connection drops once the server has run the pipeline, or part of
+// it): go-redis sends the whole pipeline again on a new connection. The
+// stream must still hold each message once, in publish order, those
+// without an id included (a plain XADD run twice appended its message
+// again, after the later ones).
+func TestRedisPublishRetryKeepsOrder(t *testing.T) {
+	for run := range 3 {
+		t.Run(fmt.Sprint(run), func(t *testing.T) {
+			addr := brokertest.Redis(t)
+			p := startCuttingProxy(t, addr)
+			b := dialRedis(t, broker.RedisConfig{URL: "redis://" + p.addr, Stream: "retry"})
+			var out []broker.Outgoing
+			for i := range 200 + 300*run {
+				m := broker.Outgoing{Subject: "db.t", Data: []byte(fmt.Sprint(i))}
+				if i%2 == 1 {
+					m.ID = fmt.Sprint("id-", i)
+				}
+				out = append(out, m)
+			}
+			p.cut.Store(true) // the next reply from the server is lost with its connection
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			cursors, err := b.Publish(ctx, out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.cut.Load() {
+				t.Fatal("no reply was cut: the test did not test a retry")
+			}
+			raw := redis.NewClient(&redis.Options{Addr: addr})
+			defer raw.Close()
+			xs, err := raw.XRange(ctx, "retry", "-", "+").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, x := range xs {
+				got = append(got, x.Values["d"].(string))
+			}
+			if len(got) != len(out) {
+				t.Errorf("%d entries stored for %d messages", len(got), len(out))
+			}
+			for i := range min(len(got), len(out)) {
+				if got[i] != string(out[i].Data) {
+					t.Fatalf("entry %d is message %s, want %s (stored: ...%v...)", i, got[i], out[i].Data, got[max(0, i-3):min(len(got), i+3)])
+				}
+				if cursors[i] != broker.CursorPrefixRedis+xs[i].ID {
+					t.Fatalf("cursor %d = %s, want the entry's rs:%s", i, cursors[i], xs[i].ID)
+				}
+			}
+		})
+	}
+}
+
+// cuttingProxy forwards TCP to a Redis server; while cut is set, it closes
+// the first connection on which the server answers a command with a bulk
+// string, dropping the answer, and clears cut.
+type cuttingProxy struct {
+	addr string
+	cut  atomic.Bool
+}
+
+// startCuttingProxy serves until the test ends; its cleanup closes every
+// connection and waits for every goroutine it started.
+func startCuttingProxy(t *testing.T, server string) *cuttingProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cuttingProxy{addr: l.Addr().String()}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", server)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, s)
+			mu.Unlock()
+			wg.Go(func() { _, _ = io.Copy(s, c); s.Close() })
+			wg.Go(func() {
+				defer c.Close()
+				defer s.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 {
+						// A bulk string: an XADD's (or the script's) entry
+						// id, not the connection's handshake.
+						if buf[0] == '$' && p.cut.CompareAndSwap(true, false) {
+							return
+						}
+						if _, err := c.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	return p
+}
