@@ -1,6 +1,7 @@
 package broker_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -312,5 +313,60 @@ func TestJetStreamPublishKeepsOrderThroughLeaderChange(t *testing.T) {
 		if id != eventID(i) {
 			t.Fatalf("stored event %d is %s, want %s (stored order: ...%v...)", i, id, eventID(i), ids[max(0, i-3):min(len(ids), i+3)])
 		}
+	}
+}
+
+// TestJetStreamPublishLostBatchAnswer loses the server's answer to a
+// batch it stored (the connection drops as the answer comes): with ids,
+// Publish sends it again and the repeats are recognized, each event stored
+// once, in order; without, it cannot tell, and returns an error rather
+// than store the batch twice.
+func TestJetStreamPublishLostBatchAnswer(t *testing.T) {
+	for _, withIDs := range []bool{true, false} {
+		t.Run(fmt.Sprint("ids=", withIDs), func(t *testing.T) {
+			ns := brokertest.NATS(t)
+			p := startCuttingProxy(t, ns.Addr().String(), func(chunk []byte) bool { return bytes.Contains(chunk, []byte("MSG _INBOX.")) })
+			b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + p.addr, Subjects: []string{"db.>", "app.>"}}, Stream: "ORDER"})
+			out := make([]broker.Outgoing, 500)
+			for i := range out {
+				out[i] = broker.Outgoing{Subject: "db.t", Data: []byte(fmt.Sprint(i))}
+				if withIDs {
+					out[i].ID = eventID(i)
+				}
+			}
+			p.cut.Store(true)
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			_, err := b.Publish(ctx, out)
+			if p.cut.Load() {
+				t.Fatal("no answer was cut: the test did not test a lost answer")
+			}
+			if withIDs && err != nil {
+				t.Fatalf("Publish with ids: %v", err)
+			}
+			if !withIDs && err == nil {
+				t.Fatal("Publish without ids succeeded after its answer was lost: it sent the batch again")
+			}
+			js := brokertest.JetStream(t, ns.ClientURL())
+			s, err := js.Stream(ctx, "ORDER")
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := s.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.State.Msgs != uint64(len(out)) {
+				t.Errorf("%d messages stored, want %d (the batch once)", info.State.Msgs, len(out))
+			}
+			if withIDs {
+				ids, _ := storedIDs(t, js)
+				for i, id := range ids {
+					if id != eventID(i) {
+						t.Fatalf("stored event %d is %s, want %s", i, id, eventID(i))
+					}
+				}
+			}
+		})
 	}
 }

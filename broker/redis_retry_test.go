@@ -25,7 +25,9 @@ func TestRedisPublishRetryKeepsOrder(t *testing.T) {
 	for run := range 3 {
 		t.Run(fmt.Sprint(run), func(t *testing.T) {
 			addr := brokertest.Redis(t)
-			p := startCuttingProxy(t, addr)
+			// A bulk string: an XADD's (or the script's) entry id, not the
+			// connection's handshake.
+			p := startCuttingProxy(t, addr, func(chunk []byte) bool { return chunk[0] == '$' })
 			b := dialRedis(t, broker.RedisConfig{URL: "redis://" + p.addr, Stream: "retry"})
 			var out []broker.Outgoing
 			for i := range 200 + 300*run {
@@ -70,23 +72,24 @@ func TestRedisPublishRetryKeepsOrder(t *testing.T) {
 	}
 }
 
-// cuttingProxy forwards TCP to a Redis server; while cut is set, it closes
-// the first connection on which the server answers a command with a bulk
-// string, dropping the answer, and clears cut.
+// cuttingProxy forwards TCP to a server; while cut is set, it closes the
+// first connection on which the server sends a chunk that cutIf accepts,
+// dropping the chunk, and clears cut.
 type cuttingProxy struct {
-	addr string
-	cut  atomic.Bool
+	addr  string
+	cut   atomic.Bool
+	cutIf func(chunk []byte) bool // static
 }
 
 // startCuttingProxy serves until the test ends; its cleanup closes every
 // connection and waits for every goroutine it started.
-func startCuttingProxy(t *testing.T, server string) *cuttingProxy {
+func startCuttingProxy(t *testing.T, server string, cutIf func(chunk []byte) bool) *cuttingProxy {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &cuttingProxy{addr: l.Addr().String()}
+	p := &cuttingProxy{addr: l.Addr().String(), cutIf: cutIf}
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
@@ -123,9 +126,7 @@ func startCuttingProxy(t *testing.T, server string) *cuttingProxy {
 				for {
 					n, err := s.Read(buf)
 					if n > 0 {
-						// A bulk string: an XADD's (or the script's) entry
-						// id, not the connection's handshake.
-						if buf[0] == '$' && p.cut.CompareAndSwap(true, false) {
+						if p.cut.Load() && p.cutIf(buf[:n]) && p.cut.CompareAndSwap(true, false) {
 							return
 						}
 						if _, err := c.Write(buf[:n]); err != nil {
