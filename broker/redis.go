@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"slices"
@@ -112,42 +111,43 @@ func (b *Redis) CompareCursors(x, y string) (int, error) {
 }
 
 // Publish appends msgs with one pipelined round trip, in order, trimmed
-// approximately to MaxLen. Each message goes through publishOnce: one with
-// an ID is not appended again when that id was seen within DedupWindow
-// (it returns the original cursor); one without is given an id of this
-// call's own, remembered for publishRetryWindow. Every command names the
-// stream's slot, so on Redis Cluster the whole pipeline goes to one
+// approximately to MaxLen. A message without an ID is a plain XADD; one
+// with an ID goes through publishOnce, so a repeat within DedupWindow is
+// not appended again and returns the original cursor. Every command names
+// the stream's slot, so on Redis Cluster the whole pipeline goes to one
 // primary and runs there in order.
 //
-// The ids make the pipeline idempotent, which keeps the order: when the
-// connection drops after the server ran the pipeline, or part of it,
-// go-redis sends all of it again on a new connection (up to MaxRetries
-// times). A plain XADD run twice appended its message again, after the
-// later ones (TestRedisPublishRetryKeepsOrder).
+// When the connection drops after the server ran the pipeline, or part of
+// it, go-redis sends all of it again on a new connection (up to
+// MaxRetries times). publishOnce makes that harmless, and keeps the order;
+// a plain XADD run twice appended its message again, after the later ones
+// (TestRedisPublishRetryKeepsOrder). So a pipeline holding one is never
+// sent again: Publish returns the error, as JetStream's does when the ack
+// of a message without an id is lost (it may be stored).
 func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	pipe := b.rdb.Pipeline()
 	tracked := b.tracked.Load()
 	loaded := false
-	call := ""                                           // this call's id, for the messages without one
 	results := make([]func() (string, error), len(msgs)) // each message's entry id, once Exec has run
 	for i, m := range msgs {
-		keys := []string{b.cfg.Stream, "", b.highWaterKey()}
+		if m.ID == "" {
+			args := []any{"xadd", b.cfg.Stream}
+			if b.cfg.MaxLen > 0 {
+				args = append(args, "maxlen", "~", b.cfg.MaxLen)
+			}
+			cmd := redis.NewStringCmd(ctx, append(args, "*", "s", m.Subject, "d", m.Data)...)
+			_ = pipe.Process(ctx, noRetry{cmd})
+			results[i] = cmd.Result
+			continue
+		}
+		keys := []string{b.cfg.Stream, b.dedupKey(m.ID), b.highWaterKey()}
 		args := []any{b.cfg.MaxLen, b.cfg.DedupWindow.Milliseconds(), m.Subject, m.Data, m.ID}
-		if m.ID != "" {
-			keys[1] = b.dedupKey(m.ID)
-			if tracked != nil {
-				for _, p := range *tracked {
-					if matchSubject(p, m.Subject) {
-						args = append(args, p)
-					}
+		if tracked != nil {
+			for _, p := range *tracked {
+				if matchSubject(p, m.Subject) {
+					args = append(args, p)
 				}
 			}
-		} else {
-			if call == "" {
-				call = rand.Text()
-			}
-			keys[1] = b.cfg.Stream + ":retry:" + call + ":" + strconv.Itoa(i)
-			args[1] = publishRetryWindow.Milliseconds()
 		}
 		if !loaded {
 			// The batch's first script call sends the source (EVAL), which
@@ -178,12 +178,11 @@ func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) 
 	return cursors, nil
 }
 
-// publishRetryWindow is how long the id Publish gives a message without
-// one is remembered: longer than go-redis's retries of a pipeline take
-// (MaxRetries 3, each bounded by the dial, write and read timeouts of 5,
-// 3 and 3 s). A key per message for a minute: about 6 MB of keys at 1,000
-// such messages a second.
-const publishRetryWindow = time.Minute
+// noRetry marks a command go-redis must not send again: a pipeline holding
+// one is not retried after a connection error.
+type noRetry struct{ *redis.StringCmd }
+
+func (noRetry) NoRetry() bool { return true }
 
 // dedupKey is where the entry id published with a publish id is remembered. It starts with the
 // stream key, so it shares the stream's hash tag and slot on Redis Cluster

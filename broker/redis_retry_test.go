@@ -17,58 +17,61 @@ import (
 
 // TestRedisPublishRetryKeepsOrder loses the server's replies to a Publish
 // (the connection drops once the server has run the pipeline, or part of
-// it): go-redis sends the whole pipeline again on a new connection. The
-// stream must still hold each message once, in publish order, those
-// without an id included (a plain XADD run twice appended its message
-// again, after the later ones).
+// it). With ids, go-redis sends the whole pipeline again on a new
+// connection and the repeats are recognized: each message stored once, in
+// order, with its cursor. With messages without an id among them, a plain
+// XADD run again would append its message twice, after the later ones
+// (750 entries for 500 messages, before): Publish returns the error, and
+// the stream holds a prefix of the messages, each once.
 func TestRedisPublishRetryKeepsOrder(t *testing.T) {
-	for run := range 3 {
-		t.Run(fmt.Sprint(run), func(t *testing.T) {
-			addr := brokertest.Redis(t)
-			// A bulk string: an XADD's (or the script's) entry id, not the
-			// connection's handshake.
-			p := startCuttingProxy(t, addr, func(chunk []byte) bool { return chunk[0] == '$' })
-			b := dialRedis(t, broker.RedisConfig{URL: "redis://" + p.addr, Stream: "retry"})
-			var out []broker.Outgoing
-			for i := range 200 + 300*run {
-				m := broker.Outgoing{Subject: "db.t", Data: []byte(fmt.Sprint(i))}
-				if i%2 == 1 {
-					m.ID = fmt.Sprint("id-", i)
+	for _, allIDs := range []bool{true, false} {
+		for run := range 3 {
+			t.Run(fmt.Sprint("ids=", allIDs, "/", run), func(t *testing.T) {
+				addr := brokertest.Redis(t)
+				// A bulk string: an XADD's (or the script's) entry id, not
+				// the connection's handshake.
+				p := startCuttingProxy(t, addr, func(chunk []byte) bool { return chunk[0] == '$' })
+				b := dialRedis(t, broker.RedisConfig{URL: "redis://" + p.addr, Stream: "retry"})
+				var out []broker.Outgoing
+				for i := range 200 + 300*run {
+					m := broker.Outgoing{Subject: "db.t", Data: []byte(fmt.Sprint(i))}
+					if allIDs || i%2 == 1 {
+						m.ID = fmt.Sprint("id-", i)
+					}
+					out = append(out, m)
 				}
-				out = append(out, m)
-			}
-			p.cut.Store(true) // the next reply from the server is lost with its connection
-			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-			defer cancel()
-			cursors, err := b.Publish(ctx, out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if p.cut.Load() {
-				t.Fatal("no reply was cut: the test did not test a retry")
-			}
-			raw := redis.NewClient(&redis.Options{Addr: addr})
-			defer raw.Close()
-			xs, err := raw.XRange(ctx, "retry", "-", "+").Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got []string
-			for _, x := range xs {
-				got = append(got, x.Values["d"].(string))
-			}
-			if len(got) != len(out) {
-				t.Errorf("%d entries stored for %d messages", len(got), len(out))
-			}
-			for i := range min(len(got), len(out)) {
-				if got[i] != string(out[i].Data) {
-					t.Fatalf("entry %d is message %s, want %s (stored: ...%v...)", i, got[i], out[i].Data, got[max(0, i-3):min(len(got), i+3)])
+				p.cut.Store(true) // the next reply from the server is lost with its connection
+				ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+				defer cancel()
+				cursors, err := b.Publish(ctx, out)
+				if p.cut.Load() {
+					t.Fatal("no reply was cut: the test did not test a retry")
 				}
-				if cursors[i] != broker.CursorPrefixRedis+xs[i].ID {
-					t.Fatalf("cursor %d = %s, want the entry's rs:%s", i, cursors[i], xs[i].ID)
+				if allIDs && err != nil {
+					t.Fatalf("Publish with ids: %v", err)
 				}
-			}
-		})
+				if !allIDs && err == nil {
+					t.Fatal("Publish with messages without ids succeeded after its replies were lost: it sent them again")
+				}
+				raw := redis.NewClient(&redis.Options{Addr: addr})
+				defer raw.Close()
+				xs, err := raw.XRange(ctx, "retry", "-", "+").Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(xs) > len(out) || allIDs && len(xs) != len(out) {
+					t.Errorf("%d entries stored for %d messages", len(xs), len(out))
+				}
+				for i, x := range xs[:min(len(xs), len(out))] {
+					if d := x.Values["d"].(string); d != string(out[i].Data) {
+						t.Fatalf("entry %d is message %s, want %s", i, d, out[i].Data)
+					}
+					if allIDs && cursors[i] != broker.CursorPrefixRedis+x.ID {
+						t.Fatalf("cursor %d = %s, want the entry's rs:%s", i, cursors[i], x.ID)
+					}
+				}
+			})
+		}
 	}
 }
 
