@@ -265,8 +265,8 @@ func ParseJSCursor(c string) (uint64, error) {
 // answer, the failing one its error), and every window on a server or
 // stream without atomic batches (older than 2.12): a message at a time is
 // slow but keeps the order. A message without an id whose answer is lost
-// may be stored already: Publish returns that error rather than risk
-// storing it twice.
+// (or a batch holding one) may be stored already: Publish returns that
+// error rather than risk storing it twice.
 func (b *JetStream) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	cursors := make([]string, len(msgs))
 	for start := 0; start < len(msgs); {
@@ -349,10 +349,14 @@ func (b *JetStream) publishBatch(ctx context.Context, msgs []Outgoing, cursors [
 			return false, fmt.Errorf("jetstream publish: waiting for the batch's ack: %w", ctx.Err())
 		case errors.Is(err, nats.ErrConnectionClosed):
 			return false, fmt.Errorf("jetstream publish %q: %w", m.Subject, err)
+		case errors.Is(err, nats.ErrNoResponders):
+			return true, nil // no stream, or no leader: nothing stored
+		case slices.ContainsFunc(msgs, func(m Outgoing) bool { return m.ID == "" }):
+			return false, fmt.Errorf("jetstream publish: the answer to a batch with messages without ids was lost, and it may be stored: not sending it again: %w", err)
 		default:
-			// No responders (no stream, or no leader), a lost answer: the
-			// batch may have been stored, and if it was, the next one is
-			// refused for its known ids and goes one message at a time.
+			// A lost answer: the batch may have been stored, and if it
+			// was, the next one is refused for its known ids and goes one
+			// message at a time.
 			return true, nil
 		}
 		var ack batchAck

@@ -1,6 +1,7 @@
 package broker_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -268,4 +269,104 @@ func (p *otherPublisher) stop(t *testing.T) int {
 	p.cancel()
 	p.wg.Wait()
 	return int(p.stored.Load())
+}
+
+// TestJetStreamPublishKeepsOrderThroughLeaderChange: on a 3-node cluster,
+// the leader of an R3 stream steps down in the middle of a large Publish
+// (batches staged with the old leader are dropped; the new one must not
+// store a later batch before them). The stream then holds every event
+// once, in publish order.
+func TestJetStreamPublishKeepsOrderThroughLeaderChange(t *testing.T) {
+	const n = 5000
+	nodes := brokertest.NATSCluster(t, 3)
+	url := nodes[0].ClientURL() + "," + nodes[1].ClientURL() + "," + nodes[2].ClientURL()
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"db.>", "app.>"}}, Stream: "ORDER", Replicas: 3})
+	js := brokertest.JetStream(t, url)
+	for run := range 2 {
+		out := make([]broker.Outgoing, n)
+		for i := range out {
+			out[i] = broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i%7), Data: []byte(fmt.Sprint(i)), ID: eventID(run*n + i)}
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+		published := make(chan error, 1)
+		go func() {
+			_, err := b.Publish(ctx, out)
+			published <- err
+		}()
+		waitStored(t, js, uint64(run*n+n/3))
+		resp, err := js.Conn().Request("$JS.API.STREAM.LEADER.STEPDOWN.ORDER", nil, 5*time.Second)
+		if err != nil {
+			t.Fatalf("step down: %v", err)
+		}
+		t.Logf("run %d: stepped down: %s", run, resp.Data)
+		err = <-published
+		cancel()
+		if err != nil {
+			t.Fatalf("Publish: %v", err)
+		}
+	}
+	ids, _ := storedIDs(t, js)
+	if len(ids) != 2*n {
+		t.Errorf("%d events stored, want %d", len(ids), 2*n)
+	}
+	for i, id := range ids {
+		if id != eventID(i) {
+			t.Fatalf("stored event %d is %s, want %s (stored order: ...%v...)", i, id, eventID(i), ids[max(0, i-3):min(len(ids), i+3)])
+		}
+	}
+}
+
+// TestJetStreamPublishLostBatchAnswer loses the server's answer to a
+// batch it stored (the connection drops as the answer comes): with ids,
+// Publish sends it again and the repeats are recognized, each event stored
+// once, in order; without, it cannot tell, and returns an error rather
+// than store the batch twice.
+func TestJetStreamPublishLostBatchAnswer(t *testing.T) {
+	for _, withIDs := range []bool{true, false} {
+		t.Run(fmt.Sprint("ids=", withIDs), func(t *testing.T) {
+			ns := brokertest.NATS(t)
+			p := startCuttingProxy(t, ns.Addr().String(), func(chunk []byte) bool { return bytes.Contains(chunk, []byte("MSG _INBOX.")) })
+			b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + p.addr, Subjects: []string{"db.>", "app.>"}}, Stream: "ORDER"})
+			out := make([]broker.Outgoing, 500)
+			for i := range out {
+				out[i] = broker.Outgoing{Subject: "db.t", Data: []byte(fmt.Sprint(i))}
+				if withIDs {
+					out[i].ID = eventID(i)
+				}
+			}
+			p.cut.Store(true)
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			_, err := b.Publish(ctx, out)
+			if p.cut.Load() {
+				t.Fatal("no answer was cut: the test did not test a lost answer")
+			}
+			if withIDs && err != nil {
+				t.Fatalf("Publish with ids: %v", err)
+			}
+			if !withIDs && err == nil {
+				t.Fatal("Publish without ids succeeded after its answer was lost: it sent the batch again")
+			}
+			js := brokertest.JetStream(t, ns.ClientURL())
+			s, err := js.Stream(ctx, "ORDER")
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := s.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.State.Msgs != uint64(len(out)) {
+				t.Errorf("%d messages stored, want %d (the batch once)", info.State.Msgs, len(out))
+			}
+			if withIDs {
+				ids, _ := storedIDs(t, js)
+				for i, id := range ids {
+					if id != eventID(i) {
+						t.Fatalf("stored event %d is %s, want %s", i, id, eventID(i))
+					}
+				}
+			}
+		})
+	}
 }

@@ -116,6 +116,14 @@ func (b *Redis) CompareCursors(x, y string) (int, error) {
 // not appended again and returns the original cursor. Every command names
 // the stream's slot, so on Redis Cluster the whole pipeline goes to one
 // primary and runs there in order.
+//
+// When the connection drops after the server ran the pipeline, or part of
+// it, go-redis sends all of it again on a new connection (up to
+// MaxRetries times). publishOnce makes that harmless, and keeps the order;
+// a plain XADD run twice appended its message again, after the later ones
+// (TestRedisPublishRetryKeepsOrder). So a pipeline holding one is never
+// sent again: Publish returns the error, as JetStream's does when the ack
+// of a message without an id is lost (it may be stored).
 func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	pipe := b.rdb.Pipeline()
 	tracked := b.tracked.Load()
@@ -123,12 +131,13 @@ func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) 
 	results := make([]func() (string, error), len(msgs)) // each message's entry id, once Exec has run
 	for i, m := range msgs {
 		if m.ID == "" {
-			results[i] = pipe.XAdd(ctx, &redis.XAddArgs{
-				Stream: b.cfg.Stream,
-				MaxLen: b.cfg.MaxLen,
-				Approx: b.cfg.MaxLen > 0,
-				Values: []any{"s", m.Subject, "d", m.Data},
-			}).Result
+			args := []any{"xadd", b.cfg.Stream}
+			if b.cfg.MaxLen > 0 {
+				args = append(args, "maxlen", "~", b.cfg.MaxLen)
+			}
+			cmd := redis.NewStringCmd(ctx, append(args, "*", "s", m.Subject, "d", m.Data)...)
+			_ = pipe.Process(ctx, noRetry{cmd})
+			results[i] = cmd.Result
 			continue
 		}
 		keys := []string{b.cfg.Stream, b.dedupKey(m.ID), b.highWaterKey()}
@@ -144,11 +153,11 @@ func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) 
 			// The batch's first script call sends the source (EVAL), which
 			// also caches it on the server, so the EVALSHAs after it in
 			// the pipeline cannot fail with NOSCRIPT (a restarted server
-			// forgets scripts); retrying after NOSCRIPT instead would
-			// append the batch's plain XADDs twice. Not SCRIPT LOAD: it
-			// names no key, so in a Redis Cluster pipeline go-redis sends
-			// it to any primary, not necessarily the stream's (seen with
-			// v9.23); EVAL is routed by its keys, with the EVALSHAs.
+			// forgets scripts), and the pipeline goes again whole only
+			// when the connection fails. Not SCRIPT LOAD: it names no key,
+			// so in a Redis Cluster pipeline go-redis sends it to any
+			// primary, not necessarily the stream's (seen with v9.23);
+			// EVAL is routed by its keys, with the EVALSHAs.
 			results[i] = pipe.Eval(ctx, publishOnceSrc, keys, args...).Text
 			loaded = true
 			continue
@@ -168,6 +177,12 @@ func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) 
 	}
 	return cursors, nil
 }
+
+// noRetry marks a command go-redis must not send again: a pipeline holding
+// one is not retried after a connection error.
+type noRetry struct{ *redis.StringCmd }
+
+func (noRetry) NoRetry() bool { return true }
 
 // dedupKey is where the entry id published with a publish id is remembered. It starts with the
 // stream key, so it shares the stream's hash tag and slot on Redis Cluster
