@@ -23,7 +23,7 @@ import (
 // nothing is missed or doubled between the two.
 // The record goes through state, a connection outside the snapshot's
 // read-only transaction.
-func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[string][]string, docs *docEngine, snapshot string, at pglogrepl.LSN, pub *publisher) error {
+func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[string][]string, docs *docEngine, types *typeCache, snapshot string, at pglogrepl.LSN, pub *publisher) error {
 	cfg := &in.cfg
 	conn, err := pgx.Connect(ctx, cfg.DSN)
 	if err != nil {
@@ -68,7 +68,7 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 		n := 0
 		var t *table // from the first chunk's columns
 		for {
-			evs, err := in.bootstrapChunk(ctx, tx, cur, q, schema, rel, keys[q], &t, tx0, &n)
+			evs, err := in.bootstrapChunk(ctx, tx, cur, q, schema, rel, keys[q], types, &t, tx0, &n)
 			if err != nil {
 				return err
 			}
@@ -106,20 +106,23 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 }
 
 // bootstrapChunk fetches the next chunk of rows of one table and returns
-// their events. The first chunk describes the table into *tp; the rows are
-// "as of" tx0, the slot's consistent point.
-func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema, rel string, key []string, tp **table, tx0 *txn, n *int) ([]broker.Outgoing, error) {
-	// The simple protocol returns every value in text format.
-	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", in.cfg.BootstrapChunk, cur), pgx.QueryExecModeSimpleProtocol)
-	if err != nil {
-		return nil, fmt.Errorf("postgres: bootstrap %s: %w", q, err)
-	}
-	defer rows.Close()
-	fds := rows.FieldDescriptions()
+// their events. The first chunk describes the table into *tp (with its
+// column types from the catalog, as the tail's Relation messages name
+// them: a row description names a domain's base type, not the domain);
+// the rows are "as of" tx0, the slot's consistent point.
+func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema, rel string, key []string, types *typeCache, tp **table, tx0 *txn, n *int) ([]broker.Outgoing, error) {
 	if *tp == nil {
 		t := &table{nameKey: q}
-		for _, fd := range fds {
-			t.columns = append(t.columns, newColumn(fd.Name, fd.DataTypeOID))
+		cat, err := loadCatalog(ctx, tx, types, []string{q})
+		if err != nil {
+			return nil, fmt.Errorf("postgres: bootstrap %s: %w", q, err)
+		}
+		ct := cat[q]
+		if ct == nil {
+			return nil, fmt.Errorf("postgres: bootstrap %s: not in the catalog", q)
+		}
+		for _, name := range ct.order {
+			t.columns = append(t.columns, newColumn(name, ct.cols[name].ctype))
 		}
 		if err := t.publish(in.cfg.Prefix, schema, rel, key); err != nil {
 			return nil, err
@@ -127,6 +130,21 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema,
 		*tp = t
 	}
 	t := *tp
+	// The simple protocol returns every value in text format.
+	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", in.cfg.BootstrapChunk, cur), pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: bootstrap %s: %w", q, err)
+	}
+	defer rows.Close()
+	fds := rows.FieldDescriptions()
+	if len(fds) != len(t.columns) {
+		return nil, fmt.Errorf("postgres: bootstrap %s: %d columns, the catalog has %d", q, len(fds), len(t.columns))
+	}
+	for i, fd := range fds {
+		if fd.Name != t.columns[i].name {
+			return nil, fmt.Errorf("postgres: bootstrap %s: column %d is %q, the catalog says %q", q, i+1, fd.Name, t.columns[i].name)
+		}
+	}
 	var evs []broker.Outgoing
 	// One row's columns, reused: the events are built from them at once
 	// (the values point into pgx's buffer, valid until the next row).

@@ -69,7 +69,7 @@ func rowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTime time
 			return broker.Outgoing{}, fmt.Errorf("table %s: %s without its key column %q", t.nameKey, op, t.columns[i].name)
 		}
 		col := keyRow.Columns[i]
-		if b, err = AppendValue(b, t.columns[i].oid, col.Data); err != nil {
+		if b, err = t.columns[i].ctype.appendValue(b, col.Data); err != nil {
 			return broker.Outgoing{}, fmt.Errorf("table %s column %s: %w", t.nameKey, t.columns[i].name, err)
 		}
 		keyText = append(keyText, string(col.Data))
@@ -144,7 +144,7 @@ func appendRow(b []byte, t *table, row, old *pglogrepl.TupleData, keyOnly bool) 
 		case pglogrepl.TupleDataTypeNull:
 			b = append(b, "null"...)
 		case pglogrepl.TupleDataTypeText:
-			if b, err = AppendValue(b, t.columns[i].oid, data); err != nil {
+			if b, err = t.columns[i].ctype.appendValue(b, data); err != nil {
 				return nil, nil, fmt.Errorf("table %s column %s: %w", t.nameKey, t.columns[i].name, err)
 			}
 		default:

@@ -258,7 +258,7 @@ func newMemState(projs []*docProjection, cat map[string]*catalogTable) *memState
 			}
 			for _, c := range n.orderCols {
 				info.order = append(info.order, info.t.colIdx[c])
-				info.orderOID = append(info.orderOID, info.t.cols[info.t.colIdx[c]].oid)
+				info.orderOID = append(info.orderOID, info.t.cols[info.t.colIdx[c]].ctype.oid)
 			}
 			n.mem = info
 		}
@@ -498,7 +498,7 @@ func (e *docEngine) memKeys(p *docProjection) [][]byte {
 	for _, row := range t.rows {
 		keys = append(keys, rowField(row, kc))
 	}
-	slices.SortFunc(keys, func(a, b []byte) int { return compareText(p.key.oid, a, b) })
+	slices.SortFunc(keys, func(a, b []byte) int { return compareText(p.key.ctype.oid, a, b) })
 	return keys
 }
 

@@ -50,10 +50,10 @@ type docNode struct {
 // docCol is a selected column.
 type docCol struct {
 	name     string
-	ident    string // quoted
-	typ      string // format_type, for casts of text arrays
-	oid      uint32
-	jsonName []byte // "name":
+	ident    string  // quoted
+	typ      string  // format_type, for casts of text arrays
+	ctype    colType // how its values are encoded
+	jsonName []byte  // "name":
 }
 
 // docJoin is one pair of a relation's on: child column = parent column.
@@ -88,8 +88,9 @@ type querier interface {
 
 // catalogColumn is what the catalog says of a column.
 type catalogColumn struct {
-	oid uint32
-	typ string
+	oid   uint32  // pg_attribute.atttypid
+	typ   string  // format_type
+	ctype colType // how its values are encoded
 }
 
 // catalogTable is what the catalog says of a table.
@@ -108,9 +109,12 @@ func splitTable(s string) (schema, name string) {
 	return "public", s
 }
 
-// loadCatalog reads what resolving projections needs of the named tables.
-func loadCatalog(ctx context.Context, q querier, tables []string) (map[string]*catalogTable, error) {
+// loadCatalog reads what resolving projections (and bootstrapping a
+// table) needs of the named tables, with the columns' types looked up in
+// types.
+func loadCatalog(ctx context.Context, q querier, types *typeCache, tables []string) (map[string]*catalogTable, error) {
 	out := make(map[string]*catalogTable)
+	var oids []uint32
 	for _, t := range tables {
 		if _, ok := out[t]; ok {
 			continue
@@ -139,6 +143,7 @@ func loadCatalog(ctx context.Context, q querier, tables []string) (map[string]*c
 				return nil, fmt.Errorf("postgres: read the catalog of %s: %w", t, err)
 			}
 			ct.cols[col] = catalogColumn{oid: oid, typ: typ}
+			oids = append(oids, oid)
 			ct.order = append(ct.order, col)
 			ct.replIdent = ident
 			if pk {
@@ -157,6 +162,18 @@ func loadCatalog(ctx context.Context, q querier, tables []string) (map[string]*c
 			continue
 		}
 		out[t] = ct
+	}
+	if err := types.lookup(ctx, q, oids); err != nil {
+		return nil, err
+	}
+	for _, ct := range out {
+		if ct == nil {
+			continue
+		}
+		for name, c := range ct.cols {
+			c.ctype = types.get(c.oid)
+			ct.cols[name] = c
+		}
 	}
 	return out, nil
 }
@@ -188,8 +205,8 @@ func projectionTables(specs []ProjectionSpec) []string {
 // its former parent). Every problem is reported, each naming the
 // projection and the field. Join columns a lookup filters on without an
 // index are warned about, with the CREATE INDEX to run.
-func resolveProjections(ctx context.Context, q querier, specs []ProjectionSpec, prefix string, log *zap.Logger) ([]*docProjection, map[string]*catalogTable, error) {
-	cat, err := loadCatalog(ctx, q, projectionTables(specs))
+func resolveProjections(ctx context.Context, q querier, types *typeCache, specs []ProjectionSpec, prefix string, log *zap.Logger) ([]*docProjection, map[string]*catalogTable, error) {
+	cat, err := loadCatalog(ctx, q, types, projectionTables(specs))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -235,7 +252,7 @@ func resolveProjections(ctx context.Context, q querier, specs []ProjectionSpec, 
 }
 
 func mkCol(name string, c catalogColumn) docCol {
-	return docCol{name: name, ident: pgx.Identifier{name}.Sanitize(), typ: c.typ, oid: c.oid, jsonName: append(AppendJSONString(nil, []byte(name)), ':')}
+	return docCol{name: name, ident: pgx.Identifier{name}.Sanitize(), typ: c.typ, ctype: c.ctype, jsonName: append(AppendJSONString(nil, []byte(name)), ':')}
 }
 
 func resolveNode(cat map[string]*catalogTable, where, table string, columns []string, parent *docNode, p *docProjection) (*docNode, []error) {
@@ -824,7 +841,7 @@ func appendDoc(b []byte, n *docNode, r *composedRow) ([]byte, error) {
 			b = append(b, "null"...)
 			continue
 		}
-		if b, err = AppendValue(b, c.oid, r.vals[i]); err != nil {
+		if b, err = c.ctype.appendValue(b, r.vals[i]); err != nil {
 			return nil, fmt.Errorf("projection %q, %s column %s: %w", n.proj.spec.Name, n.nameKey, c.name, err)
 		}
 	}
@@ -1007,7 +1024,7 @@ func docEvent(p *docProjection, key, doc []byte, id string, lsn pglogrepl.LSN, c
 		b = append(b, `","op":"upsert","key":`...)
 	}
 	var err error
-	if b, err = AppendValue(b, p.key.oid, key); err != nil {
+	if b, err = p.key.ctype.appendValue(b, key); err != nil {
 		return broker.Outgoing{}, fmt.Errorf("projection %q key: %w", p.spec.Name, err)
 	}
 	b = append(b, `,"lsn":"`...)
@@ -1047,9 +1064,9 @@ const (
 // newDocEngine resolves the projections against the catalog and opens the
 // pool their queries run on, with the session settings pgoutput writes
 // values in (so a re-read value is the text a change carries).
-func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn) (*docEngine, error) {
+func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn, types *typeCache) (*docEngine, error) {
 	cfg := &in.cfg
-	projs, cat, err := resolveProjections(ctx, conn, cfg.Projections, cfg.Prefix, in.log)
+	projs, cat, err := resolveProjections(ctx, conn, types, cfg.Projections, cfg.Prefix, in.log)
 	if err != nil {
 		return nil, errFatal{err}
 	}

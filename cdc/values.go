@@ -59,9 +59,12 @@ var outputParams = map[string]string{
 //     dropped: a JSON array is positional.
 //   - everything else (text, varchar, bpchar with its padding, name, uuid,
 //     inet, interval, money, xml, time, timetz, ranges, geometric types,
-//     tsvector, composite types, enums, domains, arrays of user-defined
-//     types, any OID not listed): a string of the text. A domain arrives
-//     with its own OID, so even a domain over an integer is a string.
+//     tsvector, composite types, enums, arrays of user-defined types, any
+//     OID not listed): a string of the text.
+//
+// AppendValue knows built-in OIDs only. The ingest gives it a domain's
+// base type instead of the domain (colType, types.go): a domain over an
+// integer is a number, on every path.
 //
 // All output is valid JSON: strings are escaped and invalid UTF-8 becomes
 // U+FFFD.
