@@ -63,3 +63,36 @@ func testDomainEncodesAsItsBaseType(t *testing.T, mode string) {
 	jsonEq(t, "tail projection key", evs[5].Key, `9`)
 	jsonEq(t, "tail projection doc", evs[5].Doc, `{"id":9,"at":"2024-05-01T10:00:00+00:00","ks":[{"id":2,"n":9},{"id":1,"n":10}]}`)
 }
+
+// TestArraysOfUserDefinedTypes: an array of an enum, of a domain or of a
+// composite type is a JSON array, as an array of a built-in type is, with
+// each element encoded as its type (a domain's as its base type). It was
+// the array's text, one string ("{happy,\"sad ish\"}"), on every path:
+// AppendValue knows the built-in array types only.
+func TestArraysOfUserDefinedTypes(t *testing.T) {
+	pg := pgtest.Start(t, pgtest.Config{})
+	pg.Exec("postgres",
+		`CREATE TYPE mood AS ENUM ('happy', 'sad ish', 'a,b{c}', 'NULL')`,
+		"CREATE DOMAIN posint AS int4 CHECK (VALUE > 0)",
+		"CREATE TYPE pair AS (a int, b text)",
+		"CREATE TABLE a (id int PRIMARY KEY, moods mood[], ns posint[], ps pair[])",
+		`INSERT INTO a VALUES (1, '{{happy,"sad ish"},{NULL,"a,b{c}"}}', '{1,NULL,3}', ARRAY[ROW(1, 'x "y"')::pair, NULL])`,
+	)
+	spec := func(mode string) cdc.ProjectionSpec {
+		return cdc.ProjectionSpec{Name: "a" + mode, Table: "a", Key: "id", Mode: mode}
+	}
+	r := newRig(t, pg, func(c *cdc.Config) {
+		c.Tables = []string{"a"}
+		c.Projections = []cdc.ProjectionSpec{spec(cdc.ModeSQL), spec(cdc.ModeMemory)}
+		c.StateDir = t.TempDir()
+	})
+	want := `{"id":1,"moods":[["happy","sad ish"],[null,"a,b{c}"]],"ns":[1,null,3],"ps":["(1,\"x \"\"y\"\"\")",null]}`
+	for _, e := range r.events(3) {
+		jsonEq(t, "bootstrap "+e.Subject, e.Doc, want)
+	}
+	pg.Exec("postgres", `UPDATE a SET moods = '{NULL,happy}' WHERE id = 1`)
+	want = `{"id":1,"moods":[null,"happy"],"ns":[1,null,3],"ps":["(1,\"x \"\"y\"\"\")",null]}`
+	for _, e := range r.events(6)[3:] {
+		jsonEq(t, "tail "+e.Subject, e.Doc, want)
+	}
+}

@@ -59,12 +59,14 @@ var outputParams = map[string]string{
 //     dropped: a JSON array is positional.
 //   - everything else (text, varchar, bpchar with its padding, name, uuid,
 //     inet, interval, money, xml, time, timetz, ranges, geometric types,
-//     tsvector, composite types, enums, arrays of user-defined types, any
-//     OID not listed): a string of the text.
+//     tsvector, composite types, enums, any OID not listed): a string of
+//     the text.
 //
-// AppendValue knows built-in OIDs only. The ingest gives it a domain's
-// base type instead of the domain (colType, types.go): a domain over an
-// integer is a number, on every path.
+// AppendValue knows built-in OIDs only. The ingest looks user-defined
+// types up in the catalog first (colType, types.go): a domain is encoded
+// as its base type (a domain over an integer is a number, on every path),
+// and an array of a user-defined type (enum[], a domain's array) goes to
+// AppendArray with its element type, so it is a JSON array too.
 //
 // All output is valid JSON: strings are escaped and invalid UTF-8 becomes
 // U+FFFD.
