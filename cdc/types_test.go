@@ -303,6 +303,70 @@ var typeKinds = []typeKind{
 	{name: "amom", typ: "moment[]", cases: []typeCase{{`ARRAY['2024-05-01 12:34:56.789+02', 'infinity']::moment[]`, `["2024-05-01T10:34:56.789+00:00","infinity"]`}}},
 }
 
+// keyKind is a type of the parent's primary key (the projections' key)
+// and the child's column joining it: val gives the key of row id as a
+// literal, as PostgreSQL's text output (the subject token's source) and as
+// JSON.
+type keyKind struct {
+	typ string
+	val func(id int) (lit, text, want string)
+}
+
+func same(s string) (string, string, string) { return s, s, s }
+
+var keyKinds = []keyKind{
+	{"int4", func(id int) (string, string, string) { return same(strconv.Itoa(id)) }},
+	{"int8", func(id int) (string, string, string) { return same(strconv.Itoa(9007199254740993 + 2*id)) }},
+	{"posint", func(id int) (string, string, string) { return same(strconv.Itoa(id)) }},
+	{"numeric", func(id int) (string, string, string) { s := fmt.Sprintf("%d.50", id); return s, s, `"` + s + `"` }},
+	{"text", func(id int) (string, string, string) {
+		s := fmt.Sprintf("k%d.a b*>/ü\"'\\,%%", id)
+		return sqlLit(s), s, jsonString(s)
+	}},
+	{"char(8)", func(id int) (string, string, string) {
+		s := fmt.Sprintf("c%-7d", id)
+		return sqlLit(strings.TrimSpace(s)), s, jsonString(s)
+	}},
+	{"uuid", func(id int) (string, string, string) {
+		u := fmt.Sprintf("0000000a-0000-4000-8000-%012d", id)
+		return sqlLit(strings.ToUpper(u)), u, `"` + u + `"`
+	}},
+	{"date", func(id int) (string, string, string) {
+		md := time.Date(2023, 12, 31, 0, 0, 0, 0, time.UTC).AddDate(0, 0, id).Format("01-02")
+		if id%2 == 1 {
+			return sqlLit("0044-" + md + " BC"), "0044-" + md + " BC", `"-000043-` + md + `"`
+		}
+		return sqlLit("2024-" + md), "2024-" + md, `"2024-` + md + `"`
+	}},
+	{"timestamptz", func(id int) (string, string, string) {
+		at := time.Date(2024, 5, 1, 10, 0, 0, 5e8, time.UTC).Add(time.Duration(id) * time.Minute)
+		return sqlLit(at.In(time.FixedZone("", 2*3600)).Format("2006-01-02 15:04:05.0-07")), at.Format("2006-01-02 15:04:05.0") + "+00", `"` + at.Format("2006-01-02T15:04:05.0") + `+00:00"`
+	}},
+	{"bytea", func(id int) (string, string, string) {
+		b := []byte{0, 0xff, byte(id)}
+		return `'\x` + hex.EncodeToString(b) + `'`, `\x` + hex.EncodeToString(b), `"` + base64.StdEncoding.EncodeToString(b) + `"`
+	}},
+	{"inet", func(id int) (string, string, string) {
+		s := fmt.Sprintf("10.0.%d.1", id)
+		return sqlLit(s), s, `"` + s + `"`
+	}},
+}
+
+// token is a key's subject token: the ingest keeps ASCII letters, digits,
+// '_' and '-', and writes every other byte %XX.
+func token(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' {
+			b.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&b, "%%%02X", c)
+	}
+	return b.String()
+}
+
 // typeCol is one column of the generated schema.
 type typeCol struct {
 	name string
@@ -372,14 +436,15 @@ func TestColumnTypesAgree(t *testing.T) {
 		defs = append(defs, c.name+" "+c.kind.typ)
 	}
 	typed := strings.Join(defs, ", ")
-	t.Logf("columns: %s", typed)
+	key := keyKinds[rng.IntN(len(keyKinds))]
+	t.Logf("key: %s; columns: %s", key.typ, typed)
 
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", typesDDL...)
 	ddl := []string{
-		"CREATE TABLE parent (id int PRIMARY KEY, touch int NOT NULL, " + typed + ")",
-		"CREATE TABLE child (id int PRIMARY KEY, parent_id int NOT NULL, touch int NOT NULL, " + typed + ")",
-		"CREATE INDEX ON child (parent_id)",
+		"CREATE TABLE parent (k " + key.typ + " PRIMARY KEY, id int NOT NULL UNIQUE, touch int NOT NULL, " + typed + ")",
+		"CREATE TABLE child (id int PRIMARY KEY, parent_k " + key.typ + " NOT NULL, touch int NOT NULL, " + typed + ")",
+		"CREATE INDEX ON child (parent_k)",
 		"ALTER TABLE child REPLICA IDENTITY FULL",
 	}
 	for _, c := range cols {
@@ -405,6 +470,12 @@ func TestColumnTypesAgree(t *testing.T) {
 			want[table][id] = map[int]typeRow{}
 		}
 		want[table][id][touch] = row
+		if table == "parent" {
+			lit, _, w := key.val(id)
+			row["k"] = typeCase{lit, w}
+		} else if touch > 0 {
+			row["parent_k"] = want[table][id][0]["parent_k"]
+		}
 		if touch > 0 { // an update
 			sets := make([]string, len(names))
 			for i := range names {
@@ -414,11 +485,13 @@ func TestColumnTypesAgree(t *testing.T) {
 		}
 		if table == "parent" {
 			parents = append(parents, id)
-			return fmt.Sprintf("INSERT INTO parent (id, touch, %s) VALUES (%d, 0, %s)", strings.Join(names, ", "), id, strings.Join(lits, ", "))
+			return fmt.Sprintf("INSERT INTO parent (k, id, touch, %s) VALUES (%s, %d, 0, %s)", strings.Join(names, ", "), row["k"].lit, id, strings.Join(lits, ", "))
 		}
 		p := parents[rng.IntN(len(parents))]
 		parentOf[id] = p
-		return fmt.Sprintf("INSERT INTO child (id, parent_id, touch, %s) VALUES (%d, %d, 0, %s)", strings.Join(names, ", "), id, p, strings.Join(lits, ", "))
+		pl, _, pw := key.val(p)
+		row["parent_k"] = typeCase{pl, pw}
+		return fmt.Sprintf("INSERT INTO child (id, parent_k, touch, %s) VALUES (%d, %s, 0, %s)", strings.Join(names, ", "), id, pl, strings.Join(lits, ", "))
 	}
 	// The bootstrap's rows.
 	var stmts []string
@@ -432,8 +505,8 @@ func TestColumnTypesAgree(t *testing.T) {
 	booted := map[string]int{"parent": 6, "child": 8}
 
 	embed := func(mode string) cdc.ProjectionSpec {
-		return cdc.ProjectionSpec{Name: "p" + mode, Table: "parent", Key: "id", Mode: mode, Embed: []cdc.EmbedSpec{
-			{As: "kids", Table: "child", On: map[string]string{"parent_id": "id"}, Many: true},
+		return cdc.ProjectionSpec{Name: "p" + mode, Table: "parent", Key: "k", Mode: mode, Embed: []cdc.EmbedSpec{
+			{As: "kids", Table: "child", On: map[string]string{"parent_k": "k"}, Many: true},
 		}}
 	}
 	r := newRig(t, pg, func(c *cdc.Config) {
@@ -489,7 +562,11 @@ func TestColumnTypesAgree(t *testing.T) {
 	}
 	values := map[cell][]seen{}
 	paths := map[string]map[string]bool{} // "table id version" → paths
-	unsent := 0                           // values an event left out as unchanged TOAST
+	// The columns compared: the typed ones and the key (the parent's) or
+	// the join column (the child's).
+	keyCol := func(name string) *typeCol { return &typeCol{name: name, kind: &typeKind{name: name, typ: key.typ}} }
+	colsOf := map[string][]*typeCol{"parent": append([]*typeCol{keyCol("k")}, cols...), "child": append([]*typeCol{keyCol("parent_k")}, cols...)}
+	unsent := 0 // values an event left out as unchanged TOAST
 	record := func(table, path string, raw json.RawMessage, unchanged []string) {
 		t.Helper()
 		var doc map[string]json.RawMessage
@@ -512,7 +589,7 @@ func TestColumnTypesAgree(t *testing.T) {
 		if version == 1 {
 			version = 0
 		}
-		for _, c := range cols {
+		for _, c := range colsOf[table] {
 			v, ok := doc[c.name]
 			if !ok && slices.Contains(unchanged, c.name) {
 				unsent++
@@ -532,6 +609,18 @@ func TestColumnTypesAgree(t *testing.T) {
 			phase = "bootstrap"
 		}
 		parts := strings.Split(e.Subject, ".")
+		// The event's key and subject: the parent's key, the child's id.
+		var ids struct{ ID int }
+		if err := json.Unmarshal(e.Doc, &ids); err != nil {
+			t.Fatalf("%s: %v: %s", e.Subject, err, e.Doc)
+		}
+		_, ktext, kwant := key.val(ids.ID)
+		if parts[1] == "child" {
+			ktext, kwant = strconv.Itoa(ids.ID), strconv.Itoa(ids.ID)
+		}
+		if !sameJSON(e.Key, []byte(kwant)) || parts[2] != token(ktext) {
+			t.Errorf("%s %s (row %d): key %s on subject %s, want %s on %s", parts[1], e.Op, ids.ID, e.Key, e.Subject, kwant, token(ktext))
+		}
 		switch parts[1] {
 		case "parent", "child":
 			record(parts[1], parts[1]+" table event, "+phase, e.Doc, e.Unchanged)
@@ -557,8 +646,10 @@ func TestColumnTypesAgree(t *testing.T) {
 
 	// Each value is its documented JSON, and the same bytes on every path.
 	typeOf := map[string]*typeCol{}
-	for _, c := range cols {
-		typeOf[c.name] = c
+	for _, cs := range colsOf {
+		for _, c := range cs {
+			typeOf[c.name] = c
+		}
 	}
 	reported := map[string]bool{} // one report per column, path and literal
 	bad := 0
