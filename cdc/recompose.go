@@ -88,9 +88,10 @@ type querier interface {
 
 // catalogColumn is what the catalog says of a column.
 type catalogColumn struct {
-	oid   uint32  // pg_attribute.atttypid
-	typ   string  // format_type
-	ctype colType // how its values are encoded
+	oid       uint32  // pg_attribute.atttypid
+	typ       string  // format_type
+	ctype     colType // how its values are encoded
+	generated bool    // a generated column: pgoutput does not send it
 }
 
 // catalogTable is what the catalog says of a table.
@@ -123,7 +124,8 @@ func loadCatalog(ctx context.Context, q querier, types *typeCache, tables []stri
 		rows, err := q.Query(ctx, `
 			SELECT a.attname, a.atttypid, format_type(a.atttypid, a.atttypmod), c.relreplident,
 			       coalesce(a.attnum = ANY((SELECT i.indkey::int2[] FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)::int2[]), false),
-			       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indkey[0] = a.attnum)
+			       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indkey[0] = a.attnum),
+			       a.attgenerated <> ''
 			FROM pg_class c
 			JOIN pg_namespace n ON n.oid = c.relnamespace
 			JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -137,12 +139,12 @@ func loadCatalog(ctx context.Context, q querier, types *typeCache, tables []stri
 			var col, typ string
 			var oid uint32
 			var ident byte
-			var pk, idx bool
-			if err := rows.Scan(&col, &oid, &typ, &ident, &pk, &idx); err != nil {
+			var pk, idx, gen bool
+			if err := rows.Scan(&col, &oid, &typ, &ident, &pk, &idx, &gen); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("postgres: read the catalog of %s: %w", t, err)
 			}
-			ct.cols[col] = catalogColumn{oid: oid, typ: typ}
+			ct.cols[col] = catalogColumn{oid: oid, typ: typ, generated: gen}
 			oids = append(oids, oid)
 			ct.order = append(ct.order, col)
 			ct.replIdent = ident
