@@ -237,6 +237,9 @@ func resolveProjections(ctx context.Context, q querier, types *typeCache, specs 
 			}
 		}
 		errs = append(errs, resolveEmbeds(cat, where, root, ps.Embed, p)...)
+		if ps.Mode == ModeMemory {
+			errs = append(errs, memGeneratedColumns(cat, where, p)...)
+		}
 		out = append(out, p)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -251,6 +254,33 @@ func resolveProjections(ctx context.Context, q querier, types *typeCache, specs 
 		}
 	}
 	return out, cat, nil
+}
+
+// memGeneratedColumns reports the generated columns a memory-mode
+// projection would keep: pgoutput does not send them, so the state could
+// never hold their values (the ingest failed on the first change).
+func memGeneratedColumns(cat map[string]*catalogTable, where string, p *docProjection) []error {
+	var errs []error
+	seen := make(map[string]bool)
+	check := func(n *docNode, col string) {
+		if ct := cat[n.nameKey]; ct != nil && ct.cols[col].generated && !seen[n.nameKey+"."+col] {
+			seen[n.nameKey+"."+col] = true
+			errs = append(errs, fmt.Errorf("%s: %s.%s is a generated column, which pgoutput does not send: the memory mode cannot keep it (leave it out of columns, or use mode sql)", where, n.nameKey, col))
+		}
+	}
+	for _, n := range p.nodes {
+		for _, c := range n.cols {
+			check(n, c.name)
+		}
+		for _, j := range n.on {
+			check(n, j.child.name)
+			check(n.parent, j.parent.name)
+		}
+		for _, c := range n.orderCols {
+			check(n, c)
+		}
+	}
+	return errs
 }
 
 func mkCol(name string, c catalogColumn) docCol {

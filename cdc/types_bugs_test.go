@@ -1,7 +1,10 @@
 package cdc_test
 
 import (
+	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/fanwire/fanwire/cdc"
 	"github.com/fanwire/fanwire/cdc/pgtest"
@@ -112,4 +115,38 @@ func TestBootstrapLeavesOutGeneratedColumns(t *testing.T) {
 	jsonEq(t, "bootstrap doc", r.events(1)[0].Doc, `{"id":1,"x":1,"note":"a"}`)
 	pg.Exec("postgres", "UPDATE g SET x = 2")
 	jsonEq(t, "tail doc", r.events(2)[1].Doc, `{"id":1,"x":2,"note":"a"}`)
+}
+
+// TestMemoryProjectionRefusesGeneratedColumns: a memory-mode projection
+// cannot keep a generated column, which pgoutput does not send: the ingest
+// says so at start, naming the column. It started, bootstrapped (the
+// bootstrap reads with SQL), then failed on the first change of the table
+// and reconnected forever ("column twice is not replicated").
+func TestMemoryProjectionRefusesGeneratedColumns(t *testing.T) {
+	pg := pgtest.Start(t, pgtest.Config{})
+	pg.Exec("postgres",
+		"CREATE TABLE g (id int PRIMARY KEY, x int, twice int GENERATED ALWAYS AS (x * 2) STORED)",
+		"INSERT INTO g (id, x) VALUES (1, 1)",
+	)
+	b, _ := jetStream(t)
+	in, err := cdc.New(cdc.Config{DSN: pg.DSN("postgres"), Broker: b, StateDir: t.TempDir(), Retry: 100 * time.Millisecond,
+		Projections: []cdc.ProjectionSpec{{Name: "g", Table: "g", Key: "id", Mode: cdc.ModeMemory}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	waitFor(t, "the ingest to start or fail", 10*time.Second, func() bool { return in.Ready() || len(done) > 0 })
+	pg.Exec("postgres", "UPDATE g SET x = 2")
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "public.g.twice is a generated column") {
+		t.Fatalf("Run: %v; want an error naming the generated column", err)
+	}
+	// Without it, the projection runs.
+	ok := []cdc.ProjectionSpec{{Name: "g", Table: "g", Key: "id", Mode: cdc.ModeMemory, Columns: []string{"id", "x"}}}
+	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = ok; c.StateDir = t.TempDir() })
+	jsonEq(t, "bootstrap doc", r.events(1)[0].Doc, `{"id":1,"x":2}`)
+	pg.Exec("postgres", "UPDATE g SET x = 3")
+	jsonEq(t, "tail doc", r.events(2)[1].Doc, `{"id":1,"x":3}`)
 }
