@@ -335,7 +335,16 @@ func resolveEmbeds(cat map[string]*catalogTable, where string, parent *docNode, 
 				if _, ok := ct.cols[ob]; !ok {
 					errs = append(errs, fmt.Errorf("%s: order_by: %s has no column %q", w, n.nameKey, ob))
 				}
+				// Ties are broken by the primary key: rows with equal
+				// values came in the order of the heap (sql) or of the
+				// state's index (memory), which differ, and change when
+				// a row is updated.
 				n.orderCols = []string{ob}
+				for _, k := range ct.pkey {
+					if k != ob {
+						n.orderCols = append(n.orderCols, k)
+					}
+				}
 			}
 			// Qualified: a bare name in ORDER BY means the select list's
 			// column of that name, which is the value cast to text.
