@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"math/big"
@@ -456,8 +457,10 @@ func (e *docEngine) memRow(n *docNode, row []byte) *composedRow {
 }
 
 // compareText orders two values of a type as PostgreSQL's ORDER BY does for
-// the types a key or an ordering column usually has: numbers numerically,
-// everything else by bytes (the C collation). NULLs sort last.
+// the types a key or an ordering column usually has: numbers numerically
+// (-Infinity first, then NaN last), dates and timestamps by time (BC years
+// and years past 9999 included, -infinity first, infinity last), everything
+// else by bytes (the C collation). NULLs sort last.
 func compareText(oid uint32, a, b []byte) int {
 	switch {
 	case a == nil && b == nil:
@@ -481,13 +484,62 @@ func compareText(oid uint32, a, b []byte) int {
 			return 0
 		}
 	case 700, 701, 1700: // float4, float8, numeric
+		if x := cmp.Compare(numberRank(a), numberRank(b)); x != 0 || numberRank(a) != 0 {
+			return x
+		}
 		x, ok1 := new(big.Float).SetString(string(a))
 		y, ok2 := new(big.Float).SetString(string(b))
 		if ok1 && ok2 {
 			return x.Cmp(y)
 		}
+	case 1082, 1114, 1184: // date, timestamp, timestamptz (in UTC: every offset is +00)
+		if x := cmp.Compare(infinityRank(a), infinityRank(b)); x != 0 || infinityRank(a) != 0 {
+			return x
+		}
+		sa, bca := cutBC(a)
+		sb, bcb := cutBC(b)
+		da, ra, ok1 := parseISODate(sa, bca)
+		db, rb, ok2 := parseISODate(sb, bcb)
+		if ok1 && ok2 {
+			if x := cmp.Compare(da.year, db.year); x != 0 {
+				return x
+			}
+			// The rest has a fixed layout: "-MM-DD HH:MM:SS", then
+			// ".ffffff" when not 0 ('.' sorts after '+' and the end).
+			if x := bytes.Compare(sa[len(sa)-len(ra)-6:len(sa)-len(ra)], sb[len(sb)-len(rb)-6:len(sb)-len(rb)]); x != 0 {
+				return x
+			}
+			return bytes.Compare(ra, rb)
+		}
 	}
 	return bytes.Compare(a, b)
+}
+
+// numberRank places a number's text among the special values: -Infinity
+// (-1) and the finite numbers (0) before Infinity (1) and NaN (2), as
+// PostgreSQL sorts them.
+func numberRank(s []byte) int {
+	switch string(s) {
+	case "-Infinity":
+		return -1
+	case "Infinity":
+		return 1
+	case "NaN":
+		return 2
+	}
+	return 0
+}
+
+// infinityRank places a date's or timestamp's text: -infinity (-1), the
+// finite ones (0), infinity (1).
+func infinityRank(s []byte) int {
+	switch string(s) {
+	case "-infinity":
+		return -1
+	case "infinity":
+		return 1
+	}
+	return 0
 }
 
 // memKeys lists the keys of every document of p in the state, in order.

@@ -2,6 +2,7 @@ package cdc_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -176,4 +177,45 @@ func testProjectionOrderByTiesByPrimaryKey(t *testing.T, mode string) {
 	jsonEq(t, "bootstrap doc", r.events(1)[0].Doc, `{"id":1,"cs":[{"id":4},{"id":1},{"id":2},{"id":3}]}`)
 	pg.Exec("postgres", "UPDATE c SET rank = 5 WHERE id = 4")
 	jsonEq(t, "tail doc", r.events(2)[1].Doc, `{"id":1,"cs":[{"id":1},{"id":2},{"id":3},{"id":4}]}`)
+}
+
+// TestProjectionOrdersNumbersAndTimesAsPostgreSQL: a many list ordered by a
+// float, a numeric, a date or a timestamp is in PostgreSQL's order in both
+// modes: -Infinity first, NaN after Infinity; BC dates before AD ones,
+// years past 9999 after 9999, -infinity first and infinity last. The
+// memory mode compared the specials and every date as bytes ("0001-01-01
+// BC" before "0044-03-15 BC", "10000-01-01" before "2024-05-01").
+func TestProjectionOrdersNumbersAndTimesAsPostgreSQL(t *testing.T) {
+	bothModes(t, testProjectionOrdersNumbersAndTimesAsPostgreSQL)
+}
+
+func testProjectionOrdersNumbersAndTimesAsPostgreSQL(t *testing.T, mode string) {
+	pg := pgtest.Start(t, pgtest.Config{})
+	pg.Exec("postgres",
+		"CREATE TABLE p (id int PRIMARY KEY)",
+		"CREATE TABLE c (id int PRIMARY KEY, p_id int, f float8, n numeric, d date, ts timestamptz)",
+		"ALTER TABLE c REPLICA IDENTITY FULL",
+		"INSERT INTO p VALUES (1)",
+		`INSERT INTO c VALUES
+			(1, 1, 'NaN', 'NaN', 'infinity', 'infinity'),
+			(2, 1, 'Infinity', 'Infinity', '2024-05-01', '2024-05-01 12:00:00.5+00'),
+			(3, 1, '-Infinity', '-Infinity', '10000-01-01', '2024-05-01 12:00:00+00'),
+			(4, 1, 1.5, 10.5, '-infinity', '0044-03-15 12:00:00+00 BC'),
+			(5, 1, -2, -2, '0044-03-15 BC', '-infinity'),
+			(6, 1, 1e300, 9.75, '0001-01-01 BC', '10000-01-01 00:00:00+00')`,
+	)
+	by := func(col string) cdc.EmbedSpec {
+		return cdc.EmbedSpec{As: col, Table: "c", On: map[string]string{"p_id": "id"}, Many: true, OrderBy: col, Columns: []string{"id"}}
+	}
+	spec := []cdc.ProjectionSpec{{Name: "p", Table: "p", Key: "id", Mode: mode, Embed: []cdc.EmbedSpec{by("f"), by("n"), by("d"), by("ts")}}}
+	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = spec; c.StateDir = t.TempDir() })
+	ids := func(l ...int) string {
+		var s []string
+		for _, id := range l {
+			s = append(s, fmt.Sprintf(`{"id":%d}`, id))
+		}
+		return "[" + strings.Join(s, ",") + "]"
+	}
+	jsonEq(t, "bootstrap doc", r.events(1)[0].Doc, `{"id":1,"f":`+ids(3, 5, 4, 6, 2, 1)+`,"n":`+ids(3, 5, 6, 4, 2, 1)+
+		`,"d":`+ids(4, 5, 6, 2, 3, 1)+`,"ts":`+ids(5, 4, 3, 2, 6, 1)+`}`)
 }
