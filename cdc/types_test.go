@@ -498,15 +498,25 @@ func TestColumnTypesAgree(t *testing.T) {
 	for id := 1; id <= 6; id++ {
 		stmts = append(stmts, write("parent", id, 0, true))
 	}
-	for id := 1; id <= 8; id++ {
+	for id := 1; id <= 12; id++ {
 		stmts = append(stmts, write("child", id, 0, true))
 	}
 	pg.Exec("postgres", stmts...)
-	booted := map[string]int{"parent": 6, "child": 8}
+	booted := map[string]int{"parent": 6, "child": 12}
 
+	// The children are ordered by a typed column whose type both modes
+	// order as PostgreSQL does (docs/projections.md), ties by their key.
+	var orderable []string
+	for _, c := range cols {
+		if slices.Contains([]string{"bool", "i2", "i4", "i8", "num", "num2", "f4", "f8", "txt", "vc", "ch", "uuid", "by", "dt", "ts", "tstz", "pos", "spos", "mom"}, c.kind.name) {
+			orderable = append(orderable, c.name)
+		}
+	}
+	orderBy := orderable[rng.IntN(len(orderable))]
+	t.Logf("children ordered by %s", orderBy)
 	embed := func(mode string) cdc.ProjectionSpec {
 		return cdc.ProjectionSpec{Name: "p" + mode, Table: "parent", Key: "k", Mode: mode, Embed: []cdc.EmbedSpec{
-			{As: "kids", Table: "child", On: map[string]string{"parent_k": "k"}, Many: true},
+			{As: "kids", Table: "child", On: map[string]string{"parent_k": "k"}, Many: true, OrderBy: orderBy},
 		}}
 	}
 	r := newRig(t, pg, func(c *cdc.Config) {
@@ -535,7 +545,7 @@ func TestColumnTypesAgree(t *testing.T) {
 	for id := 101; id <= 103; id++ {
 		stmts = append(stmts, write("parent", id, 0, true))
 	}
-	for id := 101; id <= 106; id++ {
+	for id := 101; id <= 108; id++ {
 		stmts = append(stmts, write("child", id, 0, true))
 	}
 	pg.Exec("postgres", stmts...)
@@ -603,6 +613,7 @@ func TestColumnTypesAgree(t *testing.T) {
 		}
 	}
 	evs := allEvents(t, r.b)
+	lastDoc := map[string]map[string]json.RawMessage{"psql": {}, "pmemory": {}} // projection → subject token → its last document
 	for _, e := range evs {
 		phase := "tail"
 		if strings.HasPrefix(e.ID, "b-") {
@@ -628,6 +639,7 @@ func TestColumnTypesAgree(t *testing.T) {
 				record("child", "child table event, old row", e.Old, nil)
 			}
 		case "psql", "pmemory":
+			lastDoc[parts[1]][parts[2]] = e.Doc
 			mode := strings.TrimPrefix(parts[1], "p")
 			var doc struct {
 				Kids []json.RawMessage `json:"kids"`
@@ -704,6 +716,15 @@ func TestColumnTypesAgree(t *testing.T) {
 		}
 		return n
 	}(), bad, unsent)
+	// Both modes end with the same documents, children in the same order.
+	for k, d := range lastDoc["psql"] {
+		if m := lastDoc["pmemory"][k]; !bytes.Equal(d, m) {
+			t.Errorf("parent %s: the last documents differ (ordered by %s)\nsql:    %s\nmemory: %s", k, orderBy, d, m)
+		}
+	}
+	if len(lastDoc["psql"]) != len(lastDoc["pmemory"]) {
+		t.Errorf("documents: %d in sql mode, %d in memory mode", len(lastDoc["psql"]), len(lastDoc["pmemory"]))
+	}
 	if unsent == 0 {
 		t.Error("no event left out an unchanged TOAST value: the big values did not test that path")
 	}
