@@ -45,9 +45,9 @@ type typeCache struct {
 func newTypeCache() *typeCache { return &typeCache{m: make(map[uint32]colType)} }
 
 // baseTypeSQL follows each of $1's OIDs through domains to the type at the
-// bottom and, when that is an array (PostgreSQL's own test before version
-// 14: a variable-length type with an element type), returns its element
-// type and the element type's delimiter.
+// bottom and, when that is an array (in the array category, variable
+// length, with an element type: what CREATE TYPE makes for every type's
+// array), returns its element type and the element type's delimiter.
 const baseTypeSQL = `
 	WITH RECURSIVE d(start, oid, depth) AS (
 		SELECT o, o, 0 FROM unnest($1::oid[]) AS o
@@ -55,7 +55,7 @@ const baseTypeSQL = `
 		SELECT d.start, t.typbasetype, d.depth + 1 FROM d JOIN pg_type t ON t.oid = d.oid WHERE t.typtype = 'd'
 	)
 	SELECT DISTINCT ON (d.start) d.start, d.oid,
-	       CASE WHEN t.typlen = -1 AND t.typelem <> 0 THEN t.typelem ELSE 0::oid END,
+	       CASE WHEN t.typcategory = 'A' AND t.typlen = -1 AND t.typelem <> 0 THEN t.typelem ELSE 0::oid END,
 	       coalesce(e.typdelim::text, ',')
 	FROM d
 	LEFT JOIN pg_type t ON t.oid = d.oid
@@ -89,7 +89,9 @@ func (c *typeCache) lookup(ctx context.Context, q querier, oids []uint32) error 
 			return fmt.Errorf("postgres: read the catalog's types: %w", err)
 		}
 		t := colType{oid: base}
-		if _, builtin := arrayElem[base]; elem != 0 && !builtin && len(delim) == 1 {
+		// A built-in array is AppendValue's; a built-in type with an
+		// element type that is no array (int2vector, oidvector) a string.
+		if elem != 0 && base >= firstUserOID && len(delim) == 1 {
 			t.elem, t.delim = elem, delim[0]
 			elems = append(elems, elem)
 		}

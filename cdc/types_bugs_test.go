@@ -219,3 +219,21 @@ func testProjectionOrdersNumbersAndTimesAsPostgreSQL(t *testing.T, mode string) 
 	jsonEq(t, "bootstrap doc", r.events(1)[0].Doc, `{"id":1,"f":`+ids(3, 5, 4, 6, 2, 1)+`,"n":`+ids(3, 5, 6, 4, 2, 1)+
 		`,"d":`+ids(4, 5, 6, 2, 3, 1)+`,"ts":`+ids(5, 4, 3, 2, 6, 1)+`}`)
 }
+
+// TestDomainOverAVectorIsAString: a domain over int2vector or oidvector
+// (built-in types with an element type that print as "1 2", not as an
+// array) is a string, as its base type is; the catalog lookup must not
+// take it for an array (which would report its values malformed and stop
+// the ingest).
+func TestDomainOverAVectorIsAString(t *testing.T) {
+	pg := pgtest.Start(t, pgtest.Config{})
+	pg.Exec("postgres",
+		"CREATE DOMAIN cols AS int2vector",
+		"CREATE TABLE v (id int PRIMARY KEY, c cols)",
+		"INSERT INTO v VALUES (1, '1 2')",
+	)
+	r := newRig(t, pg, nil)
+	jsonEq(t, "bootstrap doc", r.events(1)[0].Doc, `{"id":1,"c":"1 2"}`)
+	pg.Exec("postgres", "INSERT INTO v VALUES (2, '3')")
+	jsonEq(t, "tail doc", r.events(2)[1].Doc, `{"id":2,"c":"3"}`)
+}
