@@ -395,14 +395,17 @@ func (c *typeCol) draw(rng *rand.Rand, fresh bool) typeCase {
 type typeRow map[string]typeCase
 
 // TestColumnTypesAgree generates a schema of every column type, a parent
-// table and a child table with the same typed columns, and publishes both
-// as table events and as two projections of the parent with its children
-// embedded, one per mode. Rows are written before the ingest starts (the
-// bootstrap reads them) and after (the tail decodes them): every value
-// must come out as the same JSON through the bootstrap's and the tail's
-// table events, the old row of an update, both projections' parent
-// columns and embedded child columns, at bootstrap and on the tail; and
-// that JSON is the documented mapping of the type (typeKinds).
+// table (its key of a random type too) and a child table with the same
+// typed columns, and publishes both as table events and as two projections
+// of the parent with its children embedded, one per mode. Rows are written
+// before the ingest starts (the bootstrap reads them), after (the tail
+// decodes them; big values left unchanged are not sent), and while it is
+// stopped (the memory state comes back from its file): every value must
+// come out as the same JSON through the bootstrap's and the tail's table
+// events, the old row of an update, both projections' parent columns and
+// embedded child columns, at bootstrap and on the tail; that JSON is the
+// documented mapping of the type (typeKinds); every event's key and
+// subject are the key's; and both modes end with the same documents.
 func TestColumnTypesAgree(t *testing.T) {
 	seed := *typesSeed
 	if s := os.Getenv("FANWIRE_TYPES_SEED"); seed == 0 && s != "" {
@@ -519,11 +522,26 @@ func TestColumnTypesAgree(t *testing.T) {
 			{As: "kids", Table: "child", On: map[string]string{"parent_k": "k"}, Many: true, OrderBy: orderBy},
 		}}
 	}
-	r := newRig(t, pg, func(c *cdc.Config) {
+	stateDir := t.TempDir()
+	config := func(c *cdc.Config) {
 		c.Tables = []string{"parent", "child"}
 		c.Projections = []cdc.ProjectionSpec{embed(cdc.ModeSQL), embed(cdc.ModeMemory)}
-		c.StateDir = t.TempDir()
-	})
+		c.StateDir = stateDir
+	}
+	r := newRig(t, pg, config)
+	// confirmed waits until the ingest has published everything committed.
+	confirmed := func() {
+		t.Helper()
+		var lsnText string
+		if err := pgQuery(pg, "SELECT pg_current_wal_lsn()::text", &lsnText); err != nil {
+			t.Fatal(err)
+		}
+		end, err := pglogrepl.ParseLSN(lsnText)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the ingest confirming "+end.String(), 30*time.Second, func() bool { return r.in.Confirmed() >= end })
+	}
 
 	// The tail: every row again with its values unchanged (touch 1), then
 	// some rows with new values (touch 2), then new rows.
@@ -549,15 +567,28 @@ func TestColumnTypesAgree(t *testing.T) {
 		stmts = append(stmts, write("child", id, 0, true))
 	}
 	pg.Exec("postgres", stmts...)
-	var lsnText string
-	if err := pgQuery(pg, "SELECT pg_current_wal_lsn()::text", &lsnText); err != nil {
-		t.Fatal(err)
+	confirmed()
+	// A restart: the memory state comes back from its file, and the tail
+	// goes on from the slot, with new values (touch 3) and new rows.
+	r.stop()
+	before := len(allEvents(t, r.b))
+	stmts = stmts[:0]
+	for _, table := range []string{"parent", "child"} {
+		for _, id := range slices.Sorted(mapKeys(want[table])) {
+			if rng.IntN(3) == 0 {
+				stmts = append(stmts, write(table, id, 3, true))
+			}
+		}
 	}
-	end, err := pglogrepl.ParseLSN(lsnText)
-	if err != nil {
-		t.Fatal(err)
+	for id := 201; id <= 202; id++ {
+		stmts = append(stmts, write("parent", id, 0, true))
 	}
-	waitFor(t, "the ingest confirming "+end.String(), 30*time.Second, func() bool { return r.in.Confirmed() >= end })
+	for id := 201; id <= 204; id++ {
+		stmts = append(stmts, write("child", id, 0, true))
+	}
+	pg.Exec("postgres", stmts...)
+	r.start(config)
+	confirmed()
 
 	// Every value seen, by row, version and column, with the path it came
 	// through.
@@ -613,6 +644,11 @@ func TestColumnTypesAgree(t *testing.T) {
 		}
 	}
 	evs := allEvents(t, r.b)
+	for _, e := range evs[before:] {
+		if strings.HasPrefix(e.ID, "b-") {
+			t.Fatalf("the restarted ingest bootstrapped again (%s %s): the memory state was not restored", e.Subject, e.ID)
+		}
+	}
 	lastDoc := map[string]map[string]json.RawMessage{"psql": {}, "pmemory": {}} // projection → subject token → its last document
 	for _, e := range evs {
 		phase := "tail"
