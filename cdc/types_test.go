@@ -52,6 +52,7 @@ var typesDDL = []string{
 	`CREATE DOMAIN moment AS timestamptz`,
 	`CREATE DOMAIN intlist AS int4[]`,
 	`CREATE TYPE pair AS (a int, b text)`,
+	`CREATE TYPE floatrange AS RANGE (subtype = float8)`,
 }
 
 func jsonString(s string) string {
@@ -270,6 +271,16 @@ var typeKinds = []typeKind{
 	{name: "money", typ: "money", cases: []typeCase{{"1234.5", `"$1,234.50"`}, {"-1", `"-$1.00"`}}},
 	{name: "mood", typ: "mood", cases: []typeCase{{"'happy'", `"happy"`}, {"'sad ish'", `"sad ish"`}, {`'it''s "odd"'`, `"it's \"odd\""`}, {"'NULL'", `"NULL"`}}},
 	{name: "comp", typ: "pair", cases: []typeCase{{`ROW(1, 'a "q"')`, `"(1,\"a \"\"q\"\"\")"`}, {`ROW(NULL, '')`, `"(,\"\")"`}}},
+	{name: "oid", typ: "oid", cases: []typeCase{{"4294967295", "4294967295"}, {"0", "0"}}},
+	{name: "nm", typ: "name", cases: []typeCase{{"'pg_class'", `"pg_class"`}, {`'a "b"'`, `"a \"b\""`}}},
+	{name: "xml", typ: "xml", cases: []typeCase{{`'<a b="c">d &amp; e</a>'`, `"<a b=\"c\">d &amp; e</a>"`}}},
+	{name: "tsv", typ: "tsvector", cases: []typeCase{{"'a fat cat'", `"'a' 'cat' 'fat'"`}}},
+	{name: "bit", typ: "bit(4)", cases: []typeCase{{"B'1010'", `"1010"`}}},
+	{name: "vbit", typ: "varbit", cases: []typeCase{{"B'1'", `"1"`}, {"B''", `""`}}},
+	{name: "lsn", typ: "pg_lsn", cases: []typeCase{{"'16/B374D848'", `"16/B374D848"`}}},
+	{name: "rng", typ: "int4range", cases: []typeCase{{"'[1,10)'", `"[1,10)"`}, {"'empty'", `"empty"`}, {"'(,5]'", `"(,6)"`}}},
+	{name: "frng", typ: "floatrange", cases: []typeCase{{"'[1.5,2.5)'", `"[1.5,2.5)"`}, {"'(,)'", `"(,)"`}}},
+	{name: "pt", typ: "point", cases: []typeCase{{"'(1,2)'", `"(1,2)"`}}},
 	// Domains encode as their base type.
 	{name: "pos", typ: "posint", cases: []typeCase{{"42", "42"}, {"2147483647", "2147483647"}}},
 	{name: "spos", typ: "smallpos", cases: []typeCase{{"7", "7"}}},
@@ -299,6 +310,11 @@ var typeKinds = []typeKind{
 	{name: "au", typ: "uuid[]", cases: []typeCase{{`'{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,NULL}'`, `["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",null]`}}},
 	{name: "amood", typ: "mood[]", cases: []typeCase{{`ARRAY['happy', 'sad ish', NULL, 'NULL', 'a,b{c}', 'it''s "odd"']::mood[]`, `["happy","sad ish",null,"NULL","a,b{c}","it's \"odd\""]`},
 		{`'{{happy,ünï},{NULL,happy}}'`, `[["happy","ünï"],[null,"happy"]]`}, {`'{}'`, `[]`}}},
+	{name: "afrng", typ: "floatrange[]", cases: []typeCase{{`ARRAY['[1.5,2.5)', 'empty', NULL]::floatrange[]`, `["[1.5,2.5)","empty",null]`}}},
+	{name: "acomp", typ: "pair[]", cases: []typeCase{{`ARRAY[ROW(1, 'a,b'), NULL]::pair[]`, `["(1,\"a,b\")",null]`}}},
+	{name: "abox", typ: "box[]", cases: []typeCase{{`ARRAY['((0,0),(1,1))'::box, '((2,2),(3,3))']`, `["(1,1),(0,0)","(3,3),(2,2)"]`}}},
+	{name: "aiv", typ: "interval[]", cases: []typeCase{{`ARRAY['1 day', NULL, '-1 day 2 hours']::interval[]`, `["1 day",null,"-1 days +02:00:00"]`}}},
+	{name: "amoney", typ: "money[]", cases: []typeCase{{`ARRAY[1234.5, -1]::money[]`, `["$1,234.50","-$1.00"]`}}},
 	{name: "apos", typ: "posint[]", cases: []typeCase{{`'{1,NULL,2147483647}'`, `[1,null,2147483647]`}, {`'{{1},{2}}'`, `[[1],[2]]`}}},
 	{name: "amom", typ: "moment[]", cases: []typeCase{{`ARRAY['2024-05-01 12:34:56.789+02', 'infinity']::moment[]`, `["2024-05-01T10:34:56.789+00:00","infinity"]`}}},
 }
