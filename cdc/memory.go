@@ -36,7 +36,8 @@ type memTable struct {
 // memIndex finds a table's rows by the values of some columns.
 type memIndex struct {
 	cols []int
-	m    map[string][]string // value tuple → primary keys (row keys)
+	oids []uint32            // the columns' types
+	m    map[string][]string // value tuple (joinKey) → primary keys (row keys)
 }
 
 // encodeRow packs values (nil: NULL) into one allocation: per value a
@@ -97,7 +98,7 @@ func (ix *memIndex) tuple(row []byte) (string, bool) {
 			return "", false // NULL joins nothing
 		}
 	}
-	return tupleKey(vals), true
+	return joinKey(ix.oids, vals), true
 }
 
 func (t *memTable) insert(k string, row []byte) {
@@ -160,6 +161,9 @@ func (t *memTable) index(cols []string) *memIndex {
 		}
 	}
 	ix := &memIndex{cols: idx, m: make(map[string][]string)}
+	for _, c := range idx {
+		ix.oids = append(ix.oids, t.cols[c].ctype.oid)
+	}
 	t.indexes = append(t.indexes, ix)
 	return ix
 }
@@ -253,7 +257,9 @@ func newMemState(projs []*docProjection, cat map[string]*catalogTable) *memState
 					pc = append(pc, j.parent.name)
 				}
 				info.byJoin = info.t.index(cc)
-				if !(n.parent.parent == nil && len(pc) == 1 && pc[0] == p.key.name) {
+				// Direct to the document's key, unless equal keys can be
+				// written differently: then through an index on the key.
+				if !(n.parent.parent == nil && len(pc) == 1 && pc[0] == p.key.name && !textVaries(p.key.ctype.oid)) {
 					info.parentIx = s.tables[n.parent.nameKey].index(pc)
 				}
 			}
@@ -392,7 +398,7 @@ func (e *docEngine) memUp(d *docChanges, n *docNode, row []byte) {
 		return
 	}
 	pt := n.parent.mem.t
-	for _, pk := range info.parentIx.m[tupleKey(vals)] {
+	for _, pk := range info.parentIx.m[joinKey(info.parentIx.oids, vals)] {
 		if prow := pt.rows[pk]; prow != nil {
 			e.memUp(d, n.parent, prow)
 		}
@@ -431,7 +437,7 @@ func (e *docEngine) memRow(n *docNode, row []byte) *composedRow {
 			continue
 		}
 		ct := child.mem.t
-		keys := child.mem.byJoin.m[tupleKey(vals)]
+		keys := child.mem.byJoin.m[joinKey(child.mem.byJoin.oids, vals)]
 		rows := make([][]byte, 0, len(keys))
 		for _, k := range keys {
 			if cr := ct.rows[k]; cr != nil {

@@ -627,8 +627,10 @@ func (e *docEngine) resolve(ctx context.Context, d *docChanges) error {
 		delete(d.pending, deepest)
 		parent := deepest.parent
 		p := deepest.proj
-		// Direct: the join reaches the primary key itself.
-		if parent.parent == nil && len(deepest.on) == 1 && deepest.on[0].parent.name == p.key.name {
+		// Direct: the join reaches the primary key itself, and the
+		// child's value is the key's text (for a type whose equal values
+		// can be written differently, the query below reads the key's).
+		if parent.parent == nil && len(deepest.on) == 1 && deepest.on[0].parent.name == p.key.name && !textVaries(p.key.ctype.oid) {
 			for _, vals := range tuples {
 				d.addKey(p, vals[0], false)
 			}
@@ -823,7 +825,12 @@ func (e *docEngine) fill(ctx context.Context, q querier, n *docNode, extras []do
 		r.children = make([][]*composedRow, len(n.children))
 	}
 	for ci, child := range n.children {
-		// The parents by the values the child joins on.
+		// The parents by the values the child joins on (equal values,
+		// not equal text: joinKey).
+		oids := make([]uint32, len(child.on))
+		for i, j := range child.on {
+			oids[i] = j.parent.ctype.oid
+		}
 		parents := make(map[string][]*composedRow)
 		var tuples [][][]byte
 		for _, r := range rows {
@@ -838,7 +845,7 @@ func (e *docEngine) fill(ctx context.Context, q querier, n *docNode, extras []do
 			if !ok {
 				continue
 			}
-			k := tupleKey(vals)
+			k := joinKey(oids, vals)
 			if _, seen := parents[k]; !seen {
 				tuples = append(tuples, vals)
 			}
@@ -854,7 +861,7 @@ func (e *docEngine) fill(ctx context.Context, q querier, n *docNode, extras []do
 		var kids []*composedRow
 		err := e.queryByTuples(ctx, q, child, sel, joinCols, tuples, child.orderBy, func(raw [][]byte) {
 			kr := &composedRow{vals: cloneAll(raw[:nc]), extra: cloneAll(raw[nc : nc+nx])}
-			for _, pr := range parents[tupleKey(raw[nc+nx:nc+nx+nj])] {
+			for _, pr := range parents[joinKey(oids, raw[nc+nx:nc+nx+nj])] {
 				pr.children[ci] = append(pr.children[ci], kr)
 			}
 			kids = append(kids, kr)

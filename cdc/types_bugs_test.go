@@ -237,3 +237,46 @@ func TestDomainOverAVectorIsAString(t *testing.T) {
 	pg.Exec("postgres", "INSERT INTO v VALUES (2, '3')")
 	jsonEq(t, "tail doc", r.events(2)[1].Doc, `{"id":2,"c":"3"}`)
 }
+
+// TestProjectionJoinsEqualValues: a child row belongs to the parent row
+// whose join columns equal its own, as PostgreSQL compares them, in both
+// modes: a numeric 1.5 joins a numeric(8,2) key 1.50, a char(8) 'ab' a
+// char(4) 'ab'. Both modes matched the values' text ("1.5" against "1.50",
+// "ab      " against "ab  "): the children were never embedded, and a
+// child's change to a document found by its key text was lost.
+func TestProjectionJoinsEqualValues(t *testing.T) {
+	bothModes(t, testProjectionJoinsEqualValues)
+}
+
+func testProjectionJoinsEqualValues(t *testing.T, mode string) {
+	pg := pgtest.Start(t, pgtest.Config{})
+	pg.Exec("postgres",
+		"CREATE TABLE p (k numeric(8,2) PRIMARY KEY, code char(4))",
+		"CREATE TABLE c (id int PRIMARY KEY, p_k numeric)",
+		"CREATE TABLE d (id int PRIMARY KEY, code char(8))",
+		"ALTER TABLE c REPLICA IDENTITY FULL",
+		"ALTER TABLE d REPLICA IDENTITY FULL",
+		"INSERT INTO p VALUES (1.5, 'ab')",
+		"INSERT INTO c VALUES (1, 1.5)",
+		"INSERT INTO d VALUES (1, 'ab')",
+	)
+	spec := []cdc.ProjectionSpec{{Name: "p", Table: "p", Key: "k", Mode: mode, Embed: []cdc.EmbedSpec{
+		{As: "cs", Table: "c", On: map[string]string{"p_k": "k"}, Many: true},
+		{As: "ds", Table: "d", On: map[string]string{"code": "code"}, Many: true, Columns: []string{"id"}},
+	}}}
+	r := newRig(t, pg, func(c *cdc.Config) { c.Projections = spec; c.StateDir = t.TempDir() })
+	ev := r.events(1)[0]
+	if ev.Subject != "db.p.1%2E50" {
+		t.Fatalf("bootstrap event on %s, want db.p.1%%2E50", ev.Subject)
+	}
+	jsonEq(t, "bootstrap doc", ev.Doc, `{"k":"1.50","code":"ab  ","cs":[{"id":1,"p_k":"1.5"}],"ds":[{"id":1}]}`)
+	pg.Exec("postgres", "INSERT INTO c VALUES (2, 1.500)")
+	ev = r.events(2)[1]
+	if ev.Subject != "db.p.1%2E50" {
+		t.Fatalf("event of the new child on %s, want db.p.1%%2E50", ev.Subject)
+	}
+	jsonEq(t, "doc after the new child", ev.Doc, `{"k":"1.50","code":"ab  ","cs":[{"id":1,"p_k":"1.5"},{"id":2,"p_k":"1.500"}],"ds":[{"id":1}]}`)
+	pg.Exec("postgres", "INSERT INTO d VALUES (2, 'ab ')")
+	ev = r.events(3)[2]
+	jsonEq(t, "doc after the new d", ev.Doc, `{"k":"1.50","code":"ab  ","cs":[{"id":1,"p_k":"1.5"},{"id":2,"p_k":"1.500"}],"ds":[{"id":1},{"id":2}]}`)
+}
