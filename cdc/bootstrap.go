@@ -23,7 +23,7 @@ import (
 // nothing is missed or doubled between the two.
 // The record goes through state, a connection outside the snapshot's
 // read-only transaction.
-func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[string][]string, docs *docEngine, snapshot string, at pglogrepl.LSN, pub *publisher) error {
+func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[string][]string, docs *docEngine, types *typeCache, snapshot string, at pglogrepl.LSN, pub *publisher) error {
 	cfg := &in.cfg
 	conn, err := pgx.Connect(ctx, cfg.DSN)
 	if err != nil {
@@ -61,14 +61,21 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 		for i, k := range keys[q] {
 			order[i] = pgx.Identifier{k}.Sanitize()
 		}
+		t, err := in.bootstrapTable(ctx, tx, types, q, schema, rel, keys[q])
+		if err != nil {
+			return err
+		}
+		sel := make([]string, len(t.columns))
+		for i, c := range t.columns {
+			sel[i] = pgx.Identifier{c.name}.Sanitize()
+		}
 		cur := fmt.Sprintf("fanwire_bootstrap_%d", ti)
-		if _, err := tx.Exec(ctx, "DECLARE "+cur+" NO SCROLL CURSOR FOR SELECT * FROM "+ident+" ORDER BY "+strings.Join(order, ", ")); err != nil {
+		if _, err := tx.Exec(ctx, "DECLARE "+cur+" NO SCROLL CURSOR FOR SELECT "+strings.Join(sel, ", ")+" FROM "+ident+" ORDER BY "+strings.Join(order, ", ")); err != nil {
 			return fmt.Errorf("postgres: bootstrap %s: %w", q, err)
 		}
 		n := 0
-		var t *table // from the first chunk's columns
 		for {
-			evs, err := in.bootstrapChunk(ctx, tx, cur, q, schema, rel, keys[q], &t, tx0, &n)
+			evs, err := in.bootstrapChunk(ctx, tx, cur, q, t, tx0, &n)
 			if err != nil {
 				return err
 			}
@@ -105,10 +112,35 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 	return nil
 }
 
-// bootstrapChunk fetches the next chunk of rows of one table and returns
-// their events. The first chunk describes the table into *tp; the rows are
-// "as of" tx0, the slot's consistent point.
-func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema, rel string, key []string, tp **table, tx0 *txn, n *int) ([]broker.Outgoing, error) {
+// bootstrapTable describes a published table as the tail's Relation
+// messages will: the columns pgoutput sends (not the generated ones), with
+// their types from the catalog (a query's row description would name a
+// domain's base type, not the domain).
+func (in *Ingest) bootstrapTable(ctx context.Context, tx pgx.Tx, types *typeCache, q, schema, rel string, key []string) (*table, error) {
+	cat, err := loadCatalog(ctx, tx, types, []string{q})
+	if err != nil {
+		return nil, fmt.Errorf("postgres: bootstrap %s: %w", q, err)
+	}
+	ct := cat[q]
+	if ct == nil {
+		return nil, fmt.Errorf("postgres: bootstrap %s: not in the catalog", q)
+	}
+	t := &table{nameKey: q}
+	for _, name := range ct.order {
+		if !ct.cols[name].generated {
+			t.columns = append(t.columns, newColumn(name, ct.cols[name].ctype))
+		}
+	}
+	if err := t.publish(in.cfg.Prefix, schema, rel, key, in.maxEvent); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// bootstrapChunk fetches the next chunk of rows of table t (its cursor
+// cur selects t's columns) and returns their events. The rows are "as of"
+// tx0, the slot's consistent point.
+func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q string, t *table, tx0 *txn, n *int) ([]broker.Outgoing, error) {
 	// The simple protocol returns every value in text format.
 	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", in.cfg.BootstrapChunk, cur), pgx.QueryExecModeSimpleProtocol)
 	if err != nil {
@@ -116,17 +148,14 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q, schema,
 	}
 	defer rows.Close()
 	fds := rows.FieldDescriptions()
-	if *tp == nil {
-		t := &table{nameKey: q}
-		for _, fd := range fds {
-			t.columns = append(t.columns, newColumn(fd.Name, fd.DataTypeOID))
-		}
-		if err := t.publish(in.cfg.Prefix, schema, rel, key, in.maxEvent); err != nil {
-			return nil, err
-		}
-		*tp = t
+	if len(fds) != len(t.columns) {
+		return nil, fmt.Errorf("postgres: bootstrap %s: %d columns, the catalog has %d", q, len(fds), len(t.columns))
 	}
-	t := *tp
+	for i, fd := range fds {
+		if fd.Name != t.columns[i].name {
+			return nil, fmt.Errorf("postgres: bootstrap %s: column %d is %q, the catalog says %q", q, i+1, fd.Name, t.columns[i].name)
+		}
+	}
 	var evs []broker.Outgoing
 	// One row's columns, reused: the events are built from them at once
 	// (the values point into pgx's buffer, valid until the next row).

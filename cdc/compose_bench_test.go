@@ -37,7 +37,7 @@ func BenchmarkComposeQueries(b *testing.B) {
 		{As: "items", Table: "order_items", On: map[string]string{"order_id": "id"}, Many: true, OrderBy: "id"},
 		{As: "customer", Table: "customers", On: map[string]string{"id": "customer_id"}},
 	}}}
-	projs, _, err := resolveProjections(ctx, pool, specs, "db", zap.NewNop())
+	projs, _, err := resolveProjections(ctx, pool, newTypeCache(), specs, "db", zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}

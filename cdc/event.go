@@ -77,7 +77,7 @@ func encodeRowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTim
 		}
 		col := keyRow.Columns[i]
 		keyText = append(keyText, string(col.Data))
-		if b, err = AppendValue(b, t.columns[i].oid, col.Data); err != nil {
+		if b, err = t.columns[i].ctype.appendValue(b, col.Data); err != nil {
 			return broker.Outgoing{}, nil, keyText, fmt.Errorf("table %s column %s: %w", t.nameKey, t.columns[i].name, err)
 		}
 	}
@@ -152,7 +152,7 @@ func appendRow(b []byte, t *table, row, old *pglogrepl.TupleData, keyOnly bool) 
 		case pglogrepl.TupleDataTypeNull:
 			b = append(b, "null"...)
 		case pglogrepl.TupleDataTypeText:
-			if b, err = AppendValue(b, t.columns[i].oid, data); err != nil {
+			if b, err = t.columns[i].ctype.appendValue(b, data); err != nil {
 				return nil, nil, fmt.Errorf("table %s column %s: %w", t.nameKey, t.columns[i].name, err)
 			}
 		default:

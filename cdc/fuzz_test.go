@@ -79,7 +79,7 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := &Ingest{cfg: Config{MaxBatch: 16}, log: zap.NewNop()}
 		pub := newPublisher(in, nil, nil, nil)
-		r := &reader{in: in, rels: newRelations("db", map[string][]string{"public.t": {"id"}}, 0), pub: pub, streamed: make(map[uint32][]change)}
+		r := &reader{in: in, rels: newRelations("db", map[string][]string{"public.t": {"id"}}, 0, newTypeCache(), nil), pub: pub, streamed: make(map[uint32][]change)}
 		ctx := context.Background()
 		for len(data) >= 2 {
 			n := int(binary.BigEndian.Uint16(data))

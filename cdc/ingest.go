@@ -159,10 +159,13 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	// Projections are checked against the catalog first. The publication
 	// holds their tables too, but only the tables --tables names publish
 	// table events.
+	// The column types, looked up once each on every path that reads
+	// values: projections, the bootstrap, the tail.
+	types := newTypeCache()
 	var docs *docEngine
 	pubTables := cfg.Tables
 	if len(cfg.Projections) > 0 {
-		if docs, err = in.newDocEngine(ctx, conn); err != nil {
+		if docs, err = in.newDocEngine(ctx, conn, types); err != nil {
 			return err
 		}
 		defer docs.close()
@@ -251,7 +254,7 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 		in.log.Info("ingest: created slot; bootstrapping", zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", start))
 		// The snapshot lives until the replication connection runs its next
 		// command: bootstrap before starting replication.
-		if err := in.bootstrap(ctx, conn, keys, docs, res.SnapshotName, start, pub); err != nil {
+		if err := in.bootstrap(ctx, conn, keys, docs, types, res.SnapshotName, start, pub); err != nil {
 			return err
 		}
 	}
@@ -269,7 +272,7 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	}
 	in.ready.Store(true)
 	in.log.Info("ingest: tailing", zap.String("slot", cfg.Slot), zap.String("publication", cfg.Publication), zap.Int("tables", len(keys)))
-	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys, in.maxEvent), pub: pub, streamed: make(map[uint32][]change), hbConn: conn, docs: docs, replay: rp}
+	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys, in.maxEvent, types, conn), pub: pub, streamed: make(map[uint32][]change), hbConn: conn, docs: docs, replay: rp}
 	return r.run(ctx)
 }
 
@@ -450,7 +453,7 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 	}
 	switch m := m.(type) {
 	case *pglogrepl.RelationMessageV2:
-		return r.rels.define(&m.RelationMessage)
+		return r.rels.define(ctx, &m.RelationMessage)
 	case *pglogrepl.BeginMessage:
 		r.cur = &txn{xid: m.Xid, commitLSN: m.FinalLSN, commitTime: m.CommitTime}
 	case *pglogrepl.CommitMessage:

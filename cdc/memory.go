@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"math/big"
@@ -35,7 +36,8 @@ type memTable struct {
 // memIndex finds a table's rows by the values of some columns.
 type memIndex struct {
 	cols []int
-	m    map[string][]string // value tuple → primary keys (row keys)
+	oids []uint32            // the columns' types
+	m    map[string][]string // value tuple (joinKey) → primary keys (row keys)
 }
 
 // encodeRow packs values (nil: NULL) into one allocation: per value a
@@ -96,7 +98,7 @@ func (ix *memIndex) tuple(row []byte) (string, bool) {
 			return "", false // NULL joins nothing
 		}
 	}
-	return tupleKey(vals), true
+	return joinKey(ix.oids, vals), true
 }
 
 func (t *memTable) insert(k string, row []byte) {
@@ -159,6 +161,9 @@ func (t *memTable) index(cols []string) *memIndex {
 		}
 	}
 	ix := &memIndex{cols: idx, m: make(map[string][]string)}
+	for _, c := range idx {
+		ix.oids = append(ix.oids, t.cols[c].ctype.oid)
+	}
 	t.indexes = append(t.indexes, ix)
 	return ix
 }
@@ -252,13 +257,15 @@ func newMemState(projs []*docProjection, cat map[string]*catalogTable) *memState
 					pc = append(pc, j.parent.name)
 				}
 				info.byJoin = info.t.index(cc)
-				if !(n.parent.parent == nil && len(pc) == 1 && pc[0] == p.key.name) {
+				// Direct to the document's key, unless equal keys can be
+				// written differently: then through an index on the key.
+				if !(n.parent.parent == nil && len(pc) == 1 && pc[0] == p.key.name && !textVaries(p.key.ctype.oid)) {
 					info.parentIx = s.tables[n.parent.nameKey].index(pc)
 				}
 			}
 			for _, c := range n.orderCols {
 				info.order = append(info.order, info.t.colIdx[c])
-				info.orderOID = append(info.orderOID, info.t.cols[info.t.colIdx[c]].oid)
+				info.orderOID = append(info.orderOID, info.t.cols[info.t.colIdx[c]].ctype.oid)
 			}
 			n.mem = info
 		}
@@ -391,7 +398,7 @@ func (e *docEngine) memUp(d *docChanges, n *docNode, row []byte) {
 		return
 	}
 	pt := n.parent.mem.t
-	for _, pk := range info.parentIx.m[tupleKey(vals)] {
+	for _, pk := range info.parentIx.m[joinKey(info.parentIx.oids, vals)] {
 		if prow := pt.rows[pk]; prow != nil {
 			e.memUp(d, n.parent, prow)
 		}
@@ -430,7 +437,7 @@ func (e *docEngine) memRow(n *docNode, row []byte) *composedRow {
 			continue
 		}
 		ct := child.mem.t
-		keys := child.mem.byJoin.m[tupleKey(vals)]
+		keys := child.mem.byJoin.m[joinKey(child.mem.byJoin.oids, vals)]
 		rows := make([][]byte, 0, len(keys))
 		for _, k := range keys {
 			if cr := ct.rows[k]; cr != nil {
@@ -456,8 +463,10 @@ func (e *docEngine) memRow(n *docNode, row []byte) *composedRow {
 }
 
 // compareText orders two values of a type as PostgreSQL's ORDER BY does for
-// the types a key or an ordering column usually has: numbers numerically,
-// everything else by bytes (the C collation). NULLs sort last.
+// the types a key or an ordering column usually has: numbers numerically
+// (-Infinity first, then NaN last), dates and timestamps by time (BC years
+// and years past 9999 included, -infinity first, infinity last), everything
+// else by bytes (the C collation). NULLs sort last.
 func compareText(oid uint32, a, b []byte) int {
 	switch {
 	case a == nil && b == nil:
@@ -481,13 +490,62 @@ func compareText(oid uint32, a, b []byte) int {
 			return 0
 		}
 	case 700, 701, 1700: // float4, float8, numeric
+		if x := cmp.Compare(numberRank(a), numberRank(b)); x != 0 || numberRank(a) != 0 {
+			return x
+		}
 		x, ok1 := new(big.Float).SetString(string(a))
 		y, ok2 := new(big.Float).SetString(string(b))
 		if ok1 && ok2 {
 			return x.Cmp(y)
 		}
+	case 1082, 1114, 1184: // date, timestamp, timestamptz (in UTC: every offset is +00)
+		if x := cmp.Compare(infinityRank(a), infinityRank(b)); x != 0 || infinityRank(a) != 0 {
+			return x
+		}
+		sa, bca := cutBC(a)
+		sb, bcb := cutBC(b)
+		da, ra, ok1 := parseISODate(sa, bca)
+		db, rb, ok2 := parseISODate(sb, bcb)
+		if ok1 && ok2 {
+			if x := cmp.Compare(da.year, db.year); x != 0 {
+				return x
+			}
+			// The rest has a fixed layout: "-MM-DD HH:MM:SS", then
+			// ".ffffff" when not 0 ('.' sorts after '+' and the end).
+			if x := bytes.Compare(sa[len(sa)-len(ra)-6:len(sa)-len(ra)], sb[len(sb)-len(rb)-6:len(sb)-len(rb)]); x != 0 {
+				return x
+			}
+			return bytes.Compare(ra, rb)
+		}
 	}
 	return bytes.Compare(a, b)
+}
+
+// numberRank places a number's text among the special values: -Infinity
+// (-1) and the finite numbers (0) before Infinity (1) and NaN (2), as
+// PostgreSQL sorts them.
+func numberRank(s []byte) int {
+	switch string(s) {
+	case "-Infinity":
+		return -1
+	case "Infinity":
+		return 1
+	case "NaN":
+		return 2
+	}
+	return 0
+}
+
+// infinityRank places a date's or timestamp's text: -infinity (-1), the
+// finite ones (0), infinity (1).
+func infinityRank(s []byte) int {
+	switch string(s) {
+	case "-infinity":
+		return -1
+	case "infinity":
+		return 1
+	}
+	return 0
 }
 
 // memKeys lists the keys of every document of p in the state, in order.
@@ -498,7 +556,7 @@ func (e *docEngine) memKeys(p *docProjection) [][]byte {
 	for _, row := range t.rows {
 		keys = append(keys, rowField(row, kc))
 	}
-	slices.SortFunc(keys, func(a, b []byte) int { return compareText(p.key.oid, a, b) })
+	slices.SortFunc(keys, func(a, b []byte) int { return compareText(p.key.ctype.oid, a, b) })
 	return keys
 }
 

@@ -50,10 +50,10 @@ type docNode struct {
 // docCol is a selected column.
 type docCol struct {
 	name     string
-	ident    string // quoted
-	typ      string // format_type, for casts of text arrays
-	oid      uint32
-	jsonName []byte // "name":
+	ident    string  // quoted
+	typ      string  // format_type, for casts of text arrays
+	ctype    colType // how its values are encoded
+	jsonName []byte  // "name":
 }
 
 // docJoin is one pair of a relation's on: child column = parent column.
@@ -93,8 +93,10 @@ type querier interface {
 
 // catalogColumn is what the catalog says of a column.
 type catalogColumn struct {
-	oid uint32
-	typ string
+	oid       uint32  // pg_attribute.atttypid
+	typ       string  // format_type
+	ctype     colType // how its values are encoded
+	generated bool    // a generated column: pgoutput does not send it
 }
 
 // catalogTable is what the catalog says of a table.
@@ -113,9 +115,12 @@ func splitTable(s string) (schema, name string) {
 	return "public", s
 }
 
-// loadCatalog reads what resolving projections needs of the named tables.
-func loadCatalog(ctx context.Context, q querier, tables []string) (map[string]*catalogTable, error) {
+// loadCatalog reads what resolving projections (and bootstrapping a
+// table) needs of the named tables, with the columns' types looked up in
+// types.
+func loadCatalog(ctx context.Context, q querier, types *typeCache, tables []string) (map[string]*catalogTable, error) {
 	out := make(map[string]*catalogTable)
+	var oids []uint32
 	for _, t := range tables {
 		if _, ok := out[t]; ok {
 			continue
@@ -124,7 +129,8 @@ func loadCatalog(ctx context.Context, q querier, tables []string) (map[string]*c
 		rows, err := q.Query(ctx, `
 			SELECT a.attname, a.atttypid, format_type(a.atttypid, a.atttypmod), c.relreplident,
 			       coalesce(a.attnum = ANY((SELECT i.indkey::int2[] FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)::int2[]), false),
-			       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indkey[0] = a.attnum)
+			       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indkey[0] = a.attnum),
+			       a.attgenerated <> ''
 			FROM pg_class c
 			JOIN pg_namespace n ON n.oid = c.relnamespace
 			JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -138,12 +144,13 @@ func loadCatalog(ctx context.Context, q querier, tables []string) (map[string]*c
 			var col, typ string
 			var oid uint32
 			var ident byte
-			var pk, idx bool
-			if err := rows.Scan(&col, &oid, &typ, &ident, &pk, &idx); err != nil {
+			var pk, idx, gen bool
+			if err := rows.Scan(&col, &oid, &typ, &ident, &pk, &idx, &gen); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("postgres: read the catalog of %s: %w", t, err)
 			}
-			ct.cols[col] = catalogColumn{oid: oid, typ: typ}
+			ct.cols[col] = catalogColumn{oid: oid, typ: typ, generated: gen}
+			oids = append(oids, oid)
 			ct.order = append(ct.order, col)
 			ct.replIdent = ident
 			if pk {
@@ -162,6 +169,18 @@ func loadCatalog(ctx context.Context, q querier, tables []string) (map[string]*c
 			continue
 		}
 		out[t] = ct
+	}
+	if err := types.lookup(ctx, q, oids); err != nil {
+		return nil, err
+	}
+	for _, ct := range out {
+		if ct == nil {
+			continue
+		}
+		for name, c := range ct.cols {
+			c.ctype = types.get(c.oid)
+			ct.cols[name] = c
+		}
 	}
 	return out, nil
 }
@@ -193,8 +212,8 @@ func projectionTables(specs []ProjectionSpec) []string {
 // its former parent). Every problem is reported, each naming the
 // projection and the field. Join columns a lookup filters on without an
 // index are warned about, with the CREATE INDEX to run.
-func resolveProjections(ctx context.Context, q querier, specs []ProjectionSpec, prefix string, log *zap.Logger) ([]*docProjection, map[string]*catalogTable, error) {
-	cat, err := loadCatalog(ctx, q, projectionTables(specs))
+func resolveProjections(ctx context.Context, q querier, types *typeCache, specs []ProjectionSpec, prefix string, log *zap.Logger) ([]*docProjection, map[string]*catalogTable, error) {
+	cat, err := loadCatalog(ctx, q, types, projectionTables(specs))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -224,6 +243,9 @@ func resolveProjections(ctx context.Context, q querier, specs []ProjectionSpec, 
 			}
 		}
 		errs = append(errs, resolveEmbeds(cat, where, root, ps.Embed, p)...)
+		if ps.Mode == ModeMemory {
+			errs = append(errs, memGeneratedColumns(cat, where, p)...)
+		}
 		out = append(out, p)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -240,8 +262,35 @@ func resolveProjections(ctx context.Context, q querier, specs []ProjectionSpec, 
 	return out, cat, nil
 }
 
+// memGeneratedColumns reports the generated columns a memory-mode
+// projection would keep: pgoutput does not send them, so the state could
+// never hold their values (the ingest failed on the first change).
+func memGeneratedColumns(cat map[string]*catalogTable, where string, p *docProjection) []error {
+	var errs []error
+	seen := make(map[string]bool)
+	check := func(n *docNode, col string) {
+		if ct := cat[n.nameKey]; ct != nil && ct.cols[col].generated && !seen[n.nameKey+"."+col] {
+			seen[n.nameKey+"."+col] = true
+			errs = append(errs, fmt.Errorf("%s: %s.%s is a generated column, which pgoutput does not send: the memory mode cannot keep it (leave it out of columns, or use mode sql)", where, n.nameKey, col))
+		}
+	}
+	for _, n := range p.nodes {
+		for _, c := range n.cols {
+			check(n, c.name)
+		}
+		for _, j := range n.on {
+			check(n, j.child.name)
+			check(n.parent, j.parent.name)
+		}
+		for _, c := range n.orderCols {
+			check(n, c)
+		}
+	}
+	return errs
+}
+
 func mkCol(name string, c catalogColumn) docCol {
-	return docCol{name: name, ident: pgx.Identifier{name}.Sanitize(), typ: c.typ, oid: c.oid, jsonName: append(AppendJSONString(nil, []byte(name)), ':')}
+	return docCol{name: name, ident: pgx.Identifier{name}.Sanitize(), typ: c.typ, ctype: c.ctype, jsonName: append(AppendJSONString(nil, []byte(name)), ':')}
 }
 
 func resolveNode(cat map[string]*catalogTable, where, table string, columns []string, parent *docNode, p *docProjection) (*docNode, []error) {
@@ -292,7 +341,16 @@ func resolveEmbeds(cat map[string]*catalogTable, where string, parent *docNode, 
 				if _, ok := ct.cols[ob]; !ok {
 					errs = append(errs, fmt.Errorf("%s: order_by: %s has no column %q", w, n.nameKey, ob))
 				}
+				// Ties are broken by the primary key: rows with equal
+				// values came in the order of the heap (sql) or of the
+				// state's index (memory), which differ, and change when
+				// a row is updated.
 				n.orderCols = []string{ob}
+				for _, k := range ct.pkey {
+					if k != ob {
+						n.orderCols = append(n.orderCols, k)
+					}
+				}
 			}
 			// Qualified: a bare name in ORDER BY means the select list's
 			// column of that name, which is the value cast to text.
@@ -575,8 +633,10 @@ func (e *docEngine) resolve(ctx context.Context, d *docChanges) error {
 		delete(d.pending, deepest)
 		parent := deepest.parent
 		p := deepest.proj
-		// Direct: the join reaches the primary key itself.
-		if parent.parent == nil && len(deepest.on) == 1 && deepest.on[0].parent.name == p.key.name {
+		// Direct: the join reaches the primary key itself, and the
+		// child's value is the key's text (for a type whose equal values
+		// can be written differently, the query below reads the key's).
+		if parent.parent == nil && len(deepest.on) == 1 && deepest.on[0].parent.name == p.key.name && !textVaries(p.key.ctype.oid) {
 			for _, vals := range tuples {
 				d.addKey(p, vals[0], false)
 			}
@@ -776,7 +836,12 @@ func (e *docEngine) fill(ctx context.Context, q querier, n *docNode, extras []do
 		r.children = make([][]*composedRow, len(n.children))
 	}
 	for ci, child := range n.children {
-		// The parents by the values the child joins on.
+		// The parents by the values the child joins on (equal values,
+		// not equal text: joinKey).
+		oids := make([]uint32, len(child.on))
+		for i, j := range child.on {
+			oids[i] = j.parent.ctype.oid
+		}
 		parents := make(map[string][]*composedRow)
 		var tuples [][][]byte
 		for _, r := range rows {
@@ -791,7 +856,7 @@ func (e *docEngine) fill(ctx context.Context, q querier, n *docNode, extras []do
 			if !ok {
 				continue
 			}
-			k := tupleKey(vals)
+			k := joinKey(oids, vals)
 			if _, seen := parents[k]; !seen {
 				tuples = append(tuples, vals)
 			}
@@ -807,7 +872,7 @@ func (e *docEngine) fill(ctx context.Context, q querier, n *docNode, extras []do
 		var kids []*composedRow
 		err := e.queryByTuples(ctx, q, child, sel, joinCols, tuples, child.orderBy, func(raw [][]byte) {
 			kr := &composedRow{vals: cloneAll(raw[:nc]), extra: cloneAll(raw[nc : nc+nx])}
-			for _, pr := range parents[tupleKey(raw[nc+nx:nc+nx+nj])] {
+			for _, pr := range parents[joinKey(oids, raw[nc+nx:nc+nx+nj])] {
 				pr.children[ci] = append(pr.children[ci], kr)
 			}
 			kids = append(kids, kr)
@@ -835,7 +900,7 @@ func appendDoc(b []byte, n *docNode, r *composedRow) ([]byte, error) {
 			b = append(b, "null"...)
 			continue
 		}
-		if b, err = AppendValue(b, c.oid, r.vals[i]); err != nil {
+		if b, err = c.ctype.appendValue(b, r.vals[i]); err != nil {
 			return nil, fmt.Errorf("projection %q, %s column %s: %w", n.proj.spec.Name, n.nameKey, c.name, err)
 		}
 	}
@@ -1009,7 +1074,7 @@ func (e *docEngine) waitVisible(ctx context.Context, xid uint32) error {
 // (counted and logged) here.
 func (e *docEngine) docEvent(p *docProjection, key, doc []byte, docErr error, id string, lsn pglogrepl.LSN, commitTime time.Time) broker.Outgoing {
 	source := "projection " + p.spec.Name
-	keyJSON, keyErr := AppendValue(nil, p.key.oid, key)
+	keyJSON, keyErr := p.key.ctype.appendValue(nil, key)
 	if keyErr != nil {
 		keyJSON, docErr = nil, fmt.Errorf("key: %w", keyErr)
 	}
@@ -1075,9 +1140,9 @@ const (
 // newDocEngine resolves the projections against the catalog and opens the
 // pool their queries run on, with the session settings pgoutput writes
 // values in (so a re-read value is the text a change carries).
-func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn) (*docEngine, error) {
+func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn, types *typeCache) (*docEngine, error) {
 	cfg := &in.cfg
-	projs, cat, err := resolveProjections(ctx, conn, cfg.Projections, cfg.Prefix, in.log)
+	projs, cat, err := resolveProjections(ctx, conn, types, cfg.Projections, cfg.Prefix, in.log)
 	if err != nil {
 		return nil, errFatal{err}
 	}

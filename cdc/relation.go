@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -24,12 +25,12 @@ type table struct {
 
 type column struct {
 	name     string
-	oid      uint32
-	jsonName []byte // the quoted JSON key, with its colon: "name":
+	ctype    colType // how its values are encoded
+	jsonName []byte  // the quoted JSON key, with its colon: "name":
 }
 
-func newColumn(name string, oid uint32) column {
-	return column{name: name, oid: oid, jsonName: append(AppendJSONString(nil, []byte(name)), ':')}
+func newColumn(name string, ct colType) column {
+	return column{name: name, ctype: ct, jsonName: append(AppendJSONString(nil, []byte(name)), ':')}
 }
 
 // publish makes t a published table: its key columns (by name), its
@@ -59,20 +60,33 @@ type relations struct {
 	maxEvent int                 // the broker's message size limit (0: none)
 	keys     map[string][]string // "schema.table" → primary key columns (the published tables)
 	byID     map[uint32]*table
+	types    *typeCache // the columns' types
+	q        querier    // where types are looked up (nil: not at all, every type is taken as is)
 }
 
-func newRelations(prefix string, keys map[string][]string, maxEvent int) *relations {
-	return &relations{prefix: prefix, maxEvent: maxEvent, keys: keys, byID: make(map[uint32]*table)}
+func newRelations(prefix string, keys map[string][]string, maxEvent int, types *typeCache, q querier) *relations {
+	return &relations{prefix: prefix, maxEvent: maxEvent, keys: keys, byID: make(map[uint32]*table), types: types, q: q}
 }
 
 // define records (or replaces) a relation. A table that is not published
 // (a publication FOR ALL TABLES, or a table added to it after start-up) is
-// recorded too: its changes are skipped.
-func (r *relations) define(m *pglogrepl.RelationMessage) error {
+// recorded too: its changes are skipped. Column types pgoutput names by an
+// OID the ingest does not know yet (a domain, say) are looked up in the
+// catalog.
+func (r *relations) define(ctx context.Context, m *pglogrepl.RelationMessage) error {
 	q := qualified(m.Namespace, m.RelationName)
+	if r.q != nil {
+		oids := make([]uint32, len(m.Columns))
+		for i, c := range m.Columns {
+			oids[i] = c.DataType
+		}
+		if err := r.types.lookup(ctx, r.q, oids); err != nil {
+			return fmt.Errorf("table %s: %w", q, err)
+		}
+	}
 	t := &table{nameKey: q}
 	for _, c := range m.Columns {
-		t.columns = append(t.columns, newColumn(c.Name, c.DataType))
+		t.columns = append(t.columns, newColumn(c.Name, r.types.get(c.DataType)))
 	}
 	if keyCols, ok := r.keys[q]; ok {
 		if err := t.publish(r.prefix, m.Namespace, m.RelationName, keyCols, r.maxEvent); err != nil {

@@ -25,12 +25,14 @@ var outputParams = map[string]string{
 // Column values arrive in PostgreSQL's text output format (pgoutput sends
 // every value through the type's output function) together with the
 // column's type OID from the Relation message. AppendValue turns one into
-// JSON, keeping the JSON type where one fits:
+// JSON, keeping the JSON type where one fits. docs/ingest.md has the same
+// mapping as a table, with examples; keep the two in step.
 //
 //   - int2, int4, int8, oid: numbers, as PostgreSQL prints them. int8
 //     beyond ±2^53 loses precision in JavaScript clients; the issue asks
 //     for integers to stay numbers, so they do.
-//   - float4, float8: numbers; NaN, Infinity and -Infinity, which JSON
+//   - float4, float8: numbers (the shortest text that reads back the same,
+//     with extra_float_digits 3); NaN, Infinity and -Infinity, which JSON
 //     cannot express as numbers, become the strings "NaN", "Infinity",
 //     "-Infinity".
 //   - numeric: a string holding the exact decimal ("12.50", "NaN",
@@ -40,17 +42,19 @@ var outputParams = map[string]string{
 //     A string keeps every digit and the scale; clients convert on purpose.
 //   - bool: true, false.
 //   - json, jsonb: the document verbatim (validated; invalid UTF-8 inside
-//     its strings becomes U+FFFD).
+//     its strings becomes U+FFFD): json as written, jsonb as PostgreSQL
+//     normalized it.
 //   - timestamptz: RFC 3339 with PostgreSQL's offset, "2024-05-01
-//     12:34:56.789+02" → "2024-05-01T12:34:56.789+02:00"; an offset with
-//     seconds (local mean time of old dates in some zones), which RFC 3339
-//     cannot write, is converted to +00:00. timestamp: the same without an
-//     offset (it has no zone). date: "2024-05-01". Years outside 1–9999
-//     (BC, or past 9999) use ISO 8601's expanded form with astronomical
-//     numbering, as JavaScript's Date.parse reads it: 44 BC is "-000043",
-//     10000 AD "+010000". infinity and -infinity stay the strings
-//     "infinity", "-infinity". These need DateStyle ISO on the replication
-//     connection; other styles are reported malformed.
+//     12:34:56.789+02" → "2024-05-01T12:34:56.789+02:00" (the ingest reads
+//     in UTC: "+00:00"); an offset with seconds (local mean time of old
+//     dates in some zones), which RFC 3339 cannot write, is converted to
+//     +00:00. timestamp: the same without an offset (it has none). date:
+//     "2024-05-01". Years outside 1–9999 (BC, or past 9999) use ISO 8601's
+//     expanded form with astronomical numbering, as JavaScript's Date.parse
+//     reads it: 44 BC is "-000043", 10000 AD "+010000". infinity and
+//     -infinity stay the strings "infinity", "-infinity". These need
+//     DateStyle ISO on the replication connection; other styles are
+//     reported malformed.
 //   - bytea: standard base64 with padding, from the hex ("\x0a0b") or the
 //     escape output format.
 //   - arrays of built-in types: JSON arrays, nested per dimension, each
@@ -58,10 +62,16 @@ var outputParams = map[string]string{
 //     lower bounds of an array not starting at 1 ("[0:2]={1,2,3}") are
 //     dropped: a JSON array is positional.
 //   - everything else (text, varchar, bpchar with its padding, name, uuid,
-//     inet, interval, money, xml, time, timetz, ranges, geometric types,
-//     tsvector, composite types, enums, domains, arrays of user-defined
-//     types, any OID not listed): a string of the text. A domain arrives
-//     with its own OID, so even a domain over an integer is a string.
+//     inet, cidr, macaddr, interval, money, xml, time, timetz, ranges,
+//     geometric types, tsvector, bit, composite types, enums, any OID not
+//     listed): a string of the text.
+//
+// AppendValue knows built-in OIDs only. The ingest looks user-defined
+// types up in the catalog first (colType, types.go): a domain is encoded
+// as its base type (a domain over an integer is a number, on every path),
+// and an array of a user-defined type (enum[], a domain's array, a
+// composite's) goes to AppendArray with its element type, so it is a JSON
+// array too.
 //
 // All output is valid JSON: strings are escaped and invalid UTF-8 becomes
 // U+FFFD.
