@@ -34,6 +34,9 @@ type Ingest struct {
 	published atomic.Uint64            // events the broker acknowledged
 	bootRows  atomic.Uint64            // rows published by bootstraps
 	oldest    atomic.Int64             // commit time (Unix ns) of the oldest transaction not yet acknowledged; 0: none
+	queue     atomic.Pointer[budget]   // the current publisher's, for the queue metrics
+	spilled   atomic.Uint64            // transactions moved to a spill file
+	spillB    atomic.Uint64            // bytes written to spill files
 
 	wal metrics.WAL // pgoutput messages by kind and route; the reader owns it
 
