@@ -76,10 +76,16 @@ func FuzzDecode(f *testing.F) {
 	f.Add(frames(pgRelation(16384, "public", "t", "id"), pgBegin(1, 1), pgInsert(16384, "x"), pgCommit(1, 2)))
 	f.Add(frames([]byte{'S', 0, 0, 0, 7, 1}, pgInsert(16384, "1"), []byte{'E'}, []byte{'A', 0, 0, 0, 7, 0, 0, 0, 7}))
 	f.Add([]byte{0, 1, 'Z'})
+	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, data []byte) {
-		in := &Ingest{cfg: Config{MaxBatch: 16}, log: zap.NewNop()}
+		// A tiny MaxTxnMemory: transactions of more than a few changes go
+		// through spill files too.
+		cfg := Config{MaxBatch: 16, MaxTxnMemory: 512, StateDir: dir}
+		cfg.setDefaults()
+		in := &Ingest{cfg: cfg, log: zap.NewNop()}
 		pub := newPublisher(in)
-		r := &reader{in: in, rels: newRelations("db", map[string][]string{"public.t": {"id"}}), pub: pub, streamed: make(map[uint32][]change)}
+		r := &reader{in: in, rels: newRelations("db", map[string][]string{"public.t": {"id"}}), pub: pub, streamed: make(map[uint32]*txn)}
+		defer r.close()
 		ctx := context.Background()
 		for len(data) >= 2 {
 			n := int(binary.BigEndian.Uint16(data))
@@ -95,6 +101,7 @@ func FuzzDecode(f *testing.F) {
 			for {
 				select {
 				case p := <-pub.ch:
+					pub.q.give(p.events, p.bytes)
 					for _, ev := range p.evs {
 						if !jsonValid(ev.Data) {
 							t.Fatalf("event is not JSON: %s", ev.Data)

@@ -151,6 +151,13 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 		return err
 	}
 	defer release()
+	// Spill files of a previous run (a crash leaves them) are this slot's
+	// leader's to remove: a standby sharing the directory never does.
+	if n, err := removeSpillFiles(cfg.StateDir, cfg.Slot); err != nil {
+		return err
+	} else if n > 0 {
+		in.log.Info("ingest: removed spill files left by a previous run", zap.Int("files", n), zap.String("dir", cfg.StateDir))
+	}
 	// Projections are checked against the catalog first. The publication
 	// holds their tables too, but only the tables --tables names publish
 	// table events.
@@ -257,7 +264,8 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	}
 	in.ready.Store(true)
 	in.log.Info("ingest: tailing", zap.String("slot", cfg.Slot), zap.String("publication", cfg.Publication), zap.Int("tables", len(keys)))
-	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys), pub: pub, streamed: make(map[uint32][]change), hbConn: conn, docs: docs}
+	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys), pub: pub, streamed: make(map[uint32]*txn), hbConn: conn, docs: docs}
+	defer r.close()
 	return r.run(ctx)
 }
 
@@ -279,7 +287,8 @@ type reader struct {
 	cur          *txn      // the transaction being received (not streamed)
 	inStream     bool
 	streamXid    uint32
-	streamed     map[uint32][]change // streamed transactions' changes so far, by top-level xid
+	streamed     map[uint32]*txn // streamed transactions' changes so far, by top-level xid
+	held         int64           // what the changes of cur and streamed take in memory (changeSize); MaxTxnMemory bounds it
 
 	walEnd   pglogrepl.LSN // the server's WAL end, last reported
 	received pglogrepl.LSN // end of the last commit handed to the publisher
@@ -446,52 +455,42 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 		t.commitLSN, t.endLSN, t.commitTime = m.CommitLSN, m.TransactionEndLSN, m.CommitTime
 		return r.commit(ctx, t)
 	case *pglogrepl.InsertMessageV2:
-		r.add(m.Xid, change{kind: 'I', rel: m.RelationID, newRow: m.Tuple})
+		return r.add(m.Xid, change{kind: 'I', rel: m.RelationID, newRow: m.Tuple})
 	case *pglogrepl.UpdateMessageV2:
-		r.add(m.Xid, change{kind: 'U', rel: m.RelationID, newRow: m.NewTuple, oldRow: m.OldTuple, oldKind: m.OldTupleType})
+		return r.add(m.Xid, change{kind: 'U', rel: m.RelationID, newRow: m.NewTuple, oldRow: m.OldTuple, oldKind: m.OldTupleType})
 	case *pglogrepl.DeleteMessageV2:
-		r.add(m.Xid, change{kind: 'D', rel: m.RelationID, oldRow: m.OldTuple, oldKind: m.OldTupleType})
+		return r.add(m.Xid, change{kind: 'D', rel: m.RelationID, oldRow: m.OldTuple, oldKind: m.OldTupleType})
 	case *pglogrepl.TruncateMessageV2:
-		r.add(m.Xid, change{kind: 'T', truncs: m.RelationIDs})
+		return r.add(m.Xid, change{kind: 'T', truncs: m.RelationIDs})
 	case *pglogrepl.StreamStartMessageV2:
 		r.inStream, r.streamXid = true, m.Xid
 	case *pglogrepl.StreamStopMessageV2:
 		r.inStream = false
 	case *pglogrepl.StreamCommitMessageV2:
-		changes := r.streamed[m.Xid]
+		t := r.streamed[m.Xid]
 		delete(r.streamed, m.Xid)
-		return r.commit(ctx, &txn{xid: m.Xid, commitLSN: m.CommitLSN, endLSN: m.TransactionEndLSN, commitTime: m.CommitTime, changes: changes})
+		if t == nil { // streamed without a change of a published table
+			t = &txn{xid: m.Xid}
+		}
+		t.commitLSN, t.endLSN, t.commitTime = m.CommitLSN, m.TransactionEndLSN, m.CommitTime
+		return r.commit(ctx, t)
 	case *pglogrepl.StreamAbortMessageV2:
+		t := r.streamed[m.Xid]
+		if t == nil {
+			return nil
+		}
 		if m.SubXid == m.Xid || m.SubXid == 0 {
 			delete(r.streamed, m.Xid)
+			r.release(t)
+			r.done(t)
 			return nil
 		}
 		// A rolled-back subtransaction: drop its changes only.
-		kept := r.streamed[m.Xid][:0]
-		for _, c := range r.streamed[m.Xid] {
-			if c.xid != m.SubXid {
-				kept = append(kept, c)
-			}
-		}
-		r.streamed[m.Xid] = kept
+		r.abortSub(t, m.SubXid)
 	}
 	// Type, origin and logical decoding messages (our heartbeats) only
 	// matter for the WAL position, which keepalives report.
 	return nil
-}
-
-// add appends a change to the open transaction, or to its streamed
-// transaction's buffer (xid is the change's own (sub)transaction).
-func (r *reader) add(xid uint32, c change) {
-	r.lastData = time.Now()
-	if r.inStream {
-		c.xid = xid
-		r.streamed[r.streamXid] = append(r.streamed[r.streamXid], c)
-		return
-	}
-	if r.cur != nil {
-		r.cur.changes = append(r.cur.changes, c)
-	}
 }
 
 // commit turns a committed transaction's changes into events and queues
@@ -499,6 +498,8 @@ func (r *reader) add(xid uint32, c change) {
 // they are acknowledged.
 func (r *reader) commit(ctx context.Context, t *txn) error {
 	r.lastData = time.Now()
+	r.release(t) // its changes go as they are used
+	defer r.done(t)
 	var evs []broker.Outgoing
 	done := 0 // events of the transaction already handed to the publisher
 	id := func(i int) string { return eventID(t.commitLSN, done+i) }
@@ -514,52 +515,29 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		r.received = t.endLSN
 		return r.pub.add(ctx, nil, t.endLSN, t.commitTime)
 	}
-	for i := range t.changes {
-		// A big transaction goes to the publisher in MaxBatch slices as its
-		// events are built (only the last slice confirms its end), and its
-		// decoded rows are let go as they are used: it is held once, not
-		// as rows, events and one batch at the same time.
+	// A big transaction goes to the publisher in MaxBatch slices as its
+	// events are built (only the last slice confirms its end), and its
+	// decoded rows are let go as they are used: it is held once, not as
+	// rows, events and one batch at the same time. A spilled one is read
+	// back a change at a time.
+	each := func(c *change) error {
 		var err error
 		if evs, err = flush(evs); err != nil {
 			return err
 		}
-		c := &t.changes[i]
-		if c.kind == 'T' {
-			route := metrics.RouteSkip
-			for _, rel := range c.truncs {
-				tb := r.rels.byID[rel]
-				if tb != nil && r.docs != nil {
-					if err := r.docs.observeTruncate(ctx, dc, tb); err != nil {
-						return err
-					}
-				}
-				if tb == nil || !tb.published() {
-					continue
-				}
-				route = metrics.RoutePublish
-				evs = append(evs, truncateEvent(tb, id(len(evs)), t.commitLSN, t.commitTime))
-			}
-			r.in.wal.Observe('T', route)
-			continue
-		}
-		tb := r.rels.byID[c.rel]
-		if tb == nil {
-			return fmt.Errorf("postgres: change for relation %d before its Relation message", c.rel)
-		}
-		if r.docs != nil {
-			if err := r.docs.observe(dc, tb, c); err != nil {
-				return err
-			}
-		}
-		if !tb.published() {
-			r.in.wal.Observe(metrics.Kind(c.kind), metrics.RouteSkip)
-			continue
-		}
-		r.in.wal.Observe(metrics.Kind(c.kind), metrics.RoutePublish)
-		if evs, err = tb.proj.project(evs, t, tb, c, id); err != nil {
+		evs, err = r.apply(ctx, t, dc, c, evs, id)
+		return err
+	}
+	if t.spill != nil {
+		if err := t.spill.replay(each); err != nil {
 			return err
 		}
-		*c = change{}
+	}
+	for i := range t.changes {
+		if err := each(&t.changes[i]); err != nil {
+			return err
+		}
+		t.changes[i] = change{}
 	}
 	if dc != nil && !dc.empty() {
 		// The documents, recomposed once each however many of their rows
@@ -591,6 +569,44 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	r.in.oldest.CompareAndSwap(0, t.commitTime.UnixNano())
 	r.in.wal.Publish() // counters readable by scrapes, once per commit
 	return r.pub.add(ctx, evs, t.endLSN, t.commitTime)
+}
+
+// apply adds the events of one change of committed transaction t to evs,
+// and records the documents it affects in dc (with projections).
+func (r *reader) apply(ctx context.Context, t *txn, dc *docChanges, c *change, evs []broker.Outgoing, id func(int) string) ([]broker.Outgoing, error) {
+	if c.kind == 'T' {
+		route := metrics.RouteSkip
+		for _, rel := range c.truncs {
+			tb := r.rels.byID[rel]
+			if tb != nil && r.docs != nil {
+				if err := r.docs.observeTruncate(ctx, dc, tb); err != nil {
+					return evs, err
+				}
+			}
+			if tb == nil || !tb.published() {
+				continue
+			}
+			route = metrics.RoutePublish
+			evs = append(evs, truncateEvent(tb, id(len(evs)), t.commitLSN, t.commitTime))
+		}
+		r.in.wal.Observe('T', route)
+		return evs, nil
+	}
+	tb := r.rels.byID[c.rel]
+	if tb == nil {
+		return evs, fmt.Errorf("postgres: change for relation %d before its Relation message", c.rel)
+	}
+	if r.docs != nil {
+		if err := r.docs.observe(dc, tb, c); err != nil {
+			return evs, err
+		}
+	}
+	if !tb.published() {
+		r.in.wal.Observe(metrics.Kind(c.kind), metrics.RouteSkip)
+		return evs, nil
+	}
+	r.in.wal.Observe(metrics.Kind(c.kind), metrics.RoutePublish)
+	return tb.proj.project(evs, t, tb, c, id)
 }
 
 // flusher returns the function that hands a transaction's events to the
