@@ -209,6 +209,9 @@ func (d *decoder) tuple() *pglogrepl.TupleData {
 		d.err = true
 		return nil
 	}
+	if n == 0 {
+		return &pglogrepl.TupleData{}
+	}
 	cols := make([]pglogrepl.TupleDataColumn, n)
 	t := &pglogrepl.TupleData{ColumnNum: uint16(n), Columns: make([]*pglogrepl.TupleDataColumn, n)}
 	for i := range cols {
