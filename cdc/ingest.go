@@ -290,24 +290,26 @@ type reader struct {
 	streamed     map[uint32]*txn // streamed transactions' changes so far, by top-level xid
 	held         int64           // what the changes of cur and streamed take in memory (changeSize); MaxTxnMemory bounds it
 
-	walEnd   pglogrepl.LSN // the server's WAL end, last reported
-	received pglogrepl.LSN // end of the last commit handed to the publisher
-	lastData time.Time     // when the last change or commit arrived
+	walEnd     pglogrepl.LSN // the server's WAL end, last reported
+	received   pglogrepl.LSN // end of the last commit handed to the publisher
+	lastData   time.Time     // when the last change or commit arrived
+	nextStatus time.Time     // when the next standby status update is due
+	committing bool          // a commit is being handed over: its end is not received yet
 }
 
 func (r *reader) run(ctx context.Context) error {
 	cfg := &r.in.cfg
-	nextStatus := time.Now().Add(cfg.StatusInterval)
+	r.nextStatus = time.Now().Add(cfg.StatusInterval)
 	r.lastData = time.Now()
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if time.Now().After(nextStatus) {
+		if time.Now().After(r.nextStatus) {
 			if err := r.sendStatus(ctx, false); err != nil {
 				return err
 			}
-			nextStatus = time.Now().Add(cfg.StatusInterval)
+			r.nextStatus = time.Now().Add(cfg.StatusInterval)
 			if err := r.heartbeat(ctx); err != nil {
 				return err
 			}
@@ -317,7 +319,7 @@ func (r *reader) run(ctx context.Context) error {
 				return err
 			}
 		}
-		deadline := nextStatus
+		deadline := r.nextStatus
 		if r.pend != nil && r.pendDeadline.Before(deadline) {
 			deadline = r.pendDeadline
 		}
@@ -348,7 +350,7 @@ func (r *reader) run(ctx context.Context) error {
 					if err := r.sendStatus(ctx, false); err != nil {
 						return err
 					}
-					nextStatus = time.Now().Add(cfg.StatusInterval)
+					r.nextStatus = time.Now().Add(cfg.StatusInterval)
 				}
 			case pglogrepl.XLogDataByteID:
 				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
@@ -387,7 +389,7 @@ func (r *reader) sendStatus(ctx context.Context, reply bool) error {
 		return err
 	}
 	lsn := acked
-	if r.cur == nil && len(r.streamed) == 0 && r.pend == nil && acked >= r.received && r.walEnd > lsn {
+	if r.cur == nil && len(r.streamed) == 0 && r.pend == nil && !r.committing && acked >= r.received && r.walEnd > lsn {
 		lsn = r.walEnd
 		if err := r.docs.advance(lsn); err != nil {
 			return err
@@ -500,6 +502,8 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	r.lastData = time.Now()
 	r.release(t) // its changes go as they are used
 	defer r.done(t)
+	r.committing = true
+	defer func() { r.committing = false }()
 	var evs []broker.Outgoing
 	done := 0 // events of the transaction already handed to the publisher
 	id := func(i int) string { return eventID(t.commitLSN, done+i) }
@@ -623,8 +627,23 @@ func (r *reader) flusher(ctx context.Context, handed *int) func([]broker.Outgoin
 			return evs, err
 		}
 		*handed += len(evs)
-		return nil, nil
+		return nil, r.keepAlive(ctx)
 	}
+}
+
+// keepAlive sends the standby status update when it is due, while a big
+// transaction is handed over: the publisher's bound holds the reader
+// there for as long as the broker takes (a 2,000,000-row transaction:
+// minutes), and PostgreSQL ends a replication connection that has not
+// answered for wal_sender_timeout (60s), which would start the
+// transaction over, forever. Replies are what the walsender waits for; it
+// is not read meanwhile, and TCP holds back what it sends.
+func (r *reader) keepAlive(ctx context.Context) error {
+	if time.Now().Before(r.nextStatus) {
+		return nil
+	}
+	r.nextStatus = time.Now().Add(r.in.cfg.StatusInterval)
+	return r.sendStatus(ctx, false)
 }
 
 // flushDocs publishes the documents waiting for the flush window, with the

@@ -57,6 +57,11 @@ func (r *rig) waitEvents(n int) []event {
 	if len(evs) != n {
 		r.t.Fatalf("%d events in the stream, want %d", len(evs), n)
 	}
+	// Acknowledged more often than stored: some were published again
+	// (the ingest reconnected and re-read a transaction).
+	if got := r.in.Published(); got != uint64(n) {
+		r.t.Fatalf("%d events published, %d in the stream: some were published twice", got, n)
+	}
 	return evs
 }
 
@@ -87,12 +92,15 @@ func checkRows(t *testing.T, evs []event, table, op string, from int, want func(
 // TestBigTransactionSpills: with a 64 KiB MaxTxnMemory, a 20,000-row
 // UPDATE (about 2 MB of changes) goes to a spill file under StateDir and
 // is read back at its commit: every row's event is published once, in
-// order, with its own values; the file is gone afterwards. Spill files
+// order, with its own values; the file is gone afterwards. The commit,
+// held back by a queue of 1,024 events, takes longer than the 2s
+// wal_sender_timeout: the reader keeps the replication connection alive
+// meanwhile (it would be cut, and the transaction read again). Spill files
 // left in StateDir by an earlier run of the slot are removed at start,
 // another slot's are not.
 func TestBigTransactionSpills(t *testing.T) {
 	const n = 20000
-	pg := pgtest.Start(t, pgtest.Config{})
+	pg := pgtest.Start(t, pgtest.Config{Settings: map[string]string{"wal_sender_timeout": "2s"}})
 	pg.Exec("postgres",
 		"CREATE TABLE sp (id int PRIMARY KEY, v text)",
 		fmt.Sprintf("INSERT INTO sp SELECT g, 'value-' || g FROM generate_series(1, %d) g", n))
@@ -104,7 +112,7 @@ func TestBigTransactionSpills(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r := newRig(t, pg, func(c *cdc.Config) { c.StateDir = dir; c.MaxTxnMemory = 64 << 10 })
+	r := newRig(t, pg, func(c *cdc.Config) { c.StateDir = dir; c.MaxTxnMemory = 64 << 10; c.QueueEvents = 1024 })
 	if _, err := os.Stat(left); !os.IsNotExist(err) {
 		t.Fatalf("the slot's spill file left by an earlier run is still there (%v)", err)
 	}
@@ -116,8 +124,10 @@ func TestBigTransactionSpills(t *testing.T) {
 	}
 	r.waitEvents(n) // the bootstrap
 	want := func(id int) string { return "updated-" + fmt.Sprint(id) + strings.Repeat("y", id%89) }
+	start := time.Now()
 	pg.Exec("postgres", "UPDATE sp SET v = 'updated-' || id || repeat('y', id % 89)")
 	evs := r.waitEvents(2 * n)
+	t.Logf("the UPDATE's %d events published in %v", n, time.Since(start))
 	checkRows(t, evs[n:], "sp", "update", 1, want)
 	if got := metricValue(t, r.in, "fanwire_ingest_spilled_transactions_total"); got != 1 {
 		t.Fatalf("%v transactions spilled, want 1", got)
