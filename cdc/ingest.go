@@ -447,6 +447,10 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 	case *pglogrepl.RelationMessageV2:
 		return r.rels.define(&m.RelationMessage)
 	case *pglogrepl.BeginMessage:
+		if r.cur != nil { // a begin without a commit: let it go, with its spill file
+			r.release(r.cur)
+			r.done(r.cur)
+		}
 		r.cur = &txn{xid: m.Xid, commitLSN: m.FinalLSN, commitTime: m.CommitTime}
 	case *pglogrepl.CommitMessage:
 		t := r.cur
