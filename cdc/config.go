@@ -44,8 +44,31 @@ type Config struct {
 	// docs/projections.md.
 	Projections []ProjectionSpec
 	// StateDir holds the memory-mode projections' state, one file per slot
-	// (default ".fanwire/ingest").
+	// (default ".fanwire/ingest"), and the spill files of transactions
+	// larger than MaxTxnMemory.
 	StateDir string
+
+	// MaxTxnMemory bounds the memory the changes of open transactions take
+	// (the one being received and the streamed ones not committed yet), in
+	// bytes, estimated from their decoded tuples (default 32 MiB). Past it,
+	// the largest of them moves to a temp file under StateDir, where the
+	// rest of its changes go too; its commit reads them back in order.
+	// pgoutput sends a transaction's changes before its commit, so without
+	// this a multi-GB transaction would run the ingest out of memory. 32 MiB
+	// leaves room, under an RSS of 128 MiB, for the queue below, the
+	// events being built and the runtime (docs/benchmarks.md).
+	MaxTxnMemory int64
+	// QueueEvents and QueueBytes bound the events the reader has handed the
+	// publisher and the broker has not acknowledged yet (queued, batched or
+	// in flight), by count and by size (Data, Subject and ID, plus the
+	// event's own 56 bytes; defaults 32,768 and 16 MiB). The reader waits at
+	// the bound (back-pressure: PostgreSQL keeps the WAL), nothing is
+	// dropped. One hand-over bigger than a bound (a bootstrap chunk of
+	// large rows) still goes when nothing else is queued. 32,768 is eight
+	// MaxBatch slices: the reader can build the next slices while one is in
+	// flight; 16 MiB caps big rows (~500 B or more) at the same memory.
+	QueueEvents int
+	QueueBytes  int64
 
 	Logger *zap.Logger
 }
@@ -95,6 +118,15 @@ func (c *Config) setDefaults() {
 	if c.StateDir == "" {
 		c.StateDir = filepath.Join(".fanwire", "ingest")
 	}
+	if c.MaxTxnMemory == 0 {
+		c.MaxTxnMemory = 32 << 20
+	}
+	if c.QueueEvents == 0 {
+		c.QueueEvents = 32 << 10
+	}
+	if c.QueueBytes == 0 {
+		c.QueueBytes = 16 << 20
+	}
 }
 
 func (c *Config) validate() error {
@@ -114,6 +146,12 @@ func (c *Config) validate() error {
 	}
 	if c.MaxBatch < 0 || c.BootstrapChunk < 0 {
 		errs = append(errs, errors.New("MaxBatch and BootstrapChunk must not be negative"))
+	}
+	if c.MaxTxnMemory < 0 {
+		errs = append(errs, fmt.Errorf("MaxTxnMemory %d: must not be negative (--max-txn-memory, bytes)", c.MaxTxnMemory))
+	}
+	if c.QueueEvents < 0 || c.QueueBytes < 0 {
+		errs = append(errs, errors.New("QueueEvents and QueueBytes must not be negative"))
 	}
 	if c.LeaderTimeout > 0 && c.LeaderTimeout < time.Second {
 		errs = append(errs, fmt.Errorf("leader timeout %v: at least 1s (the leader pings its lock every quarter of it), or negative for none", c.LeaderTimeout))

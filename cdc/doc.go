@@ -12,7 +12,13 @@
 //	    decodes pgoutput messages, assembles transactions (buffering streamed
 //	    ones per xid until their stream commit, dropping aborted ones and
 //	    aborted subtransactions) and hands each committed transaction's
-//	    changes to the projection stage.
+//	    changes to the projection stage. Open transactions hold at most
+//	    Config.MaxTxnMemory together; past it the largest spills to a file
+//	    under Config.StateDir, read back at its commit (hold.go, spill.go).
+//	    The reader removes its spill files when it ends.
+//	  - Between the reader and the publisher at most Config.QueueEvents
+//	    events and Config.QueueBytes bytes wait (budget.go), counting those
+//	    being published: the reader blocks at the bound, nothing is dropped.
 //	  - A projection turns a change into the documents it affects. A table is
 //	    the trivial projection: the row is the document and its primary key
 //	    the key. (Projections with embedded child rows plug in here.)

@@ -27,7 +27,9 @@ type txn struct {
 	commitLSN  pglogrepl.LSN
 	endLSN     pglogrepl.LSN
 	commitTime time.Time
-	changes    []change
+	changes    []change   // held in memory, in order (none once spilled)
+	mem        int64      // what changes take (changeSize), counted in reader.held
+	spill      *spillFile // the changes once the transaction outgrew Config.MaxTxnMemory; nil for most
 }
 
 // ops by change kind

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"strconv"
 	"testing"
 
 	"go.uber.org/zap"
@@ -57,6 +58,23 @@ func pgCommit(lsn, end uint64) []byte {
 	return binary.BigEndian.AppendUint64(b, 0)
 }
 
+// pgStreamInsert is an insert inside a stream block: it names its
+// (sub)transaction.
+func pgStreamInsert(xid, rel uint32, vals ...string) []byte {
+	ins := pgInsert(rel, vals...)
+	b := append([]byte{'I'}, binary.BigEndian.AppendUint32(nil, xid)...)
+	return append(b, ins[1:]...)
+}
+
+func pgStreamCommit(xid uint32, lsn, end uint64) []byte {
+	b := []byte{'c'}
+	b = binary.BigEndian.AppendUint32(b, xid)
+	b = append(b, 0)
+	b = binary.BigEndian.AppendUint64(b, lsn)
+	b = binary.BigEndian.AppendUint64(b, end)
+	return binary.BigEndian.AppendUint64(b, 0)
+}
+
 // frames joins messages as the fuzz input: each prefixed by its length.
 func frames(msgs ...[]byte) []byte {
 	var b []byte
@@ -76,10 +94,28 @@ func FuzzDecode(f *testing.F) {
 	f.Add(frames(pgRelation(16384, "public", "t", "id"), pgBegin(1, 1), pgInsert(16384, "x"), pgCommit(1, 2)))
 	f.Add(frames([]byte{'S', 0, 0, 0, 7, 1}, pgInsert(16384, "1"), []byte{'E'}, []byte{'A', 0, 0, 0, 7, 0, 0, 0, 7}))
 	f.Add([]byte{0, 1, 'Z'})
+	// Transactions past the 512-byte MaxTxnMemory below: spilled.
+	big := [][]byte{pgRelation(16384, "public", "t", "id", "v"), pgBegin(200, 9)}
+	for i := range 12 {
+		big = append(big, pgInsert(16384, strconv.Itoa(i), "123456"))
+	}
+	f.Add(frames(append(big, pgCommit(200, 220))...))
+	streamed := [][]byte{pgRelation(16384, "public", "t", "id", "v"), {'S', 0, 0, 0, 7, 1}}
+	for i := range 12 {
+		streamed = append(streamed, pgStreamInsert(7+uint32(i%2), 16384, strconv.Itoa(i), "123456"))
+	}
+	streamed = append(streamed, []byte{'E'}, []byte{'A', 0, 0, 0, 7, 0, 0, 0, 8}, pgStreamCommit(7, 300, 320))
+	f.Add(frames(streamed...))
+	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, data []byte) {
-		in := &Ingest{cfg: Config{MaxBatch: 16}, log: zap.NewNop()}
+		// A tiny MaxTxnMemory: transactions of more than a few changes go
+		// through spill files too.
+		cfg := Config{MaxBatch: 16, MaxTxnMemory: 512, StateDir: dir}
+		cfg.setDefaults()
+		in := &Ingest{cfg: cfg, log: zap.NewNop()}
 		pub := newPublisher(in, nil, nil, nil)
-		r := &reader{in: in, rels: newRelations("db", map[string][]string{"public.t": {"id"}}, 0, newTypeCache(), nil), pub: pub, streamed: make(map[uint32][]change)}
+		r := &reader{in: in, rels: newRelations("db", map[string][]string{"public.t": {"id"}}, 0, newTypeCache(), nil), pub: pub, streamed: make(map[uint32]*txn)}
+		defer r.close()
 		ctx := context.Background()
 		for len(data) >= 2 {
 			n := int(binary.BigEndian.Uint16(data))
@@ -95,6 +131,7 @@ func FuzzDecode(f *testing.F) {
 			for {
 				select {
 				case p := <-pub.ch:
+					pub.q.give(p.events, p.bytes)
 					for _, ev := range p.evs {
 						if !jsonValid(ev.Data) {
 							t.Fatalf("event is not JSON: %s", ev.Data)

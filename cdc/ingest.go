@@ -35,6 +35,9 @@ type Ingest struct {
 	bootRows  atomic.Uint64             // rows published by bootstraps
 	oldest    atomic.Int64              // commit time (Unix ns) of the oldest transaction not yet acknowledged; 0: none
 	badRows   [badReasons]atomic.Uint64 // error events published instead of rows, by reason (badValue, badTooLarge)
+	queue     atomic.Pointer[budget]    // the current publisher's, for the queue metrics
+	spilled   atomic.Uint64             // transactions moved to a spill file
+	spillB    atomic.Uint64             // bytes written to spill files
 
 	// maxEvent is the broker's message size limit (0: none); static after New.
 	maxEvent int
@@ -156,6 +159,13 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 		return err
 	}
 	defer release()
+	// Spill files of a previous run (a crash leaves them) are this slot's
+	// leader's to remove: a standby sharing the directory never does.
+	if n, err := removeSpillFiles(cfg.StateDir, cfg.Slot); err != nil {
+		return err
+	} else if n > 0 {
+		in.log.Info("ingest: removed spill files left by a previous run", zap.Int("files", n), zap.String("dir", cfg.StateDir))
+	}
 	// Projections are checked against the catalog first. The publication
 	// holds their tables too, but only the tables --tables names publish
 	// table events.
@@ -272,7 +282,8 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	}
 	in.ready.Store(true)
 	in.log.Info("ingest: tailing", zap.String("slot", cfg.Slot), zap.String("publication", cfg.Publication), zap.Int("tables", len(keys)))
-	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys, in.maxEvent, types, conn), pub: pub, streamed: make(map[uint32][]change), hbConn: conn, docs: docs, replay: rp}
+	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys, in.maxEvent, types, conn), pub: pub, streamed: make(map[uint32]*txn), hbConn: conn, docs: docs, replay: rp}
+	defer r.close()
 	return r.run(ctx)
 }
 
@@ -298,26 +309,29 @@ type reader struct {
 	cur       *txn      // the transaction being received (not streamed)
 	inStream  bool
 	streamXid uint32
-	streamed  map[uint32][]change // streamed transactions' changes so far, by top-level xid
+	streamed  map[uint32]*txn // streamed transactions' changes so far, by top-level xid
+	held      int64           // what the changes of cur and streamed take in memory (changeSize); MaxTxnMemory bounds it
 
-	walEnd   pglogrepl.LSN // the server's WAL end, last reported
-	received pglogrepl.LSN // end of the last commit handed to the publisher
-	lastData time.Time     // when the last change or commit arrived
+	walEnd     pglogrepl.LSN // the server's WAL end, last reported
+	received   pglogrepl.LSN // end of the last commit handed to the publisher
+	lastData   time.Time     // when the last change or commit arrived
+	nextStatus time.Time     // when the next standby status update is due
+	committing bool          // a commit is being handed over: its end is not received yet
 }
 
 func (r *reader) run(ctx context.Context) error {
 	cfg := &r.in.cfg
-	nextStatus := time.Now().Add(cfg.StatusInterval)
+	r.nextStatus = time.Now().Add(cfg.StatusInterval)
 	r.lastData = time.Now()
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if time.Now().After(nextStatus) {
+		if time.Now().After(r.nextStatus) {
 			if err := r.sendStatus(ctx, false); err != nil {
 				return err
 			}
-			nextStatus = time.Now().Add(cfg.StatusInterval)
+			r.nextStatus = time.Now().Add(cfg.StatusInterval)
 			if err := r.heartbeat(ctx); err != nil {
 				return err
 			}
@@ -327,7 +341,7 @@ func (r *reader) run(ctx context.Context) error {
 				return err
 			}
 		}
-		deadline := nextStatus
+		deadline := r.nextStatus
 		if r.pend != nil && r.replay == nil && r.pendDeadline.Before(deadline) {
 			deadline = r.pendDeadline
 		}
@@ -358,7 +372,7 @@ func (r *reader) run(ctx context.Context) error {
 					if err := r.sendStatus(ctx, false); err != nil {
 						return err
 					}
-					nextStatus = time.Now().Add(cfg.StatusInterval)
+					r.nextStatus = time.Now().Add(cfg.StatusInterval)
 				}
 			case pglogrepl.XLogDataByteID:
 				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
@@ -397,7 +411,7 @@ func (r *reader) sendStatus(ctx context.Context, reply bool) error {
 		return err
 	}
 	lsn := acked
-	if r.cur == nil && len(r.streamed) == 0 && r.pend == nil && acked >= r.received && r.walEnd > lsn {
+	if r.cur == nil && len(r.streamed) == 0 && r.pend == nil && !r.committing && acked >= r.received && r.walEnd > lsn {
 		lsn = r.walEnd
 		if err := r.docs.advance(lsn); err != nil {
 			return err
@@ -455,6 +469,10 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 	case *pglogrepl.RelationMessageV2:
 		return r.rels.define(ctx, &m.RelationMessage)
 	case *pglogrepl.BeginMessage:
+		if r.cur != nil { // a begin without a commit: let it go, with its spill file
+			r.release(r.cur)
+			r.done(r.cur)
+		}
 		r.cur = &txn{xid: m.Xid, commitLSN: m.FinalLSN, commitTime: m.CommitTime}
 	case *pglogrepl.CommitMessage:
 		t := r.cur
@@ -465,52 +483,42 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 		t.commitLSN, t.endLSN, t.commitTime = m.CommitLSN, m.TransactionEndLSN, m.CommitTime
 		return r.commit(ctx, t)
 	case *pglogrepl.InsertMessageV2:
-		r.add(m.Xid, change{kind: 'I', rel: m.RelationID, newRow: m.Tuple})
+		return r.add(m.Xid, change{kind: 'I', rel: m.RelationID, newRow: m.Tuple})
 	case *pglogrepl.UpdateMessageV2:
-		r.add(m.Xid, change{kind: 'U', rel: m.RelationID, newRow: m.NewTuple, oldRow: m.OldTuple, oldKind: m.OldTupleType})
+		return r.add(m.Xid, change{kind: 'U', rel: m.RelationID, newRow: m.NewTuple, oldRow: m.OldTuple, oldKind: m.OldTupleType})
 	case *pglogrepl.DeleteMessageV2:
-		r.add(m.Xid, change{kind: 'D', rel: m.RelationID, oldRow: m.OldTuple, oldKind: m.OldTupleType})
+		return r.add(m.Xid, change{kind: 'D', rel: m.RelationID, oldRow: m.OldTuple, oldKind: m.OldTupleType})
 	case *pglogrepl.TruncateMessageV2:
-		r.add(m.Xid, change{kind: 'T', truncs: m.RelationIDs})
+		return r.add(m.Xid, change{kind: 'T', truncs: m.RelationIDs})
 	case *pglogrepl.StreamStartMessageV2:
 		r.inStream, r.streamXid = true, m.Xid
 	case *pglogrepl.StreamStopMessageV2:
 		r.inStream = false
 	case *pglogrepl.StreamCommitMessageV2:
-		changes := r.streamed[m.Xid]
+		t := r.streamed[m.Xid]
 		delete(r.streamed, m.Xid)
-		return r.commit(ctx, &txn{xid: m.Xid, commitLSN: m.CommitLSN, endLSN: m.TransactionEndLSN, commitTime: m.CommitTime, changes: changes})
+		if t == nil { // streamed without a change of a published table
+			t = &txn{xid: m.Xid}
+		}
+		t.commitLSN, t.endLSN, t.commitTime = m.CommitLSN, m.TransactionEndLSN, m.CommitTime
+		return r.commit(ctx, t)
 	case *pglogrepl.StreamAbortMessageV2:
+		t := r.streamed[m.Xid]
+		if t == nil {
+			return nil
+		}
 		if m.SubXid == m.Xid || m.SubXid == 0 {
 			delete(r.streamed, m.Xid)
+			r.release(t)
+			r.done(t)
 			return nil
 		}
 		// A rolled-back subtransaction: drop its changes only.
-		kept := r.streamed[m.Xid][:0]
-		for _, c := range r.streamed[m.Xid] {
-			if c.xid != m.SubXid {
-				kept = append(kept, c)
-			}
-		}
-		r.streamed[m.Xid] = kept
+		r.abortSub(t, m.SubXid)
 	}
 	// Type, origin and logical decoding messages (our heartbeats) only
 	// matter for the WAL position, which keepalives report.
 	return nil
-}
-
-// add appends a change to the open transaction, or to its streamed
-// transaction's buffer (xid is the change's own (sub)transaction).
-func (r *reader) add(xid uint32, c change) {
-	r.lastData = time.Now()
-	if r.inStream {
-		c.xid = xid
-		r.streamed[r.streamXid] = append(r.streamed[r.streamXid], c)
-		return
-	}
-	if r.cur != nil {
-		r.cur.changes = append(r.cur.changes, c)
-	}
 }
 
 // commit turns a committed transaction's changes into events and queues
@@ -518,6 +526,10 @@ func (r *reader) add(xid uint32, c change) {
 // they are acknowledged.
 func (r *reader) commit(ctx context.Context, t *txn) error {
 	r.lastData = time.Now()
+	r.release(t) // its changes go as they are used
+	defer r.done(t)
+	r.committing = true
+	defer func() { r.committing = false }()
 	var evs []broker.Outgoing
 	done := 0 // events of the transaction already handed to the publisher
 	var window pglogrepl.LSN
@@ -541,56 +553,29 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		r.received = t.endLSN
 		return r.pub.add(ctx, nil, t.endLSN, t.commitTime)
 	}
-	for i := range t.changes {
-		// A big transaction goes to the publisher in MaxBatch slices as its
-		// events are built (only the last slice confirms its end), and its
-		// decoded rows are let go as they are used: it is held once, not
-		// as rows, events and one batch at the same time.
+	// A big transaction goes to the publisher in MaxBatch slices as its
+	// events are built (only the last slice confirms its end), and its
+	// decoded rows are let go as they are used: it is held once, not as
+	// rows, events and one batch at the same time. A spilled one is read
+	// back a change at a time.
+	each := func(c *change) error {
 		var err error
 		if evs, err = flush(evs); err != nil {
 			return err
 		}
-		c := &t.changes[i]
-		if c.kind == 'T' {
-			route := metrics.RouteSkip
-			for _, rel := range c.truncs {
-				tb := r.rels.byID[rel]
-				if tb != nil && r.docs != nil {
-					if err := r.docs.observeTruncate(ctx, dc, tb); err != nil {
-						return err
-					}
-				}
-				if tb == nil || !tb.published() {
-					continue
-				}
-				route = metrics.RoutePublish
-				evs = append(evs, truncateEvent(tb, id(len(evs)), t.commitLSN, t.commitTime))
-			}
-			r.in.wal.Observe('T', route)
-			continue
+		evs, err = r.apply(ctx, t, dc, c, evs, id)
+		return err
+	}
+	if t.spill != nil {
+		if err := t.spill.replay(each); err != nil {
+			return err
 		}
-		tb := r.rels.byID[c.rel]
-		if tb == nil {
-			return fmt.Errorf("postgres: change for relation %d before its Relation message", c.rel)
+	}
+	for i := range t.changes {
+		if err := each(&t.changes[i]); err != nil {
+			return err
 		}
-		if r.docs != nil {
-			if err := r.docs.observe(dc, tb, c); err != nil {
-				return err
-			}
-		}
-		if !tb.published() {
-			r.in.wal.Observe(metrics.Kind(c.kind), metrics.RouteSkip)
-			continue
-		}
-		r.in.wal.Observe(metrics.Kind(c.kind), metrics.RoutePublish)
-		if evs, err = tb.proj.project(evs, t, tb, c, id); err != nil {
-			bad, ok := asBadRow(err)
-			if !ok {
-				return err
-			}
-			r.in.reportBad(bad)
-		}
-		*c = change{}
+		t.changes[i] = change{}
 	}
 	if dc != nil && !dc.empty() {
 		// The documents, recomposed once each however many of their rows
@@ -638,6 +623,49 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	return r.pub.add(ctx, evs, t.endLSN, t.commitTime)
 }
 
+// apply adds the events of one change of committed transaction t to evs,
+// and records the documents it affects in dc (with projections).
+func (r *reader) apply(ctx context.Context, t *txn, dc *docChanges, c *change, evs []broker.Outgoing, id func(int) string) ([]broker.Outgoing, error) {
+	if c.kind == 'T' {
+		route := metrics.RouteSkip
+		for _, rel := range c.truncs {
+			tb := r.rels.byID[rel]
+			if tb != nil && r.docs != nil {
+				if err := r.docs.observeTruncate(ctx, dc, tb); err != nil {
+					return evs, err
+				}
+			}
+			if tb == nil || !tb.published() {
+				continue
+			}
+			route = metrics.RoutePublish
+			evs = append(evs, truncateEvent(tb, id(len(evs)), t.commitLSN, t.commitTime))
+		}
+		r.in.wal.Observe('T', route)
+		return evs, nil
+	}
+	tb := r.rels.byID[c.rel]
+	if tb == nil {
+		return evs, fmt.Errorf("postgres: change for relation %d before its Relation message", c.rel)
+	}
+	if r.docs != nil {
+		if err := r.docs.observe(dc, tb, c); err != nil {
+			return evs, err
+		}
+	}
+	if !tb.published() {
+		r.in.wal.Observe(metrics.Kind(c.kind), metrics.RouteSkip)
+		return evs, nil
+	}
+	r.in.wal.Observe(metrics.Kind(c.kind), metrics.RoutePublish)
+	evs, err := tb.proj.project(evs, t, tb, c, id)
+	if bad, ok := asBadRow(err); ok {
+		r.in.reportBad(bad) // its error event stands in evs
+		err = nil
+	}
+	return evs, err
+}
+
 // flusher returns the function that hands a transaction's events to the
 // publisher once they fill a MaxBatch slice, as they are built (a big
 // transaction is not held whole; only its last slice confirms its end). It
@@ -652,7 +680,7 @@ func (r *reader) flusher(ctx context.Context, handed *int) func([]broker.Outgoin
 			return evs, err
 		}
 		*handed += len(evs)
-		return nil, nil
+		return nil, r.keepAlive(ctx)
 	}
 }
 
@@ -660,6 +688,21 @@ func (r *reader) flusher(ctx context.Context, handed *int) func([]broker.Outgoin
 func (r *reader) docID(t *txn) func(p *docProjection, key []byte) string {
 	start := r.pendStart
 	return func(p *docProjection, key []byte) string { return docEventID(t.commitLSN, start, p.spec.Name, key) }
+}
+
+// keepAlive sends the standby status update when it is due, while a big
+// transaction is handed over: the publisher's bound holds the reader
+// there for as long as the broker takes (a 2,000,000-row transaction:
+// minutes), and PostgreSQL ends a replication connection that has not
+// answered for wal_sender_timeout (60s), which would start the
+// transaction over, forever. Replies are what the walsender waits for; it
+// is not read meanwhile, and TCP holds back what it sends.
+func (r *reader) keepAlive(ctx context.Context) error {
+	if time.Now().Before(r.nextStatus) {
+		return nil
+	}
+	r.nextStatus = time.Now().Add(r.in.cfg.StatusInterval)
+	return r.sendStatus(ctx, false)
 }
 
 // flushDocs publishes the documents waiting for the flush window, with the

@@ -20,6 +20,8 @@ type pending struct {
 	end    pglogrepl.LSN // confirmable once evs are acknowledged
 	commit time.Time     // the transaction's commit time (zero for bootstrap chunks)
 	done   chan struct{} // sync: closed once everything before is acknowledged
+	events int           // what it took from the budget (none for a sync)
+	bytes  int64
 }
 
 // publisher batches events and publishes them in order. While one publish
@@ -27,9 +29,10 @@ type pending struct {
 // grow with the load; an event waits at most FlushWindow for others.
 type publisher struct {
 	in    *Ingest
-	lease *lease     // asked before every publish: a leader that lost its lock publishes nothing
-	hw    *highWater // owned by run: events at or before it are skipped; nil once passed
-	ch    chan pending
+	lease *lease       // asked before every publish: a leader that lost its lock publishes nothing
+	hw    *highWater   // owned by run: events at or before it are skipped; nil once passed
+	ch    chan pending // at most 1,024 hand-overs; q bounds their events and bytes
+	q     *budget
 	acked atomic.Uint64 // end LSN of the last transaction whose events are acknowledged
 
 	stopped func(error) // static: told why run stopped
@@ -42,18 +45,29 @@ type publisher struct {
 // reason when it stops (a failed publish must end the run at once: the
 // reader, waiting for WAL on an idle database, would not notice it).
 func newPublisher(in *Ingest, l *lease, hw *highWater, stopped func(error)) *publisher {
-	return &publisher{in: in, lease: l, hw: hw, stopped: stopped, ch: make(chan pending, 1024), stop: make(chan struct{})}
+	q := newBudget(in.cfg.QueueEvents, in.cfg.QueueBytes)
+	in.queue.Store(q)
+	return &publisher{in: in, lease: l, hw: hw, stopped: stopped, ch: make(chan pending, 1024), q: q, stop: make(chan struct{})}
 }
 
-// add queues a transaction's events; it blocks while the queue is full
-// (the reader then stops reading: PostgreSQL keeps the WAL).
+// add queues a transaction's events; it blocks while the queue is full, in
+// hand-overs, events or bytes (the reader then stops reading: PostgreSQL
+// keeps the WAL).
 func (p *publisher) add(ctx context.Context, evs []broker.Outgoing, end pglogrepl.LSN, commit time.Time) error {
+	events, bytes := cost(evs)
+	if stopped, err := p.q.take(ctx, p.stop, events, bytes); stopped {
+		return p.err()
+	} else if err != nil {
+		return err
+	}
 	select {
-	case p.ch <- pending{evs: evs, end: end, commit: commit}:
+	case p.ch <- pending{evs: evs, end: end, commit: commit, events: events, bytes: bytes}:
 		return nil
 	case <-p.stop:
+		p.q.give(events, bytes)
 		return p.err()
 	case <-ctx.Done():
+		p.q.give(events, bytes)
 		return ctx.Err()
 	}
 }
@@ -92,6 +106,8 @@ func (p *publisher) run(ctx context.Context) {
 	var batch []broker.Outgoing
 	var syncs []chan struct{}
 	var commits []time.Time
+	var events int // taken from the budget by the batch's hand-overs
+	var bytes int64
 	for {
 		var first pending
 		select {
@@ -104,6 +120,7 @@ func (p *publisher) run(ctx context.Context) {
 		end := first.end
 		syncs = syncs[:0]
 		commits = append(commits[:0], first.commit)
+		events, bytes = first.events, first.bytes
 		if first.done != nil {
 			syncs = append(syncs, first.done)
 		}
@@ -115,6 +132,7 @@ func (p *publisher) run(ctx context.Context) {
 				batch = append(batch, n.evs...)
 				end = max(end, n.end)
 				commits = append(commits, n.commit)
+				events, bytes = events+n.events, bytes+n.bytes
 				if n.done != nil {
 					syncs = append(syncs, n.done)
 					break fill
@@ -170,6 +188,7 @@ func (p *publisher) run(ctx context.Context) {
 			close(d)
 		}
 		clear(batch)
+		p.q.give(events, bytes) // the reader may hand over more
 	}
 }
 

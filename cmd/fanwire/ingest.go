@@ -35,7 +35,8 @@ type ingestFlags struct {
 	heartbeat     time.Duration
 	leaderTimeout time.Duration
 	configFile    string               // --config: the projections file
-	stateDir      string               // --state-dir: the memory projections' state
+	stateDir      string               // --state-dir: the memory projections' state, spill files
+	maxTxnMemory  int64                // --max-txn-memory
 	projections   []cdc.ProjectionSpec // its projections, once loaded
 }
 
@@ -54,7 +55,8 @@ func (f *ingestFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.IntVar(&f.maxBatch, "max-batch", 4096, "ingest: most events per publish")
 	fs.DurationVar(&f.heartbeat, "heartbeat", 10*time.Second, "ingest: on an idle database, emit a logical message this often so the slot keeps advancing (negative: never)")
 	fs.DurationVar(&f.leaderTimeout, "leader-timeout", 10*time.Second, "ingest: failover: a leader frozen this long (SIGSTOP, a paused VM) loses the slot's lock to a standby (PostgreSQL 14+: idle_session_timeout on the lock's session, pinged every quarter of this; negative: never)")
-	fs.StringVar(&f.stateDir, "state-dir", ".fanwire/ingest", "ingest: where memory-mode projections keep their state, one file per slot (keep it on a persistent volume)")
+	fs.StringVar(&f.stateDir, "state-dir", ".fanwire/ingest", "ingest: where memory-mode projections keep their state, one file per slot (keep it on a persistent volume), and where transactions over --max-txn-memory spill")
+	fs.Int64Var(&f.maxTxnMemory, "max-txn-memory", 32<<20, "ingest: bytes of memory for the changes of open (uncommitted) transactions; past it the largest one spills to a temp file in --state-dir, read back at its commit (sized with --memory-limit for an RSS under 128 MiB)")
 	fs.StringVar(&f.configFile, "config", "", "ingest: YAML file of projections: documents of a row with its child rows embedded (see docs/projections.md)")
 }
 
@@ -81,7 +83,7 @@ func (f *ingestFlags) config(log *zap.Logger) cdc.Config {
 	return cdc.Config{
 		DSN: f.pg, Slot: f.slot, Publication: f.publication, Prefix: f.prefix, Tables: f.tables,
 		Rebootstrap: f.rebootstrap, FlushWindow: window, MaxBatch: f.maxBatch, Heartbeat: f.heartbeat, LeaderTimeout: f.leaderTimeout,
-		Projections: f.projections, StateDir: f.stateDir, Logger: log.Named("ingest"),
+		Projections: f.projections, StateDir: f.stateDir, MaxTxnMemory: f.maxTxnMemory, Logger: log.Named("ingest"),
 	}
 }
 

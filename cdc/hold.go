@@ -1,0 +1,161 @@
+package cdc
+
+import (
+	"time"
+	"unsafe"
+
+	"github.com/jackc/pglogrepl"
+	"go.uber.org/zap"
+)
+
+// Holding open transactions. pgoutput sends a transaction's changes before
+// its commit (a streamed one in pieces, interleaved with others), so the
+// reader holds them until then. Together they stay under
+// Config.MaxTxnMemory: past it the largest moves to a spill file, as do
+// all its later changes, and its commit reads them back. A transaction
+// that fits (nearly all) pays for none of it: its changes are a slice and
+// a running size.
+
+// Sizes of the decoded structures a held change points to, beyond the
+// column values: the message's tuple and, per column, its
+// TupleDataColumn, the pointer to it and the message's type and length
+// bytes.
+const (
+	tupleSize  = int64(unsafe.Sizeof(pglogrepl.TupleData{}))
+	columnSize = int64(unsafe.Sizeof(pglogrepl.TupleDataColumn{})) + 8 + 5
+	changeMem  = int64(unsafe.Sizeof(change{})) + 16 // and the message's header
+)
+
+// changeSize estimates the memory a held change takes: its cloned WAL
+// message (which its tuples point into) and the structures decoded from
+// it. The same change always gives the same size, so a dropped change
+// gives back exactly what it took.
+func changeSize(c *change) int64 {
+	n := changeMem + 4*int64(len(c.truncs))
+	for _, row := range [2]*pglogrepl.TupleData{c.newRow, c.oldRow} {
+		if row == nil {
+			continue
+		}
+		n += tupleSize + int64(len(row.Columns))*columnSize
+		for _, col := range row.Columns {
+			n += int64(len(col.Data))
+		}
+	}
+	return n
+}
+
+// add holds a change for the open transaction, or for its streamed
+// transaction (xid is the change's own (sub)transaction).
+func (r *reader) add(xid uint32, c change) error {
+	r.lastData = time.Now()
+	t := r.cur
+	if r.inStream {
+		c.xid = xid
+		if t = r.streamed[r.streamXid]; t == nil {
+			t = &txn{xid: r.streamXid}
+			r.streamed[r.streamXid] = t
+		}
+	}
+	if t == nil {
+		return nil
+	}
+	if t.spill != nil {
+		n, err := t.spill.write(&c)
+		r.in.spillB.Add(uint64(n))
+		return err
+	}
+	n := changeSize(&c)
+	t.changes = append(t.changes, c)
+	t.mem += n
+	r.held += n
+	if r.held <= r.in.cfg.MaxTxnMemory {
+		return nil
+	}
+	return r.spill(r.largest())
+}
+
+// largest is the held transaction with the most changes in memory.
+func (r *reader) largest() *txn {
+	big := r.cur
+	for _, t := range r.streamed {
+		if big == nil || t.mem > big.mem {
+			big = t
+		}
+	}
+	return big
+}
+
+// spill moves t's changes to a spill file, where its later changes go too.
+func (r *reader) spill(t *txn) error {
+	f, err := newSpillFile(r.in.cfg.StateDir, r.in.cfg.Slot, t.xid)
+	if err != nil {
+		return err
+	}
+	t.spill = f // removed with t, even if a write fails
+	var written uint64
+	for i := range t.changes {
+		n, err := f.write(&t.changes[i])
+		if err != nil {
+			return err
+		}
+		written += uint64(n)
+	}
+	r.in.spilled.Add(1)
+	r.in.spillB.Add(written)
+	r.in.log.Info("ingest: a transaction outgrew --max-txn-memory; its changes go to a spill file",
+		zap.Uint32("xid", t.xid), zap.Int("changes", len(t.changes)), zap.Int64("held_bytes", t.mem), zap.String("file", f.f.Name()))
+	r.held -= t.mem
+	t.changes, t.mem = nil, 0
+	return nil
+}
+
+// abortSub drops the changes of t's rolled-back subtransaction xid.
+func (r *reader) abortSub(t *txn, xid uint32) {
+	r.in.log.Debug("ingest: a streamed transaction's subtransaction rolled back; its changes are dropped",
+		zap.Uint32("xid", t.xid), zap.Uint32("subxid", xid), zap.Bool("spilled", t.spill != nil))
+	if t.spill != nil {
+		t.spill.abort(xid)
+	}
+	kept := t.changes[:0]
+	for _, c := range t.changes {
+		if c.xid != xid {
+			kept = append(kept, c)
+			continue
+		}
+		n := changeSize(&c)
+		t.mem -= n
+		r.held -= n
+	}
+	clear(t.changes[len(kept):]) // let the dropped rows go
+	t.changes = kept
+}
+
+// release lets t's changes go: it is committed (its changes are being
+// used) or aborted. Its spill file, if any, is removed by done.
+func (r *reader) release(t *txn) {
+	r.held -= t.mem
+	t.mem = 0
+}
+
+// done removes t's spill file, if any.
+func (r *reader) done(t *txn) {
+	if err := t.spill.remove(); err != nil {
+		r.in.log.Warn("ingest: remove a spill file", zap.Error(err))
+	}
+	t.spill = nil
+}
+
+// close lets every held transaction go and removes their spill files
+// (the reader ends; PostgreSQL resends them to the next one).
+func (r *reader) close() {
+	if r.cur != nil {
+		r.release(r.cur)
+		r.done(r.cur)
+		r.cur = nil
+	}
+	for xid, t := range r.streamed {
+		r.release(t)
+		r.done(t)
+		delete(r.streamed, xid)
+	}
+}

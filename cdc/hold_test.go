@@ -1,0 +1,94 @@
+package cdc
+
+import (
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+	"go.uber.org/zap"
+)
+
+func tuple(cols ...*pglogrepl.TupleDataColumn) *pglogrepl.TupleData {
+	return &pglogrepl.TupleData{ColumnNum: uint16(len(cols)), Columns: cols}
+}
+
+func text(s string) *pglogrepl.TupleDataColumn {
+	return &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Length: uint32(len(s)), Data: []byte(s)}
+}
+
+// TestHoldingASmallTransactionAllocatesNothing: a transaction under
+// MaxTxnMemory costs its changes' slice and nothing of the spill
+// machinery: no allocation per change, no file.
+func TestHoldingASmallTransactionAllocatesNothing(t *testing.T) {
+	cfg := Config{StateDir: t.TempDir()}
+	cfg.setDefaults()
+	r := &reader{in: &Ingest{cfg: cfg, log: zap.NewNop()}, streamed: make(map[uint32]*txn)}
+	row := tuple(text("42"), text("a value"), &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull})
+	r.cur = &txn{xid: 7, changes: make([]change, 0, 64)}
+	allocs := testing.AllocsPerRun(100, func() {
+		r.cur.changes = r.cur.changes[:0]
+		for range 64 {
+			if err := r.add(7, change{kind: 'U', rel: 1, newRow: row, oldRow: row, oldKind: 'O'}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r.release(r.cur)
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocations per 64 changes held", allocs)
+	}
+	if r.cur.spill != nil || r.held != 0 {
+		t.Errorf("spilled %v, held %d bytes after release", r.cur.spill != nil, r.held)
+	}
+	if m, _ := filepath.Glob(filepath.Join(cfg.StateDir, "*")); len(m) > 0 {
+		t.Errorf("files in the state dir: %v", m)
+	}
+}
+
+// TestSpillFileRoundTrip: changes read back from a spill file equal those
+// written, in order, but a rolled-back subtransaction's; the file is
+// removed.
+func TestSpillFileRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	toast := &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeToast}
+	null := &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull}
+	empty := &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: []byte{}}
+	in := []change{
+		{kind: 'I', xid: 10, rel: 16384, newRow: tuple(text("1"), text("x"), null)},
+		{kind: 'U', xid: 11, rel: 16384, newRow: tuple(text("2"), toast, empty), oldRow: tuple(text("2"), text("old"), null), oldKind: 'O'},
+		{kind: 'D', xid: 10, rel: 16385, oldRow: tuple(text("3"), null), oldKind: 'K'},
+		{kind: 'T', xid: 12, truncs: []uint32{16384, 16385, 1 << 31}},
+		{kind: 'I', xid: 11, rel: 16384, newRow: tuple(text("rolled back"))},
+		{kind: 'U', xid: 10, rel: 16384, newRow: tuple()},
+	}
+	f, err := newSpillFile(dir, "fanwire", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range in {
+		if _, err := f.write(&in[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.abort(11)
+	var out []change
+	if err := f.replay(func(c *change) error { out = append(out, *c); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	want := []change{in[0], in[2], in[3], in[5]}
+	if len(out) != len(want) {
+		t.Fatalf("read back %d changes, want %d", len(out), len(want))
+	}
+	for i := range want {
+		if !reflect.DeepEqual(out[i], want[i]) {
+			t.Errorf("change %d: read back %+v, want %+v", i, out[i], want[i])
+		}
+	}
+	if err := f.remove(); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "*")); len(m) > 0 {
+		t.Errorf("files left: %v", m)
+	}
+}
