@@ -286,7 +286,10 @@ func nodeOnEveryBroker(t *testing.T, test func(t *testing.T, e *env, nc *nodeCli
 }
 
 func graphqlNodeEnv(t *testing.T, kind string) *env {
-	return newEnvOn(t, kind, func(c *gateway.Config) { c.Subjects = []string{"orders.>", "app.>"} })
+	return newEnvOn(t, kind, func(c *gateway.Config) {
+		c.Subjects = []string{"orders.>", "app.>"}
+		c.AllowAnonymousPublish = true // publishAPI publishes without a key
+	})
 }
 
 // TestGraphQLNodeSubscribeComplete: the npm client subscribes, receives the
