@@ -93,7 +93,8 @@ func TestProtocolErrorsKeepTheConnection(t *testing.T) {
 		{`{"type":"subscribe","subject":"orders.*"}`, "bad_frame", ""},
 		{`{"type":"subscribe","id":"s1"}`, "bad_frame", "s1"},
 		{`{"id":"s1"}`, "bad_frame", "s1"},
-		{`{"type":"publish","id":"s1"}`, "unknown_type", "s1"},
+		{`{"type":"publish","id":"s1"}`, "bad_frame", "s1"}, // no subject, no data
+		{`{"type":"send","id":"s1"}`, "unknown_type", "s1"},
 		{`{"type":"ping","id":"p"}`, "bad_frame", "p"},
 		{`{"type":"subscribe","id":"s1","subject":"orders..x"}`, "bad_pattern", "s1"},
 		{`{"type":"subscribe","id":"s1","subject":"orders.>.x"}`, "bad_pattern", "s1"},
