@@ -469,7 +469,11 @@ func TestGraphQLNodeTokenExpiryReconnects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnvOn(t, "nats", func(c *gateway.Config) { c.Subjects = []string{"app.>"}; c.Authenticate = a.Grant })
+	e := newEnvOn(t, "nats", func(c *gateway.Config) {
+		c.Subjects = []string{"app.>"}
+		c.Authenticate = a.Grant
+		c.AllowAnonymousPublish = true // publishAPI publishes without a key
+	})
 	token := func(exp time.Time) string {
 		return sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", jwt.MapClaims{"sub": "u1", "exp": exp.Unix(), "subscribe": []any{"app.>"}})
 	}
