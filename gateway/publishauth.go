@@ -85,7 +85,7 @@ func (s *Server) checkPublish(p publisher, subject string) *publishRefusal {
 				return nil
 			}
 		}
-		return &publishRefusal{CodeForbidden, ruleReserved, fmt.Sprintf("subject %q is reserved (--reserved-subjects %s): only a key or token whose publish pattern lies inside %s may publish there, and %s has none that matches", subject, strings.Join(s.cfg.ReservedSubjects, ","), r, p.name)}
+		return &publishRefusal{CodeForbidden, ruleReserved, fmt.Sprintf("subject %q is reserved (--reserved-subjects %s): only a key or token with a publish pattern inside %s that matches it may publish there, not %s", subject, strings.Join(s.cfg.ReservedSubjects, ","), r, p.name)}
 	}
 	if p.anywhere {
 		return nil
