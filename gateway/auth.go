@@ -21,11 +21,16 @@ import (
 
 // Grants is what an authenticated connection may do: the subject patterns
 // it may subscribe to (a subscription's pattern must lie inside one of
-// them), until Expires (zero: no expiry). A nil *Grants allows everything.
+// them) and publish to (a subject must match one of them), until Expires
+// (zero: no expiry). A nil *Grants allows every subscription; publishing
+// is never implied: nil or Anonymous grants publish only when
+// Config.AllowAnonymousPublish says so.
 type Grants struct {
 	Subscribe []string
+	Publish   []string
 	Expires   time.Time
 	Subject   string // the token's sub, for logs
+	Anonymous bool   // admitted without a token
 }
 
 // JWTConfig configures token authentication (see NewJWTAuth).
@@ -47,11 +52,11 @@ type JWTConfig struct {
 // GraphQL connection_init payload's "token" (or "authToken",
 // "Authorization") field.
 //
-// Grants come from the token's "subscribe" claim, a list of subject
-// patterns in which {name} is replaced by the token's string claim name
-// ({sub}, {tenant}, …): "orders.{tenant}.>" keeps tenants apart. A pattern
-// whose placeholder has no string claim (or one that is not a single subject
-// token) is dropped, never widened.
+// Grants come from the token's "subscribe" and "publish" claims, lists of
+// subject patterns in which {name} is replaced by the token's string claim
+// name ({sub}, {tenant}, …): "orders.{tenant}.>" keeps tenants apart. A
+// pattern whose placeholder has no string claim (or one that is not a
+// single subject token) is dropped, never widened.
 type JWTAuth struct {
 	cfg     JWTConfig
 	secret  []byte
@@ -237,7 +242,7 @@ func (a *JWTAuth) Grant(ctx context.Context, r *http.Request, payload json.RawMe
 	raw := tokenFrom(r, payload)
 	if raw == "" {
 		if a.cfg.AllowAnonymous {
-			return &Grants{Subscribe: a.cfg.AnonymousGrants, Subject: "anonymous"}, nil
+			return &Grants{Subscribe: a.cfg.AnonymousGrants, Subject: "anonymous", Anonymous: true}, nil
 		}
 		return nil, ErrNoToken
 	}
@@ -250,17 +255,27 @@ func (a *JWTAuth) Grant(ctx context.Context, r *http.Request, payload json.RawMe
 	if exp, err := claims.GetExpirationTime(); err == nil && exp != nil {
 		g.Expires = exp.Time
 	}
-	list, _ := claims["subscribe"].([]any)
+	g.Subscribe = claimPatterns(claims, "subscribe")
+	g.Publish = claimPatterns(claims, "publish")
+	return g, nil
+}
+
+// claimPatterns reads the list claim name as subject patterns, with
+// {claim} placeholders substituted; entries that are not strings, lose a
+// placeholder or are not valid patterns are dropped.
+func claimPatterns(claims jwt.MapClaims, name string) []string {
+	list, _ := claims[name].([]any)
+	var out []string
 	for _, v := range list {
 		p, ok := v.(string)
 		if !ok {
 			continue
 		}
 		if p, ok = substituteClaims(p, claims); ok && ValidatePattern(p) == nil {
-			g.Subscribe = append(g.Subscribe, p)
+			out = append(out, p)
 		}
 	}
-	return g, nil
+	return out
 }
 
 var placeholderRE = regexp.MustCompile(`\{([A-Za-z_][A-Za-z0-9_]*)\}`)

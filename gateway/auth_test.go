@@ -85,7 +85,8 @@ func TestJWTAuth(t *testing.T) {
 	now := time.Now()
 	good := func(extra jwt.MapClaims) jwt.MapClaims {
 		c := jwt.MapClaims{"sub": "u1", "tenant": "acme", "iss": "https://issuer.example", "aud": "fanwire",
-			"exp": now.Add(time.Hour).Unix(), "subscribe": []any{"orders.{tenant}.>", "public.>", "users.{sub}", "bad.{nope}", "x.{evil}"}, "evil": "a.>"}
+			"exp": now.Add(time.Hour).Unix(), "subscribe": []any{"orders.{tenant}.>", "public.>", "users.{sub}", "bad.{nope}", "x.{evil}"}, "evil": "a.>",
+			"publish": []any{"chat.{tenant}.>", "db.{sub}.*", "bad.{nope}", 7, "x.{evil}"}}
 		for k, v := range extra {
 			c[k] = v
 		}
@@ -113,8 +114,11 @@ func TestJWTAuth(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 		want := []string{"orders.acme.>", "public.>", "users.u1"}
-		if strings.Join(g.Subscribe, " ") != strings.Join(want, " ") || g.Subject != "u1" || g.Expires.IsZero() {
+		if strings.Join(g.Subscribe, " ") != strings.Join(want, " ") || g.Subject != "u1" || g.Expires.IsZero() || g.Anonymous {
 			t.Fatalf("%s: grants %+v, want %v", name, g, want)
+		}
+		if got := strings.Join(g.Publish, " "); got != "chat.acme.> db.u1.*" {
+			t.Fatalf("%s: publish grants %q, want chat.acme.> db.u1.*", name, got)
 		}
 		for p, ok := range map[string]bool{"orders.acme.*": true, "orders.acme.>": true, "orders.other.1": false, "orders.>": false, "public.x.y": true, "users.u1": true, "users.u2": false, "a.b": false, ">": false} {
 			if g.Allows(p) != ok {
@@ -161,7 +165,7 @@ func TestJWTAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	g, err := anon.Grant(context.Background(), req("", ""), nil)
-	if err != nil || !g.Allows("public.news") || g.Allows("orders.1") {
+	if err != nil || !g.Allows("public.news") || g.Allows("orders.1") || !g.Anonymous || g.Publish != nil {
 		t.Fatalf("anonymous grants %+v, %v", g, err)
 	}
 	if _, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "short", "short")}); err == nil {

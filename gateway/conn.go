@@ -301,7 +301,7 @@ func (c *conn) readLoop() error {
 			c.closeWith(CloseInvalidUTF8, "text message is not valid UTF-8")
 			continue
 		}
-		if !c.admit() {
+		if !c.admit(data) {
 			continue
 		}
 		if c.gql != nil {
@@ -317,9 +317,10 @@ func (c *conn) readLoop() error {
 }
 
 // admit counts a client message against MaxMessageRate; one over it is
-// reported (rate_limited; GraphQL: close 1008) and must be dropped. Called
-// by the reader only.
-func (c *conn) admit() bool {
+// reported (rate_limited, with the message's id when it has one; GraphQL:
+// close 1008) and must be dropped. data is the message (nil for a
+// WebSocket ping). Called by the reader only.
+func (c *conn) admit(data []byte) bool {
 	if c.rate.allow(time.Now(), c.s.cfg.MaxMessageRate) {
 		return true
 	}
@@ -328,7 +329,11 @@ func (c *conn) admit() bool {
 		c.closeWith(ClosePolicy, "message rate over the limit")
 		return false
 	}
-	c.clientError("", CodeRateLimited, "over "+strconv.Itoa(c.s.cfg.MaxMessageRate)+" messages per second: this one was dropped")
+	var id string
+	if data != nil {
+		id = frameID(data)
+	}
+	c.clientError(id, CodeRateLimited, "over "+strconv.Itoa(c.s.cfg.MaxMessageRate)+" messages per second: this one was dropped")
 	return false
 }
 
@@ -341,7 +346,7 @@ func (c *conn) admit() bool {
 // close frame (on the writer, after a close was requested): then it
 // touches nothing of the reader's and sends no more pongs.
 func (c *conn) onPing(context.Context, []byte) bool {
-	return c.closeCode.Load() == 0 && c.admit()
+	return c.closeCode.Load() == 0 && c.admit(nil)
 }
 
 func (c *conn) handle(data []byte) {
@@ -360,6 +365,8 @@ func (c *conn) handle(data []byte) {
 		c.send(pongMessage)
 	case "refresh":
 		c.refresh(*f.Token)
+	case "publish":
+		c.publish(*f.ID, *f.Subject, f.Data)
 	}
 }
 

@@ -17,6 +17,11 @@
 //   - Each connection has two goroutines: the HTTP handler's goroutine reads
 //     (and owns the connection's subscriptions), and a writer it starts and
 //     waits for. Only the writer writes to the socket.
+//   - A client publish (the native publish message, the GraphQL publish
+//     mutation over WebSocket) runs on the connection's reader, which
+//     reads on once the broker has the event or half of PingTimeout has
+//     passed: no goroutine per publish, one connection's publishes in order
+//     (clientpublish.go).
 //   - Serve Handler with HTTPServer: its header timeout (HandshakeTimeout)
 //     bounds a connection's time from accept to upgrade; after the upgrade
 //     pings and the mailbox bound govern it (httpserver.go).

@@ -18,6 +18,14 @@ const (
 	CodeForbidden            = "forbidden"              // the connection's grants do not contain the pattern
 	CodeUnauthorized         = "unauthorized"           // a refresh whose token was refused
 	CodeRateLimited          = "rate_limited"           // over Config.MaxMessageRate: the message was dropped
+	CodeBadSubject           = "bad_subject"            // publish: invalid subject, a wildcard, or outside the subject space
+	CodeTooLarge             = "too_large"              // publish: data over Config.MaxPublishBytes or the broker's message limit
+)
+
+// Publish refusals of POST /api/publish and the GraphQL publish mutation
+// over HTTP (besides the codes above).
+const (
+	CodePublishDisabled = "publish_disabled" // no publish credential configured and no AllowAnonymousPublish: 403
 )
 
 // WebSocket close codes the server uses.

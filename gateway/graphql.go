@@ -490,7 +490,9 @@ func (c *conn) gqlSubscribe(id string, p *gqlSubscribePayload) {
 		return
 	}
 	if opCtx.Operation.Operation != ast.Subscription {
-		h, octx := g.exec.DispatchOperation(ctx, opCtx)
+		// Runs here, on the reader: a publish mutation uses the
+		// connection's grants (the reader's) and waits for the broker.
+		h, octx := g.exec.DispatchOperation(context.WithValue(ctx, gqlConnKey{}, c), opCtx)
 		resp := h(octx)
 		if resp == nil {
 			resp = &graphql.Response{}
@@ -658,6 +660,63 @@ func (b gqlBackend) Events(ctx context.Context, subject string, from, durable *s
 	return nil, errors.New("events is a subscription: subscribe over WebSocket at /graphql (graphql-transport-ws)")
 }
 
+// gqlConnKey carries the connection a WebSocket operation runs for (its
+// grants publish); gqlRequestKey the HTTP request of one over HTTP.
+type (
+	gqlConnKey    struct{}
+	gqlRequestKey struct{}
+)
+
+// Publish is the publish mutation: with the connection's grants over
+// WebSocket, with the request's credential over HTTP (as POST
+// /api/publish, origin check included). Refusals are GraphQL errors with
+// extensions code, rule and subject, counted like the transport's others:
+// fanwire_client_errors_total over WebSocket, fanwire_publish_requests_total
+// over HTTP.
+func (b gqlBackend) Publish(ctx context.Context, subject string, data schema.JSON) (*schema.Published, error) {
+	s := b.s
+	var pub publisher
+	allowed := true
+	var count func(result string)
+	switch {
+	case ctx.Value(gqlConnKey{}) != nil:
+		c := ctx.Value(gqlConnKey{}).(*conn)
+		pub, allowed = s.grantsPublisher(c.grants)
+		count = func(code string) { s.metrics.ClientErrors.WithLabelValues(code).Inc() }
+	case ctx.Value(gqlRequestKey{}) != nil:
+		r := ctx.Value(gqlRequestKey{}).(*http.Request)
+		count = func(result string) { s.metrics.PublishRequests.WithLabelValues(result).Inc() }
+		if origin := r.Header.Get("Origin"); origin != "" && !s.originAllowed(origin, r.Host) {
+			count("forbidden_origin")
+			return nil, &gqlerror.Error{Message: "origin " + origin + " is not allowed (see --allowed-origins)", Extensions: map[string]any{"code": "forbidden_origin"}}
+		}
+		var aerr *apiError
+		if pub, _, aerr = s.httpPublisher(r); aerr != nil {
+			count(aerr.Code)
+			return nil, &gqlerror.Error{Message: aerr.Error, Extensions: map[string]any{"code": aerr.Code}}
+		}
+	default:
+		return nil, errors.New("publish: no connection or request to publish for")
+	}
+	cursor, ref := s.clientPublish(ctx, pub, allowed, subject, data)
+	if ref != nil {
+		count(ref.code)
+		ext := map[string]any{"code": ref.code, "subject": subject}
+		if ref.rule != "" {
+			ext["rule"] = ref.rule
+		}
+		return nil, &gqlerror.Error{Message: ref.msg, Extensions: ext}
+	}
+	if ctx.Value(gqlConnKey{}) == nil {
+		count("ok")
+	}
+	p := &schema.Published{Subject: subject}
+	if cursor != "" {
+		p.Cursor = &cursor
+	}
+	return p, nil
+}
+
 func brokerName(b broker.Broker) string {
 	switch b.(type) {
 	case *broker.NATS:
@@ -691,7 +750,7 @@ func (s *Server) serveGraphQL(w http.ResponseWriter, r *http.Request) {
 		s.serveConn(w, r, true)
 		return
 	}
-	s.gqlHTTP.ServeHTTP(w, r)
+	s.gqlHTTP.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), gqlRequestKey{}, r)))
 }
 
 // isWebSocketUpgrade reports whether r asks for a WebSocket upgrade.

@@ -29,6 +29,7 @@ func TestGraphQLBrowser(t *testing.T) {
 	allowed := func(c *gateway.Config) {
 		c.Subjects = []string{"orders.>", "app.>"}
 		c.AllowedOrigins = []string{"127.0.0.1:*"}
+		c.AllowAnonymousPublish = true // publishAPI publishes without a key
 	}
 	for _, kind := range graphqlNodeKinds {
 		t.Run(kind, func(t *testing.T) {

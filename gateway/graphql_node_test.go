@@ -286,7 +286,10 @@ func nodeOnEveryBroker(t *testing.T, test func(t *testing.T, e *env, nc *nodeCli
 }
 
 func graphqlNodeEnv(t *testing.T, kind string) *env {
-	return newEnvOn(t, kind, func(c *gateway.Config) { c.Subjects = []string{"orders.>", "app.>"} })
+	return newEnvOn(t, kind, func(c *gateway.Config) {
+		c.Subjects = []string{"orders.>", "app.>"}
+		c.AllowAnonymousPublish = true // publishAPI publishes without a key
+	})
 }
 
 // TestGraphQLNodeSubscribeComplete: the npm client subscribes, receives the
@@ -466,7 +469,11 @@ func TestGraphQLNodeTokenExpiryReconnects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnvOn(t, "nats", func(c *gateway.Config) { c.Subjects = []string{"app.>"}; c.Authenticate = a.Grant })
+	e := newEnvOn(t, "nats", func(c *gateway.Config) {
+		c.Subjects = []string{"app.>"}
+		c.Authenticate = a.Grant
+		c.AllowAnonymousPublish = true // publishAPI publishes without a key
+	})
 	token := func(exp time.Time) string {
 		return sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", jwt.MapClaims{"sub": "u1", "exp": exp.Unix(), "subscribe": []any{"app.>"}})
 	}

@@ -53,6 +53,7 @@ func TestHostileClients(t *testing.T) {
 		c.CloseTimeout = time.Second
 		c.MaxSubscriptions = 32
 		c.GraphQLInitTimeout = 500 * time.Millisecond
+		c.AllowAnonymousPublish = true // the slow-body abuse publishes without a key
 	})
 	feed := startFeed(t, e, 4, "feed.seq")
 	base := measureFootprint()

@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 		DispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fanwire_dispatch_latency_seconds", Help: "From a batch's arrival from the broker until all its deliveries are queued.", Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12)}),
 
 		PublishRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_publish_requests_total", Help: "POST /api/publish requests, by result."}, []string{"result"}),
-		PublishedEvents: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_published_events_total", Help: "Events published through the publish API."}),
+		PublishedEvents: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_published_events_total", Help: "Events published through the gateway: POST /api/publish, client publish messages and the GraphQL publish mutation."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Connections, m.ConnectionsAccepted, m.ConnectionsRejected, m.Disconnects, m.Subscriptions, m.SlowConsumers,

@@ -19,19 +19,20 @@ const maxIDLen = 128
 // are pointers so that "absent" and "empty" differ: each type says which
 // fields it takes, and any other field is an error.
 type clientFrame struct {
-	Type    string  `json:"type"`
-	ID      *string `json:"id"`
-	Subject *string `json:"subject"`
-	From    *string `json:"from"`    // subscribe: a cursor, or "first"
-	Durable *string `json:"durable"` // subscribe: bind (or create) the named durable consumer
-	Token   *string `json:"token"`   // refresh: a new connection token
+	Type    string          `json:"type"`
+	ID      *string         `json:"id"`
+	Subject *string         `json:"subject"`
+	From    *string         `json:"from"`    // subscribe: a cursor, or "first"
+	Durable *string         `json:"durable"` // subscribe: bind (or create) the named durable consumer
+	Token   *string         `json:"token"`   // refresh: a new connection token
+	Data    json.RawMessage `json:"data"`    // publish: the event's data, any JSON value
 }
 
 // parseClientFrame decodes and validates one client frame. Every error wraps
 // ErrBadFrame or ErrUnknownType and says what is wrong.
 func parseClientFrame(data []byte) (clientFrame, error) {
 	var f clientFrame
-	if err := decodeObject(data, &f, "type", "id", "subject", "from", "durable", "token"); err != nil {
+	if err := decodeObject(data, &f, "type", "id", "subject", "from", "durable", "token", "data"); err != nil {
 		return f, fmt.Errorf("%w: %s", ErrBadFrame, err.Error())
 	}
 	switch f.Type {
@@ -48,22 +49,38 @@ func parseClientFrame(data []byte) (clientFrame, error) {
 		if f.Token != nil {
 			return f, fmt.Errorf("%w: \"token\" belongs in a refresh", ErrBadFrame)
 		}
+		if f.Data != nil {
+			return f, fmt.Errorf("%w: \"data\" belongs in a publish", ErrBadFrame)
+		}
+	case "publish":
+		if err := checkID(f.ID); err != nil {
+			return f, err
+		}
+		if f.Subject == nil {
+			return f, fmt.Errorf("%w: publish needs \"subject\"", ErrBadFrame)
+		}
+		if f.Data == nil {
+			return f, fmt.Errorf("%w: publish needs \"data\" (any JSON value)", ErrBadFrame)
+		}
+		if f.From != nil || f.Durable != nil || f.Token != nil {
+			return f, fmt.Errorf("%w: publish takes only \"id\", \"subject\" and \"data\"", ErrBadFrame)
+		}
 	case "unsubscribe":
 		if err := checkID(f.ID); err != nil {
 			return f, err
 		}
-		if f.Subject != nil || f.From != nil || f.Durable != nil || f.Token != nil {
+		if f.Subject != nil || f.From != nil || f.Durable != nil || f.Token != nil || f.Data != nil {
 			return f, fmt.Errorf("%w: unsubscribe takes only \"id\"", ErrBadFrame)
 		}
 	case "ping":
-		if f.ID != nil || f.Subject != nil || f.From != nil || f.Durable != nil || f.Token != nil {
+		if f.ID != nil || f.Subject != nil || f.From != nil || f.Durable != nil || f.Token != nil || f.Data != nil {
 			return f, fmt.Errorf("%w: ping takes no other field", ErrBadFrame)
 		}
 	case "refresh":
 		if f.Token == nil || *f.Token == "" {
 			return f, fmt.Errorf("%w: refresh needs \"token\"", ErrBadFrame)
 		}
-		if f.ID != nil || f.Subject != nil || f.From != nil || f.Durable != nil {
+		if f.ID != nil || f.Subject != nil || f.From != nil || f.Durable != nil || f.Data != nil {
 			return f, fmt.Errorf("%w: refresh takes only \"token\"", ErrBadFrame)
 		}
 	case "":
@@ -198,6 +215,29 @@ func subscribedMessage(id, cursor string) []byte {
 }
 
 var pongMessage = []byte(`{"type":"pong"}`)
+
+// publishedMessage acknowledges a publish: the broker has the event;
+// cursor (omitted when empty: Core NATS) is its position.
+func publishedMessage(id, cursor string) []byte {
+	b := append([]byte(`{"type":"published","id":`), appendJSONString(nil, id)...)
+	if cursor != "" {
+		b = append(b, `,"cursor":`...)
+		b = appendJSONString(b, cursor)
+	}
+	return append(b, '}')
+}
+
+// frameID returns the "id" of a client frame that was not parsed (a
+// message dropped over the rate limit), "" when it has no usable one.
+func frameID(data []byte) string {
+	var f struct {
+		ID *string `json:"id"`
+	}
+	if json.Unmarshal(data, &f) != nil || f.ID == nil || len(*f.ID) > maxIDLen {
+		return ""
+	}
+	return *f.ID
+}
 
 // refreshedMessage acknowledges a refresh: the new token's expiry (RFC
 // 3339; omitted when it has none).

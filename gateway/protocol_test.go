@@ -28,6 +28,8 @@ func TestParseClientFrame(t *testing.T) {
 		{name: "subscribe 128-byte id", in: `{"type":"subscribe","id":"` + id128 + `","subject":"a"}`, typ: "subscribe", id: id128, subject: ptr("a")},
 		{name: "subscribe escaped strings", in: `{"type":"subscribe","id":"s\"1\u00e9","subject":"a\\b"}`, typ: "subscribe", id: "s\"1é", subject: ptr(`a\b`)},
 		{name: "unsubscribe", in: `{"type":"unsubscribe","id":"s1"}`, typ: "unsubscribe", id: "s1"},
+		{name: "publish", in: `{"type":"publish","id":"p1","subject":"orders.1","data":{"n":1}}`, typ: "publish", id: "p1", subject: ptr("orders.1")},
+		{name: "publish null data", in: `{"type":"publish","id":"p1","subject":"a","data":null}`, typ: "publish", id: "p1", subject: ptr("a")},
 		{name: "ping", in: `{"type":"ping"}`, typ: "ping"},
 		{name: "whitespace around", in: " \n\t{ \"type\" : \"ping\" }\r\n ", typ: "ping"},
 		{name: "null id on ping", in: `{"type":"ping","id":null}`, typ: "ping"},
@@ -58,7 +60,13 @@ func TestParseClientFrame(t *testing.T) {
 		{name: "missing type", in: `{}`, err: ErrBadFrame, msg: `missing "type"`},
 		{name: "null type", in: `{"type":null,"id":"s1"}`, err: ErrBadFrame, msg: `missing "type"`},
 		{name: "empty type", in: `{"type":""}`, err: ErrBadFrame, msg: `missing "type"`},
-		{name: "unknown type", in: `{"type":"publish"}`, err: ErrUnknownType, msg: `"publish"`},
+		{name: "unknown type", in: `{"type":"send"}`, err: ErrUnknownType, msg: `"send"`},
+		{name: "publish no id", in: `{"type":"publish","subject":"a","data":1}`, err: ErrBadFrame, msg: `missing "id"`},
+		{name: "publish no subject", in: `{"type":"publish","id":"p","data":1}`, err: ErrBadFrame, msg: `publish needs "subject"`},
+		{name: "publish no data", in: `{"type":"publish","id":"p","subject":"a"}`, err: ErrBadFrame, msg: `publish needs "data"`},
+		{name: "publish with from", in: `{"type":"publish","id":"p","subject":"a","data":1,"from":"first"}`, err: ErrBadFrame, msg: `publish takes only`},
+		{name: "subscribe with data", in: `{"type":"subscribe","id":"s","subject":"a","data":1}`, err: ErrBadFrame, msg: `"data" belongs in a publish`},
+		{name: "ping with data", in: `{"type":"ping","data":1}`, err: ErrBadFrame, msg: "ping takes no other field"},
 		{name: "type is case-sensitive", in: `{"type":"PING"}`, err: ErrUnknownType, msg: `"PING"`},
 		{name: "subscribe no id", in: `{"type":"subscribe","subject":"a"}`, err: ErrBadFrame, msg: `missing "id"`},
 		{name: "subscribe null id", in: `{"type":"subscribe","id":null,"subject":"a"}`, err: ErrBadFrame, msg: `missing "id"`},
@@ -234,21 +242,23 @@ func FuzzClientFrame(f *testing.F) {
 			if fr.ID == nil || *fr.ID == "" || len(*fr.ID) > maxIDLen || fr.Subject == nil {
 				t.Fatalf("accepted subscribe without a usable id and a subject: %q", data)
 			}
-			if (fr.From != nil && *fr.From == "") || fr.Token != nil {
+			if (fr.From != nil && *fr.From == "") || fr.Token != nil || fr.Data != nil {
 				t.Fatalf("accepted subscribe with an empty \"from\" or a token: %q", data)
 			}
 		case "unsubscribe":
-			if fr.ID == nil || *fr.ID == "" || len(*fr.ID) > maxIDLen || fr.Subject != nil || fr.From != nil || fr.Durable != nil || fr.Token != nil {
+			if fr.ID == nil || *fr.ID == "" || len(*fr.ID) > maxIDLen || fr.Subject != nil || fr.From != nil || fr.Durable != nil || fr.Token != nil || fr.Data != nil {
 				t.Fatalf("accepted bad unsubscribe: %q", data)
 			}
 		case "ping":
-			if fr.ID != nil || fr.Subject != nil || fr.From != nil || fr.Durable != nil || fr.Token != nil {
+			if fr.ID != nil || fr.Subject != nil || fr.From != nil || fr.Durable != nil || fr.Token != nil || fr.Data != nil {
 				t.Fatalf("accepted ping with fields: %q", data)
 			}
 		case "refresh":
-			if fr.Token == nil || *fr.Token == "" || fr.ID != nil || fr.Subject != nil || fr.From != nil || fr.Durable != nil {
+			if fr.Token == nil || *fr.Token == "" || fr.ID != nil || fr.Subject != nil || fr.From != nil || fr.Durable != nil || fr.Data != nil {
 				t.Fatalf("accepted bad refresh: %q", data)
 			}
+		case "publish":
+			checkPublishFrame(t, data, fr)
 		default:
 			t.Fatalf("accepted unknown type %q: %q", fr.Type, data)
 		}
@@ -279,7 +289,7 @@ func checkTopLevelKeys(t testing.TB, data []byte) {
 			t.Fatalf("accepted %q: %v", data, err)
 		}
 		key := tok.(string)
-		if !slices.Contains([]string{"type", "id", "subject", "from", "durable", "token"}, key) || seen[key] {
+		if !slices.Contains([]string{"type", "id", "subject", "from", "durable", "token", "data"}, key) || seen[key] {
 			t.Fatalf("accepted %q with key %q (unknown, or repeated)", data, key)
 		}
 		seen[key] = true
@@ -301,7 +311,17 @@ func checkFrameRoundTrip(t testing.TB, data []byte, fr clientFrame) {
 			m[key] = *p
 		}
 	}
-	enc, err := json.Marshal(m)
+	var enc []byte
+	var err error
+	if fr.Data != nil {
+		all := map[string]any{"data": fr.Data}
+		for k, v := range m {
+			all[k] = v
+		}
+		enc, err = json.Marshal(all)
+	} else {
+		enc, err = json.Marshal(m)
+	}
 	if err != nil {
 		t.Fatalf("re-encode %q: %v", data, err)
 	}
@@ -310,7 +330,7 @@ func checkFrameRoundTrip(t testing.TB, data []byte, fr clientFrame) {
 		t.Fatalf("accepted %q, but not its re-encoding %s: %v", data, enc, err)
 	}
 	same := func(a, b *string) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
-	if again.Type != fr.Type || !same(again.ID, fr.ID) || !same(again.Subject, fr.Subject) || !same(again.From, fr.From) || !same(again.Durable, fr.Durable) || !same(again.Token, fr.Token) {
+	if again.Type != fr.Type || !same(again.ID, fr.ID) || !same(again.Subject, fr.Subject) || !same(again.From, fr.From) || !same(again.Durable, fr.Durable) || !same(again.Token, fr.Token) || !sameRawJSON(again.Data, fr.Data) {
 		t.Fatalf("%q parses to %+v, its re-encoding %s to %+v", data, fr, enc, again)
 	}
 }
@@ -322,4 +342,14 @@ func deref(p *string) string {
 		return ""
 	}
 	return *p
+}
+
+// sameRawJSON reports whether two raw JSON values (nil: absent) are the same
+// value once compacted.
+func sameRawJSON(a, b json.RawMessage) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	var ca, cb bytes.Buffer
+	return json.Compact(&ca, a) == nil && json.Compact(&cb, b) == nil && bytes.Equal(ca.Bytes(), cb.Bytes())
 }

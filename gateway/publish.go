@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/url"
 	"path"
-	"strconv"
 	"strings"
 	"time"
 
@@ -39,10 +38,12 @@ const publishTimeout = 10 * time.Second
 // every gateway node on that broker delivers them. It is all or nothing for
 // validation: one bad event rejects the request and names it.
 func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
-	key, ok := s.apiKeyFor(r.Header.Get("Authorization"))
-	if !ok {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="fanwire"`)
-		s.publishError(w, http.StatusUnauthorized, apiError{Error: "missing or wrong API key (Authorization: Bearer <key>)", Code: "unauthorized"})
+	pub, status, aerr := s.httpPublisher(r)
+	if aerr != nil {
+		if status == http.StatusUnauthorized {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="fanwire"`)
+		}
+		s.publishError(w, status, *aerr)
 		return
 	}
 	// The body is parsed as JSON whatever its Content-Type says (curl -d
@@ -67,7 +68,7 @@ func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
 		s.publishError(w, http.StatusBadRequest, apiError{Error: "read body: " + err.Error(), Code: "bad_request"})
 		return
 	}
-	msgs, aerr := s.parsePublish(body, key)
+	msgs, aerr := s.parsePublish(body, pub)
 	if aerr != nil {
 		status := http.StatusBadRequest
 		if aerr.Code == "forbidden" {
@@ -101,15 +102,15 @@ func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
 }
 
 // publishError answers a refused publish; the metric counts it by its
-// code (a fixed set: unauthorized, bad_request, bad_subject, forbidden,
-// forbidden_origin, too_large, body_timeout).
+// code (a fixed set: publish_disabled, unauthorized, bad_request,
+// bad_subject, forbidden, forbidden_origin, too_large, body_timeout).
 func (s *Server) publishError(w http.ResponseWriter, status int, e apiError) {
 	s.metrics.PublishRequests.WithLabelValues(e.Code).Inc()
 	writeJSON(w, status, e)
 }
 
 // parsePublish accepts {"subject":…,"data":…} or an array of them.
-func (s *Server) parsePublish(body []byte, key *APIKey) ([]broker.Outgoing, *apiError) {
+func (s *Server) parsePublish(body []byte, pub publisher) ([]broker.Outgoing, *apiError) {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
 		return nil, &apiError{Error: "empty body: send {\"subject\":…,\"data\":…} or an array of them", Code: "bad_request"}
@@ -150,14 +151,8 @@ func (s *Server) parsePublish(body []byte, key *APIKey) ([]broker.Outgoing, *api
 		case q.Data == nil:
 			return nil, &apiError{Error: "\"data\" is required (any JSON value)", Code: "bad_request", Field: "data", Index: idx}
 		}
-		if err := ValidateSubject(*q.Subject); err != nil {
-			return nil, &apiError{Error: err.Error(), Code: "bad_subject", Field: "subject", Index: idx}
-		}
-		if err := s.inSubjectSpace(*q.Subject); err != nil { // ValidateSubject above checked the syntax
-			return nil, &apiError{Error: err.Error(), Code: "bad_subject", Field: "subject", Index: idx}
-		}
-		if !key.allows(*q.Subject) {
-			return nil, &apiError{Error: "API key " + strconv.Quote(key.Name) + " may not publish to " + strconv.Quote(*q.Subject), Code: "forbidden", Field: "subject", Index: idx}
+		if ref := s.checkPublish(pub, *q.Subject); ref != nil {
+			return nil, &apiError{Error: ref.msg, Code: ref.code, Field: "subject", Index: idx, Subject: *q.Subject, Rule: ref.rule}
 		}
 		var data bytes.Buffer
 		if err := json.Compact(&data, q.Data); err != nil {
@@ -188,41 +183,71 @@ func (s *Server) originAllowed(origin, host string) bool {
 
 // APIKey is a key for POST /api/publish: a name (for errors and logs; the
 // key itself is never logged) and the subject patterns it may publish to
-// (none: all).
+// (none: every subject but the reserved ones; see publishauth.go).
 type APIKey struct {
 	Name    string
 	Key     string
 	Publish []string
 }
 
-// allows reports whether key (nil: no keys configured) may publish to
-// subject.
-func (k *APIKey) allows(subject string) bool {
-	if k == nil || len(k.Publish) == 0 {
-		return true
+// httpPublisher finds the credential of a publish over HTTP (POST
+// /api/publish, the GraphQL publish mutation): an API key, compared with
+// every key in constant time; else a token, when PublishTokens; without an
+// Authorization header, an anonymous publisher when AllowAnonymousPublish.
+// Otherwise it returns the refusal: 403 publish_disabled when no credential
+// is configured at all (naming the flags), 401 unauthorized for a missing
+// or wrong one. With no credential configured, a header is ignored.
+func (s *Server) httpPublisher(r *http.Request) (publisher, int, *apiError) {
+	if !s.PublishEnabled() {
+		return publisher{}, http.StatusForbidden, &apiError{Error: publishDisabledText, Code: CodePublishDisabled}
 	}
-	for _, p := range k.Publish {
-		if MatchSubject(p, subject) {
-			return true
+	header := r.Header.Get("Authorization")
+	if header == "" || !s.publishCredentials() {
+		if s.cfg.AllowAnonymousPublish {
+			return anonymousPublisher, 0, nil
 		}
+		return publisher{}, http.StatusUnauthorized, &apiError{Error: "missing credential: send Authorization: Bearer <API key" + s.orToken() + ">", Code: "unauthorized"}
 	}
-	return false
-}
-
-// apiKeyFor finds the API key a request's Authorization header carries. It
-// compares against every key in constant time. ok is false when keys are
-// configured and none matches; with no keys, every request passes (key
-// nil).
-func (s *Server) apiKeyFor(header string) (key *APIKey, ok bool) {
-	if len(s.cfg.APIKeys) == 0 {
-		return nil, true
-	}
+	var key *APIKey
 	for i := range s.cfg.APIKeys {
 		if bearerMatches(header, s.cfg.APIKeys[i].Key) && key == nil {
 			key = &s.cfg.APIKeys[i]
 		}
 	}
-	return key, key != nil
+	if key != nil {
+		return keyPublisher(key), 0, nil
+	}
+	if s.cfg.PublishTokens {
+		if _, ok := cutBearer(header); ok {
+			g, err := s.cfg.Authenticate(r.Context(), r, nil)
+			if err == nil && g != nil && !g.Anonymous {
+				pub, _ := s.grantsPublisher(g)
+				return pub, 0, nil
+			}
+			msg := "neither an API key nor a valid token"
+			if err != nil {
+				msg = "not an API key, and " + err.Error()
+			}
+			return publisher{}, http.StatusUnauthorized, &apiError{Error: "wrong credential: " + msg, Code: "unauthorized"}
+		}
+	}
+	return publisher{}, http.StatusUnauthorized, &apiError{Error: "missing or wrong API key (Authorization: Bearer <key" + s.orToken() + ">)", Code: "unauthorized"}
+}
+
+func (s *Server) orToken() string {
+	if s.cfg.PublishTokens {
+		return " or token"
+	}
+	return ""
+}
+
+// cutBearer returns the credential of an "Authorization: Bearer" header.
+func cutBearer(header string) (string, bool) {
+	const prefix = "Bearer "
+	if len(header) < len(prefix) || !strings.EqualFold(header[:len(prefix)], prefix) {
+		return "", false
+	}
+	return strings.TrimSpace(header[len(prefix):]), true
 }
 
 // bearerMatches compares the bearer token with key in constant time.

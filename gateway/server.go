@@ -435,10 +435,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 type apiError struct {
-	Error string `json:"error"`
-	Code  string `json:"code,omitempty"`
-	Field string `json:"field,omitempty"`
-	Index *int   `json:"index,omitempty"`
+	Error   string `json:"error"`
+	Code    string `json:"code,omitempty"`
+	Field   string `json:"field,omitempty"`
+	Index   *int   `json:"index,omitempty"`
+	Subject string `json:"subject,omitempty"` // a refused publish: the subject
+	Rule    string `json:"rule,omitempty"`    // a refused publish: the rule that refused it (publishauth.go)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -53,9 +53,28 @@ type Config struct {
 
 	APIKey          string   // when set, POST /api/publish needs "Authorization: Bearer <key>" (shorthand for one APIKeys entry, "default", publishing anywhere)
 	APIKeys         []APIKey // when set, POST /api/publish needs one of these keys, and publishes only where it may
-	MaxPublishBytes int64    // largest publish request body (default 1 MiB)
-	AllowedOrigins  []string // browser origins allowed besides same-origin (host patterns, e.g. "*.example.com")
-	Console         bool     // serve the live console page at /
+	MaxPublishBytes int64    // largest publish request body, and largest data of one client publish (WebSocket, GraphQL) (default 1 MiB)
+	// PublishTokens says that Authenticate verifies tokens whose "publish"
+	// claim grants publishing (JWTAuth.Grant): POST /api/publish and the
+	// GraphQL publish mutation over HTTP then accept a token as their
+	// bearer credential. Connections publish with their own grants
+	// whatever it says.
+	PublishTokens bool
+	// AllowAnonymousPublish lets publishers without a credential publish
+	// anywhere outside ReservedSubjects: POST /api/publish without an
+	// Authorization header, and connections admitted without a token.
+	// Publishing is closed by default: without it, APIKeys or
+	// PublishTokens, POST /api/publish answers 403 publish_disabled.
+	AllowAnonymousPublish bool
+	// ReservedSubjects are the patterns no publish through the gateway may
+	// write to (nil: DefaultReservedSubjects; empty, not nil: none), unless
+	// the credential names them explicitly: one of its publish patterns
+	// matches the subject and lies wholly inside a reserved pattern (see
+	// publishauth.go). They keep clients from forging the ingest's events.
+	ReservedSubjects []string
+
+	AllowedOrigins []string // browser origins allowed besides same-origin (host patterns, e.g. "*.example.com")
+	Console        bool     // serve the live console page at /
 
 	// Consumer is ConsumerShared (default) or ConsumerPerConnection, which
 	// needs a broker with per-subscription consumers (JetStream).
@@ -122,7 +141,14 @@ func (c *Config) setDefaults() {
 	if c.MaxPublishBytes == 0 {
 		c.MaxPublishBytes = 1 << 20
 	}
+	if c.ReservedSubjects == nil {
+		c.ReservedSubjects = DefaultReservedSubjects
+	}
 }
+
+// DefaultReservedSubjects is the ingest's subject space under its default
+// prefix ("db"): database changes, projections and their error events.
+var DefaultReservedSubjects = []string{"db.>"}
 
 func (c *Config) validate() error {
 	var errs []error
@@ -177,6 +203,14 @@ func (c *Config) validate() error {
 				errs = append(errs, fmt.Errorf("APIKeys[%d] (%q): %w", i, k.Name, err))
 			}
 		}
+	}
+	for _, p := range c.ReservedSubjects {
+		if err := ValidatePattern(p); err != nil {
+			errs = append(errs, fmt.Errorf("ReservedSubjects: %w", err))
+		}
+	}
+	if c.PublishTokens && c.Authenticate == nil {
+		errs = append(errs, errors.New("PublishTokens needs Authenticate (a token verifier such as JWTAuth.Grant)"))
 	}
 	pos("GraphQLInitTimeout", int64(c.GraphQLInitTimeout))
 	return errors.Join(errs...)

@@ -93,7 +93,8 @@ func TestProtocolErrorsKeepTheConnection(t *testing.T) {
 		{`{"type":"subscribe","subject":"orders.*"}`, "bad_frame", ""},
 		{`{"type":"subscribe","id":"s1"}`, "bad_frame", "s1"},
 		{`{"id":"s1"}`, "bad_frame", "s1"},
-		{`{"type":"publish","id":"s1"}`, "unknown_type", "s1"},
+		{`{"type":"publish","id":"s1"}`, "bad_frame", "s1"}, // no subject, no data
+		{`{"type":"send","id":"s1"}`, "unknown_type", "s1"},
 		{`{"type":"ping","id":"p"}`, "bad_frame", "p"},
 		{`{"type":"subscribe","id":"s1","subject":"orders..x"}`, "bad_pattern", "s1"},
 		{`{"type":"subscribe","id":"s1","subject":"orders.>.x"}`, "bad_pattern", "s1"},
@@ -439,7 +440,7 @@ func TestBrowserOriginsSameOriginByDefault(t *testing.T) {
 }
 
 func TestPublishBodyTooLarge(t *testing.T) {
-	e := newEnv(t, func(c *gateway.Config) { c.MaxPublishBytes = 1024 })
+	e := newEnv(t, func(c *gateway.Config) { c.MaxPublishBytes = 1024; c.AllowAnonymousPublish = true })
 	body := `{"subject":"a","data":"` + strings.Repeat("x", 2048) + `"}`
 	resp, err := http.Post(e.http.URL+"/api/publish", "application/json", strings.NewReader(body))
 	if err != nil {
@@ -502,7 +503,10 @@ func TestUnansweredPingCloses(t *testing.T) {
 func TestDurableEventsCarryCursors(t *testing.T) {
 	for _, kind := range []string{"jetstream", "redis", "redis-cluster"} {
 		t.Run(kind, func(t *testing.T) {
-			e := newEnvOn(t, kind, func(c *gateway.Config) { c.Subjects = []string{"orders.>", "app.>"} })
+			e := newEnvOn(t, kind, func(c *gateway.Config) {
+				c.Subjects = []string{"orders.>", "app.>"}
+				c.AllowAnonymousPublish = true
+			})
 			cl := e.dial()
 			cl.subscribe("s", "orders.*")
 			publish := func(body string) []string {

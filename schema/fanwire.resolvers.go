@@ -9,6 +9,11 @@ import (
 	"context"
 )
 
+// Publish is the resolver for the publish field.
+func (r *mutationResolver) Publish(ctx context.Context, subject string, data JSON) (*Published, error) {
+	return r.Backend.Publish(ctx, subject, data)
+}
+
 // Health is the resolver for the health field.
 func (r *queryResolver) Health(ctx context.Context) (*Health, error) {
 	return r.Backend.Health(ctx), nil
@@ -24,6 +29,9 @@ func (r *subscriptionResolver) Events(ctx context.Context, subject string, from 
 	return r.Backend.Events(ctx, subject, from, durable)
 }
 
+// Mutation returns MutationResolver implementation.
+func (r *Resolver) Mutation() MutationResolver { return &mutationResolver{r} }
+
 // Query returns QueryResolver implementation.
 func (r *Resolver) Query() QueryResolver { return &queryResolver{r} }
 
@@ -31,6 +39,7 @@ func (r *Resolver) Query() QueryResolver { return &queryResolver{r} }
 func (r *Resolver) Subscription() SubscriptionResolver { return &subscriptionResolver{r} }
 
 type (
+	mutationResolver     struct{ *Resolver }
 	queryResolver        struct{ *Resolver }
 	subscriptionResolver struct{ *Resolver }
 )

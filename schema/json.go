@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 )
@@ -18,7 +19,13 @@ func (j JSON) MarshalGQL(w io.Writer) {
 	_, _ = w.Write(j)
 }
 
-// UnmarshalGQL refuses input: JSON is an output type in this schema.
+// UnmarshalGQL takes an input value (a literal or a variable, as gqlgen
+// decoded it) and keeps it encoded.
 func (j *JSON) UnmarshalGQL(v any) error {
-	return fmt.Errorf("JSON is output only (got %T)", v)
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("JSON: %w", err)
+	}
+	*j = b
+	return nil
 }

@@ -25,6 +25,17 @@ type Health struct {
 	Connections int `json:"connections"`
 }
 
+type Mutation struct {
+}
+
+// A publish the broker has.
+type Published struct {
+	// The subject published on.
+	Subject string `json:"subject"`
+	// The event's broker position (null on NATS Core), as Event.cursor.
+	Cursor *string `json:"cursor,omitempty"`
+}
+
 type Query struct {
 }
 

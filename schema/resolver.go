@@ -12,6 +12,9 @@ type Backend interface {
 	// serves. The gateway has validated the subscription and registered it
 	// before the executor runs; this hands the executor its channel.
 	Events(ctx context.Context, subject string, from, durable *string) (<-chan *Event, error)
+	// Publish publishes one event with the credential of the connection
+	// or request the operation came from.
+	Publish(ctx context.Context, subject string, data JSON) (*Published, error)
 }
 
 // Resolver is the root resolver; Backend answers every field.

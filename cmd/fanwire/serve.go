@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -42,6 +43,9 @@ type wsFlags struct {
 	anonymousGrants  listFlag
 	listen           string
 	apiKey           string
+	allowAnonPublish bool
+	reservedSubjects listFlag
+	maxPublishBytes  int64
 	console          bool
 	allowedOrigins   listFlag
 	maxConnections   int
@@ -76,7 +80,11 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", dev, "admit connections without a token, with --anonymous-grants; without a JWT key, ws refuses to start unless this is set (every connection would be anonymous)")
 	fs.Var(&f.anonymousGrants, "anonymous-grants", "subject patterns anonymous connections may subscribe to, comma-separated (default: none with a JWT key, every subject without one)")
 	fs.StringVar(&f.apiKeysFile, "api-keys-file", "", "file of POST /api/publish keys, one per line: name key [patterns,comma-separated] (none: publish anywhere); # starts a comment")
-	fs.StringVar(&f.apiKey, "api-key", "", "when set, POST /api/publish requires Authorization: Bearer <key>")
+	fs.StringVar(&f.apiKey, "api-key", "", "a POST /api/publish key: requests need Authorization: Bearer <key>, and may publish anywhere but --reserved-subjects")
+	fs.BoolVar(&f.allowAnonPublish, "allow-anonymous-publish", dev, "let publishers without a credential publish anywhere but --reserved-subjects: POST /api/publish without Authorization, and connections without a token; without it, --api-key, --api-keys-file or a JWT key, POST /api/publish answers 403 (publishing is off)")
+	f.reservedSubjects = listFlag(gateway.DefaultReservedSubjects)
+	fs.Var(&f.reservedSubjects, "reserved-subjects", "subject patterns no publish through the gateway may write to, comma-separated (the ingest's events), unless a key's or token's publish pattern that matches the subject lies inside one of them; empty: none")
+	fs.Int64Var(&f.maxPublishBytes, "max-publish-bytes", 1<<20, "largest POST /api/publish body, and largest data of a client publish (WebSocket message, GraphQL mutation): over it, too_large")
 	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
 	fs.Var(&f.allowedOrigins, "allowed-origins", "browser origins allowed to connect besides same-origin, comma-separated host patterns (e.g. app.example.com,*.example.com)")
 	fs.IntVar(&f.maxConnections, "max-connections", 100_000, "connections over this get 503 with Retry-After; /readyz is not ready from 90% of it")
@@ -188,6 +196,11 @@ func devCommand() *command {
 		if err := ing.loadProjections(); err != nil {
 			return err
 		}
+		// One process: the reserved subjects follow the ingest's prefix
+		// unless they were given.
+		if ing.prefix != "db" && slices.Equal(f.reservedSubjects, gateway.DefaultReservedSubjects) {
+			f.reservedSubjects = listFlag{ing.prefix + ".>"}
+		}
 		log, err := newLogger(f.logLevel, f.logFormat)
 		if err != nil {
 			return err
@@ -230,6 +243,10 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	if err != nil {
 		return err
 	}
+	reserved := []string(f.reservedSubjects)
+	if reserved == nil {
+		reserved = []string{} // --reserved-subjects "": none (nil would be the default)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -265,6 +282,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		PingInterval:        f.pingInterval,
 		PingTimeout:         f.pingTimeout,
 		APIKey:              f.apiKey,
+		MaxPublishBytes:     f.maxPublishBytes,
 		AllowedOrigins:      f.allowedOrigins,
 		Console:             f.console,
 		Consumer:            f.consumer,
@@ -273,6 +291,10 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		GraphQLInitTimeout: f.graphqlInit,
 		Authenticate:       authenticate,
 		APIKeys:            apiKeys,
+
+		PublishTokens:         f.jwtSecretFile != "" || f.jwtJWKSFile != "",
+		AllowAnonymousPublish: f.allowAnonPublish,
+		ReservedSubjects:      reserved,
 	})
 	if err != nil {
 		return err
@@ -304,8 +326,13 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		zap.String("graphql", "http://"+addr+"/graphql"),
 		zap.String("publish", "http://"+addr+"/api/publish"),
 		zap.String("metrics", "http://"+addr+"/metrics"))
+	logPublishing(log, srv, f, len(apiKeys), reserved)
 	if f.console {
-		fmt.Fprintf(os.Stderr, "\n  fanwire is up: open http://%s/ in a browser\n  websocket: ws://%s/ws   graphql: ws://%s/graphql\n  publish: curl -d '{\"subject\":\"demo.hello\",\"data\":{\"hi\":1}}' http://%s/api/publish\n\n", addr, addr, addr, addr)
+		fmt.Fprintf(os.Stderr, "\n  fanwire is up: open http://%s/ in a browser\n  websocket: ws://%s/ws   graphql: ws://%s/graphql\n  publish: curl -d '{\"subject\":\"demo.hello\",\"data\":{\"hi\":1}}' http://%s/api/publish\n", addr, addr, addr, addr)
+		if f.allowAnonPublish {
+			fmt.Fprintf(os.Stderr, "  anonymous publishing is on (--allow-anonymous-publish): anyone who reaches this address may publish, except on %s\n", strings.Join(reserved, ","))
+		}
+		fmt.Fprintln(os.Stderr)
 	}
 
 	<-gctx.Done()
@@ -326,6 +353,26 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	}
 	log.Info("stopped")
 	return errors.Join(errs...)
+}
+
+// logPublishing says at start whether and how publishing is open: off
+// (POST /api/publish answers 403), or which credentials publish.
+func logPublishing(log *zap.Logger, srv *gateway.Server, f *wsFlags, keys int, reserved []string) {
+	if !srv.PublishEnabled() {
+		log.Info("publishing is off: POST /api/publish answers 403; give --api-key, --api-keys-file, a JWT key whose tokens carry a publish claim, or --allow-anonymous-publish")
+		return
+	}
+	if f.apiKey != "" {
+		keys++
+	}
+	log.Info("publishing is on",
+		zap.Int("api_keys", keys),
+		zap.Bool("token_publish_grants", f.jwtSecretFile != "" || f.jwtJWKSFile != ""),
+		zap.Bool("anonymous", f.allowAnonPublish),
+		zap.Strings("reserved_subjects", reserved))
+	if f.allowAnonPublish {
+		log.Warn("anonymous publishing is on (--allow-anonymous-publish): anyone who reaches this gateway may publish outside --reserved-subjects")
+	}
 }
 
 // loadAPIKeys reads an --api-keys-file: one key per line, "name key
@@ -392,6 +439,6 @@ func (f *wsFlags) authenticator() (gateway.Authenticator, error) {
 		return nil, nil // every subject of --subjects
 	}
 
-	grants := &gateway.Grants{Subscribe: f.anonymousGrants, Subject: "anonymous"}
+	grants := &gateway.Grants{Subscribe: f.anonymousGrants, Subject: "anonymous", Anonymous: true}
 	return func(context.Context, *http.Request, json.RawMessage) (*gateway.Grants, error) { return grants, nil }, nil
 }
