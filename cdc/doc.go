@@ -1,6 +1,6 @@
 // Package cdc is the ingest role: it turns committed PostgreSQL changes,
 // read through logical replication (pgoutput), into events in the broker,
-// exactly once where the broker deduplicates.
+// exactly once on brokers that keep history (JetStream, Redis Streams).
 //
 // The pipeline, one goroutine each:
 //
@@ -23,11 +23,16 @@
 //	    the trivial projection: the row is the document and its primary key
 //	    the key. (Projections with embedded child rows plug in here.)
 //	  - The publisher collects events for at most the flush window (or a max
-//	    batch), publishes them through the broker, which pipelines them and
-//	    returns once every one is acknowledged, and only then advances the
-//	    LSN that the reader confirms to PostgreSQL: a crash re-reads what was
-//	    not acknowledged, and event ids derived from (commit LSN, index in
-//	    the transaction) let the broker drop what it already has.
+//	    batch), asks the slot lock's lease (lease.go: a leader woken after a
+//	    takeover publishes nothing), publishes them through the broker, which
+//	    stores a prefix of them in order and returns once every one is
+//	    acknowledged, and only then advances the LSN that the reader confirms
+//	    to PostgreSQL. A crash re-reads what was not confirmed; the next run
+//	    asks the broker for its high-water mark and skips what is at or
+//	    before it (highwater.go), by ids that order the events as they were
+//	    published (eventid.go). A failed publish ends the run.
+//	  - A row that cannot be published becomes an error event in its place
+//	    (badrow.go): one bad value never stops the ingest.
 //
 // A new slot starts with a consistent bootstrap: the snapshot the slot
 // exported is scanned table by table, and the tail then starts at the
