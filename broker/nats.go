@@ -93,14 +93,14 @@ func DialNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 	}
 	// nats.Connect takes no context: bound its dial by ctx's deadline.
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", url, err)
+		return nil, fmt.Errorf("connect to nats %s: %w", redactURL(url), err)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		opts = append(opts, nats.Timeout(max(time.Until(dl), time.Millisecond)))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w%s", url, err, connectHint(err))
+		return nil, fmt.Errorf("connect to nats %s: %w%s", redactURL(url), err, connectHint(err))
 	}
 	b.nc = nc
 	b.state(true)

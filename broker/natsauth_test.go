@@ -114,6 +114,9 @@ func TestNATSSecuredRefusals(t *testing.T) {
 		{"key not a key", func(c *broker.NATSConfig) { c.TLSKey = garbage }, []string{"--nats-tls-cert", "--nats-tls-key", garbage}},
 		{"no creds", func(c *broker.NATSConfig) { c.CredsFile = "" }, []string{"Authorization Violation", "--nats-creds"}},
 		{"another account's creds", func(c *broker.NATSConfig) { c.CredsFile = other.CredsFile }, []string{"Authorization Violation", "--nats-creds"}},
+		{"user and password refused", func(c *broker.NATSConfig) {
+			*c = broker.NATSConfig{URL: strings.Replace(nkey.Server.ClientURL(), "nats://", "nats://fanwire:pa55@", 1)}
+		}, []string{"Authorization Violation", "user:password", "fanwire:xxxxx@"}},
 		{"no nkey", func(c *broker.NATSConfig) { *c = broker.NATSConfig{URL: nkey.Server.ClientURL()} }, []string{"Authorization Violation", "--nats-nkey"}},
 		{"untrusted certificate", func(c *broker.NATSConfig) { c.TLSCA = brokertest.NewCA(t).File }, []string{"certificate", "--nats-tls-ca"}},
 		{"tls to a server without", func(c *broker.NATSConfig) {
@@ -134,6 +137,9 @@ func TestNATSSecuredRefusals(t *testing.T) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not say %q", err, w)
 				}
+			}
+			if strings.Contains(err.Error(), "pa55") {
+				t.Errorf("error %q shows the password", err)
 			}
 		})
 	}

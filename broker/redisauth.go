@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 )
 
@@ -14,6 +13,9 @@ import (
 // certificate. TLS files with a redis:// URL are an error: the operator
 // meant TLS and would not get it.
 func (cfg RedisConfig) redisTLS(tc *tls.Config) error {
+	if tc != nil && tc.MinVersion == 0 {
+		tc.MinVersion = tls.VersionTLS12 // ParseClusterURL leaves it at TLS 1.0
+	}
 	if cfg.TLSCA == "" && cfg.TLSCert == "" && cfg.TLSKey == "" {
 		return nil
 	}
@@ -53,13 +55,4 @@ func redisHint(err error) string {
 		return " (the server's certificate is not trusted: --redis-tls-ca names the CA that issued it)"
 	}
 	return ""
-}
-
-// redactURL hides a URL's password, for error messages.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
 }
