@@ -66,6 +66,25 @@ func TestWSSecured(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
+	// fanwire health probes it with the CA (a certificate for 127.0.0.1,
+	// or one for another name with --tls-server-name), and not without.
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--tls-ca", ca.File}, 0, ""},
+		{[]string{"--tls-ca", ca.File, "--tls-server-name", "localhost"}, 0, ""},
+		{[]string{"--tls-ca", ca.File, "--tls-server-name", "fanwire.example"}, 1, "fanwire.example"},
+		{nil, 1, "certificate"},
+		{[]string{"--tls-ca", filepath.Join(dir, "missing")}, 1, "--tls-ca"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(append([]string{"health", "--url", "https://" + listen + "/readyz"}, tc.args...), &out, &errOut); code != tc.code || !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("health %v: exit %d (%s), want %d saying %q", tc.args, code, errOut.String(), tc.code, tc.want)
+		}
+	}
+
 	dctx, dcancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer dcancel()
 	dial := func() (*websocket.Conn, string) {
