@@ -11,6 +11,10 @@ import (
 	"github.com/fanwire/fanwire/broker/brokertest"
 )
 
+// narrowACL is a Redis ACL with only what fanwire needs on stream "fw".
+var narrowACL = []string{"~fw", "~fw:*", "resetchannels", "-@all", "+ping", "+hello",
+	"+xadd", "+xread", "+xrange", "+xrevrange", "+xinfo|stream", "+eval", "+evalsha", "+get", "+set", "+hget", "+hset"}
+
 func dialRedisSecure(cfg broker.RedisConfig) (*broker.Redis, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -32,6 +36,11 @@ func TestRedisSecured(t *testing.T) {
 		}},
 		{"acl user", brokertest.SecureRedisConfig{User: "fanwire", UserPassword: "pa55"}, func(s brokertest.SecureRedis) broker.RedisConfig {
 			return broker.RedisConfig{URL: "redis://fanwire:pa55@" + s.Addr}
+		}},
+		// The commands docs/operations.md lists for a narrow ACL, on the
+		// stream's keys only.
+		{"narrow acl user", brokertest.SecureRedisConfig{User: "fanwire", UserPassword: "pa55", UserRules: narrowACL}, func(s brokertest.SecureRedis) broker.RedisConfig {
+			return broker.RedisConfig{URL: "redis://fanwire:pa55@" + s.Addr, Stream: "fw"}
 		}},
 		{"tls+requirepass", brokertest.SecureRedisConfig{CA: ca, Password: "s3cret"}, func(s brokertest.SecureRedis) broker.RedisConfig {
 			return broker.RedisConfig{URL: "rediss://:s3cret@" + s.Addr, TLSCA: ca.File}

@@ -23,8 +23,10 @@ type SecureRedisConfig struct {
 	VerifyClients bool
 	// Password, when set, is the default user's password (requirepass).
 	Password string
-	// User and UserPassword, when set, add an ACL user allowed everything.
+	// User and UserPassword, when set, add an ACL user with UserRules
+	// (default: everything, "~* &* +@all").
 	User, UserPassword string
+	UserRules          []string
 }
 
 // SecureRedis is a RedisSecure server and the files its clients need.
@@ -69,7 +71,11 @@ func RedisSecure(t testing.TB, cfg SecureRedisConfig) SecureRedis {
 		args = append(args, "--requirepass", cfg.Password)
 	}
 	if cfg.User != "" {
-		args = append(args, "--user", cfg.User, "on", ">"+cfg.UserPassword, "~*", "&*", "+@all")
+		rules := cfg.UserRules
+		if rules == nil {
+			rules = []string{"~*", "&*", "+@all"}
+		}
+		args = append(append(args, "--user", cfg.User, "on", ">"+cfg.UserPassword), rules...)
 	}
 	cmd := exec.Command(bin, args...)
 	if err := cmd.Start(); err != nil {
