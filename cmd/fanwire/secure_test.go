@@ -4,16 +4,21 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/fanwire/fanwire/cdc/pgtest"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
@@ -211,4 +216,86 @@ func TestSecuredBrokerRefusals(t *testing.T) {
 			t.Fatalf("exit %d: %s", code, errOut.String())
 		}
 	})
+}
+
+// TestIngestSecured: the ingest role publishes a committed row through a
+// NATS server that wants a .creds user and client certificates
+// (JetStream), and through a redis-server with an ACL user and TLS with
+// client certificates, given by its flags.
+func TestIngestSecured(t *testing.T) {
+	ca := brokertest.NewCA(t)
+	for _, kind := range []string{"jetstream", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			pg := pgtest.Start(t, pgtest.Config{})
+			pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY, v int)")
+			var args []string
+			var d broker.Durable
+			switch kind {
+			case "jetstream":
+				ns := brokertest.NATSSecure(t, brokertest.SecureNATSConfig{CA: ca, VerifyClients: true, Auth: "creds"})
+				args = []string{"--broker", "jetstream", "--nats-url", ns.Server.ClientURL(), "--stream", "CDC", "--nats-creds", ns.CredsFile,
+					"--nats-tls-ca", ca.File, "--nats-tls-cert", ns.ClientCert, "--nats-tls-key", ns.ClientKey}
+				b, err := broker.DialJetStream(ctx, broker.JetStreamConfig{Stream: "CDC", NATSConfig: broker.NATSConfig{URL: ns.Server.ClientURL(),
+					Subjects: []string{"db.>"}, CredsFile: ns.CredsFile, TLSCA: ca.File, TLSCert: ns.ClientCert, TLSKey: ns.ClientKey}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = b.Close() })
+				d = b
+			case "redis":
+				rs := brokertest.RedisSecure(t, brokertest.SecureRedisConfig{CA: ca, VerifyClients: true, User: "fanwire", UserPassword: "pa55"})
+				url := "rediss://fanwire:pa55@" + rs.Addr
+				args = []string{"--broker", "redis", "--redis-url", url, "--stream", "cdc", "--redis-tls-ca", ca.File,
+					"--redis-tls-cert", rs.ClientCert, "--redis-tls-key", rs.ClientKey}
+				b, err := broker.DialRedis(ctx, broker.RedisConfig{URL: url, Stream: "cdc", TLSCA: ca.File, TLSCert: rs.ClientCert, TLSKey: rs.ClientKey})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = b.Close() })
+				d = b
+			}
+			c := newCommand("ingest", "")
+			var f ingestFlags
+			var bf brokerFlags
+			f.register(c.fs, false)
+			bf.register(c.fs, false, "db.>")
+			if err := c.parse(append([]string{"--pg", pg.DSN("postgres"), "--state-dir", t.TempDir()}, args...)); err != nil {
+				t.Fatal(err)
+			}
+			ictx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- runIngest(ictx, zap.NewNop(), &f, &bf, nil, prometheus.NewRegistry(), "") }()
+			defer func() {
+				stop()
+				if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+					t.Errorf("ingest: %v", err)
+				}
+			}()
+			pg.Exec("postgres", "INSERT INTO t VALUES (42, 1)")
+			until := "js:1000000000"
+			if kind == "redis" {
+				until = "rs:99999999999999-0"
+			}
+			for {
+				var got []string
+				if err := d.Replay(ctx, []string{"db.>"}, "", until, func(ms []broker.Message) error {
+					for _, m := range ms {
+						got = append(got, m.Subject)
+					}
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				if slices.Contains(got, "db.t.42") {
+					return
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("the row's event never reached the broker; it holds %v", got)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
 }
