@@ -19,7 +19,7 @@ const DefaultCertCheckInterval = 2 * time.Second
 // (chain) file and key file, and loads them again when either changes
 // (size or modification time), so a renewed certificate (certbot,
 // cert-manager) is served to new connections without a restart. It checks
-// on a handshake, at most every CheckInterval: no goroutine. A pair that
+// on a handshake, at most every check interval: no goroutine. A pair that
 // does not load (a renewal half written, a key that does not match) is
 // logged and the previous certificate kept; it is tried again at the next
 // check. Connections already open keep the certificate they shook hands
