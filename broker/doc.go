@@ -9,4 +9,8 @@
 // every goroutine the broker started. JetStream's Consume also runs one
 // goroutine of its own, which re-creates the stream if it is lost; Consume
 // returns only after it has stopped.
+//
+// Credentials and TLS (natsauth.go, redisauth.go) are files named in the
+// configs; the Dial functions read and check each before they dial, so a
+// bad file is an error at start naming the field, its flag and the file.
 package broker

@@ -23,6 +23,16 @@ type NATSConfig struct {
 	OnDrop func(n int)
 	// OnState is called when the connection goes up (true) or down (false).
 	OnState func(up bool)
+
+	// Credentials and TLS for a secured server (see natsauth.go); none
+	// applies to an embedded Server. Each file is read and checked by
+	// DialNATS before it dials, and read again at each reconnect (creds
+	// and seed) so a rotated file is picked up.
+	CredsFile string // a user's JWT and NKey seed (.creds), for NATS accounts
+	NKeyFile  string // a user's NKey seed, for a server that lists NKey users
+	TLSCA     string // PEM CA bundle the server's certificate must chain to (default: the system's); turns TLS on
+	TLSCert   string // PEM client certificate, with TLSKey, for servers that verify clients; turns TLS on
+	TLSKey    string
 }
 
 // consumeBuffer is the client-side buffer between the NATS read loop and the
@@ -71,6 +81,11 @@ func DialNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 		}),
 		nats.ErrorHandler(b.asyncError),
 	}
+	secure, err := cfg.secureOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, secure...)
 	url := cfg.URL
 	if cfg.Server != nil {
 		opts = append(opts, nats.InProcessServer(cfg.Server))
@@ -78,14 +93,14 @@ func DialNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 	}
 	// nats.Connect takes no context: bound its dial by ctx's deadline.
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", url, err)
+		return nil, fmt.Errorf("connect to nats %s: %w", redactURL(url), err)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		opts = append(opts, nats.Timeout(max(time.Until(dl), time.Millisecond)))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", url, err)
+		return nil, fmt.Errorf("connect to nats %s: %w%s", redactURL(url), err, connectHint(err))
 	}
 	b.nc = nc
 	b.state(true)

@@ -12,7 +12,8 @@ import (
 
 // RedisConfig configures the Redis Streams broker.
 type RedisConfig struct {
-	// URL is the server: redis://[user:pass@]host:port[/db]. With Cluster
+	// URL is the server: redis://[user:pass@]host:port[/db], or rediss://
+	// for TLS (go-redis parses both, and the ACL user and password). With Cluster
 	// it is a seed node of the cluster, and more seeds may follow as addr
 	// parameters (redis://a:6379?addr=b:6379&addr=c:6379): the client
 	// learns the slot map from whichever answers. (A separate switch rather
@@ -35,7 +36,12 @@ type RedisConfig struct {
 	// original cursor, as on JetStream (whose stream window is also 2
 	// minutes by default). Default 2m.
 	DedupWindow time.Duration
-	Logger      *zap.Logger
+	// TLS files for a rediss:// URL (see redisTLS); each is read before
+	// anything dials.
+	TLSCA   string // PEM CA bundle the server's certificate must chain to (default: the system's)
+	TLSCert string // PEM client certificate, with TLSKey, for a server with tls-auth-clients
+	TLSKey  string
+	Logger  *zap.Logger
 }
 
 // DefaultRedisDedupWindow is RedisConfig.DedupWindow's default: JetStream's.
@@ -78,12 +84,15 @@ func (cfg RedisConfig) dial(ctx context.Context) (redis.UniversalClient, error) 
 	if !cfg.Cluster {
 		opts, err := redis.ParseURL(cfg.URL)
 		if err != nil {
-			return nil, fmt.Errorf("redis: url %q: %w", cfg.URL, err)
+			return nil, fmt.Errorf("redis: url %q: %w", redactURL(cfg.URL), err)
+		}
+		if err := cfg.redisTLS(opts.TLSConfig); err != nil {
+			return nil, err
 		}
 		rdb := redis.NewClient(opts)
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			rdb.Close()
-			return nil, fmt.Errorf("redis: connect to %s: %w", opts.Addr, err)
+			return nil, fmt.Errorf("redis: connect to %s: %w%s", opts.Addr, err, redisHint(err))
 		}
 		// A single-node client on a cluster node works until the stream's
 		// slot is elsewhere, then fails every command with MOVED: refuse
@@ -98,7 +107,10 @@ func (cfg RedisConfig) dial(ctx context.Context) (redis.UniversalClient, error) 
 	}
 	opts, err := redis.ParseClusterURL(cfg.URL)
 	if err != nil {
-		return nil, fmt.Errorf("redis: cluster url %q: %w", cfg.URL, err)
+		return nil, fmt.Errorf("redis: cluster url %q: %w", redactURL(cfg.URL), err)
+	}
+	if err := cfg.redisTLS(opts.TLSConfig); err != nil {
+		return nil, err
 	}
 	// Every command goes to the primary: replicas lag (replication is
 	// asynchronous), and a replica's view would call a cursor just
@@ -111,7 +123,7 @@ func (cfg RedisConfig) dial(ctx context.Context) (redis.UniversalClient, error) 
 	}
 	if err != nil {
 		rdb.Close()
-		return nil, fmt.Errorf("redis: cluster at %s, primary of %q: %w", strings.Join(opts.Addrs, ","), cfg.Stream, err)
+		return nil, fmt.Errorf("redis: cluster at %s, primary of %q: %w%s", strings.Join(opts.Addrs, ","), cfg.Stream, err, redisHint(err))
 	}
 	return rdb, nil
 }

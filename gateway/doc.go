@@ -25,6 +25,11 @@
 //   - Serve Handler with HTTPServer: its header timeout (HandshakeTimeout)
 //     bounds a connection's time from accept to upgrade; after the upgrade
 //     pings and the mailbox bound govern it (httpserver.go).
+//   - For HTTPS and wss://, serve on tls.NewListener with CertFiles'
+//     TLSConfig (tlscert.go): it starts no goroutine; the handshake's own
+//     goroutine looks at the files (at most every check interval) and loads
+//     a changed pair under CertFiles' mutex. The TLS handshake runs within
+//     HandshakeTimeout.
 //   - Shutdown refuses new connections, asks every writer to drain and close
 //     with 1001, and waits for every connection's goroutines. Cancel Run's
 //     context after Shutdown returns.

@@ -27,16 +27,32 @@ type brokerFlags struct {
 	redisMaxLen      int64
 	redisDedupWindow time.Duration
 	dedupWindow      time.Duration
+	natsCreds        string
+	natsNKey         string
+	natsTLSCA        string
+	natsTLSCert      string
+	natsTLSKey       string
+	redisTLSCA       string
+	redisTLSCert     string
+	redisTLSKey      string
 }
 
 // register adds the broker flags; embedded (dev) has no --nats-url, and
 // subjects is the default subject space.
 func (f *brokerFlags) register(fs *flag.FlagSet, embedded bool, subjects string) {
 	if !embedded {
-		fs.StringVar(&f.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+		fs.StringVar(&f.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated; tls:// for TLS (user:password@ for a server with users)")
+		fs.StringVar(&f.natsCreds, "nats-creds", "", "nats and jetstream: a user's credentials file (JWT and NKey seed, .creds) for a server with accounts; read at start and at each reconnect")
+		fs.StringVar(&f.natsNKey, "nats-nkey", "", "nats and jetstream: a user's NKey seed file, for a server that lists NKey users")
+		fs.StringVar(&f.natsTLSCA, "nats-tls-ca", "", "nats and jetstream: PEM file of the CA(s) that issued the server's certificate (default: the system's); turns TLS on")
+		fs.StringVar(&f.natsTLSCert, "nats-tls-cert", "", "nats and jetstream: PEM client certificate, with --nats-tls-key, for a server that verifies clients; turns TLS on")
+		fs.StringVar(&f.natsTLSKey, "nats-tls-key", "", "nats and jetstream: PEM key of --nats-tls-cert")
 	}
 	fs.StringVar(&f.brokerKind, "broker", "nats", "nats (Core NATS: live only, no cursors), jetstream or redis (durable: events carry cursors, clients resume)")
 	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379", "redis: server URL; with --redis-cluster a seed node, more as addr parameters (redis://a:6379?addr=b:6379&addr=c:6379)")
+	fs.StringVar(&f.redisTLSCA, "redis-tls-ca", "", "redis: PEM file of the CA(s) that issued the server's certificate, for a rediss:// URL (default: the system's)")
+	fs.StringVar(&f.redisTLSCert, "redis-tls-cert", "", "redis: PEM client certificate, with --redis-tls-key, for a server with tls-auth-clients (rediss:// URL)")
+	fs.StringVar(&f.redisTLSKey, "redis-tls-key", "", "redis: PEM key of --redis-tls-cert")
 	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "redis: --redis-url is a Redis Cluster: follow its slot map and MOVED/ASK redirections (--stream must then hold a hash tag, e.g. {fanwire})")
 	fs.Int64Var(&f.redisMaxLen, "redis-maxlen", 1_000_000, "redis: keep about this many events in the stream (XADD MAXLEN ~; 0: no limit)")
 	fs.DurationVar(&f.dedupWindow, "dedup-window", broker.DefaultRedisDedupWindow, "jetstream and redis: how long a publish \"id\" is remembered: a repeat within it is not stored again and gets the original cursor (jetstream: the stream's duplicate window, never lowered below what an operator set)")
@@ -62,6 +78,12 @@ func (f *brokerFlags) dial(ctx context.Context, log *zap.Logger, ns *server.Serv
 		Name:     name,
 		Logger:   log.Named("nats"),
 		OnDrop:   func(n int) { drop("broker_slow_consumer", n) },
+
+		CredsFile: f.natsCreds,
+		NKeyFile:  f.natsNKey,
+		TLSCA:     f.natsTLSCA,
+		TLSCert:   f.natsTLSCert,
+		TLSKey:    f.natsTLSKey,
 	}
 	switch f.brokerKind {
 	case "nats":
@@ -83,7 +105,7 @@ func (f *brokerFlags) dial(ctx context.Context, log *zap.Logger, ns *server.Serv
 			dedup = f.redisDedupWindow
 		}
 		return broker.DialRedis(ctx, broker.RedisConfig{URL: f.redisURL, Cluster: f.redisCluster, Stream: f.stream, MaxLen: f.redisMaxLen,
-			DedupWindow: dedup, Logger: log.Named("redis")})
+			DedupWindow: dedup, TLSCA: f.redisTLSCA, TLSCert: f.redisTLSCert, TLSKey: f.redisTLSKey, Logger: log.Named("redis")})
 	}
 	return nil, fmt.Errorf("--broker %q: want nats, jetstream or redis", f.brokerKind)
 }

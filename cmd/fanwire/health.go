@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 )
@@ -23,17 +26,41 @@ draining); "fanwire ingest" serves them on its own --listen (default port 8081).
 	var (
 		target  string
 		timeout time.Duration
+		tc      probeTLS
 	)
 	c.fs.StringVar(&target, "url", "http://127.0.0.1:8080/healthz", "the URL to GET")
 	c.fs.DurationVar(&timeout, "timeout", 2*time.Second, "give up after this long (connecting, the answer's headers and a short body)")
+	c.fs.StringVar(&tc.ca, "tls-ca", "", "https: PEM file of the CA(s) that issued the server's certificate (default: the system's), e.g. for a gateway with --tls-cert")
+	c.fs.StringVar(&tc.serverName, "tls-server-name", "", "https: the name the server's certificate must hold, when it is not --url's host (a certificate for the public name, probed on 127.0.0.1)")
 	c.run = func([]string) error {
-		return probe(target, timeout)
+		return probe(target, timeout, tc)
 	}
 	return c
 }
 
+// probeTLS is how probe checks an https server's certificate.
+type probeTLS struct {
+	ca         string // PEM CA bundle; "": the system's
+	serverName string // "": the URL's host
+}
+
+func (p probeTLS) config() (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: p.serverName}
+	if p.ca != "" {
+		b, err := os.ReadFile(p.ca)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-ca: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", p.ca)
+		}
+	}
+	return tc, nil
+}
+
 // probe GETs target and returns nil on a 2xx, or an error of one line.
-func probe(target string, timeout time.Duration) error {
+func probe(target string, timeout time.Duration, pt probeTLS) error {
 	u, err := url.Parse(target)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("--url %q: want an http:// or https:// URL with a host", target)
@@ -47,8 +74,12 @@ func probe(target string, timeout time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("GET %s: %v", target, err)
 	}
+	tc, err := pt.config()
+	if err != nil {
+		return err
+	}
 	client := &http.Client{
-		Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true},
+		Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true, TLSClientConfig: tc},
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		},

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -42,6 +43,8 @@ type wsFlags struct {
 	allowAnonymous   bool
 	anonymousGrants  listFlag
 	listen           string
+	tlsCert          string
+	tlsKey           string
 	apiKey           string
 	allowAnonPublish bool
 	reservedSubjects listFlag
@@ -69,6 +72,8 @@ type wsFlags struct {
 
 func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP address: /ws, /graphql, /api/publish, /healthz, /readyz, /metrics (and / for the console)")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) file: with --tls-key, --listen serves HTTPS and wss:// itself (no proxy needed); both files are loaded again when they change")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
 	f.brokerFlags.register(fs, dev, ">")
 	fs.StringVar(&f.consumer, "consumer", "shared", "jetstream: shared (one live consumer per node feeds every subscription) or per-connection (every subscription gets its own consumer on the server)")
 	fs.DurationVar(&f.durableInactive, "durable-inactive", 24*time.Hour, "jetstream: the server deletes a durable subscription consumer nobody has been bound to for this long")
@@ -243,6 +248,10 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	if err != nil {
 		return err
 	}
+	certs, err := f.listenerCerts(log)
+	if err != nil {
+		return err
+	}
 	reserved := []string(f.reservedSubjects)
 	if reserved == nil {
 		reserved = []string{} // --reserved-subjects "": none (nil would be the default)
@@ -304,6 +313,11 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	httpScheme, wsScheme := "http", "ws"
+	if certs != nil {
+		ln = tls.NewListener(ln, certs.TLSConfig())
+		httpScheme, wsScheme = "https", "wss"
+	}
 	hs := srv.HTTPServer()
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
@@ -322,13 +336,13 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 
 	addr := ln.Addr().String()
 	log.Info("fanwire ws role ready",
-		zap.String("websocket", "ws://"+addr+"/ws"),
-		zap.String("graphql", "http://"+addr+"/graphql"),
-		zap.String("publish", "http://"+addr+"/api/publish"),
-		zap.String("metrics", "http://"+addr+"/metrics"))
+		zap.String("websocket", wsScheme+"://"+addr+"/ws"),
+		zap.String("graphql", httpScheme+"://"+addr+"/graphql"),
+		zap.String("publish", httpScheme+"://"+addr+"/api/publish"),
+		zap.String("metrics", httpScheme+"://"+addr+"/metrics"))
 	logPublishing(log, srv, f, len(apiKeys), reserved)
 	if f.console {
-		fmt.Fprintf(os.Stderr, "\n  fanwire is up: open http://%s/ in a browser\n  websocket: ws://%s/ws   graphql: ws://%s/graphql\n  publish: curl -d '{\"subject\":\"demo.hello\",\"data\":{\"hi\":1}}' http://%s/api/publish\n", addr, addr, addr, addr)
+		fmt.Fprintf(os.Stderr, "\n  fanwire is up: open %[1]s://%[3]s/ in a browser\n  websocket: %[2]s://%[3]s/ws   graphql: %[2]s://%[3]s/graphql\n  publish: curl -d '{\"subject\":\"demo.hello\",\"data\":{\"hi\":1}}' %[1]s://%[3]s/api/publish\n", httpScheme, wsScheme, addr)
 		if f.allowAnonPublish {
 			fmt.Fprintf(os.Stderr, "  anonymous publishing is on (--allow-anonymous-publish): anyone who reaches this address may publish, except on %s\n", strings.Join(reserved, ","))
 		}
@@ -353,6 +367,23 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	}
 	log.Info("stopped")
 	return errors.Join(errs...)
+}
+
+// listenerCerts loads --tls-cert and --tls-key (nil when neither is
+// given): the listener serves HTTPS and wss:// with them, loaded again
+// when the files change.
+func (f *wsFlags) listenerCerts(log *zap.Logger) (*gateway.CertFiles, error) {
+	if f.tlsCert == "" && f.tlsKey == "" {
+		return nil, nil
+	}
+	if f.tlsCert == "" || f.tlsKey == "" {
+		return nil, errors.New("--tls-cert and --tls-key go together: give both (HTTPS and wss:// on --listen) or neither")
+	}
+	certs, err := gateway.NewCertFiles(f.tlsCert, f.tlsKey, 0, log.Named("tls"))
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert, --tls-key: %w", err)
+	}
+	return certs, nil
 }
 
 // logPublishing says at start whether and how publishing is open: off

@@ -7,6 +7,7 @@ package gatewaytest
 
 import (
 	"context"
+	"crypto/tls"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -30,13 +31,35 @@ type Server struct {
 // it registers runs before cleanups registered earlier.
 func Start(t testing.TB, cfg gateway.Config) *Server {
 	t.Helper()
+	return start(t, cfg, nil, http.DefaultClient)
+}
+
+// StartTLS is Start serving HTTPS and wss:// with tc (its certificate from
+// Certificates or GetCertificate); client, which must trust that
+// certificate, asks /readyz. HTTP.URL is https://127.0.0.1:port.
+func StartTLS(t testing.TB, cfg gateway.Config, tc *tls.Config, client *http.Client) *Server {
+	t.Helper()
+	return start(t, cfg, tc, client)
+}
+
+func start(t testing.TB, cfg gateway.Config, tc *tls.Config, client *http.Client) *Server {
+	t.Helper()
 	gw, err := gateway.New(cfg)
 	if err != nil {
 		t.Fatalf("gatewaytest: %v", err)
 	}
 	hs := httptest.NewUnstartedServer(nil)
 	hs.Config = gw.HTTPServer()
-	hs.Start()
+	if tc != nil {
+		// Not httptest's StartTLS: it adds its own certificate, which a
+		// handshake without SNI (an IP address) would get instead of tc's
+		// GetCertificate.
+		hs.Listener = tls.NewListener(hs.Listener, tc)
+		hs.Start()
+		hs.URL = "https://" + strings.TrimPrefix(hs.URL, "http://")
+	} else {
+		hs.Start()
+	}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	runDone := make(chan error, 1)
 	go func() { runDone <- gw.Run(runCtx) }()
@@ -59,7 +82,7 @@ func Start(t testing.TB, cfg gateway.Config) *Server {
 	t.Cleanup(s.close)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if resp, err := http.Get(hs.URL + "/readyz"); err == nil {
+		if resp, err := client.Get(hs.URL + "/readyz"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return s
@@ -72,7 +95,8 @@ func Start(t testing.TB, cfg gateway.Config) *Server {
 	}
 }
 
-// WSURL is the native WebSocket endpoint, ws://127.0.0.1:port/ws.
+// WSURL is the native WebSocket endpoint, ws://127.0.0.1:port/ws (wss://
+// with StartTLS).
 func (s *Server) WSURL() string { return "ws" + strings.TrimPrefix(s.HTTP.URL, "http") + "/ws" }
 
 // Close drains and stops the gateway (idempotent).
