@@ -77,8 +77,11 @@ func TestFrozenLeaderPublishesNothingAfterWaking(t *testing.T) {
 		if len(count()) <= atFreeze {
 			t.Fatalf("the new leader published nothing; logs:\n%s", dump())
 		}
-		// Past the duplicate window after the takeover, then wake it up.
-		time.Sleep(time.Until(frozen.Add(10 * time.Second)))
+		// Past the duplicate window after the takeover, and past
+		// JetStream's 10 s batch timeout (an atomic batch the leader was
+		// sending when it froze is dropped, not committed on waking), then
+		// wake it up.
+		time.Sleep(time.Until(frozen.Add(12 * time.Second)))
 		if err := cmds[0].Process.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
