@@ -34,6 +34,13 @@ type client struct {
 	// Stored by the reader once per frame that carried events, loaded by the monitor.
 	delivered atomic.Int64
 	lastNanos atomic.Int64 // receive time (unix ns) of the last frame that carried an event
+
+	// Publishes of this client's own events (Config.PublishVia ws or
+	// http) the gateway accepted, and when the last one was: stored by
+	// the reader (ws: "published" replies) or by the client's publisher
+	// (http: 200 answers), never both in one run.
+	acked     atomic.Int64
+	lastAcked atomic.Int64 // unix ns
 }
 
 // read consumes frames until stop ends or the connection fails, and sends on
@@ -134,6 +141,9 @@ func (c *client) handleFrame(frame []byte, now int64) (drop bool) {
 				}
 				drop, frame = true, nil
 			}
+		case kindPublished:
+			c.acked.Add(1)
+			c.lastAcked.Store(now)
 		case kindError:
 			c.serverErrors++
 			if c.firstServerError == "" {

@@ -76,7 +76,11 @@ func dialClient(ctx context.Context, cfg *Config, id int) (*client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client %d: %w", id, err)
 	}
-	return &client{id: id, gql: cfg.Proto == ProtoGraphQL, conn: conn, subCursor: cursor, v: newVerifier(cfg.Events)}, nil
+	v := newVerifier(cfg.Events)
+	if cfg.clientsPublish() { // every client publishes Events of its own
+		v = newMultiVerifier(cfg.Clients, cfg.Events)
+	}
+	return &client{id: id, gql: cfg.Proto == ProtoGraphQL, conn: conn, subCursor: cursor, v: v}, nil
 }
 
 // open dials a client connection in cfg.Proto and subscribes it to

@@ -233,3 +233,68 @@ func startGateway(t *testing.T, b broker.Broker, subjects []string) string {
 	t.Helper()
 	return gatewaytest.Start(t, gateway.Config{Broker: b, Subjects: subjects}).WSURL()
 }
+
+// TestRunClientsPublishAgainstGateway runs the clients as publishers too
+// (PublishVia ws and http) against a real gateway that lets them: every
+// client must get every client's events, each publisher's in order, and
+// every publish must be accepted. A gateway that does not let them
+// publish fails the run: over HTTP with ErrPublishRefused, over the
+// connection with the gateway's error replies (forbidden, or rate_limited
+// past --max-message-rate's burst) counted, and the events missing.
+func TestRunClientsPublishAgainstGateway(t *testing.T) {
+	const clients, events = 8, 40
+	for _, via := range []string{PublishViaWS, PublishViaHTTP} {
+		t.Run(via, func(t *testing.T) {
+			natsURL, b := startNATSBroker(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			wsURL := gatewaytest.Start(t, gateway.Config{Broker: b, AllowAnonymousPublish: true, MaxMessageRate: -1}).WSURL()
+			res, err := Run(ctx, Config{URL: wsURL, NATSURL: natsURL, PublishVia: via, Clients: clients, Events: events, Size: 100,
+				Proc: ProcSampler{PID: os.Getpid()}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var table strings.Builder
+			res.WriteTable(&table)
+			if !res.OK() || res.Expected != clients*clients*events || res.Delivered != res.Expected || res.Disconnects != 0 {
+				t.Fatalf("run not clean:\n%s", table.String())
+			}
+			if res.PublishesAccepted != clients*events || res.PublishesPerSec <= 0 || !strings.Contains(table.String(), "publishes accepted") {
+				t.Fatalf("publish figures: accepted %d, %v/s\n%s", res.PublishesAccepted, res.PublishesPerSec, table.String())
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		via  string
+		gw   gateway.Config
+		want string // in the first server error (ws)
+	}{
+		{"http/anonymous publish off", PublishViaHTTP, gateway.Config{}, ""},
+		{"ws/anonymous publish off", PublishViaWS, gateway.Config{}, "forbidden"},
+		{"ws/rate limited", PublishViaWS, gateway.Config{AllowAnonymousPublish: true, MaxMessageRate: 10}, "rate_limited"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			natsURL, b := startNATSBroker(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			tc.gw.Broker = b
+			wsURL := gatewaytest.Start(t, tc.gw).WSURL()
+			res, err := Run(ctx, Config{URL: wsURL, NATSURL: natsURL, PublishVia: tc.via, Clients: 2, Events: 40, Timeout: time.Second})
+			if tc.via == PublishViaHTTP {
+				if !errors.Is(err, ErrPublishRefused) {
+					t.Fatalf("err = %v, want ErrPublishRefused", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.OK() || res.ServerErrors == 0 || res.Missing == 0 || !strings.Contains(res.FirstServerError, tc.want) {
+				var table strings.Builder
+				res.WriteTable(&table)
+				t.Fatalf("want a failed run with %s errors:\n%s", tc.want, table.String())
+			}
+		})
+	}
+}

@@ -15,4 +15,8 @@ var (
 	// ErrNotDurable: a run that resumes clients needs a broker that keeps
 	// history (JetStream or Redis Streams), and the gateway's does not.
 	ErrNotDurable = errors.New("the gateway's broker keeps no history")
+	// ErrPublishRefused: a client's POST /api/publish (Config.PublishVia
+	// http) was answered with something other than 200; the message
+	// carries the status and the answer.
+	ErrPublishRefused = errors.New("publish refused")
 )

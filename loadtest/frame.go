@@ -23,6 +23,7 @@ const (
 	kindEvent                    // an event with data.seq and data.ts
 	kindError                    // {"type":"error",...}
 	kindMalformed                // no "type", or an event without a parseable seq or ts
+	kindPublished                // {"type":"published",...}: the gateway took a client's publish
 )
 
 var (
@@ -33,6 +34,7 @@ var (
 	keyCur   = []byte(`"cursor":`)
 	valEvent = []byte(`"event"`)
 	valError = []byte(`"error"`)
+	valPub   = []byte(`"published"`)
 
 	prefixEvent = []byte(`{"type":"event"`)
 	prefixSeq   = []byte(`{"seq":`)
@@ -119,6 +121,8 @@ func classify(msg []byte) msgKind {
 		return kindEvent
 	case bytes.HasPrefix(v, valError):
 		return kindError
+	case bytes.HasPrefix(v, valPub):
+		return kindPublished
 	default:
 		return kindOther
 	}

@@ -123,7 +123,11 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client, sk *
 	}
 	start := time.Now()
 	published := make(chan error, 1)
-	wg.Go(func() { published <- publish(stopCtx, out, cfg, &sent) })
+	if cfg.clientsPublish() {
+		wg.Go(func() { published <- publishClients(stopCtx, cfg, clients) })
+	} else {
+		wg.Go(func() { published <- publish(stopCtx, out, cfg, &sent) })
+	}
 
 	churned := make(chan *ChurnStats, 1)
 	if sk != nil {
@@ -134,7 +138,7 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client, sk *
 	if err := m.wait(ctx, finished, published); err != nil {
 		return nil, err
 	}
-	complete := !m.timedOut && m.delivered() >= int64(len(clients))*int64(cfg.Events)
+	complete := !m.timedOut && m.delivered() >= int64(len(clients))*cfg.perClient()
 	if complete && m.published == 0 {
 		// The last delivery can beat the publisher's final flush (and
 		// its count of the last event), which is about to return.

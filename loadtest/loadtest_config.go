@@ -106,6 +106,23 @@ type Config struct {
 	// one listener).
 	MetricsURL string
 
+	// PublishVia is who publishes the events: PublishViaBroker ("broker",
+	// the default) is one publisher writing Events events straight into
+	// the broker; PublishViaWS ("ws") and PublishViaHTTP ("http") make
+	// every client a publisher too, through the gateway: each publishes
+	// its own Events numbered events, one after another, as native
+	// "publish" messages on its connection (ws) or as one POST
+	// /api/publish each on a keep-alive connection of its own (http, at
+	// HTTPURL). Every client then expects Clients × Events events, each
+	// publisher's in order. The gateway must let the clients publish
+	// (--allow-anonymous-publish) and, for ws, not rate-limit them
+	// (--max-message-rate). Not with Rate, ResumeShare or Churn; ws needs
+	// Proto native.
+	PublishVia string
+	// HTTPURL is the gateway's publish endpoint for PublishVia http;
+	// default URL's host with path /api/publish.
+	HTTPURL string
+
 	// CPUProfile, when set, receives a CPU profile (pprof format) of this
 	// process over the measured window of Run: from the first publish to
 	// the end of delivery, the window LoadtestCPUSeconds covers.
@@ -138,6 +155,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Proto == "" {
 		c.Proto = ProtoNative
+	}
+	if c.PublishVia == "" {
+		c.PublishVia = PublishViaBroker
+	}
+	if c.PublishVia == PublishViaHTTP && c.HTTPURL == "" && c.URL != "" {
+		c.HTTPURL, _ = publishURL(c.URL) // validate reports a URL it cannot derive from
 	}
 	if c.Proto == ProtoGraphQL && c.GraphQLURL == "" && c.URL != "" {
 		c.GraphQLURL, _ = graphQLURL(c.URL) // validate reports a URL it cannot derive from
@@ -219,9 +242,12 @@ func (c *Config) validate() error {
 	case c.ResumeShare > 0 && c.ResumeDrops > c.Events:
 		// Each drop comes after a distinct number of received events.
 		return fmt.Errorf("%w: ResumeDrops %d is more than Events %d", ErrInvalidConfig, c.ResumeDrops, c.Events)
-	case int64(c.Clients)*int64(c.Events)/8 > maxBitmapBytes:
+	case int64(c.Clients)*c.perClient()/8 > maxBitmapBytes:
 		return fmt.Errorf("%w: Clients×Events %d×%d needs over 1 GiB of verification bitmaps",
-			ErrInvalidConfig, c.Clients, c.Events)
+			ErrInvalidConfig, c.Clients, c.perClient())
+	}
+	if err := c.validatePublishVia(); err != nil {
+		return err
 	}
 	if err := c.validateChurn(); err != nil {
 		return err

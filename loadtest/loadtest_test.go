@@ -44,6 +44,12 @@ func TestRunInvalidConfig(t *testing.T) {
 		{"unknown proto", func(c *Config) { c.Proto = "grpc" }, "Proto"},
 		{"graphql URL not derivable", func(c *Config) { c.Proto, c.URL = "graphql", "ws://127.0.0.1:1/socket" }, "GraphQLURL"},
 		{"graphql URL bad scheme", func(c *Config) { c.Proto, c.GraphQLURL = "graphql", "tcp://x/graphql" }, "GraphQLURL"},
+		{"unknown publish-via", func(c *Config) { c.PublishVia = "grpc" }, "PublishVia"},
+		{"publish via ws with graphql", func(c *Config) { c.PublishVia, c.Proto = PublishViaWS, "graphql" }, "PublishVia ws needs Proto native"},
+		{"publish via ws paced", func(c *Config) { c.PublishVia, c.Rate = PublishViaWS, 100 }, "Rate"},
+		{"publish via http with churn", func(c *Config) { c.PublishVia, c.Churn = PublishViaHTTP, time.Second }, "Churn"},
+		{"publish URL not derivable", func(c *Config) { c.PublishVia, c.URL = PublishViaHTTP, "ws://127.0.0.1:1/socket" }, "HTTPURL"},
+		{"huge bitmaps of client publishes", func(c *Config) { c.PublishVia, c.Clients, c.Events = PublishViaWS, 10_000, 1_000_000 }, "Clients×Events"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

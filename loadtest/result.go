@@ -11,7 +11,12 @@ type Result struct {
 	Clients, Events, Size, Rate int
 	Subject                     string
 
-	// Delivery. Expected = Clients × Events; every count is summed over clients.
+	// PublishVia is who published (Config.PublishVia): "broker", or
+	// "ws"/"http", where every client published Events of its own.
+	PublishVia string
+
+	// Delivery. Expected = Clients × Events (× Clients when the clients
+	// publish); every count is summed over clients.
 	Expected   int64
 	Delivered  int64 // every event received, duplicates included
 	Gaps       int64 // events skipped over when a later one arrived first
@@ -39,11 +44,16 @@ type Result struct {
 	Elapsed          time.Duration
 	PublishElapsed   time.Duration // publishing plus the final flush; 0 if it had not finished
 	DeliveriesPerSec float64       // Delivered / Elapsed
-	LatencyP50       time.Duration // publish to receipt of the frame carrying the event
-	LatencyP95       time.Duration
-	LatencyP99       time.Duration
-	LatencyMax       time.Duration
-	LatencyMean      time.Duration
+	// Client publishes (PublishVia ws or http): how many the gateway
+	// accepted ("published" replies, 200 answers), and their rate from
+	// the first publish to the last acceptance (then PublishElapsed).
+	PublishesAccepted int64
+	PublishesPerSec   float64
+	LatencyP50        time.Duration // publish to receipt of the frame carrying the event
+	LatencyP95        time.Duration
+	LatencyP99        time.Duration
+	LatencyMax        time.Duration
+	LatencyMean       time.Duration
 
 	// Cost, between the first publish and the end of delivery. The gateway
 	// figures are set only when Config.Proc names a process.
@@ -67,7 +77,8 @@ func (r *Result) OK() bool {
 func collect(cfg *Config, clients []*client, m *monitor, before, after usage) *Result {
 	r := &Result{
 		Clients: cfg.Clients, Events: cfg.Events, Size: cfg.Size, Rate: cfg.Rate, Subject: cfg.Subject,
-		Expected:       int64(cfg.Clients) * int64(cfg.Events),
+		PublishVia:     cfg.PublishVia,
+		Expected:       int64(cfg.Clients) * cfg.perClient(),
 		TimedOut:       m.timedOut,
 		PublishElapsed: m.published,
 		Resume:         collectResume(cfg, clients),
@@ -97,6 +108,18 @@ func collect(cfg *Config, clients []*client, m *monitor, before, after usage) *R
 	}
 	if last > 0 {
 		r.Elapsed = time.Duration(last - m.start.UnixNano())
+	}
+	if cfg.clientsPublish() {
+		var lastAck int64
+		for _, c := range clients {
+			r.PublishesAccepted += c.acked.Load()
+			lastAck = max(lastAck, c.lastAcked.Load())
+		}
+		r.PublishElapsed = 0
+		if lastAck > 0 {
+			r.PublishElapsed = time.Duration(lastAck - m.start.UnixNano())
+			r.PublishesPerSec = float64(r.PublishesAccepted) / r.PublishElapsed.Seconds()
+		}
 	}
 	if r.Elapsed > 0 {
 		r.DeliveriesPerSec = float64(r.Delivered) / r.Elapsed.Seconds()

@@ -41,6 +41,9 @@ func (r *Result) WriteTable(w io.Writer) {
 		writeChurn(row, c)
 	}
 	row("elapsed", "%s (publish %s)", roundDur(r.Elapsed), roundDur(r.PublishElapsed))
+	if r.PublishVia == PublishViaWS || r.PublishVia == PublishViaHTTP {
+		row("publishes accepted", "%d via %s, %s/s", r.PublishesAccepted, r.PublishVia, siRate(r.PublishesPerSec))
+	}
 	row("deliveries/s", "%s", siRate(r.DeliveriesPerSec))
 	row("latency p50 / p95 / p99", "%s / %s / %s", roundDur(r.LatencyP50), roundDur(r.LatencyP95), roundDur(r.LatencyP99))
 	row("latency max / mean", "%s / %s", roundDur(r.LatencyMax), roundDur(r.LatencyMean))
@@ -96,6 +99,9 @@ type resultJSON struct {
 	GatewayRSSHighWaterBytes *int64      `json:"gateway_rss_high_water_bytes,omitempty"`
 	CPUPerDeliveryMicros     *float64    `json:"cpu_per_delivery_micros,omitempty"`
 	LoadtestCPUSeconds       float64     `json:"loadtest_cpu_seconds"`
+	PublishVia               string      `json:"publish_via,omitempty"`
+	PublishesAccepted        *int64      `json:"publishes_accepted,omitempty"`
+	PublishesPerSec          *float64    `json:"publishes_per_sec,omitempty"`
 	Resume                   *resumeJSON `json:"resume,omitempty"`
 	Churn                    *churnJSON  `json:"churn,omitempty"`
 }
@@ -111,7 +117,8 @@ type resumeJSON struct {
 
 // WriteJSON writes r as one JSON object with snake_case keys, then a newline.
 // The gateway_* and cpu_per_delivery_micros keys are present only when the
-// gateway was sampled, "resume" only when clients dropped and resumed, and
+// gateway was sampled, the publish_* keys only when the clients published
+// (publish_via ws or http), "resume" only when clients dropped and resumed, and
 // "churn" only in a churn run.
 func (r *Result) WriteJSON(w io.Writer) error {
 	j := resultJSON{
@@ -136,6 +143,9 @@ func (r *Result) WriteJSON(w io.Writer) error {
 		j.GatewayCPUSeconds = &r.GatewayCPUSeconds
 		j.GatewayRSSHighWaterBytes = &r.GatewayRSSHighWaterBytes
 		j.CPUPerDeliveryMicros = &r.CPUPerDeliveryMicros
+	}
+	if r.PublishVia == PublishViaWS || r.PublishVia == PublishViaHTTP {
+		j.PublishVia, j.PublishesAccepted, j.PublishesPerSec = r.PublishVia, &r.PublishesAccepted, &r.PublishesPerSec
 	}
 	if rs := r.Resume; rs != nil {
 		j.Resume = &resumeJSON{rs.Clients, rs.Drops, rs.Seed, rs.Reconnects, rs.ReconnectTime.Seconds(), rs.CatchUpTime.Seconds()}

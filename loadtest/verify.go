@@ -1,12 +1,17 @@
 package loadtest
 
 // verifier checks one client's event stream against the published sequence
-// 1..events. A bitmap of arrived sequence numbers makes every count exact
+// 1..events. With several publishers (Config.PublishVia ws or http) the
+// sequence is split in per-publisher runs of events/publishers numbers
+// (publisher p sends p×per+1..(p+1)×per, in order), and gaps and order are
+// checked per publisher, the only order the gateway promises. A bitmap of arrived sequence numbers makes every count exact
 // whatever the arrival order; it costs events/8 bytes per client (2.5 KB at
 // 20,000 events). A verifier is owned by one reader goroutine.
 type verifier struct {
 	events uint64   // static after newVerifier
+	per    uint64   // static after newVerifier: sequence numbers per publisher
 	seen   []uint64 // bit seq-1 is set once seq has arrived
+	lastBy []uint64 // highest sequence number seen per publisher; nil with one publisher
 
 	last      uint64 // highest sequence number seen
 	distinct  int64  // sequence numbers in 1..events seen at least once
@@ -18,7 +23,17 @@ type verifier struct {
 }
 
 func newVerifier(events int) verifier {
-	return verifier{events: uint64(events), seen: make([]uint64, (events+63)/64)}
+	return verifier{events: uint64(events), per: uint64(events), seen: make([]uint64, (events+63)/64)}
+}
+
+// newMultiVerifier checks publishers × per events, per publisher in order.
+func newMultiVerifier(publishers, per int) verifier {
+	v := newVerifier(publishers * per)
+	v.per = uint64(max(per, 1))
+	if publishers > 1 {
+		v.lastBy = make([]uint64, publishers)
+	}
+	return v
 }
 
 // observe records one received event.
@@ -35,6 +50,19 @@ func (v *verifier) observe(seq uint64) {
 	}
 	v.seen[w] |= bit
 	v.distinct++
+	if v.lastBy != nil {
+		p := (seq - 1) / v.per
+		last := max(v.lastBy[p], p*v.per) // the publisher's run starts after p×per
+		switch {
+		case seq > last:
+			v.gaps += int64(seq - last - 1)
+			v.lastBy[p] = seq
+		default:
+			v.late++
+		}
+		v.last = max(v.last, seq)
+		return
+	}
 	switch {
 	case seq > v.last:
 		v.gaps += int64(seq - v.last - 1)

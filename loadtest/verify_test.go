@@ -82,3 +82,39 @@ func TestVerifierInvariants(t *testing.T) {
 		})
 	}
 }
+
+// TestMultiVerifier checks several publishers' runs (3 publishers × 4
+// events: 1-4, 5-8, 9-12): interleaving publishers is no disorder, a gap or
+// swap within one publisher's run is.
+func TestMultiVerifier(t *testing.T) {
+	type counts struct{ delivered, gaps, dups, late, alien, missing int64 }
+	tests := []struct {
+		name     string
+		seqs     []uint64
+		want     counts
+		complete bool
+	}{
+		{"publishers interleaved", []uint64{9, 1, 5, 2, 10, 6, 3, 11, 7, 4, 8, 12}, counts{12, 0, 0, 0, 0, 0}, true},
+		{"one publisher after another, backwards", append(append(seqRange(9, 12), seqRange(5, 8)...), seqRange(1, 4)...), counts{12, 0, 0, 0, 0, 0}, true},
+		{"gap in one publisher", []uint64{1, 2, 4, 5, 6, 7, 8}, counts{7, 1, 0, 0, 0, 5}, false},
+		{"first of a publisher lost", []uint64{1, 6, 7, 8}, counts{4, 1, 0, 0, 0, 8}, false},
+		{"swap in one publisher", []uint64{1, 2, 3, 4, 5, 7, 6, 8, 9, 10, 11, 12}, counts{12, 1, 0, 1, 0, 0}, true},
+		{"duplicate", []uint64{9, 9, 1}, counts{3, 0, 1, 0, 0, 10}, false},
+		{"outside every run", []uint64{0, 13}, counts{2, 0, 0, 0, 2, 12}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := newMultiVerifier(3, 4)
+			for _, s := range tt.seqs {
+				v.observe(s)
+			}
+			got := counts{v.delivered, v.gaps, v.dups, v.late, v.alien, v.missing()}
+			if got != tt.want {
+				t.Errorf("counts = %+v, want %+v", got, tt.want)
+			}
+			if v.complete() != tt.complete {
+				t.Errorf("complete = %v, want %v", v.complete(), tt.complete)
+			}
+		})
+	}
+}

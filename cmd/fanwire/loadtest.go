@@ -51,6 +51,7 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 	fs.StringVar(&cfg.URL, "url", "", "gateway WebSocket URL, e.g. ws://127.0.0.1:8080/ws")
 	fs.StringVar(&cfg.Proto, "proto", loadtest.ProtoNative, "what the clients speak: native (the gateway's protocol at --url) or graphql (a GraphQL events subscription over graphql-transport-ws at --graphql-url, one event per WebSocket message); deliveries are verified the same way")
 	fs.StringVar(&cfg.GraphQLURL, "graphql-url", "", "with --proto graphql: the gateway's GraphQL WebSocket URL (default: --url with its final /ws replaced by /graphql, e.g. ws://127.0.0.1:8080/graphql; with --spawn, the spawned gateway's)")
+	fs.StringVar(&cfg.PublishVia, "publish-via", loadtest.PublishViaBroker, "who publishes: broker (one publisher, --events events straight into the broker) or ws/http (every client also publishes --events numbered events of its own through the gateway: native publish messages on its connection, or one POST /api/publish each; every client must get all clients × --events, each publisher's in order; reports publishes accepted/s). With --spawn, ws also starts the gateway with --max-message-rate -1, and --spawn-role ws with --allow-anonymous-publish; an existing gateway must allow both")
 	fs.StringVar(&cfg.NATSURL, "nats", "", "NATS URL the gateway consumes; events are published there")
 	fs.StringVar(&cfg.Subject, "subject", "", "subject to publish on (default loadtest.<run id>.hot)")
 	fs.DurationVar(&cfg.Timeout, "timeout", loadtest.DefaultTimeout, "give up after this long without delivery progress")
@@ -96,6 +97,20 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 		}
 		if consumer != "shared" && (brokerKind != "jetstream" || !spawn) {
 			return fmt.Errorf("--consumer %s applies to a gateway this run spawns on JetStream (--spawn --broker jetstream); an existing gateway runs the mode it was started with", consumer)
+		}
+		switch cfg.PublishVia {
+		case loadtest.PublishViaBroker:
+		case loadtest.PublishViaWS, loadtest.PublishViaHTTP:
+			// Flags the clients' publishing needs come first, so
+			// --spawn-flags can override them.
+			if cfg.PublishVia == loadtest.PublishViaWS {
+				extra = append([]string{"--max-message-rate", "-1"}, extra...)
+			}
+			if spawnRole == "ws" {
+				extra = append([]string{"--allow-anonymous-publish"}, extra...) // "fanwire dev" has it on
+			}
+		default:
+			return fmt.Errorf("--publish-via %q: want broker, ws or http", cfg.PublishVia)
 		}
 		if spawn {
 			if cfg.URL != "" || cfg.GraphQLURL != "" || cfg.NATSURL != "" || cfg.MetricsURL != "" || pid != 0 {

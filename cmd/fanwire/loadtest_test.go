@@ -20,6 +20,8 @@ func TestLoadtestChurnFlags(t *testing.T) {
 		{append([]string{"--churn", "5s", "--events", "100"}, existing...), "Events 100 with Churn"},
 		{append([]string{"--churn", "5s", "--churn-baseline", "20s"}, existing...), "ChurnSettle 15s is shorter than ChurnBaseline 20s"},
 		{[]string{"--spawn", "--churn", "5s", "--metrics-url", "http://127.0.0.1:1/metrics"}, "drop --url, --graphql-url, --nats, --metrics-url and --pid"},
+		{append([]string{"--publish-via", "grpc"}, existing...), `--publish-via "grpc": want broker, ws or http`},
+		{append([]string{"--publish-via", "ws", "--rate", "100"}, existing...), "Rate paces the broker publisher"},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(append([]string{"loadtest"}, tc.args...), &out, &errOut)
