@@ -144,7 +144,7 @@ func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) 
 		args := []any{b.cfg.MaxLen, b.cfg.DedupWindow.Milliseconds(), m.Subject, m.Data, m.ID}
 		if tracked != nil {
 			for _, p := range *tracked {
-				if matchSubject(p, m.Subject) {
+				if MatchSubject(p, m.Subject) {
 					args = append(args, p)
 				}
 			}

@@ -2,11 +2,10 @@ package broker
 
 import "strings"
 
-// matchSubject reports whether the concrete subject matches pattern ('*'
-// one token, '>' one or more trailing ones), as NATS matches them. It
-// allocates nothing. (The gateway has its own, with validation; the
-// broker cannot import it.)
-func matchSubject(pattern, subject string) bool {
+// MatchSubject reports whether the concrete subject matches pattern ('*'
+// one token, '>' one or more trailing ones), as NATS matches them. Both
+// must be valid (the gateway validates them). It allocates nothing.
+func MatchSubject(pattern, subject string) bool {
 	for {
 		pt, prest, pmore := nextToken(pattern)
 		st, srest, smore := nextToken(subject)

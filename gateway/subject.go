@@ -3,6 +3,8 @@ package gateway
 import (
 	"fmt"
 	"strings"
+
+	"github.com/fanwire/fanwire/broker"
 )
 
 // maxSubjectLen bounds subjects and patterns; NATS itself has no hard limit,
@@ -73,21 +75,7 @@ func nextToken(s string) (tok, rest string, more bool) {
 
 // MatchSubject reports whether the concrete subject matches pattern. Both must
 // be valid. It allocates nothing.
-func MatchSubject(pattern, subject string) bool {
-	for {
-		pt, prest, pmore := nextToken(pattern)
-		st, srest, smore := nextToken(subject)
-		switch {
-		case pt == ">":
-			return true // '>' needs at least one token, and st is one
-		case pt != "*" && pt != st:
-			return false
-		case !pmore || !smore:
-			return pmore == smore
-		}
-		pattern, subject = prest, srest
-	}
-}
+func MatchSubject(pattern, subject string) bool { return broker.MatchSubject(pattern, subject) }
 
 // Intersects reports whether some concrete subject matches both patterns.
 // It is used to reject subscriptions outside the node's subject space.
