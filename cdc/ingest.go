@@ -294,11 +294,9 @@ type reader struct {
 	rels *relations
 	docs *docEngine // projections; nil without
 	// Documents waiting for the flush window (coalesced across the
-	// transactions of one window): the last transaction merged, and how
-	// many of its events are already numbered.
+	// transactions of one window), and the last transaction merged.
 	pend         *docChanges
 	pendTx       *txn
-	pendBase     int
 	pendStart    pglogrepl.LSN // the commit LSN of the window's first transaction
 	pendDeadline time.Time
 	// replay, while the transactions read again are ones whose events the
@@ -582,14 +580,11 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		// the transaction changed — or the transactions of one flush window
 		// changed — after its table events.
 		r.docs.commitMem(dc, t.endLSN)
-		if r.replay.drops(t.commitLSN) {
-			dc = nil // published in a window the broker has whole
-		}
-	}
-	if dc != nil && !dc.empty() {
-		if r.pend == nil {
+		switch {
+		case r.replay.drops(t.commitLSN): // published in a window the broker has whole
+		case r.pend == nil:
 			r.pend, r.pendStart, r.pendDeadline = dc, t.commitLSN, time.Now().Add(r.in.cfg.FlushWindow)
-		} else {
+		default:
 			r.pend.merge(dc)
 		}
 	}
@@ -603,7 +598,7 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		r.replay = nil
 	}
 	if r.pend != nil {
-		r.pendTx, r.pendBase = t, done+len(evs)
+		r.pendTx = t
 		if flushNow {
 			var err error
 			if evs, err = r.docs.events(ctx, evs, r.pend, t, r.docID(t), flush); err != nil {
@@ -708,8 +703,9 @@ func (r *reader) keepAlive(ctx context.Context) error {
 // flushDocs publishes the documents waiting for the flush window, with the
 // end of the last transaction they cover, which is then confirmable.
 func (r *reader) flushDocs(ctx context.Context) error {
-	t, base := r.pendTx, r.pendBase
-	evs, err := r.docs.events(ctx, nil, r.pend, t, r.docID(t), r.flusher(ctx, &base))
+	t := r.pendTx
+	var handed int // documents' ids do not count events
+	evs, err := r.docs.events(ctx, nil, r.pend, t, r.docID(t), r.flusher(ctx, &handed))
 	if err != nil {
 		return err
 	}
