@@ -329,16 +329,6 @@ func (p *ingestProcess) metric(name string) float64 {
 
 // status is a field of /proc/<pid>/status in MiB (VmHWM, VmRSS).
 func (p *ingestProcess) status(field string) float64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		p.tb.Fatal(err)
-	}
-	for _, l := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(l, field+":"); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			return kb / 1024
-		}
-	}
-	p.tb.Fatalf("no %s in /proc/%d/status", field, p.cmd.Process.Pid)
-	return 0
+	p.tb.Helper()
+	return statusField(p.tb, fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid), field)
 }

@@ -84,7 +84,13 @@ func (r *benchRig) projIngest() (*cdc.Ingest, func()) {
 // procStatus returns a field of /proc/self/status in MiB (VmHWM, VmRSS).
 func procStatus(tb testing.TB, field string) float64 {
 	tb.Helper()
-	b, err := os.ReadFile("/proc/self/status")
+	return statusField(tb, "/proc/self/status", field)
+}
+
+// statusField is a field of a /proc/<pid>/status file in MiB.
+func statusField(tb testing.TB, path, field string) float64 {
+	tb.Helper()
+	b, err := os.ReadFile(path)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -92,12 +98,12 @@ func procStatus(tb testing.TB, field string) float64 {
 		if v, ok := bytes.CutPrefix(line, []byte(field+":")); ok {
 			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(string(v)), " kB"))
 			if err != nil {
-				tb.Fatalf("/proc/self/status %s: %q", field, v)
+				tb.Fatalf("%s %s: %q", path, field, v)
 			}
 			return float64(kb) / 1024
 		}
 	}
-	tb.Fatalf("/proc/self/status has no %s", field)
+	tb.Fatalf("%s has no %s", path, field)
 	return 0
 }
 
