@@ -88,15 +88,13 @@ func errorEvent(subject string, bad *badRowError, key []byte, id string, commitT
 	return broker.Outgoing{Subject: subject, Data: b, ID: id}
 }
 
-// checkSize turns an event over limit bytes (0: no limit) into its error
-// event.
-func checkSize(ev broker.Outgoing, limit int, errSubject, source string, keyJSON []byte, keyText string, lsn pglogrepl.LSN, commitTime time.Time) (broker.Outgoing, error) {
-	if limit <= 0 || len(ev.Data)+len(ev.Subject) <= limit {
-		return ev, nil
+// sizeError says why an event over limit bytes (0: no limit) cannot be
+// published; nil when it can.
+func sizeError(ev broker.Outgoing, limit int) error {
+	if n := len(ev.Data) + len(ev.Subject); limit > 0 && n > limit {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrEventTooLarge, n, limit)
 	}
-	bad := &badRowError{reason: badTooLarge, source: source, key: keyText, lsn: lsn,
-		err: fmt.Errorf("%w: %d bytes, the limit is %d", ErrEventTooLarge, len(ev.Data)+len(ev.Subject), limit)}
-	return errorEvent(errSubject, bad, keyJSON, ev.ID, commitTime), bad
+	return nil
 }
 
 // reportBad counts and logs a bad row or document; its error event is on

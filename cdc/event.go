@@ -40,12 +40,15 @@ var opNames = map[byte]string{'I': "insert", 'U': "update", 'D': "delete", 'T': 
 // becomes its error event, returned with a *badRowError.
 func rowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTime time.Time, op string) (broker.Outgoing, error) {
 	ev, keyJSON, keyText, err := encodeRowEvent(t, c, id, lsn, commitTime, op)
-	source := "table " + t.nameKey
-	if err != nil {
-		bad := &badRowError{reason: badValue, source: source, key: strings.Join(keyText, ","), lsn: lsn, err: err}
-		return errorEvent(t.errSubject, bad, keyJSON, id, commitTime), bad
+	reason := badValue
+	if err == nil {
+		if err = sizeError(ev, t.maxEvent); err == nil {
+			return ev, nil
+		}
+		reason = badTooLarge
 	}
-	return checkSize(ev, t.maxEvent, t.errSubject, source, keyJSON, strings.Join(keyText, ","), lsn, commitTime)
+	bad := &badRowError{reason: reason, source: "table " + t.nameKey, key: strings.Join(keyText, ","), lsn: lsn, err: err}
+	return errorEvent(t.errSubject, bad, keyJSON, id, commitTime), bad
 }
 
 // encodeRowEvent builds the event of a row change, and returns its key as

@@ -1073,27 +1073,27 @@ func (e *docEngine) waitVisible(ctx context.Context, xid uint32) error {
 // whose event is over the broker's limit becomes its error event, reported
 // (counted and logged) here.
 func (e *docEngine) docEvent(p *docProjection, key, doc []byte, docErr error, id string, lsn pglogrepl.LSN, commitTime time.Time) broker.Outgoing {
-	source := "projection " + p.spec.Name
-	keyJSON, keyErr := p.key.ctype.appendValue(nil, key)
-	if keyErr != nil {
-		keyJSON, docErr = nil, fmt.Errorf("key: %w", keyErr)
+	ev, keyJSON, err := encodeDocEvent(p, key, doc, id, lsn, commitTime)
+	reason := badValue
+	switch {
+	case err != nil:
+		err = fmt.Errorf("key: %w", err)
+	case docErr != nil:
+		err = docErr
+	default:
+		if err = sizeError(ev, e.maxEvent); err == nil {
+			return ev
+		}
+		reason = badTooLarge
 	}
-	var ev broker.Outgoing
-	var err error
-	if docErr != nil {
-		bad := &badRowError{reason: badValue, source: source, key: string(key), lsn: lsn, err: docErr}
-		ev, err = errorEvent(p.errSubject, bad, keyJSON, id, commitTime), bad
-	} else {
-		ev, err = checkSize(encodeDocEvent(p, keyJSON, key, doc, id, lsn, commitTime), e.maxEvent, p.errSubject, source, keyJSON, string(key), lsn, commitTime)
-	}
-	if bad, ok := asBadRow(err); ok {
-		e.report(bad)
-	}
-	return ev
+	bad := &badRowError{reason: reason, source: "projection " + p.spec.Name, key: string(key), lsn: lsn, err: err}
+	e.report(bad)
+	return errorEvent(p.errSubject, bad, keyJSON, id, commitTime)
 }
 
-// encodeDocEvent builds a document's event, with its key already encoded.
-func encodeDocEvent(p *docProjection, keyJSON, key, doc []byte, id string, lsn pglogrepl.LSN, commitTime time.Time) broker.Outgoing {
+// encodeDocEvent builds a document's event, and returns its key as JSON
+// (nil when the key cannot be encoded: the error says why).
+func encodeDocEvent(p *docProjection, key, doc []byte, id string, lsn pglogrepl.LSN, commitTime time.Time) (_ broker.Outgoing, keyJSON []byte, _ error) {
 	b := make([]byte, 0, 128+len(doc))
 	b = append(b, `{"id":"`...)
 	b = append(b, id...)
@@ -1102,7 +1102,12 @@ func encodeDocEvent(p *docProjection, keyJSON, key, doc []byte, id string, lsn p
 	} else {
 		b = append(b, `","op":"upsert","key":`...)
 	}
-	b = append(b, keyJSON...)
+	start := len(b)
+	b, err := p.key.ctype.appendValue(b, key)
+	if err != nil {
+		return broker.Outgoing{}, nil, err
+	}
+	keyJSON = b[start:len(b):len(b)]
 	b = append(b, `,"lsn":"`...)
 	b = append(b, lsn.String()...)
 	b = append(b, `","commit_time":"`...)
@@ -1114,7 +1119,7 @@ func encodeDocEvent(p *docProjection, keyJSON, key, doc []byte, id string, lsn p
 		b = append(b, doc...)
 	}
 	b = append(b, '}')
-	return broker.Outgoing{Subject: p.subject + "." + subjectToken(string(key)), Data: b, ID: id}
+	return broker.Outgoing{Subject: p.subject + "." + subjectToken(string(key)), Data: b, ID: id}, keyJSON, nil
 }
 
 // tableEventKeys keeps, of the publication's tables, those whose table
