@@ -49,6 +49,10 @@ type NATS struct {
 	cfg NATSConfig // static
 	nc  *nats.Conn // static after DialNATS
 	log *zap.Logger
+	// closed is closed by the client library's last callback after Close:
+	// its callbacks (the disconnect's log line) run on a goroutine of its
+	// own, which Close waits for.
+	closed chan struct{}
 
 	mu      sync.Mutex
 	dropped map[*nats.Subscription]int // guarded by mu: last Dropped() seen per subscription
@@ -64,7 +68,7 @@ func DialNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	b := &NATS{cfg: cfg, log: log, dropped: make(map[*nats.Subscription]int)}
+	b := &NATS{cfg: cfg, log: log, dropped: make(map[*nats.Subscription]int), closed: make(chan struct{})}
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
@@ -80,6 +84,7 @@ func DialNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 			b.state(true)
 		}),
 		nats.ErrorHandler(b.asyncError),
+		nats.ClosedHandler(func(*nats.Conn) { close(b.closed) }),
 	}
 	secure, err := cfg.secureOptions()
 	if err != nil {
@@ -222,8 +227,13 @@ func (b *NATS) flush(ctx context.Context) error {
 func (b *NATS) Ready() bool { return b.nc.IsConnected() }
 
 // Close drains nothing: the ws role does not own messages in flight (Core
-// NATS is at-most-once). It closes the connection.
+// NATS is at-most-once). It closes the connection and waits (up to 5 s)
+// for the client library's callbacks to have run.
 func (b *NATS) Close() error {
 	b.nc.Close()
+	select { // the library runs the closed callback after every earlier one
+	case <-b.closed:
+	case <-time.After(5 * time.Second):
+	}
 	return nil
 }
