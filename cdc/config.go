@@ -21,7 +21,12 @@ type Config struct {
 	Tables      []string      // tables to publish ("table" in public, or "schema.table"); empty: every table of the publication
 	Rebootstrap bool          // drop the slot and bootstrap again
 
-	FlushWindow    time.Duration // longest an event waits for others to share its publish (default 2ms; negative: none)
+	// FlushWindow is how long the documents of projections coalesce across
+	// transactions (a document changed by several of them is published
+	// once; default 2ms; negative: none). Table events never wait on a
+	// timer: the publisher sends at once when no publish is in flight, and
+	// what arrives while one is becomes the next batch.
+	FlushWindow    time.Duration
 	MaxBatch       int           // most events per publish (default 4096)
 	BootstrapChunk int           // rows per bootstrap fetch (default 10,000)
 	StatusInterval time.Duration // standby status update period (default 1s)
@@ -86,7 +91,7 @@ func (c *Config) setDefaults() {
 		c.Prefix = "db"
 	}
 	if c.FlushWindow == 0 {
-		c.FlushWindow = 2 * time.Millisecond // meets the latency target at no bulk cost (docs/benchmarks.md)
+		c.FlushWindow = 2 * time.Millisecond
 	}
 	if c.MaxBatch == 0 {
 		c.MaxBatch = 4096

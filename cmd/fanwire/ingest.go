@@ -51,7 +51,7 @@ func (f *ingestFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.prefix, "prefix", "db", "ingest: first subject token: events go to <prefix>.<table>.<key>")
 	fs.Var(&f.tables, "tables", "ingest: tables to publish, comma-separated (table in public, or schema.table); default every table of the publication")
 	fs.BoolVar(&f.rebootstrap, "rebootstrap", false, "ingest: drop the slot and publish every row again before tailing")
-	fs.DurationVar(&f.flushWindow, "flush-window", 2*time.Millisecond, "ingest: longest an event waits for others to share its publish, 0 for none (latency against throughput; see docs/benchmarks.md)")
+	fs.DurationVar(&f.flushWindow, "flush-window", 2*time.Millisecond, "ingest: how long the documents of projections coalesce across transactions, 0 for none (table events never wait: they publish at once, or with what arrived while the previous publish was in flight)")
 	fs.IntVar(&f.maxBatch, "max-batch", 4096, "ingest: most events per publish")
 	fs.DurationVar(&f.heartbeat, "heartbeat", 10*time.Second, "ingest: on an idle database, emit a logical message this often so the slot keeps advancing (negative: never)")
 	fs.DurationVar(&f.leaderTimeout, "leader-timeout", 10*time.Second, "ingest: failover: a leader frozen this long (SIGSTOP, a paused VM) loses the slot's lock to a standby (PostgreSQL 14+: idle_session_timeout on the lock's session, pinged every quarter of this; negative: never)")
