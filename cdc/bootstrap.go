@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -74,8 +75,9 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 			return fmt.Errorf("postgres: bootstrap %s: %w", q, err)
 		}
 		n := 0
+		enc := newBootEncoder(t, tx0)
 		for {
-			evs, err := in.bootstrapChunk(ctx, tx, cur, q, t, tx0, &n)
+			evs, err := in.bootstrapChunk(ctx, tx, cur, enc, &n)
 			if err != nil {
 				return err
 			}
@@ -137,12 +139,12 @@ func (in *Ingest) bootstrapTable(ctx context.Context, tx pgx.Tx, types *typeCach
 	return t, nil
 }
 
-// bootstrapChunk fetches the next chunk of rows of table t (its cursor
-// cur selects t's columns) and returns their events. The rows are "as of"
-// tx0, the slot's consistent point.
-func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q string, t *table, tx0 *txn, n *int) ([]broker.Outgoing, error) {
+// bootstrapChunk fetches the next chunk of rows of the table e encodes
+// (its cursor cur selects the table's columns) and returns their events.
+func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur string, e *bootEncoder, n *int) ([]broker.Outgoing, error) {
+	t, q := e.t, e.t.nameKey
 	// The simple protocol returns every value in text format.
-	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", in.cfg.BootstrapChunk, cur), pgx.QueryExecModeSimpleProtocol)
+	rows, err := tx.Query(ctx, "FETCH FORWARD "+strconv.Itoa(in.cfg.BootstrapChunk)+" FROM "+cur, pgx.QueryExecModeSimpleProtocol)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: bootstrap %s: %w", q, err)
 	}
@@ -157,25 +159,11 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q string, 
 		}
 	}
 	var evs []broker.Outgoing
-	// One row's columns, reused: the events are built from them at once
-	// (the values point into pgx's buffer, valid until the next row).
-	cols := make([]pglogrepl.TupleDataColumn, len(fds))
-	row := &pglogrepl.TupleData{Columns: make([]*pglogrepl.TupleDataColumn, len(fds))}
-	for i := range cols {
-		row.Columns[i] = &cols[i]
-	}
 	for rows.Next() {
-		raw := rows.RawValues()
-		for i, v := range raw {
-			cols[i] = pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: v}
-			if v == nil {
-				cols[i].DataType = pglogrepl.TupleDataTypeNull
-			}
+		if evs == nil {
+			evs = make([]broker.Outgoing, 0, in.cfg.BootstrapChunk)
 		}
-		// Through the table's projection, as the tail's changes go: the
-		// bootstrap publishes the documents a projection makes of the row.
-		id := bootstrapID(q, raw)
-		if evs, err = t.proj.project(evs, tx0, t, &change{kind: 'I', newRow: row}, func(int) string { return id }); err != nil {
+		if evs, err = e.add(evs, rows.RawValues()); err != nil {
 			bad, ok := asBadRow(err)
 			if !ok {
 				return nil, err
@@ -188,6 +176,153 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur, q string, 
 		return nil, fmt.Errorf("postgres: bootstrap %s: %w", q, err)
 	}
 	return evs, nil
+}
+
+// bootEncoder builds the events of a table's bootstrapped rows, "as of"
+// tx0, the slot's consistent point. The events are the ones the table's
+// projection makes of an insert of the row, byte for byte, built with next
+// to no allocations per row: what is the same for every row (the LSN, the
+// commit time) is formatted once; the events' payloads are copied into
+// shared blocks, their ids and subjects into shared strings, each event
+// slicing its own part (a block lives as long as one of its events).
+type bootEncoder struct {
+	t   *table
+	tx0 *txn
+	// mid is what comes between an event's key and its row:
+	// ,"lsn":"<commit LSN>","commit_time":"<commit time>","doc":
+	mid []byte
+	// row is one row's columns, reused: an event is built from them at
+	// once (the values point into pgx's buffer, valid until the next row).
+	cols []pglogrepl.TupleDataColumn
+	row  pglogrepl.TupleData
+	// Scratch space, reused from row to row: the id hash's input, an
+	// event's id and subject, its payload.
+	hashIn, strTmp, data []byte
+	// The current blocks.
+	dataBlock []byte
+	strBlock  strings.Builder
+}
+
+// bootBlock is the size of the blocks of events' payloads; ids and
+// subjects take blocks of a quarter of that.
+const bootBlock = 64 << 10
+
+func newBootEncoder(t *table, tx0 *txn) *bootEncoder {
+	e := &bootEncoder{t: t, tx0: tx0, cols: make([]pglogrepl.TupleDataColumn, len(t.columns))}
+	e.mid = append(e.mid, `,"lsn":"`...)
+	e.mid = append(e.mid, tx0.commitLSN.String()...)
+	e.mid = append(e.mid, `","commit_time":"`...)
+	e.mid = tx0.commitTime.UTC().AppendFormat(e.mid, time.RFC3339Nano)
+	e.mid = append(e.mid, `","doc":`...)
+	e.row.Columns = make([]*pglogrepl.TupleDataColumn, len(t.columns))
+	for i := range e.cols {
+		e.row.Columns[i] = &e.cols[i]
+	}
+	return e
+}
+
+// add appends the event of the row whose text values are raw. A row that
+// cannot be published is appended as its error event, and reported with
+// a *badRowError.
+func (e *bootEncoder) add(evs []broker.Outgoing, raw [][]byte) ([]broker.Outgoing, error) {
+	t := e.t
+	if len(raw) != len(t.columns) {
+		return evs, fmt.Errorf("postgres: bootstrap %s: a row of %d columns, the catalog has %d", t.nameKey, len(raw), len(t.columns))
+	}
+	for i, v := range raw {
+		e.cols[i] = pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: v}
+		if v == nil {
+			e.cols[i].DataType = pglogrepl.TupleDataTypeNull
+		}
+	}
+	var sum [sha256.Size]byte
+	e.hashIn, sum = bootstrapHash(e.hashIn[:0], t.nameKey, raw)
+	e.strTmp = appendBootstrapID(e.strTmp[:0], &sum)
+	idLen := len(e.strTmp)
+	_, ok := t.proj.(tableProjection) // another projection makes its own events
+	if ok {
+		e.strTmp = append(e.strTmp, t.subject...)
+		e.strTmp = append(e.strTmp, '.')
+		for n, i := range t.key {
+			if n > 0 {
+				e.strTmp = append(e.strTmp, ',')
+			}
+			if raw[i] == nil { // a NULL key: the projection's error event
+				ok = false
+				break
+			}
+			e.strTmp = appendSubjectToken(e.strTmp, raw[i])
+		}
+	}
+	if !ok {
+		e.strTmp = e.strTmp[:idLen]
+	}
+	s := e.keepString(e.strTmp)
+	id, subject := s[:idLen], s[idLen:]
+	if ok {
+		var data []byte
+		if data, ok = e.encode(id, raw); ok && sizeError(broker.Outgoing{Subject: subject, Data: data}, t.maxEvent) == nil {
+			return append(evs, broker.Outgoing{Subject: subject, Data: e.keep(data), ID: id}), nil
+		}
+	}
+	// The rare row that cannot be published (a value that cannot be
+	// encoded, an event over the broker's limit), or another projection:
+	// the projection's own path makes its events, or its error event.
+	return t.proj.project(evs, e.tx0, t, &change{kind: 'I', newRow: &e.row}, func(int) string { return id })
+}
+
+// encode encodes the insert event of a row of e.t into e.data, as
+// encodeRowEvent does; ok is false when a value cannot be encoded.
+func (e *bootEncoder) encode(id string, raw [][]byte) (_ []byte, ok bool) {
+	t := e.t
+	b := append(e.data[:0], `{"id":"`...)
+	b = append(b, id...)
+	b = append(b, `","op":"insert","key":`...)
+	if len(t.key) > 1 {
+		b = append(b, '[')
+	}
+	var err error
+	for n, i := range t.key {
+		if n > 0 {
+			b = append(b, ',')
+		}
+		if b, err = t.columns[i].ctype.appendValue(b, raw[i]); err != nil {
+			return nil, false
+		}
+	}
+	if len(t.key) > 1 {
+		b = append(b, ']')
+	}
+	b = append(b, e.mid...)
+	if b, _, err = appendRow(b, t, &e.row, nil, false); err != nil {
+		return nil, false
+	}
+	b = append(b, '}')
+	e.data = b
+	return b, true
+}
+
+// keep copies p into the current payload block and returns the copy.
+func (e *bootEncoder) keep(p []byte) []byte {
+	if cap(e.dataBlock)-len(e.dataBlock) < len(p) {
+		e.dataBlock = make([]byte, 0, max(bootBlock, len(p)))
+	}
+	start := len(e.dataBlock)
+	e.dataBlock = append(e.dataBlock, p...)
+	return e.dataBlock[start:len(e.dataBlock):len(e.dataBlock)]
+}
+
+// keepString copies p into the current string block and returns it as a
+// string. (A strings.Builder never changes what it has made a string: it
+// only appends, and the block is replaced, never grown, when full.)
+func (e *bootEncoder) keepString(p []byte) string {
+	if e.strBlock.Cap()-e.strBlock.Len() < len(p) {
+		e.strBlock = strings.Builder{}
+		e.strBlock.Grow(max(bootBlock/4, len(p)))
+	}
+	start := e.strBlock.Len()
+	e.strBlock.Write(p)
+	return e.strBlock.String()[start:]
 }
 
 // bootstrapDocs publishes every document of every projection, composed in
@@ -318,19 +453,30 @@ func quoteString(s string) string { return "'" + strings.ReplaceAll(s, "'", "''"
 // same ids, which the broker drops within its duplicate window; a row that
 // changed in between gets a new id, and its new state is published.
 func bootstrapID(table string, raw [][]byte) string {
-	h := sha256.New()
-	h.Write([]byte(table))
-	var l [5]byte
+	_, sum := bootstrapHash(nil, table, raw)
+	return string(appendBootstrapID(nil, &sum))
+}
+
+// bootstrapHash is the SHA-256 of the table and the row's values (each
+// value's length before it, and NULL apart from the empty string). in is
+// scratch space for the hash's input, returned for reuse.
+func bootstrapHash(in []byte, table string, raw [][]byte) ([]byte, [sha256.Size]byte) {
+	in = append(in, table...)
 	for _, v := range raw {
 		if v == nil {
-			l[0] = 0 // NULL differs from the empty string
-			h.Write(l[:1])
+			in = append(in, 0) // NULL differs from the empty string
 			continue
 		}
-		l[0] = 1
-		binary.BigEndian.PutUint32(l[1:], uint32(len(v)))
-		h.Write(l[:])
-		h.Write(v)
+		in = append(in, 1)
+		in = binary.BigEndian.AppendUint32(in, uint32(len(v)))
+		in = append(in, v...)
 	}
-	return "b-" + hex.EncodeToString(h.Sum(nil)[:12])
+	return in, sha256.Sum256(in)
+}
+
+// appendBootstrapID appends the id of a row whose bootstrapHash is sum:
+// "b-" and the first 12 bytes of sum in hexadecimal.
+func appendBootstrapID(b []byte, sum *[sha256.Size]byte) []byte {
+	b = append(b, "b-"...)
+	return hex.AppendEncode(b, sum[:12])
 }

@@ -23,8 +23,14 @@ import (
 //     event). A window's documents are published after the table events of
 //     its last transaction, projection by projection (in configuration
 //     order), by key.
-//   - A bootstrap row: "b-<hash of the table and the row's values>" (see
-//     bootstrapID).
+//   - A bootstrap row: "b-<hash>": the first 12 bytes (96 bits), in
+//     hexadecimal, of the SHA-256 of the table's name and the row's values
+//     in text format, each value's length before it and NULL apart from
+//     the empty string (bootstrapHash). A row that did not change gets the
+//     same id from a bootstrap started over; any change makes a new one
+//     (two rows of a table collide with odds of about 2^-96 a pair). A
+//     bootstrapped document: the same over "projection <name>", its key
+//     and its JSON.
 //
 // LSNs are hexadecimal.
 

@@ -22,8 +22,10 @@ type tableProjection struct{}
 
 func (tableProjection) project(evs []broker.Outgoing, tx *txn, t *table, c *change, id func(int) string) ([]broker.Outgoing, error) {
 	ev, err := rowEvent(t, c, id(len(evs)), tx.commitLSN, tx.commitTime, opNames[c.kind])
-	if _, bad := asBadRow(err); err != nil && !bad {
-		return evs, err
+	if err != nil {
+		if _, bad := asBadRow(err); !bad {
+			return evs, err
+		}
 	}
 	return append(evs, ev), err
 }

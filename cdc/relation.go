@@ -132,19 +132,24 @@ func subjectToken(s string) string {
 	if ok && s != "" {
 		return s
 	}
-	var b strings.Builder
+	return string(appendSubjectToken(nil, s))
+}
+
+// appendSubjectToken appends subjectToken(s) to b.
+func appendSubjectToken[S ~string | ~[]byte](b []byte, s S) []byte {
+	if len(s) == 0 {
+		return append(b, '%') // the empty key
+	}
+	const hexDigits = "0123456789ABCDEF"
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if tokenByte(c) {
-			b.WriteByte(c)
+			b = append(b, c)
 			continue
 		}
-		fmt.Fprintf(&b, "%%%02X", c)
+		b = append(b, '%', hexDigits[c>>4], hexDigits[c&0xF])
 	}
-	if b.Len() == 0 {
-		return "%" // the empty key
-	}
-	return b.String()
+	return b
 }
 
 // keyToken is the subject token of a key: each value made a token of its
