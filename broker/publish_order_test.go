@@ -26,6 +26,17 @@ import (
 // gateway's HTTP publish does: they may sit between ours, and are all
 // stored once.
 func TestJetStreamPublishKeepsOrderThroughFailures(t *testing.T) {
+	publish := func(ctx context.Context, b *broker.JetStream, out []broker.Outgoing) error {
+		_, err := b.Publish(ctx, out)
+		return err
+	}
+	keepsOrderThroughFailures(t, publish, "stream re-created without atomic batches", func(c *jetstream.StreamConfig) { c.AllowAtomicPublish = false })
+}
+
+// keepsOrderThroughFailures is TestJetStreamPublishKeepsOrderThroughFailures
+// for publish (Publish or Append); the last case re-creates the stream
+// with change applied to its config (a feature turned off), under name.
+func keepsOrderThroughFailures(t *testing.T, publish func(context.Context, *broker.JetStream, []broker.Outgoing) error, name string, change func(*jetstream.StreamConfig)) {
 	const n = 6000
 	for _, tc := range []struct {
 		name   string
@@ -40,11 +51,11 @@ func TestJetStreamPublishKeepsOrderThroughFailures(t *testing.T) {
 			return ns
 		}},
 		{"stream deleted and re-created", true, func(t *testing.T, ns *server.Server, js jetstream.JetStream) *server.Server {
-			recreateStream(t, js, true)
+			recreateStream(t, js, func(*jetstream.StreamConfig) {})
 			return ns
 		}},
-		{"stream re-created without atomic batches", true, func(t *testing.T, ns *server.Server, js jetstream.JetStream) *server.Server {
-			recreateStream(t, js, false)
+		{name, true, func(t *testing.T, ns *server.Server, js jetstream.JetStream) *server.Server {
+			recreateStream(t, js, change)
 			return ns
 		}},
 	} {
@@ -61,10 +72,7 @@ func TestJetStreamPublishKeepsOrderThroughFailures(t *testing.T) {
 					ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 					defer cancel()
 					published := make(chan error, 1)
-					go func() {
-						_, err := b.Publish(ctx, out)
-						published <- err
-					}()
+					go func() { published <- publish(ctx, b, out) }()
 					other := startOtherPublisher(t, url)
 					js := brokertest.JetStream(t, url)
 					// Fail it in the middle: a window is in flight nearly all the time.
@@ -155,8 +163,8 @@ func kickClient(t *testing.T, ns *server.Server, name string) {
 }
 
 // recreateStream deletes the ORDER stream and creates it again at once,
-// as another node (or an operator) would, with or without atomic batches.
-func recreateStream(t *testing.T, js jetstream.JetStream, atomic bool) {
+// as another node (or an operator) would, with its config changed by change.
+func recreateStream(t *testing.T, js jetstream.JetStream, change func(*jetstream.StreamConfig)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -165,7 +173,7 @@ func recreateStream(t *testing.T, js jetstream.JetStream, atomic bool) {
 		t.Fatal(err)
 	}
 	cfg := s.CachedInfo().Config
-	cfg.AllowAtomicPublish = atomic
+	change(&cfg)
 	if err := js.DeleteStream(ctx, "ORDER"); err != nil {
 		t.Fatal(err)
 	}
