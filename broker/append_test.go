@@ -10,6 +10,7 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 )
@@ -119,6 +120,29 @@ func TestJetStreamAppendRefusedMessage(t *testing.T) {
 				t.Errorf("the error %q does not name the refused message's subject %s", err, out[bad].Subject)
 			}
 			checkStored(t, js, bad)
+		})
+	}
+}
+
+// TestJetStreamAppendOverMaxPayload: a message over the server's
+// max_payload, which the client library refuses to send: Append ends the
+// batch before it and returns the library's error; the stream holds
+// exactly the events before it.
+func TestJetStreamAppendOverMaxPayload(t *testing.T) {
+	for _, bad := range []int{0, 1500} {
+		t.Run(fmt.Sprint(bad), func(t *testing.T) {
+			b, js := appendBroker(t)
+			out := appendEvents(0, 2000)
+			out[bad].Data = make([]byte, 2<<20) // the default max_payload is 1 MB
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			if err := b.Append(ctx, out); !errors.Is(err, nats.ErrMaxPayload) {
+				t.Fatalf("Append = %v, want %v", err, nats.ErrMaxPayload)
+			}
+			checkStored(t, js, bad)
+			if bad > 0 {
+				checkFastBatch(t, js, 1, true)
+			}
 		})
 	}
 }
