@@ -291,6 +291,20 @@ func (p *otherPublisher) stop(t *testing.T) int {
 // store a later batch before them). The stream then holds every event
 // once, in publish order.
 func TestJetStreamPublishKeepsOrderThroughLeaderChange(t *testing.T) {
+	keepsOrderThroughLeaderChange(t, func(ctx context.Context, b *broker.JetStream, out []broker.Outgoing) error {
+		_, err := b.Publish(ctx, out)
+		return err
+	})
+}
+
+// TestJetStreamAppendKeepsOrderThroughLeaderChange is
+// TestJetStreamPublishKeepsOrderThroughLeaderChange for Append: the fast
+// batch in flight meets a new leader.
+func TestJetStreamAppendKeepsOrderThroughLeaderChange(t *testing.T) {
+	keepsOrderThroughLeaderChange(t, appendTo)
+}
+
+func keepsOrderThroughLeaderChange(t *testing.T, publish func(context.Context, *broker.JetStream, []broker.Outgoing) error) {
 	const n = 5000
 	nodes := brokertest.NATSCluster(t, 3)
 	url := nodes[0].ClientURL() + "," + nodes[1].ClientURL() + "," + nodes[2].ClientURL()
@@ -303,10 +317,7 @@ func TestJetStreamPublishKeepsOrderThroughLeaderChange(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 		published := make(chan error, 1)
-		go func() {
-			_, err := b.Publish(ctx, out)
-			published <- err
-		}()
+		go func() { published <- publish(ctx, b, out) }()
 		waitStored(t, js, uint64(run*n+n/3))
 		resp, err := js.Conn().Request("$JS.API.STREAM.LEADER.STEPDOWN.ORDER", nil, 5*time.Second)
 		if err != nil {
@@ -316,7 +327,7 @@ func TestJetStreamPublishKeepsOrderThroughLeaderChange(t *testing.T) {
 		err = <-published
 		cancel()
 		if err != nil {
-			t.Fatalf("Publish: %v", err)
+			t.Fatalf("publish: %v", err)
 		}
 	}
 	ids, _ := storedIDs(t, js)
