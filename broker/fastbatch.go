@@ -84,6 +84,7 @@ func (b *JetStream) Append(ctx context.Context, msgs []Outgoing) error {
 				wait, attempt = publishRetryMin, 0
 				continue
 			}
+			r.why = "a message not acknowledged"
 		case fastAgain:
 			if r.stored > 0 {
 				wait, attempt = publishRetryMin, 0 // progress: the next wait starts short
