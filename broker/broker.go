@@ -43,6 +43,18 @@ type Broker interface {
 	Close() error
 }
 
+// Appender is implemented by brokers that can store a publisher's events
+// faster when it needs no cursors (JetStream with fast batches): the
+// ingest, which orders its events by their ids, not by cursors.
+type Appender interface {
+	// Append stores msgs in order and returns when all are stored. A
+	// message whose id (Outgoing.ID) the broker already stores is dropped
+	// as a duplicate. On failure the broker holds a prefix of msgs (never
+	// a message after one that was refused or lost), as Publish does, and
+	// the error says why the rest is not stored.
+	Append(ctx context.Context, msgs []Outgoing) error
+}
+
 // ErrClosed is returned by operations on a closed broker.
 var ErrClosed = errors.New("broker: closed")
 

@@ -55,6 +55,17 @@ type JetStream struct {
 	// batchMax is the largest window Publish sends as one batch:
 	// publishWindow, halved each time the server says it is over its limit.
 	batchMax atomic.Int32
+
+	// fast is whether the stream takes fast batches (see Append): set by
+	// DialJetStream, cleared when the server refuses one as disabled.
+	fast atomic.Bool
+	// fastInbox prefixes the reply subjects of fast batches; fastSub, on
+	// everything under it, routes the server's answers to the waiting
+	// Append by batch id (fastCalls).
+	fastInbox string
+	fastSub   *nats.Subscription
+	fastMu    sync.Mutex
+	fastCalls map[string]*fastCall // guarded by fastMu
 }
 
 // CursorPrefixJS starts every JetStream cursor.
@@ -110,6 +121,9 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 		// Publish sends atomic batches (NATS 2.12+; an older server
 		// ignores the setting, and Publish then goes a message at a time).
 		AllowAtomicPublish: true,
+		// Append sends fast batches (NATS 2.14+; an older server ignores
+		// the setting, and Append is then Publish).
+		AllowBatchPublish: true,
 	}
 	if cfg.MaxBytes == 0 {
 		want.MaxBytes = -1
@@ -126,6 +140,17 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 	if !b.atomic.Load() {
 		b.core.log.Warn("jetstream: the server does not take atomic batches (NATS older than 2.12?): publishing one message at a time, in order, which is much slower",
 			zap.String("stream", want.Name))
+	}
+	b.fast.Store(b.stream.CachedInfo().Config.AllowBatchPublish)
+	if !b.fast.Load() {
+		b.core.log.Info("jetstream: the server does not take fast batches (NATS older than 2.14?): Append publishes as Publish does",
+			zap.String("stream", want.Name))
+	}
+	b.fastCalls = make(map[string]*fastCall)
+	b.fastInbox = core.nc.NewInbox()
+	if b.fastSub, err = core.nc.Subscribe(b.fastInbox+".>", b.fastReply); err != nil {
+		core.Close()
+		return nil, fmt.Errorf("jetstream: subscribe to fast batch answers: %w", err)
 	}
 	return b, nil
 }
@@ -172,13 +197,13 @@ func (b *JetStream) ensureStream(ctx context.Context, want jetstream.StreamConfi
 	}
 	if slices.Equal(sortedCopy(have.Subjects), sortedCopy(want.Subjects)) && have.MaxAge == want.MaxAge &&
 		have.MaxBytes == want.MaxBytes && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas &&
-		have.AllowAtomicPublish == want.AllowAtomicPublish {
+		have.AllowAtomicPublish == want.AllowAtomicPublish && have.AllowBatchPublish == want.AllowBatchPublish {
 		log.Info("using JetStream stream", zap.String("stream", want.Name))
 		return s, nil
 	}
 	upd := have
 	upd.Subjects, upd.MaxAge, upd.MaxBytes, upd.Duplicates, upd.Replicas = want.Subjects, want.MaxAge, want.MaxBytes, want.Duplicates, want.Replicas
-	upd.AllowAtomicPublish = want.AllowAtomicPublish
+	upd.AllowAtomicPublish, upd.AllowBatchPublish = want.AllowAtomicPublish, want.AllowBatchPublish
 	s, err = b.js.UpdateStream(ctx, upd)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: update stream %q: %w", want.Name, err)
@@ -715,8 +740,12 @@ func (b *JetStream) LastID(ctx context.Context, subjects string) (string, error)
 // Ready reports whether the connection is up.
 func (b *JetStream) Ready() bool { return b.core.Ready() }
 
-// Close closes the connection.
-func (b *JetStream) Close() error { return b.core.Close() }
+// Close ends the subscription to fast batch answers and closes the
+// connection.
+func (b *JetStream) Close() error {
+	_ = b.fastSub.Unsubscribe()
+	return b.core.Close()
+}
 
 // CompareCursors orders two JetStream cursors.
 func (b *JetStream) CompareCursors(x, y string) (int, error) {

@@ -15,11 +15,28 @@ import (
 // loopback TCP. One op = one Publish of the whole batch.
 func BenchmarkJetStreamPublish(b *testing.B) {
 	for _, storage := range []string{"file", "memory"} {
-		b.Run(storage, func(b *testing.B) { benchmarkJetStreamPublish(b, storage) })
+		b.Run(storage, func(b *testing.B) {
+			benchmarkJetStreamPublish(b, storage, func(ctx context.Context, js *broker.JetStream, out []broker.Outgoing) error {
+				_, err := js.Publish(ctx, out)
+				return err
+			})
+		})
 	}
 }
 
-func benchmarkJetStreamPublish(b *testing.B, storage string) {
+// BenchmarkJetStreamAppend is BenchmarkJetStreamPublish for Append (fast
+// batches, no cursors): one op = one Append of 1,000 events.
+func BenchmarkJetStreamAppend(b *testing.B) {
+	for _, storage := range []string{"file", "memory"} {
+		b.Run(storage, func(b *testing.B) {
+			benchmarkJetStreamPublish(b, storage, func(ctx context.Context, js *broker.JetStream, out []broker.Outgoing) error {
+				return js.Append(ctx, out)
+			})
+		})
+	}
+}
+
+func benchmarkJetStreamPublish(b *testing.B, storage string, publish func(context.Context, *broker.JetStream, []broker.Outgoing) error) {
 	const n = 1000
 	data := []byte(`{"pad":"` + strings.Repeat("p", 246) + `"}`)
 	ns := brokertest.NATS(b)
@@ -38,7 +55,7 @@ func benchmarkJetStreamPublish(b *testing.B, storage string) {
 			out[i] = broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i%50), Data: data, ID: fmt.Sprintf("%x-%d", op, i)}
 		}
 		b.StartTimer()
-		if _, err := js.Publish(ctx, out); err != nil {
+		if err := publish(ctx, js, out); err != nil {
 			b.Fatal(err)
 		}
 	}

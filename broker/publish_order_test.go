@@ -26,6 +26,17 @@ import (
 // gateway's HTTP publish does: they may sit between ours, and are all
 // stored once.
 func TestJetStreamPublishKeepsOrderThroughFailures(t *testing.T) {
+	publish := func(ctx context.Context, b *broker.JetStream, out []broker.Outgoing) error {
+		_, err := b.Publish(ctx, out)
+		return err
+	}
+	keepsOrderThroughFailures(t, publish, "stream re-created without atomic batches", func(c *jetstream.StreamConfig) { c.AllowAtomicPublish = false })
+}
+
+// keepsOrderThroughFailures is TestJetStreamPublishKeepsOrderThroughFailures
+// for publish (Publish or Append); the last case re-creates the stream
+// with change applied to its config (a feature turned off), under name.
+func keepsOrderThroughFailures(t *testing.T, publish func(context.Context, *broker.JetStream, []broker.Outgoing) error, name string, change func(*jetstream.StreamConfig)) {
 	const n = 6000
 	for _, tc := range []struct {
 		name   string
@@ -40,11 +51,11 @@ func TestJetStreamPublishKeepsOrderThroughFailures(t *testing.T) {
 			return ns
 		}},
 		{"stream deleted and re-created", true, func(t *testing.T, ns *server.Server, js jetstream.JetStream) *server.Server {
-			recreateStream(t, js, true)
+			recreateStream(t, js, func(*jetstream.StreamConfig) {})
 			return ns
 		}},
-		{"stream re-created without atomic batches", true, func(t *testing.T, ns *server.Server, js jetstream.JetStream) *server.Server {
-			recreateStream(t, js, false)
+		{name, true, func(t *testing.T, ns *server.Server, js jetstream.JetStream) *server.Server {
+			recreateStream(t, js, change)
 			return ns
 		}},
 	} {
@@ -61,10 +72,7 @@ func TestJetStreamPublishKeepsOrderThroughFailures(t *testing.T) {
 					ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 					defer cancel()
 					published := make(chan error, 1)
-					go func() {
-						_, err := b.Publish(ctx, out)
-						published <- err
-					}()
+					go func() { published <- publish(ctx, b, out) }()
 					other := startOtherPublisher(t, url)
 					js := brokertest.JetStream(t, url)
 					// Fail it in the middle: a window is in flight nearly all the time.
@@ -155,8 +163,8 @@ func kickClient(t *testing.T, ns *server.Server, name string) {
 }
 
 // recreateStream deletes the ORDER stream and creates it again at once,
-// as another node (or an operator) would, with or without atomic batches.
-func recreateStream(t *testing.T, js jetstream.JetStream, atomic bool) {
+// as another node (or an operator) would, with its config changed by change.
+func recreateStream(t *testing.T, js jetstream.JetStream, change func(*jetstream.StreamConfig)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -165,7 +173,7 @@ func recreateStream(t *testing.T, js jetstream.JetStream, atomic bool) {
 		t.Fatal(err)
 	}
 	cfg := s.CachedInfo().Config
-	cfg.AllowAtomicPublish = atomic
+	change(&cfg)
 	if err := js.DeleteStream(ctx, "ORDER"); err != nil {
 		t.Fatal(err)
 	}
@@ -283,6 +291,20 @@ func (p *otherPublisher) stop(t *testing.T) int {
 // store a later batch before them). The stream then holds every event
 // once, in publish order.
 func TestJetStreamPublishKeepsOrderThroughLeaderChange(t *testing.T) {
+	keepsOrderThroughLeaderChange(t, func(ctx context.Context, b *broker.JetStream, out []broker.Outgoing) error {
+		_, err := b.Publish(ctx, out)
+		return err
+	})
+}
+
+// TestJetStreamAppendKeepsOrderThroughLeaderChange is
+// TestJetStreamPublishKeepsOrderThroughLeaderChange for Append: the fast
+// batch in flight meets a new leader.
+func TestJetStreamAppendKeepsOrderThroughLeaderChange(t *testing.T) {
+	keepsOrderThroughLeaderChange(t, appendTo)
+}
+
+func keepsOrderThroughLeaderChange(t *testing.T, publish func(context.Context, *broker.JetStream, []broker.Outgoing) error) {
 	const n = 5000
 	nodes := brokertest.NATSCluster(t, 3)
 	url := nodes[0].ClientURL() + "," + nodes[1].ClientURL() + "," + nodes[2].ClientURL()
@@ -295,10 +317,7 @@ func TestJetStreamPublishKeepsOrderThroughLeaderChange(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 		published := make(chan error, 1)
-		go func() {
-			_, err := b.Publish(ctx, out)
-			published <- err
-		}()
+		go func() { published <- publish(ctx, b, out) }()
 		waitStored(t, js, uint64(run*n+n/3))
 		resp, err := js.Conn().Request("$JS.API.STREAM.LEADER.STEPDOWN.ORDER", nil, 5*time.Second)
 		if err != nil {
@@ -308,7 +327,7 @@ func TestJetStreamPublishKeepsOrderThroughLeaderChange(t *testing.T) {
 		err = <-published
 		cancel()
 		if err != nil {
-			t.Fatalf("Publish: %v", err)
+			t.Fatalf("publish: %v", err)
 		}
 	}
 	ids, _ := storedIDs(t, js)
@@ -328,6 +347,23 @@ func TestJetStreamPublishKeepsOrderThroughLeaderChange(t *testing.T) {
 // once, in order; without, it cannot tell, and returns an error rather
 // than store the batch twice.
 func TestJetStreamPublishLostBatchAnswer(t *testing.T) {
+	lostBatchAnswer(t, true, func(ctx context.Context, b *broker.JetStream, out []broker.Outgoing) error {
+		_, err := b.Publish(ctx, out)
+		return err
+	})
+}
+
+// TestJetStreamAppendLostBatchAnswer is TestJetStreamPublishLostBatchAnswer
+// for Append: the first answer to a fast batch (a flow ack) is lost with
+// the connection. With ids, every event is stored once, in order; without,
+// Append fails, and the stream holds a prefix of them.
+func TestJetStreamAppendLostBatchAnswer(t *testing.T) {
+	lostBatchAnswer(t, false, appendTo)
+}
+
+// lostBatchAnswer is TestJetStreamPublishLostBatchAnswer for publish,
+// which sends atomic batches (all or nothing stored) or not (a prefix).
+func lostBatchAnswer(t *testing.T, atomic bool, publish func(context.Context, *broker.JetStream, []broker.Outgoing) error) {
 	for _, withIDs := range []bool{true, false} {
 		t.Run(fmt.Sprint("ids=", withIDs), func(t *testing.T) {
 			ns := brokertest.NATS(t)
@@ -343,15 +379,15 @@ func TestJetStreamPublishLostBatchAnswer(t *testing.T) {
 			p.cut.Store(true)
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
-			_, err := b.Publish(ctx, out)
+			err := publish(ctx, b, out)
 			if p.cut.Load() {
 				t.Fatal("no answer was cut: the test did not test a lost answer")
 			}
 			if withIDs && err != nil {
-				t.Fatalf("Publish with ids: %v", err)
+				t.Fatalf("publish with ids: %v", err)
 			}
 			if !withIDs && err == nil {
-				t.Fatal("Publish without ids succeeded after its answer was lost: it sent the batch again")
+				t.Fatal("publish without ids succeeded after its answer was lost: it sent the batch again")
 			}
 			js := brokertest.JetStream(t, ns.ClientURL())
 			s, err := js.Stream(ctx, "ORDER")
@@ -362,7 +398,24 @@ func TestJetStreamPublishLostBatchAnswer(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if info.State.Msgs != uint64(len(out)) {
+			switch {
+			case !withIDs && !atomic:
+				// A fast batch stores its messages as they come: the
+				// connection lost, a prefix of them is stored, once.
+				if info.State.Msgs > uint64(len(out)) {
+					t.Errorf("%d messages stored, want at most %d (a prefix of the batch)", info.State.Msgs, len(out))
+				}
+				for seq := uint64(1); seq <= info.State.Msgs; seq++ {
+					m, err := s.GetMsg(ctx, seq)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if string(m.Data) != fmt.Sprint(seq-1) {
+						t.Fatalf("message %d is %q, want %d (a prefix of the batch, in order)", seq, m.Data, seq-1)
+					}
+				}
+				t.Logf("%d of %d messages stored", info.State.Msgs, len(out))
+			case info.State.Msgs != uint64(len(out)):
 				t.Errorf("%d messages stored, want %d (the batch once)", info.State.Msgs, len(out))
 			}
 			if withIDs {

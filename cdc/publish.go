@@ -167,7 +167,12 @@ func (p *publisher) run(ctx context.Context) {
 			// says it stores (its high-water mark), which the broker's own
 			// retries cannot know once its duplicate window has passed.
 			pctx, cancel := context.WithTimeout(ctx, cfg.PublishTimeout)
-			_, err := cfg.Broker.Publish(pctx, slice)
+			var err error
+			if a, ok := cfg.Broker.(broker.Appender); ok {
+				err = a.Append(pctx, slice) // no cursors: faster where the broker can
+			} else {
+				_, err = cfg.Broker.Publish(pctx, slice)
+			}
 			cancel()
 			if err != nil {
 				p.fail(fmt.Errorf("broker: %w", err))
