@@ -117,9 +117,7 @@ func BenchmarkMemDocuments(b *testing.B) {
 	e, rel := memBenchEngine(b)
 	changes := memBenchUpdates()
 	tx := &txn{xid: 1, commitLSN: 0x1000, commitTime: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}
-	id := func(p *docProjection, key []byte) string {
-		return docEventID(tx.commitLSN, tx.commitLSN, p.spec.Name, key)
-	}
+	id := docEventIDs(tx.commitLSN, tx.commitLSN) // as the reader names documents
 	var published int
 	flush := func(evs []broker.Outgoing) ([]broker.Outgoing, error) {
 		if len(evs) < 4096 {

@@ -200,6 +200,11 @@ type memNodeInfo struct {
 	parentIx *memIndex // the parent's rows by the parent-side join columns; nil when direct
 	order    []int     // cols of t ordering a many list
 	orderOID []uint32
+	docCols  []int // cols of t holding the node's document columns, in their order
+	// onParent are the cols of the parent's table holding the parent side
+	// of the join, in the order of on, and onOID their types.
+	onParent []int
+	onOID    []uint32
 }
 
 // newMemState sizes the state for the memory-mode projections: the
@@ -262,6 +267,13 @@ func newMemState(projs []*docProjection, cat map[string]*catalogTable) *memState
 				if !(n.parent.parent == nil && len(pc) == 1 && pc[0] == p.key.name && !textVaries(p.key.ctype.oid)) {
 					info.parentIx = s.tables[n.parent.nameKey].index(pc)
 				}
+			}
+			for _, c := range n.cols {
+				info.docCols = append(info.docCols, info.t.colIdx[c.name])
+			}
+			for _, j := range n.on {
+				info.onParent = append(info.onParent, s.tables[n.parent.nameKey].colIdx[j.parent.name])
+				info.onOID = append(info.onOID, j.parent.ctype.oid)
 			}
 			for _, c := range n.orderCols {
 				info.order = append(info.order, info.t.colIdx[c])
@@ -408,45 +420,110 @@ func (e *docEngine) memUp(d *docChanges, n *docNode, row []byte) {
 // memCompose composes the document of p with key from the state (nil: the
 // primary row does not exist).
 func (e *docEngine) memCompose(p *docProjection, key []byte) ([]byte, error) {
-	root := p.root
-	row := root.mem.t.rows[tupleKey([][]byte{key})]
-	if row == nil {
-		return nil, nil
+	doc, ok, err := e.appendMemDoc(nil, p, key)
+	if !ok || err != nil {
+		return nil, err
 	}
-	r := e.memRow(root, row)
-	return appendDoc(make([]byte, 0, 512), root, r)
+	return doc, nil
 }
 
-// memRow builds the composedRow of row (of node n) with its children.
-func (e *docEngine) memRow(n *docNode, row []byte) *composedRow {
-	t := n.mem.t
-	r := &composedRow{vals: make([][]byte, len(n.cols)), children: make([][]*composedRow, len(n.children))}
-	for i, c := range n.cols {
-		r.vals[i] = rowField(row, t.colIdx[c.name])
+// memScratch is what composing documents from the state reuses from one
+// document to the next (the reader's goroutine owns it, with the state):
+// the map key being looked up, and per nesting depth the fields of the row
+// being appended and the rows of one of its children.
+type memScratch struct {
+	key    []byte
+	levels []memLevel
+}
+
+type memLevel struct {
+	fields [][]byte
+	kids   [][]byte
+}
+
+// appendMemDoc appends the document of p with key, composed from the
+// state, to b; ok is false when its primary row does not exist. On an
+// error, b is returned as it was.
+func (e *docEngine) appendMemDoc(b []byte, p *docProjection, key []byte) (_ []byte, ok bool, _ error) {
+	root := p.root
+	sc := &e.memScratch
+	sc.key = appendTupleValue(sc.key[:0], key)
+	row := root.mem.t.rows[string(sc.key)]
+	if row == nil {
+		return b, false, nil
 	}
-	for ci, child := range n.children {
-		vals := make([][]byte, len(child.on))
-		ok := true
-		for i, j := range child.on {
-			if vals[i] = rowField(row, t.colIdx[j.parent.name]); vals[i] == nil {
-				ok = false
-				break
-			}
+	out, err := sc.appendRow(b, root, row, 0)
+	if err != nil {
+		return b, true, err
+	}
+	return out, true, nil
+}
+
+// appendRow appends row (of node n, at nesting depth) as a JSON object
+// with its embeds, as appendDoc does a composedRow.
+func (sc *memScratch) appendRow(b []byte, n *docNode, row []byte, depth int) ([]byte, error) {
+	for len(sc.levels) <= depth {
+		sc.levels = append(sc.levels, memLevel{})
+	}
+	lv := &sc.levels[depth]
+	lv.fields = rowFields(lv.fields[:0], row)
+	fields := lv.fields
+	info := n.mem
+	b = append(b, '{')
+	var err error
+	for i, c := range n.cols {
+		if i > 0 {
+			b = append(b, ',')
 		}
-		if !ok {
+		b = append(b, c.jsonName...)
+		v := fields[info.docCols[i]]
+		if v == nil {
+			b = append(b, "null"...)
 			continue
 		}
-		ct := child.mem.t
-		keys := child.mem.byJoin.m[joinKey(child.mem.byJoin.oids, vals)]
-		rows := make([][]byte, 0, len(keys))
-		for _, k := range keys {
-			if cr := ct.rows[k]; cr != nil {
-				rows = append(rows, cr)
+		if b, err = c.ctype.appendValue(b, v); err != nil {
+			return nil, fmt.Errorf("projection %q, %s column %s: %w", n.proj.spec.Name, n.nameKey, c.name, err)
+		}
+	}
+	for ci, child := range n.children {
+		if len(n.cols) > 0 || ci > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, child.as...)
+		// The child's rows: by the values it joins on (NULL joins nothing).
+		kids := lv.kids[:0]
+		sc.key = sc.key[:0]
+		joined := true
+		for i, c := range child.mem.onParent {
+			v := fields[c]
+			if v == nil {
+				joined = false
+				break
+			}
+			sc.key = appendTupleValue(sc.key, joinText(child.mem.onOID[i], v))
+		}
+		if joined {
+			ct := child.mem.t
+			for _, k := range child.mem.byJoin.m[string(sc.key)] {
+				if cr := ct.rows[k]; cr != nil {
+					kids = append(kids, cr)
+				}
 			}
 		}
-		if child.many {
+		lv.kids = kids
+		if !child.many {
+			if len(kids) == 0 {
+				b = append(b, "null"...)
+				continue
+			}
+			if b, err = sc.appendRow(b, child, kids[0], depth+1); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if len(kids) > 1 {
 			info := child.mem
-			slices.SortFunc(rows, func(a, b []byte) int {
+			slices.SortFunc(kids, func(a, b []byte) int {
 				for i, c := range info.order {
 					if x := compareText(info.orderOID[i], rowField(a, c), rowField(b, c)); x != 0 {
 						return x
@@ -455,11 +532,35 @@ func (e *docEngine) memRow(n *docNode, row []byte) *composedRow {
 				return 0
 			})
 		}
-		for _, cr := range rows {
-			r.children[ci] = append(r.children[ci], e.memRow(child, cr))
+		b = append(b, '[')
+		for k, cr := range kids {
+			if k > 0 {
+				b = append(b, ',')
+			}
+			if b, err = sc.appendRow(b, child, cr, depth+1); err != nil {
+				return nil, err
+			}
 		}
+		b = append(b, ']')
 	}
-	return r
+	return append(b, '}'), nil
+}
+
+// rowFields appends the values of an encoded row (nil for NULL) to dst.
+func rowFields(dst [][]byte, row []byte) [][]byte {
+	for len(row) > 0 {
+		flag := row[0]
+		row = row[1:]
+		if flag == 0 {
+			dst = append(dst, nil)
+			continue
+		}
+		l, n := binary.Uvarint(row)
+		row = row[n:]
+		dst = append(dst, row[:l:l])
+		row = row[l:]
+	}
+	return dst
 }
 
 // compareText orders two values of a type as PostgreSQL's ORDER BY does for
