@@ -45,7 +45,10 @@ type memIndex struct {
 func encodeRow(vals [][]byte) []byte {
 	n := 0
 	for _, v := range vals {
-		n += 1 + binary.MaxVarintLen32 + len(v)
+		n++
+		if v != nil {
+			n += uvarintLen(uint64(len(v))) + len(v)
+		}
 	}
 	b := make([]byte, 0, n)
 	for _, v := range vals {
@@ -57,7 +60,16 @@ func encodeRow(vals [][]byte) []byte {
 		b = binary.AppendUvarint(b, uint64(len(v)))
 		b = append(b, v...)
 	}
-	return slices.Clip(b)
+	return b
+}
+
+// uvarintLen is the length of v's uvarint encoding.
+func uvarintLen(v uint64) int {
+	n := 1
+	for ; v >= 0x80; v >>= 7 {
+		n++
+	}
+	return n
 }
 
 // rowField returns value i of an encoded row (nil for NULL).
@@ -81,6 +93,27 @@ func rowField(row []byte, i int) []byte {
 		}
 		row = row[l:]
 	}
+}
+
+// appendKey appends the row key of row to dst (as key writes it).
+func (t *memTable) appendKey(dst, row []byte) []byte {
+	for _, c := range t.pk {
+		dst = appendTupleValue(dst, rowField(row, c))
+	}
+	return dst
+}
+
+// appendTuple appends the index key of row to dst (as tuple writes it);
+// ok is false when a value is NULL.
+func (ix *memIndex) appendTuple(dst, row []byte) (_ []byte, ok bool) {
+	for i, c := range ix.cols {
+		v := rowField(row, c)
+		if v == nil {
+			return dst, false
+		}
+		dst = appendTupleValue(dst, joinText(ix.oids[i], v))
+	}
+	return dst, true
 }
 
 func (t *memTable) key(row []byte) string {
@@ -121,20 +154,56 @@ func (t *memTable) remove(k string) []byte {
 	t.st.rows.Add(-1)
 	t.st.bytes.Add(-int64(len(row)))
 	for _, ix := range t.indexes {
-		if tk, ok := ix.tuple(row); ok {
-			l := ix.m[tk]
-			if i := slices.Index(l, k); i >= 0 {
-				l[i] = l[len(l)-1]
-				l = l[:len(l)-1]
-			}
-			if len(l) == 0 {
-				delete(ix.m, tk)
-			} else {
-				ix.m[tk] = l
-			}
-		}
+		tk, ok := ix.tuple(row)
+		ix.drop(tk, ok, k)
 	}
 	return row
+}
+
+// replace replaces the row stored under k, old, by row: what remove(k)
+// then insert(k, row) do, in place. An index list that keeps k has it
+// moved to its end, as removing and appending it would.
+func (t *memTable) replace(k string, old, row []byte) {
+	t.rows[k] = row
+	t.st.bytes.Add(int64(len(row)) - int64(len(old)))
+	for _, ix := range t.indexes {
+		var ok1, ok2 bool
+		t.st.ixOld, ok1 = ix.appendTuple(t.st.ixOld[:0], old)
+		t.st.ixNew, ok2 = ix.appendTuple(t.st.ixNew[:0], row)
+		if ok1 != ok2 || ok1 && !bytes.Equal(t.st.ixOld, t.st.ixNew) {
+			ix.drop(string(t.st.ixOld), ok1, k)
+			if ok2 {
+				tk := string(t.st.ixNew)
+				ix.m[tk] = append(ix.m[tk], k)
+			}
+			continue
+		}
+		if !ok1 {
+			continue
+		}
+		l := ix.m[string(t.st.ixOld)]
+		if i := slices.Index(l, k); i >= 0 {
+			l[i] = l[len(l)-1]
+			l[len(l)-1] = k
+		}
+	}
+}
+
+// drop removes k from the list of index key tk (ok: the row has one).
+func (ix *memIndex) drop(tk string, ok bool, k string) {
+	if !ok {
+		return
+	}
+	l := ix.m[tk]
+	if i := slices.Index(l, k); i >= 0 {
+		l[i] = l[len(l)-1]
+		l = l[:len(l)-1]
+	}
+	if len(l) == 0 {
+		delete(ix.m, tk)
+	} else {
+		ix.m[tk] = l
+	}
 }
 
 // reset empties the table.
@@ -176,6 +245,9 @@ type memState struct {
 	lsn    pglogrepl.LSN // the end of the last transaction applied
 	// deltas not yet persisted, by transaction (memstore.go)
 	deltas []memTxDelta
+	// scratch space of applying changes: keys being looked up, a row's values
+	key, ixOld, ixNew []byte
+	vals              [][]byte
 }
 
 // memTxDelta is what one transaction changed in the state.
@@ -289,7 +361,8 @@ func newMemState(projs []*docProjection, cat map[string]*catalogTable) *memState
 // tuple as rel (the relation) describes it; a column not sent (unchanged
 // TOAST) is taken from old, the row's stored version.
 func (t *memTable) rowFrom(rel *table, tuple *pglogrepl.TupleData, old []byte) ([]byte, error) {
-	vals := make([][]byte, len(t.cols))
+	vals := append(t.st.vals[:0], make([][]byte, len(t.cols))...)
+	defer func() { clear(vals); t.st.vals = vals }()
 	for i, c := range t.cols {
 		j := rel.column(c.name)
 		if j < 0 || j >= len(tuple.Columns) {
@@ -314,16 +387,15 @@ func (t *memTable) rowFrom(rel *table, tuple *pglogrepl.TupleData, old []byte) (
 
 // keyFrom is the row key of a change's tuple (the key columns are always
 // sent: a key-only old tuple holds them).
-func (t *memTable) keyFrom(rel *table, tuple *pglogrepl.TupleData) (string, bool) {
-	vals := make([][]byte, len(t.pk))
-	for i, c := range t.pk {
+func (t *memTable) appendKeyFrom(dst []byte, rel *table, tuple *pglogrepl.TupleData) ([]byte, bool) {
+	for _, c := range t.pk {
 		j := rel.column(t.cols[c].name)
 		if j < 0 || j >= len(tuple.Columns) || tuple.Columns[j].DataType != pglogrepl.TupleDataTypeText {
-			return "", false
+			return dst, false
 		}
-		vals[i] = tuple.Columns[j].Data
+		dst = appendTupleValue(dst, tuple.Columns[j].Data)
 	}
-	return tupleKey(vals), true
+	return dst, true
 }
 
 // apply applies change c of relation rel to the state and records in d the
@@ -334,21 +406,36 @@ func (e *docEngine) memApply(d *docChanges, rel *table, c *change, delta *memTxD
 	if t == nil {
 		return nil
 	}
-	var oldKey string
+	st := e.mem
 	var oldOK bool
 	if c.oldRow != nil {
-		oldKey, oldOK = t.keyFrom(rel, c.oldRow)
+		st.key, oldOK = t.appendKeyFrom(st.key[:0], rel, c.oldRow)
 	} else if c.newRow != nil && c.kind == 'U' {
-		oldKey, oldOK = t.keyFrom(rel, c.newRow) // the key did not change
+		st.key, oldOK = t.appendKeyFrom(st.key[:0], rel, c.newRow) // the key did not change
 	}
 	var old []byte
 	if oldOK {
-		old = t.rows[oldKey]
-		if old != nil {
+		old = t.rows[string(st.key)]
+	}
+	if old != nil && c.kind == 'U' {
+		row, err := t.rowFrom(rel, c.newRow, old)
+		if st.key = t.appendKey(st.key[:0], row); err == nil && string(st.key) == string(t.appendKey(st.ixOld[:0], old)) {
+			// The key kept: the row is replaced in place (what removing
+			// and inserting it does, without rebuilding its keys).
+			k := string(st.key)
 			e.memAffected(d, t, old)
-			t.remove(oldKey)
-			delta.ops = append(delta.ops, memOp{table: t.nameKey, key: oldKey})
+			delta.ops = append(delta.ops, memOp{table: t.nameKey, key: k})
+			t.replace(k, old, row)
+			delta.ops = append(delta.ops, memOp{table: t.nameKey, key: k, row: row})
+			e.memAffected(d, t, row)
+			return nil
 		}
+	}
+	if old != nil {
+		oldKey := t.key(old)
+		e.memAffected(d, t, old)
+		t.remove(oldKey)
+		delta.ops = append(delta.ops, memOp{table: t.nameKey, key: oldKey})
 	}
 	if c.kind == 'I' || c.kind == 'U' {
 		row, err := t.rowFrom(rel, c.newRow, old)
@@ -399,18 +486,23 @@ func (e *docEngine) memUp(d *docChanges, n *docNode, row []byte) {
 		}
 		return
 	}
-	vals := make([][]byte, len(n.on))
-	for i, j := range n.on {
-		if vals[i] = rowField(row, info.t.colIdx[j.child.name]); vals[i] == nil {
-			return
-		}
-	}
 	if info.parentIx == nil { // the join reaches the primary key
-		d.addKey(n.proj, vals[0], false)
+		if v := rowField(row, info.t.colIdx[n.on[0].child.name]); v != nil {
+			d.addKey(n.proj, v, false)
+		}
 		return
 	}
+	st := info.t.st
+	st.key = st.key[:0]
+	for i, j := range n.on {
+		v := rowField(row, info.t.colIdx[j.child.name])
+		if v == nil {
+			return
+		}
+		st.key = appendTupleValue(st.key, joinText(info.parentIx.oids[i], v))
+	}
 	pt := n.parent.mem.t
-	for _, pk := range info.parentIx.m[joinKey(info.parentIx.oids, vals)] {
+	for _, pk := range info.parentIx.m[string(st.key)] {
 		if prow := pt.rows[pk]; prow != nil {
 			e.memUp(d, n.parent, prow)
 		}

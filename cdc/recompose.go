@@ -493,7 +493,10 @@ func (d *docChanges) addKey(p *docProjection, key []byte, root bool) {
 		m = make(map[string]bool)
 		d.keys[p] = m
 	}
-	m[string(key)] = m[string(key)] || root
+	if had, ok := m[string(key)]; ok && (had || !root) {
+		return // already recorded (no allocation)
+	}
+	m[string(key)] = root
 }
 
 // addParentLookup records that the parent rows of n whose join columns hold
