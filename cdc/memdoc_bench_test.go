@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"runtime"
@@ -24,8 +25,9 @@ import (
 const memBenchOrders = 100_000
 
 // memBenchEngine is a docEngine with the memory state of the orders data
-// set, and the relation of orders as pgoutput describes it.
-func memBenchEngine(tb testing.TB) (*docEngine, *table) {
+// set (orders orders, 3 items each, up to 10,000 customers), and the
+// relation of orders as pgoutput describes it.
+func memBenchEngine(tb testing.TB, orders int) (*docEngine, *table) {
 	tb.Helper()
 	col := func(oid uint32, typ string) catalogColumn {
 		return catalogColumn{oid: oid, typ: typ, ctype: colType{oid: oid}}
@@ -79,15 +81,15 @@ func memBenchEngine(tb testing.TB) (*docEngine, *table) {
 		r := encodeRow(row)
 		t.insert(t.key(r), r)
 	}
-	for i := 1; i <= 10_000; i++ {
+	for i := 1; i <= min(orders, 10_000); i++ {
 		put("public.customers", strconv.Itoa(i), "Customer "+strconv.Itoa(i), "customer"+strconv.Itoa(i)+"@example.com")
 	}
 	created := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	for i := 1; i <= memBenchOrders; i++ {
+	for i := 1; i <= orders; i++ {
 		put("public.orders", strconv.Itoa(i), strconv.Itoa(1+i%10_000), "new", fmt.Sprintf("%d.99", i%1000),
 			created.Add(time.Duration(i)*time.Second).Format("2006-01-02 15:04:05+00"))
 	}
-	for i := 1; i <= 3*memBenchOrders; i++ {
+	for i := 1; i <= 3*orders; i++ {
 		put("public.order_items", strconv.Itoa(i), strconv.Itoa((i+2)/3), "SKU-"+strconv.Itoa(i%5000), strconv.Itoa(1+i%5), fmt.Sprintf("%d.50", i%200))
 	}
 	rel := &table{nameKey: "public.orders"}
@@ -97,10 +99,11 @@ func memBenchEngine(tb testing.TB) (*docEngine, *table) {
 	return e, rel
 }
 
-// memBenchUpdates are the changes of UPDATE orders SET status = 'paid'.
-func memBenchUpdates() []change {
+// memBenchUpdates are the changes of UPDATE orders SET status = 'paid'
+// on orders orders.
+func memBenchUpdates(orders int) []change {
 	created := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	out := make([]change, memBenchOrders)
+	out := make([]change, orders)
 	for i := range out {
 		id := i + 1
 		vals := []string{strconv.Itoa(id), strconv.Itoa(1 + id%10_000), "paid", fmt.Sprintf("%d.99", id%1000), created.Add(time.Duration(id) * time.Second).Format("2006-01-02 15:04:05+00")}
@@ -114,8 +117,8 @@ func memBenchUpdates() []change {
 }
 
 func BenchmarkMemDocuments(b *testing.B) {
-	e, rel := memBenchEngine(b)
-	changes := memBenchUpdates()
+	e, rel := memBenchEngine(b, memBenchOrders)
+	changes := memBenchUpdates(memBenchOrders)
 	tx := &txn{xid: 1, commitLSN: 0x1000, commitTime: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}
 	id := docEventIDs(tx.commitLSN, tx.commitLSN) // as the reader names documents
 	var published int
@@ -180,4 +183,59 @@ func reportPerDoc(b *testing.B, mallocs uint64) {
 	docs := float64(memBenchOrders * b.N)
 	b.ReportMetric(docs/b.Elapsed().Seconds(), "docs/s")
 	b.ReportMetric(float64(m.Mallocs-mallocs)/docs, "allocs/doc")
+}
+
+// An update applied in place is persisted as what it is: a state loaded
+// from the store holds the updated rows and composes the same documents.
+func TestMemUpdatePersists(t *testing.T) {
+	e, rel := memBenchEngine(t, 50)
+	store, err := openMemStore(t.TempDir()+"/state.db", []ProjectionSpec{*e.projs[0].spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.close()
+	if err := store.writeAll(e.mem, 1); err != nil {
+		t.Fatal(err)
+	}
+	d := newDocChanges()
+	for i, c := range memBenchUpdates(50) {
+		if i%2 == 0 {
+			if err := e.observe(d, rel, &c); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := len(d.keys[e.projs[0]]); n != 25 {
+		t.Fatalf("%d documents affected, want 25", n)
+	}
+	e.commitMem(d, 2)
+	if err := store.persist(e.mem, 2); err != nil {
+		t.Fatal(err)
+	}
+	e2, _ := memBenchEngine(t, 0)
+	if _, err := store.load(e2.mem); err != nil {
+		t.Fatal(err)
+	}
+	for name, tab := range e.mem.tables {
+		t2 := e2.mem.tables[name]
+		if len(t2.rows) != len(tab.rows) {
+			t.Fatalf("%s: %d rows loaded, want %d", name, len(t2.rows), len(tab.rows))
+		}
+		for k, row := range tab.rows {
+			if string(t2.rows[k]) != string(row) {
+				t.Fatalf("%s %q: loaded %q, want %q", name, k, t2.rows[k], row)
+			}
+		}
+	}
+	for id := 1; id <= 50; id++ {
+		k := []byte(strconv.Itoa(id))
+		want, err1 := e.memCompose(e.projs[0], k)
+		got, err2 := e2.memCompose(e2.projs[0], k)
+		if err1 != nil || err2 != nil || string(got) != string(want) {
+			t.Fatalf("order %d: loaded %s (%v), want %s (%v)", id, got, err2, want, err1)
+		}
+		if paid := bytes.Contains(want, []byte(`"status":"paid"`)); paid != (id%2 == 1) {
+			t.Fatalf("order %d: %s", id, want)
+		}
+	}
 }

@@ -421,10 +421,10 @@ func (e *docEngine) memApply(d *docChanges, rel *table, c *change, delta *memTxD
 		row, err := t.rowFrom(rel, c.newRow, old)
 		if st.key = t.appendKey(st.key[:0], row); err == nil && string(st.key) == string(t.appendKey(st.ixOld[:0], old)) {
 			// The key kept: the row is replaced in place (what removing
-			// and inserting it does, without rebuilding its keys).
+			// and inserting it does, without rebuilding its keys), and
+			// persisted by one put, which overwrites it.
 			k := string(st.key)
 			e.memAffected(d, t, old)
-			delta.ops = append(delta.ops, memOp{table: t.nameKey, key: k})
 			t.replace(k, old, row)
 			delta.ops = append(delta.ops, memOp{table: t.nameKey, key: k, row: row})
 			e.memAffected(d, t, row)
