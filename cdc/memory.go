@@ -36,9 +36,15 @@ type memTable struct {
 // memIndex finds a table's rows by the values of some columns.
 type memIndex struct {
 	cols []int
-	oids []uint32            // the columns' types
-	m    map[string][]string // value tuple (joinKey) → primary keys (row keys)
+	oids []uint32 // the columns' types
+	// value tuple (joinKey) → the rows (the values of the table's rows
+	// map, the same slices: a row is found in its list by its address)
+	m map[string][][]byte
 }
+
+// sameRow reports whether a and b are the same stored row (not only equal
+// bytes: every stored row is its own allocation, never empty).
+func sameRow(a, b []byte) bool { return &a[0] == &b[0] }
 
 // encodeRow packs values (nil: NULL) into one allocation: per value a
 // flag byte, then a uvarint length and the bytes.
@@ -140,7 +146,7 @@ func (t *memTable) insert(k string, row []byte) {
 	t.st.bytes.Add(int64(len(row)))
 	for _, ix := range t.indexes {
 		if tk, ok := ix.tuple(row); ok {
-			ix.m[tk] = append(ix.m[tk], k)
+			ix.m[tk] = append(ix.m[tk], row)
 		}
 	}
 }
@@ -155,14 +161,14 @@ func (t *memTable) remove(k string) []byte {
 	t.st.bytes.Add(-int64(len(row)))
 	for _, ix := range t.indexes {
 		tk, ok := ix.tuple(row)
-		ix.drop(tk, ok, k)
+		ix.drop(tk, ok, row)
 	}
 	return row
 }
 
 // replace replaces the row stored under k, old, by row: what remove(k)
-// then insert(k, row) do, in place. An index list that keeps k has it
-// moved to its end, as removing and appending it would.
+// then insert(k, row) do, in place. An index list that keeps the row has
+// it moved to its end, as removing and appending it would.
 func (t *memTable) replace(k string, old, row []byte) {
 	t.rows[k] = row
 	t.st.bytes.Add(int64(len(row)) - int64(len(old)))
@@ -171,10 +177,10 @@ func (t *memTable) replace(k string, old, row []byte) {
 		t.st.ixOld, ok1 = ix.appendTuple(t.st.ixOld[:0], old)
 		t.st.ixNew, ok2 = ix.appendTuple(t.st.ixNew[:0], row)
 		if ok1 != ok2 || ok1 && !bytes.Equal(t.st.ixOld, t.st.ixNew) {
-			ix.drop(string(t.st.ixOld), ok1, k)
+			ix.drop(string(t.st.ixOld), ok1, old)
 			if ok2 {
 				tk := string(t.st.ixNew)
-				ix.m[tk] = append(ix.m[tk], k)
+				ix.m[tk] = append(ix.m[tk], row)
 			}
 			continue
 		}
@@ -182,20 +188,20 @@ func (t *memTable) replace(k string, old, row []byte) {
 			continue
 		}
 		l := ix.m[string(t.st.ixOld)]
-		if i := slices.Index(l, k); i >= 0 {
+		if i := slices.IndexFunc(l, func(r []byte) bool { return sameRow(r, old) }); i >= 0 {
 			l[i] = l[len(l)-1]
-			l[len(l)-1] = k
+			l[len(l)-1] = row
 		}
 	}
 }
 
-// drop removes k from the list of index key tk (ok: the row has one).
-func (ix *memIndex) drop(tk string, ok bool, k string) {
+// drop removes row from the list of index key tk (ok: the row has one).
+func (ix *memIndex) drop(tk string, ok bool, row []byte) {
 	if !ok {
 		return
 	}
 	l := ix.m[tk]
-	if i := slices.Index(l, k); i >= 0 {
+	if i := slices.IndexFunc(l, func(r []byte) bool { return sameRow(r, row) }); i >= 0 {
 		l[i] = l[len(l)-1]
 		l = l[:len(l)-1]
 	}
@@ -214,7 +220,7 @@ func (t *memTable) reset() {
 	}
 	t.rows = make(map[string][]byte)
 	for _, ix := range t.indexes {
-		ix.m = make(map[string][]string)
+		ix.m = make(map[string][][]byte)
 	}
 }
 
@@ -229,7 +235,7 @@ func (t *memTable) index(cols []string) *memIndex {
 			return ix
 		}
 	}
-	ix := &memIndex{cols: idx, m: make(map[string][]string)}
+	ix := &memIndex{cols: idx, m: make(map[string][][]byte)}
 	for _, c := range idx {
 		ix.oids = append(ix.oids, t.cols[c].ctype.oid)
 	}
@@ -501,11 +507,8 @@ func (e *docEngine) memUp(d *docChanges, n *docNode, row []byte) {
 		}
 		st.key = appendTupleValue(st.key, joinText(info.parentIx.oids[i], v))
 	}
-	pt := n.parent.mem.t
-	for _, pk := range info.parentIx.m[string(st.key)] {
-		if prow := pt.rows[pk]; prow != nil {
-			e.memUp(d, n.parent, prow)
-		}
+	for _, prow := range info.parentIx.m[string(st.key)] {
+		e.memUp(d, n.parent, prow)
 	}
 }
 
@@ -594,13 +597,8 @@ func (sc *memScratch) appendRow(b []byte, n *docNode, row []byte, depth int) ([]
 			}
 			sc.key = appendTupleValue(sc.key, joinText(child.mem.onOID[i], v))
 		}
-		if joined {
-			ct := child.mem.t
-			for _, k := range child.mem.byJoin.m[string(sc.key)] {
-				if cr := ct.rows[k]; cr != nil {
-					kids = append(kids, cr)
-				}
-			}
+		if joined { // a copy: sorting it must not reorder the index
+			kids = append(kids, child.mem.byJoin.m[string(sc.key)]...)
 		}
 		lv.kids = kids
 		if !child.many {
