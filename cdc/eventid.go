@@ -61,6 +61,28 @@ func docEventID(lsn, window pglogrepl.LSN, proj string, key []byte) string {
 	return strconv.FormatUint(uint64(lsn), 16) + "-d" + strconv.FormatUint(uint64(window), 16) + "-" + proj + "-" + tok
 }
 
+// docEventIDs returns docEventID for the documents of the window from
+// window to lsn, formatting the part that one projection's ids share once.
+// The function reuses its buffer: one goroutine calls it.
+func docEventIDs(lsn, window pglogrepl.LSN) func(p *docProjection, key []byte) string {
+	var proj *docProjection
+	var prefix, buf []byte
+	return func(p *docProjection, key []byte) string {
+		if key == nil {
+			return docEventID(lsn, window, p.spec.Name, nil)
+		}
+		if p != proj {
+			proj = p
+			prefix = strconv.AppendUint(prefix[:0], uint64(lsn), 16)
+			prefix = append(prefix, "-d"...)
+			prefix = strconv.AppendUint(prefix, uint64(window), 16)
+			prefix = append(append(append(prefix, '-'), p.spec.Name...), '-')
+		}
+		buf = appendSubjectToken(append(buf[:0], prefix...), key)
+		return string(buf)
+	}
+}
+
 // parseEventID parses a tail event's id; ok is false for any other id (a
 // bootstrap row's, or one of another publisher).
 func parseEventID(id string) (p eventPos, ok bool) {

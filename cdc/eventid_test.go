@@ -60,3 +60,28 @@ func TestEventIDsOrderAsPublished(t *testing.T) {
 		}
 	}
 }
+
+// The byte-appending forms write what the string forms write.
+func TestAppendFormsAgree(t *testing.T) {
+	for _, lsn := range []pglogrepl.LSN{0, 1, 0xabcdef, 0x1_0000_0000, 0xFFFF_FFFF_FFFF_FFFF, 0x16_B374_D848} {
+		if got, want := string(appendLSN([]byte("x"), lsn)), "x"+lsn.String(); got != want {
+			t.Errorf("appendLSN(%d) = %q, want %q", uint64(lsn), got, want)
+		}
+	}
+	p1 := &docProjection{spec: &ProjectionSpec{Name: "orders"}}
+	p2 := &docProjection{spec: &ProjectionSpec{Name: "users"}}
+	ids := docEventIDs(0x16B374D848, 0x16B374D000)
+	for _, k := range []string{"", "1", "abc-DEF_9", "a.b", "é ü", "*>", "%", "\x00\xff"} {
+		if got, want := string(appendSubjectToken([]byte("s."), []byte(k))), "s."+subjectToken(k); got != want {
+			t.Errorf("appendSubjectToken(%q) = %q, want %q", k, got, want)
+		}
+		for _, p := range []*docProjection{p1, p2, p1} {
+			if got, want := ids(p, []byte(k)), docEventID(0x16B374D848, 0x16B374D000, p.spec.Name, []byte(k)); got != want {
+				t.Errorf("docEventIDs(%s, %q) = %q, want %q", p.spec.Name, k, got, want)
+			}
+		}
+	}
+	if got, want := ids(p1, nil), docEventID(0x16B374D848, 0x16B374D000, "orders", nil); got != want {
+		t.Errorf("docEventIDs(truncate) = %q, want %q", got, want)
+	}
+}

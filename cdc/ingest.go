@@ -681,8 +681,7 @@ func (r *reader) flusher(ctx context.Context, handed *int) func([]broker.Outgoin
 
 // docID gives the ids of the documents of the window that ends with t.
 func (r *reader) docID(t *txn) func(p *docProjection, key []byte) string {
-	start := r.pendStart
-	return func(p *docProjection, key []byte) string { return docEventID(t.commitLSN, start, p.spec.Name, key) }
+	return docEventIDs(t.commitLSN, r.pendStart)
 }
 
 // keepAlive sends the standby status update when it is due, while a big

@@ -36,16 +36,25 @@ type memTable struct {
 // memIndex finds a table's rows by the values of some columns.
 type memIndex struct {
 	cols []int
-	oids []uint32            // the columns' types
-	m    map[string][]string // value tuple (joinKey) → primary keys (row keys)
+	oids []uint32 // the columns' types
+	// value tuple (joinKey) → the rows (the values of the table's rows
+	// map, the same slices: a row is found in its list by its address)
+	m map[string][][]byte
 }
+
+// sameRow reports whether a and b are the same stored row (not only equal
+// bytes: every stored row is its own allocation, never empty).
+func sameRow(a, b []byte) bool { return &a[0] == &b[0] }
 
 // encodeRow packs values (nil: NULL) into one allocation: per value a
 // flag byte, then a uvarint length and the bytes.
 func encodeRow(vals [][]byte) []byte {
 	n := 0
 	for _, v := range vals {
-		n += 1 + binary.MaxVarintLen32 + len(v)
+		n++
+		if v != nil {
+			n += uvarintLen(uint64(len(v))) + len(v)
+		}
 	}
 	b := make([]byte, 0, n)
 	for _, v := range vals {
@@ -57,7 +66,16 @@ func encodeRow(vals [][]byte) []byte {
 		b = binary.AppendUvarint(b, uint64(len(v)))
 		b = append(b, v...)
 	}
-	return slices.Clip(b)
+	return b
+}
+
+// uvarintLen is the length of v's uvarint encoding.
+func uvarintLen(v uint64) int {
+	n := 1
+	for ; v >= 0x80; v >>= 7 {
+		n++
+	}
+	return n
 }
 
 // rowField returns value i of an encoded row (nil for NULL).
@@ -81,6 +99,27 @@ func rowField(row []byte, i int) []byte {
 		}
 		row = row[l:]
 	}
+}
+
+// appendKey appends the row key of row to dst (as key writes it).
+func (t *memTable) appendKey(dst, row []byte) []byte {
+	for _, c := range t.pk {
+		dst = appendTupleValue(dst, rowField(row, c))
+	}
+	return dst
+}
+
+// appendTuple appends the index key of row to dst (as tuple writes it);
+// ok is false when a value is NULL.
+func (ix *memIndex) appendTuple(dst, row []byte) (_ []byte, ok bool) {
+	for i, c := range ix.cols {
+		v := rowField(row, c)
+		if v == nil {
+			return dst, false
+		}
+		dst = appendTupleValue(dst, joinText(ix.oids[i], v))
+	}
+	return dst, true
 }
 
 func (t *memTable) key(row []byte) string {
@@ -107,7 +146,7 @@ func (t *memTable) insert(k string, row []byte) {
 	t.st.bytes.Add(int64(len(row)))
 	for _, ix := range t.indexes {
 		if tk, ok := ix.tuple(row); ok {
-			ix.m[tk] = append(ix.m[tk], k)
+			ix.m[tk] = append(ix.m[tk], row)
 		}
 	}
 }
@@ -121,20 +160,56 @@ func (t *memTable) remove(k string) []byte {
 	t.st.rows.Add(-1)
 	t.st.bytes.Add(-int64(len(row)))
 	for _, ix := range t.indexes {
-		if tk, ok := ix.tuple(row); ok {
-			l := ix.m[tk]
-			if i := slices.Index(l, k); i >= 0 {
-				l[i] = l[len(l)-1]
-				l = l[:len(l)-1]
-			}
-			if len(l) == 0 {
-				delete(ix.m, tk)
-			} else {
-				ix.m[tk] = l
-			}
-		}
+		tk, ok := ix.tuple(row)
+		ix.drop(tk, ok, row)
 	}
 	return row
+}
+
+// replace replaces the row stored under k, old, by row: what remove(k)
+// then insert(k, row) do, in place. An index list that keeps the row has
+// it moved to its end, as removing and appending it would.
+func (t *memTable) replace(k string, old, row []byte) {
+	t.rows[k] = row
+	t.st.bytes.Add(int64(len(row)) - int64(len(old)))
+	for _, ix := range t.indexes {
+		var ok1, ok2 bool
+		t.st.ixOld, ok1 = ix.appendTuple(t.st.ixOld[:0], old)
+		t.st.ixNew, ok2 = ix.appendTuple(t.st.ixNew[:0], row)
+		if ok1 != ok2 || ok1 && !bytes.Equal(t.st.ixOld, t.st.ixNew) {
+			ix.drop(string(t.st.ixOld), ok1, old)
+			if ok2 {
+				tk := string(t.st.ixNew)
+				ix.m[tk] = append(ix.m[tk], row)
+			}
+			continue
+		}
+		if !ok1 {
+			continue
+		}
+		l := ix.m[string(t.st.ixOld)]
+		if i := slices.IndexFunc(l, func(r []byte) bool { return sameRow(r, old) }); i >= 0 {
+			l[i] = l[len(l)-1]
+			l[len(l)-1] = row
+		}
+	}
+}
+
+// drop removes row from the list of index key tk (ok: the row has one).
+func (ix *memIndex) drop(tk string, ok bool, row []byte) {
+	if !ok {
+		return
+	}
+	l := ix.m[tk]
+	if i := slices.IndexFunc(l, func(r []byte) bool { return sameRow(r, row) }); i >= 0 {
+		l[i] = l[len(l)-1]
+		l = l[:len(l)-1]
+	}
+	if len(l) == 0 {
+		delete(ix.m, tk)
+	} else {
+		ix.m[tk] = l
+	}
 }
 
 // reset empties the table.
@@ -145,7 +220,7 @@ func (t *memTable) reset() {
 	}
 	t.rows = make(map[string][]byte)
 	for _, ix := range t.indexes {
-		ix.m = make(map[string][]string)
+		ix.m = make(map[string][][]byte)
 	}
 }
 
@@ -160,7 +235,7 @@ func (t *memTable) index(cols []string) *memIndex {
 			return ix
 		}
 	}
-	ix := &memIndex{cols: idx, m: make(map[string][]string)}
+	ix := &memIndex{cols: idx, m: make(map[string][][]byte)}
 	for _, c := range idx {
 		ix.oids = append(ix.oids, t.cols[c].ctype.oid)
 	}
@@ -176,6 +251,9 @@ type memState struct {
 	lsn    pglogrepl.LSN // the end of the last transaction applied
 	// deltas not yet persisted, by transaction (memstore.go)
 	deltas []memTxDelta
+	// scratch space of applying changes: keys being looked up, a row's values
+	key, ixOld, ixNew []byte
+	vals              [][]byte
 }
 
 // memTxDelta is what one transaction changed in the state.
@@ -200,6 +278,11 @@ type memNodeInfo struct {
 	parentIx *memIndex // the parent's rows by the parent-side join columns; nil when direct
 	order    []int     // cols of t ordering a many list
 	orderOID []uint32
+	docCols  []int // cols of t holding the node's document columns, in their order
+	// onParent are the cols of the parent's table holding the parent side
+	// of the join, in the order of on, and onOID their types.
+	onParent []int
+	onOID    []uint32
 }
 
 // newMemState sizes the state for the memory-mode projections: the
@@ -263,6 +346,13 @@ func newMemState(projs []*docProjection, cat map[string]*catalogTable) *memState
 					info.parentIx = s.tables[n.parent.nameKey].index(pc)
 				}
 			}
+			for _, c := range n.cols {
+				info.docCols = append(info.docCols, info.t.colIdx[c.name])
+			}
+			for _, j := range n.on {
+				info.onParent = append(info.onParent, s.tables[n.parent.nameKey].colIdx[j.parent.name])
+				info.onOID = append(info.onOID, j.parent.ctype.oid)
+			}
 			for _, c := range n.orderCols {
 				info.order = append(info.order, info.t.colIdx[c])
 				info.orderOID = append(info.orderOID, info.t.cols[info.t.colIdx[c]].ctype.oid)
@@ -277,7 +367,8 @@ func newMemState(projs []*docProjection, cat map[string]*catalogTable) *memState
 // tuple as rel (the relation) describes it; a column not sent (unchanged
 // TOAST) is taken from old, the row's stored version.
 func (t *memTable) rowFrom(rel *table, tuple *pglogrepl.TupleData, old []byte) ([]byte, error) {
-	vals := make([][]byte, len(t.cols))
+	vals := append(t.st.vals[:0], make([][]byte, len(t.cols))...)
+	defer func() { clear(vals); t.st.vals = vals }()
 	for i, c := range t.cols {
 		j := rel.column(c.name)
 		if j < 0 || j >= len(tuple.Columns) {
@@ -302,16 +393,15 @@ func (t *memTable) rowFrom(rel *table, tuple *pglogrepl.TupleData, old []byte) (
 
 // keyFrom is the row key of a change's tuple (the key columns are always
 // sent: a key-only old tuple holds them).
-func (t *memTable) keyFrom(rel *table, tuple *pglogrepl.TupleData) (string, bool) {
-	vals := make([][]byte, len(t.pk))
-	for i, c := range t.pk {
+func (t *memTable) appendKeyFrom(dst []byte, rel *table, tuple *pglogrepl.TupleData) ([]byte, bool) {
+	for _, c := range t.pk {
 		j := rel.column(t.cols[c].name)
 		if j < 0 || j >= len(tuple.Columns) || tuple.Columns[j].DataType != pglogrepl.TupleDataTypeText {
-			return "", false
+			return dst, false
 		}
-		vals[i] = tuple.Columns[j].Data
+		dst = appendTupleValue(dst, tuple.Columns[j].Data)
 	}
-	return tupleKey(vals), true
+	return dst, true
 }
 
 // apply applies change c of relation rel to the state and records in d the
@@ -322,21 +412,36 @@ func (e *docEngine) memApply(d *docChanges, rel *table, c *change, delta *memTxD
 	if t == nil {
 		return nil
 	}
-	var oldKey string
+	st := e.mem
 	var oldOK bool
 	if c.oldRow != nil {
-		oldKey, oldOK = t.keyFrom(rel, c.oldRow)
+		st.key, oldOK = t.appendKeyFrom(st.key[:0], rel, c.oldRow)
 	} else if c.newRow != nil && c.kind == 'U' {
-		oldKey, oldOK = t.keyFrom(rel, c.newRow) // the key did not change
+		st.key, oldOK = t.appendKeyFrom(st.key[:0], rel, c.newRow) // the key did not change
 	}
 	var old []byte
 	if oldOK {
-		old = t.rows[oldKey]
-		if old != nil {
+		old = t.rows[string(st.key)]
+	}
+	if old != nil && c.kind == 'U' {
+		row, err := t.rowFrom(rel, c.newRow, old)
+		if st.key = t.appendKey(st.key[:0], row); err == nil && string(st.key) == string(t.appendKey(st.ixOld[:0], old)) {
+			// The key kept: the row is replaced in place (what removing
+			// and inserting it does, without rebuilding its keys), and
+			// persisted by one put, which overwrites it.
+			k := string(st.key)
 			e.memAffected(d, t, old)
-			t.remove(oldKey)
-			delta.ops = append(delta.ops, memOp{table: t.nameKey, key: oldKey})
+			t.replace(k, old, row)
+			delta.ops = append(delta.ops, memOp{table: t.nameKey, key: k, row: row})
+			e.memAffected(d, t, row)
+			return nil
 		}
+	}
+	if old != nil {
+		oldKey := t.key(old)
+		e.memAffected(d, t, old)
+		t.remove(oldKey)
+		delta.ops = append(delta.ops, memOp{table: t.nameKey, key: oldKey})
 	}
 	if c.kind == 'I' || c.kind == 'U' {
 		row, err := t.rowFrom(rel, c.newRow, old)
@@ -387,66 +492,128 @@ func (e *docEngine) memUp(d *docChanges, n *docNode, row []byte) {
 		}
 		return
 	}
-	vals := make([][]byte, len(n.on))
-	for i, j := range n.on {
-		if vals[i] = rowField(row, info.t.colIdx[j.child.name]); vals[i] == nil {
-			return
-		}
-	}
 	if info.parentIx == nil { // the join reaches the primary key
-		d.addKey(n.proj, vals[0], false)
+		if v := rowField(row, info.t.colIdx[n.on[0].child.name]); v != nil {
+			d.addKey(n.proj, v, false)
+		}
 		return
 	}
-	pt := n.parent.mem.t
-	for _, pk := range info.parentIx.m[joinKey(info.parentIx.oids, vals)] {
-		if prow := pt.rows[pk]; prow != nil {
-			e.memUp(d, n.parent, prow)
+	st := info.t.st
+	st.key = st.key[:0]
+	for i, j := range n.on {
+		v := rowField(row, info.t.colIdx[j.child.name])
+		if v == nil {
+			return
 		}
+		st.key = appendTupleValue(st.key, joinText(info.parentIx.oids[i], v))
+	}
+	for _, prow := range info.parentIx.m[string(st.key)] {
+		e.memUp(d, n.parent, prow)
 	}
 }
 
 // memCompose composes the document of p with key from the state (nil: the
 // primary row does not exist).
 func (e *docEngine) memCompose(p *docProjection, key []byte) ([]byte, error) {
-	root := p.root
-	row := root.mem.t.rows[tupleKey([][]byte{key})]
-	if row == nil {
-		return nil, nil
+	doc, ok, err := e.appendMemDoc(nil, p, key)
+	if !ok || err != nil {
+		return nil, err
 	}
-	r := e.memRow(root, row)
-	return appendDoc(make([]byte, 0, 512), root, r)
+	return doc, nil
 }
 
-// memRow builds the composedRow of row (of node n) with its children.
-func (e *docEngine) memRow(n *docNode, row []byte) *composedRow {
-	t := n.mem.t
-	r := &composedRow{vals: make([][]byte, len(n.cols)), children: make([][]*composedRow, len(n.children))}
-	for i, c := range n.cols {
-		r.vals[i] = rowField(row, t.colIdx[c.name])
+// memScratch is what composing documents from the state reuses from one
+// document to the next (the reader's goroutine owns it, with the state):
+// the map key being looked up, and per nesting depth the fields of the row
+// being appended and the rows of one of its children.
+type memScratch struct {
+	key    []byte
+	levels []memLevel
+}
+
+type memLevel struct {
+	fields [][]byte
+	kids   [][]byte
+}
+
+// appendMemDoc appends the document of p with key, composed from the
+// state, to b; ok is false when its primary row does not exist. On an
+// error, b is returned as it was.
+func (e *docEngine) appendMemDoc(b []byte, p *docProjection, key []byte) (_ []byte, ok bool, _ error) {
+	root := p.root
+	sc := &e.memScratch
+	sc.key = appendTupleValue(sc.key[:0], key)
+	row := root.mem.t.rows[string(sc.key)]
+	if row == nil {
+		return b, false, nil
 	}
-	for ci, child := range n.children {
-		vals := make([][]byte, len(child.on))
-		ok := true
-		for i, j := range child.on {
-			if vals[i] = rowField(row, t.colIdx[j.parent.name]); vals[i] == nil {
-				ok = false
-				break
-			}
+	out, err := sc.appendRow(b, root, row, 0)
+	if err != nil {
+		return b, true, err
+	}
+	return out, true, nil
+}
+
+// appendRow appends row (of node n, at nesting depth) as a JSON object
+// with its embeds, as appendDoc does a composedRow.
+func (sc *memScratch) appendRow(b []byte, n *docNode, row []byte, depth int) ([]byte, error) {
+	for len(sc.levels) <= depth {
+		sc.levels = append(sc.levels, memLevel{})
+	}
+	lv := &sc.levels[depth]
+	lv.fields = rowFields(lv.fields[:0], row)
+	fields := lv.fields
+	info := n.mem
+	b = append(b, '{')
+	var err error
+	for i, c := range n.cols {
+		if i > 0 {
+			b = append(b, ',')
 		}
-		if !ok {
+		b = append(b, c.jsonName...)
+		v := fields[info.docCols[i]]
+		if v == nil {
+			b = append(b, "null"...)
 			continue
 		}
-		ct := child.mem.t
-		keys := child.mem.byJoin.m[joinKey(child.mem.byJoin.oids, vals)]
-		rows := make([][]byte, 0, len(keys))
-		for _, k := range keys {
-			if cr := ct.rows[k]; cr != nil {
-				rows = append(rows, cr)
-			}
+		if b, err = c.ctype.appendValue(b, v); err != nil {
+			return nil, fmt.Errorf("projection %q, %s column %s: %w", n.proj.spec.Name, n.nameKey, c.name, err)
 		}
-		if child.many {
+	}
+	for ci, child := range n.children {
+		if len(n.cols) > 0 || ci > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, child.as...)
+		// The child's rows: by the values it joins on (NULL joins nothing).
+		kids := lv.kids[:0]
+		sc.key = sc.key[:0]
+		joined := true
+		for i, c := range child.mem.onParent {
+			v := fields[c]
+			if v == nil {
+				joined = false
+				break
+			}
+			sc.key = appendTupleValue(sc.key, joinText(child.mem.onOID[i], v))
+		}
+		if joined { // a copy: sorting it must not reorder the index
+			kids = append(kids, child.mem.byJoin.m[string(sc.key)]...)
+		}
+		lv.kids = kids
+		if !child.many {
+			if len(kids) == 0 {
+				b = append(b, "null"...)
+				continue
+			}
+			if b, err = sc.appendRow(b, child, kids[0], depth+1); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if len(kids) > 1 {
 			info := child.mem
-			slices.SortFunc(rows, func(a, b []byte) int {
+			slices.SortFunc(kids, func(a, b []byte) int {
 				for i, c := range info.order {
 					if x := compareText(info.orderOID[i], rowField(a, c), rowField(b, c)); x != 0 {
 						return x
@@ -455,11 +622,35 @@ func (e *docEngine) memRow(n *docNode, row []byte) *composedRow {
 				return 0
 			})
 		}
-		for _, cr := range rows {
-			r.children[ci] = append(r.children[ci], e.memRow(child, cr))
+		b = append(b, '[')
+		for k, cr := range kids {
+			if k > 0 {
+				b = append(b, ',')
+			}
+			if b, err = sc.appendRow(b, child, cr, depth+1); err != nil {
+				return nil, err
+			}
 		}
+		b = append(b, ']')
 	}
-	return r
+	return append(b, '}'), nil
+}
+
+// rowFields appends the values of an encoded row (nil for NULL) to dst.
+func rowFields(dst [][]byte, row []byte) [][]byte {
+	for len(row) > 0 {
+		flag := row[0]
+		row = row[1:]
+		if flag == 0 {
+			dst = append(dst, nil)
+			continue
+		}
+		l, n := binary.Uvarint(row)
+		row = row[n:]
+		dst = append(dst, row[:l:l])
+		row = row[l:]
+	}
+	return dst
 }
 
 // compareText orders two values of a type as PostgreSQL's ORDER BY does for

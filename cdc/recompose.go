@@ -8,7 +8,7 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
-	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -76,10 +76,12 @@ type docEngine struct {
 	projs   []*docProjection
 	byTable map[string][]*docNode // "schema.table" → the nodes on that table
 	mem     *memState             // the memory-mode tables; nil without
-	store   *memStore             // where mem is persisted
-	pool    *pgxpool.Pool         // where documents are re-read
-	chunk   int                   // keys per query
-	workers int                   // concurrent queries
+	// memScratch is reused by every document composed from mem.
+	memScratch memScratch
+	store      *memStore     // where mem is persisted
+	pool       *pgxpool.Pool // where documents are re-read
+	chunk      int           // keys per query
+	workers    int           // concurrent queries
 	// maxEvent is the broker's message size limit (0: none); report counts
 	// and logs a document published as an error event.
 	maxEvent int
@@ -491,7 +493,10 @@ func (d *docChanges) addKey(p *docProjection, key []byte, root bool) {
 		m = make(map[string]bool)
 		d.keys[p] = m
 	}
-	m[string(key)] = m[string(key)] || root
+	if had, ok := m[string(key)]; ok && (had || !root) {
+		return // already recorded (no allocation)
+	}
+	m[string(key)] = root
 }
 
 // addParentLookup records that the parent rows of n whose join columns hold
@@ -519,6 +524,15 @@ func tupleKey(vals [][]byte) string {
 		b.Write(v)
 	}
 	return b.String()
+}
+
+// appendTupleValue appends value v (nil: NULL) of a tuple's key to b, as
+// tupleKey writes it.
+func appendTupleValue(b, v []byte) []byte {
+	if v == nil {
+		return append(b, "\x00N"...)
+	}
+	return append(append(b, "\x00V"...), v...)
 }
 
 func cloneAll(vals [][]byte) [][]byte {
@@ -961,15 +975,12 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 		if len(set) == 0 {
 			continue
 		}
-		keys := make([][]byte, 0, len(set))
-		for k := range set {
-			keys = append(keys, []byte(k))
-		}
-		sort.Slice(keys, func(i, j int) bool { return bytes.Compare(keys[i], keys[j]) < 0 })
+		keys := sortedKeys(set)
 		// In groups, each handed to the publisher as it is composed: a
 		// 100,000-document transaction is neither held whole nor waited
 		// for before the first documents go.
 		group := max(e.chunk*e.workers, 1024)
+		var buf []byte
 		docs, bad := make([][]byte, min(group, len(keys))), make([]error, min(group, len(keys)))
 		for start := 0; start < len(keys); start += group {
 			part := keys[start:min(start+group, len(keys))]
@@ -977,8 +988,16 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 			clear(docs)
 			clear(bad)
 			if p.root.mem != nil { // memory mode: as of this commit, no query
+				// The group's documents in one buffer, reused by the next
+				// group: each is copied into its event.
+				buf = buf[:0]
 				for i, k := range part {
-					docs[i], bad[i] = e.memCompose(p, k)
+					start := len(buf)
+					var ok bool
+					buf, ok, bad[i] = e.appendMemDoc(buf, p, k)
+					if ok && bad[i] == nil {
+						docs[i] = buf[start:len(buf):len(buf)]
+					}
 				}
 			} else if err := e.sqlCompose(ctx, p, part, docs, bad); err != nil {
 				return evs, err
@@ -996,6 +1015,23 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 		}
 	}
 	return evs, nil
+}
+
+// sortedKeys lists the keys of set in byte order, in one allocation (and
+// the slice's).
+func sortedKeys(set map[string]bool) [][]byte {
+	n := 0
+	for k := range set {
+		n += len(k)
+	}
+	arena := make([]byte, 0, n)
+	keys := make([][]byte, 0, len(set))
+	for k := range set {
+		arena = append(arena, k...)
+		keys = append(keys, arena[len(arena)-len(k):len(arena):len(arena)])
+	}
+	slices.SortFunc(keys, bytes.Compare)
+	return keys
 }
 
 // sqlCompose re-reads the documents of keys into docs, and why one could
@@ -1109,7 +1145,7 @@ func encodeDocEvent(p *docProjection, key, doc []byte, id string, lsn pglogrepl.
 	}
 	keyJSON = b[start:len(b):len(b)]
 	b = append(b, `,"lsn":"`...)
-	b = append(b, lsn.String()...)
+	b = appendLSN(b, lsn)
 	b = append(b, `","commit_time":"`...)
 	b = commitTime.UTC().AppendFormat(b, time.RFC3339Nano)
 	b = append(b, `","doc":`...)
@@ -1119,7 +1155,28 @@ func encodeDocEvent(p *docProjection, key, doc []byte, id string, lsn pglogrepl.
 		b = append(b, doc...)
 	}
 	b = append(b, '}')
-	return broker.Outgoing{Subject: p.subject + "." + subjectToken(string(key)), Data: b, ID: id}, keyJSON, nil
+	var sb [128]byte
+	subject := appendSubjectToken(append(append(sb[:0], p.subject...), '.'), key)
+	return broker.Outgoing{Subject: string(subject), Data: b, ID: id}, keyJSON, nil
+}
+
+// appendLSN appends lsn as lsn.String() writes it ("%X/%X").
+func appendLSN(b []byte, lsn pglogrepl.LSN) []byte {
+	b = appendUpperHex(b, uint64(lsn>>32))
+	b = append(b, '/')
+	return appendUpperHex(b, uint64(uint32(lsn)))
+}
+
+// appendUpperHex appends v in hexadecimal, with upper-case digits.
+func appendUpperHex(b []byte, v uint64) []byte {
+	start := len(b)
+	b = strconv.AppendUint(b, v, 16)
+	for i := start; i < len(b); i++ {
+		if b[i] >= 'a' {
+			b[i] -= 'a' - 'A'
+		}
+	}
+	return b
 }
 
 // tableEventKeys keeps, of the publication's tables, those whose table
