@@ -167,22 +167,6 @@ func keyToken(vals []string) string {
 	return strings.Join(toks, ",")
 }
 
-// appendSubjectToken appends subjectToken(string(s)) to b.
-func appendSubjectToken(b, s []byte) []byte {
-	if len(s) == 0 {
-		return append(b, '%')
-	}
-	const hex = "0123456789ABCDEF"
-	for _, c := range s {
-		if tokenByte(c) {
-			b = append(b, c)
-			continue
-		}
-		b = append(b, '%', hex[c>>4], hex[c&15])
-	}
-	return b
-}
-
 func tokenByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
 }
