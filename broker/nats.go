@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -52,7 +53,8 @@ type NATS struct {
 	// closed is closed by the client library's last callback after Close:
 	// its callbacks (the disconnect's log line) run on a goroutine of its
 	// own, which Close waits for.
-	closed chan struct{}
+	closed  chan struct{}
+	closing atomic.Bool // set by Close: the disconnect that follows is ours, not news
 
 	mu      sync.Mutex
 	dropped map[*nats.Subscription]int // guarded by mu: last Dropped() seen per subscription
@@ -76,7 +78,9 @@ func DialNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.RetryOnFailedConnect(false),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			log.Warn("nats disconnected", zap.Error(err))
+			if !b.closing.Load() {
+				log.Warn("nats disconnected", zap.Error(err))
+			}
 			b.state(false)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
@@ -230,6 +234,7 @@ func (b *NATS) Ready() bool { return b.nc.IsConnected() }
 // NATS is at-most-once). It closes the connection and waits (up to 5 s)
 // for the client library's callbacks to have run.
 func (b *NATS) Close() error {
+	b.closing.Store(true)
 	b.nc.Close()
 	select { // the library runs the closed callback after every earlier one
 	case <-b.closed:

@@ -11,6 +11,8 @@ import (
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -178,4 +180,37 @@ func TestNATSDialFailsClearly(t *testing.T) {
 		t.Fatal("dial to a closed port succeeded")
 	}
 	t.Log(err)
+}
+
+// TestNATSCloseIsNotADisconnect: closing the broker logs no "disconnected"
+// warning (every ingest and ws process printed one on a normal stop),
+// while a connection the server drops still does.
+func TestNATSCloseIsNotADisconnect(t *testing.T) {
+	ns := brokertest.NATS(t)
+	core, logs := observer.New(zap.InfoLevel)
+	ctx := context.Background()
+	b, err := broker.DialNATS(ctx, broker.NATSConfig{URL: ns.ClientURL(), Logger: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := logs.FilterMessage("nats disconnected").Len(); n != 0 {
+		t.Fatalf("Close logged %d disconnect warnings", n)
+	}
+
+	b, err = broker.DialNATS(ctx, broker.NATSConfig{URL: ns.ClientURL(), Name: "kicked", Logger: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	kickClient(t, ns, "kicked")
+	deadline := time.Now().Add(5 * time.Second)
+	for logs.FilterMessage("nats disconnected").Len() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a connection dropped by the server logged no disconnect warning")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
