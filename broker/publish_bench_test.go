@@ -61,3 +61,47 @@ func benchmarkJetStreamPublish(b *testing.B, storage string, publish func(contex
 	}
 	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "events/s")
 }
+
+// BenchmarkRedisPublish and BenchmarkRedisAppend: the same 1,000 events of
+// 256 B with ids per op, into a redis-server of its own (one script call
+// per event against one per 256).
+func BenchmarkRedisPublish(b *testing.B) {
+	benchmarkRedis(b, func(ctx context.Context, r *broker.Redis, out []broker.Outgoing) error {
+		_, err := r.Publish(ctx, out)
+		return err
+	})
+}
+
+func BenchmarkRedisAppend(b *testing.B) {
+	benchmarkRedis(b, func(ctx context.Context, r *broker.Redis, out []broker.Outgoing) error {
+		return r.Append(ctx, out)
+	})
+}
+
+func benchmarkRedis(b *testing.B, publish func(context.Context, *broker.Redis, []broker.Outgoing) error) {
+	const n = 1000
+	data := []byte(`{"pad":"` + strings.Repeat("p", 246) + `"}`)
+	ctx := context.Background()
+	r, err := broker.DialRedis(ctx, broker.RedisConfig{URL: "redis://" + brokertest.Redis(b), Stream: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.LastID(ctx, "db.>"); err != nil { // tracked, as the ingest does
+		b.Fatal(err)
+	}
+	out := make([]broker.Outgoing, n)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for op := range b.N {
+		b.StopTimer()
+		for i := range out {
+			out[i] = broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i%50), Data: data, ID: fmt.Sprintf("%x-%d", op, i)}
+		}
+		b.StartTimer()
+		if err := publish(ctx, r, out); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "events/s")
+}
