@@ -309,6 +309,7 @@ type reader struct {
 	streamXid uint32
 	streamed  map[uint32]*txn // streamed transactions' changes so far, by top-level xid
 	held      int64           // what the changes of cur and streamed take in memory (changeSize); MaxTxnMemory bounds it
+	enc       eventEncoder    // builds the table events of the transaction being committed
 
 	walEnd     pglogrepl.LSN // the server's WAL end, last reported
 	received   pglogrepl.LSN // end of the last commit handed to the publisher
@@ -534,7 +535,12 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	if r.pend != nil {
 		window = r.pendStart
 	}
-	id := func(i int) string { return tableEventID(t.commitLSN, done+i, window) }
+	// The transaction's table events are built by the reader's encoder
+	// (ids as tableEventID makes them).
+	r.enc.begin(t.commitLSN, t.commitTime, window)
+	t.enc = &r.enc
+	defer func() { t.enc = nil }()
+	id := func(i int) string { return r.enc.tableID(done + i) }
 	flush := r.flusher(ctx, &done)
 	var dc *docChanges // the documents the transaction affects
 	if r.docs != nil {
