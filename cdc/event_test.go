@@ -2,8 +2,10 @@ package cdc
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 	"time"
 
@@ -133,6 +135,84 @@ func TestEventEncoderMatchesRowEvent(t *testing.T) {
 				if bad == 0 || bad == len(want) {
 					t.Fatalf("composite %v, limit %d: %d error events of %d: the test does not cover both", composite, limit, bad, len(want))
 				}
+			}
+		}
+	}
+}
+
+// TestParseChangeMatchesPglogrepl: parseChange makes of Insert, Update and
+// Delete messages, streamed or not, the changes pglogrepl's ParseV2 makes
+// (every column kind, empty and NULL values, old keys and rows), and
+// refuses what pglogrepl cannot parse: every truncation of them, and
+// unknown tuple types.
+func TestParseChangeMatchesPglogrepl(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	tupleBytes := func() []byte {
+		n := rng.IntN(6)
+		b := binary.BigEndian.AppendUint16(nil, uint16(n))
+		for range n {
+			switch k := "tnubx"[rng.IntN(5)]; k {
+			case 't', 'b':
+				v := bytes.Repeat([]byte("v"), rng.IntN(4))
+				b = binary.BigEndian.AppendUint32(append(b, k), uint32(len(v)))
+				b = append(b, v...)
+			default:
+				b = append(b, k)
+			}
+		}
+		return b
+	}
+	viaPglogrepl := func(data []byte, inStream bool) (change, uint32, error) {
+		m, err := decode(data, inStream)
+		if err != nil {
+			return change{}, 0, err
+		}
+		switch m := m.(type) {
+		case *pglogrepl.InsertMessageV2:
+			return change{kind: 'I', rel: m.RelationID, newRow: m.Tuple}, m.Xid, nil
+		case *pglogrepl.UpdateMessageV2:
+			return change{kind: 'U', rel: m.RelationID, newRow: m.NewTuple, oldRow: m.OldTuple, oldKind: m.OldTupleType}, m.Xid, nil
+		case *pglogrepl.DeleteMessageV2:
+			return change{kind: 'D', rel: m.RelationID, oldRow: m.OldTuple, oldKind: m.OldTupleType}, m.Xid, nil
+		}
+		return change{}, 0, fmt.Errorf("%T", m)
+	}
+	for i := range 5000 {
+		inStream := i%2 == 1
+		kind := "IUD"[rng.IntN(3)]
+		b := []byte{kind}
+		if inStream {
+			b = binary.BigEndian.AppendUint32(b, rng.Uint32())
+		}
+		b = binary.BigEndian.AppendUint32(b, rng.Uint32())
+		switch kind {
+		case 'I':
+			b = append(append(b, "NNNX"[rng.IntN(4)]), tupleBytes()...)
+		case 'U':
+			switch rng.IntN(4) {
+			case 0:
+				b = append(append(b, 'K'), tupleBytes()...)
+			case 1:
+				b = append(append(b, 'O'), tupleBytes()...)
+			case 2:
+				b = append(b, 'Z')
+			}
+			b = append(append(b, 'N'), tupleBytes()...)
+		case 'D':
+			b = append(append(b, "KOZ"[rng.IntN(3)]), tupleBytes()...)
+		}
+		for _, n := range []int{len(b), rng.IntN(len(b) + 1)} {
+			msg := b[:n]
+			if n == 0 {
+				continue
+			}
+			got, gotXid, gotErr := parseChange(msg, inStream)
+			want, wantXid, wantErr := viaPglogrepl(msg, inStream)
+			if (gotErr != nil) != (wantErr != nil) {
+				t.Fatalf("%q (stream %v): error %v, pglogrepl's %v", msg, inStream, gotErr, wantErr)
+			}
+			if gotErr == nil && (gotXid != wantXid || !reflect.DeepEqual(got, want)) {
+				t.Fatalf("%q (stream %v):\n got %+v xid %d\nwant %+v xid %d", msg, inStream, got, gotXid, want, wantXid)
 			}
 		}
 	}
