@@ -572,10 +572,20 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	// decoded rows are let go as they are used: it is held once, not as
 	// rows, events and one batch at the same time. A spilled one is read
 	// back a change at a time.
+	left := len(t.changes) // held changes not yet applied (a spilled transaction's others are not counted)
 	each := func(c *change) error {
 		var err error
 		if evs, err = flush(evs); err != nil {
 			return err
+		}
+		if tb := r.rels.byID[c.rel]; evs == nil && (c.kind == 'T' || tb != nil && tb.published()) {
+			// Most changes make one event: room for the rest, up to a
+			// batch, instead of growing the slice to it.
+			n := r.in.cfg.MaxBatch
+			if t.spill == nil {
+				n = min(n, left)
+			}
+			evs = make([]broker.Outgoing, 0, n)
 		}
 		evs, err = r.apply(ctx, t, dc, c, evs, id)
 		return err
@@ -590,6 +600,7 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 			return err
 		}
 		t.changes[i] = change{}
+		left--
 	}
 	if dc != nil && !dc.empty() {
 		// The documents, recomposed once each however many of their rows
