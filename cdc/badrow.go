@@ -52,6 +52,9 @@ func (e *badRowError) Unwrap() error { return e.err }
 
 // asBadRow reports whether err is a bad row's.
 func asBadRow(err error) (*badRowError, bool) {
+	if err == nil { // most: errors.As's target would be allocated for nothing
+		return nil, false
+	}
 	var bad *badRowError
 	ok := errors.As(err, &bad)
 	return bad, ok
@@ -91,11 +94,15 @@ func errorEvent(subject string, bad *badRowError, key []byte, id string, commitT
 // sizeError says why an event over limit bytes (0: no limit) cannot be
 // published; nil when it can.
 func sizeError(ev broker.Outgoing, limit int) error {
-	if n := len(ev.Data) + len(ev.Subject); limit > 0 && n > limit {
+	if n := len(ev.Data) + len(ev.Subject); overLimit(n, limit) {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrEventTooLarge, n, limit)
 	}
 	return nil
 }
+
+// overLimit reports whether an event of n bytes (payload and subject) is
+// over limit (0: no limit).
+func overLimit(n, limit int) bool { return limit > 0 && n > limit }
 
 // reportBad counts and logs a bad row or document; its error event is on
 // its way.

@@ -180,44 +180,30 @@ func (in *Ingest) bootstrapChunk(ctx context.Context, tx pgx.Tx, cur string, e *
 
 // bootEncoder builds the events of a table's bootstrapped rows, "as of"
 // tx0, the slot's consistent point. The events are the ones the table's
-// projection makes of an insert of the row, byte for byte, built with next
-// to no allocations per row: what is the same for every row (the LSN, the
-// commit time) is formatted once; the events' payloads are copied into
-// shared blocks, their ids and subjects into shared strings, each event
-// slicing its own part (a block lives as long as one of its events).
+// projection makes of an insert of the row, byte for byte, built by an
+// eventEncoder with next to no allocations per row.
 type bootEncoder struct {
 	t   *table
 	tx0 *txn
-	// mid is what comes between an event's key and its row:
-	// ,"lsn":"<commit LSN>","commit_time":"<commit time>","doc":
-	mid []byte
 	// row is one row's columns, reused: an event is built from them at
-	// once (the values point into pgx's buffer, valid until the next row).
+	// once (the values point into pgx's buffer, valid until the next row);
+	// ins is its insert.
 	cols []pglogrepl.TupleDataColumn
 	row  pglogrepl.TupleData
-	// Scratch space, reused from row to row: the id hash's input, an
-	// event's id and subject, its payload.
-	hashIn, strTmp, data []byte
-	// The current blocks.
-	dataBlock []byte
-	strBlock  strings.Builder
+	ins  change
+	// hashIn is scratch space for the id hash's input, reused.
+	hashIn []byte
+	enc    eventEncoder
 }
-
-// bootBlock is the size of the blocks of events' payloads; ids and
-// subjects take blocks of a quarter of that.
-const bootBlock = 64 << 10
 
 func newBootEncoder(t *table, tx0 *txn) *bootEncoder {
 	e := &bootEncoder{t: t, tx0: tx0, cols: make([]pglogrepl.TupleDataColumn, len(t.columns))}
-	e.mid = append(e.mid, `,"lsn":"`...)
-	e.mid = append(e.mid, tx0.commitLSN.String()...)
-	e.mid = append(e.mid, `","commit_time":"`...)
-	e.mid = tx0.commitTime.UTC().AppendFormat(e.mid, time.RFC3339Nano)
-	e.mid = append(e.mid, `","doc":`...)
+	e.enc.begin(tx0.commitLSN, tx0.commitTime, 0)
 	e.row.Columns = make([]*pglogrepl.TupleDataColumn, len(t.columns))
 	for i := range e.cols {
 		e.row.Columns[i] = &e.cols[i]
 	}
+	e.ins = change{kind: 'I', newRow: &e.row}
 	return e
 }
 
@@ -237,92 +223,17 @@ func (e *bootEncoder) add(evs []broker.Outgoing, raw [][]byte) ([]broker.Outgoin
 	}
 	var sum [sha256.Size]byte
 	e.hashIn, sum = bootstrapHash(e.hashIn[:0], t.nameKey, raw)
-	e.strTmp = appendBootstrapID(e.strTmp[:0], &sum)
-	idLen := len(e.strTmp)
-	_, ok := t.proj.(tableProjection) // another projection makes its own events
-	if ok {
-		e.strTmp = append(e.strTmp, t.subject...)
-		e.strTmp = append(e.strTmp, '.')
-		for n, i := range t.key {
-			if n > 0 {
-				e.strTmp = append(e.strTmp, ',')
-			}
-			if raw[i] == nil { // a NULL key: the projection's error event
-				ok = false
-				break
-			}
-			e.strTmp = appendSubjectToken(e.strTmp, raw[i])
-		}
-	}
-	if !ok {
-		e.strTmp = e.strTmp[:idLen]
-	}
-	s := e.keepString(e.strTmp)
-	id, subject := s[:idLen], s[idLen:]
-	if ok {
-		var data []byte
-		if data, ok = e.encode(id, raw); ok && sizeError(broker.Outgoing{Subject: subject, Data: data}, t.maxEvent) == nil {
-			return append(evs, broker.Outgoing{Subject: subject, Data: e.keep(data), ID: id}), nil
+	e.enc.strTmp = appendBootstrapID(e.enc.strTmp[:0], &sum)
+	id := e.enc.keepString(e.enc.strTmp)
+	if _, ok := t.proj.(tableProjection); ok { // another projection makes its own events
+		if ev, ok := e.enc.rowEvent(t, &e.ins, id, opNames['I']); ok {
+			return append(evs, ev), nil
 		}
 	}
 	// The rare row that cannot be published (a value that cannot be
 	// encoded, an event over the broker's limit), or another projection:
 	// the projection's own path makes its events, or its error event.
 	return t.proj.project(evs, e.tx0, t, &change{kind: 'I', newRow: &e.row}, func(int) string { return id })
-}
-
-// encode encodes the insert event of a row of e.t into e.data, as
-// encodeRowEvent does; ok is false when a value cannot be encoded.
-func (e *bootEncoder) encode(id string, raw [][]byte) (_ []byte, ok bool) {
-	t := e.t
-	b := append(e.data[:0], `{"id":"`...)
-	b = append(b, id...)
-	b = append(b, `","op":"insert","key":`...)
-	if len(t.key) > 1 {
-		b = append(b, '[')
-	}
-	var err error
-	for n, i := range t.key {
-		if n > 0 {
-			b = append(b, ',')
-		}
-		if b, err = t.columns[i].ctype.appendValue(b, raw[i]); err != nil {
-			return nil, false
-		}
-	}
-	if len(t.key) > 1 {
-		b = append(b, ']')
-	}
-	b = append(b, e.mid...)
-	if b, _, err = appendRow(b, t, &e.row, nil, false); err != nil {
-		return nil, false
-	}
-	b = append(b, '}')
-	e.data = b
-	return b, true
-}
-
-// keep copies p into the current payload block and returns the copy.
-func (e *bootEncoder) keep(p []byte) []byte {
-	if cap(e.dataBlock)-len(e.dataBlock) < len(p) {
-		e.dataBlock = make([]byte, 0, max(bootBlock, len(p)))
-	}
-	start := len(e.dataBlock)
-	e.dataBlock = append(e.dataBlock, p...)
-	return e.dataBlock[start:len(e.dataBlock):len(e.dataBlock)]
-}
-
-// keepString copies p into the current string block and returns it as a
-// string. (A strings.Builder never changes what it has made a string: it
-// only appends, and the block is replaced, never grown, when full.)
-func (e *bootEncoder) keepString(p []byte) string {
-	if e.strBlock.Cap()-e.strBlock.Len() < len(p) {
-		e.strBlock = strings.Builder{}
-		e.strBlock.Grow(max(bootBlock/4, len(p)))
-	}
-	start := e.strBlock.Len()
-	e.strBlock.Write(p)
-	return e.strBlock.String()[start:]
 }
 
 // bootstrapDocs publishes every document of every projection, composed in

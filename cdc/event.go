@@ -3,6 +3,7 @@ package cdc
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,9 +28,10 @@ type txn struct {
 	commitLSN  pglogrepl.LSN
 	endLSN     pglogrepl.LSN
 	commitTime time.Time
-	changes    []change   // held in memory, in order (none once spilled)
-	mem        int64      // what changes take (changeSize), counted in reader.held
-	spill      *spillFile // the changes once the transaction outgrew Config.MaxTxnMemory; nil for most
+	enc        *eventEncoder // builds its table events while it is committed; nil: each event its own way
+	changes    []change      // held in memory, in order (none once spilled)
+	mem        int64         // what changes take (changeSize), counted in reader.held
+	spill      *spillFile    // the changes once the transaction outgrew Config.MaxTxnMemory; nil for most
 }
 
 // ops by change kind
@@ -95,20 +97,161 @@ func encodeRowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTim
 	b = append(b, `","commit_time":"`...)
 	b = commitTime.UTC().AppendFormat(b, time.RFC3339Nano)
 	b = append(b, `","doc":`...)
+	if b, err = appendRowEvent(b, t, c); err != nil {
+		return broker.Outgoing{}, keyJSON, keyText, err
+	}
+	return broker.Outgoing{Subject: t.subject + "." + keyToken(keyText), Data: b, ID: id}, keyJSON, keyText, nil
+}
+
+// eventEncoder builds the events of table changes with next to no
+// allocations per event, byte for byte as rowEvent does: what is the same
+// for every event of a transaction (its commit LSN and time, its ids'
+// prefix) is formatted once, by begin; events' payloads are copied into
+// shared blocks, their ids and subjects into shared strings, each event
+// slicing its own part (a block lives as long as one of its events). The
+// bootstrap's rows and the tail's committed transactions go this way; a
+// change it cannot encode (a bad value, an event over the broker's limit)
+// goes rowEvent's way, which makes its error event.
+type eventEncoder struct {
+	// mid is what comes between an event's key and its row:
+	// ,"lsn":"<commit LSN>","commit_time":"<commit time>","doc":
+	mid []byte
+	// idPrefix and idSuffix are what comes before and after the index in a
+	// table event's id (tableEventID).
+	idPrefix, idSuffix []byte
+	// Scratch space, reused from event to event: an id or subject, a
+	// payload.
+	strTmp, data []byte
+	// The current blocks.
+	dataBlock []byte
+	strBlock  strings.Builder
+}
+
+// eventBlock is the size of the blocks of events' payloads; ids and
+// subjects take blocks of a quarter of that.
+const eventBlock = 64 << 10
+
+// begin makes e build the events of a transaction committed at lsn and
+// commitTime, under the flush window that opened at window (0: none;
+// tableEventID).
+func (e *eventEncoder) begin(lsn pglogrepl.LSN, commitTime time.Time, window pglogrepl.LSN) {
+	e.mid = append(e.mid[:0], `,"lsn":"`...)
+	e.mid = append(e.mid, lsn.String()...)
+	e.mid = append(e.mid, `","commit_time":"`...)
+	e.mid = commitTime.UTC().AppendFormat(e.mid, time.RFC3339Nano)
+	e.mid = append(e.mid, `","doc":`...)
+	e.idPrefix = append(strconv.AppendUint(e.idPrefix[:0], uint64(lsn), 16), '-')
+	e.idSuffix = e.idSuffix[:0]
+	if window != 0 {
+		e.idSuffix = strconv.AppendUint(append(e.idSuffix, '-'), uint64(window), 16)
+	}
+}
+
+// tableID is tableEventID of the i-th table event of the transaction.
+func (e *eventEncoder) tableID(i int) string {
+	b := append(e.strTmp[:0], e.idPrefix...)
+	b = strconv.AppendInt(b, int64(i), 10)
+	e.strTmp = append(b, e.idSuffix...)
+	return e.keepString(e.strTmp)
+}
+
+// rowEvent builds the event of change c of published table t, as rowEvent
+// does; ok is false when it cannot (a value that cannot be encoded, a key
+// missing, an event over the broker's limit): rowEvent makes its error
+// event.
+func (e *eventEncoder) rowEvent(t *table, c *change, id, op string) (_ broker.Outgoing, ok bool) {
+	keyRow := c.newRow
+	if c.kind == 'D' || keyRow == nil {
+		keyRow = c.oldRow
+	}
+	if keyRow == nil {
+		return broker.Outgoing{}, false
+	}
+	s := append(e.strTmp[:0], t.subject...)
+	s = append(s, '.')
+	for n, i := range t.key {
+		if n > 0 {
+			s = append(s, ',')
+		}
+		if i >= len(keyRow.Columns) || keyRow.Columns[i].DataType != pglogrepl.TupleDataTypeText {
+			return broker.Outgoing{}, false
+		}
+		s = appendSubjectToken(s, keyRow.Columns[i].Data)
+	}
+	e.strTmp = s
+	b := append(e.data[:0], `{"id":"`...)
+	b = append(b, id...)
+	b = append(b, `","op":"`...)
+	b = append(b, op...)
+	b = append(b, `","key":`...)
+	if len(t.key) > 1 {
+		b = append(b, '[')
+	}
+	var err error
+	for n, i := range t.key {
+		if n > 0 {
+			b = append(b, ',')
+		}
+		if b, err = t.columns[i].ctype.appendValue(b, keyRow.Columns[i].Data); err != nil {
+			return broker.Outgoing{}, false
+		}
+	}
+	if len(t.key) > 1 {
+		b = append(b, ']')
+	}
+	b = append(b, e.mid...)
+	if b, err = appendRowEvent(b, t, c); err != nil {
+		return broker.Outgoing{}, false
+	}
+	e.data = b
+	if overLimit(len(b)+len(s), t.maxEvent) {
+		return broker.Outgoing{}, false
+	}
+	return broker.Outgoing{Subject: e.keepString(s), Data: e.keep(b), ID: id}, true
+}
+
+// keep copies p into the current payload block and returns the copy.
+func (e *eventEncoder) keep(p []byte) []byte {
+	if cap(e.dataBlock)-len(e.dataBlock) < len(p) {
+		e.dataBlock = make([]byte, 0, max(eventBlock, len(p)))
+	}
+	start := len(e.dataBlock)
+	e.dataBlock = append(e.dataBlock, p...)
+	return e.dataBlock[start:len(e.dataBlock):len(e.dataBlock)]
+}
+
+// keepString copies p into the current string block and returns it as a
+// string. (A strings.Builder never changes what it has made a string: it
+// only appends, and the block is replaced, never grown, when full.)
+func (e *eventEncoder) keepString(p []byte) string {
+	if e.strBlock.Cap()-e.strBlock.Len() < len(p) {
+		e.strBlock = strings.Builder{}
+		e.strBlock.Grow(max(eventBlock/4, len(p)))
+	}
+	start := e.strBlock.Len()
+	e.strBlock.Write(p)
+	return e.strBlock.String()[start:]
+}
+
+// appendRowEvent appends what follows the commit time in change c's event:
+// the row ("doc"), the old row and the unchanged columns, and the closing
+// brace.
+func appendRowEvent(b []byte, t *table, c *change) ([]byte, error) {
 	var old *pglogrepl.TupleData
 	if c.oldKind == 'O' {
 		old = c.oldRow
 	}
 	var unchanged []string
+	var err error
 	if c.kind == 'D' {
 		b = append(b, "null"...)
 	} else if b, unchanged, err = appendRow(b, t, c.newRow, old, false); err != nil {
-		return broker.Outgoing{}, keyJSON, keyText, err
+		return nil, err
 	}
 	if c.oldRow != nil && c.kind != 'I' {
 		b = append(b, `,"old":`...)
 		if b, _, err = appendRow(b, t, c.oldRow, nil, c.oldKind == 'K'); err != nil {
-			return broker.Outgoing{}, keyJSON, keyText, err
+			return nil, err
 		}
 	}
 	if len(unchanged) > 0 {
@@ -121,8 +264,7 @@ func encodeRowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTim
 		}
 		b = append(b, ']')
 	}
-	b = append(b, '}')
-	return broker.Outgoing{Subject: t.subject + "." + keyToken(keyText), Data: b, ID: id}, keyJSON, keyText, nil
+	return append(b, '}'), nil
 }
 
 // appendRow appends a row as a JSON object. A column whose value did not

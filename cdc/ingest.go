@@ -3,6 +3,7 @@ package cdc
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -309,6 +310,7 @@ type reader struct {
 	streamXid uint32
 	streamed  map[uint32]*txn // streamed transactions' changes so far, by top-level xid
 	held      int64           // what the changes of cur and streamed take in memory (changeSize); MaxTxnMemory bounds it
+	enc       eventEncoder    // builds the table events of the transaction being committed
 
 	walEnd     pglogrepl.LSN // the server's WAL end, last reported
 	received   pglogrepl.LSN // end of the last commit handed to the publisher
@@ -379,9 +381,9 @@ func (r *reader) run(ctx context.Context) error {
 				}
 				r.seeWALEnd(xld.ServerWALEnd)
 				// pgconn's Receive returns a message valid only until the next
-				// call (its buffers go back to a pool), and pglogrepl's tuples
-				// point into it: a change is kept until its transaction
-				// commits, so it needs bytes of its own.
+				// call (its buffers go back to a pool), and a change's values
+				// point into it (parseChange): a change is kept until its
+				// transaction commits, so it needs bytes of its own.
 				if err := r.handle(ctx, bytes.Clone(xld.WALData)); err != nil {
 					return err
 				}
@@ -451,6 +453,15 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 		return errors.New("postgres: empty pgoutput message")
 	}
 	kind := metrics.Kind(data[0])
+	switch data[0] {
+	case 'I', 'U', 'D': // row changes, decoded in place (parseChange)
+		c, xid, err := parseChange(data, r.inStream)
+		if err != nil {
+			r.in.wal.Observe(kind, metrics.RouteSkip)
+			return fmt.Errorf("postgres: decode pgoutput message %q: %w", data[0], err)
+		}
+		return r.add(xid, c)
+	}
 	m, err := decode(data, r.inStream)
 	if err != nil {
 		r.in.wal.Observe(kind, metrics.RouteSkip)
@@ -534,7 +545,12 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	if r.pend != nil {
 		window = r.pendStart
 	}
-	id := func(i int) string { return tableEventID(t.commitLSN, done+i, window) }
+	// The transaction's table events are built by the reader's encoder
+	// (ids as tableEventID makes them).
+	r.enc.begin(t.commitLSN, t.commitTime, window)
+	t.enc = &r.enc
+	defer func() { t.enc = nil }()
+	id := func(i int) string { return r.enc.tableID(done + i) }
 	flush := r.flusher(ctx, &done)
 	var dc *docChanges // the documents the transaction affects
 	if r.docs != nil {
@@ -556,10 +572,20 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	// decoded rows are let go as they are used: it is held once, not as
 	// rows, events and one batch at the same time. A spilled one is read
 	// back a change at a time.
+	left := len(t.changes) // held changes not yet applied (a spilled transaction's others are not counted)
 	each := func(c *change) error {
 		var err error
 		if evs, err = flush(evs); err != nil {
 			return err
+		}
+		if tb := r.rels.byID[c.rel]; evs == nil && (c.kind == 'T' || tb != nil && tb.published()) {
+			// Most changes make one event: room for the rest, up to a
+			// batch, instead of growing the slice to it.
+			n := r.in.cfg.MaxBatch
+			if t.spill == nil {
+				n = min(n, left)
+			}
+			evs = make([]broker.Outgoing, 0, n)
 		}
 		evs, err = r.apply(ctx, t, dc, c, evs, id)
 		return err
@@ -574,6 +600,7 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 			return err
 		}
 		t.changes[i] = change{}
+		left--
 	}
 	if dc != nil && !dc.empty() {
 		// The documents, recomposed once each however many of their rows
@@ -710,6 +737,138 @@ func (r *reader) flushDocs(ctx context.Context) error {
 	}
 	r.pend, r.pendTx = nil, nil
 	return r.pub.add(ctx, evs, t.endLSN, t.commitTime)
+}
+
+// parseChange parses an Insert, Update or Delete message (data[0] is 'I',
+// 'U' or 'D') as pglogrepl.ParseV2 does, into the change it holds and
+// the (sub)transaction that made it (inStream: a streamed transaction's;
+// 0 otherwise). pglogrepl copies every column's value out of the message
+// and allocates each column, the tuple and the message on its own; the
+// reader already holds a copy of the message, so the values point into
+// data (capped: nothing appends to them), and a tuple's columns take two
+// allocations, the change's tuples one. A malformed message is an error.
+func parseChange(data []byte, inStream bool) (c change, xid uint32, err error) {
+	d := changeDecoder{b: data[1:]}
+	// pglogrepl's least lengths, kept: an insert of no columns is refused.
+	least := 4 // 'D'
+	switch data[0] {
+	case 'I':
+		least = 8
+	case 'U':
+		least = 6
+	}
+	if inStream {
+		least += 4
+	}
+	if len(d.b) < least {
+		return change{}, 0, fmt.Errorf("%c message must have %d bytes, got %d bytes", data[0], least, len(d.b))
+	}
+	if inStream {
+		xid = d.uint32()
+	}
+	c.kind, c.rel = data[0], d.uint32()
+	rows := new([2]pglogrepl.TupleData)
+	switch tt := d.byte(); {
+	case c.kind == 'I':
+		if tt != 'N' && !d.bad {
+			return change{}, 0, fmt.Errorf("InsertMessage: invalid TupleType: expected N, got %q", tt)
+		}
+		c.newRow = d.tuple(&rows[0])
+	case c.kind == 'U':
+		switch tt {
+		case 'K', 'O':
+			c.oldKind, c.oldRow = tt, d.tuple(&rows[1])
+			d.byte() // the new tuple's 'N'
+			fallthrough
+		case 'N':
+			c.newRow = d.tuple(&rows[0])
+		default:
+			if !d.bad {
+				return change{}, 0, fmt.Errorf("UpdateMessage: invalid Tuple: expected K/O/N, got %q", tt)
+			}
+		}
+	default: // 'D'
+		if tt != 'K' && tt != 'O' && !d.bad {
+			return change{}, 0, fmt.Errorf("DeleteMessage: invalid OldTupleType: expected K/O, got %q", tt)
+		}
+		c.oldKind, c.oldRow = tt, d.tuple(&rows[1])
+	}
+	if d.bad {
+		return change{}, 0, fmt.Errorf("malformed message (%d bytes, truncated)", len(data))
+	}
+	return c, xid, nil
+}
+
+// changeDecoder reads a change message's fields; past its end, it reads
+// zeros and marks itself bad.
+type changeDecoder struct {
+	b   []byte
+	bad bool
+}
+
+func (d *changeDecoder) byte() byte {
+	if len(d.b) < 1 {
+		d.bad = true
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v
+}
+
+func (d *changeDecoder) uint16() uint16 {
+	if len(d.b) < 2 {
+		d.bad = true
+		return 0
+	}
+	v := binary.BigEndian.Uint16(d.b)
+	d.b = d.b[2:]
+	return v
+}
+
+func (d *changeDecoder) uint32() uint32 {
+	if len(d.b) < 4 {
+		d.bad = true
+		return 0
+	}
+	v := binary.BigEndian.Uint32(d.b)
+	d.b = d.b[4:]
+	return v
+}
+
+// tuple reads a TupleData into t, as pglogrepl's TupleData.Decode does: a
+// text or binary column has its length and value; any other (null,
+// unchanged TOAST, an unknown kind) its kind only.
+func (d *changeDecoder) tuple(t *pglogrepl.TupleData) *pglogrepl.TupleData {
+	n := int(d.uint16())
+	if d.bad {
+		return nil
+	}
+	t.ColumnNum = uint16(n)
+	if n == 0 {
+		return t
+	}
+	if n > len(d.b) { // a column takes a byte at least
+		d.bad = true
+		return nil
+	}
+	cols := make([]pglogrepl.TupleDataColumn, n)
+	t.Columns = make([]*pglogrepl.TupleDataColumn, n)
+	for i := range cols {
+		col := &cols[i]
+		col.DataType = d.byte()
+		if col.DataType == pglogrepl.TupleDataTypeText || col.DataType == pglogrepl.TupleDataTypeBinary {
+			l := d.uint32()
+			if d.bad || uint64(l) > uint64(len(d.b)) {
+				d.bad = true
+				return nil
+			}
+			col.Length, col.Data = l, d.b[:l:l]
+			d.b = d.b[l:]
+		}
+		t.Columns[i] = col
+	}
+	return t
 }
 
 // decode parses one pgoutput message. pglogrepl indexes into messages

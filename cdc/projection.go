@@ -21,7 +21,13 @@ type projection interface {
 type tableProjection struct{}
 
 func (tableProjection) project(evs []broker.Outgoing, tx *txn, t *table, c *change, id func(int) string) ([]broker.Outgoing, error) {
-	ev, err := rowEvent(t, c, id(len(evs)), tx.commitLSN, tx.commitTime, opNames[c.kind])
+	i, op := id(len(evs)), opNames[c.kind]
+	if tx.enc != nil {
+		if ev, ok := tx.enc.rowEvent(t, c, i, op); ok {
+			return append(evs, ev), nil
+		}
+	}
+	ev, err := rowEvent(t, c, i, tx.commitLSN, tx.commitTime, op)
 	if err != nil {
 		if _, bad := asBadRow(err); !bad {
 			return evs, err

@@ -1,0 +1,219 @@
+package cdc
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// TestEventEncoderMatchesRowEvent: a committed transaction's table events,
+// built by the reader's eventEncoder, are byte for byte what rowEvent
+// makes of each change, with the ids tableEventID gives (with and without
+// a flush window); so are the error events of changes that cannot be
+// published (a missing or malformed key, a malformed value, an event over
+// the broker's limit). Inserts, updates and deletes, with no old row, the
+// key ('K') or the whole old row ('O'), and unchanged TOAST values; keys
+// escape in their subject token, composite and single; payloads span
+// several of the encoder's blocks, and earlier events are not overwritten
+// by later ones.
+func TestEventEncoderMatchesRowEvent(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	texts := []string{"", "a", "a.b", "a,b", "%", "é *>", "x y"}
+	var enc eventEncoder
+	for _, composite := range []bool{false, true} {
+		for _, limit := range []int{0, 300} {
+			for _, window := range []pglogrepl.LSN{0, 0x16B3700} {
+				tb := &table{nameKey: "s.t"}
+				tb.columns = []column{
+					newColumn("k1", colType{oid: pgtype.TextOID}),
+					newColumn("n", colType{oid: pgtype.Int4OID}),
+					newColumn("k2", colType{oid: pgtype.Int8OID}),
+					newColumn("note", colType{oid: pgtype.TextOID}),
+					newColumn("at", colType{oid: pgtype.TimestamptzOID}),
+				}
+				key := []string{"k1"}
+				if composite {
+					key = []string{"k2", "k1"}
+				}
+				if err := tb.publish("db", "s", "t.x", key, limit); err != nil {
+					t.Fatal(err)
+				}
+				commit := time.Date(2026, 12, 1, 19, 0, 0, 123456000, time.FixedZone("x", 3600))
+				const lsn = 0x16B3748
+				slow := &txn{commitLSN: lsn, commitTime: commit}
+				fast := &txn{commitLSN: lsn, commitTime: commit, enc: &enc}
+				enc.begin(lsn, commit, window)
+				row := func(i int) *pglogrepl.TupleData {
+					raw := [][]byte{
+						[]byte(texts[rng.IntN(len(texts))] + fmt.Sprint(i)),
+						[]byte(fmt.Sprint(rng.IntN(100))),
+						[]byte(fmt.Sprint(i)),
+						bytes.Repeat([]byte("ab\"\\\n"), rng.IntN(60)),
+						[]byte("2026-11-30 12:00:00.5+00"),
+					}
+					switch rng.IntN(30) {
+					case 0:
+						raw[1] = []byte("x") // a malformed integer
+					case 1:
+						raw[2] = []byte("1.5") // a malformed key when composite
+					case 2:
+						raw[0] = []byte{} // the empty key
+					}
+					cols := make([]*pglogrepl.TupleDataColumn, len(raw))
+					for j, v := range raw {
+						cols[j] = &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: v}
+					}
+					switch rng.IntN(20) {
+					case 0:
+						cols[0].DataType, cols[0].Data = pglogrepl.TupleDataTypeNull, nil // a NULL key
+					case 1:
+						cols[3].DataType, cols[3].Data = pglogrepl.TupleDataTypeToast, nil // unchanged TOAST
+					case 2:
+						cols[3].DataType, cols[3].Data = pglogrepl.TupleDataTypeNull, nil
+					}
+					return &pglogrepl.TupleData{Columns: cols}
+				}
+				var got, want []broker.Outgoing
+				var gotErrs, wantErrs []bool
+				for i := range 3000 {
+					c := &change{kind: "IUD"[rng.IntN(3)], newRow: row(i)}
+					if c.kind != 'I' {
+						switch rng.IntN(3) {
+						case 1:
+							c.oldKind, c.oldRow = 'K', row(i)
+							for j := range c.oldRow.Columns {
+								if j != 0 && j != 2 {
+									c.oldRow.Columns[j] = &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull}
+								}
+							}
+						case 2:
+							c.oldKind, c.oldRow = 'O', row(i)
+						}
+					}
+					if c.kind == 'D' {
+						c.newRow = nil
+						if c.oldRow == nil {
+							c.oldKind, c.oldRow = 'K', row(i)
+						}
+					}
+					var err error
+					if got, err = (tableProjection{}).project(got, fast, tb, c, enc.tableID); err != nil {
+						if _, ok := asBadRow(err); !ok {
+							t.Fatal(err)
+						}
+					}
+					gotErrs = append(gotErrs, err != nil)
+					id := func(i int) string { return tableEventID(lsn, i, window) }
+					if want, err = (tableProjection{}).project(want, slow, tb, c, id); err != nil {
+						if _, ok := asBadRow(err); !ok {
+							t.Fatal(err)
+						}
+					}
+					wantErrs = append(wantErrs, err != nil)
+				}
+				if len(got) != len(want) {
+					t.Fatalf("composite %v, limit %d: %d events, want %d", composite, limit, len(got), len(want))
+				}
+				bad := 0
+				for i := range want {
+					if got[i].ID != want[i].ID || got[i].Subject != want[i].Subject || !bytes.Equal(got[i].Data, want[i].Data) || gotErrs[i] != wantErrs[i] {
+						t.Fatalf("composite %v, limit %d, window %v: event %d:\n got %s %s %s (error %v)\nwant %s %s %s (error %v)", composite, limit, window, i,
+							got[i].ID, got[i].Subject, got[i].Data, gotErrs[i], want[i].ID, want[i].Subject, want[i].Data, wantErrs[i])
+					}
+					if wantErrs[i] {
+						bad++
+					}
+				}
+				if bad == 0 || bad == len(want) {
+					t.Fatalf("composite %v, limit %d: %d error events of %d: the test does not cover both", composite, limit, bad, len(want))
+				}
+			}
+		}
+	}
+}
+
+// TestParseChangeMatchesPglogrepl: parseChange makes of Insert, Update and
+// Delete messages, streamed or not, the changes pglogrepl's ParseV2 makes
+// (every column kind, empty and NULL values, old keys and rows), and
+// refuses what pglogrepl cannot parse: every truncation of them, and
+// unknown tuple types.
+func TestParseChangeMatchesPglogrepl(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	tupleBytes := func() []byte {
+		n := rng.IntN(6)
+		b := binary.BigEndian.AppendUint16(nil, uint16(n))
+		for range n {
+			switch k := "tnubx"[rng.IntN(5)]; k {
+			case 't', 'b':
+				v := bytes.Repeat([]byte("v"), rng.IntN(4))
+				b = binary.BigEndian.AppendUint32(append(b, k), uint32(len(v)))
+				b = append(b, v...)
+			default:
+				b = append(b, k)
+			}
+		}
+		return b
+	}
+	viaPglogrepl := func(data []byte, inStream bool) (change, uint32, error) {
+		m, err := decode(data, inStream)
+		if err != nil {
+			return change{}, 0, err
+		}
+		switch m := m.(type) {
+		case *pglogrepl.InsertMessageV2:
+			return change{kind: 'I', rel: m.RelationID, newRow: m.Tuple}, m.Xid, nil
+		case *pglogrepl.UpdateMessageV2:
+			return change{kind: 'U', rel: m.RelationID, newRow: m.NewTuple, oldRow: m.OldTuple, oldKind: m.OldTupleType}, m.Xid, nil
+		case *pglogrepl.DeleteMessageV2:
+			return change{kind: 'D', rel: m.RelationID, oldRow: m.OldTuple, oldKind: m.OldTupleType}, m.Xid, nil
+		}
+		return change{}, 0, fmt.Errorf("%T", m)
+	}
+	for i := range 5000 {
+		inStream := i%2 == 1
+		kind := "IUD"[rng.IntN(3)]
+		b := []byte{kind}
+		if inStream {
+			b = binary.BigEndian.AppendUint32(b, rng.Uint32())
+		}
+		b = binary.BigEndian.AppendUint32(b, rng.Uint32())
+		switch kind {
+		case 'I':
+			b = append(append(b, "NNNX"[rng.IntN(4)]), tupleBytes()...)
+		case 'U':
+			switch rng.IntN(4) {
+			case 0:
+				b = append(append(b, 'K'), tupleBytes()...)
+			case 1:
+				b = append(append(b, 'O'), tupleBytes()...)
+			case 2:
+				b = append(b, 'Z')
+			}
+			b = append(append(b, 'N'), tupleBytes()...)
+		case 'D':
+			b = append(append(b, "KOZ"[rng.IntN(3)]), tupleBytes()...)
+		}
+		for _, n := range []int{len(b), rng.IntN(len(b) + 1)} {
+			msg := b[:n]
+			if n == 0 {
+				continue
+			}
+			got, gotXid, gotErr := parseChange(msg, inStream)
+			want, wantXid, wantErr := viaPglogrepl(msg, inStream)
+			if (gotErr != nil) != (wantErr != nil) {
+				t.Fatalf("%q (stream %v): error %v, pglogrepl's %v", msg, inStream, gotErr, wantErr)
+			}
+			if gotErr == nil && (gotXid != wantXid || !reflect.DeepEqual(got, want)) {
+				t.Fatalf("%q (stream %v):\n got %+v xid %d\nwant %+v xid %d", msg, inStream, got, gotXid, want, wantXid)
+			}
+		}
+	}
+}
