@@ -745,6 +745,14 @@ func deployedLatency(b *testing.B, bin, natsBin string, rate, seconds int) {
 	wsURL := deployedWS(b, bin, url)
 	lat := latencyRun(b, &benchRig{tb: b, pg: pg}, wsURL, rate, seconds)
 	hwm := in.status("VmHWM")
+	// Where the tail is: the share of commits the broker had acknowledged
+	// to the ingest within 2 and 4 ms (its histogram's buckets), beside
+	// the client's figures.
+	count := in.metric("fanwire_ingest_commit_to_ack_seconds_count")
+	for _, le := range []string{"0.002", "0.004"} {
+		acked := in.metric(`fanwire_ingest_commit_to_ack_seconds_bucket{le="` + le + `"}`)
+		b.ReportMetric(100*acked/count, "ingest-acked-within-"+le+"s-%")
+	}
 	in.stop()
 	slices.Sort(lat)
 	q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
