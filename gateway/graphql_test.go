@@ -124,8 +124,9 @@ func TestGraphQLSubscribe(t *testing.T) {
 	waitFor(t, "the subscription removed", func() bool { return e.metric("fanwire_subscriptions", nil) == 0 })
 	// A complete for an id that is not active is ignored, as the protocol allows.
 	cl.send(`{"id":"a","type":"complete"}`)
-	// The id is free again.
-	cl.gqlSubscribe("a", "orders.>", nil)
+	// The id is free again. (On orders.4 alone: orders.3 may still be on
+	// its way through a loaded node, and must not count against it.)
+	cl.gqlSubscribe("a", "orders.4", nil)
 	cl.gqlQuiet()
 	e.publish("orders.4", `{"n":4}`)
 	if got := cl.nextRaw(); got != `{"id":"a","type":"next","payload":{"data":{"events":{"subject":"orders.4","cursor":null,"data":{"n":4}}}}}` {
