@@ -597,7 +597,7 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	// decoded rows are let go as they are used: it is held once, not as
 	// rows, events and one batch at the same time. A spilled one is read
 	// back a change at a time.
-	left := len(t.changes) // held changes not yet applied (a spilled transaction's others are not counted)
+	left := t.changes.len() // held changes not yet applied (a spilled transaction's others are not counted)
 	each := func(c *change) error {
 		var err error
 		if evs, err = flush(evs); err != nil {
@@ -620,12 +620,12 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 			return err
 		}
 	}
-	for i := range t.changes {
-		if err := each(&t.changes[i]); err != nil {
-			return err
-		}
-		t.changes[i] = change{}
+	if err := t.changes.consume(func(c *change) error {
+		err := each(c)
 		left--
+		return err
+	}); err != nil {
+		return err
 	}
 	if dc != nil && !dc.empty() {
 		// The documents, recomposed once each however many of their rows
