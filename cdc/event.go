@@ -29,7 +29,7 @@ type txn struct {
 	endLSN     pglogrepl.LSN
 	commitTime time.Time
 	enc        *eventEncoder // builds its table events while it is committed; nil: each event its own way
-	changes    []change      // held in memory, in order (none once spilled)
+	changes    changeList    // held in memory, in order (none once spilled)
 	mem        int64         // what changes take (changeSize), counted in reader.held
 	spill      *spillFile    // the changes once the transaction outgrew Config.MaxTxnMemory; nil for most
 }

@@ -65,7 +65,7 @@ func (r *reader) add(xid uint32, c change) error {
 		return err
 	}
 	n := changeSize(&c)
-	t.changes = append(t.changes, c)
+	t.changes.add(c)
 	t.mem += n
 	r.held += n
 	if r.held <= r.in.cfg.MaxTxnMemory {
@@ -93,19 +93,19 @@ func (r *reader) spill(t *txn) error {
 	}
 	t.spill = f // removed with t, even if a write fails
 	var written uint64
-	for i := range t.changes {
-		n, err := f.write(&t.changes[i])
-		if err != nil {
-			return err
-		}
+	if err := t.changes.each(func(c *change) error {
+		n, err := f.write(c)
 		written += uint64(n)
+		return err
+	}); err != nil {
+		return err
 	}
 	r.in.spilled.Add(1)
 	r.in.spillB.Add(written)
 	r.in.log.Info("ingest: a transaction outgrew --max-txn-memory; its changes go to a spill file",
-		zap.Uint32("xid", t.xid), zap.Int("changes", len(t.changes)), zap.Int64("held_bytes", t.mem), zap.String("file", f.f.Name()))
+		zap.Uint32("xid", t.xid), zap.Int("changes", t.changes.len()), zap.Int64("held_bytes", t.mem), zap.String("file", f.f.Name()))
 	r.held -= t.mem
-	t.changes, t.mem = nil, 0
+	t.changes, t.mem = changeList{}, 0
 	return nil
 }
 
@@ -116,18 +116,15 @@ func (r *reader) abortSub(t *txn, xid uint32) {
 	if t.spill != nil {
 		t.spill.abort(xid)
 	}
-	kept := t.changes[:0]
-	for _, c := range t.changes {
+	t.changes.filter(func(c *change) bool {
 		if c.xid != xid {
-			kept = append(kept, c)
-			continue
+			return true
 		}
-		n := changeSize(&c)
+		n := changeSize(c)
 		t.mem -= n
 		r.held -= n
-	}
-	clear(t.changes[len(kept):]) // let the dropped rows go
-	t.changes = kept
+		return false
+	})
 }
 
 // release lets t's changes go: it is committed (its changes are being
@@ -157,5 +154,121 @@ func (r *reader) close() {
 		r.release(t)
 		r.done(t)
 		delete(r.streamed, xid)
+	}
+}
+
+// changeChunk is the number of changes in each chunk of a changeList but
+// its first, which grows to it as a slice does.
+const changeChunk = 256 // 16 KiB of changes
+
+// changeList is a held transaction's changes, in order, in chunks of
+// changeChunk: a big transaction's list grows without copying itself (a
+// slice of 80,000 changes, grown by append, allocates and copies several
+// times its final 5 MiB on the way, with the GC assists that brings), and
+// a small transaction's is one slice, as before.
+type changeList struct {
+	first []change   // changes [0, changeChunk)
+	more  [][]change // chunk i holds changes [(i+1)*changeChunk, (i+2)*changeChunk)
+}
+
+func (l *changeList) len() int {
+	if len(l.more) == 0 {
+		return len(l.first)
+	}
+	return len(l.more)*changeChunk + len(l.more[len(l.more)-1])
+}
+
+// at is the i-th change, i < len().
+func (l *changeList) at(i int) *change {
+	if i < changeChunk {
+		return &l.first[i]
+	}
+	return &l.more[i/changeChunk-1][i%changeChunk]
+}
+
+// add appends c.
+func (l *changeList) add(c change) {
+	if len(l.first) < changeChunk {
+		l.first = append(l.first, c)
+		return
+	}
+	k := len(l.more) - 1
+	if k < 0 || len(l.more[k]) == changeChunk {
+		l.more = append(l.more, make([]change, 0, changeChunk))
+		k++
+	}
+	l.more[k] = append(l.more[k], c)
+}
+
+// each calls fn with each change, in order, until it returns an error.
+func (l *changeList) each(fn func(*change) error) error {
+	for i := range l.first {
+		if err := fn(&l.first[i]); err != nil {
+			return err
+		}
+	}
+	for _, ch := range l.more {
+		for i := range ch {
+			if err := fn(&ch[i]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// consume calls fn with each change, in order, and lets each go once fn
+// returns (a chunk as soon as all its changes are used): the list is
+// empty after, or holds what fn did not reach after an error.
+func (l *changeList) consume(fn func(*change) error) error {
+	for i := range l.first {
+		if err := fn(&l.first[i]); err != nil {
+			return err
+		}
+		l.first[i] = change{}
+	}
+	l.first = nil
+	for k, ch := range l.more {
+		for i := range ch {
+			if err := fn(&ch[i]); err != nil {
+				return err
+			}
+			ch[i] = change{}
+		}
+		l.more[k] = nil
+	}
+	l.more = nil
+	return nil
+}
+
+// filter keeps the changes keep returns true for, in order, and lets the
+// others go.
+func (l *changeList) filter(keep func(*change) bool) {
+	n, w := l.len(), 0
+	for i := range n {
+		c := l.at(i)
+		if !keep(c) {
+			continue
+		}
+		if w != i {
+			*l.at(w) = *c
+		}
+		w++
+	}
+	for i := w; i < n; i++ {
+		*l.at(i) = change{} // let the dropped rows go
+	}
+	// Shorten to w: the first chunk, and the chunks the kept changes reach.
+	if w < changeChunk {
+		l.first = l.first[:w]
+		clear(l.more)
+		l.more = l.more[:0]
+		return
+	}
+	k := (w - changeChunk + changeChunk - 1) / changeChunk // chunks of more kept
+	clear(l.more[k:])
+	l.more = l.more[:k]
+	if k > 0 {
+		l.more[k-1] = l.more[k-1][:w-k*changeChunk]
 	}
 }

@@ -25,9 +25,9 @@ func TestHoldingASmallTransactionAllocatesNothing(t *testing.T) {
 	cfg.setDefaults()
 	r := &reader{in: &Ingest{cfg: cfg, log: zap.NewNop()}, streamed: make(map[uint32]*txn)}
 	row := tuple(text("42"), text("a value"), &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull})
-	r.cur = &txn{xid: 7, changes: make([]change, 0, 64)}
+	r.cur = &txn{xid: 7, changes: changeList{first: make([]change, 0, 64)}}
 	allocs := testing.AllocsPerRun(100, func() {
-		r.cur.changes = r.cur.changes[:0]
+		r.cur.changes.first = r.cur.changes.first[:0]
 		for range 64 {
 			if err := r.add(7, change{kind: 'U', rel: 1, newRow: row, oldRow: row, oldKind: 'O'}); err != nil {
 				t.Fatal(err)
@@ -90,5 +90,66 @@ func TestSpillFileRoundTrip(t *testing.T) {
 	}
 	if m, _ := filepath.Glob(filepath.Join(dir, "*")); len(m) > 0 {
 		t.Errorf("files left: %v", m)
+	}
+}
+
+// TestChangeListKeepsOrder: a changeList past several chunks gives its
+// changes back in order, filters them in place (across chunks, down to
+// fewer than one), keeps growing after, and lets them all go once consumed.
+func TestChangeListKeepsOrder(t *testing.T) {
+	var l changeList
+	var want []uint32
+	check := func(step string) {
+		t.Helper()
+		if l.len() != len(want) {
+			t.Fatalf("%s: len %d, want %d", step, l.len(), len(want))
+		}
+		var got []uint32
+		_ = l.each(func(c *change) error { got = append(got, c.rel); return nil })
+		for i := range want {
+			if l.at(i).rel != want[i] {
+				t.Fatalf("%s: at(%d) = %d, want %d", step, i, l.at(i).rel, want[i])
+			}
+		}
+		if !reflect.DeepEqual(got, want) && len(want) > 0 {
+			t.Fatalf("%s: each gave %v, want %v", step, got, want)
+		}
+	}
+	add := func(from, to int) {
+		for i := from; i < to; i++ {
+			l.add(change{rel: uint32(i), xid: uint32(i % 3)})
+			want = append(want, uint32(i))
+		}
+	}
+	filter := func(drop uint32) {
+		l.filter(func(c *change) bool { return c.xid != drop })
+		kept := want[:0]
+		for _, v := range want {
+			if v%3 != drop {
+				kept = append(kept, v)
+			}
+		}
+		want = kept
+	}
+	add(0, 5*changeChunk+7)
+	check("added")
+	filter(1)
+	check("filtered")
+	add(5*changeChunk+7, 6*changeChunk)
+	check("added after a filter")
+	filter(0)
+	filter(2)
+	check("all filtered")
+	add(0, 3*changeChunk)
+	check("added to an empty list")
+	n := 0
+	if err := l.consume(func(c *change) error {
+		if c.rel != want[n] {
+			t.Fatalf("consume: change %d is %d, want %d", n, c.rel, want[n])
+		}
+		n++
+		return nil
+	}); err != nil || n != len(want) || l.len() != 0 {
+		t.Fatalf("consume: %v, %d changes of %d, %d left", err, n, len(want), l.len())
 	}
 }

@@ -323,8 +323,21 @@ func (r *reader) run(ctx context.Context) error {
 	cfg := &r.in.cfg
 	r.nextStatus = time.Now().Add(cfg.StatusInterval)
 	r.lastData = time.Now()
-	var recv deadlineCtx
-	defer recv.stop()
+	// The reader sets the connection's read deadline itself and receives
+	// with context.Background(), for which pgconn watches no context: with
+	// any other, every ReceiveMessage registers a context.AfterFunc and
+	// removes it again (a tenth of the ingest's CPU on a busy tail). The
+	// run's context still ends a receive: one AfterFunc for the whole run
+	// moves the deadline to the past, and a deadline set after it fired is
+	// caught by the check of ctx that follows every change of deadline.
+	nc := r.conn.Conn()
+	stopWake := context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Unix(1, 0)) })
+	defer func() {
+		if stopWake() {
+			_ = nc.SetReadDeadline(time.Time{})
+		}
+	}()
+	var readDeadline time.Time // as last set on nc
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -347,9 +360,21 @@ func (r *reader) run(ctx context.Context) error {
 		if r.pend != nil && r.replay == nil && r.pendDeadline.Before(deadline) {
 			deadline = r.pendDeadline
 		}
-		raw, err := r.conn.ReceiveMessage(recv.until(ctx, deadline))
+		if !deadline.Equal(readDeadline) {
+			if err := nc.SetReadDeadline(deadline); err != nil {
+				return fmt.Errorf("postgres: receive: %w", err)
+			}
+			readDeadline = deadline
+			if ctx.Err() != nil { // its AfterFunc may have run before
+				return ctx.Err()
+			}
+		}
+		raw, err := r.conn.ReceiveMessage(context.Background())
 		if err != nil {
-			if pgconn.Timeout(err) && ctx.Err() == nil {
+			if pgconn.Timeout(err) {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
 				continue
 			}
 			return fmt.Errorf("postgres: receive: %w", err)
@@ -389,31 +414,6 @@ func (r *reader) run(ctx context.Context) error {
 				}
 			}
 		}
-	}
-}
-
-// deadlineCtx is one deadline context kept while its deadline stands, not
-// made again for every message received: making one (a timer, a channel,
-// its link to the parent) cost a tenth of the ingest's CPU on a busy tail.
-type deadlineCtx struct {
-	ctx    context.Context
-	at     time.Time
-	cancel context.CancelFunc
-}
-
-// until returns a context done at deadline, or when parent is.
-func (d *deadlineCtx) until(parent context.Context, deadline time.Time) context.Context {
-	if d.ctx == nil || !deadline.Equal(d.at) || d.ctx.Err() != nil {
-		d.stop()
-		d.ctx, d.cancel = context.WithDeadline(parent, deadline)
-		d.at = deadline
-	}
-	return d.ctx
-}
-
-func (d *deadlineCtx) stop() {
-	if d.cancel != nil {
-		d.cancel()
 	}
 }
 
@@ -597,7 +597,7 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	// decoded rows are let go as they are used: it is held once, not as
 	// rows, events and one batch at the same time. A spilled one is read
 	// back a change at a time.
-	left := len(t.changes) // held changes not yet applied (a spilled transaction's others are not counted)
+	left := t.changes.len() // held changes not yet applied (a spilled transaction's others are not counted)
 	each := func(c *change) error {
 		var err error
 		if evs, err = flush(evs); err != nil {
@@ -620,12 +620,12 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 			return err
 		}
 	}
-	for i := range t.changes {
-		if err := each(&t.changes[i]); err != nil {
-			return err
-		}
-		t.changes[i] = change{}
+	if err := t.changes.consume(func(c *change) error {
+		err := each(c)
 		left--
+		return err
+	}); err != nil {
+		return err
 	}
 	if dc != nil && !dc.empty() {
 		// The documents, recomposed once each however many of their rows

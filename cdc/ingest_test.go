@@ -631,3 +631,20 @@ func TestCompositeKeySubjectsCannotCollide(t *testing.T) {
 		t.Errorf("subjects missing: %v", want)
 	}
 }
+
+// TestStopEndsAWaitingReceive: an ingest waiting for WAL ends as soon as
+// its context is cancelled, not when its receive's deadline (the next
+// standby status update, an hour away here) passes.
+func TestStopEndsAWaitingReceive(t *testing.T) {
+	pg := pgtest.Start(t, pgtest.Config{})
+	pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY)")
+	r := newRig(t, pg, func(c *cdc.Config) { c.StatusInterval = time.Hour; c.Heartbeat = -1 })
+	pg.Exec("postgres", "INSERT INTO t VALUES (1)")
+	r.events(1)
+	time.Sleep(100 * time.Millisecond) // the reader waits in a receive
+	start := time.Now()
+	r.stop()
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the ingest took %v to stop", took)
+	}
+}

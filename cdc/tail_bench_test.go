@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"testing"
 	"time"
@@ -56,8 +57,21 @@ func pgTime(t time.Time) uint64 {
 // queue and drops. allocs/change and B/change count every allocation;
 // cpu-ns/change is the process's CPU time (the drain's included), less
 // skewed than wall-clock time by other work on the machine.
-func BenchmarkTailChanges(b *testing.B) {
-	const n = 10_000
+func BenchmarkTailChanges(b *testing.B) { benchTailChanges(b, 10_000, false) }
+
+// BenchmarkTailChangesSpilled is BenchmarkTailChanges with one transaction
+// of 100,000 changes, as in BenchmarkDeployed's tail-update: it outgrows
+// the default MaxTxnMemory (32 MiB), spills, and is read back at its
+// commit; the Go heap's soft limit is the ingest command's default
+// (--memory-limit 64 MiB) meanwhile.
+func BenchmarkTailChangesSpilled(b *testing.B) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(64 << 20))
+	benchTailChanges(b, 100_000, true)
+}
+
+// benchTailChanges: see BenchmarkTailChanges; spills says whether the
+// transaction of n changes must spill.
+func benchTailChanges(b *testing.B, n int, spills bool) {
 	const rel = 16384
 	cols := []string{"id", "customer_id", "status", "total", "created_at"}
 	oids := []uint32{23, 23, 25, 1700, 1184}
@@ -124,6 +138,9 @@ func BenchmarkTailChanges(b *testing.B) {
 			b.Fatal(err)
 		}
 		changes += n
+	}
+	if spilled := in.spilled.Load() > 0; spilled != spills {
+		b.Fatalf("spilled: %v, want %v", spilled, spills)
 	}
 	cpu := cpuTime(b) - cpu0
 	runtime.ReadMemStats(&after)
