@@ -180,6 +180,7 @@ func natsServerProcess(tb testing.TB, bin string) string {
 		_ = cmd.Wait()
 	})
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	natsPIDs.Store(url, cmd.Process.Pid)
 	waitFor(tb, "nats-server", 30*time.Second, func() bool {
 		nc, err := nats.Connect(url)
 		if err != nil {
@@ -248,15 +249,24 @@ func deployedWS(tb testing.TB, bin, natsURL string) string {
 // cpuSeconds is the CPU time (user + system) a process has used so far.
 func (p *ingestProcess) cpuSeconds() float64 {
 	p.tb.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	return pidCPUSeconds(p.tb, p.cmd.Process.Pid)
+}
+
+// pidCPUSeconds is the CPU time (user + system) process pid has used.
+func pidCPUSeconds(tb testing.TB, pid int) float64 {
+	tb.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		p.tb.Fatal(err)
+		tb.Fatal(err)
 	}
 	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return float64(ut+st) / 100 // USER_HZ
 }
+
+// natsPIDs maps the URL of each nats-server process to its pid.
+var natsPIDs sync.Map
 
 // waitPublished polls the process's published counter every 50 ms until it
 // reaches n, and returns when it did (or fails after d). Not more often: a
@@ -684,10 +694,15 @@ func deployedTail(b *testing.B, bin, natsBin string, n int, evs []ceilingEvent, 
 	if wsSubject != "" {
 		client = dialWSCounter(b, deployedWS(b, bin, url), wsSubject, n)
 	}
+	natsPID, _ := natsPIDs.Load(url)
+	_, wal0, _ := cpuTimes(b)
+	nats0 := pidCPUSeconds(b, natsPID.(int))
 	start := time.Now()
 	in = deployedIngest(b, bin, pg.DSN("postgres"), "jetstream", url, state)
 	published := in.waitPublished(n, 10*time.Minute).Sub(start)
 	cpu := in.cpuSeconds()
+	_, wal1, _ := cpuTimes(b)
+	natsCPU := pidCPUSeconds(b, natsPID.(int)) - nats0
 	hwm := in.status("VmHWM")
 	if got := in.metric("fanwire_ingest_events_published_total"); got != float64(n) {
 		b.Fatalf("published %v events, want %d", got, n)
@@ -714,6 +729,13 @@ func deployedTail(b *testing.B, bin, natsBin string, n int, evs []ceilingEvent, 
 	}
 	b.ReportMetric(cpu*1e6/float64(n), "ingest-cpu-µs/change")
 	b.ReportMetric(hwm, "ingest-VmHWM-MiB")
+	// The machine's CPU per change until the broker acknowledged the last:
+	// PostgreSQL decoding (its walsender), the broker storing, the ingest.
+	// Two cores give at most 2 s of it per second: that bounds any ingest.
+	walCPU := (wal1 - wal0).Seconds()
+	b.ReportMetric(walCPU*1e6/float64(n), "walsender-cpu-µs/change")
+	b.ReportMetric(natsCPU*1e6/float64(n), "nats-cpu-µs/change")
+	b.ReportMetric(2*float64(n)/(walCPU+natsCPU+cpu), "2-core-bound-changes/s")
 }
 
 // deployedTailUpdate: one UPDATE of every order (100k) in one transaction.
