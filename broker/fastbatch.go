@@ -317,24 +317,9 @@ func (b *JetStream) batchEnded(a fastAnswer, acked uint64, msgs []Outgoing, unkn
 // be sent again.
 func (b *JetStream) publishKnown(ctx context.Context, msgs []Outgoing) (n int, again bool, err error) {
 	for i, m := range msgs {
-		opts := []jetstream.PublishOpt{publishNoRetry}
-		if m.ID != "" {
-			opts = append(opts, jetstream.WithMsgID(m.ID))
-		}
-		rctx, cancel := context.WithTimeout(ctx, publishAckTimeout)
-		ack, err := b.js.Publish(rctx, m.Subject, m.Data, opts...)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return i, false, fmt.Errorf("jetstream append: %w", ctx.Err())
-			}
-			if errors.Is(err, context.DeadlineExceeded) {
-				err = jetstream.ErrAsyncPublishTimeout
-			}
-			if !publishRetryable(err, m.ID != "") {
-				return i, false, fmt.Errorf("jetstream append %q: %w", m.Subject, err)
-			}
-			return i, true, nil
+		ack, again, err := b.publishOne(ctx, m, "append")
+		if err != nil || again {
+			return i, again, err
 		}
 		if !ack.Duplicate {
 			return i + 1, false, nil

@@ -459,28 +459,39 @@ func (b *JetStream) publishEach(ctx context.Context, msgs []Outgoing, cursors []
 		if cursors[i] != "" {
 			continue
 		}
-		opts := []jetstream.PublishOpt{publishNoRetry}
-		if m.ID != "" {
-			opts = append(opts, jetstream.WithMsgID(m.ID))
-		}
-		rctx, cancel := context.WithTimeout(ctx, publishAckTimeout)
-		ack, err := b.js.Publish(rctx, m.Subject, m.Data, opts...)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return false, fmt.Errorf("jetstream publish: %w", ctx.Err())
-			}
-			if errors.Is(err, context.DeadlineExceeded) {
-				err = jetstream.ErrAsyncPublishTimeout // the ack is lost: retryable with an id
-			}
-			if !publishRetryable(err, m.ID != "") {
-				return false, fmt.Errorf("jetstream publish %q: %w", m.Subject, err)
-			}
-			return true, nil
+		ack, again, err := b.publishOne(ctx, m, "publish")
+		if err != nil || again {
+			return again, err
 		}
 		cursors[i] = FormatJSCursor(ack.Sequence)
 	}
 	return false, nil
+}
+
+// publishOne publishes m alone and waits for its ack, at most
+// publishAckTimeout. On a failure it reports again when m may be sent
+// again (see publishRetryable), or the error; op names the caller in it.
+func (b *JetStream) publishOne(ctx context.Context, m Outgoing, op string) (_ *jetstream.PubAck, again bool, _ error) {
+	opts := []jetstream.PublishOpt{publishNoRetry}
+	if m.ID != "" {
+		opts = append(opts, jetstream.WithMsgID(m.ID))
+	}
+	rctx, cancel := context.WithTimeout(ctx, publishAckTimeout)
+	ack, err := b.js.Publish(rctx, m.Subject, m.Data, opts...)
+	cancel()
+	if err == nil {
+		return ack, false, nil
+	}
+	if ctx.Err() != nil {
+		return nil, false, fmt.Errorf("jetstream %s: %w", op, ctx.Err())
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = jetstream.ErrAsyncPublishTimeout // the ack is lost: retryable with an id
+	}
+	if !publishRetryable(err, m.ID != "") {
+		return nil, false, fmt.Errorf("jetstream %s %q: %w", op, m.Subject, err)
+	}
+	return nil, true, nil
 }
 
 // batchAck is the server's answer to a batch's commit.

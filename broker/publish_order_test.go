@@ -188,13 +188,24 @@ func storedIDs(t *testing.T, js jetstream.JetStream) (db, app []string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	s, err := js.Stream(ctx, "ORDER")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
+	// The first API request after a stream's leader changed can go
+	// unanswered (seen after a fast batch met a step-down: the next one,
+	// a moment later, is answered at once): ask again, a few seconds each.
+	var s jetstream.Stream
+	var info *jetstream.StreamInfo
+	for {
+		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
+		var err error
+		if s, err = js.Stream(actx, "ORDER"); err == nil {
+			info, err = s.Info(actx)
+		}
+		acancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal(err)
+		}
 	}
 	if info.State.Msgs == 0 {
 		return nil, nil

@@ -18,7 +18,6 @@ import (
 	"github.com/fanwire/fanwire/cdc/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // BenchmarkBigTransactionRSS measures the memory of a `fanwire ingest`
@@ -197,29 +196,7 @@ func benchBinary(b *testing.B) string {
 }
 
 // streamMsgs is the number of messages in the stream CDC.
-func streamMsgs(tb testing.TB, natsURL string) uint64 {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	st, err := js.Stream(ctx, "CDC")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return info.State.Msgs
-}
+func streamMsgs(tb testing.TB, natsURL string) uint64 { return streamMsgsNamed(tb, natsURL, "CDC") }
 
 // natsProcess starts /usr/sbin/nats-server with JetStream on a free port
 // and a store in a temp dir, and returns its URL once it answers.
@@ -266,20 +243,10 @@ type ingestProcess struct {
 
 func startIngest(tb testing.TB, bin, dsn, natsURL, stateDir string) *ingestProcess {
 	tb.Helper()
-	p := &ingestProcess{tb: tb, port: freeTCPPort(tb), exited: make(chan struct{})}
-	p.cmd = exec.Command(bin, "ingest", "--pg", dsn, "--broker", "jetstream", "--nats-url", natsURL,
+	port := freeTCPPort(tb)
+	return startProcess(tb, bin, port, "ingest", "--pg", dsn, "--broker", "jetstream", "--nats-url", natsURL,
 		"--stream", "CDC", "--subjects", "db.>", "--storage", "file", "--retention-bytes", strconv.Itoa(8<<30),
-		"--listen", fmt.Sprintf("127.0.0.1:%d", p.port), "--log-level", "warn", "--state-dir", stateDir)
-	p.cmd.Stderr = os.Stderr
-	if err := p.cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	go func() { // owned by p: stop waits for it
-		_ = p.cmd.Wait()
-		close(p.exited)
-	}()
-	tb.Cleanup(p.stop)
-	return p
+		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn", "--state-dir", stateDir)
 }
 
 // stop interrupts the process and waits for it (killing it after 30s).

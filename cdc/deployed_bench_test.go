@@ -612,19 +612,8 @@ func realEventBytes(tb testing.TB, url string, evs []ceilingEvent) (real, synth 
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	st, err := js.Stream(ctx, "FANWIRE")
-	if err != nil {
-		tb.Fatal(err)
-	}
+	st, done := openStream(tb, ctx, url, "FANWIRE")
+	defer done()
 	var n int
 	for _, e := range evs {
 		if !strings.HasSuffix(e.rest, ".1") {
@@ -646,24 +635,33 @@ func streamMsgsNamed(tb testing.TB, url, stream string) uint64 {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	st, err := js.Stream(ctx, stream)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	st, done := openStream(tb, ctx, url, stream)
+	defer done()
 	info, err := st.Info(ctx)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	return info.State.Msgs
+}
+
+// openStream looks up a stream on the server at url, over a connection of
+// its own that done closes.
+func openStream(tb testing.TB, ctx context.Context, url, stream string) (st jetstream.Stream, done func()) {
+	tb.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		tb.Fatal(err)
+	}
+	if st, err = js.Stream(ctx, stream); err != nil {
+		nc.Close()
+		tb.Fatal(err)
+	}
+	return st, nc.Close
 }
 
 // deployedTail is one tail op: setup, an ingest process bootstraps and
