@@ -11,13 +11,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fanwire/fanwire/cdc/pgtest"
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
 )
 
 // BenchmarkBigTransactionRSS measures the memory of a `fanwire ingest`
@@ -202,25 +200,7 @@ func streamMsgs(tb testing.TB, natsURL string) uint64 { return streamMsgsNamed(t
 // and a store in a temp dir, and returns its URL once it answers.
 func natsProcess(tb testing.TB) string {
 	tb.Helper()
-	port := freeTCPPort(tb)
-	cmd := exec.Command("/usr/sbin/nats-server", "-js", "-sd", tb.TempDir(), "-a", "127.0.0.1", "-p", strconv.Itoa(port))
-	if err := cmd.Start(); err != nil {
-		tb.Fatalf("nats-server: %v", err)
-	}
-	tb.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-	})
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	waitFor(tb, "nats-server", 30*time.Second, func() bool {
-		nc, err := nats.Connect(url)
-		if err != nil {
-			return false
-		}
-		nc.Close()
-		return true
-	})
-	return url
+	return natsServerProcess(tb, "/usr/sbin/nats-server")
 }
 
 func freeTCPPort(tb testing.TB) int {

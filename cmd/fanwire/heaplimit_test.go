@@ -30,15 +30,8 @@ func TestHeapLimitIsBeyondTheMemoryState(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := brokertest.NATS(t)
-	c := newCommand("ingest", "")
-	var f ingestFlags
-	var bf brokerFlags
-	f.register(c.fs, false)
-	bf.register(c.fs, false, "db.>")
-	if err := c.parse([]string{"--pg", pg.DSN("postgres"), "--state-dir", t.TempDir(), "--config", cfgFile,
-		"--broker", "nats", "--nats-url", ns.ClientURL()}); err != nil {
-		t.Fatal(err)
-	}
+	f, bf := parseIngestFlags(t, "--pg", pg.DSN("postgres"), "--state-dir", t.TempDir(), "--config", cfgFile,
+		"--broker", "nats", "--nats-url", ns.ClientURL())
 	if err := f.loadProjections(); err != nil {
 		t.Fatal(err)
 	}
@@ -50,15 +43,7 @@ func TestHeapLimitIsBeyondTheMemoryState(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ictx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- runIngest(ictx, zap.NewNop(), &f, &bf, nil, prometheus.NewRegistry(), "") }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("ingest: %v", err)
-		}
-	}()
+	defer runIngestInTest(t, ctx, f, bf)()
 	// 20,000 rows of over 100 B of values: the state alone is past 2 MiB
 	// of values and 3.8 MiB of rows.
 	want := int64(base + rows*100 + rows*memStateRowHeap)
@@ -74,5 +59,33 @@ func TestHeapLimitIsBeyondTheMemoryState(t *testing.T) {
 			t.Fatalf("heap limit %d after the bootstrap of %d rows: want at least %d", limit, rows, want)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// parseIngestFlags parses the ingest command's flags from args.
+func parseIngestFlags(t *testing.T, args ...string) (*ingestFlags, *brokerFlags) {
+	t.Helper()
+	c := newCommand("ingest", "")
+	var f ingestFlags
+	var bf brokerFlags
+	f.register(c.fs, false)
+	bf.register(c.fs, false, "db.>")
+	if err := c.parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return &f, &bf
+}
+
+// runIngestInTest runs the ingest role in this process until the returned
+// stop is called, which waits for it and fails the test on its error.
+func runIngestInTest(t *testing.T, ctx context.Context, f *ingestFlags, bf *brokerFlags) (stop func()) {
+	ictx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- runIngest(ictx, zap.NewNop(), f, bf, nil, prometheus.NewRegistry(), "") }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("ingest: %v", err)
+		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,7 +17,6 @@ import (
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/cdc/pgtest"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
@@ -256,23 +254,8 @@ func TestIngestSecured(t *testing.T) {
 				t.Cleanup(func() { _ = b.Close() })
 				d = b
 			}
-			c := newCommand("ingest", "")
-			var f ingestFlags
-			var bf brokerFlags
-			f.register(c.fs, false)
-			bf.register(c.fs, false, "db.>")
-			if err := c.parse(append([]string{"--pg", pg.DSN("postgres"), "--state-dir", t.TempDir()}, args...)); err != nil {
-				t.Fatal(err)
-			}
-			ictx, stop := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() { done <- runIngest(ictx, zap.NewNop(), &f, &bf, nil, prometheus.NewRegistry(), "") }()
-			defer func() {
-				stop()
-				if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-					t.Errorf("ingest: %v", err)
-				}
-			}()
+			f, bf := parseIngestFlags(t, append([]string{"--pg", pg.DSN("postgres"), "--state-dir", t.TempDir()}, args...)...)
+			defer runIngestInTest(t, ctx, f, bf)()
 			pg.Exec("postgres", "INSERT INTO t VALUES (42, 1)")
 			until := "js:1000000000"
 			if kind == "redis" {
