@@ -206,17 +206,12 @@ func (b *JetStream) appendBatch(ctx context.Context, msgs []Outgoing) fastResult
 			if uint64(i+1)-c.acked.Load() < fastAhead {
 				break
 			}
-			select {
-			case a := <-c.end:
-				return b.batchEnded(a, c.acked.Load(), msgs, unknown)
-			case <-c.flow:
-				idle.Reset(publishAckTimeout)
-			case <-lost:
-				return unknown("connection lost", nats.ErrDisconnected)
-			case <-idle.C:
-				return unknown("no flow ack", jetstream.ErrAsyncPublishTimeout)
-			case <-ctx.Done():
-				return fastResult{stored: min(int(c.acked.Load()), len(msgs)), next: fastFailed, err: fmt.Errorf("jetstream append: waiting for the server: %w", ctx.Err())}
+			a, fail := waitAnswer(ctx, c, len(msgs), lost, idle, unknown, "no flow ack")
+			if fail != nil {
+				return *fail
+			}
+			if a != nil {
+				return b.batchEnded(*a, c.acked.Load(), msgs, unknown)
 			}
 		}
 	}
@@ -245,25 +240,41 @@ func (b *JetStream) endBefore(ctx context.Context, c *fastCall, id string, i int
 // the batch was ended early).
 func (b *JetStream) waitEnd(ctx context.Context, c *fastCall, n int, msgs []Outgoing, lost <-chan nats.Status, idle *time.Timer, unknown func(string, error) fastResult) fastResult {
 	for {
-		select {
-		case a := <-c.end:
-			if msgs == nil {
-				if a.ack.Error == nil && a.ack.Batch != "" && a.ack.Count == n {
-					return fastResult{stored: n, next: fastDone}
-				}
-				return fastResult{stored: min(int(c.acked.Load()), n), next: fastEach}
-			}
-			return b.batchEnded(a, c.acked.Load(), msgs, unknown)
-		case <-c.flow:
-			idle.Reset(publishAckTimeout)
-		case <-lost:
-			return unknown("connection lost", nats.ErrDisconnected)
-		case <-idle.C:
-			return unknown("no answer", jetstream.ErrAsyncPublishTimeout)
-		case <-ctx.Done():
-			return fastResult{stored: min(int(c.acked.Load()), n), next: fastFailed, err: fmt.Errorf("jetstream append: waiting for the batch's ack: %w", ctx.Err())}
+		a, fail := waitAnswer(ctx, c, n, lost, idle, unknown, "no answer")
+		switch {
+		case fail != nil:
+			return *fail
+		case a == nil: // a flow ack: wait on
+		case msgs != nil:
+			return b.batchEnded(*a, c.acked.Load(), msgs, unknown)
+		case a.ack.Error == nil && a.ack.Batch != "" && a.ack.Count == n:
+			return fastResult{stored: n, next: fastDone}
+		default:
+			return fastResult{stored: min(int(c.acked.Load()), n), next: fastEach}
 		}
 	}
+}
+
+// waitAnswer waits for the next answer to a batch of n messages: its end
+// (a), a flow ack (neither a nor fail), or what makes its outcome unknown
+// or ends the wait (fail: the connection lost, nothing from the server
+// for publishAckTimeout, which silent names, or ctx done).
+func waitAnswer(ctx context.Context, c *fastCall, n int, lost <-chan nats.Status, idle *time.Timer, unknown func(string, error) fastResult, silent string) (a *fastAnswer, fail *fastResult) {
+	var r fastResult
+	select {
+	case end := <-c.end:
+		return &end, nil
+	case <-c.flow:
+		idle.Reset(publishAckTimeout)
+		return nil, nil
+	case <-lost:
+		r = unknown("connection lost", nats.ErrDisconnected)
+	case <-idle.C:
+		r = unknown(silent, jetstream.ErrAsyncPublishTimeout)
+	case <-ctx.Done():
+		r = fastResult{stored: min(int(c.acked.Load()), n), next: fastFailed, err: fmt.Errorf("jetstream append: waiting for the server: %w", ctx.Err())}
+	}
+	return nil, &r
 }
 
 // batchEnded interprets the final answer to a batch of msgs, acked of
