@@ -28,33 +28,13 @@ func TestBootEncoderMatchesTheProjection(t *testing.T) {
 	texts := []string{"", "a", "a.b", "a,b", "%", "é *>", "x y"}
 	for _, composite := range []bool{false, true} {
 		for _, limit := range []int{0, 300} {
-			tb := &table{nameKey: "s.t"}
-			tb.columns = []column{
-				newColumn("k1", colType{oid: pgtype.TextOID}),
-				newColumn("n", colType{oid: pgtype.Int4OID}),
-				newColumn("k2", colType{oid: pgtype.Int8OID}),
-				newColumn("note", colType{oid: pgtype.TextOID}),
-				newColumn("at", colType{oid: pgtype.TimestamptzOID}),
-			}
-			key := []string{"k1"}
-			if composite {
-				key = []string{"k2", "k1"}
-			}
-			if err := tb.publish("db", "s", "t.x", key, limit); err != nil {
-				t.Fatal(err)
-			}
+			tb := encoderTestTable(t, composite, limit)
 			tx0 := &txn{commitLSN: 0x16B3748, commitTime: time.Date(2026, 12, 1, 19, 0, 0, 123456000, time.FixedZone("x", 3600))}
 			e := newBootEncoder(tb, tx0)
 			var got, want []broker.Outgoing
 			var gotErrs, wantErrs []bool
 			for i := range 3000 {
-				raw := [][]byte{
-					[]byte(texts[rng.IntN(len(texts))] + fmt.Sprint(i)),
-					[]byte(fmt.Sprint(rng.IntN(100))),
-					[]byte(fmt.Sprint(i)),
-					bytes.Repeat([]byte("ab\"\\\n"), rng.IntN(60)),
-					[]byte("2026-11-30 12:00:00.5+00"),
-				}
+				raw := encoderTestRow(rng, texts, i)
 				switch rng.IntN(20) {
 				case 0:
 					raw[0] = nil // a NULL key
@@ -183,4 +163,40 @@ func oldBootstrapID(table string, raw [][]byte) string {
 		h.Write(v)
 	}
 	return "b-" + hex.EncodeToString(h.Sum(nil)[:12])
+}
+
+// encoderTestTable is the table of the encoder tests: a text, an int4, an
+// int8, a text and a timestamptz column; its key is k1, or (k2, k1) when
+// composite; limit is the broker's largest event (0: none).
+func encoderTestTable(t *testing.T, composite bool, limit int) *table {
+	t.Helper()
+	tb := &table{nameKey: "s.t"}
+	tb.columns = []column{
+		newColumn("k1", colType{oid: pgtype.TextOID}),
+		newColumn("n", colType{oid: pgtype.Int4OID}),
+		newColumn("k2", colType{oid: pgtype.Int8OID}),
+		newColumn("note", colType{oid: pgtype.TextOID}),
+		newColumn("at", colType{oid: pgtype.TimestamptzOID}),
+	}
+	key := []string{"k1"}
+	if composite {
+		key = []string{"k2", "k1"}
+	}
+	if err := tb.publish("db", "s", "t.x", key, limit); err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+// encoderTestRow is row i of encoderTestTable, as text values: a key made
+// of one of texts (each to escape in a subject) and i, and notes that need
+// escaping in JSON, some of them large.
+func encoderTestRow(rng *rand.Rand, texts []string, i int) [][]byte {
+	return [][]byte{
+		[]byte(texts[rng.IntN(len(texts))] + fmt.Sprint(i)),
+		[]byte(fmt.Sprint(rng.IntN(100))),
+		[]byte(fmt.Sprint(i)),
+		bytes.Repeat([]byte("ab\"\\\n"), rng.IntN(60)),
+		[]byte("2026-11-30 12:00:00.5+00"),
+	}
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // TestEventEncoderMatchesRowEvent: a committed transaction's table events,
@@ -31,34 +30,14 @@ func TestEventEncoderMatchesRowEvent(t *testing.T) {
 	for _, composite := range []bool{false, true} {
 		for _, limit := range []int{0, 300} {
 			for _, window := range []pglogrepl.LSN{0, 0x16B3700} {
-				tb := &table{nameKey: "s.t"}
-				tb.columns = []column{
-					newColumn("k1", colType{oid: pgtype.TextOID}),
-					newColumn("n", colType{oid: pgtype.Int4OID}),
-					newColumn("k2", colType{oid: pgtype.Int8OID}),
-					newColumn("note", colType{oid: pgtype.TextOID}),
-					newColumn("at", colType{oid: pgtype.TimestamptzOID}),
-				}
-				key := []string{"k1"}
-				if composite {
-					key = []string{"k2", "k1"}
-				}
-				if err := tb.publish("db", "s", "t.x", key, limit); err != nil {
-					t.Fatal(err)
-				}
+				tb := encoderTestTable(t, composite, limit)
 				commit := time.Date(2026, 12, 1, 19, 0, 0, 123456000, time.FixedZone("x", 3600))
 				const lsn = 0x16B3748
 				slow := &txn{commitLSN: lsn, commitTime: commit}
 				fast := &txn{commitLSN: lsn, commitTime: commit, enc: &enc}
 				enc.begin(lsn, commit, window)
 				row := func(i int) *pglogrepl.TupleData {
-					raw := [][]byte{
-						[]byte(texts[rng.IntN(len(texts))] + fmt.Sprint(i)),
-						[]byte(fmt.Sprint(rng.IntN(100))),
-						[]byte(fmt.Sprint(i)),
-						bytes.Repeat([]byte("ab\"\\\n"), rng.IntN(60)),
-						[]byte("2026-11-30 12:00:00.5+00"),
-					}
+					raw := encoderTestRow(rng, texts, i)
 					switch rng.IntN(30) {
 					case 0:
 						raw[1] = []byte("x") // a malformed integer
