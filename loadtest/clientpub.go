@@ -59,35 +59,37 @@ func (c *client) publishWS(ctx context.Context, cfg *Config) error {
 	if !ok {
 		return fmt.Errorf("client %d: publish via ws needs a native connection", c.id)
 	}
-	head := []byte(`{"type":"publish","id":"p","subject":` + quoteSubject(cfg.Subject) + `,"data":`)
-	buf := make([]byte, 0, len(head)+cfg.Size+64)
-	base := c.firstSeq(cfg)
-	for n := 1; n <= cfg.Events; n++ {
-		buf = append(buf[:0], head...)
-		buf = appendPayload(buf, base+uint64(n), time.Now().UnixNano(), cfg.Size)
-		buf = append(buf, '}')
-		if err := nc.Write(ctx, websocket.MessageText, buf); err != nil {
-			return fmt.Errorf("client %d: publish seq %d: %w", c.id, base+uint64(n), err)
-		}
-	}
-	return nil
+	return c.publishEach(cfg, `{"type":"publish","id":"p","subject":`, func(body []byte) error {
+		return nc.Write(ctx, websocket.MessageText, body)
+	})
 }
 
 // publishHTTP posts c's events to cfg.HTTPURL, one request each, and counts
 // each 200 answer as accepted.
 func (c *client) publishHTTP(ctx context.Context, cfg *Config, hc *http.Client) error {
-	head := []byte(`{"subject":` + quoteSubject(cfg.Subject) + `,"data":`)
+	return c.publishEach(cfg, `{"subject":`, func(body []byte) error {
+		if err := postEvent(ctx, hc, cfg.HTTPURL, body); err != nil {
+			return err
+		}
+		c.acked.Add(1)
+		c.lastAcked.Store(time.Now().UnixNano())
+		return nil
+	})
+}
+
+// publishEach sends c's events one at a time with send, each a JSON object
+// that starts with prefix, then the subject, then the data: its payload.
+func (c *client) publishEach(cfg *Config, prefix string, send func(body []byte) error) error {
+	head := []byte(prefix + quoteSubject(cfg.Subject) + `,"data":`)
 	buf := make([]byte, 0, len(head)+cfg.Size+64)
 	base := c.firstSeq(cfg)
 	for n := 1; n <= cfg.Events; n++ {
 		buf = append(buf[:0], head...)
 		buf = appendPayload(buf, base+uint64(n), time.Now().UnixNano(), cfg.Size)
 		buf = append(buf, '}')
-		if err := postEvent(ctx, hc, cfg.HTTPURL, buf); err != nil {
+		if err := send(buf); err != nil {
 			return fmt.Errorf("client %d: publish seq %d: %w", c.id, base+uint64(n), err)
 		}
-		c.acked.Add(1)
-		c.lastAcked.Store(time.Now().UnixNano())
 	}
 	return nil
 }
