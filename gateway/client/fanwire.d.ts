@@ -1,0 +1,1 @@
+// fanwire.d.ts: placeholder

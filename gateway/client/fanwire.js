@@ -1,0 +1,1 @@
+// fanwire.js: placeholder, replaced by the client.
