@@ -8,6 +8,7 @@ import (
 	"crypto/rsa"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"math/big"
 	"net/http"
@@ -186,9 +187,7 @@ func TestGrantsEnforced(t *testing.T) {
 	tok := sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", jwt.MapClaims{"sub": "u1", "tenant": "acme", "exp": time.Now().Add(time.Hour).Unix(), "subscribe": []any{"orders.{tenant}.>"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, resp, err := websocket.Dial(ctx, e.wsURL(), nil); err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("native without a token: %v, want 401", err)
-	}
+	expectRefused(t, ctx, e.wsURL(), "unauthorized: ")
 	c, _, err := websocket.Dial(ctx, e.wsURL()+"?token="+tok, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -422,4 +421,21 @@ func TestPublishAPIKeys(t *testing.T) {
 	}
 	cl.expect(map[string]any{"type": "event", "subject": "orders.2"}) // nothing of the refused batch
 	cl.expect(map[string]any{"type": "event", "subject": "billing.3"})
+}
+
+// expectRefused dials url and wants the upgrade accepted and the connection
+// closed at once with 4401 and a reason starting with reason: a refused
+// token is told where a browser can see it, not as an HTTP 401.
+func expectRefused(t *testing.T, ctx context.Context, url, reason string) {
+	t.Helper()
+	c, _, err := websocket.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatalf("dial %s: %v, want an upgrade then a 4401 close", url, err)
+	}
+	defer c.CloseNow()
+	_, msg, err := c.Read(ctx)
+	var ce websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != gateway.CloseUnauthorized || !strings.HasPrefix(ce.Reason, reason) {
+		t.Fatalf("first read: %q, %v; want a close 4401 with a reason starting %q", msg, err, reason)
+	}
 }

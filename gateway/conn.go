@@ -193,7 +193,7 @@ func (c *conn) serve() {
 	c.mu.Unlock()
 	if c.gql == nil {
 		c.armExpiry()
-		c.send(readyMessage(c.id))
+		c.send(readyMessage(c.id, c.s.durable != nil))
 	} else {
 		c.mu.Lock()
 		c.gql.initTimer = time.AfterFunc(c.s.cfg.GraphQLInitTimeout, func() {

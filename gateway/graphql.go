@@ -348,18 +348,25 @@ type gqlSubscribePayload struct {
 // closeWith asks the writer to close with code and reason; the reader
 // ignores everything after it.
 func (c *conn) closeWith(code int, reason string) {
-	if len(reason) > maxCloseReason {
-		reason = reason[:maxCloseReason]
-		for !utf8.ValidString(reason) {
-			reason = reason[:len(reason)-1]
-		}
-	}
+	reason = closeReason(reason)
 	c.closeReason.Store(&reason)
 	c.requestClose(code)
 }
 
 // maxCloseReason is the longest close reason a control frame can carry.
 const maxCloseReason = 123
+
+// closeReason cuts reason to what a close frame carries, on a UTF-8
+// boundary.
+func closeReason(reason string) string {
+	if len(reason) > maxCloseReason {
+		reason = reason[:maxCloseReason]
+		for !utf8.ValidString(reason) {
+			reason = reason[:len(reason)-1]
+		}
+	}
+	return reason
+}
 
 // gqlHandle handles one client message of a GraphQL connection.
 func (c *conn) gqlHandle(text bool, data []byte) {

@@ -191,8 +191,14 @@ func jsonKind(goKind string) string {
 // Server → client control messages. Built by hand: they are tiny and the
 // field values are ids we validated or codes we own.
 
-func readyMessage(connID string) []byte {
+// readyMessage is the first message of a native connection; history says
+// that the broker keeps history (events carry cursors, subscribe takes
+// from), so a client knows whether a reconnect can resume.
+func readyMessage(connID string, history bool) []byte {
 	b := append([]byte(`{"type":"ready","connection_id":`), strconv.Quote(connID)...)
+	if history {
+		b = append(b, `,"history":true`...)
+	}
 	return append(b, '}')
 }
 

@@ -184,8 +184,9 @@ func TestReplyMessages(t *testing.T) {
 	}{
 		{replyMessage("subscribed", "s1"), `{"type":"subscribed","id":"s1"}`},
 		{replyMessage("unsubscribed", `q"\`), `{"type":"unsubscribed","id":"q\"\\"}`},
-		{readyMessage("9f1c2e4b7a0d3e61"), `{"type":"ready","connection_id":"9f1c2e4b7a0d3e61"}`},
-		{readyMessage(newConnID()), ""},
+		{readyMessage("9f1c2e4b7a0d3e61", false), `{"type":"ready","connection_id":"9f1c2e4b7a0d3e61"}`},
+		{readyMessage("9f1c2e4b7a0d3e61", true), `{"type":"ready","connection_id":"9f1c2e4b7a0d3e61","history":true}`},
+		{readyMessage(newConnID(), false), ""},
 		{pongMessage, `{"type":"pong"}`},
 	} {
 		if !json.Valid(tt.got) {

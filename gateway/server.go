@@ -305,15 +305,13 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		return
 	}
 	var grants *Grants
+	var refused error
 	if !gql && s.cfg.Authenticate != nil {
 		// The native protocol has no init message: credentials come with
-		// the upgrade request, refused before it.
-		var err error
-		if grants, err = s.cfg.Authenticate(r.Context(), r, nil); err != nil {
-			s.metrics.ConnectionsRejected.WithLabelValues("unauthorized").Inc()
-			writeJSON(w, http.StatusUnauthorized, apiError{Error: "unauthorized: " + err.Error(), Code: "unauthorized"})
-			return
-		}
+		// the upgrade request. A refusal is told after the upgrade, as a
+		// close (4401) with the reason: a browser sees nothing of an HTTP
+		// 401, and could not tell a refused token from a node that is down.
+		grants, refused = s.cfg.Authenticate(r.Context(), r, nil)
 	}
 	// c is set before the connection reads. Until then a ping can arrive
 	// only while an upgrade refused for its subprotocol (4406) waits for
@@ -337,6 +335,11 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		return // Accept wrote the HTTP error
 	}
 	ws.SetReadLimit(s.cfg.ReadLimit)
+	if refused != nil {
+		s.metrics.ConnectionsRejected.WithLabelValues("unauthorized").Inc()
+		_ = ws.Close(CloseUnauthorized, closeReason("unauthorized: "+refused.Error()))
+		return
+	}
 	if gql && ws.Subprotocol() == "" {
 		s.metrics.ConnectionsRejected.WithLabelValues("bad_subprotocol").Inc()
 		_ = ws.Close(CloseSubprotocol, "Subprotocol not acceptable: offer graphql-transport-ws (or graphql-ws)")
