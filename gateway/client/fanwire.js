@@ -588,8 +588,8 @@ export class Client {
   // ---- tokens -----------------------------------------------------------------
 
   // #armRefresh schedules a refresh before the token's exp (when it has one
-  // and getToken can give another): at 80% of its remaining life, and at
-  // least 5 s before it ends.
+  // and getToken can give another): 30 s before it, or at 80% of its
+  // remaining life when that is shorter.
   #armRefresh() {
     clearTimeout(this.#refreshTimer);
     this.#refreshTimer = null;
@@ -597,7 +597,7 @@ export class Client {
     const exp = tokenExpiry(this.#token);
     if (!exp) return;
     const left = exp - Date.now();
-    const delay = Math.max(0, Math.min(left * 0.8, left - 5000));
+    const delay = Math.max(0, left - Math.min(left * 0.2, 30000));
     const gen = this.#generation;
     this.#refreshTimer = setTimeout(async () => {
       if (gen !== this.#generation) return;

@@ -1,0 +1,54 @@
+// run.mjs: one fanwire.js client in Node, driven by fanwire's Go tests
+// (gateway/client_test.go). argv[2] is a JSON config:
+//   {"urls": [...], "subs": [{"pattern": "app.>", "from"?, "resync"?, "durable"?}],
+//    "getToken"?: true, "token"?: "...", "options"?: {connect options}}
+// It prints one JSON object per line: {"k":"state"|"event"|"gap"|"error"|
+// "token"|"published"|"closed", ...}; "token" asks for a token, answered
+// on stdin. stdin takes one JSON command per line: {"cmd":"token","token"},
+// {"cmd":"publish","subject","data"}, {"cmd":"close"}.
+import {connect} from "../../client/fanwire.js";
+import {WebSocket} from "ws";
+import {createInterface} from "node:readline";
+
+const cfg = JSON.parse(process.argv[2]);
+const out = (o) => process.stdout.write(JSON.stringify(o) + "\n");
+
+const tokenWaiters = [];
+const options = {...(cfg.options || {}), WebSocket};
+if (cfg.token) options.token = cfg.token;
+if (cfg.getToken) {
+  options.getToken = () => new Promise((resolve) => {
+    tokenWaiters.push(resolve);
+    out({k: "token"});
+  });
+}
+const client = connect(cfg.urls, options);
+client.on("state", (state, d) => out({k: "state", state, code: d.code, reason: d.reason, url: d.url}));
+client.on("error", (e) => out({k: "error", code: e.code, message: e.message, sub: e.subscription ? e.subscription.id : undefined}));
+client.on("gap", (g) => out({k: "gap", sub: g.subscription.id, reason: g.reason, cursor: g.cursor}));
+for (const s of cfg.subs || []) {
+  const sub = client.subscribe(s.pattern, s, (ev) => out({k: "event", sub: sub.id, subject: ev.subject, data: ev.data, cursor: ev.cursor}));
+}
+
+createInterface({input: process.stdin}).on("line", async (line) => {
+  const c = JSON.parse(line);
+  switch (c.cmd) {
+    case "token":
+      tokenWaiters.shift()(c.token);
+      break;
+    case "publish":
+      try {
+        out({k: "published", cursor: await client.publish(c.subject, c.data)});
+      } catch (e) {
+        out({k: "publish_error", code: e.code, message: e.message});
+      }
+      break;
+    case "close":
+      await client.close();
+      out({k: "closed"});
+      process.exit(0);
+  }
+}).on("close", async () => {
+  await client.close();
+  process.exit(0);
+});
