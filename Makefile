@@ -10,15 +10,17 @@ PKGS     := ./...
 # (real third-party GraphQL clients).
 APT_PKGS := redis-server postgresql chromium nodejs npm
 
-# The npm fixture the GraphQL tests run (package-lock.json pins it).
-NPM_FIXTURE := gateway/testdata/graphqlws
+# The npm fixtures the tests run, each pinned by its package-lock.json: the
+# GraphQL clients, and what the JavaScript client's tests run with.
+NPM_FIXTURES := gateway/testdata/graphqlws gateway/testdata/fanwirejs
 
 .PHONY: test deps vet fmt-check generate-check unit fuzz fuzz-short bench build loadtest
 
 test: deps vet fmt-check generate-check unit fuzz-short
 
 # deps installs missing system packages with apt-get (as root, or with sudo),
-# then the npm fixture's node_modules with npm ci when it is missing.
+# then each npm fixture's node_modules with npm ci when it is missing
+# (--include=dev: the fixtures' devDependencies even under NODE_ENV=production).
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
@@ -35,10 +37,12 @@ deps:
 		$$sudo apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
 	fi; \
-	if [ ! -d $(NPM_FIXTURE)/node_modules ]; then \
-		echo "make deps: installing $(NPM_FIXTURE)/node_modules (npm ci)"; \
-		npm ci --prefix $(NPM_FIXTURE) --no-audit --no-fund || exit 1; \
-	fi
+	for fx in $(NPM_FIXTURES); do \
+		if [ ! -d $$fx/node_modules ]; then \
+			echo "make deps: installing $$fx/node_modules (npm ci)"; \
+			npm ci --prefix $$fx --include=dev --no-audit --no-fund || exit 1; \
+		fi; \
+	done
 
 vet:
 	$(GO) vet $(PKGS)

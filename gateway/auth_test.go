@@ -220,7 +220,8 @@ func TestGrantsEnforced(t *testing.T) {
 
 // TestTokenExpiryAndRefresh: a connection whose token expires is closed
 // with 4001, unless it sent a refresh with a new token in time; a refused
-// refresh is an unauthorized error and changes nothing.
+// refresh is an unauthorized error and changes nothing. The reply and the
+// error carry the refresh's id when it had one.
 func TestTokenExpiryAndRefresh(t *testing.T) {
 	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
 	if err != nil {
@@ -250,11 +251,19 @@ func TestTokenExpiryAndRefresh(t *testing.T) {
 	}
 	soon = time.Now().Add(2 * time.Second).Truncate(time.Second).Add(time.Second)
 	refreshed := dial(token(soon, "orders.>"))
+	refreshed.send(`{"type":"refresh","id":"r0","token":"garbage"}`)
+	refreshed.expect(map[string]any{"type": "error", "id": "r0", "code": gateway.CodeUnauthorized})
 	refreshed.send(`{"type":"refresh","token":"garbage"}`)
-	refreshed.expect(map[string]any{"type": "error", "code": gateway.CodeUnauthorized})
+	if m := refreshed.expect(map[string]any{"type": "error", "code": gateway.CodeUnauthorized}); m["id"] != nil {
+		t.Fatalf("error for a refresh without an id: %v", m)
+	}
 	later := time.Now().Add(time.Hour).Truncate(time.Second)
+	refreshed.send(`{"type":"refresh","id":"r1","token":"` + token(later, "orders.>", "users.>") + `"}`)
+	refreshed.expect(map[string]any{"type": "refreshed", "id": "r1", "expires": later.UTC().Format(time.RFC3339)})
 	refreshed.send(`{"type":"refresh","token":"` + token(later, "orders.>", "users.>") + `"}`)
-	refreshed.expect(map[string]any{"type": "refreshed", "expires": later.UTC().Format(time.RFC3339)})
+	if m := refreshed.expect(map[string]any{"type": "refreshed", "expires": later.UTC().Format(time.RFC3339)}); m["id"] != nil {
+		t.Fatalf("refreshed for a refresh without an id: %v", m)
+	}
 	refreshed.subscribe("u", "users.*") // the new grants apply
 	time.Sleep(time.Until(soon) + 500*time.Millisecond)
 	refreshed.quiet() // still open past the first token's expiry

@@ -364,7 +364,7 @@ func (c *conn) handle(data []byte) {
 	case "ping":
 		c.send(pongMessage)
 	case "refresh":
-		c.refresh(*f.Token)
+		c.refresh(deref(f.ID), *f.Token)
 	case "publish":
 		c.publish(*f.ID, *f.Subject, f.Data)
 	}
@@ -372,17 +372,18 @@ func (c *conn) handle(data []byte) {
 
 // refresh replaces the connection's token: its grants apply from now on,
 // and its expiry moves. A refused token is an error (code unauthorized);
-// the connection keeps its old token until that expires.
-func (c *conn) refresh(token string) {
+// the connection keeps its old token until that expires. id (may be
+// empty) is the refresh's, echoed in the reply.
+func (c *conn) refresh(id, token string) {
 	auth := c.s.cfg.Authenticate
 	if auth == nil {
-		c.clientError("", CodeUnauthorized, "this gateway does not authenticate connections: nothing to refresh")
+		c.clientError(id, CodeUnauthorized, "this gateway does not authenticate connections: nothing to refresh")
 		return
 	}
 	payload, _ := json.Marshal(map[string]string{"token": token})
 	grants, err := auth(c.runCtx, c.req, payload)
 	if err != nil {
-		c.clientError("", CodeUnauthorized, err.Error())
+		c.clientError(id, CodeUnauthorized, err.Error())
 		return
 	}
 	c.grants = grants
@@ -391,7 +392,7 @@ func (c *conn) refresh(token string) {
 	if grants != nil {
 		exp = grants.Expires
 	}
-	c.send(refreshedMessage(exp))
+	c.send(refreshedMessage(id, exp))
 }
 
 // armExpiry (re)starts the timer that closes the connection with 4001 when

@@ -697,6 +697,75 @@ func abuseGraphQL(t *testing.T, e *env) {
 	})
 }
 
+// TestRateLimitedErrorsCarryTheirIDs: 250 subscribes written at once, over
+// the default message rate (100/s, burst 200): each id is answered exactly
+// once, subscribed or rate_limited with that id (a client can tell which
+// of its messages were dropped), and some are rate_limited.
+func TestRateLimitedErrorsCarryTheirIDs(t *testing.T) {
+	const n = 250
+	e := newEnv(t, nil)
+	c := upgradeRaw(t, e, 0)
+	defer c.Close()
+	var burst bytes.Buffer
+	for i := range n {
+		c.appendFrame(&burst, true, opText, []byte(fmt.Sprintf(`{"type":"subscribe","id":"s%d","subject":"orders.rate.%d"}`, i, i)))
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer c.Close() // before the wait: ends a write stuck on a failed test
+	wg.Add(1)
+	go func() { // one write; the test goroutine reads meanwhile
+		defer wg.Done()
+		c.wm.Lock()
+		defer c.wm.Unlock()
+		_, _ = c.c.Write(burst.Bytes())
+	}()
+	answers := make(map[string]string, n) // id → subscribed, or the error code
+	limited := 0
+	_ = c.c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	for len(answers) < n {
+		op, p, err := c.next()
+		if err != nil {
+			t.Fatalf("after %d answers: %v", len(answers), err)
+		}
+		if op != opText {
+			t.Fatalf("after %d answers: opcode %d %q", len(answers), op, p)
+		}
+		for line := range strings.SplitSeq(string(p), "\n") {
+			var m struct{ Type, ID, Code string }
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			var answer string
+			switch {
+			case m.Type == "ready":
+				continue
+			case m.Type == "subscribed":
+				answer = m.Type
+			case m.Type == "error" && m.Code == gateway.CodeRateLimited:
+				answer = m.Code
+				limited++
+			default:
+				t.Fatalf("unexpected %s", line)
+			}
+			if i, err := strconv.Atoi(strings.TrimPrefix(m.ID, "s")); err != nil || i < 0 || i >= n || m.ID != "s"+strconv.Itoa(i) {
+				t.Fatalf("%s: not the id of a subscribe sent", line)
+			}
+			if prev, ok := answers[m.ID]; ok {
+				t.Fatalf("%s answered twice: %s, then %s", m.ID, prev, line)
+			}
+			answers[m.ID] = answer
+		}
+	}
+	if limited == 0 {
+		t.Fatalf("%d subscribes at once, none rate_limited", n)
+	}
+	if got := e.metric("fanwire_client_errors_total", map[string]string{"code": gateway.CodeRateLimited}); got != float64(limited) {
+		t.Fatalf("rate_limited counted %v, want %d", got, limited)
+	}
+	t.Logf("%d subscribes at once: %d subscribed, %d rate_limited", n, n-limited, limited)
+}
+
 // TestSilentConnectionCostsAnIdleOne: a connection that upgrades and then
 // sends nothing holds what any idle connection does: one goroutine (its
 // reader; the writer exits once idle) and no buffer of note.

@@ -80,8 +80,13 @@ func parseClientFrame(data []byte) (clientFrame, error) {
 		if f.Token == nil || *f.Token == "" {
 			return f, fmt.Errorf("%w: refresh needs \"token\"", ErrBadFrame)
 		}
-		if f.ID != nil || f.Subject != nil || f.From != nil || f.Durable != nil || f.Data != nil {
-			return f, fmt.Errorf("%w: refresh takes only \"token\"", ErrBadFrame)
+		if f.ID != nil {
+			if err := checkID(f.ID); err != nil {
+				return f, err
+			}
+		}
+		if f.Subject != nil || f.From != nil || f.Durable != nil || f.Data != nil {
+			return f, fmt.Errorf("%w: refresh takes only \"token\" and an optional \"id\"", ErrBadFrame)
 		}
 	case "":
 		return f, fmt.Errorf("%w: missing \"type\"", ErrBadFrame)
@@ -146,6 +151,14 @@ func errorReply(f clientFrame, err error) (id, code string) {
 		id = *f.ID
 	}
 	return id, code
+}
+
+// deref returns *p, "" for nil (an optional field left out).
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }
 
 func checkID(id *string) error {
@@ -245,10 +258,15 @@ func frameID(data []byte) string {
 	return *f.ID
 }
 
-// refreshedMessage acknowledges a refresh: the new token's expiry (RFC
-// 3339; omitted when it has none).
-func refreshedMessage(expires time.Time) []byte {
+// refreshedMessage acknowledges a refresh: its id (omitted when empty: the
+// refresh had none) and the new token's expiry (RFC 3339; omitted when it
+// has none).
+func refreshedMessage(id string, expires time.Time) []byte {
 	b := []byte(`{"type":"refreshed"`)
+	if id != "" {
+		b = append(b, `,"id":`...)
+		b = appendJSONString(b, id)
+	}
 	if !expires.IsZero() {
 		b = append(b, `,"expires":"`...)
 		b = expires.UTC().AppendFormat(b, time.RFC3339)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -33,6 +34,10 @@ func TestParseClientFrame(t *testing.T) {
 		{name: "ping", in: `{"type":"ping"}`, typ: "ping"},
 		{name: "whitespace around", in: " \n\t{ \"type\" : \"ping\" }\r\n ", typ: "ping"},
 		{name: "null id on ping", in: `{"type":"ping","id":null}`, typ: "ping"},
+		{name: "refresh", in: `{"type":"refresh","token":"t"}`, typ: "refresh"},
+		{name: "refresh with id", in: `{"type":"refresh","id":"r1","token":"t"}`, typ: "refresh", id: "r1"},
+		{name: "refresh 128-byte id", in: `{"type":"refresh","id":"` + id128 + `","token":"t"}`, typ: "refresh", id: id128},
+		{name: "refresh null id", in: `{"type":"refresh","id":null,"token":"t"}`, typ: "refresh"},
 
 		// Not one JSON object.
 		{name: "empty", in: ``, err: ErrBadFrame, msg: "expected one JSON object"},
@@ -80,6 +85,11 @@ func TestParseClientFrame(t *testing.T) {
 		{name: "ping with id", in: `{"type":"ping","id":"s1"}`, err: ErrBadFrame, msg: "ping takes no other field"},
 		{name: "ping with subject", in: `{"type":"ping","subject":"a"}`, err: ErrBadFrame, msg: "ping takes no other field"},
 		{name: "ping with empty id", in: `{"type":"ping","id":""}`, err: ErrBadFrame, msg: "ping takes no other field"},
+		{name: "refresh no token", in: `{"type":"refresh","id":"r1"}`, err: ErrBadFrame, msg: `refresh needs "token"`},
+		{name: "refresh empty token", in: `{"type":"refresh","token":""}`, err: ErrBadFrame, msg: `refresh needs "token"`},
+		{name: "refresh empty id", in: `{"type":"refresh","id":"","token":"t"}`, err: ErrBadFrame, msg: `missing "id"`},
+		{name: "refresh 129-byte id", in: `{"type":"refresh","id":"` + id128 + `x","token":"t"}`, err: ErrBadFrame, msg: `"id" longer than 128 bytes`},
+		{name: "refresh with subject", in: `{"type":"refresh","id":"r1","token":"t","subject":"a"}`, err: ErrBadFrame, msg: `refresh takes only "token" and an optional "id"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -188,6 +198,9 @@ func TestReplyMessages(t *testing.T) {
 		{readyMessage("9f1c2e4b7a0d3e61", true), `{"type":"ready","connection_id":"9f1c2e4b7a0d3e61","history":true}`},
 		{readyMessage(newConnID(), false), ""},
 		{pongMessage, `{"type":"pong"}`},
+		{refreshedMessage("", time.Time{}), `{"type":"refreshed"}`},
+		{refreshedMessage("r1", time.Date(2026, 11, 30, 19, 0, 0, 0, time.FixedZone("", 3600))), `{"type":"refreshed","id":"r1","expires":"2026-11-30T18:00:00Z"}`},
+		{refreshedMessage(`q"\`, time.Time{}), `{"type":"refreshed","id":"q\"\\"}`},
 	} {
 		if !json.Valid(tt.got) {
 			t.Errorf("%s is not valid JSON", tt.got)
@@ -207,6 +220,7 @@ func FuzzClientFrame(f *testing.F) {
 		`{"type":"subscribe","id":"s1","subject":"orders.*"}`,
 		`{"type":"unsubscribe","id":"s1"}`,
 		`{"type":"ping"}`,
+		`{"type":"refresh","id":"r1","token":"t"}`,
 		`{"type":"subscribe","id":"` + strings.Repeat("i", maxIDLen+1) + `","subject":"a"}`,
 		`{"type":"publish","id":"\ud800"}`,
 		`{"type":"ping"}{}`,
@@ -255,8 +269,11 @@ func FuzzClientFrame(f *testing.F) {
 				t.Fatalf("accepted ping with fields: %q", data)
 			}
 		case "refresh":
-			if fr.Token == nil || *fr.Token == "" || fr.ID != nil || fr.Subject != nil || fr.From != nil || fr.Durable != nil || fr.Data != nil {
+			if fr.Token == nil || *fr.Token == "" || (fr.ID != nil && (*fr.ID == "" || len(*fr.ID) > maxIDLen)) || fr.Subject != nil || fr.From != nil || fr.Durable != nil || fr.Data != nil {
 				t.Fatalf("accepted bad refresh: %q", data)
+			}
+			if r := refreshedMessage(deref(fr.ID), time.Time{}); !json.Valid(r) || !utf8.Valid(r) {
+				t.Fatalf("refreshed for %q is not valid JSON/UTF-8: %q", data, r)
 			}
 		case "publish":
 			checkPublishFrame(t, data, fr)
@@ -337,13 +354,6 @@ func checkFrameRoundTrip(t testing.TB, data []byte, fr clientFrame) {
 }
 
 func ptr(s string) *string { return &s }
-
-func deref(p *string) string {
-	if p == nil {
-		return ""
-	}
-	return *p
-}
 
 // sameRawJSON reports whether two raw JSON values (nil: absent) are the same
 // value once compacted.

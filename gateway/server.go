@@ -97,6 +97,8 @@ func New(cfg Config) (*Server, error) {
 	})
 	mux.HandleFunc("GET /readyz", s.serveReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
+	mux.HandleFunc("GET /fanwire.js", clientFileHandler(clientJS, "text/javascript; charset=utf-8"))
+	mux.HandleFunc("GET /fanwire.d.ts", clientFileHandler(clientDTS, "application/typescript; charset=utf-8"))
 	if cfg.Console {
 		sub, _ := fs.Sub(consoleFS, "console")
 		mux.Handle("GET /", http.FileServerFS(sub))

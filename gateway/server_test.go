@@ -101,6 +101,8 @@ func TestProtocolErrorsKeepTheConnection(t *testing.T) {
 		{`{"type":"subscribe","id":"s1","subject":"orders.a*"}`, "bad_pattern", "s1"},
 		{`{"type":"subscribe","id":"s1","subject":"customers.*"}`, "bad_pattern", "s1"}, // outside the subject space
 		{`{"type":"unsubscribe","id":"nope"}`, "unknown_id", "nope"},
+		{`{"type":"refresh","id":"r1","token":"t"}`, "unauthorized", "r1"}, // no authentication: nothing to refresh
+		{`{"type":"refresh","id":"r1"}`, "bad_frame", "r1"},
 	}
 	for _, tc := range cases {
 		cl.send(tc.frame)
