@@ -184,13 +184,13 @@ func startPublisher(t testing.TB, js jetstream.JetStream, interval time.Duration
 				return
 			case <-tick.C:
 			}
-			pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+			// Not ctx: a publish stopped midway may still be stored,
+			// uncounted.
+			pctx, pcancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_, err := js.Publish(pctx, "app."+strconv.Itoa(p.n%4), fmt.Appendf(nil, `{"n":%d}`, p.n))
 			pcancel()
 			if err != nil {
-				if ctx.Err() == nil {
-					p.err = err
-				}
+				p.err = err
 				return
 			}
 			p.n++

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/nats-io/nats.go"
@@ -59,12 +62,17 @@ const (
 func TestClientNode(t *testing.T) {
 	node := requireClientFixture(t)
 	bin := buildFanwire(t)
-	ns := brokertest.NATS(t)
-	url := ns.ClientURL()
-	js := brokertest.JetStream(t, url)
+	// Each case has a NATS server of its own: every stream captures app.>.
+	var url string
+	var js jetstream.JetStream
+	newNATS := func(t *testing.T) {
+		url = brokertest.NATS(t).ClientURL()
+		js = brokertest.JetStream(t, url)
+	}
 
 	for i, f := range failovers {
 		t.Run(f.name, func(t *testing.T) {
+			newNATS(t)
 			stream := "NODE" + strconv.Itoa(i)
 			var nodes []*gwNode
 			var urls []string
@@ -107,6 +115,7 @@ func TestClientNode(t *testing.T) {
 	}
 
 	t.Run("token refresh and expiry", func(t *testing.T) {
+		newNATS(t)
 		secret := writeFile(t, "secret", testSecret)
 		n := startGateway(t, bin, "--broker", "jetstream", "--nats-url", url, "--stream", "NODETOKEN", "--subjects", "app.>", "--jwt-secret-file", secret)
 		tok := func(life time.Duration) string {
@@ -158,6 +167,7 @@ func TestClientNode(t *testing.T) {
 	})
 
 	t.Run("a refused token is final", func(t *testing.T) {
+		newNATS(t)
 		secret := writeFile(t, "secret", testSecret)
 		n := startGateway(t, bin, "--broker", "jetstream", "--nats-url", url, "--stream", "NODEREFUSED", "--subjects", "app.>", "--jwt-secret-file", secret)
 		// A token and no getToken: one attempt.
@@ -188,6 +198,7 @@ func TestClientNode(t *testing.T) {
 	})
 
 	t.Run("cursor expired while away", func(t *testing.T) {
+		newNATS(t)
 		n := startGateway(t, bin, jsNodeArgs(url, "NODEEXPIRED")...)
 		c := runClient(t, node, map[string]any{"urls": []string{n.wsURL()}, "subs": []map[string]any{{"pattern": "app.>", "from": "first", "resync": "first"}}}, nil)
 		c.waitFor("connected", clientWait, func(l []jsLine) bool { return count(l, "state", "connected") > 0 })
@@ -231,6 +242,7 @@ func TestClientNode(t *testing.T) {
 	})
 
 	t.Run("Core NATS tells the gap", func(t *testing.T) {
+		newNATS(t)
 		n := startGateway(t, bin, "--broker", "nats", "--nats-url", url, "--subjects", "app.>", "--allow-anonymous")
 		nc, err := nats.Connect(url)
 		if err != nil {
@@ -290,6 +302,7 @@ func TestClientNode(t *testing.T) {
 	})
 
 	t.Run("resubscribes paced under the rate limit", func(t *testing.T) {
+		newNATS(t)
 		n := startGateway(t, bin, jsNodeArgs(url, "NODERATE")...)
 		const subs = 250
 		var list []map[string]any
@@ -395,7 +408,7 @@ c.on("nonsense", () => {});
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd = exec.Command(node, tsc, "--ignoreConfig", "--noEmit", "--strict", "--module", "NodeNext", "--moduleResolution", "NodeNext", "--target", "ES2022", "--types", "node", bad)
+	cmd = exec.Command(node, tsc, "--noEmit", "--strict", "--module", "NodeNext", "--moduleResolution", "NodeNext", "--target", "ES2022", "--types", "node", bad)
 	cmd.Dir = clientFixture
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "bad.ts(3,") || !strings.Contains(string(out), "bad.ts(4,") {
@@ -410,4 +423,104 @@ func absPath(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// TestClientBrowser: the same failovers in a real Chromium, on a page of
+// another origin that imports /fanwire.js from the gateway itself.
+func TestClientBrowser(t *testing.T) {
+	requireClientFixture(t)
+	bin := buildFanwire(t)
+	pages := httptest.NewServer(http.FileServer(http.Dir(clientFixture)))
+	t.Cleanup(pages.Close)
+	browser := newBrowser(t) // closed before the servers: cleanups run last-in first-out
+
+	for i, f := range failovers {
+		t.Run(f.name, func(t *testing.T) {
+			url := brokertest.NATS(t).ClientURL()
+			js := brokertest.JetStream(t, url)
+			var nodes []*gwNode
+			var urls []string
+			for range f.nodes {
+				n := startGateway(t, bin, jsNodeArgs(url, "PAGE"+strconv.Itoa(i))...)
+				nodes = append(nodes, n)
+				urls = append(urls, n.wsURL())
+			}
+			p := openTab(t, browser, clientPageState)
+			p.do(chromedp.Navigate(pages.URL + "/page.html?" + neturl.Values{
+				"gw": {nodes[0].httpURL()}, "urls": {strings.Join(urls, ",")}, "pattern": {"app.>"}, "from": {"first"},
+			}.Encode()))
+			p.waitVisible(`#status[data-state="connected"]`)
+			pub := startPublisher(t, js, publishEvery)
+			waitPage(p, "100 events", func(fw clientPage) bool { return len(fw.Events) >= 100 })
+			f.act(nodes)
+			var before int
+			waitPage(p, "a reconnect", func(fw clientPage) bool { before = len(fw.Events); return fw.reconnected() })
+			waitPage(p, "100 events more", func(fw clientPage) bool { return len(fw.Events) >= before+100 })
+			n := pub.stop()
+			if pub.err != nil {
+				t.Fatalf("publishing: %v", pub.err)
+			}
+			var fw clientPage
+			waitPage(p, strconv.Itoa(n)+" events", func(got clientPage) bool { fw = got; return len(got.Events) >= n })
+			checkSequence(t, fw.Events, n)
+			if len(fw.Errors) > 0 {
+				t.Fatalf("the page reported errors: %+v", fw.Errors)
+			}
+			if f.nodes == 2 && fw.States[len(fw.States)-1].URL != nodes[1].wsURL() {
+				t.Fatalf("the page ended on %+v, want the surviving node %s", fw.States[len(fw.States)-1], nodes[1].wsURL())
+			}
+		})
+	}
+}
+
+// clientPageState describes page.html for a failure.
+const clientPageState = `JSON.stringify({status: document.getElementById("status").textContent, states: window.fw && fw.states,
+	gaps: window.fw && fw.gaps, errors: window.fw && fw.errors, events: window.fw && fw.events.length})`
+
+// clientPage is what page.html keeps in window.fw.
+type clientPage struct {
+	States []struct {
+		State string  `json:"state"`
+		Code  int     `json:"code"`
+		URL   string  `json:"url"`
+		At    float64 `json:"at"`
+	} `json:"states"`
+	Events []int            `json:"events"`
+	Gaps   []map[string]any `json:"gaps"`
+	Errors []map[string]any `json:"errors"`
+}
+
+// reconnected reports whether the page was connected, lost it and is
+// connected again.
+func (fw clientPage) reconnected() bool {
+	seen := 0
+	for _, s := range fw.States {
+		if s.State == "disconnected" && seen == 0 {
+			seen = 1
+		}
+		if s.State == "connected" && seen == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// waitPage polls the page's window.fw until cond holds, within the tab's
+// step budget.
+func waitPage(p *browserPage, what string, cond func(clientPage) bool) {
+	p.t.Helper()
+	for {
+		fw, err := chromedp.Run(p.ctx, chromedp.Evaluate[clientPage](`window.fw`))
+		if err != nil {
+			p.fatal(fmt.Errorf("waiting for %s: %w", what, err))
+		}
+		if cond(fw) {
+			return
+		}
+		select {
+		case <-p.ctx.Done():
+			p.fatal(fmt.Errorf("waiting for %s: %w", what, p.ctx.Err()))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
