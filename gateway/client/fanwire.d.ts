@@ -112,10 +112,14 @@ export interface Client {
   on(name: "state", fn: (state: State, detail: StateDetail) => void): () => void;
   on(name: "error", fn: (err: FanwireError) => void): () => void;
   on(name: "gap", fn: (gap: Gap) => void): () => void;
+  /** the gateway confirmed a subscribe (again after each reconnect) */
+  on(name: "subscribed", fn: (subscription: Subscription) => void): () => void;
   subscribe<T = unknown>(pattern: string, options: SubscribeOptions, onEvent: (event: FanwireEvent<T>) => void): Subscription;
   subscribe<T = unknown>(pattern: string, onEvent: (event: FanwireEvent<T>) => void): Subscription;
   /** Resolves with the event's cursor (undefined on Core NATS). */
   publish(subject: string, data: unknown): Promise<string | undefined>;
+  /** Drops the connection, if any, and connects again at once. */
+  reconnect(): void;
   close(): Promise<void>;
 }
 

@@ -77,7 +77,7 @@ export class Client {
   #token;
   #tokenRefused = false; // the last connection was refused for its token
   #history = false; // the node's broker keeps history (cursors)
-  #listeners = { state: new Set(), error: new Set(), gap: new Set() };
+  #listeners = { state: new Set(), error: new Set(), gap: new Set(), subscribed: new Set() };
   #subs = new Map(); // id -> Subscription, in subscribe order
   #nextSub = 1;
   #pubs = new Map(); // id -> pending publish, in publish order
@@ -124,12 +124,14 @@ export class Client {
   }
 
   /**
-   * on registers fn for "state" (fn(state, detail)), "error" (fn(err)) or
-   * "gap" (fn(gap)). It returns a function that removes it.
+   * on registers fn for "state" (fn(state, detail)), "error" (fn(err)),
+   * "gap" (fn(gap)) or "subscribed" (fn(subscription): the gateway confirmed
+   * a subscribe, after which every matching event reaches it; again after
+   * each reconnect). It returns a function that removes it.
    */
   on(name, fn) {
     const set = this.#listeners[name];
-    if (!set) throw new TypeError("fanwire: unknown event " + JSON.stringify(name) + " (state, error, gap)");
+    if (!set) throw new TypeError("fanwire: unknown event " + JSON.stringify(name) + " (state, error, gap, subscribed)");
     set.add(fn);
     return () => set.delete(fn);
   }
@@ -378,6 +380,23 @@ export class Client {
 
   _emitGap(gap) {
     for (const fn of this.#listeners.gap) call(fn, gap);
+  }
+
+  _emitSubscribed(sub) {
+    for (const fn of this.#listeners.subscribed) call(fn, sub);
+  }
+
+  /** reconnect drops the current connection, if any, and connects again at
+   * once (a "retry now" for an app that knows the network is back). */
+  reconnect() {
+    if (this.#state === "closed") return;
+    this.#attempt = 0;
+    if (this.#ws) {
+      this.#drop(CLOSE_NORMAL, "reconnect asked by the app");
+      this.#schedule(0);
+    } else {
+      this.#schedule(0);
+    }
   }
 
   // ---- receiving ------------------------------------------------------------
@@ -676,6 +695,7 @@ export class Subscription {
       this.#gapReason = "";
       this.#client._emitGap({ subscription: this, reason, cursor: this.#cursor });
     }
+    this.#client._emitSubscribed(this);
   }
 
   _deliver(event) {
