@@ -34,7 +34,7 @@ const clientFixture = "testdata/fanwirejs"
 // requireClientFixture fails the test unless node and the fixture are
 // installed (skipping would let CI pass without running the client), and
 // returns node's path.
-func requireClientFixture(t *testing.T) string {
+func requireClientFixture(t testing.TB) string {
 	t.Helper()
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -112,6 +112,15 @@ func (n *gwNode) start() {
 	n.mu.Unlock()
 	if !readyWithin(n.addr, 20*time.Second) {
 		n.t.Fatalf("fanwire ws on %s not ready within 20s:\n%s", n.addr, n.logs.String())
+	}
+}
+
+// signal sends sig to the node without waiting; stop waits for its exit.
+func (n *gwNode) signal(sig syscall.Signal) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd != nil {
+		_ = n.cmd.Process.Signal(sig)
 	}
 }
 

@@ -139,7 +139,7 @@ func TestConsole(t *testing.T) {
 
 // chromiumPath finds Debian's chromium. A missing browser fails the test:
 // skipping would let CI pass without ever running the page.
-func chromiumPath(t *testing.T) string {
+func chromiumPath(t testing.TB) string {
 	t.Helper()
 	if p, err := exec.LookPath("chromium"); err == nil {
 		return p
@@ -155,7 +155,7 @@ func chromiumPath(t *testing.T) string {
 // newBrowser starts one headless Chromium and returns its chromedp context.
 // Its cleanup closes the browser gracefully and returns only once the process
 // has exited and chromedp's goroutines have ended.
-func newBrowser(t *testing.T) context.Context {
+func newBrowser(t testing.TB) context.Context {
 	t.Helper()
 	exe := chromiumPath(t)
 	dataDir := t.TempDir() // removed after the cleanup below: cleanups run in reverse
@@ -202,7 +202,7 @@ func newBrowser(t *testing.T) context.Context {
 
 // browserPage is one tab of a test's headless browser.
 type browserPage struct {
-	t     *testing.T
+	t     testing.TB
 	tab   context.Context // the tab; it outlives ctx so a failure can still read the page
 	ctx   context.Context // every step, bounded by consoleTimeout together
 	state string          // a script whose string result describes the page, for failures
@@ -220,7 +220,7 @@ const consoleState = `"status: " + document.getElementById("status").textContent
 // openTab opens a blank tab in browser. Every step in the tab fails after
 // consoleTimeout; its cleanup closes the tab and fails the test on any
 // uncaught exception in the page. state describes the page on a failure.
-func openTab(t *testing.T, browser context.Context, state string) *browserPage {
+func openTab(t testing.TB, browser context.Context, state string) *browserPage {
 	t.Helper()
 	// The tab's own life has a deadline too (its first Run binds it), a
 	// little past the steps' so that fatal can still read the page.
