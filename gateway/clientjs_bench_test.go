@@ -28,11 +28,12 @@ import (
 //     onmessage (the client's parsing and dispatch, plus the app's count),
 //     and the whole Node process's CPU (the ws library's framing too), or
 //     Chromium's main-thread task time for the page;
+//
 //   - failover: a client on two nodes, receiving 1,000 events/s, and the
 //     first node drained with SIGTERM: the time until the client is
 //     connected to the other node, and until it has the next event there.
 //
-//	go test -run '^$' -bench BenchmarkClient -benchtime 1x -count 3 ./gateway
+//     go test -run '^$' -bench BenchmarkClient -benchtime 1x -count 3 ./gateway
 func BenchmarkClient(b *testing.B) {
 	node := requireClientFixture(b)
 	bin := buildFanwire(b)
