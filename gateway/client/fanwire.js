@@ -516,7 +516,9 @@ export class Client {
       p.reject(err);
       return;
     }
-    if (err.code === "unknown_id") return; // an unsubscribe crossed the subscribe's refusal
+    // An answer for a subscription the app has already ended, or an
+    // unsubscribe that crossed its subscribe's refusal: nothing to tell.
+    if (err.code === "unknown_id" || (typeof id === "string" && /^[sp][0-9]+$/.test(id))) return;
     this.#emitError(err);
   }
 
