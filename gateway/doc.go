@@ -14,9 +14,14 @@
 //   - Run owns the dispatching goroutine (the broker's Consume loop). It is
 //     the only goroutine that calls hub.dispatch; the dispatcher never blocks
 //     on a connection: a full mailbox closes that connection with 4008.
-//   - Each connection has two goroutines: the HTTP handler's goroutine reads
-//     (and owns the connection's subscriptions), and a writer it starts and
-//     waits for. Only the writer writes to the socket.
+//   - Each connection has a reader: a goroutine the server starts after the
+//     upgrade (the HTTP handler then returns, so net/http's per-request
+//     state does not live as long as the WebSocket), owned by the server's
+//     WaitGroup; it reads and owns the connection's subscriptions. Its
+//     writer is started on demand when the mailbox is woken (ensureWriter)
+//     and exits after writerLinger with nothing to write (retire), so an
+//     idle connection holds one goroutine; the reader waits for it before
+//     the connection ends. Only the writer writes to the socket.
 //   - A client publish (the native publish message, the GraphQL publish
 //     mutation over WebSocket) runs on the connection's reader, which
 //     reads on once the broker has the event or half of PingTimeout has
