@@ -39,6 +39,9 @@ type Broker interface {
 	Consume(ctx context.Context, h Handler, started func(start string)) error
 	// Ready reports whether the broker connection is up.
 	Ready() bool
+	// Name is the broker's kind as the --broker flag names it: "nats",
+	// "jetstream" or "redis" (for logs and the GraphQL health query).
+	Name() string
 	// Close releases the connection; it waits for the broker's goroutines.
 	Close() error
 }

@@ -751,6 +751,9 @@ func (b *JetStream) LastID(ctx context.Context, subjects string) (string, error)
 // Ready reports whether the connection is up.
 func (b *JetStream) Ready() bool { return b.core.Ready() }
 
+// Name returns "jetstream".
+func (b *JetStream) Name() string { return "jetstream" }
+
 // Close ends the subscription to fast batch answers and closes the
 // connection.
 func (b *JetStream) Close() error {

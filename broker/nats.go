@@ -230,6 +230,9 @@ func (b *NATS) flush(ctx context.Context) error {
 // Ready reports whether the connection is up.
 func (b *NATS) Ready() bool { return b.nc.IsConnected() }
 
+// Name returns "nats".
+func (b *NATS) Name() string { return "nats" }
+
 // Close drains nothing: the ws role does not own messages in flight (Core
 // NATS is at-most-once). It closes the connection and waits (up to 5 s)
 // for the client library's callbacks to have run.

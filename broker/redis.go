@@ -415,5 +415,8 @@ func (b *Redis) track(pattern string) {
 // Ready reports whether the server answered the last read.
 func (b *Redis) Ready() bool { return b.up.Load() }
 
+// Name returns "redis".
+func (b *Redis) Name() string { return "redis" }
+
 // Close closes the client.
 func (b *Redis) Close() error { return b.rdb.Close() }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -19,7 +18,6 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler"
 	"github.com/99designs/gqlgen/graphql/handler/extension"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
-	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/schema"
 	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/gqlerror"
@@ -658,7 +656,7 @@ func (b gqlBackend) Health(ctx context.Context) *schema.Health {
 func (b gqlBackend) Subscribable(ctx context.Context) *schema.Subscribable {
 	return &schema.Subscribable{
 		Patterns:         b.s.cfg.Subjects,
-		Broker:           brokerName(b.s.cfg.Broker),
+		Broker:           b.s.cfg.Broker.Name(),
 		History:          b.s.durable != nil,
 		MaxSubjectBytes:  maxSubjectLen,
 		MaxSubscriptions: b.s.cfg.MaxSubscriptions,
@@ -727,18 +725,6 @@ func (b gqlBackend) Publish(ctx context.Context, subject string, data schema.JSO
 		p.Cursor = &cursor
 	}
 	return p, nil
-}
-
-func brokerName(b broker.Broker) string {
-	switch b.(type) {
-	case *broker.NATS:
-		return "nats"
-	case *broker.JetStream:
-		return "jetstream"
-	case *broker.Redis:
-		return "redis"
-	}
-	return fmt.Sprintf("%T", b)
 }
 
 // newGraphQL builds the executor for WebSocket operations and the handler
