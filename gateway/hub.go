@@ -162,13 +162,12 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 	} else if critical > 0 {
 		// A client is about to overflow. If its writer is merely waiting
 		// in the run queue (the dispatcher keeps its processor for up to a
-		// 10 ms time slice), yielding lets it run before the next batch: a
-		// writer that waited 5 ms overflowed 1 run in 12 of the 200 ×
-		// 20,000 burst, 0 in 15 with this. A slow client blocked in a
-		// write is not runnable: the yield returns at once and it
-		// overflows. Yielding only then, not after every batch, keeps the
-		// dispatcher on its core (and its caches): always yielding cost
-		// 21% in BenchmarkDispatch.
+		// 10 ms time slice), yielding lets it run before the next batch. A
+		// slow client blocked in a write is not runnable: the yield
+		// returns at once and it overflows. Yielding only then, not after
+		// every batch, keeps the dispatcher on its core and its caches
+		// (docs/benchmarks.md, "Hot-path microbenchmarks", has the
+		// figures).
 		runtime.Gosched()
 	}
 	for i, c := range h.paceList {
