@@ -316,7 +316,7 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	// A transaction the memory state already holds (it was persisted once
 	// its events were acknowledged, and PostgreSQL resends from the LSN
 	// confirmed before) is done: nothing of it is applied or published.
-	if r.docs != nil && r.docs.mem != nil && t.endLSN <= r.docs.mem.lsn {
+	if lsn, mem := r.docs.memLSN(); mem && t.endLSN <= lsn {
 		if r.replay != nil && t.commitLSN >= r.replay.until {
 			// Acknowledged through the high-water mark: nothing to replay.
 			r.replay, r.pend, r.pendTx = nil, nil, nil

@@ -241,17 +241,21 @@ func (t *memTable) index(cols []string) *memIndex {
 	return ix
 }
 
-// memState is every memory-mode table, owned by the reader.
+// memState is every memory-mode table, owned by the reader: the memory
+// mode's composer.
 type memState struct {
-	rows   atomic.Int64 // rows held, for metrics (read by other goroutines)
-	bytes  atomic.Int64 // bytes of their encoded values
-	tables map[string]*memTable
-	lsn    pglogrepl.LSN // the end of the last transaction applied
+	rows    atomic.Int64 // rows held, for metrics (read by other goroutines)
+	bytes   atomic.Int64 // bytes of their encoded values
+	tables  map[string]*memTable
+	byTable map[string][]*docNode // "schema.table" → the memory-mode nodes on that table
+	lsn     pglogrepl.LSN         // the end of the last transaction applied
 	// deltas not yet persisted, by transaction (memstore.go)
 	deltas []memTxDelta
 	// scratch space of applying changes: keys being looked up, a row's values
 	key, ixOld, ixNew []byte
 	vals              [][]byte
+	// scratch is reused by every document composed from the state.
+	scratch memScratch
 }
 
 // memTxDelta is what one transaction changed in the state.
@@ -287,7 +291,7 @@ type memNodeInfo struct {
 // columns each table keeps (document columns, join columns, keys,
 // ordering) and the indexes.
 func newMemState(projs []*docProjection, cat map[string]*catalogTable) *memState {
-	s := &memState{tables: make(map[string]*memTable)}
+	s := &memState{tables: make(map[string]*memTable), byTable: make(map[string][]*docNode)}
 	need := make(map[string][]string)
 	add := func(t string, cols ...string) {
 		for _, c := range cols {
@@ -356,6 +360,7 @@ func newMemState(projs []*docProjection, cat map[string]*catalogTable) *memState
 				info.orderOID = append(info.orderOID, info.t.cols[info.t.colIdx[c]].ctype.oid)
 			}
 			n.mem = info
+			s.byTable[n.nameKey] = append(s.byTable[n.nameKey], n)
 		}
 	}
 	return s

@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/jackc/pglogrepl"
@@ -52,42 +53,54 @@ func (t *memTable) appendKeyFrom(dst []byte, rel *table, tuple *pglogrepl.TupleD
 	return dst, true
 }
 
-// apply applies change c of relation rel to the state and records in d the
-// documents it affects: those of the row as it was, before, and as it is,
-// after (a child moving between parents affects both).
-func (e *docEngine) memApply(d *docChanges, rel *table, c *change, delta *memTxDelta) error {
-	t := e.mem.tables[rel.nameKey]
+// observe applies change c of table t to the state and records in d the
+// documents it affects (memApply).
+func (s *memState) observe(d *docChanges, t *table, c *change) error {
+	return s.memApply(d, t, c, &d.delta)
+}
+
+// observeTruncate empties table t in the state and records in d the
+// documents it affects (memTruncate).
+func (s *memState) observeTruncate(_ context.Context, d *docChanges, t *table) error {
+	s.memTruncate(d, t, &d.delta)
+	return nil
+}
+
+// memApply applies change c of relation rel to the state and records in d
+// the documents it affects: those of the row as it was, before, and as it
+// is, after (a child moving between parents affects both).
+func (s *memState) memApply(d *docChanges, rel *table, c *change, delta *memTxDelta) error {
+	t := s.tables[rel.nameKey]
 	if t == nil {
 		return nil
 	}
-	st := e.mem
 	var oldOK bool
 	if c.oldRow != nil {
-		st.key, oldOK = t.appendKeyFrom(st.key[:0], rel, c.oldRow)
+		s.key, oldOK = t.appendKeyFrom(s.key[:0], rel, c.oldRow)
 	} else if c.newRow != nil && c.kind == 'U' {
-		st.key, oldOK = t.appendKeyFrom(st.key[:0], rel, c.newRow) // the key did not change
+		s.key, oldOK = t.appendKeyFrom(s.key[:0], rel, c.newRow) // the key did not change
 	}
 	var old []byte
 	if oldOK {
-		old = t.rows[string(st.key)]
+		old = t.rows[string(s.key)]
 	}
 	if old != nil && c.kind == 'U' {
 		row, err := t.rowFrom(rel, c.newRow, old)
-		if st.key = t.appendKey(st.key[:0], row); err == nil && string(st.key) == string(t.appendKey(st.ixOld[:0], old)) {
+		if s.key = t.appendKey(s.key[:0], row); err == nil && string(s.key) == string(t.appendKey(s.ixOld[:0], old)) {
 			// The key kept: the row is replaced in place (what removing
 			// and inserting it does, without rebuilding its keys), and
 			// persisted by one put, which overwrites it.
-			k := string(st.key)
-			e.memAffected(d, t, old)
+			k := string(s.key)
+			s.memAffected(d, t, old)
 			t.replace(k, old, row)
 			delta.ops = append(delta.ops, memOp{table: t.nameKey, key: k, row: row})
-			e.memAffected(d, t, row)
+			s.memAffected(d, t, row)
 			return nil
 		}
 	}
 	if old != nil {
 		oldKey := t.key(old)
-		e.memAffected(d, t, old)
+		s.memAffected(d, t, old)
 		t.remove(oldKey)
 		delta.ops = append(delta.ops, memOp{table: t.nameKey, key: oldKey})
 	}
@@ -98,24 +111,24 @@ func (e *docEngine) memApply(d *docChanges, rel *table, c *change, delta *memTxD
 		}
 		k := t.key(row)
 		if prev := t.remove(k); prev != nil { // an insert over a row the state has (a re-read transaction)
-			e.memAffected(d, t, prev)
+			s.memAffected(d, t, prev)
 		}
 		t.insert(k, row)
 		delta.ops = append(delta.ops, memOp{table: t.nameKey, key: k, row: row})
-		e.memAffected(d, t, row)
+		s.memAffected(d, t, row)
 	}
 	return nil
 }
 
 // memTruncate empties a table: every document that had one of its rows is
 // affected.
-func (e *docEngine) memTruncate(d *docChanges, rel *table, delta *memTxDelta) {
-	t := e.mem.tables[rel.nameKey]
+func (s *memState) memTruncate(d *docChanges, rel *table, delta *memTxDelta) {
+	t := s.tables[rel.nameKey]
 	if t == nil {
 		return
 	}
 	for _, row := range t.rows {
-		e.memAffected(d, t, row)
+		s.memAffected(d, t, row)
 	}
 	t.reset()
 	delta.ops = append(delta.ops, memOp{table: t.nameKey, clear: true})
@@ -123,16 +136,13 @@ func (e *docEngine) memTruncate(d *docChanges, rel *table, delta *memTxDelta) {
 
 // memAffected records the documents row (of table t) is part of, in every
 // memory-mode projection, by walking up the joins in the state.
-func (e *docEngine) memAffected(d *docChanges, t *memTable, row []byte) {
-	for _, n := range e.byTable[t.nameKey] {
-		if n.mem == nil {
-			continue
-		}
-		e.memUp(d, n, row)
+func (s *memState) memAffected(d *docChanges, t *memTable, row []byte) {
+	for _, n := range s.byTable[t.nameKey] {
+		s.memUp(d, n, row)
 	}
 }
 
-func (e *docEngine) memUp(d *docChanges, n *docNode, row []byte) {
+func (s *memState) memUp(d *docChanges, n *docNode, row []byte) {
 	info := n.mem
 	if n.parent == nil {
 		if k := rowField(row, info.t.colIdx[n.proj.key.name]); k != nil {
@@ -156,6 +166,6 @@ func (e *docEngine) memUp(d *docChanges, n *docNode, row []byte) {
 		st.key = appendTupleValue(st.key, joinText(info.parentIx.oids[i], v))
 	}
 	for _, prow := range info.parentIx.m[string(st.key)] {
-		e.memUp(d, n.parent, prow)
+		s.memUp(d, n.parent, prow)
 	}
 }

@@ -3,6 +3,7 @@ package cdc
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"math/big"
@@ -16,10 +17,28 @@ import (
 // mode's ORDER BY orders it, for the types an ordering column usually has
 // (compareText).
 
+// prepare: the state is as of transaction t already.
+func (s *memState) prepare(context.Context, *docChanges, *txn) error { return nil }
+
+// recompose composes the documents of keys from the state, as of this
+// commit (no query), into buf, reused from the last call.
+func (s *memState) recompose(_ context.Context, p *docProjection, keys, docs [][]byte, bad []error, buf []byte) ([]byte, error) {
+	buf = buf[:0]
+	for i, k := range keys {
+		start := len(buf)
+		var ok bool
+		buf, ok, bad[i] = s.appendMemDoc(buf, p, k)
+		if ok && bad[i] == nil {
+			docs[i] = buf[start:len(buf):len(buf)]
+		}
+	}
+	return buf, nil
+}
+
 // memCompose composes the document of p with key from the state (nil: the
 // primary row does not exist).
-func (e *docEngine) memCompose(p *docProjection, key []byte) ([]byte, error) {
-	doc, ok, err := e.appendMemDoc(nil, p, key)
+func (s *memState) memCompose(p *docProjection, key []byte) ([]byte, error) {
+	doc, ok, err := s.appendMemDoc(nil, p, key)
 	if !ok || err != nil {
 		return nil, err
 	}
@@ -43,9 +62,9 @@ type memLevel struct {
 // appendMemDoc appends the document of p with key, composed from the
 // state, to b; ok is false when its primary row does not exist. On an
 // error, b is returned as it was.
-func (e *docEngine) appendMemDoc(b []byte, p *docProjection, key []byte) (_ []byte, ok bool, _ error) {
+func (s *memState) appendMemDoc(b []byte, p *docProjection, key []byte) (_ []byte, ok bool, _ error) {
 	root := p.root
-	sc := &e.memScratch
+	sc := &s.scratch
 	sc.key = appendTupleValue(sc.key[:0], key)
 	row := root.mem.t.rows[string(sc.key)]
 	if row == nil {
@@ -244,7 +263,7 @@ func infinityRank(s []byte) int {
 }
 
 // memKeys lists the keys of every document of p in the state, in order.
-func (e *docEngine) memKeys(p *docProjection) [][]byte {
+func (s *memState) memKeys(p *docProjection) [][]byte {
 	t := p.root.mem.t
 	kc := t.colIdx[p.key.name]
 	keys := make([][]byte, 0, len(t.rows))

@@ -19,28 +19,74 @@ import (
 // (docs/projections.md). The docEngine serves every projection of an
 // ingest: the projections are resolved against the catalog when it starts
 // (recompose_catalog.go); each transaction's changes are mapped to the
-// documents they affect (recompose_track.go); those documents are composed,
-// re-read from the database in the sql mode (recompose_sql.go) or from the
-// state the memory mode keeps (memory.go), and published as JSON events
-// (recompose_json.go) after the transaction's table events, in commit
-// order. This file is the engine: its set-up, the events of a transaction,
-// and the memory state's lifecycle.
+// documents they affect (recompose_track.go); those documents are composed
+// by their mode's composer, re-read from the database in the sql mode
+// (sqlComposer, recompose_sql.go) or from the rows the memory mode keeps
+// (memState, memory*.go), and published as JSON events (recompose_json.go)
+// after the transaction's table events, in commit order. This file is the
+// engine: its set-up, the events of a transaction, and the memory state's
+// lifecycle.
 
 // docEngine serves every projection of an ingest.
 type docEngine struct {
-	projs   []*docProjection
-	byTable map[string][]*docNode // "schema.table" → the nodes on that table
-	mem     *memState             // the memory-mode tables; nil without
-	// memScratch is reused by every document composed from mem.
-	memScratch memScratch
-	store      *memStore     // where mem is persisted
-	pool       *pgxpool.Pool // where documents are re-read
-	chunk      int           // keys per query
-	workers    int           // concurrent queries
+	projs []*docProjection
+	// composers are the modes the projections use, each once: the memory
+	// mode's first, then the sql mode's. A projection's own is p.composer.
+	composers []composer
+	mem       *memState     // the memory mode: its tables; nil without
+	sql       *sqlComposer  // the sql mode; nil without
+	store     *memStore     // where mem is persisted
+	pool      *pgxpool.Pool // where documents are re-read
 	// maxEvent is the broker's message size limit (0: none); report counts
 	// and logs a document published as an error event.
 	maxEvent int
 	report   func(*badRowError)
+}
+
+// composer is how the documents of the projections of one mode are found
+// and composed: sqlComposer re-reads them from the database, memState
+// composes them from the rows it keeps.
+type composer interface {
+	// observe records in d the documents change c of table t affects (the
+	// memory mode applies it to its state first).
+	observe(d *docChanges, t *table, c *change) error
+	// observeTruncate records in d the documents a truncate of t affects
+	// (the memory mode empties its table).
+	observeTruncate(ctx context.Context, d *docChanges, t *table) error
+	// prepare runs before transaction t's documents are composed, once d
+	// holds all of them.
+	prepare(ctx context.Context, d *docChanges, t *txn) error
+	// recompose composes the documents of p with keys into docs (nil: no
+	// such document), and why one could not be encoded into bad. buf is
+	// scratch space the documents may be written into, returned for the
+	// next call: docs are valid until then.
+	recompose(ctx context.Context, p *docProjection, keys, docs [][]byte, bad []error, buf []byte) ([]byte, error)
+}
+
+// setComposers gives every projection the composer of its mode (the
+// memory mode's when newMemState took it: e.mem, set before) and lists the
+// modes used in e.composers.
+func (e *docEngine) setComposers() {
+	for _, p := range e.projs {
+		if p.root.mem != nil {
+			p.composer = e.mem
+			continue
+		}
+		if e.sql == nil {
+			e.sql = &sqlComposer{byTable: make(map[string][]*docNode), pool: e.pool, chunk: docChunk, workers: docWorkers}
+		}
+		e.sql.projs = append(e.sql.projs, p)
+		for _, n := range p.nodes {
+			e.sql.byTable[n.nameKey] = append(e.sql.byTable[n.nameKey], n)
+		}
+		p.composer = e.sql
+	}
+	if e.mem != nil {
+		e.composers = append(e.composers, e.mem)
+	}
+	if e.sql != nil {
+		e.composers = append(e.composers, e.sql)
+	}
 }
 
 // events recomposes every document d names and appends their events, in
@@ -49,18 +95,10 @@ type docEngine struct {
 // projection and key (nil: the truncate event).
 func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docChanges, t *txn, id func(p *docProjection, key []byte) string, flush func([]broker.Outgoing) ([]broker.Outgoing, error)) ([]broker.Outgoing, error) {
 	lsn, commitTime := t.commitLSN, t.commitTime
-	if len(d.pending) > 0 || slices.ContainsFunc(e.projs, func(p *docProjection) bool { return p.root.mem == nil && len(d.keys[p]) > 0 }) {
-		// The sql mode reads the database: first wait until the
-		// transaction is visible to new snapshots. Its commit reaches
-		// logical decoding once it is in the WAL, a moment before other
-		// sessions see it, and a read in that moment sees the rows as
-		// they were before it.
-		if err := e.waitVisible(ctx, t.xid); err != nil {
+	for _, c := range e.composers {
+		if err := c.prepare(ctx, d, t); err != nil {
 			return evs, err
 		}
-	}
-	if err := e.resolve(ctx, d); err != nil {
-		return evs, err
 	}
 	for _, p := range e.projs {
 		if d.trunc[p] {
@@ -74,7 +112,7 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 		// In groups, each handed to the publisher as it is composed: a
 		// 100,000-document transaction is neither held whole nor waited
 		// for before the first documents go.
-		group := max(e.chunk*e.workers, 1024)
+		group := max(docChunk*docWorkers, 1024)
 		var buf []byte
 		docs, bad := make([][]byte, min(group, len(keys))), make([]error, min(group, len(keys)))
 		for start := 0; start < len(keys); start += group {
@@ -82,19 +120,10 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 			docs, bad := docs[:len(part)], bad[:len(part)]
 			clear(docs)
 			clear(bad)
-			if p.root.mem != nil { // memory mode: as of this commit, no query
-				// The group's documents in one buffer, reused by the next
-				// group: each is copied into its event.
-				buf = buf[:0]
-				for i, k := range part {
-					start := len(buf)
-					var ok bool
-					buf, ok, bad[i] = e.appendMemDoc(buf, p, k)
-					if ok && bad[i] == nil {
-						docs[i] = buf[start:len(buf):len(buf)]
-					}
-				}
-			} else if err := e.sqlCompose(ctx, p, part, docs, bad); err != nil {
+			// buf: the memory mode's documents of the group, reused by
+			// the next group (each is copied into its event).
+			var err error
+			if buf, err = p.composer.recompose(ctx, p, part, docs, bad, buf); err != nil {
 				return evs, err
 			}
 			for i, k := range part {
@@ -103,7 +132,6 @@ func (e *docEngine) events(ctx context.Context, evs []broker.Outgoing, d *docCha
 				}
 				evs = append(evs, e.docEvent(p, k, docs[i], bad[i], id(p, k), lsn, commitTime))
 			}
-			var err error
 			if evs, err = flush(evs); err != nil {
 				return evs, err
 			}
@@ -162,12 +190,7 @@ func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn, types *typeC
 	if err != nil {
 		return nil, fmt.Errorf("postgres: projection pool: %w", err)
 	}
-	e := &docEngine{projs: projs, byTable: make(map[string][]*docNode), pool: pool, chunk: docChunk, workers: docWorkers, maxEvent: in.maxEvent, report: in.reportBad}
-	for _, p := range projs {
-		for _, n := range p.nodes {
-			e.byTable[n.nameKey] = append(e.byTable[n.nameKey], n)
-		}
-	}
+	e := &docEngine{projs: projs, pool: pool, maxEvent: in.maxEvent, report: in.reportBad}
 	if slices.ContainsFunc(projs, func(p *docProjection) bool { return p.spec.Mode == ModeMemory }) {
 		e.mem = newMemState(projs, cat)
 		in.mem.Store(e.mem)
@@ -184,6 +207,7 @@ func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn, types *typeC
 		rows, bytes := e.mem.stats()
 		in.log.Info("projection: memory state", zap.String("file", path), zap.Stringer("lsn", lsn), zap.Int64("rows", rows), zap.Int64("value_bytes", bytes))
 	}
+	e.setComposers()
 	return e, nil
 }
 

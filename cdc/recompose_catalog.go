@@ -55,6 +55,7 @@ type docProjection struct {
 	subject    string // <prefix>.<name>
 	errSubject string // where its error events go
 	nodes      []*docNode
+	composer   composer // its mode's (docEngine.setComposers)
 }
 
 // querier runs queries: a pool, a connection or a transaction.

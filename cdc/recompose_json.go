@@ -10,8 +10,8 @@ import (
 )
 
 // Documents as JSON: a document re-read by the sql mode (appendDoc; the
-// memory mode writes its own from the state, memory.go), and the event
-// that carries a document (docEvent).
+// memory mode writes its own from the state, memory_compose.go), and the
+// event that carries a document (docEvent).
 
 // appendDoc appends row r of node n as a JSON object with its embeds.
 func appendDoc(b []byte, n *docNode, r *composedRow) ([]byte, error) {

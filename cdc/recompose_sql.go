@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -25,9 +26,39 @@ const (
 	docWorkers = 8   // concurrent queries
 )
 
+// sqlComposer is the sql mode's composer.
+type sqlComposer struct {
+	projs   []*docProjection      // the sql-mode projections
+	byTable map[string][]*docNode // "schema.table" → their nodes on that table
+	pool    *pgxpool.Pool         // where documents are re-read
+	chunk   int                   // keys per query
+	workers int                   // concurrent queries
+}
+
+// prepare waits until transaction t is visible and runs the lookups d
+// holds, so that its documents are known by their keys.
+func (s *sqlComposer) prepare(ctx context.Context, d *docChanges, t *txn) error {
+	if len(d.pending) > 0 || slices.ContainsFunc(s.projs, func(p *docProjection) bool { return len(d.keys[p]) > 0 }) {
+		// The sql mode reads the database: first wait until the
+		// transaction is visible to new snapshots. Its commit reaches
+		// logical decoding once it is in the WAL, a moment before other
+		// sessions see it, and a read in that moment sees the rows as
+		// they were before it.
+		if err := s.waitVisible(ctx, t.xid); err != nil {
+			return err
+		}
+	}
+	return s.resolve(ctx, d)
+}
+
+// recompose re-reads the documents of keys (sqlCompose); buf is not used.
+func (s *sqlComposer) recompose(ctx context.Context, p *docProjection, keys, docs [][]byte, bad []error, buf []byte) ([]byte, error) {
+	return buf, s.sqlCompose(ctx, p, keys, docs, bad)
+}
+
 // resolve runs the pending parent lookups, deepest relations first, until
 // every affected document is known by its primary key.
-func (e *docEngine) resolve(ctx context.Context, d *docChanges) error {
+func (s *sqlComposer) resolve(ctx context.Context, d *docChanges) error {
 	for len(d.pending) > 0 {
 		var deepest *docNode
 		for n := range d.pending {
@@ -66,7 +97,7 @@ func (e *docEngine) resolve(ctx context.Context, d *docChanges) error {
 		for _, v := range tuples {
 			list = append(list, v)
 		}
-		err := e.queryByTuples(ctx, e.pool, parent, sel, cols, list, "", func(raw [][]byte) {
+		err := s.queryByTuples(ctx, s.pool, parent, sel, cols, list, "", func(raw [][]byte) {
 			if parent.parent == nil {
 				if raw[0] != nil {
 					d.addKey(p, raw[0], false)
@@ -96,8 +127,8 @@ var textResults = pgx.QueryResultFormats{pgx.TextFormatCode}
 // queryByTuples selects sel (as text) from n's rows whose cols hold one of
 // tuples, in chunks, calling fn for each row (its values are valid during
 // the call only).
-func (e *docEngine) queryByTuples(ctx context.Context, q querier, n *docNode, sel []string, cols []docCol, tuples [][][]byte, order string, fn func(raw [][]byte)) error {
-	chunk := e.chunk
+func (s *sqlComposer) queryByTuples(ctx context.Context, q querier, n *docNode, sel []string, cols []docCol, tuples [][][]byte, order string, fn func(raw [][]byte)) error {
+	chunk := s.chunk
 	for start := 0; start < len(tuples); start += chunk {
 		part := tuples[start:min(start+chunk, len(tuples))]
 		args := make([]any, 1+len(cols))
@@ -106,8 +137,8 @@ func (e *docEngine) queryByTuples(ctx context.Context, q querier, n *docNode, se
 			arr := make([]*string, len(part))
 			for ti, t := range part {
 				if t[ci] != nil {
-					s := string(t[ci])
-					arr[ti] = &s
+					str := string(t[ci])
+					arr[ti] = &str
 				}
 			}
 			args[1+ci] = arr
@@ -191,7 +222,7 @@ func idents(cols []docCol) []string {
 // compose reads the documents of p with the given keys and returns, for
 // each key in order, its document (nil when the primary row is gone), and
 // why a document could not be encoded (nil when every one could).
-func (e *docEngine) compose(ctx context.Context, q querier, p *docProjection, keys [][]byte) (_ [][]byte, bad []error, _ error) {
+func (s *sqlComposer) compose(ctx context.Context, q querier, p *docProjection, keys [][]byte) (_ [][]byte, bad []error, _ error) {
 	root := p.root
 	tuples := make([][][]byte, len(keys))
 	for i, k := range keys {
@@ -202,7 +233,7 @@ func (e *docEngine) compose(ctx context.Context, q querier, p *docProjection, ke
 	var rows []*composedRow
 	sel := append(append(idents(root.cols), idents(extras)...), p.key.ident)
 	nc, nx := len(root.cols), len(extras)
-	err := e.queryByTuples(ctx, q, root, sel, []docCol{p.key}, tuples, "", func(raw [][]byte) {
+	err := s.queryByTuples(ctx, q, root, sel, []docCol{p.key}, tuples, "", func(raw [][]byte) {
 		r := &composedRow{vals: cloneAll(raw[:nc]), extra: cloneAll(raw[nc : nc+nx])}
 		byKey[string(raw[nc+nx])] = r
 		rows = append(rows, r)
@@ -210,7 +241,7 @@ func (e *docEngine) compose(ctx context.Context, q querier, p *docProjection, ke
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := e.fill(ctx, q, root, extras, rows); err != nil {
+	if err := s.fill(ctx, q, root, extras, rows); err != nil {
 		return nil, nil, err
 	}
 	out := make([][]byte, len(keys))
@@ -234,7 +265,7 @@ func (e *docEngine) compose(ctx context.Context, q querier, p *docProjection, ke
 
 // fill reads the children of rows (of node n, read with extras),
 // recursively.
-func (e *docEngine) fill(ctx context.Context, q querier, n *docNode, extras []docCol, rows []*composedRow) error {
+func (s *sqlComposer) fill(ctx context.Context, q querier, n *docNode, extras []docCol, rows []*composedRow) error {
 	if len(rows) == 0 {
 		return nil
 	}
@@ -276,7 +307,7 @@ func (e *docEngine) fill(ctx context.Context, q querier, n *docNode, extras []do
 		sel := append(append(idents(child.cols), idents(cx)...), idents(joinCols)...)
 		nc, nx, nj := len(child.cols), len(cx), len(joinCols)
 		var kids []*composedRow
-		err := e.queryByTuples(ctx, q, child, sel, joinCols, tuples, child.orderBy, func(raw [][]byte) {
+		err := s.queryByTuples(ctx, q, child, sel, joinCols, tuples, child.orderBy, func(raw [][]byte) {
 			kr := &composedRow{vals: cloneAll(raw[:nc]), extra: cloneAll(raw[nc : nc+nx])}
 			for _, pr := range parents[joinKey(oids, raw[nc+nx:nc+nx+nj])] {
 				pr.children[ci] = append(pr.children[ci], kr)
@@ -286,7 +317,7 @@ func (e *docEngine) fill(ctx context.Context, q querier, n *docNode, extras []do
 		if err != nil {
 			return err
 		}
-		if err := e.fill(ctx, q, child, cx, kids); err != nil {
+		if err := s.fill(ctx, q, child, cx, kids); err != nil {
 			return err
 		}
 	}
@@ -294,26 +325,26 @@ func (e *docEngine) fill(ctx context.Context, q querier, n *docNode, extras []do
 }
 
 // sqlCompose re-reads the documents of keys into docs, and why one could
-// not be encoded into bad: chunks of e.chunk
-// keys, e.workers at a time. A chunk's queries (one per relation level)
+// not be encoded into bad: chunks of s.chunk
+// keys, s.workers at a time. A chunk's queries (one per relation level)
 // share one snapshot, so each document is the document at some commit, if
 // not always the one that triggered it.
-func (e *docEngine) sqlCompose(ctx context.Context, p *docProjection, keys, docs [][]byte, bad []error) error {
+func (s *sqlComposer) sqlCompose(ctx context.Context, p *docProjection, keys, docs [][]byte, bad []error) error {
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(e.workers)
-	for start := 0; start < len(keys); start += e.chunk {
-		end := min(start+e.chunk, len(keys))
+	g.SetLimit(s.workers)
+	for start := 0; start < len(keys); start += s.chunk {
+		end := min(start+s.chunk, len(keys))
 		g.Go(func() error {
-			var q querier = e.pool
+			var q querier = s.pool
 			if len(p.root.children) > 0 {
-				tx, err := e.pool.BeginTx(gctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+				tx, err := s.pool.BeginTx(gctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 				if err != nil {
 					return fmt.Errorf("postgres: projection %q: %w", p.spec.Name, err)
 				}
 				defer tx.Rollback(context.WithoutCancel(gctx))
 				q = tx
 			}
-			out, b, err := e.compose(gctx, q, p, keys[start:end])
+			out, b, err := s.compose(gctx, q, p, keys[start:end])
 			copy(docs[start:end], out)
 			copy(bad[start:end], b)
 			return err
@@ -332,12 +363,12 @@ const visibleSQL = `
 	FROM txid_current_snapshot() AS s`
 
 // waitVisible waits until transaction xid is visible to new snapshots.
-func (e *docEngine) waitVisible(ctx context.Context, xid uint32) error {
+func (s *sqlComposer) waitVisible(ctx context.Context, xid uint32) error {
 	if xid == 0 {
 		return nil
 	}
 	for wait := 100 * time.Microsecond; ; wait = min(2*wait, 10*time.Millisecond) {
-		rows, err := e.pool.Query(ctx, visibleSQL, int64(xid))
+		rows, err := s.pool.Query(ctx, visibleSQL, int64(xid))
 		if err != nil {
 			return fmt.Errorf("postgres: transaction visibility: %w", err)
 		}

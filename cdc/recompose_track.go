@@ -10,10 +10,11 @@ import (
 )
 
 // Change tracking: each change of a transaction is mapped to the
-// documents it affects (docChanges): by the key itself when the changed
-// row is a primary row, otherwise by the parent-column values to look the
-// parents up by (resolve, recompose_sql.go). The memory mode finds them in
-// its state instead (memory.go).
+// documents it affects (docChanges), by each mode's composer. The sql mode
+// records the key itself when the changed row is a primary row, otherwise
+// the parent-column values to look the parents up by (resolve,
+// recompose_sql.go); the memory mode finds them in its state
+// (memory_apply.go).
 
 // docChanges collects, for one transaction, the primary keys of the
 // documents its changes affect, and the lookups still to run.
@@ -144,15 +145,30 @@ func rowValue(t *table, row *pglogrepl.TupleData, name string) ([]byte, bool) {
 // observe maps change c of table t to the documents it affects (and, in
 // memory mode, applies it to the state).
 func (e *docEngine) observe(d *docChanges, t *table, c *change) error {
-	if e.mem != nil {
-		if err := e.memApply(d, t, c, &d.delta); err != nil {
+	for _, m := range e.composers {
+		if err := m.observe(d, t, c); err != nil {
 			return err
 		}
 	}
-	for _, n := range e.byTable[t.nameKey] {
-		if n.mem != nil {
-			continue
+	return nil
+}
+
+// observeTruncate maps a truncate of table t to the documents it affects
+// (and, in memory mode, empties the state's table).
+func (e *docEngine) observeTruncate(ctx context.Context, d *docChanges, t *table) error {
+	for _, m := range e.composers {
+		if err := m.observeTruncate(ctx, d, t); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// observe maps change c of table t to the sql-mode documents it affects:
+// a primary row by its key, a child row by its join values (the lookups
+// resolve runs), as it is and as it was.
+func (s *sqlComposer) observe(d *docChanges, t *table, c *change) error {
+	for _, n := range s.byTable[t.nameKey] {
 		for _, row := range []*pglogrepl.TupleData{c.newRow, c.oldRow} {
 			if row == nil {
 				continue
@@ -183,21 +199,15 @@ func (e *docEngine) observe(d *docChanges, t *table, c *change) error {
 
 // observeTruncate: a truncated table of a projection affects every one of
 // its documents whose relations it holds; the simplest exact answer is to
-// recompose them all, which the engine does by reading every key.
-func (e *docEngine) observeTruncate(ctx context.Context, d *docChanges, t *table) error {
-	if e.mem != nil {
-		e.memTruncate(d, t, &d.delta)
-	}
-	for _, n := range e.byTable[t.nameKey] {
+// recompose them all, which the sql mode does by reading every key.
+func (s *sqlComposer) observeTruncate(ctx context.Context, d *docChanges, t *table) error {
+	for _, n := range s.byTable[t.nameKey] {
 		p := n.proj
-		if n.mem != nil {
-			continue
-		}
 		if n.parent == nil {
 			d.trunc[p] = true // the documents are gone, and their keys unknown: one truncate event
 			continue
 		}
-		rows, err := e.pool.Query(ctx, "SELECT "+p.key.ident+" FROM "+p.root.ident, textResults)
+		rows, err := s.pool.Query(ctx, "SELECT "+p.key.ident+" FROM "+p.root.ident, textResults)
 		if err != nil {
 			return fmt.Errorf("postgres: projection %q: %w", p.spec.Name, err)
 		}
