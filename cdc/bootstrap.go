@@ -246,7 +246,7 @@ func (in *Ingest) bootstrapDocs(ctx context.Context, tx pgx.Tx, docs *docEngine,
 		}
 	}
 	for pi, p := range docs.projs {
-		if p.root.mem != nil {
+		if _, ok := p.composer.(*memState); ok {
 			n, err := in.bootstrapMemDocs(ctx, docs, p, tx0, pub)
 			if err != nil {
 				return total, err
@@ -276,9 +276,9 @@ func (in *Ingest) bootstrapDocs(ctx context.Context, tx pgx.Tx, docs *docEngine,
 				break
 			}
 			var evs []broker.Outgoing
-			for start := 0; start < len(keys); start += docs.chunk {
-				part := keys[start:min(start+docs.chunk, len(keys))]
-				out, bad, err := docs.compose(ctx, tx, p, part)
+			for start := 0; start < len(keys); start += docs.sql.chunk {
+				part := keys[start:min(start+docs.sql.chunk, len(keys))]
+				out, bad, err := docs.sql.compose(ctx, tx, p, part)
 				if err != nil {
 					return total, err
 				}
@@ -337,10 +337,10 @@ func (in *Ingest) bootstrapMem(ctx context.Context, tx pgx.Tx, docs *docEngine) 
 // bootstrapMemDocs publishes every document of memory projection p,
 // composed from the state just loaded.
 func (in *Ingest) bootstrapMemDocs(ctx context.Context, docs *docEngine, p *docProjection, tx0 *txn, pub *publisher) (int, error) {
-	keys := docs.memKeys(p)
+	keys := docs.mem.memKeys(p)
 	var evs []broker.Outgoing
 	for _, k := range keys {
-		doc, docErr := docs.memCompose(p, k)
+		doc, docErr := docs.mem.memCompose(p, k)
 		id := bootstrapID("projection "+p.spec.Name, [][]byte{k, doc})
 		if evs = append(evs, docs.docEvent(p, k, doc, docErr, id, tx0.commitLSN, tx0.commitTime)); len(evs) >= in.cfg.MaxBatch {
 			if err := pub.add(ctx, evs, 0, time.Time{}); err != nil {

@@ -41,7 +41,7 @@ func BenchmarkComposeQueries(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	e := &docEngine{projs: projs, pool: pool, chunk: docChunk, workers: docWorkers}
+	e := &sqlComposer{pool: pool, chunk: docChunk, workers: docWorkers}
 	const n = 100_000
 	keys := make([][]byte, n)
 	for i := range keys {

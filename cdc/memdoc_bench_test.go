@@ -63,11 +63,9 @@ func memBenchEngine(tb testing.TB, orders int) (*docEngine, *table) {
 		tb.Fatal(errs)
 	}
 	p.root, p.key = root, mkCol("id", cat["public.orders"].cols["id"])
-	e := &docEngine{projs: []*docProjection{p}, byTable: make(map[string][]*docNode), report: func(err *badRowError) { tb.Fatal(err) }}
-	for _, n := range p.nodes {
-		e.byTable[n.nameKey] = append(e.byTable[n.nameKey], n)
-	}
+	e := &docEngine{projs: []*docProjection{p}, report: func(err *badRowError) { tb.Fatal(err) }}
 	e.mem = newMemState(e.projs, cat)
+	e.setComposers()
 	put := func(name string, vals ...string) {
 		t := e.mem.tables[name]
 		row := make([][]byte, len(t.cols))
@@ -229,8 +227,8 @@ func TestMemUpdatePersists(t *testing.T) {
 	}
 	for id := 1; id <= 50; id++ {
 		k := []byte(strconv.Itoa(id))
-		want, err1 := e.memCompose(e.projs[0], k)
-		got, err2 := e2.memCompose(e2.projs[0], k)
+		want, err1 := e.mem.memCompose(e.projs[0], k)
+		got, err2 := e2.mem.memCompose(e2.projs[0], k)
 		if err1 != nil || err2 != nil || string(got) != string(want) {
 			t.Fatalf("order %d: loaded %s (%v), want %s (%v)", id, got, err2, want, err1)
 		}

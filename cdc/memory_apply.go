@@ -1,0 +1,171 @@
+package cdc
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// Applying changes to the memory state: each change of a memory-mode
+// table updates its rows and indexes as it is decoded, and the documents
+// the row was and is part of are found by walking up the joins in the
+// state (memAffected).
+
+// rowFrom builds the kept columns of table t (a memTable) from a change's
+// tuple as rel (the relation) describes it; a column not sent (unchanged
+// TOAST) is taken from old, the row's stored version.
+func (t *memTable) rowFrom(rel *table, tuple *pglogrepl.TupleData, old []byte) ([]byte, error) {
+	vals := append(t.st.vals[:0], make([][]byte, len(t.cols))...)
+	defer func() { clear(vals); t.st.vals = vals }()
+	for i, c := range t.cols {
+		j := rel.column(c.name)
+		if j < 0 || j >= len(tuple.Columns) {
+			return nil, fmt.Errorf("table %s: column %s is not replicated", t.nameKey, c.name)
+		}
+		col := tuple.Columns[j]
+		switch col.DataType {
+		case pglogrepl.TupleDataTypeText:
+			vals[i] = col.Data
+		case pglogrepl.TupleDataTypeNull:
+		case pglogrepl.TupleDataTypeToast:
+			if old == nil {
+				return nil, fmt.Errorf("table %s: column %s was not sent (unchanged TOAST) and the row is not in the state", t.nameKey, c.name)
+			}
+			vals[i] = rowField(old, i)
+		default:
+			return nil, fmt.Errorf("table %s column %s: tuple data type %q", t.nameKey, c.name, col.DataType)
+		}
+	}
+	return encodeRow(vals), nil
+}
+
+// keyFrom is the row key of a change's tuple (the key columns are always
+// sent: a key-only old tuple holds them).
+func (t *memTable) appendKeyFrom(dst []byte, rel *table, tuple *pglogrepl.TupleData) ([]byte, bool) {
+	for _, c := range t.pk {
+		j := rel.column(t.cols[c].name)
+		if j < 0 || j >= len(tuple.Columns) || tuple.Columns[j].DataType != pglogrepl.TupleDataTypeText {
+			return dst, false
+		}
+		dst = appendTupleValue(dst, tuple.Columns[j].Data)
+	}
+	return dst, true
+}
+
+// observe applies change c of table t to the state and records in d the
+// documents it affects (memApply).
+func (s *memState) observe(d *docChanges, t *table, c *change) error {
+	return s.memApply(d, t, c, &d.delta)
+}
+
+// observeTruncate empties table t in the state and records in d the
+// documents it affects (memTruncate).
+func (s *memState) observeTruncate(_ context.Context, d *docChanges, t *table) error {
+	s.memTruncate(d, t, &d.delta)
+	return nil
+}
+
+// memApply applies change c of relation rel to the state and records in d
+// the documents it affects: those of the row as it was, before, and as it
+// is, after (a child moving between parents affects both).
+func (s *memState) memApply(d *docChanges, rel *table, c *change, delta *memTxDelta) error {
+	t := s.tables[rel.nameKey]
+	if t == nil {
+		return nil
+	}
+	var oldOK bool
+	if c.oldRow != nil {
+		s.key, oldOK = t.appendKeyFrom(s.key[:0], rel, c.oldRow)
+	} else if c.newRow != nil && c.kind == 'U' {
+		s.key, oldOK = t.appendKeyFrom(s.key[:0], rel, c.newRow) // the key did not change
+	}
+	var old []byte
+	if oldOK {
+		old = t.rows[string(s.key)]
+	}
+	if old != nil && c.kind == 'U' {
+		row, err := t.rowFrom(rel, c.newRow, old)
+		if s.key = t.appendKey(s.key[:0], row); err == nil && string(s.key) == string(t.appendKey(s.ixOld[:0], old)) {
+			// The key kept: the row is replaced in place (what removing
+			// and inserting it does, without rebuilding its keys), and
+			// persisted by one put, which overwrites it.
+			k := string(s.key)
+			s.memAffected(d, t, old)
+			t.replace(k, old, row)
+			delta.ops = append(delta.ops, memOp{table: t.nameKey, key: k, row: row})
+			s.memAffected(d, t, row)
+			return nil
+		}
+	}
+	if old != nil {
+		oldKey := t.key(old)
+		s.memAffected(d, t, old)
+		t.remove(oldKey)
+		delta.ops = append(delta.ops, memOp{table: t.nameKey, key: oldKey})
+	}
+	if c.kind == 'I' || c.kind == 'U' {
+		row, err := t.rowFrom(rel, c.newRow, old)
+		if err != nil {
+			return err
+		}
+		k := t.key(row)
+		if prev := t.remove(k); prev != nil { // an insert over a row the state has (a re-read transaction)
+			s.memAffected(d, t, prev)
+		}
+		t.insert(k, row)
+		delta.ops = append(delta.ops, memOp{table: t.nameKey, key: k, row: row})
+		s.memAffected(d, t, row)
+	}
+	return nil
+}
+
+// memTruncate empties a table: every document that had one of its rows is
+// affected.
+func (s *memState) memTruncate(d *docChanges, rel *table, delta *memTxDelta) {
+	t := s.tables[rel.nameKey]
+	if t == nil {
+		return
+	}
+	for _, row := range t.rows {
+		s.memAffected(d, t, row)
+	}
+	t.reset()
+	delta.ops = append(delta.ops, memOp{table: t.nameKey, clear: true})
+}
+
+// memAffected records the documents row (of table t) is part of, in every
+// memory-mode projection, by walking up the joins in the state.
+func (s *memState) memAffected(d *docChanges, t *memTable, row []byte) {
+	for _, n := range s.byTable[t.nameKey] {
+		s.memUp(d, n, row)
+	}
+}
+
+func (s *memState) memUp(d *docChanges, n *docNode, row []byte) {
+	info := n.mem
+	if n.parent == nil {
+		if k := rowField(row, info.t.colIdx[n.proj.key.name]); k != nil {
+			d.addKey(n.proj, k, true)
+		}
+		return
+	}
+	if info.parentIx == nil { // the join reaches the primary key
+		if v := rowField(row, info.t.colIdx[n.on[0].child.name]); v != nil {
+			d.addKey(n.proj, v, false)
+		}
+		return
+	}
+	st := info.t.st
+	st.key = st.key[:0]
+	for i, j := range n.on {
+		v := rowField(row, info.t.colIdx[j.child.name])
+		if v == nil {
+			return
+		}
+		st.key = appendTupleValue(st.key, joinText(info.parentIx.oids[i], v))
+	}
+	for _, prow := range info.parentIx.m[string(st.key)] {
+		s.memUp(d, n.parent, prow)
+	}
+}
