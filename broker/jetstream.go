@@ -595,7 +595,7 @@ func (b *JetStream) Consume(ctx context.Context, h Handler, started func(start s
 const consumeHeartbeat = time.Second
 
 // run consumes cons, which starts after stream sequence after, batching
-// messages to h, until ctx is done. Meanwhile watchStream re-creates the
+// messages to h, until ctx is done or the broker is closed. Meanwhile watchStream re-creates the
 // stream if it is lost.
 func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, after uint64, h Handler, started func()) error {
 	ch := make(chan Message, cmp.Or(b.buffer, consumeBuffer))
@@ -649,6 +649,8 @@ func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, after uint
 		case m = <-ch:
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-b.core.closed:
+			return ErrClosed
 		}
 		arrived := time.Now()
 		batch = append(batch[:0], m)

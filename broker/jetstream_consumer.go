@@ -241,6 +241,8 @@ func (c *jsConsumer) Consume(ctx context.Context, tick time.Duration, h func([]M
 			}
 			h(nil)
 			continue
+		case <-c.b.core.closed:
+			return ErrClosed
 		case <-cc.Closed():
 			return fmt.Errorf("jetstream: consumer %q stopped (deleted on the server?)", c.name)
 		case <-ctx.Done():

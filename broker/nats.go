@@ -54,6 +54,7 @@ type NATS struct {
 	// closed is closed by the client library's last callback after Close:
 	// its callbacks (the disconnect's log line) run on a goroutine of its
 	// own, which Close waits for.
+	// Consume returns ErrClosed when it is closed.
 	closed  chan struct{}
 	closing atomic.Bool // set by Close: the disconnect that follows is ours, not news
 	buffer  int         // messages Consume holds for a busy handler (consumeBuffer; tests make it small)
@@ -199,8 +200,6 @@ func (b *NATS) Consume(ctx context.Context, h Handler, started func(start string
 	if err := b.flush(ctx); err != nil {
 		return fmt.Errorf("subscribe: %w", err)
 	}
-	closed := make(chan struct{})
-	b.nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
 	if b.nc.IsClosed() {
 		return ErrClosed
 	}
@@ -214,7 +213,7 @@ func (b *NATS) Consume(ctx context.Context, h Handler, started func(start string
 		case m = <-ch:
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-closed:
+		case <-b.closed:
 			return ErrClosed
 		}
 		arrived := time.Now()
