@@ -56,6 +56,10 @@ type JetStream struct {
 	// publishWindow, halved each time the server says it is over its limit.
 	batchMax atomic.Int32
 
+	// multiFilter is whether the server takes several filter subjects on
+	// one consumer (NATS 2.10+); static after DialJetStream.
+	multiFilter bool
+
 	// fast is whether the stream takes fast batches (see Append): set by
 	// DialJetStream, cleared when the server refuses one as disabled.
 	fast atomic.Bool
@@ -102,12 +106,21 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 	if err != nil {
 		return nil, err
 	}
+	version := core.nc.ConnectedServerVersion()
+	if !serverAtLeast(version, 2, 9) {
+		core.Close()
+		return nil, fmt.Errorf("jetstream: nats-server %s is too old: fanwire needs nats-server 2.9.0 or newer (see Supported versions in README.md)", version)
+	}
 	js, err := jetstream.New(core.nc, jetstream.WithPublishAsyncTimeout(publishAckTimeout))
 	if err != nil {
 		core.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	b := &JetStream{core: core, js: js, cfg: cfg}
+	b := &JetStream{core: core, js: js, cfg: cfg, multiFilter: serverAtLeast(version, 2, 10)}
+	if !b.multiFilter && len(cfg.Subjects) > 1 {
+		core.log.Info("jetstream: the server takes one filter subject per consumer (NATS older than 2.10): replays and subscription consumers on several patterns read the whole stream and fanwire filters",
+			zap.String("version", version))
+	}
 	want := jetstream.StreamConfig{
 		Name:       cfg.Stream,
 		Subjects:   cfg.Subjects,
@@ -211,6 +224,37 @@ func (b *JetStream) ensureStream(ctx context.Context, want jetstream.StreamConfi
 	log.Info("updated JetStream stream", zap.String("stream", want.Name), zap.Strings("subjects", want.Subjects),
 		zap.Duration("max_age", want.MaxAge), zap.Int64("max_bytes", want.MaxBytes), zap.Int("replicas", want.Replicas))
 	return s, nil
+}
+
+// consumerFilters is how a consumer filters on filters: one as its filter
+// subject (every server), several as its filter subjects on NATS 2.10 and
+// newer. A server older than 2.10 ignores filter subjects (and the library
+// then refuses the consumer it made), so there several filter on nothing:
+// the consumer reads the whole stream, whose subjects are the subject
+// space, and the caller, which matches every message, drops the others.
+func (b *JetStream) consumerFilters(filters []string) (one string, several []string) {
+	switch {
+	case len(filters) == 1:
+		return filters[0], nil
+	case len(filters) > 1 && b.multiFilter:
+		return "", filters
+	}
+	return "", nil
+}
+
+// serverAtLeast reports whether a nats-server version ("2.9.10",
+// "2.11.0-RC.1") is at least major.minor.
+func serverAtLeast(version string, major, minor int) bool {
+	parts := strings.SplitN(version, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(strings.TrimRightFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
 }
 
 func sortedCopy(s []string) []string {
@@ -567,8 +611,15 @@ func (b *JetStream) Consume(ctx context.Context, h Handler, started func(start s
 		return fmt.Errorf("jetstream: stream info: %w", err)
 	}
 	last := info.State.LastSeq
+	// The stream's subjects are the subject space: filtering on them is
+	// for a stream an operator widened, and needs NATS 2.10 when there are
+	// several (the library sends one as the single filter 2.9 takes).
+	var filters []string
+	if len(b.cfg.Subjects) == 1 || b.multiFilter {
+		filters = b.cfg.Subjects
+	}
 	cons, err := b.js.OrderedConsumer(ctx, b.cfg.Stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: b.cfg.Subjects,
+		FilterSubjects: filters,
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    last + 1,
 	})
@@ -774,7 +825,9 @@ func (b *JetStream) CompareCursors(x, y string) (int, error) {
 }
 
 // Replay reads the stream from the sequence after `after` up to `until`
-// (the watermark) through a short-lived consumer.
+// (the watermark) through a short-lived consumer. On a server older than
+// 2.10, a replay on several filters reads every subject (see
+// consumerFilters): callers match each message, as Durable says.
 //
 // The consumer is a plain ephemeral pull consumer (no acks, state in
 // memory), consumed with a pull window that the library refills ahead of
@@ -800,14 +853,14 @@ func (b *JetStream) Replay(ctx context.Context, filters []string, after, until s
 		return nil
 	}
 	ccfg := jetstream.ConsumerConfig{
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-		AckPolicy:      jetstream.AckNonePolicy,
-		FilterSubjects: filters,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckNonePolicy,
 		// Removed by the server if this process dies before deleting it.
 		InactiveThreshold: replayInactive,
 		MemoryStorage:     true,
 		Replicas:          1,
 	}
+	ccfg.FilterSubject, ccfg.FilterSubjects = b.consumerFilters(filters)
 	if a > 0 {
 		ccfg.DeliverPolicy, ccfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, a+1
 	}

@@ -80,12 +80,12 @@ func (b *JetStream) OpenConsumer(ctx context.Context, cfg ConsumerConfig) (Consu
 	ccfg := jetstream.ConsumerConfig{
 		Name:              c.name,
 		Durable:           c.name,
-		FilterSubjects:    cfg.Filters,
 		AckPolicy:         jetstream.AckAllPolicy,
 		AckWait:           consumerAckWait,
 		MaxAckPending:     consumerMaxAckPending,
 		InactiveThreshold: inactive,
 	}
+	ccfg.FilterSubject, ccfg.FilterSubjects = b.consumerFilters(cfg.Filters)
 	if c.name == "" {
 		// An ephemeral consumer lives as long as its connection: its state
 		// need not survive a server restart.
@@ -147,7 +147,14 @@ func (c *jsConsumer) bind(ctx context.Context, cfg ConsumerConfig) (bound bool, 
 	if info.Config.FilterSubject != "" {
 		have = []string{info.Config.FilterSubject}
 	}
-	if !slices.Equal(sortedCopy(have), sortedCopy(cfg.Filters)) {
+	// As it was made (see consumerFilters): several filters on a server
+	// older than 2.10 made one on the whole stream.
+	one, several := c.b.consumerFilters(cfg.Filters)
+	want := several
+	if one != "" {
+		want = []string{one}
+	}
+	if !slices.Equal(sortedCopy(have), sortedCopy(want)) {
 		return false, "", fmt.Errorf("%w: durable %q follows %s, not %s (unsubscribing from it deletes it)", ErrBadConsumer, cfg.Name, strings.Join(have, ","), strings.Join(cfg.Filters, ","))
 	}
 	if info.Config.AckPolicy != jetstream.AckAllPolicy {

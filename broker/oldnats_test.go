@@ -1,0 +1,95 @@
+package broker_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/broker/brokertest"
+)
+
+// TestJetStreamOnDebianNATS29 runs the durable broker's essentials against
+// the nats-server Debian ships (2.9.10, installed by `make deps`), started
+// as a process: publish, the live feed, replays from a cursor (on one
+// filter and on several: 2.9 takes one filter subject per consumer, and a
+// replay on several failed with "multiple consumer filter subjects not
+// supported" forever), a subscription's own consumer, the high water and
+// Append.
+func TestJetStreamOnDebianNATS29(t *testing.T) {
+	url := brokertest.NATSBinary(t, brokertest.DebianNATS)
+	subjects := []string{"app.>", "db.>"}
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: subjects}})
+	c := consume(t, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []broker.Outgoing
+	for i := 1; i <= 20; i++ {
+		out = append(out, broker.Outgoing{Subject: fmt.Sprintf("%s.x", []string{"app", "db"}[i%2]), Data: []byte(fmt.Sprint(i)), ID: fmt.Sprintf("id-%02d", i)})
+	}
+	cursors, err := b.Publish(ctx, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Append(ctx, []broker.Outgoing{{Subject: "db.x", Data: []byte("21"), ID: "id-21"}, {Subject: "db.x", Data: []byte("2"), ID: "id-02"}}); err != nil {
+		t.Fatalf("append: %v", err)
+	}
+	live := c.waitFor(t, 21)
+	for i, m := range live {
+		if want := fmt.Sprint(i + 1); string(m.Data) != want || m.Cursor != broker.FormatJSCursor(uint64(i+1)) {
+			t.Fatalf("live feed's message %d: %s %q, want %s %q", i, m.Cursor, m.Data, broker.FormatJSCursor(uint64(i+1)), want)
+		}
+	}
+	if len(cursors) != 20 || cursors[19] != "js:20" {
+		t.Fatalf("publish cursors %v", cursors)
+	}
+	if id, err := b.LastID(ctx, "db.>"); err != nil || id != "id-21" {
+		t.Errorf("LastID(db.>) = %q, %v; want id-21", id, err)
+	}
+	// The caller matches every message (brokers that cannot filter on
+	// the server may deliver others): so does this one.
+	replay := func(filters []string, after string) []string {
+		t.Helper()
+		var got []string
+		err := b.Replay(ctx, filters, after, "js:21", func(ms []broker.Message) error {
+			for _, m := range ms {
+				if slices.ContainsFunc(filters, func(f string) bool { return broker.MatchSubject(f, m.Subject) }) {
+					got = append(got, string(m.Data))
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("replay %v after %s: %v", filters, after, err)
+		}
+		return got
+	}
+	if got := fmt.Sprint(replay(subjects, "js:17")); got != "[18 19 20 21]" {
+		t.Errorf("replay of %v after js:17: %s", subjects, got)
+	}
+	if got := fmt.Sprint(replay([]string{"app.>"}, "js:14")); got != "[16 18 20]" {
+		t.Errorf("replay of app.> after js:14: %s", got)
+	}
+	// A subscription's own consumer on both patterns, from a cursor.
+	cons, err := b.OpenConsumer(ctx, broker.ConsumerConfig{Filters: subjects, From: "js:18"})
+	if err != nil {
+		t.Fatalf("open consumer: %v", err)
+	}
+	defer cons.Delete(context.Background())
+	var got []string
+	cctx, stop := context.WithCancel(ctx)
+	_ = cons.Consume(cctx, 50*time.Millisecond, func(ms []broker.Message) {
+		for _, m := range ms {
+			got = append(got, string(m.Data))
+		}
+		if len(got) >= 3 {
+			stop()
+		}
+	})
+	stop()
+	if fmt.Sprint(got) != "[19 20 21]" {
+		t.Errorf("consumer from js:18: %v", got)
+	}
+}
