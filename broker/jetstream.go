@@ -242,6 +242,23 @@ func (b *JetStream) consumerFilters(filters []string) (one string, several []str
 	return "", nil
 }
 
+// unsupported marks the library's errors about a feature the server lacks
+// as ErrUnsupported, so that callers stop retrying; other errors pass as
+// they are.
+func unsupported(err error) error {
+	for _, e := range []error{
+		jetstream.ErrConsumerMultipleFilterSubjectsNotSupported,
+		jetstream.ErrStreamSubjectTransformNotSupported,
+		jetstream.ErrStreamSourceNotSupported,
+		jetstream.ErrStreamSourceMultipleFilterSubjectsNotSupported,
+	} {
+		if errors.Is(err, e) {
+			return fmt.Errorf("%w: %w", ErrUnsupported, err)
+		}
+	}
+	return err
+}
+
 // serverAtLeast reports whether a nats-server version ("2.9.10",
 // "2.11.0-RC.1") is at least major.minor.
 func serverAtLeast(version string, major, minor int) bool {
@@ -624,7 +641,7 @@ func (b *JetStream) Consume(ctx context.Context, h Handler, started func(start s
 		OptStartSeq:    last + 1,
 	})
 	if err != nil {
-		return fmt.Errorf("jetstream: ordered consumer on %q: %w", b.cfg.Stream, err)
+		return fmt.Errorf("jetstream: ordered consumer on %q: %w", b.cfg.Stream, unsupported(err))
 	}
 	start := ""
 	if last > 0 {
@@ -866,7 +883,7 @@ func (b *JetStream) Replay(ctx context.Context, filters []string, after, until s
 	}
 	cons, err := b.js.CreateConsumer(ctx, b.cfg.Stream, ccfg)
 	if err != nil {
-		return fmt.Errorf("jetstream: replay consumer: %w", err)
+		return fmt.Errorf("jetstream: replay consumer: %w", unsupported(err))
 	}
 	defer func() {
 		// Best effort, detached from ctx (a cancelled resume still cleans

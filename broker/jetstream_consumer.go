@@ -124,7 +124,7 @@ func (b *JetStream) OpenConsumer(ctx context.Context, cfg ConsumerConfig) (Consu
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("jetstream: create consumer for %s: %w", strings.Join(cfg.Filters, ","), err)
+		return nil, fmt.Errorf("jetstream: create consumer for %s: %w", strings.Join(cfg.Filters, ","), unsupported(err))
 	}
 	c.cons, c.name = cons, cons.CachedInfo().Name
 	return c, nil

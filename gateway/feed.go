@@ -159,7 +159,7 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 			if err == nil || cctx.Err() != nil {
 				continue
 			}
-			if subscribeErrorCode(err) == CodeBrokerUnavailable {
+			if subscribeErrorCode(err) == CodeBrokerUnavailable && !errors.Is(err, broker.ErrUnsupported) {
 				c.s.log.Warn("reopening a subscription consumer failed; retrying", zap.String("conn", c.id), zap.String("sub", id), zap.Error(err))
 				continue
 			}

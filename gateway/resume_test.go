@@ -402,3 +402,33 @@ func TestResumeOnDebianNATS29(t *testing.T) {
 		})
 	}
 }
+
+// unsupportedReplay is a durable broker whose server cannot replay (as
+// nats-server 2.9 could not replay on several filters): its Replay fails
+// with ErrUnsupported every time.
+type unsupportedReplay struct{ broker.Durable }
+
+func (unsupportedReplay) Replay(context.Context, []string, string, string, func([]broker.Message) error) error {
+	return fmt.Errorf("jetstream: replay consumer: %w: multiple consumer filter subjects not supported by nats-server", broker.ErrUnsupported)
+}
+
+// TestResumeTheBrokerCannotServeIsAnError: a replay the broker's server
+// cannot do is answered with broker_unavailable and its reason, at once,
+// not retried while the client waits for an answer forever; the
+// connection stays, and a live subscription works.
+func TestResumeTheBrokerCannotServeIsAnError(t *testing.T) {
+	e := newEnvJS(t, "jetstream", nil, func(c *gateway.Config) {
+		c.Subjects = []string{"orders.>", "app.>"}
+		c.Broker = unsupportedReplay{c.Broker.(broker.Durable)}
+	})
+	e.publishN("orders.x", 1, 3)
+	cl := e.dial()
+	cl.send(`{"type":"subscribe","id":"s","subject":"orders.*","from":"js:1"}`)
+	m := cl.expect(map[string]any{"type": "error", "code": "broker_unavailable", "id": "s"})
+	if msg, _ := m["message"].(string); !strings.Contains(msg, "not supported") {
+		t.Errorf("message %q, want the reason", msg)
+	}
+	cl.subscribe("s", "orders.*")
+	e.publishN("orders.x", 4, 1)
+	cl.expect(map[string]any{"type": "event", "data": 4})
+}
