@@ -27,3 +27,24 @@ func TestServerAtLeast(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisTooOld: DialRedis refuses a Redis older than 7.0 (whose XINFO
+// STREAM lacks what Replay tells an expired cursor by), by the
+// redis_version of its INFO.
+func TestRedisTooOld(t *testing.T) {
+	for _, c := range []struct {
+		info    string
+		version string
+		old     bool
+	}{
+		{"# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:00000000\r\n", "7.0.15", false},
+		{"# Server\r\nredis_version:6.2.14\r\n", "6.2.14", true},
+		{"# Server\r\nredis_version:8.2.1\r\n", "8.2.1", false},
+		{"# Server\r\nredis_mode:standalone\r\n", "", false}, // no version: not refused
+		{"redis_version:5.0.7\n", "5.0.7", true},
+	} {
+		if v, old := redisTooOld(c.info); v != c.version || old != c.old {
+			t.Errorf("redisTooOld(%q) = %q, %v; want %q, %v", c.info, v, old, c.version, c.old)
+		}
+	}
+}
