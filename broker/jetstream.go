@@ -56,8 +56,10 @@ type JetStream struct {
 	// publishWindow, halved each time the server says it is over its limit.
 	batchMax atomic.Int32
 
-	// multiFilter is whether the server takes several filter subjects on
-	// one consumer (NATS 2.10+); static after DialJetStream.
+	// version is the server's (static after DialJetStream); multiFilter
+	// is whether it takes several filter subjects on one consumer (NATS
+	// 2.10+).
+	version     string
 	multiFilter bool
 
 	// fast is whether the stream takes fast batches (see Append): set by
@@ -116,7 +118,14 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 		core.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	b := &JetStream{core: core, js: js, cfg: cfg, multiFilter: serverAtLeast(version, 2, 10)}
+	b := &JetStream{core: core, js: js, cfg: cfg, version: version, multiFilter: serverAtLeast(version, 2, 10)}
+	if storage == jetstream.MemoryStorage && !b.multiFilter {
+		// A memory stream is lost with a restart; re-created, it must be
+		// numbered on after its last event (first_seq, NATS 2.10+), or the
+		// live feeds, past those numbers, skip its events.
+		core.Close()
+		return nil, fmt.Errorf("jetstream: storage memory needs nats-server 2.10 or newer (this one is %s): use storage file", version)
+	}
 	if !b.multiFilter && len(cfg.Subjects) > 1 {
 		core.log.Info("jetstream: the server takes one filter subject per consumer (NATS older than 2.10): replays and subscription consumers on several patterns read the whole stream and fanwire filters",
 			zap.String("version", version))
@@ -210,7 +219,10 @@ func (b *JetStream) ensureStream(ctx context.Context, want jetstream.StreamConfi
 	}
 	if slices.Equal(sortedCopy(have.Subjects), sortedCopy(want.Subjects)) && have.MaxAge == want.MaxAge &&
 		have.MaxBytes == want.MaxBytes && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas &&
-		have.AllowAtomicPublish == want.AllowAtomicPublish && have.AllowBatchPublish == want.AllowBatchPublish {
+		// A server without atomic (2.12) or fast (2.14) batches does not
+		// keep the settings: updating would not change them.
+		(have.AllowAtomicPublish == want.AllowAtomicPublish || !serverAtLeast(b.version, 2, 12)) &&
+		(have.AllowBatchPublish == want.AllowBatchPublish || !serverAtLeast(b.version, 2, 14)) {
 		log.Info("using JetStream stream", zap.String("stream", want.Name))
 		return s, nil
 	}
@@ -773,6 +785,15 @@ func (b *JetStream) restoreStream(ctx context.Context, last uint64) bool {
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		b.core.log.Debug("jetstream: looking for the stream", zap.Error(err))
 		return false
+	}
+	if !b.multiFilter {
+		// Older than 2.10, the server ignores first_seq: the stream would
+		// be numbered from 1 again, and the live feeds would skip its
+		// events until they pass the old numbers. (DialJetStream refuses
+		// memory storage there; a file stream is lost only if deleted.)
+		b.core.log.Error("JetStream stream is gone and this nats-server cannot re-create it numbered on after its last event (first_seq needs 2.10): restart the fanwire nodes, which create it at start, or upgrade the server",
+			zap.String("stream", b.cfg.Stream), zap.String("version", b.version))
+		return true
 	}
 	// Numbered on after the last event delivered, cursors keep increasing
 	// (the hub's hand-over compares them) and those of the lost history

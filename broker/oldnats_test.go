@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestJetStreamOnDebianNATS29 runs the durable broker's essentials against
@@ -91,5 +94,49 @@ func TestJetStreamOnDebianNATS29(t *testing.T) {
 	stop()
 	if fmt.Sprint(got) != "[19 20 21]" {
 		t.Errorf("consumer from js:18: %v", got)
+	}
+}
+
+// TestJetStreamOnDebianNATS29Limits: what 2.9 cannot do is said, not
+// done wrong. Memory storage is refused at start, naming the version and
+// the minimum (2.9 ignores first_seq, so a memory stream lost with a
+// restart would come back numbered from 1 and the live feeds would skip
+// its events); a lost file stream is not re-created behind the feeds'
+// backs but logged as an error; and a second node does not update the
+// stream at every start for batch settings 2.9 does not keep.
+func TestJetStreamOnDebianNATS29Limits(t *testing.T) {
+	url := brokertest.NATSBinary(t, brokertest.DebianNATS)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ncfg := broker.NATSConfig{URL: url, Subjects: []string{"app.>"}}
+	_, err := broker.DialJetStream(ctx, broker.JetStreamConfig{NATSConfig: ncfg, Storage: "memory"})
+	if err == nil || !strings.Contains(err.Error(), "2.10") || !strings.Contains(err.Error(), "2.9.10") {
+		t.Fatalf("memory storage on 2.9.10: %v, want a refusal naming 2.9.10 and 2.10", err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	ncfg.Logger = zap.New(core)
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: ncfg})
+	dialJS(t, broker.JetStreamConfig{NATSConfig: ncfg}) // a second node
+	if n := logs.FilterMessage("updated JetStream stream").Len(); n != 0 {
+		t.Errorf("the stream was updated %d times by nodes with the same settings", n)
+	}
+	consume(t, b)
+	js := brokertest.JetStream(t, url)
+	if err := js.DeleteStream(ctx, "FANWIRE"); err != nil {
+		t.Fatal(err)
+	}
+	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+	defer pcancel()
+	if _, err := b.Publish(pctx, []broker.Outgoing{{Subject: "app.x", Data: []byte("1")}}); err == nil {
+		t.Error("publish to the lost stream succeeded")
+	}
+	for logs.FilterMessageSnippet("cannot re-create it").Len() == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("no error logged for the lost stream")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := js.Stream(ctx, "FANWIRE"); err == nil {
+		t.Error("the lost stream was re-created (numbered from 1 on 2.9)")
 	}
 }

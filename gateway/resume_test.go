@@ -376,7 +376,9 @@ func TestResumeOnDebianNATS29(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			url := brokertest.NATSBinary(t, brokertest.DebianNATS)
-			e := newEnvJS(t, "jetstream", func(jc *broker.JetStreamConfig) { jc.URL, jc.Subjects = url, c.subjects }, func(gc *gateway.Config) {
+			e := newEnvJS(t, "jetstream", func(jc *broker.JetStreamConfig) {
+				jc.URL, jc.Subjects, jc.Storage = url, c.subjects, "file" // 2.9: memory needs 2.10
+			}, func(gc *gateway.Config) {
 				gc.Subjects = c.subjects
 				if c.perConn {
 					gc.Consumer = gateway.ConsumerPerConnection
