@@ -136,7 +136,7 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 				f.pending = append(f.pending, feedAck{pushed: c.cl.mb.pushes(), cursor: last})
 			}
 		})
-		if cctx.Err() != nil {
+		if cctx.Err() != nil || errors.Is(err, broker.ErrClosed) { // the node is stopping
 			return
 		}
 		// The consumer is gone (deleted on the server, the server lost its
