@@ -6,9 +6,10 @@ GO       ?= go
 FUZZTIME ?= 30s
 PKGS     := ./...
 
-# Debian packages the tests need: real servers, a real browser, Node and npm
-# (real third-party GraphQL clients).
-APT_PKGS := redis-server postgresql chromium nodejs npm
+# Debian packages the tests need: real servers (and Debian's own
+# nats-server, older than the embedded one, as its users run it), a real
+# browser, Node and npm (real third-party GraphQL clients).
+APT_PKGS := redis-server nats-server postgresql chromium nodejs npm
 
 # The npm fixtures the tests run, each pinned by its package-lock.json: the
 # GraphQL clients, and what the JavaScript client's tests run with.
@@ -24,6 +25,7 @@ test: deps vet fmt-check generate-check unit fuzz-short
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	[ -x /usr/sbin/nats-server ] || missing="$$missing nats-server"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \

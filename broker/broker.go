@@ -174,6 +174,11 @@ type Consumer interface {
 // with another filter.
 var ErrBadConsumer = errors.New("bad consumer")
 
+// ErrUnsupported is wrapped by errors about what the broker's server is too
+// old to do (a JetStream feature of a later nats-server): asking again
+// cannot help, so a caller answers with the error instead of retrying.
+var ErrUnsupported = errors.New("not supported by the broker's server")
+
 // ValidConsumerName reports whether name can name a durable consumer: 1 to
 // 64 letters, digits, '-' and '_'.
 func ValidConsumerName(name string) bool {

@@ -5,8 +5,9 @@
 // delivery loop on the caller's goroutine and calls the handler from it, one
 // batch at a time, until its context is cancelled or the broker is closed;
 // the handler must not retain the batch slice (it may retain each Message's
-// Data, which the broker does not reuse). Close stops Consume and waits for
-// every goroutine the broker started. JetStream's Consume also runs one
+// Data, which the broker does not reuse). Close stops a running Consume,
+// which returns ErrClosed (TestCloseEndsConsume), and waits for every
+// goroutine the broker started. JetStream's Consume also runs one
 // goroutine of its own, which re-creates the stream if it is lost; Consume
 // returns only after it has stopped.
 //

@@ -4,3 +4,7 @@ package broker
 // handler, so that a test can make it fall behind the stream with a few
 // hundred events instead of 64Ki.
 func SetFeedBuffer(b *JetStream, n int) { b.buffer = n }
+
+// SetNATSBuffer sets how many messages b's Consume holds for a busy
+// handler, so that a test can make the library drop with a small flood.
+func SetNATSBuffer(b *NATS, n int) { b.buffer = n }

@@ -56,6 +56,12 @@ type JetStream struct {
 	// publishWindow, halved each time the server says it is over its limit.
 	batchMax atomic.Int32
 
+	// version is the server's (static after DialJetStream); multiFilter
+	// is whether it takes several filter subjects on one consumer (NATS
+	// 2.10+).
+	version     string
+	multiFilter bool
+
 	// fast is whether the stream takes fast batches (see Append): set by
 	// DialJetStream, cleared when the server refuses one as disabled.
 	fast atomic.Bool
@@ -102,12 +108,28 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 	if err != nil {
 		return nil, err
 	}
+	version := core.nc.ConnectedServerVersion()
+	if !serverAtLeast(version, 2, 9) {
+		core.Close()
+		return nil, fmt.Errorf("jetstream: nats-server %s is too old: fanwire needs nats-server 2.9.0 or newer (see Supported versions in README.md)", version)
+	}
 	js, err := jetstream.New(core.nc, jetstream.WithPublishAsyncTimeout(publishAckTimeout))
 	if err != nil {
 		core.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	b := &JetStream{core: core, js: js, cfg: cfg}
+	b := &JetStream{core: core, js: js, cfg: cfg, version: version, multiFilter: serverAtLeast(version, 2, 10)}
+	if storage == jetstream.MemoryStorage && !b.multiFilter {
+		// A memory stream is lost with a restart; re-created, it must be
+		// numbered on after its last event (first_seq, NATS 2.10+), or the
+		// live feeds, past those numbers, skip its events.
+		core.Close()
+		return nil, fmt.Errorf("jetstream: storage memory needs nats-server 2.10 or newer (this one is %s): use storage file", version)
+	}
+	if !b.multiFilter && len(cfg.Subjects) > 1 {
+		core.log.Info("jetstream: the server takes one filter subject per consumer (NATS older than 2.10): replays and subscription consumers on several patterns read the whole stream and fanwire filters",
+			zap.String("version", version))
+	}
 	want := jetstream.StreamConfig{
 		Name:       cfg.Stream,
 		Subjects:   cfg.Subjects,
@@ -197,7 +219,10 @@ func (b *JetStream) ensureStream(ctx context.Context, want jetstream.StreamConfi
 	}
 	if slices.Equal(sortedCopy(have.Subjects), sortedCopy(want.Subjects)) && have.MaxAge == want.MaxAge &&
 		have.MaxBytes == want.MaxBytes && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas &&
-		have.AllowAtomicPublish == want.AllowAtomicPublish && have.AllowBatchPublish == want.AllowBatchPublish {
+		// A server without atomic (2.12) or fast (2.14) batches does not
+		// keep the settings: updating would not change them.
+		(have.AllowAtomicPublish == want.AllowAtomicPublish || !serverAtLeast(b.version, 2, 12)) &&
+		(have.AllowBatchPublish == want.AllowBatchPublish || !serverAtLeast(b.version, 2, 14)) {
 		log.Info("using JetStream stream", zap.String("stream", want.Name))
 		return s, nil
 	}
@@ -211,6 +236,54 @@ func (b *JetStream) ensureStream(ctx context.Context, want jetstream.StreamConfi
 	log.Info("updated JetStream stream", zap.String("stream", want.Name), zap.Strings("subjects", want.Subjects),
 		zap.Duration("max_age", want.MaxAge), zap.Int64("max_bytes", want.MaxBytes), zap.Int("replicas", want.Replicas))
 	return s, nil
+}
+
+// consumerFilters is how a consumer filters on filters: one as its filter
+// subject (every server), several as its filter subjects on NATS 2.10 and
+// newer. A server older than 2.10 ignores filter subjects (and the library
+// then refuses the consumer it made), so there several filter on nothing:
+// the consumer reads the whole stream, whose subjects are the subject
+// space, and the caller, which matches every message, drops the others.
+func (b *JetStream) consumerFilters(filters []string) (one string, several []string) {
+	switch {
+	case len(filters) == 1:
+		return filters[0], nil
+	case len(filters) > 1 && b.multiFilter:
+		return "", filters
+	}
+	return "", nil
+}
+
+// unsupported marks the library's errors about a feature the server lacks
+// as ErrUnsupported, so that callers stop retrying; other errors pass as
+// they are.
+func unsupported(err error) error {
+	for _, e := range []error{
+		jetstream.ErrConsumerMultipleFilterSubjectsNotSupported,
+		jetstream.ErrStreamSubjectTransformNotSupported,
+		jetstream.ErrStreamSourceNotSupported,
+		jetstream.ErrStreamSourceMultipleFilterSubjectsNotSupported,
+	} {
+		if errors.Is(err, e) {
+			return fmt.Errorf("%w: %w", ErrUnsupported, err)
+		}
+	}
+	return err
+}
+
+// serverAtLeast reports whether a nats-server version ("2.9.10",
+// "2.11.0-RC.1") is at least major.minor.
+func serverAtLeast(version string, major, minor int) bool {
+	parts := strings.SplitN(version, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(strings.TrimRightFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
 }
 
 func sortedCopy(s []string) []string {
@@ -567,13 +640,20 @@ func (b *JetStream) Consume(ctx context.Context, h Handler, started func(start s
 		return fmt.Errorf("jetstream: stream info: %w", err)
 	}
 	last := info.State.LastSeq
+	// The stream's subjects are the subject space: filtering on them is
+	// for a stream an operator widened, and needs NATS 2.10 when there are
+	// several (the library sends one as the single filter 2.9 takes).
+	var filters []string
+	if len(b.cfg.Subjects) == 1 || b.multiFilter {
+		filters = b.cfg.Subjects
+	}
 	cons, err := b.js.OrderedConsumer(ctx, b.cfg.Stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: b.cfg.Subjects,
+		FilterSubjects: filters,
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    last + 1,
 	})
 	if err != nil {
-		return fmt.Errorf("jetstream: ordered consumer on %q: %w", b.cfg.Stream, err)
+		return fmt.Errorf("jetstream: ordered consumer on %q: %w", b.cfg.Stream, unsupported(err))
 	}
 	start := ""
 	if last > 0 {
@@ -595,7 +675,7 @@ func (b *JetStream) Consume(ctx context.Context, h Handler, started func(start s
 const consumeHeartbeat = time.Second
 
 // run consumes cons, which starts after stream sequence after, batching
-// messages to h, until ctx is done. Meanwhile watchStream re-creates the
+// messages to h, until ctx is done or the broker is closed. Meanwhile watchStream re-creates the
 // stream if it is lost.
 func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, after uint64, h Handler, started func()) error {
 	ch := make(chan Message, cmp.Or(b.buffer, consumeBuffer))
@@ -649,6 +729,8 @@ func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, after uint
 		case m = <-ch:
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-b.core.closed:
+			return ErrClosed
 		}
 		arrived := time.Now()
 		batch = append(batch[:0], m)
@@ -703,6 +785,15 @@ func (b *JetStream) restoreStream(ctx context.Context, last uint64) bool {
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		b.core.log.Debug("jetstream: looking for the stream", zap.Error(err))
 		return false
+	}
+	if !b.multiFilter {
+		// Older than 2.10, the server ignores first_seq: the stream would
+		// be numbered from 1 again, and the live feeds would skip its
+		// events until they pass the old numbers. (DialJetStream refuses
+		// memory storage there; a file stream is lost only if deleted.)
+		b.core.log.Error("JetStream stream is gone and this nats-server cannot re-create it numbered on after its last event (first_seq needs 2.10): restart the fanwire nodes, which create it at start, or upgrade the server",
+			zap.String("stream", b.cfg.Stream), zap.String("version", b.version))
+		return true
 	}
 	// Numbered on after the last event delivered, cursors keep increasing
 	// (the hub's hand-over compares them) and those of the lost history
@@ -775,7 +866,9 @@ func (b *JetStream) CompareCursors(x, y string) (int, error) {
 }
 
 // Replay reads the stream from the sequence after `after` up to `until`
-// (the watermark) through a short-lived consumer.
+// (the watermark) through a short-lived consumer. On a server older than
+// 2.10, a replay on several filters reads every subject (see
+// consumerFilters): callers match each message, as Durable says.
 //
 // The consumer is a plain ephemeral pull consumer (no acks, state in
 // memory), consumed with a pull window that the library refills ahead of
@@ -801,20 +894,20 @@ func (b *JetStream) Replay(ctx context.Context, filters []string, after, until s
 		return nil
 	}
 	ccfg := jetstream.ConsumerConfig{
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-		AckPolicy:      jetstream.AckNonePolicy,
-		FilterSubjects: filters,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckNonePolicy,
 		// Removed by the server if this process dies before deleting it.
 		InactiveThreshold: replayInactive,
 		MemoryStorage:     true,
 		Replicas:          1,
 	}
+	ccfg.FilterSubject, ccfg.FilterSubjects = b.consumerFilters(filters)
 	if a > 0 {
 		ccfg.DeliverPolicy, ccfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, a+1
 	}
 	cons, err := b.js.CreateConsumer(ctx, b.cfg.Stream, ccfg)
 	if err != nil {
-		return fmt.Errorf("jetstream: replay consumer: %w", err)
+		return fmt.Errorf("jetstream: replay consumer: %w", unsupported(err))
 	}
 	defer func() {
 		// Best effort, detached from ctx (a cancelled resume still cleans

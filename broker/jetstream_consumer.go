@@ -80,12 +80,12 @@ func (b *JetStream) OpenConsumer(ctx context.Context, cfg ConsumerConfig) (Consu
 	ccfg := jetstream.ConsumerConfig{
 		Name:              c.name,
 		Durable:           c.name,
-		FilterSubjects:    cfg.Filters,
 		AckPolicy:         jetstream.AckAllPolicy,
 		AckWait:           consumerAckWait,
 		MaxAckPending:     consumerMaxAckPending,
 		InactiveThreshold: inactive,
 	}
+	ccfg.FilterSubject, ccfg.FilterSubjects = b.consumerFilters(cfg.Filters)
 	if c.name == "" {
 		// An ephemeral consumer lives as long as its connection: its state
 		// need not survive a server restart.
@@ -124,7 +124,7 @@ func (b *JetStream) OpenConsumer(ctx context.Context, cfg ConsumerConfig) (Consu
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("jetstream: create consumer for %s: %w", strings.Join(cfg.Filters, ","), err)
+		return nil, fmt.Errorf("jetstream: create consumer for %s: %w", strings.Join(cfg.Filters, ","), unsupported(err))
 	}
 	c.cons, c.name = cons, cons.CachedInfo().Name
 	return c, nil
@@ -147,7 +147,14 @@ func (c *jsConsumer) bind(ctx context.Context, cfg ConsumerConfig) (bound bool, 
 	if info.Config.FilterSubject != "" {
 		have = []string{info.Config.FilterSubject}
 	}
-	if !slices.Equal(sortedCopy(have), sortedCopy(cfg.Filters)) {
+	// As it was made (see consumerFilters): several filters on a server
+	// older than 2.10 made one on the whole stream.
+	one, several := c.b.consumerFilters(cfg.Filters)
+	want := several
+	if one != "" {
+		want = []string{one}
+	}
+	if !slices.Equal(sortedCopy(have), sortedCopy(want)) {
 		return false, "", fmt.Errorf("%w: durable %q follows %s, not %s (unsubscribing from it deletes it)", ErrBadConsumer, cfg.Name, strings.Join(have, ","), strings.Join(cfg.Filters, ","))
 	}
 	if info.Config.AckPolicy != jetstream.AckAllPolicy {
@@ -241,6 +248,8 @@ func (c *jsConsumer) Consume(ctx context.Context, tick time.Duration, h func([]M
 			}
 			h(nil)
 			continue
+		case <-c.b.core.closed:
+			return ErrClosed
 		case <-cc.Closed():
 			return fmt.Errorf("jetstream: consumer %q stopped (deleted on the server?)", c.name)
 		case <-ctx.Done():

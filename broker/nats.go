@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -53,11 +54,13 @@ type NATS struct {
 	// closed is closed by the client library's last callback after Close:
 	// its callbacks (the disconnect's log line) run on a goroutine of its
 	// own, which Close waits for.
+	// Consume returns ErrClosed when it is closed.
 	closed  chan struct{}
 	closing atomic.Bool // set by Close: the disconnect that follows is ours, not news
+	buffer  int         // messages Consume holds for a busy handler (consumeBuffer; tests make it small)
 
 	mu      sync.Mutex
-	dropped map[*nats.Subscription]int // guarded by mu: last Dropped() seen per subscription
+	dropped map[*nats.Subscription]int // guarded by mu: last Dropped() counted per subscription
 }
 
 // DialNATS connects to NATS. It keeps reconnecting forever after a loss;
@@ -122,20 +125,35 @@ func (b *NATS) state(up bool) {
 	}
 }
 
+// asyncError logs the client library's asynchronous errors. It raises a
+// slow consumer once per episode (the first drop after a delivery), not
+// per message dropped: Consume counts the drops after each batch.
 func (b *NATS) asyncError(_ *nats.Conn, sub *nats.Subscription, err error) {
 	if sub == nil || err != nats.ErrSlowConsumer {
 		b.log.Warn("nats async error", zap.Error(err))
 		return
 	}
-	d, _ := sub.Dropped()
+	n := b.countDropped(sub)
+	b.log.Warn("nats slow consumer: messages dropped", zap.String("subject", sub.Subject), zap.Int("dropped", n))
+}
+
+// countDropped reports to OnDrop the messages the library dropped on sub
+// since the last count, and returns their number.
+func (b *NATS) countDropped(sub *nats.Subscription) int {
+	d, err := sub.Dropped()
+	if err != nil { // unsubscribed: counted when Consume left
+		return 0
+	}
 	b.mu.Lock()
 	n := d - b.dropped[sub]
-	b.dropped[sub] = d
+	if n > 0 {
+		b.dropped[sub] = d
+	}
 	b.mu.Unlock()
 	if n > 0 && b.cfg.OnDrop != nil {
 		b.cfg.OnDrop(n)
 	}
-	b.log.Warn("nats slow consumer: messages dropped", zap.String("subject", sub.Subject), zap.Int("dropped", n))
+	return max(n, 0)
 }
 
 // Conn exposes the underlying connection (for the loadtest and tests).
@@ -158,13 +176,18 @@ func (b *NATS) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 // Consume subscribes once to each pattern of the subject space (not once
 // per client pattern: overlapping NATS subscriptions would deliver one event
 // twice, and one subscription per node keeps the server's interest graph
-// small) and delivers batches to h on the calling goroutine.
+// small) and delivers batches to h on the calling goroutine. After each
+// batch it reports to OnDrop what the library dropped meanwhile.
 func (b *NATS) Consume(ctx context.Context, h Handler, started func(start string)) error {
-	ch := make(chan *nats.Msg, consumeBuffer)
+	ch := make(chan *nats.Msg, cmp.Or(b.buffer, consumeBuffer))
 	var subs []*nats.Subscription
 	defer func() {
 		for _, s := range subs {
+			b.countDropped(s)
 			_ = s.Unsubscribe()
+			b.mu.Lock()
+			delete(b.dropped, s)
+			b.mu.Unlock()
 		}
 	}()
 	for _, subj := range b.cfg.Subjects {
@@ -177,8 +200,6 @@ func (b *NATS) Consume(ctx context.Context, h Handler, started func(start string
 	if err := b.flush(ctx); err != nil {
 		return fmt.Errorf("subscribe: %w", err)
 	}
-	closed := make(chan struct{})
-	b.nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
 	if b.nc.IsClosed() {
 		return ErrClosed
 	}
@@ -192,7 +213,7 @@ func (b *NATS) Consume(ctx context.Context, h Handler, started func(start string
 		case m = <-ch:
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-closed:
+		case <-b.closed:
 			return ErrClosed
 		}
 		arrived := time.Now()
@@ -208,6 +229,9 @@ func (b *NATS) Consume(ctx context.Context, h Handler, started func(start string
 		}
 		h(batch, arrived)
 		clear(batch)
+		for _, s := range subs {
+			b.countDropped(s)
+		}
 	}
 }
 

@@ -214,3 +214,72 @@ func TestNATSCloseIsNotADisconnect(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestNATSDropsAreCountedInFull: the library raises a slow consumer once
+// per episode, not once per message dropped, so counting only then
+// reported the drops up to that moment and lagged the rest until the next
+// episode. Consume counts after every batch: once a flood is over, what
+// OnDrop reported is every message published and not delivered, through
+// a second flood too.
+func TestNATSDropsAreCountedInFull(t *testing.T) {
+	ns := brokertest.NATS(t)
+	var mu sync.Mutex
+	reported := 0
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	b, err := broker.DialNATS(ctx, broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"app.>"}, OnDrop: func(n int) {
+		mu.Lock()
+		reported += n
+		mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	broker.SetNATSBuffer(b, 8)
+	var delivered int
+	cctx, stop := context.WithCancel(context.Background())
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- b.Consume(cctx, func(batch []broker.Message, _ time.Time) {
+			mu.Lock()
+			delivered += len(batch)
+			mu.Unlock()
+			time.Sleep(time.Millisecond) // a busy handler
+		}, func(string) { close(started) })
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	<-started
+	const flood = 5000
+	published := 0
+	for round := 1; round <= 2; round++ {
+		msgs := make([]broker.Outgoing, flood)
+		for i := range msgs {
+			msgs[i] = broker.Outgoing{Subject: "app.x", Data: fmt.Appendf(nil, "%d-%d", round, i)}
+		}
+		if _, err := b.Publish(ctx, msgs); err != nil {
+			t.Fatal(err)
+		}
+		published += flood
+		// Every message is delivered or dropped soon; then the count must
+		// be complete.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			mu.Lock()
+			d, r := delivered, reported
+			mu.Unlock()
+			if d+r == published {
+				if r == 0 {
+					t.Fatalf("round %d: nothing dropped from a flood of %d into a buffer of 8: the test needs a slower handler", round, flood)
+				}
+				t.Logf("round %d: %d delivered, %d dropped", round, d, r)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: %d published, %d delivered, %d reported dropped: %d drops not reported", round, published, d, r, published-d-r)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}

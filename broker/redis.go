@@ -22,6 +22,9 @@ type Redis struct {
 	rdb redis.UniversalClient // static: a *redis.Client, or a *redis.ClusterClient with Cluster
 	log *zap.Logger           // static
 	up  atomic.Bool
+	// closed is closed by Close: Consume returns ErrClosed.
+	closed    chan struct{}
+	closeOnce sync.Once
 
 	// tracked holds the patterns LastID was asked about: Publish records
 	// the id of each message it appends on one of them (see HighWater).
@@ -48,7 +51,7 @@ func DialRedis(ctx context.Context, cfg RedisConfig) (*Redis, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Redis{cfg: cfg, rdb: rdb, log: log}
+	b := &Redis{cfg: cfg, rdb: rdb, log: log, closed: make(chan struct{})}
 	b.up.Store(true)
 	return b, nil
 }
@@ -237,6 +240,7 @@ func toMessage(x redis.XMessage) (Message, bool) {
 
 // Consume reads the stream with one blocking XREAD loop from the last entry
 // at start. A lost connection is retried every 250 ms; Ready reports it.
+// Close ends it with ErrClosed.
 func (b *Redis) Consume(ctx context.Context, h Handler, started func(start string)) error {
 	last := "0-0"
 	start := ""
@@ -255,6 +259,11 @@ func (b *Redis) Consume(ctx context.Context, h Handler, started func(start strin
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		select {
+		case <-b.closed:
+			return ErrClosed
+		default:
+		}
 		res, err := b.rdb.XRead(ctx, &redis.XReadArgs{
 			Streams: []string{b.cfg.Stream, last},
 			Count:   maxBatch,
@@ -268,12 +277,19 @@ func (b *Redis) Consume(ctx context.Context, h Handler, started func(start strin
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
+			select { // a read cut short by Close, or refused after it
+			case <-b.closed:
+				return ErrClosed
+			default:
+			}
 			if b.up.Swap(false) {
 				b.log.Warn("redis read failed; retrying", zap.Error(err))
 			}
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
+			case <-b.closed:
+				return ErrClosed
 			case <-time.After(250 * time.Millisecond):
 			}
 			continue
@@ -418,5 +434,8 @@ func (b *Redis) Ready() bool { return b.up.Load() }
 // Name returns "redis".
 func (b *Redis) Name() string { return "redis" }
 
-// Close closes the client.
-func (b *Redis) Close() error { return b.rdb.Close() }
+// Close closes the client, which ends a running Consume.
+func (b *Redis) Close() error {
+	b.closeOnce.Do(func() { close(b.closed) })
+	return b.rdb.Close()
+}

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -103,6 +104,10 @@ func (cfg RedisConfig) dial(ctx context.Context) (redis.UniversalClient, error) 
 			rdb.Close()
 			return nil, fmt.Errorf("redis: %s is a Redis Cluster node: set Cluster (--redis-cluster) and give Stream a hash tag", opts.Addr)
 		}
+		if err := checkRedisVersion(ctx, rdb, opts.Addr); err != nil {
+			rdb.Close()
+			return nil, err
+		}
 		return rdb, nil
 	}
 	opts, err := redis.ParseClusterURL(cfg.URL)
@@ -125,5 +130,45 @@ func (cfg RedisConfig) dial(ctx context.Context) (redis.UniversalClient, error) 
 		rdb.Close()
 		return nil, fmt.Errorf("redis: cluster at %s, primary of %q: %w%s", strings.Join(opts.Addrs, ","), cfg.Stream, err, redisHint(err))
 	}
+	if err := checkRedisVersion(ctx, primary, primary.Options().Addr); err != nil {
+		rdb.Close()
+		return nil, err
+	}
 	return rdb, nil
+}
+
+// minRedis is the oldest Redis fanwire runs on: Replay tells an expired
+// cursor from XINFO STREAM's entries-added and max-deleted-entry-id, which
+// Redis 7.0 added (on 6.2 a cursor older than the retained history would
+// replay from the oldest retained event, silently skipping the rest).
+const minRedis = "7.0"
+
+// checkRedisVersion refuses a server older than minRedis, by the
+// redis_version its INFO reports. Best effort, as the cluster check: a
+// user whose ACL denies INFO, or a server that does not report a version,
+// is not refused for it.
+func checkRedisVersion(ctx context.Context, c *redis.Client, addr string) error {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return nil
+	}
+	if v, old := redisTooOld(info); old {
+		return fmt.Errorf("redis: %s runs Redis %s: fanwire needs Redis %s or newer (see Supported versions in README.md)", addr, v, minRedis)
+	}
+	return nil
+}
+
+// redisTooOld reads redis_version from an INFO answer and reports whether
+// it is older than 7.0.
+func redisTooOld(info string) (version string, old bool) {
+	for line := range strings.Lines(info) {
+		v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:")
+		if !ok {
+			continue
+		}
+		major, _, _ := strings.Cut(v, ".")
+		n, err := strconv.Atoi(major)
+		return v, err == nil && n < 7
+	}
+	return "", false
 }

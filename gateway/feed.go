@@ -136,7 +136,7 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 				f.pending = append(f.pending, feedAck{pushed: c.cl.mb.pushes(), cursor: last})
 			}
 		})
-		if cctx.Err() != nil {
+		if cctx.Err() != nil || errors.Is(err, broker.ErrClosed) { // the node is stopping
 			return
 		}
 		// The consumer is gone (deleted on the server, the server lost its
@@ -159,7 +159,7 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 			if err == nil || cctx.Err() != nil {
 				continue
 			}
-			if subscribeErrorCode(err) == CodeBrokerUnavailable {
+			if subscribeErrorCode(err) == CodeBrokerUnavailable && !errors.Is(err, broker.ErrUnsupported) {
 				c.s.log.Warn("reopening a subscription consumer failed; retrying", zap.String("conn", c.id), zap.String("sub", id), zap.Error(err))
 				continue
 			}

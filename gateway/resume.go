@@ -127,7 +127,8 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 			return true, false
 		case ctx.Err() != nil, errors.Is(err, ErrMailboxFull):
 			return false, true
-		case subscribeErrorCode(err) != CodeBrokerUnavailable: // the cursor cannot work
+		case subscribeErrorCode(err) != CodeBrokerUnavailable, // the cursor cannot work
+			errors.Is(err, broker.ErrUnsupported): // nor can the broker, however long we wait
 			c.failSubscribe(id, err)
 			return false, true
 		}

@@ -356,3 +356,81 @@ func TestGatewayRestartBetweenDisconnectAndResume(t *testing.T) {
 	}
 	again.quiet()
 }
+
+// TestResumeOnDebianNATS29: on the nats-server Debian ships (2.9.10,
+// which takes one filter subject per consumer, and only as
+// filter_subject), a subscription with a cursor replays and goes live, with
+// a subject space of one pattern (its replay waited forever before, the
+// gateway retrying "multiple consumer filter subjects not supported") and
+// of two with a pattern that spans both (the gateway did not start); and
+// so does a subscription's own consumer (--consumer per-connection).
+func TestResumeOnDebianNATS29(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		subjects []string
+		perConn  bool
+	}{
+		{"one pattern", []string{"orders.>"}, false},
+		{"two patterns", []string{"orders.>", "app.>"}, false},
+		{"two patterns, consumer per connection", []string{"orders.>", "app.>"}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			url := brokertest.NATSBinary(t, brokertest.DebianNATS)
+			e := newEnvJS(t, "jetstream", func(jc *broker.JetStreamConfig) {
+				jc.URL, jc.Subjects, jc.Storage = url, c.subjects, "file" // 2.9: memory needs 2.10
+			}, func(gc *gateway.Config) {
+				gc.Subjects = c.subjects
+				if c.perConn {
+					gc.Consumer = gateway.ConsumerPerConnection
+				}
+			})
+			pattern, other := "*.x", "app.x"
+			if len(c.subjects) == 1 {
+				pattern, other = "orders.*", "orders.z"
+			}
+			e.publishN("orders.x", 1, 3)
+			e.publishN(other, 4, 3)
+			e.publishN("orders.y.z", 7, 1)
+			cl := e.dial()
+			cl.send(`{"type":"subscribe","id":"s","subject":"` + pattern + `","from":"js:2"}`)
+			cl.expect(map[string]any{"type": "subscribed", "id": "s"})
+			for i := 3; i <= 6; i++ {
+				cl.expect(map[string]any{"type": "event", "data": i, "cursor": "js:" + strconv.Itoa(i)})
+			}
+			e.publishN("orders.y.z", 8, 1)
+			e.publishN("orders.x", 9, 1)
+			cl.expect(map[string]any{"type": "event", "data": 9, "cursor": "js:9"})
+			cl.quiet()
+		})
+	}
+}
+
+// unsupportedReplay is a durable broker whose server cannot replay (as
+// nats-server 2.9 could not replay on several filters): its Replay fails
+// with ErrUnsupported every time.
+type unsupportedReplay struct{ broker.Durable }
+
+func (unsupportedReplay) Replay(context.Context, []string, string, string, func([]broker.Message) error) error {
+	return fmt.Errorf("jetstream: replay consumer: %w: multiple consumer filter subjects not supported by nats-server", broker.ErrUnsupported)
+}
+
+// TestResumeTheBrokerCannotServeIsAnError: a replay the broker's server
+// cannot do is answered with broker_unavailable and its reason, at once,
+// not retried while the client waits for an answer forever; the
+// connection stays, and a live subscription works.
+func TestResumeTheBrokerCannotServeIsAnError(t *testing.T) {
+	e := newEnvJS(t, "jetstream", nil, func(c *gateway.Config) {
+		c.Subjects = []string{"orders.>", "app.>"}
+		c.Broker = unsupportedReplay{c.Broker.(broker.Durable)}
+	})
+	e.publishN("orders.x", 1, 3)
+	cl := e.dial()
+	cl.send(`{"type":"subscribe","id":"s","subject":"orders.*","from":"js:1"}`)
+	m := cl.expect(map[string]any{"type": "error", "code": "broker_unavailable", "id": "s"})
+	if msg, _ := m["message"].(string); !strings.Contains(msg, "not supported") {
+		t.Errorf("message %q, want the reason", msg)
+	}
+	cl.subscribe("s", "orders.*")
+	e.publishN("orders.x", 4, 1)
+	cl.expect(map[string]any{"type": "event", "data": 4})
+}

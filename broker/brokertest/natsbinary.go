@@ -1,0 +1,89 @@
+package brokertest
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DebianNATS is where Debian's nats-server package installs the server
+// (`make deps` installs it): the version users of that distribution run,
+// older than the one embedded in fanwire.
+const DebianNATS = "/usr/sbin/nats-server"
+
+// NATSBinary starts the nats-server binary at path as a process, with
+// JetStream, its store in t.TempDir(), on a free loopback port, and returns
+// its client URL once JetStream answers; t.Cleanup stops it. It tests
+// fanwire against a server as a distribution ships it rather than the
+// embedded one. A missing binary fails the test, saying how to install it.
+func NATSBinary(t testing.TB, path string) string {
+	t.Helper()
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("brokertest: nats-server binary %s: %v (run `make deps`, which installs Debian's nats-server package, or apt-get install nats-server)", path, err)
+	}
+	dir := t.TempDir()
+	port := freePort(t)
+	logFile := filepath.Join(dir, "nats-server.log")
+	cmd := exec.Command(path, "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", filepath.Join(dir, "store"), "-l", logFile)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("brokertest: start %s: %v", path, err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	url := "nats://127.0.0.1:" + strconv.Itoa(port)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := jetStreamAnswersAt(url)
+		if err == nil {
+			return url
+		}
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(logFile)
+			t.Fatalf("brokertest: %s exited: %v\n%s", path, cmd.ProcessState, log)
+		default:
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(logFile)
+			t.Fatalf("brokertest: %s: JetStream not answering on %s: %v\n%s", path, url, err, log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// jetStreamAnswersAt asks the JetStream API at url once.
+func jetStreamAnswersAt(url string) error {
+	nc, err := nats.Connect(url, nats.Timeout(time.Second))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err = js.AccountInfo(ctx)
+	return err
+}
