@@ -567,3 +567,23 @@ func TestBrokerEventOverMailboxBytes(t *testing.T) {
 		t.Errorf("fanwire_slow_consumers_total = %v, want 0", n)
 	}
 }
+
+// TestMailboxBytesBelowPublishLimit: a configuration where a publish the
+// gateway accepts could not fit in a mailbox is refused, naming both flags.
+// The broker's own limit counts when it is the smaller (NATS: 1 MiB).
+func TestMailboxBytesBelowPublishLimit(t *testing.T) {
+	e := newEnv(t, nil)
+	_, err := gateway.New(gateway.Config{Broker: e.b, MailboxBytes: 64 << 10, MaxPublishBytes: 128 << 10})
+	if err == nil || !strings.Contains(err.Error(), "--mailbox-bytes") || !strings.Contains(err.Error(), "--max-publish-bytes") {
+		t.Fatalf("MailboxBytes under MaxPublishBytes: %v, want an error naming --mailbox-bytes and --max-publish-bytes", err)
+	}
+	if _, err := gateway.New(gateway.Config{Broker: e.b, MailboxBytes: 128 << 10, MaxPublishBytes: 128 << 10}); err != nil {
+		t.Errorf("MailboxBytes = MaxPublishBytes: %v", err)
+	}
+	if _, err := gateway.New(gateway.Config{Broker: e.b, MailboxBytes: 2 << 20, MaxPublishBytes: 8 << 20}); err != nil {
+		t.Errorf("MailboxBytes over the broker's 1 MiB limit, under MaxPublishBytes: %v", err)
+	}
+	if _, err := gateway.New(gateway.Config{Broker: e.b}); err != nil {
+		t.Errorf("defaults: %v", err)
+	}
+}
