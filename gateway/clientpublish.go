@@ -45,6 +45,24 @@ func (s *Server) maxPublishData(subject string) int64 {
 	return n
 }
 
+// eventBytes is the size of the event NewEvent builds from subject and
+// compacted data of n bytes, without a cursor: what a delivery of it
+// takes in a mailbox, besides the subscription list it carries.
+func eventBytes(subject string, n int) int {
+	return len(headPrefix) + jsonStringLen(subject) + len(subsField) + len(dataField) + n + 1
+}
+
+// overMailbox says why an event on subject with compacted data of n bytes
+// is refused, or "" when it fits in an empty mailbox: a bigger one could
+// be delivered to no one (it would overflow every subscriber's mailbox;
+// from the broker, it is dropped: see Server.dispatch).
+func (s *Server) overMailbox(subject string, n int) string {
+	if size := eventBytes(subject, n); size > s.cfg.MailboxBytes {
+		return fmt.Sprintf("event on %q of %d bytes: over the %d bytes of a connection's queue (--mailbox-bytes), no subscriber could receive it", subject, size, s.cfg.MailboxBytes)
+	}
+	return ""
+}
+
 // clientPublish checks and publishes one event for a connection's
 // publisher; it returns the event's cursor or the refusal.
 func (s *Server) clientPublish(ctx context.Context, pub publisher, allowed bool, subject string, data []byte) (string, *publishRefusal) {
@@ -60,6 +78,9 @@ func (s *Server) clientPublish(ctx context.Context, pub publisher, allowed bool,
 	}
 	if max := s.maxPublishData(subject); int64(buf.Len()) > max {
 		return "", &publishRefusal{CodeTooLarge, ruleSize, fmt.Sprintf("data of %d bytes: over the %d bytes a publish may carry", buf.Len(), max)}
+	}
+	if msg := s.overMailbox(subject, buf.Len()); msg != "" {
+		return "", &publishRefusal{CodeTooLarge, ruleMailbox, msg}
 	}
 	if !s.cfg.Broker.Ready() {
 		return "", &publishRefusal{CodeBrokerUnavailable, "", "the broker is disconnected: retry"}

@@ -19,7 +19,7 @@ const (
 	CodeUnauthorized         = "unauthorized"           // a refresh whose token was refused
 	CodeRateLimited          = "rate_limited"           // over Config.MaxMessageRate: the message was dropped
 	CodeBadSubject           = "bad_subject"            // publish: invalid subject, a wildcard, or outside the subject space
-	CodeTooLarge             = "too_large"              // publish: data over Config.MaxPublishBytes or the broker's message limit
+	CodeTooLarge             = "too_large"              // publish: data over Config.MaxPublishBytes or the broker's message limit, or an event over Config.MailboxBytes
 )
 
 // Publish refusals of POST /api/publish and the GraphQL publish mutation

@@ -50,6 +50,10 @@ func (c *client) subsFor(ids []string) *subsList {
 	return encodeSubsList(ids)
 }
 
+// neverFits reports whether a delivery of n bytes is over the mailbox's
+// byte bound: it would not fit even in an empty mailbox.
+func (c *client) neverFits(n int) bool { return n > c.mb.maxBytes }
+
 // signal wakes the writer; it never blocks.
 func (c *client) signal() {
 	select {
@@ -113,6 +117,12 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 			c := d.c
 			wasEmpty, fill, err := c.mb.push(item{ev: ev, subs: d.subs}, len(ev.buf)+d.subsLen)
 			if err != nil {
+				if c.neverFits(len(ev.buf) + d.subsLen) {
+					// Not a slow consumer: the event fits (Server.dispatch
+					// dropped it otherwise) but not with this client's
+					// subscription list. Skip it, as a resume would.
+					continue
+				}
 				if c.overflowed.CompareAndSwap(false, true) {
 					h.overflow = append(h.overflow, c)
 				}

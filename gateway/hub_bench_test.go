@@ -53,3 +53,71 @@ func BenchmarkDispatch(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDispatchUnderChurn is BenchmarkDispatch with overlapping
+// subscriptions (each client on bench.* and bench.hot, so every event's
+// deliveries come from the merge cache) while other clients of the node
+// subscribe and unsubscribe elsewhere between events, as connections come
+// and go. The churn runs outside the timer: allocs/op is the dispatch's
+// alone, which should stay 0 when unrelated changes keep the merge cached.
+func BenchmarkDispatchUnderChurn(b *testing.B) {
+	const drainEvery = 128
+	const churners = 100
+	for _, conns := range []int{10_000} {
+		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
+			h := newHub(nil, 0)
+			clients := make([]*client, conns)
+			for i := range clients {
+				clients[i] = newClient(4096, 4<<20, func() { b.Fatal("overflow") })
+				h.idx.add(clients[i], "s1", "bench.*")
+				h.idx.add(clients[i], "s2", "bench.hot")
+			}
+			others := make([]*client, churners)
+			for i := range others {
+				others[i] = newClient(4096, 4<<20, func() { b.Fatal("overflow") })
+			}
+			subscribed := make([]bool, churners)
+			churn := func(i int) {
+				j := i % churners
+				p := fmt.Sprintf("churn.%d", j)
+				if subscribed[j] {
+					h.idx.remove(others[j], "c", p)
+				} else {
+					h.idx.add(others[j], "c", p)
+				}
+				subscribed[j] = !subscribed[j]
+			}
+			ev, err := NewEvent("bench.hot", "", []byte(`{"seq":1}`))
+			if err != nil {
+				b.Fatal(err)
+			}
+			evs := []*Event{ev}
+			drain := func() {
+				for _, c := range clients {
+					b := c.mb.take()
+					b.release()
+				}
+			}
+			for i := range 3 { // warm the segment pool
+				for range drainEvery {
+					churn(i)
+					h.dispatch(evs, time.Time{})
+				}
+				drain()
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				b.StopTimer()
+				if i%drainEvery == drainEvery-1 {
+					drain()
+				}
+				churn(i)
+				b.StartTimer()
+				h.dispatch(evs, time.Time{})
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*conns), "ns/delivery")
+		})
+	}
+}

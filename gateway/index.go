@@ -15,7 +15,8 @@ import (
 // cache would miss on nearly every event and grow without bound, while the
 // node lists are exact and change only where a subscription changed. A subject
 // that reaches several nodes (orders.* and orders.42) needs the lists merged;
-// the dispatcher caches merges per node set (see matcher).
+// the dispatcher caches merges per node set, each valid until one of its
+// nodes changes (see matcher).
 //
 // Concurrency: mutations take mu; the dispatcher holds mu.RLock for a whole
 // batch of events, so a subscribe waits at most one batch and a batch waits at
@@ -23,7 +24,7 @@ import (
 type index struct {
 	mu   sync.RWMutex
 	root *node  // guarded by mu
-	gen  uint64 // guarded by mu; incremented by every mutation
+	gen  uint64 // guarded by mu; incremented by every mutation (a node's ver takes its value)
 	size int    // guarded by mu; number of subscriptions
 }
 
@@ -38,6 +39,10 @@ type node struct {
 	// Subscriptions whose pattern ends at this node, grouped per client.
 	deliveries []delivery           // the match result for this node
 	byClient   map[*client]*nodeIDs // client → its ids here and its slot in deliveries
+	// ver is the index's gen at the last change of this node's
+	// subscriptions (including its pruning): merges cached with another
+	// ver are stale (see matcher).
+	ver uint64
 }
 
 type nodeIDs struct {
@@ -100,6 +105,7 @@ func (ix *index) addLocked(c *client, id, pattern string) {
 	slices.Sort(e.ids)
 	n.deliveries[e.pos].setSubs(c.subsFor(e.ids))
 	ix.gen++
+	n.ver = ix.gen
 	ix.size++
 }
 
@@ -151,6 +157,7 @@ func (ix *index) removeThen(c *client, id, pattern string, then func()) bool {
 	}
 	e.ids = slices.Delete(e.ids, i, i+1)
 	ix.gen++
+	n.ver = ix.gen
 	ix.size--
 	if len(e.ids) > 0 {
 		n.deliveries[e.pos].setSubs(c.subsFor(e.ids))

@@ -273,6 +273,53 @@ func TestIndexMatchCacheInvalidation(t *testing.T) {
 	checkMatch(t, ix, m, "a.b", matchResult{c1: `["s1"]`, c2: `["x2"]`})
 }
 
+// TestIndexMatchCacheKeepsUnrelated: a subscription change invalidates only
+// the cached merges of the nodes it changed. Client A's merge changes when A
+// subscribes to one of its nodes (or a new node joins its set); it survives,
+// not recomputed, when an unrelated client B subscribes or unsubscribes
+// elsewhere (connection churn must not make the dispatcher merge again).
+func TestIndexMatchCacheKeepsUnrelated(t *testing.T) {
+	ix, m := newIndex(), &matcher{}
+	a, b := testClient(), testClient()
+	clientNames[a], clientNames[b] = "A", "B"
+	ix.add(a, "s1", "a.*")
+	ix.add(a, "s2", "a.b")
+	cached := func() *delivery {
+		ix.mu.RLock()
+		defer ix.mu.RUnlock()
+		return &m.match(ix, "a.b")[0]
+	}
+	checkMatch(t, ix, m, "a.b", matchResult{a: `["s1","s2"]`})
+	first := cached()
+	ix.add(b, "x", "x.y") // unrelated node
+	ix.add(b, "y", "a.c") // a sibling, not in a.b's set
+	if cached() != first {
+		t.Errorf("B subscribing elsewhere dropped A's cached merge")
+	}
+	ix.remove(b, "x", "x.y")
+	ix.remove(b, "y", "a.c") // prunes a node
+	if cached() != first {
+		t.Errorf("B unsubscribing elsewhere dropped A's cached merge")
+	}
+	checkMatch(t, ix, m, "a.b", matchResult{a: `["s1","s2"]`})
+
+	ix.add(a, "s0", "a.*") // A on a node of the set
+	checkMatch(t, ix, m, "a.b", matchResult{a: `["s0","s1","s2"]`})
+	ix.add(a, "s3", "a.>") // a node joins the set
+	checkMatch(t, ix, m, "a.b", matchResult{a: `["s0","s1","s2","s3"]`})
+	ix.add(b, "z", "a.b") // B on a node of the set
+	checkMatch(t, ix, m, "a.b", matchResult{a: `["s0","s1","s2","s3"]`, b: `["z"]`})
+	second := cached()
+	ix.add(b, "w", "c.d")
+	if cached() != second {
+		t.Errorf("B subscribing elsewhere dropped the cached merge")
+	}
+	ix.remove(a, "s2", "a.b")
+	checkMatch(t, ix, m, "a.b", matchResult{a: `["s0","s1","s3"]`, b: `["z"]`})
+	ix.remove(b, "z", "a.b") // a.b's node is pruned: a.* and a.> remain
+	checkMatch(t, ix, m, "a.b", matchResult{a: `["s0","s1","s3"]`})
+}
+
 // TestIndexAgainstBruteForce applies random subscribes and unsubscribes and
 // compares every match (through one long-lived matcher, as the dispatcher
 // has) with MatchSubject over a model of the subscriptions.

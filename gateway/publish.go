@@ -71,8 +71,11 @@ func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
 	msgs, aerr := s.parsePublish(body, pub)
 	if aerr != nil {
 		status := http.StatusBadRequest
-		if aerr.Code == "forbidden" {
+		switch aerr.Code {
+		case "forbidden":
 			status = http.StatusForbidden
+		case CodeTooLarge:
+			status = http.StatusRequestEntityTooLarge
 		}
 		s.publishError(w, status, *aerr)
 		return
@@ -157,6 +160,9 @@ func (s *Server) parsePublish(body []byte, pub publisher) ([]broker.Outgoing, *a
 		var data bytes.Buffer
 		if err := json.Compact(&data, q.Data); err != nil {
 			return nil, &apiError{Error: "\"data\": " + jsonErrorText(err), Code: "bad_request", Field: "data", Index: idx}
+		}
+		if msg := s.overMailbox(*q.Subject, data.Len()); msg != "" {
+			return nil, &apiError{Error: msg, Code: CodeTooLarge, Field: "data", Index: idx, Subject: *q.Subject, Rule: ruleMailbox}
 		}
 		msgs[i] = broker.Outgoing{Subject: *q.Subject, Data: data.Bytes(), ID: q.ID}
 	}

@@ -441,3 +441,41 @@ func TestClientPublishCursor(t *testing.T) {
 		})
 	}
 }
+
+// TestPublishOverMailboxBytes: an event that would not fit in an empty
+// mailbox (MailboxBytes) is refused at publish, naming the limit, over
+// every way to publish; before, it was published and every subscriber was
+// closed with 4008 (and met it again on every resume). A body within
+// MaxPublishBytes can make such an event: the event's framing is larger
+// than the request's.
+func TestPublishOverMailboxBytes(t *testing.T) {
+	e := newEnv(t, func(c *gateway.Config) {
+		c.MailboxBytes, c.MaxPublishBytes = 4096, 4096
+		c.AllowAnonymousPublish = true
+	})
+	watcher := e.dial()
+	watcher.subscribe("w", ">")
+	big := `"` + strings.Repeat("x", 4058) + `"` // 4,060 bytes: a 4,089-byte body, a 4,112-byte event
+
+	r := e.postPublish("", `{"subject":"big.http","data":`+big+`}`)
+	if r.status != http.StatusRequestEntityTooLarge || r.Code != "too_large" || !strings.Contains(r.Error, "4096") || !strings.Contains(r.Error, "--mailbox-bytes") {
+		t.Errorf("POST /api/publish: %d %s, want 413 too_large naming the 4096 bytes of --mailbox-bytes", r.status, r.raw)
+	}
+	if r := e.postPublish("", `[{"subject":"ok.http","data":1},{"subject":"big.http","data":`+big+`}]`); r.status != http.StatusRequestEntityTooLarge || r.Code != "too_large" {
+		t.Errorf("POST /api/publish of a batch: %d %s, want 413 too_large", r.status, r.raw)
+	}
+
+	cl := e.dial()
+	wantRefused(t, cl.publishWS("p1", "big.ws", big), gateway.CodeTooLarge, "--mailbox-bytes")
+
+	if ext := gqlFirstError(e.postGraphQL("", `mutation { publish(subject: "big.gql", data: `+big+`) { subject } }`)); ext["code"] != gateway.CodeTooLarge {
+		t.Errorf("GraphQL publish mutation: %v, want too_large", ext)
+	}
+
+	// Nothing was published; the watcher is still here and gets the next.
+	if r := e.postPublish("", `{"subject":"small","data":1}`); r.status != http.StatusOK {
+		t.Fatalf("small publish: %d %s", r.status, r.raw)
+	}
+	watcher.expect(map[string]any{"type": "event", "subject": "small"})
+	watcher.quiet()
+}

@@ -58,6 +58,7 @@ const (
 	rulePatterns     = "publish_patterns"  // the key's patterns or the token's publish claim
 	ruleNoPublish    = "no_publish_grant"  // a connection or token without a publish grant
 	ruleSize         = "max_publish_bytes" // Config.MaxPublishBytes or the broker's limit
+	ruleMailbox      = "mailbox_bytes"     // Config.MailboxBytes: the event would not fit in a connection's queue
 )
 
 // publishRefusal says why a publish was refused: a code of errors.go, the

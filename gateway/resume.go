@@ -93,6 +93,9 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 	// the connection with 4008.
 	enqueue := func(ev *Event) (wasEmpty bool, err error) {
 		it := item{ev: ev, subs: subs}
+		if c.cl.neverFits(it.size()) { // skipped, as live
+			return false, nil
+		}
 		wasEmpty, _, err = c.cl.mb.push(it, it.size())
 		if err != nil {
 			c.overflow()
@@ -249,7 +252,8 @@ const (
 // replay or a feed is one connection's producer and may wait for its
 // writer, unlike the dispatcher. It wakes the writer once per batch, not
 // per event (a wake per event made a frame per event: 45k events/s of
-// catch-up). A push that fails anyway closes the connection with 4008.
+// catch-up). A push that fails anyway closes the connection with 4008. An
+// event that could not fit even in an empty mailbox is skipped, as live.
 func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern string, subs *subsList) error {
 	wake := false
 	defer func() {
@@ -266,6 +270,11 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern str
 			c.s.metrics.EventsInvalid.Inc()
 			continue
 		}
+		it := item{ev: ev, subs: subs}
+		if c.cl.neverFits(it.size()) { // skipped, as live (Server.dispatch)
+			c.s.metrics.EventsDropped.WithLabelValues(dropTooLarge).Inc()
+			continue
+		}
 		if c.cl.mb.overHalf() {
 			if wake {
 				c.cl.signal()
@@ -275,7 +284,6 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern str
 				return err
 			}
 		}
-		it := item{ev: ev, subs: subs}
 		wasEmpty, _, err := c.cl.mb.push(it, it.size())
 		if err != nil {
 			c.overflow()

@@ -434,3 +434,29 @@ func TestResumeTheBrokerCannotServeIsAnError(t *testing.T) {
 	e.publishN("orders.x", 4, 1)
 	cl.expect(map[string]any{"type": "event", "data": 4})
 }
+
+// TestResumeSkipsEventOverMailboxBytes: an event in the stream that could
+// never fit in a mailbox is skipped, live and on a resume (which before
+// closed the client with 4008 every time it came back).
+func TestResumeSkipsEventOverMailboxBytes(t *testing.T) {
+	e := newEnvJS(t, "jetstream", nil, func(c *gateway.Config) {
+		c.Subjects = []string{"orders.>", "app.>"}
+		c.MailboxBytes, c.MaxPublishBytes = 4096, 4096
+	})
+	live := e.dial()
+	live.subscribe("l", "orders.*")
+	for _, data := range []string{`1`, `"` + strings.Repeat("x", 5000) + `"`, `3`} {
+		if _, err := e.b.Publish(context.Background(), []broker.Outgoing{{Subject: "orders.x", Data: []byte(data)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live.expect(map[string]any{"type": "event", "cursor": "js:1"})
+	live.expect(map[string]any{"type": "event", "cursor": "js:3"})
+	live.quiet()
+	cl := e.dial()
+	cl.send(`{"type":"subscribe","id":"r","subject":"orders.*","from":"first"}`)
+	cl.expect(map[string]any{"type": "subscribed", "id": "r"})
+	cl.expect(map[string]any{"type": "event", "cursor": "js:1"})
+	cl.expect(map[string]any{"type": "event", "cursor": "js:3"})
+	cl.quiet()
+}

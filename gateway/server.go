@@ -54,8 +54,9 @@ type Server struct {
 	wg       sync.WaitGroup     // one per connection being served
 
 	// owned by the Run goroutine
-	events      []*Event
-	invalidLogs rateLimiter
+	events       []*Event
+	invalidLogs  rateLimiter
+	tooLargeLogs rateLimiter
 }
 
 // New validates cfg and builds a Server. It starts nothing: call Run to
@@ -82,6 +83,7 @@ func New(cfg Config) (*Server, error) {
 	s.hub.keepRecent = s.durable != nil
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.invalidLogs = rateLimiter{every: 10 * time.Second}
+	s.tooLargeLogs = rateLimiter{every: 10 * time.Second}
 	s.handshakes = handshakes{timeout: cfg.HandshakeTimeout, max: cfg.MaxHandshakes, rejected: func(reason string) {
 		m.ConnectionsRejected.WithLabelValues(reason).Inc()
 	}}
@@ -106,6 +108,10 @@ func New(cfg Config) (*Server, error) {
 	s.mux = mux
 	return s, nil
 }
+
+// dropTooLarge is the fanwire_events_dropped_total reason of an event over
+// MailboxBytes, which no mailbox could hold.
+const dropTooLarge = "too_large"
 
 // CountDropped counts n events lost before dispatch (e.g. the broker
 // client's buffer overflowed); brokers report through this.
@@ -145,6 +151,16 @@ func (s *Server) dispatch(batch []broker.Message, arrived time.Time) {
 			if s.invalidLogs.allow() {
 				s.log.Warn("skipping broker message that is not JSON (logged at most every 10s)",
 					zap.String("subject", m.Subject), zap.Int("bytes", len(m.Data)), zap.Int64("skipped_since_last_log", s.invalidLogs.suppressed()))
+			}
+			continue
+		}
+		if len(ev.buf) > s.cfg.MailboxBytes {
+			// It would overflow every subscriber's mailbox (4008), and
+			// again on each resume: it is delivered to no one.
+			s.metrics.EventsDropped.WithLabelValues(dropTooLarge).Inc()
+			if s.tooLargeLogs.allow() {
+				s.log.Warn("skipping broker message larger than a connection's queue (--mailbox-bytes; logged at most every 10s)",
+					zap.String("subject", m.Subject), zap.Int("bytes", len(ev.buf)), zap.Int("mailbox_bytes", s.cfg.MailboxBytes), zap.Int64("skipped_since_last_log", s.tooLargeLogs.suppressed()))
 			}
 			continue
 		}

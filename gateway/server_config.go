@@ -25,7 +25,7 @@ type Config struct {
 	MaxConnectionsPerIP int
 	MaxSubscriptions    int           // per connection (default 256)
 	MailboxMessages     int           // per-connection queue bound in messages (default 4096)
-	MailboxBytes        int           // per-connection queue bound in bytes (default 4 MiB)
+	MailboxBytes        int           // per-connection queue bound in bytes (default 4 MiB); at least the largest publish (MaxPublishBytes, or the broker's limit when smaller); a bigger event is delivered to no one
 	ReadLimit           int64         // largest client frame; over it: close 1009 (default 64 KiB)
 	MaxFrameBytes       int           // the writer starts a new frame past this size (default 64 KiB)
 	MaxPace             time.Duration // longest dispatcher wait per batch when most clients are behind (default 50ms; negative: never wait)
@@ -194,6 +194,9 @@ func (c *Config) validate() error {
 	pos("CloseTimeout", int64(c.CloseTimeout))
 	pos("MaxClientErrors", int64(c.MaxClientErrors))
 	pos("MaxPublishBytes", c.MaxPublishBytes)
+	if max, what := c.maxPublishable(); c.MailboxBytes > 0 && int64(c.MailboxBytes) < max {
+		errs = append(errs, fmt.Errorf("MailboxBytes (--mailbox-bytes) of %d is under the %d bytes a publish may carry (%s): no subscriber could receive such an event; raise --mailbox-bytes or lower --max-publish-bytes", c.MailboxBytes, max, what))
+	}
 	for i, k := range c.APIKeys {
 		if k.Key == "" {
 			errs = append(errs, fmt.Errorf("APIKeys[%d] (%q): empty key", i, k.Name))
@@ -214,4 +217,15 @@ func (c *Config) validate() error {
 	}
 	pos("GraphQLInitTimeout", int64(c.GraphQLInitTimeout))
 	return errors.Join(errs...)
+}
+
+// maxPublishable is the largest data a publish through the gateway may
+// carry, MaxPublishBytes or the broker's message limit when smaller, and
+// which of them it is.
+func (c *Config) maxPublishable() (int64, string) {
+	max, what := c.MaxPublishBytes, "MaxPublishBytes, --max-publish-bytes"
+	if l, ok := c.Broker.(broker.Limited); ok && l.MaxMessage() > 0 && int64(l.MaxMessage()) < max {
+		max, what = int64(l.MaxMessage()), "the broker's message limit, under --max-publish-bytes"
+	}
+	return max, what
 }

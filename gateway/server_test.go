@@ -545,3 +545,45 @@ func TestDurableEventsCarryCursors(t *testing.T) {
 		})
 	}
 }
+
+// TestBrokerEventOverMailboxBytes: an event from the broker (published by
+// another, e.g. the ingest) that could never fit in a mailbox is delivered
+// to nobody and counted; before, every subscriber was closed with 4008.
+// So is, to a client, an event that fits but not with that client's
+// subscription list.
+func TestBrokerEventOverMailboxBytes(t *testing.T) {
+	e := newEnv(t, func(c *gateway.Config) { c.MailboxBytes, c.MaxPublishBytes = 4096, 4096 })
+	watcher := e.dial()
+	watcher.subscribe("w", ">")
+	e.publish("big.one", `"`+strings.Repeat("x", 5000)+`"`)
+	e.publish("edge.one", `"`+strings.Repeat("x", 4039)+`"`) // a 4,094-byte event, 4,099 with ["w"]
+	e.publish("small", `1`)
+	watcher.expect(map[string]any{"type": "event", "subject": "small"})
+	watcher.quiet()
+	if n := e.metric("fanwire_events_dropped_total", map[string]string{"reason": "too_large"}); n != 1 {
+		t.Errorf(`fanwire_events_dropped_total{reason="too_large"} = %v, want 1`, n)
+	}
+	if n := e.metric("fanwire_slow_consumers_total", nil); n != 0 {
+		t.Errorf("fanwire_slow_consumers_total = %v, want 0", n)
+	}
+}
+
+// TestMailboxBytesBelowPublishLimit: a configuration where a publish the
+// gateway accepts could not fit in a mailbox is refused, naming both flags.
+// The broker's own limit counts when it is the smaller (NATS: 1 MiB).
+func TestMailboxBytesBelowPublishLimit(t *testing.T) {
+	e := newEnv(t, nil)
+	_, err := gateway.New(gateway.Config{Broker: e.b, MailboxBytes: 64 << 10, MaxPublishBytes: 128 << 10})
+	if err == nil || !strings.Contains(err.Error(), "--mailbox-bytes") || !strings.Contains(err.Error(), "--max-publish-bytes") {
+		t.Fatalf("MailboxBytes under MaxPublishBytes: %v, want an error naming --mailbox-bytes and --max-publish-bytes", err)
+	}
+	if _, err := gateway.New(gateway.Config{Broker: e.b, MailboxBytes: 128 << 10, MaxPublishBytes: 128 << 10}); err != nil {
+		t.Errorf("MailboxBytes = MaxPublishBytes: %v", err)
+	}
+	if _, err := gateway.New(gateway.Config{Broker: e.b, MailboxBytes: 2 << 20, MaxPublishBytes: 8 << 20}); err != nil {
+		t.Errorf("MailboxBytes over the broker's 1 MiB limit, under MaxPublishBytes: %v", err)
+	}
+	if _, err := gateway.New(gateway.Config{Broker: e.b}); err != nil {
+		t.Errorf("defaults: %v", err)
+	}
+}

@@ -97,7 +97,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.IntVar(&f.maxSubscriptions, "max-subscriptions", 256, "subscriptions per connection")
 	fs.IntVar(&f.maxMessageRate, "max-message-rate", 100, "client messages (WebSocket pings included) per second per connection (burst twice that); over it a message is dropped with rate_limited, a ping gets no pong (GraphQL: close 1008); negative: no limit")
 	fs.IntVar(&f.mailboxMessages, "mailbox-messages", 4096, "per-connection queue bound in messages; over it: close 4008 (slow consumer)")
-	fs.IntVar(&f.mailboxBytes, "mailbox-bytes", 4<<20, "per-connection queue bound in bytes; over it: close 4008 (slow consumer)")
+	fs.IntVar(&f.mailboxBytes, "mailbox-bytes", 4<<20, "per-connection queue bound in bytes; over it: close 4008 (slow consumer); at least --max-publish-bytes (or the broker's message limit when smaller). A publish whose event is bigger is refused (too_large), and such an event from the broker is delivered to no one (fanwire_events_dropped_total{reason=\"too_large\"})")
 	fs.Int64Var(&f.readLimit, "read-limit", 64<<10, "largest client frame in bytes; over it: close 1009")
 	fs.IntVar(&f.maxFrameBytes, "max-frame-bytes", 64<<10, "the writer coalesces queued messages into frames up to this size")
 	fs.DurationVar(&f.maxPace, "max-pace", 50*time.Millisecond, "when most clients' mailboxes are over half full (node saturated), the dispatcher waits up to this long per batch for them to drain instead of disconnecting them; negative: never wait")
