@@ -349,8 +349,7 @@ type gqlSubscribePayload struct {
 // ignores everything after it.
 func (c *conn) closeWith(code int, reason string) {
 	reason = closeReason(reason)
-	c.closeReason.Store(&reason)
-	c.requestClose(code)
+	c.requestCloseReason(code, &reason)
 }
 
 // maxCloseReason is the longest close reason a control frame can carry.
