@@ -85,7 +85,9 @@ func (c *conn) requestCloseReason(code int, reason *string) bool {
 		return false
 	}
 	c.mu.Lock()
-	if c.closeCode.Load() != 0 { // requests change it only under mu
+	// closed: serve has ended (a late timer callback asks), and nothing
+	// would stop a watchdog. closeCode: requests change it only under mu.
+	if c.closed || c.closeCode.Load() != 0 {
 		c.mu.Unlock()
 		return false
 	}
