@@ -38,8 +38,8 @@ type conn struct {
 	grants *Grants       // what the connection may subscribe to (nil: everything); set before reading (GraphQL: by connection_init)
 	fw     *frameWriter  // static: the socket's writer (GraphQL frames its messages into it in batches)
 
-	closeCode     atomic.Int32           // requested close code; 0 while open. Set once.
-	closeReason   atomic.Pointer[string] // set before closeCode when the close has its own reason
+	closeCode     atomic.Int32           // requested close code; 0 while open. Set once, under mu.
+	closeReason   atomic.Pointer[string] // set before closeCode when the winning close request has its own reason
 	writeErr      atomic.Bool            // the writer failed
 	pingFailed    atomic.Bool            // a ping went unanswered
 	writerRunning atomic.Bool            // a writer goroutine exists (see ensureWriter, retire)
@@ -75,10 +75,26 @@ func newConnID() string {
 // request wins. A close that does not complete in CloseTimeout (a peer that
 // stopped reading blocks the writer inside a write) cuts the socket.
 func (c *conn) requestClose(code int) bool {
-	if !c.closeCode.CompareAndSwap(0, int32(code)) {
+	return c.requestCloseReason(code, nil)
+}
+
+// requestCloseReason is requestClose with the close's own reason (nil: the
+// code's usual one), kept only if this request wins.
+func (c *conn) requestCloseReason(code int, reason *string) bool {
+	if c.closeCode.Load() != 0 {
 		return false
 	}
 	c.mu.Lock()
+	// closed: serve has ended (a late timer callback asks), and nothing
+	// would stop a watchdog. closeCode: requests change it only under mu.
+	if c.closed || c.closeCode.Load() != 0 {
+		c.mu.Unlock()
+		return false
+	}
+	if reason != nil {
+		c.closeReason.Store(reason) // before the code: the writer reads it once it sees the code
+	}
+	c.closeCode.Store(int32(code))
 	c.watchdog = time.AfterFunc(c.s.cfg.CloseTimeout, func() { _ = c.ws.CloseNow() })
 	c.mu.Unlock()
 	c.cl.signal()
@@ -696,13 +712,12 @@ func (c *conn) ping() bool {
 // mailbox was discarded.
 func (c *conn) finish(code int) {
 	reason := "server going away"
-	if r := c.closeReason.Load(); r != nil {
+	switch r := c.closeReason.Load(); {
+	case r != nil: // the request's own (GraphQL's rate limit has one for 1008)
 		reason = *r
-	}
-	switch code {
-	case CloseSlowConsumer:
+	case code == CloseSlowConsumer:
 		reason = "slow consumer"
-	case ClosePolicy:
+	case code == ClosePolicy:
 		reason = "too many protocol errors"
 	}
 	if code != CloseSlowConsumer {

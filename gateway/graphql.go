@@ -144,17 +144,27 @@ func (op *gqlOp) nextLen(ev *Event) int {
 }
 
 // appendExecuted runs the executor for ev (on the writer's goroutine: the
-// channel has room for the one event the response handler takes).
+// channel has room for the one event the response handler takes). A
+// response may come without taking the event (gqlgen's one-shot error
+// response does), so what is left is taken back after every response: the
+// channel is empty again for the next delivery, whose send never blocks.
 func (op *gqlOp) appendExecuted(dst []byte, ev *Event) []byte {
 	e := &schema.Event{Subject: ev.Subject, Data: schema.JSON(ev.dataJSON())}
 	if ev.Cursor != "" {
 		c := ev.Cursor
 		e.Cursor = &c
 	}
-	op.ch <- e
+	select {
+	case op.ch <- e:
+	default: // not reached: the writer is the only sender and empties it
+		return dst
+	}
 	resp := op.next(op.ctx)
-	if resp == nil {
-		<-op.ch // not taken: the operation is over
+	select {
+	case <-op.ch: // not taken
+	default:
+	}
+	if resp == nil { // the operation is over
 		return dst
 	}
 	dst = append(dst, op.head...)
@@ -347,8 +357,7 @@ type gqlSubscribePayload struct {
 // ignores everything after it.
 func (c *conn) closeWith(code int, reason string) {
 	reason = closeReason(reason)
-	c.closeReason.Store(&reason)
-	c.requestClose(code)
+	c.requestCloseReason(code, &reason)
 }
 
 // maxCloseReason is the longest close reason a control frame can carry.

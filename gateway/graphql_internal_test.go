@@ -18,6 +18,8 @@ import (
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/fanwire/fanwire/schema"
+	"github.com/vektah/gqlparser/v2/gqlerror"
 )
 
 // newTestServer builds a Server on an embedded NATS (not run: these tests
@@ -251,5 +253,43 @@ func BenchmarkDeliveryWrite(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/delivery")
 		})
+	}
+}
+
+// TestGraphQLExecutorResponseWithoutTheEvent: a response the executor gives
+// without taking the event it was handed (gqlgen's one-shot error response,
+// then nil, does) must not leave the writer blocked on the operation's
+// channel at its next delivery: that would hang the connection's writer,
+// and with it the node's shutdown.
+func TestGraphQLExecutorResponseWithoutTheEvent(t *testing.T) {
+	op := &gqlOp{
+		id:   "1",
+		next: graphql.OneShot(&graphql.Response{Errors: gqlerror.List{gqlerror.Errorf("boom")}}),
+		ctx:  context.Background(),
+		ch:   make(chan *schema.Event, 1),
+		head: nextHead("1", false),
+	}
+	ev, err := NewEvent("orders.1", "", []byte(`{"n":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan []string, 1)
+	go func() { // the writer's deliveries
+		var out []string
+		for range 3 {
+			out = append(out, string(op.appendNext(nil, ev)))
+		}
+		done <- out
+	}()
+	select {
+	case out := <-done:
+		want := []string{`{"id":"1","type":"next","payload":{"errors":[{"message":"boom"}],"data":null}}`, "", ""}
+		for i := range want {
+			if out[i] != want[i] {
+				t.Errorf("delivery %d: got %q, want %q", i, out[i], want[i])
+			}
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the writer is blocked on the operation's channel after a response that did not take its event")
 	}
 }

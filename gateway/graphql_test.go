@@ -230,6 +230,31 @@ func TestGraphQLCloseCodes(t *testing.T) {
 	})
 }
 
+// TestGraphQLRateLimitCloseReason: a GraphQL connection over MaxMessageRate
+// is closed with 1008 and the rate limit's own reason, not the one of too
+// many protocol errors (which also closes with 1008).
+func TestGraphQLRateLimitCloseReason(t *testing.T) {
+	e := newEnv(t, func(c *gateway.Config) { c.MaxMessageRate = 5 })
+	cl := e.initGQL()
+	for range 30 { // the burst is 10, connection_init included
+		cl.send(`{"type":"ping"}`)
+	}
+	for {
+		err := cl.readFrame(5 * time.Second)
+		if err == nil {
+			continue // the pongs within the burst
+		}
+		var ce websocket.CloseError
+		if !errors.As(err, &ce) {
+			t.Fatalf("read: %v, want a close", err)
+		}
+		if ce.Code != websocket.StatusPolicyViolation || ce.Reason != "message rate over the limit" {
+			t.Fatalf("close %d %q, want 1008 %q", ce.Code, ce.Reason, "message rate over the limit")
+		}
+		return
+	}
+}
+
 // TestGraphQLOperationErrors: errors end one operation, never the
 // connection, and carry extensions.code; no complete follows an error.
 func TestGraphQLOperationErrors(t *testing.T) {

@@ -346,6 +346,17 @@ func TestClientLayout(t *testing.T) {
 	}
 }
 
+// TestSegmentSizeClass: a segment fills its malloc size class (2,048 bytes)
+// with no room left for another item: 128 items and the link were 2,056
+// bytes, which the allocator rounds up to 2,304.
+func TestSegmentSizeClass(t *testing.T) {
+	const class = 2048
+	size := unsafe.Sizeof(segment{})
+	if size > class || size+unsafe.Sizeof(item{}) <= class {
+		t.Errorf("segment is %d bytes (%d items of %d): want the most items that fit in %d", size, segItems, unsafe.Sizeof(item{}), class)
+	}
+}
+
 // pushItem pushes it with its computed size, as the hub does with a cached one.
 func (m *mailbox) pushItem(it item) (wasEmpty, pressured bool, err error) {
 	wasEmpty, fill, err := m.push(it, it.size())
