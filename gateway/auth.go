@@ -308,3 +308,13 @@ func (g *Grants) Allows(pattern string) bool {
 	}
 	return false
 }
+
+// Authenticator decides whether a connection may proceed, and what it may
+// subscribe to (nil grants: everything), on both protocols: for GraphQL it
+// is called with the connection_init payload (JSON, nil when absent) and
+// the upgrade request, and an error closes the connection with 4403; for
+// the native protocol, which has no init message, with the upgrade request
+// and a nil payload, and an error closes the connection with 4401 right
+// after the upgrade.
+// JWTAuth.Grant is one.
+type Authenticator func(ctx context.Context, r *http.Request, initPayload json.RawMessage) (*Grants, error)

@@ -46,3 +46,15 @@ var (
 	ErrMailboxFull  = errors.New("mailbox full")
 	ErrServerClosed = errors.New("gateway: server closed")
 )
+
+// Close codes of graphql-transport-ws (the graphql-ws npm package's
+// PROTOCOL.md). The legacy protocol gets the same ones.
+const (
+	CloseBadRequest        = 4400 // malformed or unexpected message
+	CloseUnauthorized      = 4401 // subscribe before connection_ack; native: a refused token, right after the upgrade
+	CloseForbidden         = 4403 // connection_init refused by authentication
+	CloseSubprotocol       = 4406 // no subprotocol the server speaks
+	CloseInitTimeout       = 4408 // no connection_init in time
+	CloseSubscriberExists  = 4409 // subscribe with an id already in use
+	CloseTooManyInitialise = 4429 // a second connection_init
+)

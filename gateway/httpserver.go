@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -151,4 +152,23 @@ func (h *handshakes) connState(c net.Conn, st http.ConnState) {
 	if ok && st == http.StateClosed && !p.handled.Load() && time.Since(p.accepted) >= h.timeout {
 		h.rejected("handshake_timeout")
 	}
+}
+
+// isWebSocketUpgrade reports whether r asks for a WebSocket upgrade.
+func isWebSocketUpgrade(r *http.Request) bool {
+	return headerContainsToken(r.Header, "Connection", "upgrade") && headerContainsToken(r.Header, "Upgrade", "websocket")
+}
+
+// headerContainsToken reports whether the comma-separated header name holds
+// token (case-insensitive), as an upgrade request's Connection: keep-alive,
+// Upgrade does.
+func headerContainsToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -13,14 +13,13 @@ import (
 //
 // Items are 16 bytes and point at shared events. They are stored in 2 KiB
 // segments from a pool, linked as they fill: memory follows what is queued
-// (a doubling slice kept up to twice the peak, twice over with double
-// buffering: 26 MiB of 200 clients' mailboxes in a burst, against 6 here),
-// and an idle connection holds no segment at all.
+// (a doubling slice would keep up to twice the peak, twice over with double
+// buffering), and an idle connection holds no segment at all.
 //
 // Layout: every push touches only the fields up to closed, which fit in the
 // first 48 bytes so that, with client's alignment, one push costs one cache
-// line of the client (at 10,000 clients two lines per push took dispatch
-// from 22 to 50 ns per delivery).
+// line of the client. docs/benchmarks.md ("Hot-path microbenchmarks") has
+// the figures behind both choices.
 type mailbox struct {
 	mu       sync.Mutex
 	n        int32    // guarded by mu; queued items

@@ -1,0 +1,187 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"time"
+)
+
+// The native protocol's commands, run by a connection's reader: subscribe,
+// unsubscribe, ping, refresh and publish (clientpublish.go), and the
+// replies they queue.
+
+func (c *conn) handle(data []byte) {
+	f, err := parseClientFrame(data)
+	if err != nil {
+		id, code := errorReply(f, err)
+		c.clientError(id, code, err.Error())
+		return
+	}
+	switch f.Type {
+	case "subscribe":
+		c.subscribe(*f.ID, *f.Subject, f.From, f.Durable)
+	case "unsubscribe":
+		c.unsubscribe(*f.ID)
+	case "ping":
+		c.send(pongMessage)
+	case "refresh":
+		c.refresh(deref(f.ID), *f.Token)
+	case "publish":
+		c.publish(*f.ID, *f.Subject, f.Data)
+	}
+}
+
+// refresh replaces the connection's token: its grants apply from now on,
+// and its expiry moves. A refused token is an error (code unauthorized);
+// the connection keeps its old token until that expires. id (may be
+// empty) is the refresh's, echoed in the reply.
+func (c *conn) refresh(id, token string) {
+	auth := c.s.cfg.Authenticate
+	if auth == nil {
+		c.clientError(id, CodeUnauthorized, "this gateway does not authenticate connections: nothing to refresh")
+		return
+	}
+	payload, _ := json.Marshal(map[string]string{"token": token})
+	grants, err := auth(c.runCtx, c.req, payload)
+	if err != nil {
+		c.clientError(id, CodeUnauthorized, err.Error())
+		return
+	}
+	c.grants = grants
+	c.armExpiry()
+	var exp time.Time
+	if grants != nil {
+		exp = grants.Expires
+	}
+	c.send(refreshedMessage(id, exp))
+}
+
+// armExpiry (re)starts the timer that closes the connection with 4001 when
+// its token expires. The reader calls it (start, connection_init, refresh).
+func (c *conn) armExpiry() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.expiry != nil {
+		c.expiry.Stop()
+		c.expiry = nil
+	}
+	if c.grants == nil || c.grants.Expires.IsZero() || c.closed {
+		return
+	}
+	c.expiry = time.AfterFunc(time.Until(c.grants.Expires), func() {
+		c.closeWith(CloseTokenExpired, "token expired: reconnect with a new one")
+	})
+}
+
+func (c *conn) subscribe(id, pattern string, from, durable *string) {
+	c.subsMu.Lock()
+	_, dup := c.subs[id]
+	n := len(c.subs)
+	c.subsMu.Unlock()
+	if dup {
+		c.clientError(id, CodeDuplicateID, "subscription id "+id+" is already active")
+		return
+	}
+	if n >= c.s.cfg.MaxSubscriptions {
+		c.clientError(id, CodeTooManySubscriptions, "at most "+strconv.Itoa(c.s.cfg.MaxSubscriptions)+" subscriptions per connection")
+		return
+	}
+	if err := c.s.checkPattern(pattern); err != nil {
+		c.clientError(id, CodeBadPattern, err.Error())
+		return
+	}
+	if !c.grants.Allows(pattern) {
+		c.clientError(id, CodeForbidden, "this connection's token does not grant "+strconv.Quote(pattern))
+		return
+	}
+	if durable != nil || c.s.cfg.Consumer == ConsumerPerConnection {
+		c.startFeed(id, pattern, from, durable)
+		return
+	}
+	if from != nil {
+		c.startResume(id, pattern, *from)
+		return
+	}
+	st := &subState{pattern: pattern, live: true}
+	c.subsMu.Lock()
+	c.subs[id] = st
+	c.subsMu.Unlock()
+	// The reply is queued while the index is held: no event for the
+	// subscription can precede it, the client cannot see it before the
+	// subscription is live, and the cursor it carries (durable brokers) is
+	// exactly the last event dispatched before it.
+	var wake bool
+	c.s.hub.idx.addThen(c.cl, id, pattern, func() {
+		wake = c.queue(c.subscribedMsg(id, c.s.hub.lastCursor()))
+	})
+	if wake {
+		c.cl.signal()
+	}
+	c.s.metrics.Subscriptions.Inc()
+}
+
+func (c *conn) unsubscribe(id string) {
+	c.subsMu.Lock()
+	st, ok := c.subs[id]
+	c.subsMu.Unlock()
+	if !ok {
+		c.clientError(id, CodeUnknownID, "no active subscription with id "+id)
+		return
+	}
+	if st.task != nil { // a replay or a feed: stop it first
+		st.task.cancel()
+		<-st.task.done
+	}
+	c.subsMu.Lock()
+	delete(c.subs, id)
+	live := st.live
+	c.subsMu.Unlock()
+	var wake bool
+	if st.feed != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), feedEndTimeout)
+		c.endFeed(ctx, st.feed, true)
+		cancel()
+		if live {
+			c.s.metrics.Subscriptions.Dec()
+		}
+		wake = c.queue(c.unsubscribedMsg(id))
+	} else if live {
+		// The reply is queued while the index is held: it follows every
+		// event that lists the id, and none follows it.
+		c.s.hub.idx.removeThen(c.cl, id, st.pattern, func() { wake = c.queue(c.unsubscribedMsg(id)) })
+		c.s.metrics.Subscriptions.Dec()
+	} else {
+		wake = c.queue(c.unsubscribedMsg(id))
+	}
+	if wake {
+		c.cl.signal()
+	}
+}
+
+// subscribedMsg is the reply to a subscribe (none in GraphQL).
+func (c *conn) subscribedMsg(id, cursor string) []byte {
+	if c.gql != nil {
+		return nil
+	}
+	return subscribedMessage(id, cursor)
+}
+
+// unsubscribedMsg is the reply to an unsubscribe (none in GraphQL: the
+// client's complete needs no answer).
+func (c *conn) unsubscribedMsg(id string) []byte {
+	if c.gql != nil {
+		return nil
+	}
+	return replyMessage("unsubscribed", id)
+}
+
+// errorMsg is a client error: in GraphQL it ends operation id (an error
+// without an id is a protocol error, which closes the connection instead).
+func (c *conn) errorMsg(id, code, msg string) []byte {
+	if c.gql == nil {
+		return errorMessage(id, code, msg)
+	}
+	c.gql.forget(id)
+	return c.gql.errorMessage(id, code, msg)
+}

@@ -1,0 +1,214 @@
+package gateway
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// A connection's writer and its pings: the one goroutine that writes to the
+// socket, started on demand when the mailbox is woken and retired when
+// idle, which builds frames from the mailbox's batches and sends pings.
+
+// writerLinger is how long a writer waits for more work before it exits.
+const writerLinger = 2 * time.Second
+
+// ensureWriter is the client's wake hook, called after every wake signal:
+// it starts a writer if none is running. The fast path is one atomic load.
+func (c *conn) ensureWriter() {
+	if c.writerRunning.Load() {
+		return
+	}
+	c.mu.Lock()
+	if !c.closed && c.writerRunning.CompareAndSwap(false, true) {
+		c.tasks.Add(1)
+		go c.writeLoop()
+	}
+	c.mu.Unlock()
+}
+
+// retire ends an idle writer. It first clears writerRunning, then looks for
+// a wake that raced with it: a waker either sees writerRunning false (and
+// starts a writer) or left its signal for this check. It reports whether
+// the writer may exit.
+func (c *conn) retire() bool {
+	c.writerRunning.Store(false)
+	select {
+	case <-c.cl.wake:
+		if c.writerRunning.CompareAndSwap(false, true) {
+			c.cl.signal() // put the wake back for this writer's loop
+			return false
+		}
+		c.cl.signal() // the writer that took over gets it
+		return true
+	default:
+		return true
+	}
+}
+
+// schedulePingLocked arms the next ping; c.mu is held.
+func (c *conn) schedulePingLocked(d time.Duration) {
+	if c.closed {
+		return
+	}
+	if c.pingT == nil {
+		c.pingT = time.AfterFunc(d, c.pingTick)
+		return
+	}
+	c.pingT.Reset(d)
+}
+
+// pingTick runs on the timer's goroutine. The ping runs beside the writer:
+// waiting for the pong in the writer would stop deliveries for a round trip
+// behind everything the client has not read yet, and fill the mailbox.
+func (c *conn) pingTick() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.tasks.Add(1)
+	c.mu.Unlock()
+	defer c.tasks.Done()
+	if !c.ping() {
+		return
+	}
+	c.mu.Lock()
+	c.schedulePingLocked(c.s.cfg.PingInterval)
+	c.mu.Unlock()
+}
+
+// writeLoop is the connection's only writer. Woken by the dispatcher (once
+// per batch) or a reply, it yields once so that more deliveries pile up,
+// then drains the mailbox into as few frames as MaxFrameBytes allows. After
+// writerLinger without work it exits; ensureWriter starts a new one.
+func (c *conn) writeLoop() {
+	defer c.tasks.Done()
+	idle := time.NewTimer(writerLinger)
+	defer idle.Stop()
+	for {
+		select {
+		case <-c.cl.wake:
+		case <-idle.C:
+			if c.retire() {
+				return
+			}
+			idle.Reset(writerLinger)
+			continue
+		case <-c.stop:
+			return
+		}
+		if code := c.closeCode.Load(); code != 0 {
+			c.finish(int(code))
+			return
+		}
+		runtime.Gosched()
+		if !c.drain() {
+			return
+		}
+		if code := c.closeCode.Load(); code != 0 {
+			c.finish(int(code))
+			return
+		}
+		idle.Reset(writerLinger)
+	}
+}
+
+// drain writes everything queued, repeating until the mailbox is empty. It
+// returns false if a write failed.
+func (c *conn) drain() bool {
+	for {
+		b := c.cl.mb.take()
+		if b.n == 0 {
+			return true
+		}
+		err := c.writeBatch(&b)
+		n := b.n
+		b.release()
+		if err != nil {
+			c.writeErr.Store(true)
+			_ = c.ws.CloseNow() // ends the reader too
+			return false
+		}
+		c.written.Add(uint64(n))
+		if c.closeCode.Load() != 0 {
+			return true
+		}
+	}
+}
+
+// writeBatch splices the batch's items into frames of at most MaxFrameBytes
+// (a single larger message gets a frame of its own), '\n'-separated, one
+// Write each.
+func (c *conn) writeBatch(bt *batch) error {
+	if c.gql != nil {
+		return c.writeBatchGQL(bt)
+	}
+	bp := getFrameBuf()
+	defer putFrameBuf(bp)
+	buf := (*bp)[:0]
+	limit := c.s.cfg.MaxFrameBytes
+	for s := bt.head; s != nil; s = bt.next(s) {
+		for _, it := range bt.used(s) {
+			if len(buf) > 0 && len(buf)+1+it.size() > limit {
+				if err := c.writeFrame(buf); err != nil {
+					return err
+				}
+				buf = buf[:0]
+			}
+			if len(buf) > 0 {
+				buf = append(buf, '\n')
+			}
+			buf = it.appendTo(buf)
+		}
+	}
+	err := c.writeFrame(buf)
+	*bp = buf
+	return err
+}
+
+func (c *conn) writeFrame(b []byte) error {
+	// context.Background: a per-write deadline would arm a timer per frame
+	// and close the whole connection when it fires; stuck peers are cut by
+	// the ping timeout and the close watchdog instead.
+	if err := c.ws.Write(context.Background(), websocket.MessageText, b); err != nil {
+		return err
+	}
+	c.s.metrics.Frames.Inc()
+	c.s.metrics.BytesSent.Add(float64(len(b)))
+	return nil
+}
+
+// ping sends a ping and waits for the pong; an unanswered ping cuts the
+// connection (the reader then ends and serve cleans up).
+func (c *conn) ping() bool {
+	ctx, cancel := context.WithTimeout(c.ctx, c.s.cfg.PingTimeout)
+	defer cancel()
+	if err := c.ws.Ping(ctx); err != nil {
+		select {
+		case <-c.stop: // the connection was ending anyway
+		default:
+			c.pingFailed.Store(true)
+		}
+		_ = c.ws.CloseNow()
+		return false
+	}
+	return true
+}
+
+var frameBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+
+func getFrameBuf() *[]byte { return frameBufPool.Get().(*[]byte) }
+
+// putFrameBuf returns a frame buffer; oversized ones (one huge event) are
+// left to the GC so the pool's buffers stay frame-sized.
+func putFrameBuf(b *[]byte) {
+	if cap(*b) > 1<<20 {
+		return
+	}
+	*b = (*b)[:0]
+	frameBufPool.Put(b)
+}

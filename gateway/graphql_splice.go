@@ -1,0 +1,208 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"sync/atomic"
+
+	"github.com/99designs/gqlgen/graphql"
+	"github.com/fanwire/fanwire/schema"
+)
+
+// GraphQL splice templates: an events subscription whose selection is made
+// of Event's own fields is served by splicing each event's shared bytes into
+// a next-message template computed when it subscribed (gqlOp); any other
+// selection runs through gqlgen's executor per event.
+
+// gqlField kinds: which of an event's values a selected field takes.
+const (
+	fieldSubject = iota
+	fieldCursor
+	fieldData
+	fieldTypename
+)
+
+// gqlOp is one GraphQL subscription of a connection. It is immutable after
+// it is registered, but for done.
+type gqlOp struct {
+	id string
+	// Fast path: pieces[0], value kinds[0], pieces[1], ..., pieces[len(kinds)].
+	pieces [][]byte
+	kinds  []uint8
+	// Executor path (fast == false): the executor's response stream, fed one
+	// event at a time through ch by the writer.
+	fast bool
+	next graphql.ResponseHandler
+	ctx  context.Context
+	ch   chan *schema.Event
+	head []byte // {"id":...,"type":"next","payload":
+
+	overhead int // bytes a delivery adds to the event's (mailbox accounting); fast path: the pieces' total length
+	done     atomic.Bool
+}
+
+// appendNext appends the operation's next message for ev.
+func (op *gqlOp) appendNext(dst []byte, ev *Event) []byte {
+	if !op.fast {
+		return op.appendExecuted(dst, ev)
+	}
+	for i, k := range op.kinds {
+		dst = append(dst, op.pieces[i]...)
+		switch k {
+		case fieldSubject:
+			dst = append(dst, ev.subjectJSON()...)
+		case fieldCursor:
+			if c := ev.cursorJSON(); c != nil {
+				dst = append(dst, c...)
+			} else {
+				dst = append(dst, "null"...)
+			}
+		case fieldData:
+			dst = append(dst, ev.dataJSON()...)
+		case fieldTypename:
+			dst = append(dst, `"Event"`...)
+		}
+	}
+	return append(dst, op.pieces[len(op.kinds)]...)
+}
+
+// nextLen is len(op.appendNext(nil, ev)) on the fast path, so the message
+// can be framed before it is built.
+func (op *gqlOp) nextLen(ev *Event) int {
+	n := op.overhead
+	for _, k := range op.kinds {
+		switch k {
+		case fieldSubject:
+			n += int(ev.subjEnd) - len(headPrefix)
+		case fieldCursor:
+			if ev.curEnd == 0 {
+				n += len("null")
+			} else {
+				n += int(ev.curEnd) - int(ev.subjEnd) - len(cursorField)
+			}
+		case fieldData:
+			n += len(ev.buf) - 1 - ev.split - len(dataField)
+		case fieldTypename:
+			n += len(`"Event"`)
+		}
+	}
+	return n
+}
+
+// appendExecuted runs the executor for ev (on the writer's goroutine: the
+// channel has room for the one event the response handler takes). A
+// response may come without taking the event (gqlgen's one-shot error
+// response does), so what is left is taken back after every response: the
+// channel is empty again for the next delivery, whose send never blocks.
+func (op *gqlOp) appendExecuted(dst []byte, ev *Event) []byte {
+	e := &schema.Event{Subject: ev.Subject, Data: schema.JSON(ev.dataJSON())}
+	if ev.Cursor != "" {
+		c := ev.Cursor
+		e.Cursor = &c
+	}
+	select {
+	case op.ch <- e:
+	default: // not reached: the writer is the only sender and empties it
+		return dst
+	}
+	resp := op.next(op.ctx)
+	select {
+	case <-op.ch: // not taken
+	default:
+	}
+	if resp == nil { // the operation is over
+		return dst
+	}
+	dst = append(dst, op.head...)
+	dst = appendResponse(dst, resp)
+	return append(dst, '}')
+}
+
+// appendResponse appends a GraphQL response as JSON, with no HTML escaping
+// (as the fast path writes it).
+func appendResponse(dst []byte, resp *graphql.Response) []byte {
+	if len(resp.Errors) == 0 && resp.Extensions == nil && resp.Label == "" && resp.Path == nil && resp.HasNext == nil {
+		dst = append(dst, `{"data":`...)
+		if len(resp.Data) == 0 {
+			dst = append(dst, "null"...)
+		} else {
+			dst = append(dst, resp.Data...)
+		}
+		return append(dst, '}')
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(resp); err != nil {
+		return append(dst, `{"errors":[{"message":"response could not be encoded"}]}`...)
+	}
+	return append(dst, bytes.TrimRight(b.Bytes(), "\n")...)
+}
+
+// newFastOp builds the next-frame template of an events subscription whose
+// selection (as gqlgen collects it: fragments merged, @skip/@include
+// applied, in the executor's order) is made of Event's own fields. It
+// returns nil when the selection needs the executor.
+func newFastOp(id string, legacy bool, rootAlias string, fields []graphql.CollectedField) *gqlOp {
+	op := &gqlOp{id: id, fast: true}
+	cur := append(nextHead(id, legacy), `{"data":{`...)
+	cur = appendJSONString(cur, rootAlias)
+	cur = append(cur, ":{"...)
+	for i, f := range fields {
+		if len(f.Deferrables) > 0 || len(f.Selections) > 0 {
+			return nil
+		}
+		var k uint8
+		switch f.Name {
+		case "subject":
+			k = fieldSubject
+		case "cursor":
+			k = fieldCursor
+		case "data":
+			k = fieldData
+		case "__typename":
+			k = fieldTypename
+		default:
+			return nil
+		}
+		if i > 0 {
+			cur = append(cur, ',')
+		}
+		cur = appendJSONString(cur, f.Alias)
+		cur = append(cur, ':')
+		op.pieces = append(op.pieces, cur)
+		op.kinds = append(op.kinds, k)
+		op.overhead += len(cur)
+		cur = nil
+	}
+	cur = append(cur, "}}}}"...)
+	op.pieces = append(op.pieces, cur)
+	op.overhead += len(cur)
+	return op
+}
+
+// newGQLOp builds the operation serving the events subscription root of
+// opCtx: the fast path when its selection allows (and !executorOnly), else
+// the executor.
+func (s *Server) newGQLOp(ctx context.Context, id string, legacy bool, opCtx *graphql.OperationContext, root graphql.CollectedField, executorOnly bool) *gqlOp {
+	if !executorOnly {
+		if op := newFastOp(id, legacy, root.Alias, graphql.CollectFields(opCtx, root.Selections, []string{"Event"})); op != nil {
+			return op
+		}
+	}
+	ch := make(chan *schema.Event, 1)
+	h, octx := s.gqlExec.DispatchOperation(withEventStream(ctx, ch), opCtx)
+	op := &gqlOp{id: id, next: h, ctx: octx, ch: ch, head: nextHead(id, legacy)}
+	op.overhead = len(op.head) + 64
+	return op
+}
+
+// nextHead is a next (legacy: data) message up to its payload.
+func nextHead(id string, legacy bool) []byte {
+	b := append([]byte(`{"id":`), appendJSONString(nil, id)...)
+	if legacy {
+		return append(b, `,"type":"data","payload":`...)
+	}
+	return append(b, `,"type":"next","payload":`...)
+}
