@@ -17,23 +17,7 @@ func BenchmarkDispatch(b *testing.B) {
 	const drainEvery = segItems
 	for _, conns := range []int{10_000} {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
-			h := newHub(nil, 0)
-			clients := make([]*client, conns)
-			for i := range clients {
-				clients[i] = newClient(4096, 4<<20, func() { b.Fatal("overflow") })
-				h.idx.add(clients[i], "s1", "bench.*")
-			}
-			ev, err := NewEvent("bench.hot", "", []byte(`{"seq":1}`))
-			if err != nil {
-				b.Fatal(err)
-			}
-			evs := []*Event{ev}
-			drain := func() {
-				for _, c := range clients {
-					b := c.mb.take()
-					b.release()
-				}
-			}
+			h, evs, drain := dispatchBench(b, conns, "bench.*")
 			for range 3 { // warm the segment pool
 				for range drainEvery {
 					h.dispatch(evs, time.Time{})
@@ -63,17 +47,11 @@ func BenchmarkDispatch(b *testing.B) {
 // and go. The churn runs outside the timer: allocs/op is the dispatch's
 // alone, which should stay 0 when unrelated changes keep the merge cached.
 func BenchmarkDispatchUnderChurn(b *testing.B) {
-	const drainEvery = 128
+	const drainEvery = segItems // as BenchmarkDispatch
 	const churners = 100
 	for _, conns := range []int{10_000} {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
-			h := newHub(nil, 0)
-			clients := make([]*client, conns)
-			for i := range clients {
-				clients[i] = newClient(4096, 4<<20, func() { b.Fatal("overflow") })
-				h.idx.add(clients[i], "s1", "bench.*")
-				h.idx.add(clients[i], "s2", "bench.hot")
-			}
+			h, evs, drain := dispatchBench(b, conns, "bench.*", "bench.hot")
 			others := make([]*client, churners)
 			for i := range others {
 				others[i] = newClient(4096, 4<<20, func() { b.Fatal("overflow") })
@@ -88,17 +66,6 @@ func BenchmarkDispatchUnderChurn(b *testing.B) {
 					h.idx.add(others[j], "c", p)
 				}
 				subscribed[j] = !subscribed[j]
-			}
-			ev, err := NewEvent("bench.hot", "", []byte(`{"seq":1}`))
-			if err != nil {
-				b.Fatal(err)
-			}
-			evs := []*Event{ev}
-			drain := func() {
-				for _, c := range clients {
-					b := c.mb.take()
-					b.release()
-				}
 			}
 			for i := range 3 { // warm the segment pool
 				for range drainEvery {
@@ -122,4 +89,29 @@ func BenchmarkDispatchUnderChurn(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*conns), "ns/delivery")
 		})
 	}
+}
+
+// dispatchBench is the set-up of the dispatch benchmarks: a hub with conns
+// clients, each subscribed to patterns (ids s1, s2, ...), one event on
+// bench.hot, and drain, which empties every client's mailbox.
+func dispatchBench(b *testing.B, conns int, patterns ...string) (h *hub, evs []*Event, drain func()) {
+	h = newHub(nil, 0)
+	clients := make([]*client, conns)
+	for i := range clients {
+		clients[i] = newClient(4096, 4<<20, func() { b.Fatal("overflow") })
+		for j, p := range patterns {
+			h.idx.add(clients[i], fmt.Sprintf("s%d", j+1), p)
+		}
+	}
+	ev, err := NewEvent("bench.hot", "", []byte(`{"seq":1}`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	drain = func() {
+		for _, c := range clients {
+			bt := c.mb.take()
+			bt.release()
+		}
+	}
+	return h, []*Event{ev}, drain
 }

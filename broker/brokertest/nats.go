@@ -1,7 +1,6 @@
 package brokertest
 
 import (
-	"context"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -98,19 +97,8 @@ func NATSCluster(t testing.TB, n int) []*server.Server {
 // jetStreamAnswers polls the JetStream API through a client of ns until it
 // answers or deadline passes.
 func jetStreamAnswers(ns *server.Server, deadline time.Time) error {
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := js.AccountInfo(ctx)
-		cancel()
+		err := jetStreamAnswersAt(ns.ClientURL())
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}
