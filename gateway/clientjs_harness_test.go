@@ -110,8 +110,17 @@ func (n *gwNode) start() {
 	cmd := n.cmd
 	go func() { exited <- cmd.Wait() }()
 	n.mu.Unlock()
-	if !readyWithin(n.addr, 20*time.Second) {
-		n.t.Fatalf("fanwire ws on %s not ready within 20s:\n%s", n.addr, n.logs.String())
+	deadline := time.Now().Add(20 * time.Second)
+	for !readyWithin(n.addr, 100*time.Millisecond) {
+		select {
+		case err := <-exited:
+			exited <- err // for stop
+			n.t.Fatalf("fanwire ws on %s exited (%v) before it was ready:\n%s", n.addr, err, n.logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("fanwire ws on %s not ready within 20s:\n%s", n.addr, n.logs.String())
+		}
 	}
 }
 

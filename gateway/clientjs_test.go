@@ -114,6 +114,41 @@ func TestClientNode(t *testing.T) {
 		})
 	}
 
+	t.Run("slow consumer (4008) resumes", func(t *testing.T) {
+		newNATS(t)
+		// A mailbox of 32 messages and a dispatcher that never waits for
+		// the client: an app that takes 1 ms per event falls behind 3,000
+		// events of 2 KiB (more than the sockets' buffers hold) and is
+		// closed with 4008; it comes back after a backoff and resumes.
+		n := startGateway(t, bin, jsNodeArgs(url, "NODESLOW", "--mailbox-messages", "32", "--max-pace", "-1ms")...)
+		c := runClient(t, node, map[string]any{"urls": []string{n.wsURL()}, "busyMs": 1,
+			"subs": []map[string]any{{"pattern": "app.>", "from": "first"}}}, nil)
+		c.waitFor("connected", clientWait, func(l []jsLine) bool { return count(l, "state", "connected") > 0 })
+		pad := strings.Repeat("x", 2048)
+		const total = 3000
+		for i := range total {
+			if _, err := js.PublishAsync("app."+strconv.Itoa(i%4), fmt.Appendf(nil, `{"n":%d,"pad":%q}`, i, pad)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-js.PublishAsyncComplete():
+		case <-time.After(clientWait):
+			t.Fatal("publishes not acknowledged")
+		}
+		c.waitEvents(total, 2*clientWait)
+		checkSequence(t, c.events(), total)
+		c.mu.Lock()
+		lines := c.lines
+		c.mu.Unlock()
+		for _, l := range lines {
+			if l.K == "state" && l.State == "disconnected" && fmt.Sprint(l.Code) == "4008" {
+				return
+			}
+		}
+		t.Fatalf("the client was never closed with 4008: the test did not exercise the slow-consumer path:\n%s", c.summary())
+	})
+
 	t.Run("token refresh and expiry", func(t *testing.T) {
 		newNATS(t)
 		secret := writeFile(t, "secret", testSecret)

@@ -1,8 +1,10 @@
 // run.mjs: one fanwire.js client in Node, driven by fanwire's Go tests
 // (gateway/client_test.go). argv[2] is a JSON config:
 //   {"urls": [...], "subs": [{"pattern": "app.>", "from"?, "resync"?, "durable"?}],
-//    "getToken"?: true, "token"?: "...", "options"?: {connect options}}
-// It prints one JSON object per line: {"k":"state"|"event"|"gap"|"error"|
+//    "getToken"?: true, "token"?: "...", "options"?: {connect options},
+//    "busyMs"?: ms each event keeps the app busy}
+// It prints one JSON object per line (an event's data as its n only):
+// {"k":"state"|"event"|"gap"|"error"|
 // "token"|"published"|"closed", ...}; "token" asks for a token, answered
 // on stdin. stdin takes one JSON command per line: {"cmd":"token","token"},
 // {"cmd":"publish","subject","data"}, {"cmd":"close"}.
@@ -27,7 +29,13 @@ client.on("state", (state, d) => out({k: "state", state, code: d.code, reason: d
 client.on("error", (e) => out({k: "error", code: e.code, message: e.message, sub: e.subscription ? e.subscription.id : undefined}));
 client.on("gap", (g) => out({k: "gap", sub: g.subscription.id, reason: g.reason, cursor: g.cursor}));
 for (const s of cfg.subs || []) {
-  const sub = client.subscribe(s.pattern, s, (ev) => out({k: "event", sub: sub.id, subject: ev.subject, data: ev.data, cursor: ev.cursor}));
+  const sub = client.subscribe(s.pattern, s, (ev) => {
+    if (cfg.busyMs) { // a slow app: the gateway's mailbox for it overflows
+      const until = performance.now() + cfg.busyMs;
+      while (performance.now() < until);
+    }
+    out({k: "event", sub: sub.id, subject: ev.subject, data: {n: ev.data.n}, cursor: ev.cursor});
+  });
 }
 
 createInterface({input: process.stdin}).on("line", async (line) => {
