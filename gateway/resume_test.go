@@ -423,7 +423,14 @@ func TestResumeTheBrokerCannotServeIsAnError(t *testing.T) {
 		c.Subjects = []string{"orders.>", "app.>"}
 		c.Broker = unsupportedReplay{c.Broker.(broker.Durable)}
 	})
+	// A live subscriber sees the three events dispatched first: the live
+	// subscription below must not get them too.
+	probe := e.dial()
+	probe.subscribe("p", "orders.*")
 	e.publishN("orders.x", 1, 3)
+	for i := 1; i <= 3; i++ {
+		probe.expect(map[string]any{"type": "event", "data": i})
+	}
 	cl := e.dial()
 	cl.send(`{"type":"subscribe","id":"s","subject":"orders.*","from":"js:1"}`)
 	m := cl.expect(map[string]any{"type": "error", "code": "broker_unavailable", "id": "s"})
