@@ -195,16 +195,11 @@ export class Client {
     if (this.#state === "closed") return Promise.resolve();
     const ws = this.#ws;
     this.#clearTimers();
-    clearTimeout(this.#retryTimer);
     this.#ws = null;
     this.#ready = false;
     this.#generation++;
-    for (const [id, p] of this.#pubs) {
-      this.#pubs.delete(id);
-      p.reject(new FanwireError("closed", "fanwire: the client was closed"));
-    }
     this.#outbox = [];
-    this.#setState("closed", { code: CLOSE_NORMAL, reason: "closed by the client" });
+    this.#finish({ code: CLOSE_NORMAL, reason: "closed by the client" });
     if (!ws || ws.readyState === 3) return Promise.resolve();
     return new Promise((resolve) => {
       const t = setTimeout(resolve, 2000);
@@ -325,7 +320,8 @@ export class Client {
     this.#retry(wasReady);
   }
 
-  // #finish ends the client after a final refusal.
+  // #finish ends the client (close, or a final refusal): no retry, and the
+  // publishes still waiting reject with "closed".
   #finish(detail) {
     clearTimeout(this.#retryTimer);
     for (const [id, p] of this.#pubs) {
@@ -391,12 +387,8 @@ export class Client {
   reconnect() {
     if (this.#state === "closed") return;
     this.#attempt = 0;
-    if (this.#ws) {
-      this.#drop(CLOSE_NORMAL, "reconnect asked by the app");
-      this.#schedule(0);
-    } else {
-      this.#schedule(0);
-    }
+    if (this.#ws) this.#drop(CLOSE_NORMAL, "reconnect asked by the app");
+    this.#schedule(0);
   }
 
   // ---- receiving ------------------------------------------------------------
