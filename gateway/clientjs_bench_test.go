@@ -131,11 +131,9 @@ func BenchmarkClient(b *testing.B) {
 			other := startGateway(b, bin, jsNodeArgs(url, "FAILOVER")...)
 			c := runClient(b, node, map[string]any{"urls": []string{a.wsURL(), other.wsURL()}, "subs": []map[string]any{{"pattern": "app.>", "from": "first"}}}, nil)
 			c.waitFor("connected", clientWait, func(l []jsLine) bool { return count(l, "state", "connected") > 0 })
-			pub := startPublisher(b, js, time.Millisecond)
+			pub := startPublisher(b, jsPublish(js), time.Millisecond)
 			c.waitEvents(200, clientWait)
-			c.mu.Lock()
-			from := len(c.lines)
-			c.mu.Unlock()
+			from := len(c.all())
 			t0 := time.Now()
 			a.signal(syscall.SIGTERM)
 			var connected, first time.Time

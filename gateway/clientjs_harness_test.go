@@ -181,7 +181,7 @@ func jsNodeArgs(url, stream string, more ...string) []string {
 }
 
 // steadyPublisher publishes {"n":0}, {"n":1}, ... to app.<n mod 4>, one
-// every interval, each once the previous is stored, until stopped.
+// every interval, each once the previous is published, until stopped.
 type steadyPublisher struct {
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -189,7 +189,23 @@ type steadyPublisher struct {
 	err    error
 }
 
-func startPublisher(t testing.TB, js jetstream.JetStream, interval time.Duration) *steadyPublisher {
+// publishFunc publishes one event: jsPublish's, or a Core NATS
+// connection's Publish.
+type publishFunc func(subject string, data []byte) error
+
+// jsPublish publishes through js, each event stored before it returns
+// (within 5 s, and not bound to the publisher's context: a publish stopped
+// midway may still be stored, uncounted).
+func jsPublish(js jetstream.JetStream) publishFunc {
+	return func(subject string, data []byte) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := js.Publish(ctx, subject, data)
+		return err
+	}
+}
+
+func startPublisher(t testing.TB, publish publishFunc, interval time.Duration) *steadyPublisher {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &steadyPublisher{cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -202,12 +218,7 @@ func startPublisher(t testing.TB, js jetstream.JetStream, interval time.Duration
 				return
 			case <-tick.C:
 			}
-			// Not ctx: a publish stopped midway may still be stored,
-			// uncounted.
-			pctx, pcancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err := js.Publish(pctx, "app."+strconv.Itoa(p.n%4), fmt.Appendf(nil, `{"n":%d}`, p.n))
-			pcancel()
-			if err != nil {
+			if err := publish("app."+strconv.Itoa(p.n%4), fmt.Appendf(nil, `{"n":%d}`, p.n)); err != nil {
 				p.err = err
 				return
 			}
@@ -409,12 +420,15 @@ func (r *nodeRun) waitFor(what string, within time.Duration, cond func([]jsLine)
 	}
 }
 
-// events returns the n of every event line, in order.
-func (r *nodeRun) events() []int {
+// all returns the lines so far.
+func (r *nodeRun) all() []jsLine {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return eventNs(r.lines)
+	return r.lines
 }
+
+// events returns the n of every event line, in order.
+func (r *nodeRun) events() []int { return eventNs(r.all()) }
 
 func eventNs(lines []jsLine) []int {
 	var ns []int

@@ -83,7 +83,7 @@ func TestClientNode(t *testing.T) {
 			}
 			c := runClient(t, node, map[string]any{"urls": urls, "subs": []map[string]any{{"pattern": "app.>", "from": "first"}}}, nil)
 			c.waitFor("connected", clientWait, func(l []jsLine) bool { return count(l, "state", "connected") > 0 })
-			pub := startPublisher(t, js, publishEvery)
+			pub := startPublisher(t, jsPublish(js), publishEvery)
 			c.waitEvents(100, clientWait)
 			f.act(nodes)
 			before := len(c.events())
@@ -94,9 +94,7 @@ func TestClientNode(t *testing.T) {
 			}
 			c.waitEvents(n, clientWait)
 			checkSequence(t, c.events(), n)
-			c.mu.Lock()
-			lines := c.lines
-			c.mu.Unlock()
+			lines := c.all()
 			if count(lines, "state", "disconnected") == 0 {
 				t.Fatalf("the client never saw its node go:\n%s", c.summary())
 			}
@@ -138,9 +136,7 @@ func TestClientNode(t *testing.T) {
 		}
 		c.waitEvents(total, 2*clientWait)
 		checkSequence(t, c.events(), total)
-		c.mu.Lock()
-		lines := c.lines
-		c.mu.Unlock()
+		lines := c.all()
 		for _, l := range lines {
 			if l.K == "state" && l.State == "disconnected" && fmt.Sprint(l.Code) == "4008" {
 				return
@@ -173,7 +169,7 @@ func TestClientNode(t *testing.T) {
 		}
 		c := runClient(t, node, map[string]any{"urls": []string{n.wsURL()}, "subs": []map[string]any{{"pattern": "app.>", "from": "first"}}}, tokens)
 		c.waitFor("connected", clientWait, func(l []jsLine) bool { return count(l, "state", "connected") > 0 })
-		pub := startPublisher(t, js, publishEvery)
+		pub := startPublisher(t, jsPublish(js), publishEvery)
 		c.waitFor("a reconnect after 4001", clientWait, func(l []jsLine) bool {
 			for _, x := range l {
 				if x.K == "state" && x.State == "disconnected" && fmt.Sprint(x.Code) == "4001" {
@@ -187,9 +183,7 @@ func TestClientNode(t *testing.T) {
 		published := pub.stop()
 		c.waitEvents(published, clientWait)
 		checkSequence(t, c.events(), published)
-		c.mu.Lock()
-		lines := c.lines
-		c.mu.Unlock()
+		lines := c.all()
 		refused := false
 		for _, l := range lines {
 			if l.K == "error" && l.Code == "unauthorized" {
@@ -217,9 +211,7 @@ func TestClientNode(t *testing.T) {
 			c      *nodeRun
 			tokens int
 		}{{c, 0}, {g, 2}} {
-			r.c.mu.Lock()
-			lines := r.c.lines
-			r.c.mu.Unlock()
+			lines := r.c.all()
 			errs := 0
 			for _, l := range lines {
 				if l.K == "error" && l.Code == "unauthorized" {
@@ -263,14 +255,12 @@ func TestClientNode(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("events %v, want %v", got, want)
 		}
-		c.mu.Lock()
 		var gap jsLine
-		for _, l := range c.lines {
+		for _, l := range c.all() {
 			if l.K == "gap" {
 				gap = l
 			}
 		}
-		c.mu.Unlock()
 		if gap.Reason != "cursor_expired" || gap.Cursor == "" {
 			t.Fatalf("gap %+v, want cursor_expired with the cursor that expired", gap)
 		}
@@ -286,24 +276,7 @@ func TestClientNode(t *testing.T) {
 		defer nc.Close()
 		c := runClient(t, node, map[string]any{"urls": []string{n.wsURL()}, "subs": []map[string]any{{"pattern": "app.>"}}}, nil)
 		c.waitFor("connected", clientWait, func(l []jsLine) bool { return count(l, "state", "connected") > 0 })
-		stop := make(chan struct{})
-		done := make(chan int)
-		go func() {
-			i := 0
-			defer func() { done <- i }()
-			tick := time.NewTicker(publishEvery)
-			defer tick.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-				}
-				if nc.Publish("app.x", fmt.Appendf(nil, `{"n":%d}`, i)) == nil {
-					i++
-				}
-			}
-		}()
+		pub := startPublisher(t, nc.Publish, publishEvery)
 		c.waitEvents(50, clientWait)
 		n.stop(syscall.SIGKILL)
 		time.Sleep(200 * time.Millisecond)
@@ -311,8 +284,10 @@ func TestClientNode(t *testing.T) {
 		c.waitFor("a gap", clientWait, func(l []jsLine) bool { return count(l, "gap", "") > 0 })
 		before := len(c.events())
 		c.waitEvents(before+50, clientWait)
-		close(stop)
-		published := <-done
+		published := pub.stop()
+		if pub.err != nil {
+			t.Fatalf("publishing: %v", pub.err)
+		}
 		nc.Flush()
 		c.waitFor("the last event", clientWait, func(l []jsLine) bool {
 			ns := eventNs(l)
@@ -327,9 +302,7 @@ func TestClientNode(t *testing.T) {
 		if len(got) >= published {
 			t.Fatalf("got %d events of %d with the node down for a while: the gap is not real", len(got), published)
 		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, l := range c.lines {
+		for _, l := range c.all() {
 			if l.K == "gap" && l.Reason != "reconnect" {
 				t.Fatalf("gap %+v, want reason reconnect", l)
 			}
@@ -360,10 +333,8 @@ func TestClientNode(t *testing.T) {
 		n.start()
 		c.waitEvents(subs, clientWait)
 		time.Sleep(200 * time.Millisecond)
-		c.mu.Lock()
-		defer c.mu.Unlock()
 		got := map[string]int{}
-		for _, l := range c.lines {
+		for _, l := range c.all() {
 			switch l.K {
 			case "event":
 				if want := "s" + strconv.Itoa(l.Data.N+1); l.Sub != want {
@@ -485,7 +456,7 @@ func TestClientBrowser(t *testing.T) {
 				"gw": {nodes[0].httpURL()}, "urls": {strings.Join(urls, ",")}, "pattern": {"app.>"}, "from": {"first"},
 			}.Encode()))
 			p.waitVisible(`#status[data-state="connected"]`)
-			pub := startPublisher(t, js, publishEvery)
+			pub := startPublisher(t, jsPublish(js), publishEvery)
 			waitPage(p, "100 events", func(fw clientPage) bool { return len(fw.Events) >= 100 })
 			f.act(nodes)
 			var before int
