@@ -20,7 +20,7 @@ import (
 // data (capped: nothing appends to them), and a tuple's columns take two
 // allocations, the change's tuples one. A malformed message is an error.
 func parseChange(data []byte, inStream bool) (c change, xid uint32, err error) {
-	d := changeDecoder{b: data[1:]}
+	d := decoder{b: data[1:]}
 	// pglogrepl's least lengths, kept: an insert of no columns is refused.
 	least := 4 // 'D'
 	switch data[0] {
@@ -42,55 +42,41 @@ func parseChange(data []byte, inStream bool) (c change, xid uint32, err error) {
 	rows := new([2]pglogrepl.TupleData)
 	switch tt := d.byte(); {
 	case c.kind == 'I':
-		if tt != 'N' && !d.bad {
+		if tt != 'N' && !d.err {
 			return change{}, 0, fmt.Errorf("InsertMessage: invalid TupleType: expected N, got %q", tt)
 		}
-		c.newRow = d.tuple(&rows[0])
+		c.newRow = d.pgTuple(&rows[0])
 	case c.kind == 'U':
 		switch tt {
 		case 'K', 'O':
-			c.oldKind, c.oldRow = tt, d.tuple(&rows[1])
+			c.oldKind, c.oldRow = tt, d.pgTuple(&rows[1])
 			d.byte() // the new tuple's 'N'
 			fallthrough
 		case 'N':
-			c.newRow = d.tuple(&rows[0])
+			c.newRow = d.pgTuple(&rows[0])
 		default:
-			if !d.bad {
+			if !d.err {
 				return change{}, 0, fmt.Errorf("UpdateMessage: invalid Tuple: expected K/O/N, got %q", tt)
 			}
 		}
 	default: // 'D'
-		if tt != 'K' && tt != 'O' && !d.bad {
+		if tt != 'K' && tt != 'O' && !d.err {
 			return change{}, 0, fmt.Errorf("DeleteMessage: invalid OldTupleType: expected K/O, got %q", tt)
 		}
-		c.oldKind, c.oldRow = tt, d.tuple(&rows[1])
+		c.oldKind, c.oldRow = tt, d.pgTuple(&rows[1])
 	}
-	if d.bad {
+	if d.err {
 		return change{}, 0, fmt.Errorf("malformed message (%d bytes, truncated)", len(data))
 	}
 	return c, xid, nil
 }
 
-// changeDecoder reads a change message's fields; past its end, it reads
-// zeros and marks itself bad.
-type changeDecoder struct {
-	b   []byte
-	bad bool
-}
-
-func (d *changeDecoder) byte() byte {
-	if len(d.b) < 1 {
-		d.bad = true
-		return 0
-	}
-	v := d.b[0]
-	d.b = d.b[1:]
-	return v
-}
-
-func (d *changeDecoder) uint16() uint16 {
+// uint16 and uint32 read a pgoutput message's big-endian integers with the
+// spill records' decoder (spill.go); past the end, they read zeros and set
+// err.
+func (d *decoder) uint16() uint16 {
 	if len(d.b) < 2 {
-		d.bad = true
+		d.err = true
 		return 0
 	}
 	v := binary.BigEndian.Uint16(d.b)
@@ -98,9 +84,9 @@ func (d *changeDecoder) uint16() uint16 {
 	return v
 }
 
-func (d *changeDecoder) uint32() uint32 {
+func (d *decoder) uint32() uint32 {
 	if len(d.b) < 4 {
-		d.bad = true
+		d.err = true
 		return 0
 	}
 	v := binary.BigEndian.Uint32(d.b)
@@ -108,12 +94,12 @@ func (d *changeDecoder) uint32() uint32 {
 	return v
 }
 
-// tuple reads a TupleData into t, as pglogrepl's TupleData.Decode does: a
-// text or binary column has its length and value; any other (null,
-// unchanged TOAST, an unknown kind) its kind only.
-func (d *changeDecoder) tuple(t *pglogrepl.TupleData) *pglogrepl.TupleData {
+// pgTuple reads a pgoutput TupleData into t, as pglogrepl's
+// TupleData.Decode does: a text or binary column has its length and value;
+// any other (null, unchanged TOAST, an unknown kind) its kind only.
+func (d *decoder) pgTuple(t *pglogrepl.TupleData) *pglogrepl.TupleData {
 	n := int(d.uint16())
-	if d.bad {
+	if d.err {
 		return nil
 	}
 	t.ColumnNum = uint16(n)
@@ -121,7 +107,7 @@ func (d *changeDecoder) tuple(t *pglogrepl.TupleData) *pglogrepl.TupleData {
 		return t
 	}
 	if n > len(d.b) { // a column takes a byte at least
-		d.bad = true
+		d.err = true
 		return nil
 	}
 	cols := make([]pglogrepl.TupleDataColumn, n)
@@ -131,8 +117,8 @@ func (d *changeDecoder) tuple(t *pglogrepl.TupleData) *pglogrepl.TupleData {
 		col.DataType = d.byte()
 		if col.DataType == pglogrepl.TupleDataTypeText || col.DataType == pglogrepl.TupleDataTypeBinary {
 			l := d.uint32()
-			if d.bad || uint64(l) > uint64(len(d.b)) {
-				d.bad = true
+			if d.err || uint64(l) > uint64(len(d.b)) {
+				d.err = true
 				return nil
 			}
 			col.Length, col.Data = l, d.b[:l:l]

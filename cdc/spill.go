@@ -173,7 +173,9 @@ func decodeChange(b []byte, c *change) error {
 	return nil
 }
 
-// decoder reads a record; a read past its end sets err.
+// decoder reads a spill record, or a pgoutput change message
+// (parseChange, with its uint16, uint32 and pgTuple); a read past its end
+// sets err.
 type decoder struct {
 	b   []byte
 	err bool
