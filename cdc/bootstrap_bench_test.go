@@ -157,26 +157,20 @@ func BenchmarkBootstrapID(b *testing.B) {
 			out = base64.RawURLEncoding.AppendEncode(append(out[:0], "b-"...), sum[:12])
 		}
 	})
-	b.Run("fnv128a-hex", func(b *testing.B) {
-		b.ReportAllocs()
-		defer reportCPU(b, cpuTime(b))
-		h := fnv.New128a()
-		for b.Loop() {
-			fnvHash(h)
-			in = h.Sum(in[:0])
-			out = hex.AppendEncode(append(out[:0], "b-"...), in)
-		}
-	})
-	b.Run("fnv64a-hex", func(b *testing.B) {
-		b.ReportAllocs()
-		defer reportCPU(b, cpuTime(b))
-		h := fnv.New64a()
-		for b.Loop() {
-			fnvHash(h)
-			in = h.Sum(in[:0])
-			out = hex.AppendEncode(append(out[:0], "b-"...), in)
-		}
-	})
+	for _, f := range []struct {
+		name string
+		h    hash.Hash
+	}{{"fnv128a-hex", fnv.New128a()}, {"fnv64a-hex", fnv.New64a()}} {
+		b.Run(f.name, func(b *testing.B) {
+			b.ReportAllocs()
+			defer reportCPU(b, cpuTime(b))
+			for b.Loop() {
+				fnvHash(f.h)
+				in = f.h.Sum(in[:0])
+				out = hex.AppendEncode(append(out[:0], "b-"...), in)
+			}
+		})
+	}
 }
 
 // cpuTime is the CPU time (user and system) this process has used.

@@ -55,15 +55,8 @@ func TestBootEncoderMatchesTheProjection(t *testing.T) {
 				}
 				gotErrs = append(gotErrs, err != nil)
 
-				cols := make([]*pglogrepl.TupleDataColumn, len(raw))
-				for j, v := range raw {
-					cols[j] = &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: v}
-					if v == nil {
-						cols[j].DataType = pglogrepl.TupleDataTypeNull
-					}
-				}
 				id := bootstrapID(tb.nameKey, raw)
-				c := &change{kind: 'I', newRow: &pglogrepl.TupleData{Columns: cols}}
+				c := &change{kind: 'I', newRow: &pglogrepl.TupleData{Columns: textColumns(raw)}}
 				if want, err = tb.proj.project(want, tx0, tb, c, func(int) string { return id }); err != nil {
 					if _, ok := asBadRow(err); !ok {
 						t.Fatal(err)
@@ -71,22 +64,7 @@ func TestBootEncoderMatchesTheProjection(t *testing.T) {
 				}
 				wantErrs = append(wantErrs, err != nil)
 			}
-			if len(got) != len(want) {
-				t.Fatalf("composite %v, limit %d: %d events, want %d", composite, limit, len(got), len(want))
-			}
-			bad := 0
-			for i := range want {
-				if got[i].ID != want[i].ID || got[i].Subject != want[i].Subject || !bytes.Equal(got[i].Data, want[i].Data) || gotErrs[i] != wantErrs[i] {
-					t.Fatalf("composite %v, limit %d: event %d:\n got %s %s %s (error %v)\nwant %s %s %s (error %v)", composite, limit, i,
-						got[i].ID, got[i].Subject, got[i].Data, gotErrs[i], want[i].ID, want[i].Subject, want[i].Data, wantErrs[i])
-				}
-				if wantErrs[i] {
-					bad++
-				}
-			}
-			if bad == 0 || bad == len(want) {
-				t.Fatalf("composite %v, limit %d: %d error events of %d: the test does not cover both", composite, limit, bad, len(want))
-			}
+			checkEncoded(t, fmt.Sprintf("composite %v, limit %d", composite, limit), got, want, gotErrs, wantErrs)
 		}
 	}
 }
@@ -198,5 +176,40 @@ func encoderTestRow(rng *rand.Rand, texts []string, i int) [][]byte {
 		[]byte(fmt.Sprint(i)),
 		bytes.Repeat([]byte("ab\"\\\n"), rng.IntN(60)),
 		[]byte("2026-11-30 12:00:00.5+00"),
+	}
+}
+
+// textColumns is raw as a tuple's text columns, nil values as NULLs.
+func textColumns(raw [][]byte) []*pglogrepl.TupleDataColumn {
+	cols := make([]*pglogrepl.TupleDataColumn, len(raw))
+	for j, v := range raw {
+		cols[j] = &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: v}
+		if v == nil {
+			cols[j].DataType = pglogrepl.TupleDataTypeNull
+		}
+	}
+	return cols
+}
+
+// checkEncoded fails the test unless the encoder's events (got, and
+// whether each was an error event) are byte for byte the reference's
+// (want), and both kinds of event occur; what names the case.
+func checkEncoded(t *testing.T, what string, got, want []broker.Outgoing, gotErrs, wantErrs []bool) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d events, want %d", what, len(got), len(want))
+	}
+	bad := 0
+	for i := range want {
+		if got[i].ID != want[i].ID || got[i].Subject != want[i].Subject || !bytes.Equal(got[i].Data, want[i].Data) || gotErrs[i] != wantErrs[i] {
+			t.Fatalf("%s: event %d:\n got %s %s %s (error %v)\nwant %s %s %s (error %v)", what, i,
+				got[i].ID, got[i].Subject, got[i].Data, gotErrs[i], want[i].ID, want[i].Subject, want[i].Data, wantErrs[i])
+		}
+		if wantErrs[i] {
+			bad++
+		}
+	}
+	if bad == 0 || bad == len(want) {
+		t.Fatalf("%s: %d error events of %d: the test does not cover both", what, bad, len(want))
 	}
 }

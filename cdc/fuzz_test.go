@@ -11,7 +11,19 @@ import (
 )
 
 // pgoutput messages, written by hand to the protocol's layout, for seeds.
+
+// pgRelation is a Relation message of int4 columns; the first is the key.
 func pgRelation(id uint32, schema, name string, cols ...string) []byte {
+	oids := make([]uint32, len(cols))
+	for i := range oids {
+		oids[i] = 23 // int4
+	}
+	return pgRelationTyped(id, schema, name, cols, oids)
+}
+
+// pgRelationTyped is a Relation message whose columns have the given type
+// OIDs; the first column is the key.
+func pgRelationTyped(id uint32, schema, name string, cols []string, oids []uint32) []byte {
 	b := []byte{'R'}
 	b = binary.BigEndian.AppendUint32(b, id)
 	b = append(append(b, schema...), 0)
@@ -25,7 +37,7 @@ func pgRelation(id uint32, schema, name string, cols ...string) []byte {
 		}
 		b = append(b, flags)
 		b = append(append(b, c...), 0)
-		b = binary.BigEndian.AppendUint32(b, 23) // int4
+		b = binary.BigEndian.AppendUint32(b, oids[i])
 		b = binary.BigEndian.AppendUint32(b, 0xffffffff)
 	}
 	return b

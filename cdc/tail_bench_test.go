@@ -13,28 +13,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// pgRelationTyped is a Relation message whose columns have the given type
-// OIDs; the first column is the key.
-func pgRelationTyped(id uint32, schema, name string, cols []string, oids []uint32) []byte {
-	b := []byte{'R'}
-	b = binary.BigEndian.AppendUint32(b, id)
-	b = append(append(b, schema...), 0)
-	b = append(append(b, name...), 0)
-	b = append(b, 'd')
-	b = binary.BigEndian.AppendUint16(b, uint16(len(cols)))
-	for i, c := range cols {
-		flags := byte(0)
-		if i == 0 {
-			flags = 1
-		}
-		b = append(b, flags)
-		b = append(append(b, c...), 0)
-		b = binary.BigEndian.AppendUint32(b, oids[i])
-		b = binary.BigEndian.AppendUint32(b, 0xffffffff)
-	}
-	return b
-}
-
 // pgUpdate is an Update message with the new row only (REPLICA IDENTITY
 // DEFAULT, the key unchanged).
 func pgUpdate(rel uint32, vals ...string) []byte {
