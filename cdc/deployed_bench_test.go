@@ -483,8 +483,8 @@ func measureCeiling(tb testing.TB, url string, evs []ceilingEvent, prefix, prefi
 			}
 		}
 		c.raw = float64(len(msgs)) / took.Seconds()
-		checkStreamMsgs(tb, ctx, js, stream, len(msgs))
 		nc.Close()
+		checkStreamMsgs(tb, url, stream, len(msgs))
 	}
 
 	// (b) the broker package
@@ -511,16 +511,7 @@ func measureCeiling(tb testing.TB, url string, evs []ceilingEvent, prefix, prefi
 		}
 		c.broker = float64(len(msgs)) / time.Since(start).Seconds()
 		br.Close()
-		nc, err := nats.Connect(url)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		js, err := jetstream.New(nc)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		checkStreamMsgs(tb, ctx, js, stream, len(msgs))
-		nc.Close()
+		checkStreamMsgs(tb, url, stream, len(msgs))
 	}
 	return c
 }
@@ -548,18 +539,11 @@ func measureCoreCeiling(tb testing.TB, url string, evs []ceilingEvent, prefix st
 	return float64(len(msgs)) / time.Since(start).Seconds()
 }
 
-func checkStreamMsgs(tb testing.TB, ctx context.Context, js jetstream.JetStream, stream string, want int) {
+// checkStreamMsgs fails tb unless the stream at url holds want messages.
+func checkStreamMsgs(tb testing.TB, url, stream string, want int) {
 	tb.Helper()
-	st, err := js.Stream(ctx, stream)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if info.State.Msgs != uint64(want) {
-		tb.Fatalf("stream %s holds %d messages, want %d", stream, info.State.Msgs, want)
+	if got := streamMsgsNamed(tb, url, stream); got != uint64(want) {
+		tb.Fatalf("stream %s holds %d messages, want %d", stream, got, want)
 	}
 }
 
