@@ -56,11 +56,11 @@ type JetStream struct {
 	// publishWindow, halved each time the server says it is over its limit.
 	batchMax atomic.Int32
 
-	// version is the server's (static after DialJetStream); multiFilter
-	// is whether it takes several filter subjects on one consumer (NATS
-	// 2.10+).
-	version     string
-	multiFilter bool
+	// version is the server's (static after DialJetStream); since210 is
+	// whether it is NATS 2.10 or newer, which takes several filter
+	// subjects on one consumer and keeps a stream's first_seq.
+	version  string
+	since210 bool
 
 	// fast is whether the stream takes fast batches (see Append): set by
 	// DialJetStream, cleared when the server refuses one as disabled.
@@ -118,15 +118,15 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 		core.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	b := &JetStream{core: core, js: js, cfg: cfg, version: version, multiFilter: serverAtLeast(version, 2, 10)}
-	if storage == jetstream.MemoryStorage && !b.multiFilter {
+	b := &JetStream{core: core, js: js, cfg: cfg, version: version, since210: serverAtLeast(version, 2, 10)}
+	if storage == jetstream.MemoryStorage && !b.since210 {
 		// A memory stream is lost with a restart; re-created, it must be
 		// numbered on after its last event (first_seq, NATS 2.10+), or the
 		// live feeds, past those numbers, skip its events.
 		core.Close()
 		return nil, fmt.Errorf("jetstream: storage memory needs nats-server 2.10 or newer (this one is %s): use storage file", version)
 	}
-	if !b.multiFilter && len(cfg.Subjects) > 1 {
+	if !b.since210 && len(cfg.Subjects) > 1 {
 		core.log.Info("jetstream: the server takes one filter subject per consumer (NATS older than 2.10): replays and subscription consumers on several patterns read the whole stream and fanwire filters",
 			zap.String("version", version))
 	}
@@ -248,7 +248,7 @@ func (b *JetStream) consumerFilters(filters []string) (one string, several []str
 	switch {
 	case len(filters) == 1:
 		return filters[0], nil
-	case len(filters) > 1 && b.multiFilter:
+	case len(filters) > 1 && b.since210:
 		return "", filters
 	}
 	return "", nil
@@ -644,7 +644,7 @@ func (b *JetStream) Consume(ctx context.Context, h Handler, started func(start s
 	// for a stream an operator widened, and needs NATS 2.10 when there are
 	// several (the library sends one as the single filter 2.9 takes).
 	var filters []string
-	if len(b.cfg.Subjects) == 1 || b.multiFilter {
+	if len(b.cfg.Subjects) == 1 || b.since210 {
 		filters = b.cfg.Subjects
 	}
 	cons, err := b.js.OrderedConsumer(ctx, b.cfg.Stream, jetstream.OrderedConsumerConfig{
@@ -786,7 +786,7 @@ func (b *JetStream) restoreStream(ctx context.Context, last uint64) bool {
 		b.core.log.Debug("jetstream: looking for the stream", zap.Error(err))
 		return false
 	}
-	if !b.multiFilter {
+	if !b.since210 {
 		// Older than 2.10, the server ignores first_seq: the stream would
 		// be numbered from 1 again, and the live feeds would skip its
 		// events until they pass the old numbers. (DialJetStream refuses
