@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 )
@@ -72,12 +73,12 @@ func errorEvent(subject string, bad *badRowError, key []byte, id string, commitT
 	b = append(b, `{"id":"`...)
 	b = append(b, id...)
 	b = append(b, `","op":"error","source":`...)
-	b = AppendJSONString(b, []byte(bad.source))
+	b = pgjson.AppendJSONString(b, []byte(bad.source))
 	b = append(b, `,"key":`...)
 	if key != nil {
 		b = append(b, key...)
 	} else {
-		b = AppendJSONString(b, []byte(bad.key))
+		b = pgjson.AppendJSONString(b, []byte(bad.key))
 	}
 	b = append(b, `,"lsn":"`...)
 	b = append(b, bad.lsn.String()...)
@@ -86,7 +87,7 @@ func errorEvent(subject string, bad *badRowError, key []byte, id string, commitT
 	b = append(b, `","reason":"`...)
 	b = append(b, bad.reason...)
 	b = append(b, `","error":`...)
-	b = AppendJSONString(b, []byte(bad.err.Error()))
+	b = pgjson.AppendJSONString(b, []byte(bad.err.Error()))
 	b = append(b, '}')
 	return broker.Outgoing{Subject: subject, Data: b, ID: id}
 }

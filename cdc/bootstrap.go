@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -24,7 +25,7 @@ import (
 // nothing is missed or doubled between the two.
 // The record goes through state, a connection outside the snapshot's
 // read-only transaction.
-func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[string][]string, docs *docEngine, types *typeCache, snapshot string, at pglogrepl.LSN, pub *publisher) error {
+func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[string][]string, docs *docEngine, types *pgjson.TypeCache, snapshot string, at pglogrepl.LSN, pub *publisher) error {
 	cfg := &in.cfg
 	conn, err := pgx.Connect(ctx, cfg.DSN)
 	if err != nil {
@@ -41,7 +42,7 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 	}
 	// Values in text format, as pgoutput sends them, in the same session
 	// settings.
-	for k, v := range outputParams {
+	for k, v := range pgjson.OutputParams() {
 		set := "SET LOCAL " + k + " = " + quoteString(v)
 		if _, err := tx.Exec(ctx, set); err != nil {
 			return fmt.Errorf("postgres: bootstrap: %s: %w", set, err)
@@ -118,7 +119,7 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 // messages will: the columns pgoutput sends (not the generated ones), with
 // their types from the catalog (a query's row description would name a
 // domain's base type, not the domain).
-func (in *Ingest) bootstrapTable(ctx context.Context, tx pgx.Tx, types *typeCache, q, schema, rel string, key []string) (*table, error) {
+func (in *Ingest) bootstrapTable(ctx context.Context, tx pgx.Tx, types *pgjson.TypeCache, q, schema, rel string, key []string) (*table, error) {
 	cat, err := loadCatalog(ctx, tx, types, []string{q})
 	if err != nil {
 		return nil, fmt.Errorf("postgres: bootstrap %s: %w", q, err)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/fanwire/fanwire/cdc/pgtest"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -46,14 +47,14 @@ func BenchmarkBootstrapRows(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer tx.Rollback(ctx)
-			for k, v := range outputParams {
+			for k, v := range pgjson.OutputParams() {
 				if _, err := tx.Exec(ctx, "SET LOCAL "+k+" = "+quoteString(v)); err != nil {
 					b.Fatal(err)
 				}
 			}
 			in := &Ingest{cfg: Config{BootstrapChunk: 10_000}, log: zap.NewNop()}
 			q := "public." + name
-			t, err := in.bootstrapTable(ctx, tx, newTypeCache(), q, "public", name, []string{"id"})
+			t, err := in.bootstrapTable(ctx, tx, pgjson.NewTypeCache(), q, "public", name, []string{"id"})
 			if err != nil {
 				b.Fatal(err)
 			}

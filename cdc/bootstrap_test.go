@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -150,11 +151,11 @@ func encoderTestTable(t *testing.T, composite bool, limit int) *table {
 	t.Helper()
 	tb := &table{nameKey: "s.t"}
 	tb.columns = []column{
-		newColumn("k1", colType{oid: pgtype.TextOID}),
-		newColumn("n", colType{oid: pgtype.Int4OID}),
-		newColumn("k2", colType{oid: pgtype.Int8OID}),
-		newColumn("note", colType{oid: pgtype.TextOID}),
-		newColumn("at", colType{oid: pgtype.TimestamptzOID}),
+		newColumn("k1", pgjson.Type{OID: pgtype.TextOID}),
+		newColumn("n", pgjson.Type{OID: pgtype.Int4OID}),
+		newColumn("k2", pgjson.Type{OID: pgtype.Int8OID}),
+		newColumn("note", pgjson.Type{OID: pgtype.TextOID}),
+		newColumn("at", pgjson.Type{OID: pgtype.TimestamptzOID}),
 	}
 	key := []string{"k1"}
 	if composite {

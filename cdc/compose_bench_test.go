@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/fanwire/fanwire/cdc/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
@@ -37,7 +38,7 @@ func BenchmarkComposeQueries(b *testing.B) {
 		{As: "items", Table: "order_items", On: map[string]string{"order_id": "id"}, Many: true, OrderBy: "id"},
 		{As: "customer", Table: "customers", On: map[string]string{"id": "customer_id"}},
 	}}}
-	projs, _, err := resolveProjections(ctx, pool, newTypeCache(), specs, "db", zap.NewNop())
+	projs, _, err := resolveProjections(ctx, pool, pgjson.NewTypeCache(), specs, "db", zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}

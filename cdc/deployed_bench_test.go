@@ -43,6 +43,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/cdc"
+	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/fanwire/fanwire/cdc/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -296,7 +297,7 @@ func (p *ingestProcess) waitPublished(n int, d time.Duration) time.Time {
 
 // ceilingEvents are events shaped like the bootstrap's of the data set
 // (the same tables, ids, keys and JSON documents, encoded with
-// cdc.AppendValue from the values' text as PostgreSQL sends them), on
+// pgjson.AppendValue from the values' text as PostgreSQL sends them), on
 // subjects "<prefix>.<table>.<key>" with the prefix left to fill in
 // (setPrefix).
 func ceilingEvents(ds dataSet) []ceilingEvent {
@@ -306,9 +307,9 @@ func ceilingEvents(ds dataSet) []ceilingEvent {
 		if !first {
 			b = append(b, ',')
 		}
-		b = cdc.AppendJSONString(b, []byte(name))
+		b = pgjson.AppendJSONString(b, []byte(name))
 		b = append(b, ':')
-		b, err := cdc.AppendValue(b, oid, []byte(text))
+		b, err := pgjson.AppendValue(b, oid, []byte(text))
 		if err != nil {
 			panic(err)
 		}

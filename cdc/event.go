@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/jackc/pglogrepl"
 )
 
@@ -84,7 +85,7 @@ func encodeRowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTim
 		}
 		col := keyRow.Columns[i]
 		keyText = append(keyText, string(col.Data))
-		if b, err = t.columns[i].ctype.appendValue(b, col.Data); err != nil {
+		if b, err = t.columns[i].ctype.Append(b, col.Data); err != nil {
 			return broker.Outgoing{}, nil, keyText, fmt.Errorf("table %s column %s: %w", t.nameKey, t.columns[i].name, err)
 		}
 	}
@@ -192,7 +193,7 @@ func (e *eventEncoder) rowEvent(t *table, c *change, id, op string) (_ broker.Ou
 		if n > 0 {
 			b = append(b, ',')
 		}
-		if b, err = t.columns[i].ctype.appendValue(b, keyRow.Columns[i].Data); err != nil {
+		if b, err = t.columns[i].ctype.Append(b, keyRow.Columns[i].Data); err != nil {
 			return broker.Outgoing{}, false
 		}
 	}
@@ -260,7 +261,7 @@ func appendRowEvent(b []byte, t *table, c *change) ([]byte, error) {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = AppendJSONString(b, []byte(u))
+			b = pgjson.AppendJSONString(b, []byte(u))
 		}
 		b = append(b, ']')
 	}
@@ -299,7 +300,7 @@ func appendRow(b []byte, t *table, row, old *pglogrepl.TupleData, keyOnly bool) 
 		case pglogrepl.TupleDataTypeNull:
 			b = append(b, "null"...)
 		case pglogrepl.TupleDataTypeText:
-			if b, err = t.columns[i].ctype.appendValue(b, data); err != nil {
+			if b, err = t.columns[i].ctype.Append(b, data); err != nil {
 				return nil, nil, fmt.Errorf("table %s column %s: %w", t.nameKey, t.columns[i].name, err)
 			}
 		default:

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"go.uber.org/zap"
+
+	"github.com/fanwire/fanwire/cdc/pgjson"
 )
 
 // pgoutput messages, written by hand to the protocol's layout, for seeds.
@@ -126,7 +128,7 @@ func FuzzDecode(f *testing.F) {
 		cfg.setDefaults()
 		in := &Ingest{cfg: cfg, log: zap.NewNop()}
 		pub := newPublisher(in, nil, nil, nil)
-		r := &reader{in: in, rels: newRelations("db", map[string][]string{"public.t": {"id"}}, 0, newTypeCache(), nil), pub: pub, streamed: make(map[uint32]*txn)}
+		r := &reader{in: in, rels: newRelations("db", map[string][]string{"public.t": {"id"}}, 0, pgjson.NewTypeCache(), nil), pub: pub, streamed: make(map[uint32]*txn)}
 		defer r.close()
 		ctx := context.Background()
 		for len(data) >= 2 {

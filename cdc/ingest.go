@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/fanwire/fanwire/metrics"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -168,8 +169,10 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	// holds their tables too, but only the tables --tables names publish
 	// table events.
 	// The column types, looked up once each on every path that reads
-	// values: projections, the bootstrap, the tail.
-	types := newTypeCache()
+	// values: projections, the bootstrap, the tail. The cache has no lock:
+	// it is this goroutine's (the start-up and the bootstrap, then the
+	// reader, which runs here).
+	types := pgjson.NewTypeCache()
 	var docs *docEngine
 	pubTables := cfg.Tables
 	if len(cfg.Projections) > 0 {
@@ -223,7 +226,7 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	withSessionParams(rcfg.RuntimeParams)
 	rcfg.RuntimeParams["replication"] = "database"
 	// pgoutput writes values with the walsender's output settings.
-	maps.Copy(rcfg.RuntimeParams, outputParams)
+	maps.Copy(rcfg.RuntimeParams, pgjson.OutputParams())
 	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
 		return fmt.Errorf("postgres: replication connection: %w", err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -30,7 +31,7 @@ const memBenchOrders = 100_000
 func memBenchEngine(tb testing.TB, orders int) (*docEngine, *table) {
 	tb.Helper()
 	col := func(oid uint32, typ string) catalogColumn {
-		return catalogColumn{oid: oid, typ: typ, ctype: colType{oid: oid}}
+		return catalogColumn{oid: oid, typ: typ, ctype: pgjson.Type{OID: oid}}
 	}
 	cat := map[string]*catalogTable{
 		"public.customers": {

@@ -235,7 +235,7 @@ func (t *memTable) index(cols []string) *memIndex {
 	}
 	ix := &memIndex{cols: idx, m: make(map[string][][]byte)}
 	for _, c := range idx {
-		ix.oids = append(ix.oids, t.cols[c].ctype.oid)
+		ix.oids = append(ix.oids, t.cols[c].ctype.OID)
 	}
 	t.indexes = append(t.indexes, ix)
 	return ix
@@ -344,7 +344,7 @@ func newMemState(projs []*docProjection, cat map[string]*catalogTable) *memState
 				info.byJoin = info.t.index(cc)
 				// Direct to the document's key, unless equal keys can be
 				// written differently: then through an index on the key.
-				if !(n.parent.parent == nil && len(pc) == 1 && pc[0] == p.key.name && !textVaries(p.key.ctype.oid)) {
+				if !(n.parent.parent == nil && len(pc) == 1 && pc[0] == p.key.name && !textVaries(p.key.ctype.OID)) {
 					info.parentIx = s.tables[n.parent.nameKey].index(pc)
 				}
 			}
@@ -353,11 +353,11 @@ func newMemState(projs []*docProjection, cat map[string]*catalogTable) *memState
 			}
 			for _, j := range n.on {
 				info.onParent = append(info.onParent, s.tables[n.parent.nameKey].colIdx[j.parent.name])
-				info.onOID = append(info.onOID, j.parent.ctype.oid)
+				info.onOID = append(info.onOID, j.parent.ctype.OID)
 			}
 			for _, c := range n.orderCols {
 				info.order = append(info.order, info.t.colIdx[c])
-				info.orderOID = append(info.orderOID, info.t.cols[info.t.colIdx[c]].ctype.oid)
+				info.orderOID = append(info.orderOID, info.t.cols[info.t.colIdx[c]].ctype.OID)
 			}
 			n.mem = info
 			s.byTable[n.nameKey] = append(s.byTable[n.nameKey], n)

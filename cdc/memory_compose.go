@@ -9,6 +9,8 @@ import (
 	"math/big"
 	"slices"
 	"strconv"
+
+	"github.com/fanwire/fanwire/cdc/pgjson"
 )
 
 // Composing documents from the memory state, with no query: a document
@@ -99,7 +101,7 @@ func (sc *memScratch) appendRow(b []byte, n *docNode, row []byte, depth int) ([]
 			b = append(b, "null"...)
 			continue
 		}
-		if b, err = c.ctype.appendValue(b, v); err != nil {
+		if b, err = c.ctype.Append(b, v); err != nil {
 			return nil, fmt.Errorf("projection %q, %s column %s: %w", n.proj.spec.Name, n.nameKey, c.name, err)
 		}
 	}
@@ -216,17 +218,18 @@ func compareText(oid uint32, a, b []byte) int {
 		if x := cmp.Compare(infinityRank(a), infinityRank(b)); x != 0 || infinityRank(a) != 0 {
 			return x
 		}
-		sa, bca := cutBC(a)
-		sb, bcb := cutBC(b)
-		da, ra, ok1 := parseISODate(sa, bca)
-		db, rb, ok2 := parseISODate(sb, bcb)
+		da, ra, ok1 := pgjson.ParseISODate(a)
+		db, rb, ok2 := pgjson.ParseISODate(b)
 		if ok1 && ok2 {
-			if x := cmp.Compare(da.year, db.year); x != 0 {
+			if x := cmp.Compare(da.Year, db.Year); x != 0 {
 				return x
 			}
-			// The rest has a fixed layout: "-MM-DD HH:MM:SS", then
+			// The rest has a fixed layout: "MM", "DD", " HH:MM:SS", then
 			// ".ffffff" when not 0 ('.' sorts after '+' and the end).
-			if x := bytes.Compare(sa[len(sa)-len(ra)-6:len(sa)-len(ra)], sb[len(sb)-len(rb)-6:len(sb)-len(rb)]); x != 0 {
+			if x := bytes.Compare(da.Month, db.Month); x != 0 {
+				return x
+			}
+			if x := bytes.Compare(da.Day, db.Day); x != 0 {
 				return x
 			}
 			return bytes.Compare(ra, rb)
@@ -270,6 +273,6 @@ func (s *memState) memKeys(p *docProjection) [][]byte {
 	for _, row := range t.rows {
 		keys = append(keys, rowField(row, kc))
 	}
-	slices.SortFunc(keys, func(a, b []byte) int { return compareText(p.key.ctype.oid, a, b) })
+	slices.SortFunc(keys, func(a, b []byte) int { return compareText(p.key.ctype.OID, a, b) })
 	return keys
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -174,7 +175,7 @@ func tableEventKeys(keys map[string][]string, tables []string) map[string][]stri
 // newDocEngine resolves the projections against the catalog and opens the
 // pool their queries run on, with the session settings pgoutput writes
 // values in (so a re-read value is the text a change carries).
-func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn, types *typeCache) (*docEngine, error) {
+func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn, types *pgjson.TypeCache) (*docEngine, error) {
 	cfg := &in.cfg
 	projs, cat, err := resolveProjections(ctx, conn, types, cfg.Projections, cfg.Prefix, in.log)
 	if err != nil {
@@ -185,7 +186,7 @@ func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn, types *typeC
 		return nil, errFatal{fmt.Errorf("postgres: %w", err)}
 	}
 	pcfg.MaxConns = docWorkers
-	maps.Copy(pcfg.ConnConfig.RuntimeParams, outputParams)
+	maps.Copy(pcfg.ConnConfig.RuntimeParams, pgjson.OutputParams())
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: projection pool: %w", err)

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/fanwire/fanwire/cdc/pgjson"
 )
 
 // Resolving projections: each ProjectionSpec is checked against the live
@@ -36,10 +38,10 @@ type docNode struct {
 // docCol is a selected column.
 type docCol struct {
 	name     string
-	ident    string  // quoted
-	typ      string  // format_type, for casts of text arrays
-	ctype    colType // how its values are encoded
-	jsonName []byte  // "name":
+	ident    string      // quoted
+	typ      string      // format_type, for casts of text arrays
+	ctype    pgjson.Type // how its values are encoded
+	jsonName []byte      // "name":
 }
 
 // docJoin is one pair of a relation's on: child column = parent column.
@@ -65,10 +67,10 @@ type querier interface {
 
 // catalogColumn is what the catalog says of a column.
 type catalogColumn struct {
-	oid       uint32  // pg_attribute.atttypid
-	typ       string  // format_type
-	ctype     colType // how its values are encoded
-	generated bool    // a generated column: pgoutput does not send it
+	oid       uint32      // pg_attribute.atttypid
+	typ       string      // format_type
+	ctype     pgjson.Type // how its values are encoded
+	generated bool        // a generated column: pgoutput does not send it
 }
 
 // catalogTable is what the catalog says of a table.
@@ -90,7 +92,7 @@ func splitTable(s string) (schema, name string) {
 // loadCatalog reads what resolving projections (and bootstrapping a
 // table) needs of the named tables, with the columns' types looked up in
 // types.
-func loadCatalog(ctx context.Context, q querier, types *typeCache, tables []string) (map[string]*catalogTable, error) {
+func loadCatalog(ctx context.Context, q querier, types *pgjson.TypeCache, tables []string) (map[string]*catalogTable, error) {
 	out := make(map[string]*catalogTable)
 	var oids []uint32
 	for _, t := range tables {
@@ -142,7 +144,7 @@ func loadCatalog(ctx context.Context, q querier, types *typeCache, tables []stri
 		}
 		out[t] = ct
 	}
-	if err := types.lookup(ctx, q, oids); err != nil {
+	if err := types.Lookup(ctx, q, oids); err != nil {
 		return nil, err
 	}
 	for _, ct := range out {
@@ -150,7 +152,7 @@ func loadCatalog(ctx context.Context, q querier, types *typeCache, tables []stri
 			continue
 		}
 		for name, c := range ct.cols {
-			c.ctype = types.get(c.oid)
+			c.ctype = types.Get(c.oid)
 			ct.cols[name] = c
 		}
 	}
@@ -184,7 +186,7 @@ func projectionTables(specs []ProjectionSpec) []string {
 // its former parent). Every problem is reported, each naming the
 // projection and the field. Join columns a lookup filters on without an
 // index are warned about, with the CREATE INDEX to run.
-func resolveProjections(ctx context.Context, q querier, types *typeCache, specs []ProjectionSpec, prefix string, log *zap.Logger) ([]*docProjection, map[string]*catalogTable, error) {
+func resolveProjections(ctx context.Context, q querier, types *pgjson.TypeCache, specs []ProjectionSpec, prefix string, log *zap.Logger) ([]*docProjection, map[string]*catalogTable, error) {
 	cat, err := loadCatalog(ctx, q, types, projectionTables(specs))
 	if err != nil {
 		return nil, nil, err
@@ -262,7 +264,7 @@ func memGeneratedColumns(cat map[string]*catalogTable, where string, p *docProje
 }
 
 func mkCol(name string, c catalogColumn) docCol {
-	return docCol{name: name, ident: pgx.Identifier{name}.Sanitize(), typ: c.typ, ctype: c.ctype, jsonName: append(AppendJSONString(nil, []byte(name)), ':')}
+	return docCol{name: name, ident: pgx.Identifier{name}.Sanitize(), typ: c.typ, ctype: c.ctype, jsonName: append(pgjson.AppendJSONString(nil, []byte(name)), ':')}
 }
 
 func resolveNode(cat map[string]*catalogTable, where, table string, columns []string, parent *docNode, p *docProjection) (*docNode, []error) {
@@ -303,7 +305,7 @@ func resolveEmbeds(cat map[string]*catalogTable, where string, parent *docNode, 
 			continue
 		}
 		ct := cat[n.nameKey]
-		n.as = append(AppendJSONString(nil, []byte(es.As)), ':')
+		n.as = append(pgjson.AppendJSONString(nil, []byte(es.As)), ':')
 		n.many = es.Many
 		if n.many {
 			ob := es.OrderBy

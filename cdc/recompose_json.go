@@ -26,7 +26,7 @@ func appendDoc(b []byte, n *docNode, r *composedRow) ([]byte, error) {
 			b = append(b, "null"...)
 			continue
 		}
-		if b, err = c.ctype.appendValue(b, r.vals[i]); err != nil {
+		if b, err = c.ctype.Append(b, r.vals[i]); err != nil {
 			return nil, fmt.Errorf("projection %q, %s column %s: %w", n.proj.spec.Name, n.nameKey, c.name, err)
 		}
 	}
@@ -95,7 +95,7 @@ func encodeDocEvent(p *docProjection, key, doc []byte, id string, lsn pglogrepl.
 		b = append(b, `","op":"upsert","key":`...)
 	}
 	start := len(b)
-	b, err := p.key.ctype.appendValue(b, key)
+	b, err := p.key.ctype.Append(b, key)
 	if err != nil {
 		return broker.Outgoing{}, nil, err
 	}

@@ -73,7 +73,7 @@ func (s *sqlComposer) resolve(ctx context.Context, d *docChanges) error {
 		// Direct: the join reaches the primary key itself, and the
 		// child's value is the key's text (for a type whose equal values
 		// can be written differently, the query below reads the key's).
-		if parent.parent == nil && len(deepest.on) == 1 && deepest.on[0].parent.name == p.key.name && !textVaries(p.key.ctype.oid) {
+		if parent.parent == nil && len(deepest.on) == 1 && deepest.on[0].parent.name == p.key.name && !textVaries(p.key.ctype.OID) {
 			for _, vals := range tuples {
 				d.addKey(p, vals[0], false)
 			}
@@ -277,7 +277,7 @@ func (s *sqlComposer) fill(ctx context.Context, q querier, n *docNode, extras []
 		// not equal text: joinKey).
 		oids := make([]uint32, len(child.on))
 		for i, j := range child.on {
-			oids[i] = j.parent.ctype.oid
+			oids[i] = j.parent.ctype.OID
 		}
 		parents := make(map[string][]*composedRow)
 		var tuples [][][]byte

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/fanwire/fanwire/cdc/pgjson"
 )
 
 // table is what the ingest knows of a table: its columns (as the last
@@ -25,12 +27,12 @@ type table struct {
 
 type column struct {
 	name     string
-	ctype    colType // how its values are encoded
-	jsonName []byte  // the quoted JSON key, with its colon: "name":
+	ctype    pgjson.Type // how its values are encoded
+	jsonName []byte      // the quoted JSON key, with its colon: "name":
 }
 
-func newColumn(name string, ct colType) column {
-	return column{name: name, ctype: ct, jsonName: append(AppendJSONString(nil, []byte(name)), ':')}
+func newColumn(name string, ct pgjson.Type) column {
+	return column{name: name, ctype: ct, jsonName: append(pgjson.AppendJSONString(nil, []byte(name)), ':')}
 }
 
 // publish makes t a published table: its key columns (by name), its
@@ -60,11 +62,11 @@ type relations struct {
 	maxEvent int                 // the broker's message size limit (0: none)
 	keys     map[string][]string // "schema.table" → primary key columns (the published tables)
 	byID     map[uint32]*table
-	types    *typeCache // the columns' types
-	q        querier    // where types are looked up (nil: not at all, every type is taken as is)
+	types    *pgjson.TypeCache // the columns' types
+	q        querier           // where types are looked up (nil: not at all, every type is taken as is)
 }
 
-func newRelations(prefix string, keys map[string][]string, maxEvent int, types *typeCache, q querier) *relations {
+func newRelations(prefix string, keys map[string][]string, maxEvent int, types *pgjson.TypeCache, q querier) *relations {
 	return &relations{prefix: prefix, maxEvent: maxEvent, keys: keys, byID: make(map[uint32]*table), types: types, q: q}
 }
 
@@ -80,13 +82,13 @@ func (r *relations) define(ctx context.Context, m *pglogrepl.RelationMessage) er
 		for i, c := range m.Columns {
 			oids[i] = c.DataType
 		}
-		if err := r.types.lookup(ctx, r.q, oids); err != nil {
+		if err := r.types.Lookup(ctx, r.q, oids); err != nil {
 			return fmt.Errorf("table %s: %w", q, err)
 		}
 	}
 	t := &table{nameKey: q}
 	for _, c := range m.Columns {
-		t.columns = append(t.columns, newColumn(c.Name, r.types.get(c.DataType)))
+		t.columns = append(t.columns, newColumn(c.Name, r.types.Get(c.DataType)))
 	}
 	if keyCols, ok := r.keys[q]; ok {
 		if err := t.publish(r.prefix, m.Namespace, m.RelationName, keyCols, r.maxEvent); err != nil {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/fanwire/fanwire/cdc/pgjson"
 )
 
 // pgUpdate is an Update message with the new row only (REPLICA IDENTITY
@@ -75,7 +77,7 @@ func benchTailChanges(b *testing.B, n int, spills bool) {
 	cfg.setDefaults()
 	in := &Ingest{cfg: cfg, log: zap.NewNop()}
 	pub := newPublisher(in, nil, nil, nil)
-	r := &reader{in: in, rels: newRelations("db", map[string][]string{"public.orders": {"id"}}, 0, newTypeCache(), nil), pub: pub, streamed: make(map[uint32]*txn)}
+	r := &reader{in: in, rels: newRelations("db", map[string][]string{"public.orders": {"id"}}, 0, pgjson.NewTypeCache(), nil), pub: pub, streamed: make(map[uint32]*txn)}
 	defer r.close()
 	ctx, cancel := context.WithCancel(context.Background())
 	events := make(chan int)

@@ -72,7 +72,7 @@ func testDomainEncodesAsItsBaseType(t *testing.T, mode string) {
 // composite type is a JSON array, as an array of a built-in type is, with
 // each element encoded as its type (a domain's as its base type). It was
 // the array's text, one string ("{happy,\"sad ish\"}"), on every path:
-// AppendValue knows the built-in array types only.
+// pgjson.AppendValue knows the built-in array types only.
 func TestArraysOfUserDefinedTypes(t *testing.T) {
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres",

@@ -155,7 +155,7 @@ func randDigits(rng *rand.Rand, n int) string {
 	return string(b)
 }
 
-// typeKinds are the column types: every family AppendValue maps
+// typeKinds are the column types: every family pgjson.AppendValue maps
 // differently, and the strings it passes on. The cases are the documented
 // mapping; a change to it is a change to docs/ingest.md.
 var typeKinds = []typeKind{

@@ -1,15 +1,14 @@
-package cdc
+package pgjson
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"slices"
 
-	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5"
 )
 
-// colType is how a column's values are encoded: AppendValue's mapping of
+// Type is how a column's values are encoded: AppendValue's mapping of
 // the type they are underneath. A domain is encoded as its base type (a
 // domain over a domain, as the base at the bottom), so that a column keeps
 // its JSON whichever path reads it: pgoutput's Relation messages and the
@@ -17,17 +16,22 @@ import (
 // array of a user-defined type (an enum, a domain, a composite type), which
 // AppendValue cannot know, is a JSON array of its elements, each encoded
 // as its element type (a domain's as its base type).
-type colType struct {
-	oid   uint32 // the column's type, or a domain's base type
+//
+// A TypeCache's Get returns a column type's Type; Type{OID: oid} takes oid
+// as is (AppendValue's encoding of it), as for a built-in type.
+type Type struct {
+	OID   uint32 // the column's type, or a domain's base type
 	elem  uint32 // an array of a user-defined type: its element type, or that domain's base type; else 0
 	delim byte   // with elem: the element type's delimiter (pg_type.typdelim)
 }
 
-func (c colType) appendValue(dst, text []byte) ([]byte, error) {
+// Append appends the JSON encoding of one value of type c, given in
+// PostgreSQL's text output format, to dst, as AppendValue does.
+func (c Type) Append(dst, text []byte) ([]byte, error) {
 	if c.elem != 0 {
 		return AppendArray(dst, c.elem, c.delim, text)
 	}
-	return AppendValue(dst, c.oid, text)
+	return AppendValue(dst, c.OID, text)
 }
 
 // firstUserOID is PostgreSQL's FirstGenbkiObjectId: no type below it is a
@@ -36,16 +40,21 @@ func (c colType) appendValue(dst, text []byte) ([]byte, error) {
 // information_schema's domains) are looked up in the catalog.
 const firstUserOID = 10000
 
-// typeCache resolves type OIDs to their colType from the catalog, once
+// TypeCache resolves type OIDs to their Type from the catalog, once
 // each: a type's base type never changes (a dropped type's OID is not
-// reused soon), so entries stay valid across reconnects. It is owned by
-// the goroutine that runs the ingest's connections (the start-up and the
-// bootstrap, then the reader); it has no lock.
-type typeCache struct {
-	m map[uint32]colType
+// reused soon), so entries stay valid across reconnects. It has no lock:
+// one goroutine at a time owns it (Lookup and Get).
+type TypeCache struct {
+	m map[uint32]Type // owned by the cache's goroutine
 }
 
-func newTypeCache() *typeCache { return &typeCache{m: make(map[uint32]colType)} }
+// NewTypeCache returns an empty cache.
+func NewTypeCache() *TypeCache { return &TypeCache{m: make(map[uint32]Type)} }
+
+// Querier runs a query: a pgx pool, connection or transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
 
 // baseTypeSQL follows each of $1's OIDs through domains to the type at the
 // bottom and, when that is an array (in the array category, variable
@@ -65,10 +74,11 @@ const baseTypeSQL = `
 	LEFT JOIN pg_type e ON e.oid = t.typelem
 	ORDER BY d.start, d.depth DESC`
 
-// lookup resolves the OIDs the cache does not know yet with q. A type the
+// Lookup resolves the OIDs the cache does not know yet with q. A type the
 // catalog no longer has (dropped since the change was written) keeps its
-// OID: its values are strings.
-func (c *typeCache) lookup(ctx context.Context, q querier, oids []uint32) error {
+// OID: its values are strings. Types below 10000 (built-in; none is a
+// domain) are never looked up.
+func (c *TypeCache) Lookup(ctx context.Context, q Querier, oids []uint32) error {
 	var todo []uint32
 	for _, o := range oids {
 		if _, ok := c.m[o]; !ok && o >= firstUserOID && !slices.Contains(todo, o) {
@@ -83,7 +93,7 @@ func (c *typeCache) lookup(ctx context.Context, q querier, oids []uint32) error 
 		return fmt.Errorf("postgres: read the catalog's types: %w", err)
 	}
 	defer rows.Close()
-	found := make(map[uint32]colType, len(todo))
+	found := make(map[uint32]Type, len(todo))
 	var elems []uint32
 	for rows.Next() {
 		var start, base, elem uint32
@@ -91,7 +101,7 @@ func (c *typeCache) lookup(ctx context.Context, q querier, oids []uint32) error 
 		if err := rows.Scan(&start, &base, &elem, &delim); err != nil {
 			return fmt.Errorf("postgres: read the catalog's types: %w", err)
 		}
-		t := colType{oid: base}
+		t := Type{OID: base}
 		// A built-in array is AppendValue's; a built-in type with an
 		// element type that is no array (int2vector, oidvector) a string.
 		if elem != 0 && base >= firstUserOID && len(delim) == 1 {
@@ -107,81 +117,30 @@ func (c *typeCache) lookup(ctx context.Context, q querier, oids []uint32) error 
 	// The elements' own base types (an array of a domain). An element is
 	// no array, but may be a domain over one: then it is AppendValue's
 	// array, or a string.
-	if err := c.lookup(ctx, q, elems); err != nil {
+	if err := c.Lookup(ctx, q, elems); err != nil {
 		return err
 	}
 	for o, t := range found {
 		if t.elem != 0 {
-			t.elem = c.get(t.elem).oid
+			t.elem = c.Get(t.elem).OID
 			found[o] = t
 		}
 	}
 	for _, o := range todo {
 		t, ok := found[o]
 		if !ok {
-			t = colType{oid: o}
+			t = Type{OID: o}
 		}
 		c.m[o] = t
 	}
 	return nil
 }
 
-// get returns the colType of oid, as looked up (an OID not looked up is
+// Get returns the Type of oid, as looked up (an OID not looked up is
 // taken as is).
-func (c *typeCache) get(oid uint32) colType {
+func (c *TypeCache) Get(oid uint32) Type {
 	if t, ok := c.m[oid]; ok {
 		return t
 	}
-	return colType{oid: oid}
-}
-
-// textVaries reports whether equal values of type oid can be written
-// differently: numeric keeps its scale (1.5 = 1.50), char(n) the padding
-// of its length (char(4) 'ab' = char(8) 'ab'), floats their sign of zero.
-// Joins on such a type match by joinText, not by the text.
-func textVaries(oid uint32) bool {
-	switch oid {
-	case pgtype.NumericOID, pgtype.BPCharOID, pgtype.Float4OID, pgtype.Float8OID:
-		return true
-	}
-	return false
-}
-
-// joinText is v (a value of type oid) written so that equal values have
-// equal text: a numeric without the trailing zeros of its fraction, a
-// char(n) without its padding, a float's -0 as 0. Other types' output is
-// one text per value already (for the types a join usually has: integers,
-// text in a deterministic collation, uuid, dates and times in UTC).
-func joinText(oid uint32, v []byte) []byte {
-	switch oid {
-	case pgtype.NumericOID:
-		if bytes.IndexByte(v, '.') >= 0 {
-			v = bytes.TrimRight(v, "0")
-			v = bytes.TrimSuffix(v, []byte("."))
-		}
-	case pgtype.BPCharOID:
-		v = bytes.TrimRight(v, " ")
-	case pgtype.Float4OID, pgtype.Float8OID:
-		if string(v) == "-0" {
-			v = v[1:]
-		}
-	}
-	return v
-}
-
-// joinKey is the map key of a tuple of join values of types oids (nil:
-// NULL), matching equal values.
-func joinKey(oids []uint32, vals [][]byte) string {
-	for i, v := range vals {
-		if v != nil && textVaries(oids[i]) {
-			norm := make([][]byte, len(vals))
-			for j, w := range vals {
-				if w != nil {
-					norm[j] = joinText(oids[j], w)
-				}
-			}
-			return tupleKey(norm)
-		}
-	}
-	return tupleKey(vals)
+	return Type{OID: oid}
 }

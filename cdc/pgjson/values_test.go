@@ -1,4 +1,4 @@
-package cdc
+package pgjson
 
 import (
 	"bytes"
@@ -89,7 +89,7 @@ var valueCases = []valueCase{
 	{col: "m", lit: `1234.5`, want: `"$1,234.50"`},
 	{col: "x", lit: `'<a b="c">d</a>'`, want: `"<a b=\"c\">d</a>"`},
 	{col: "e", lit: `'sad ish'`, want: `"sad ish"`},
-	{col: "d", lit: `42`, want: `"42"`}, // a domain has its own OID: the ingest passes its base type instead (colType)
+	{col: "d", lit: `42`, want: `"42"`}, // a domain has its own OID: the ingest passes its base type instead (Type)
 	{col: "rng", lit: `'[1,10)'`, want: `"[1,10)"`},
 	{col: "tsv", lit: `'a fat cat'`, want: `"'a' 'cat' 'fat'"`},
 	{col: "pt", lit: `'(1,2)'`, want: `"(1,2)"`},
@@ -147,7 +147,7 @@ var valueCases = []valueCase{
 	{col: "abox", lit: `ARRAY['((0,0),(1,1))'::box, '((2,2),(3,3))']`, want: `["(1,1),(0,0)","(3,3),(2,2)"]`},
 	{col: "ad", lit: `ARRAY['2024-05-01'::date, '0044-03-15 BC', 'infinity']`, want: `["2024-05-01","-000043-03-15","infinity"]`},
 	// An array of a user-defined type has an OID AppendValue cannot know (the
-	// ingest looks up its element type and calls AppendArray: colType).
+	// ingest looks up its element type and calls AppendArray: Type).
 	{col: "ae", lit: `ARRAY['happy', 'sad ish']::mood[]`, want: `"{happy,\"sad ish\"}"`},
 }
 

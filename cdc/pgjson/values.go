@@ -1,10 +1,11 @@
-package cdc
+package pgjson
 
 import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -20,6 +21,14 @@ var outputParams = map[string]string{
 	"bytea_output":       "hex",
 	"extra_float_digits": "3",
 }
+
+// OutputParams returns the session settings (run-time parameters) to set
+// on every connection whose values are encoded here: the walsender's
+// DateStyle ISO, TimeZone UTC, bytea_output hex and extra_float_digits 3.
+// AppendValue needs DateStyle ISO (it reports other styles malformed); the
+// others make every path write a value the same way. It returns a new map
+// each time.
+func OutputParams() map[string]string { return maps.Clone(outputParams) }
 
 // Column values arrive in PostgreSQL's text output format (pgoutput sends
 // every value through the type's output function) together with the
@@ -66,7 +75,7 @@ var outputParams = map[string]string{
 //     listed): a string of the text.
 //
 // AppendValue knows built-in OIDs only. The ingest looks user-defined
-// types up in the catalog first (colType, types.go): a domain is encoded
+// types up in the catalog first (Type, types.go): a domain is encoded
 // as its base type (a domain over an integer is a number, on every path),
 // and an array of a user-defined type (enum[], a domain's array, a
 // composite's) goes to AppendArray with its element type, so it is a JSON

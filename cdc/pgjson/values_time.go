@@ -1,4 +1,4 @@
-package cdc
+package pgjson
 
 import "time"
 
@@ -6,15 +6,24 @@ import "time"
 // (outputParams) becomes RFC 3339, with ISO 8601's expanded years outside
 // 1–9999.
 
-// isoDate is a date as DateStyle ISO writes it: "2024-05-01", "0044-03-15"
+// ISODate is a date as DateStyle ISO writes it: "2024-05-01", "0044-03-15"
 // (with " BC" at the very end of the value), "10000-01-01".
-type isoDate struct {
-	year       int // astronomical: 1 BC is 0
-	month, day []byte
+type ISODate struct {
+	Year       int    // astronomical: 1 BC is 0
+	Month, Day []byte // two digits each, as written
+}
+
+// ParseISODate parses the date that starts a date or timestamp[tz] value
+// in DateStyle ISO ("2024-05-01", "0044-03-15 12:00:00+00 BC") and returns
+// the rest of the value, without its era suffix. ok is false when the
+// value does not start with such a date (infinity, another DateStyle).
+func ParseISODate(text []byte) (d ISODate, rest []byte, ok bool) {
+	s, bc := cutBC(text)
+	return parseISODate(s, bc)
 }
 
 // parseISODate parses the date at the start of s and returns the rest.
-func parseISODate(s []byte, bc bool) (d isoDate, rest []byte, ok bool) {
+func parseISODate(s []byte, bc bool) (d ISODate, rest []byte, ok bool) {
 	i := 0
 	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
 		i++
@@ -25,13 +34,13 @@ func parseISODate(s []byte, bc bool) (d isoDate, rest []byte, ok bool) {
 		return d, nil, false
 	}
 	for _, c := range s[:i] {
-		d.year = d.year*10 + int(c-'0')
+		d.Year = d.Year*10 + int(c-'0')
 	}
 	if bc {
-		d.year = 1 - d.year
+		d.Year = 1 - d.Year
 	}
-	d.month, d.day = s[i+1:i+3], s[i+4:i+6]
-	if !allDigits(d.month) || !allDigits(d.day) {
+	d.Month, d.Day = s[i+1:i+3], s[i+4:i+6]
+	if !allDigits(d.Month) || !allDigits(d.Day) {
 		return d, nil, false
 	}
 	return d, s[i+6:], true
@@ -90,12 +99,12 @@ func appendDate(dst, text []byte) ([]byte, error) {
 }
 
 // appendISODate appends d as YYYY-MM-DD (expanded years outside 1–9999).
-func appendISODate(dst []byte, d isoDate) []byte {
-	dst = appendYear(dst, d.year)
+func appendISODate(dst []byte, d ISODate) []byte {
+	dst = appendYear(dst, d.Year)
 	dst = append(dst, '-')
-	dst = append(dst, d.month...)
+	dst = append(dst, d.Month...)
 	dst = append(dst, '-')
-	return append(dst, d.day...)
+	return append(dst, d.Day...)
 }
 
 // appendTimestamp converts timestamp[tz] in DateStyle ISO, "2024-05-01
@@ -167,7 +176,7 @@ func appendTimestamp(dst, text []byte, tz bool) ([]byte, error) {
 // appendTimestampUTC writes a timestamptz whose offset has seconds (such
 // as Amsterdam's +00:19:32 before 1937), which RFC 3339 cannot write, in
 // UTC.
-func appendTimestampUTC(dst []byte, d isoDate, clock, frac, off []byte) []byte {
+func appendTimestampUTC(dst []byte, d ISODate, clock, frac, off []byte) []byte {
 	num := func(b []byte) int {
 		v := 0
 		for _, c := range b {
@@ -182,7 +191,7 @@ func appendTimestampUTC(dst []byte, d isoDate, clock, frac, off []byte) []byte {
 			nsec += int(frac[i] - '0')
 		}
 	}
-	t := time.Date(d.year, time.Month(num(d.month)), num(d.day),
+	t := time.Date(d.Year, time.Month(num(d.Month)), num(d.Day),
 		num(clock[0:2]), num(clock[3:5]), num(clock[6:8]), nsec, time.UTC)
 	offset := time.Duration(num(off[1:3]))*time.Hour + time.Duration(num(off[4:6]))*time.Minute +
 		time.Duration(num(off[7:9]))*time.Second

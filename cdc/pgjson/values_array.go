@@ -1,4 +1,4 @@
-package cdc
+package pgjson
 
 // Arrays: PostgreSQL's text output of an array ("{1,2,NULL}", nested
 // dimensions, optional bounds) turned into JSON arrays, each element
