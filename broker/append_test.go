@@ -16,7 +16,7 @@ import (
 )
 
 func appendTo(ctx context.Context, b *broker.JetStream, out []broker.Outgoing) error {
-	return b.Append(ctx, out)
+	return b.Append(ctx, out, broker.AppendOptions{})
 }
 
 var _ broker.Appender = (*broker.JetStream)(nil)
@@ -111,7 +111,7 @@ func TestJetStreamAppendRefusedMessage(t *testing.T) {
 			out[bad].Data = []byte(strings.Repeat("x", 2*size))
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
-			err := b.Append(ctx, out)
+			err := b.Append(ctx, out, broker.AppendOptions{})
 			var apiErr *jetstream.APIError
 			if !errors.As(err, &apiErr) || apiErr.ErrorCode != 10054 { // JSStreamMessageExceedsMaximumErr
 				t.Fatalf("Append = %v, want the stream's message size error", err)
@@ -136,7 +136,7 @@ func TestJetStreamAppendOverMaxPayload(t *testing.T) {
 			out[bad].Data = make([]byte, 2<<20) // the default max_payload is 1 MB
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
-			if err := b.Append(ctx, out); !errors.Is(err, nats.ErrMaxPayload) {
+			if err := b.Append(ctx, out, broker.AppendOptions{}); !errors.Is(err, nats.ErrMaxPayload) {
 				t.Fatalf("Append = %v, want %v", err, nats.ErrMaxPayload)
 			}
 			checkStored(t, js, bad)
@@ -155,25 +155,25 @@ func TestJetStreamAppendRepeated(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	out := appendEvents(0, 3000)
-	if err := b.Append(ctx, out[:1500]); err != nil {
+	if err := b.Append(ctx, out[:1500], broker.AppendOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	checkStored(t, js, 1500)
 	checkFastBatch(t, js, 1, true)
-	if err := b.Append(ctx, out[:1500]); err != nil {
+	if err := b.Append(ctx, out[:1500], broker.AppendOptions{}); err != nil {
 		t.Fatalf("repeated Append: %v", err)
 	}
 	checkStored(t, js, 1500)
-	if err := b.Append(ctx, out); err != nil {
+	if err := b.Append(ctx, out, broker.AppendOptions{}); err != nil {
 		t.Fatalf("Append with its first half stored: %v", err)
 	}
 	checkStored(t, js, 3000)
 	// A known id in the middle, as after a lost answer to part of it.
 	more := appendEvents(3000, 1000)
-	if err := b.Append(ctx, more[:500]); err != nil {
+	if err := b.Append(ctx, more[:500], broker.AppendOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Append(ctx, append(appendEvents(2990, 10), more...)); err != nil {
+	if err := b.Append(ctx, append(appendEvents(2990, 10), more...), broker.AppendOptions{}); err != nil {
 		t.Fatalf("Append starting with 10 known events: %v", err)
 	}
 	checkStored(t, js, 4000)
@@ -196,19 +196,19 @@ func TestJetStreamAppendWithoutFastBatches(t *testing.T) {
 	if !streamConfig(t, js).AllowBatchPublish {
 		t.Fatal("DialJetStream did not turn on allow_batched on the existing stream")
 	}
-	if err := b.Append(ctx, appendEvents(0, 1500)); err != nil {
+	if err := b.Append(ctx, appendEvents(0, 1500), broker.AppendOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	recreateStream(t, js, func(c *jetstream.StreamConfig) { c.AllowBatchPublish = false })
 	if streamConfig(t, js).AllowBatchPublish {
 		t.Fatal("the stream was re-created with allow_batched")
 	}
-	if err := b.Append(ctx, appendEvents(0, 2500)); err != nil {
+	if err := b.Append(ctx, appendEvents(0, 2500), broker.AppendOptions{}); err != nil {
 		t.Fatalf("Append to a stream without fast batches: %v", err)
 	}
 	checkStored(t, js, 2500)
 	checkFastBatch(t, js, 1, false)
-	if err := b.Append(ctx, appendEvents(2500, 10)); err != nil {
+	if err := b.Append(ctx, appendEvents(2500, 10), broker.AppendOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	checkStored(t, js, 2510)

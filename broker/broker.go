@@ -54,9 +54,39 @@ type Appender interface {
 	// message whose id (Outgoing.ID) the broker already stores is dropped
 	// as a duplicate. On failure the broker holds a prefix of msgs (never
 	// a message after one that was refused or lost), as Publish does, and
-	// the error says why the rest is not stored.
-	Append(ctx context.Context, msgs []Outgoing) error
+	// the error says why the rest is not stored. opts names their writer
+	// and, where the broker can check it, what it must have stored last
+	// (see AppendOptions).
+	Append(ctx context.Context, msgs []Outgoing, opts AppendOptions) error
 }
+
+// AppendOptions are an Append's writer and its condition.
+type AppendOptions struct {
+	// Writer names the publisher of every message of the call ("" none):
+	// each message's ID starts with it and ':' (WriterID). Brokers that
+	// keep a high-water mark per writer (Redis Streams) record the last
+	// one with the messages, in the same step.
+	Writer string
+	// Check makes the call conditional on Last (Redis Streams; JetStream
+	// ignores it, see HighWater): the writer's last stored id must be
+	// Last ("": the writer has stored nothing), or nothing of the call is
+	// stored and Append returns an error wrapping ErrConflict. The broker
+	// checks each part of a call it sends in pieces against the part
+	// before it, so a refused piece also refuses every piece after it,
+	// where it would otherwise leave a gap.
+	Check bool
+	Last  string
+}
+
+// WriterID is the id of a writer's message: its name, ':' and the id it
+// gives the message.
+func WriterID(writer, id string) string { return writer + ":" + id }
+
+// ErrConflict is wrapped by the error of a conditional Append whose
+// writer's last stored id is not the one expected: another process writes
+// as the same writer (a leader that lost its lease), or an earlier part of
+// the writer's events was refused or lost.
+var ErrConflict = errors.New("conflict")
 
 // ErrClosed is returned by operations on a closed broker.
 var ErrClosed = errors.New("broker: closed")
@@ -86,31 +116,50 @@ type Durable interface {
 	CompareCursors(a, b string) (int, error)
 }
 
-// HighWater is implemented by brokers that can say which of a publisher's
+// HighWater is implemented by brokers that can say which of a writer's
 // events they already store (JetStream, Redis Streams; not Core NATS,
-// which keeps no history). A publisher whose events have ids in publish
-// order (the ingest: "<commit LSN hex>-<index>") asks it at start and after
-// every reconnect, and skips its events at or before the answer: exactly
-// once without depending on the duplicate window, however long it was
-// away. Publish stores a prefix of what it is given, in order, even
-// through failures (a message is never stored after a later one that was
-// not), so every event published before the last one stored is stored.
+// which keeps no history). A writer whose events have ids in publish
+// order (the ingest: "<writer>:<commit LSN hex>-<index>") asks it at start
+// and after every reconnect, and skips its events at or before the
+// answer: exactly once without depending on the duplicate window, however
+// long it was away. Append stores a prefix of what it is given, in order,
+// even through failures (a message is never stored after a later one
+// that was not), so every event appended before the last one stored is
+// stored.
 type HighWater interface {
-	// LastID returns the ID (Outgoing.ID) of the newest message with an ID
-	// the broker stores on subjects, a pattern within its subject space
-	// that only this publisher publishes on (e.g. "db.>"). It returns ""
-	// when it stores none: nothing to skip. A repeat Publish dropped as a
-	// duplicate does not move it back.
+	// LastID returns the ID (Outgoing.ID) of the newest message the broker
+	// stores of those writer appended (AppendOptions.Writer), or "" when it
+	// stores none. subjects are the patterns the writer publishes on,
+	// within the broker's subject space. Messages of other publishers, on
+	// those subjects or elsewhere, never count. A writer appends in order
+	// and does not send again what LastID names as stored: a repeat that
+	// the broker drops as a duplicate counts as stored (JetStream's mark
+	// stays at the newest; Redis Streams records the repeat as the last).
 	//
-	// JetStream answers from the stream itself: the Nats-Msg-Id of its
-	// last message on subjects, whoever published it; a deleted or purged
-	// stream forgets. Redis Streams answers from a key it updates with
-	// each append (the stream's own entries do not keep ids), and only
-	// for patterns it has been asked about: LastID registers subjects with
-	// this broker, whose Publish calls from then on record their messages
-	// on it. Call it once before publishing, as the ingest does at start;
-	// a new process (a failover) finds what the last one recorded.
-	LastID(ctx context.Context, subjects string) (string, error)
+	// JetStream answers from the stream itself: the newest, by sequence,
+	// of the last messages on each of subjects whose Nats-Msg-Id is the
+	// writer's (read from the stream's leader, never a lagging replica); a
+	// message the stream lost (a purge, max_age, max_msgs) is forgotten.
+	// Redis Streams answers from a hash field per writer that each append
+	// sets in the same script as its XADDs (the stream's own entries do
+	// not keep ids); subjects do not matter there. An evicted hash is
+	// forgotten.
+	LastID(ctx context.Context, writer string, subjects []string) (string, error)
+}
+
+// Registry is implemented by brokers that keep a small document beside a
+// stream, changed only by compare-and-set (JetStream: a key-value bucket;
+// Redis Streams: a key beside the stream). The ingests keep their writers'
+// records there: which subjects each publishes on, so that two ingests
+// never publish the same subjects into one stream.
+type Registry interface {
+	// LoadRegistry returns the document and its revision (nil and 0 when
+	// there is none yet).
+	LoadRegistry(ctx context.Context) ([]byte, uint64, error)
+	// StoreRegistry replaces the document if its revision is still rev (0:
+	// there must be none) and returns the new revision; another writer's
+	// change since gives an error wrapping ErrConflict.
+	StoreRegistry(ctx context.Context, doc []byte, rev uint64) (uint64, error)
 }
 
 // Consumers is implemented by brokers that can keep a consumer per

@@ -58,7 +58,12 @@ import (
 // unknown is not sent again: Append returns an error, as Publish does. On a
 // stream without fast batches (an older server, or one re-created without
 // allow_batched), Append is Publish.
-func (b *JetStream) Append(ctx context.Context, msgs []Outgoing) error {
+//
+// The writer (opts.Writer) is in each message's id, which is all LastID
+// reads; opts.Check is not checked: a JetStream stream can check the last
+// sequence on one subject filter only, and the writers sharing a stream
+// and a prefix publish on subjects no single filter separates.
+func (b *JetStream) Append(ctx context.Context, msgs []Outgoing, _ AppendOptions) error {
 	wait := publishRetryMin
 	for attempt := 0; len(msgs) > 0; {
 		if !b.fast.Load() {

@@ -824,21 +824,6 @@ const (
 	streamLookTimeout = time.Second
 )
 
-// LastID returns the Nats-Msg-Id of the stream's last message on
-// subjects (see HighWater), read with a get of the last message on a
-// wildcard (last_by_subj), which the server answers from its per-subject
-// index without scanning.
-func (b *JetStream) LastID(ctx context.Context, subjects string) (string, error) {
-	m, err := b.stream.GetLastMsgForSubject(ctx, subjects)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("jetstream: last message on %q: %w", subjects, err)
-	}
-	return m.Header.Get(jetstream.MsgIDHeader), nil
-}
-
 // Ready reports whether the connection is up.
 func (b *JetStream) Ready() bool { return b.core.Ready() }
 

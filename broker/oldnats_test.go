@@ -36,7 +36,7 @@ func TestJetStreamOnDebianNATS29(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Append(ctx, []broker.Outgoing{{Subject: "db.x", Data: []byte("21"), ID: "id-21"}, {Subject: "db.x", Data: []byte("2"), ID: "id-02"}}); err != nil {
+	if err := b.Append(ctx, []broker.Outgoing{{Subject: "db.x", Data: []byte("21"), ID: "w:21"}, {Subject: "db.x", Data: []byte("2"), ID: "id-02"}}, broker.AppendOptions{Writer: "w"}); err != nil {
 		t.Fatalf("append: %v", err)
 	}
 	live := c.waitFor(t, 21)
@@ -48,8 +48,8 @@ func TestJetStreamOnDebianNATS29(t *testing.T) {
 	if len(cursors) != 20 || cursors[19] != "js:20" {
 		t.Fatalf("publish cursors %v", cursors)
 	}
-	if id, err := b.LastID(ctx, "db.>"); err != nil || id != "id-21" {
-		t.Errorf("LastID(db.>) = %q, %v; want id-21", id, err)
+	if id, err := b.LastID(ctx, "w", []string{"db.>"}); err != nil || id != "w:21" {
+		t.Errorf("LastID(w, db.>) = %q, %v; want w:21", id, err)
 	}
 	// The caller matches every message (brokers that cannot filter on
 	// the server may deliver others): so does this one.

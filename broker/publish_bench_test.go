@@ -30,7 +30,7 @@ func BenchmarkJetStreamAppend(b *testing.B) {
 	for _, storage := range []string{"file", "memory"} {
 		b.Run(storage, func(b *testing.B) {
 			benchmarkJetStreamPublish(b, storage, func(ctx context.Context, js *broker.JetStream, out []broker.Outgoing) error {
-				return js.Append(ctx, out)
+				return js.Append(ctx, out, broker.AppendOptions{})
 			})
 		})
 	}
@@ -52,7 +52,7 @@ func benchmarkJetStreamPublish(b *testing.B, storage string, publish func(contex
 	for op := range b.N {
 		b.StopTimer() // the ids are the caller's cost, not Publish's
 		for i := range out {
-			out[i] = broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i%50), Data: data, ID: fmt.Sprintf("%x-%d", op, i)}
+			out[i] = broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i%50), Data: data, ID: broker.WriterID("w", fmt.Sprintf("%x-%d", op, i))}
 		}
 		b.StartTimer()
 		if err := publish(ctx, js, out); err != nil {
@@ -64,7 +64,7 @@ func benchmarkJetStreamPublish(b *testing.B, storage string, publish func(contex
 
 // BenchmarkRedisPublish and BenchmarkRedisAppend: the same 1,000 events of
 // 256 B with ids per op, into a redis-server of its own (one script call
-// per event against one per 256).
+// per event against one per 256), as writer "w".
 func BenchmarkRedisPublish(b *testing.B) {
 	benchmarkRedis(b, func(ctx context.Context, r *broker.Redis, out []broker.Outgoing) error {
 		_, err := r.Publish(ctx, out)
@@ -72,10 +72,24 @@ func BenchmarkRedisPublish(b *testing.B) {
 	})
 }
 
+// BenchmarkRedisAppend/conditional is the ingest's append: each call
+// names the writer's last stored id (the one before it), which the script
+// checks before it stores anything; unconditional is the same without.
 func BenchmarkRedisAppend(b *testing.B) {
-	benchmarkRedis(b, func(ctx context.Context, r *broker.Redis, out []broker.Outgoing) error {
-		return r.Append(ctx, out)
-	})
+	for _, check := range []bool{false, true} {
+		name := "unconditional"
+		if check {
+			name = "conditional"
+		}
+		b.Run(name, func(b *testing.B) {
+			last := ""
+			benchmarkRedis(b, func(ctx context.Context, r *broker.Redis, out []broker.Outgoing) error {
+				err := r.Append(ctx, out, broker.AppendOptions{Writer: "w", Check: check, Last: last})
+				last = out[len(out)-1].ID
+				return err
+			})
+		})
+	}
 }
 
 func benchmarkRedis(b *testing.B, publish func(context.Context, *broker.Redis, []broker.Outgoing) error) {
@@ -87,16 +101,13 @@ func benchmarkRedis(b *testing.B, publish func(context.Context, *broker.Redis, [
 		b.Fatal(err)
 	}
 	defer r.Close()
-	if _, err := r.LastID(ctx, "db.>"); err != nil { // tracked, as the ingest does
-		b.Fatal(err)
-	}
 	out := make([]broker.Outgoing, n)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for op := range b.N {
 		b.StopTimer()
 		for i := range out {
-			out[i] = broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i%50), Data: data, ID: fmt.Sprintf("%x-%d", op, i)}
+			out[i] = broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i%50), Data: data, ID: broker.WriterID("w", fmt.Sprintf("%x-%d", op, i))}
 		}
 		b.StartTimer()
 		if err := publish(ctx, r, out); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,12 +24,6 @@ type Redis struct {
 	// closed is closed by Close: Consume returns ErrClosed.
 	closed    chan struct{}
 	closeOnce sync.Once
-
-	// tracked holds the patterns LastID was asked about: Publish records
-	// the id of each message it appends on one of them (see HighWater).
-	// Copy on write under trackMu; Publish reads it without a lock.
-	trackMu sync.Mutex
-	tracked atomic.Pointer[[]string]
 }
 
 // CursorPrefixRedis starts every Redis Streams cursor.
@@ -129,7 +122,6 @@ func (b *Redis) CompareCursors(x, y string) (int, error) {
 // of a message without an id is lost (it may be stored).
 func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	pipe := b.rdb.Pipeline()
-	tracked := b.tracked.Load()
 	loaded := false
 	results := make([]func() (string, error), len(msgs)) // each message's entry id, once Exec has run
 	for i, m := range msgs {
@@ -143,15 +135,8 @@ func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) 
 			results[i] = cmd.Result
 			continue
 		}
-		keys := []string{b.cfg.Stream, b.dedupKey(m.ID), b.highWaterKey()}
+		keys := []string{b.cfg.Stream, b.dedupKey(m.ID)}
 		args := []any{b.cfg.MaxLen, b.cfg.DedupWindow.Milliseconds(), m.Subject, m.Data, m.ID}
-		if tracked != nil {
-			for _, p := range *tracked {
-				if MatchSubject(p, m.Subject) {
-					args = append(args, p)
-				}
-			}
-		}
 		if !loaded {
 			// The batch's first script call sends the source (EVAL), which
 			// also caches it on the server, so the EVALSHAs after it in
@@ -192,22 +177,18 @@ func (noRetry) NoRetry() bool { return true }
 // (a script may only touch keys of one slot).
 func (b *Redis) dedupKey(id string) string { return b.cfg.Stream + ":dedup:" + id }
 
-// highWaterKey is the hash that maps each tracked pattern to the publish
-// id of the last message appended on it (see LastID). It starts with the
-// stream key, for the same slot.
+// highWaterKey is the hash that maps each writer to the publish id of the
+// last message it appended (see LastID). It starts with the stream key,
+// for the same slot.
 func (b *Redis) highWaterKey() string { return b.cfg.Stream + ":last-id" }
 
 // publishOnceSrc appends one message unless its publish id was seen within
 // the window, atomically (a script runs alone on the server, so two
-// publishers racing with one id append once), and records its publish id
-// as the last one appended on each tracked pattern it matches, in the same
-// step: the high water never names a message that is not appended, nor
-// lags one that is. It returns the entry id: the original one for a
-// repeat (which moves no high water back).
+// publishers racing with one id append once). It returns the entry id:
+// the original one for a repeat.
 //
-// KEYS[1] stream, KEYS[2] dedup key, KEYS[3] high-water hash; ARGV: max
-// length (0: no trimming), window in ms, subject, data, publish id, then
-// the tracked patterns the subject matches.
+// KEYS[1] stream, KEYS[2] dedup key; ARGV: max length (0: no trimming),
+// window in ms, subject, data, publish id.
 const publishOnceSrc = `
 local id = redis.call('GET', KEYS[2])
 if id then
@@ -219,9 +200,6 @@ else
   id = redis.call('XADD', KEYS[1], '*', 's', ARGV[3], 'd', ARGV[4])
 end
 redis.call('SET', KEYS[2], id, 'PX', ARGV[2])
-for i = 6, #ARGV do
-  redis.call('HSET', KEYS[3], ARGV[i], ARGV[5])
-end
 return id
 `
 
@@ -395,37 +373,6 @@ func (b *Redis) Replay(ctx context.Context, _ []string, after, until string, h f
 			return nil
 		}
 	}
-}
-
-// LastID returns the publish id of the last message with an id appended
-// on subjects (see HighWater), from the high-water hash; and from now on,
-// this broker's Publish records it for subjects. Messages on subjects that
-// brokers not tracking it appended (none asked LastID) are not recorded.
-func (b *Redis) LastID(ctx context.Context, subjects string) (string, error) {
-	b.track(subjects)
-	id, err := b.rdb.HGet(ctx, b.highWaterKey(), subjects).Result()
-	if errors.Is(err, redis.Nil) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("redis: last id on %q: %w", subjects, err)
-	}
-	return id, nil
-}
-
-// track adds pattern to the patterns Publish records high water for.
-func (b *Redis) track(pattern string) {
-	b.trackMu.Lock()
-	defer b.trackMu.Unlock()
-	var ps []string
-	if old := b.tracked.Load(); old != nil {
-		if slices.Contains(*old, pattern) {
-			return
-		}
-		ps = slices.Clone(*old)
-	}
-	ps = append(ps, pattern)
-	b.tracked.Store(&ps)
 }
 
 // Ready reports whether the server answered the last read.

@@ -2,57 +2,64 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
 
 // Append appends msgs in order, as Publish does, without their cursors
 // (see Appender): one script call per appendScriptMax messages instead of
-// one per message, all of them in one pipelined round trip, and each
-// tracked pattern's high water written once per call rather than once per
+// one per message, all of them in one pipelined round trip, and the
+// writer's high-water mark (LastID) set once per call rather than once per
 // message. A script runs alone on the server and stops at its first
 // failing command, keeping what it did before it: the stream holds a
-// prefix of msgs. A pipeline holding a message without an id is not sent
-// again after a connection error, as in Publish. BenchmarkRedisAppend
-// stores 72k events/s where BenchmarkRedisPublish stores 43k (medians of
-// 4, 1,000 events of 256 B with ids per call, a local redis-server 7.0).
-func (b *Redis) Append(ctx context.Context, msgs []Outgoing) error {
+// prefix of its part of msgs.
+//
+// The parts are chained: each one after the first checks that the
+// writer's mark is the last id of the part before it, so that a part the
+// server refused (an XADD over maxmemory) refuses every part after it
+// (ErrConflict) instead of leaving a gap that a mark past it would skip;
+// with opts.Check the first one checks opts.Last too. A pipeline of a
+// writer's parts, or holding a message without an id, is not sent again
+// after a connection error (go-redis would send all of it again, and its
+// first part would find the mark past what it expects): Append returns
+// the error, and the writer learns from LastID what is stored.
+// BenchmarkRedisAppend stores 72k events/s where BenchmarkRedisPublish
+// stores 43k (medians of 4, 1,000 events of 256 B with ids per call, a
+// local redis-server 7.0).
+func (b *Redis) Append(ctx context.Context, msgs []Outgoing, opts AppendOptions) error {
 	if len(msgs) == 0 {
 		return nil
 	}
 	pipe := b.rdb.Pipeline()
-	tracked := b.tracked.Load()
 	var cmds []*redis.Cmd
+	check, last := opts.Check, opts.Last
 	for start := 0; start < len(msgs); start += appendScriptMax {
 		part := msgs[start:min(start+appendScriptMax, len(msgs))]
 		// KEYS: the stream, the high-water hash, then a dedup key per
 		// message (the stream's own for one without an id: never read).
 		keys := make([]string, 2, 2+len(part))
 		keys[0], keys[1] = b.cfg.Stream, b.highWaterKey()
-		args := make([]any, 2, 2+5*len(part))
-		args[0], args[1] = b.cfg.MaxLen, b.cfg.DedupWindow.Milliseconds()
-		retry := true
+		checkArg := "0"
+		if check && opts.Writer != "" {
+			checkArg = "1"
+		}
+		args := make([]any, 5, 5+3*len(part))
+		args[0], args[1], args[2], args[3], args[4] = b.cfg.MaxLen, b.cfg.DedupWindow.Milliseconds(), opts.Writer, checkArg, last
+		retry := opts.Writer == ""
 		for _, m := range part {
 			if m.ID == "" {
 				retry = false
 				keys = append(keys, b.cfg.Stream)
 			} else {
 				keys = append(keys, b.dedupKey(m.ID))
+				last = m.ID
 			}
-			at := len(args)
-			args = append(args, m.Subject, m.Data, m.ID, 0)
-			if tracked != nil && m.ID != "" {
-				n := 0
-				for _, p := range *tracked {
-					if MatchSubject(p, m.Subject) {
-						args = append(args, p)
-						n++
-					}
-				}
-				args[at+3] = n
-			}
+			args = append(args, m.Subject, m.Data, m.ID)
 		}
+		check = true // the next part checks against this one
 		var cmd *redis.Cmd
 		if start == 0 {
 			// EVAL first, which caches the script for the EVALSHAs after it
@@ -68,15 +75,24 @@ func (b *Redis) Append(ctx context.Context, msgs []Outgoing) error {
 		}
 		cmds = append(cmds, cmd)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if _, err := pipe.Exec(ctx); err != nil && !isConflict(err) {
 		return fmt.Errorf("redis: append: %w", err)
 	}
 	for _, c := range cmds {
 		if err := c.Err(); err != nil {
+			if isConflict(err) {
+				return fmt.Errorf("redis: append: %w: %s", ErrConflict, strings.TrimPrefix(err.Error(), "CONFLICT "))
+			}
 			return fmt.Errorf("redis: append: %w", err)
 		}
 	}
 	return nil
+}
+
+// isConflict reports whether err is the append script's refusal.
+func isConflict(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "CONFLICT ")
 }
 
 func toAny(s []string) []any {
@@ -96,27 +112,41 @@ func (noRetryCmd) NoRetry() bool { return true }
 // server runs nothing else meanwhile (about a millisecond for 256 XADDs).
 const appendScriptMax = 256
 
-// appendOnceSrc is publishOnceSrc for many messages: each is appended
-// unless its publish id was seen within the window, and each tracked
-// pattern's high water is set once, to the publish id of the last message
-// appended on it, also when an XADD fails (the script then stops there and
-// returns its error): the high water never lags what is appended.
+// appendOnceSrc is publishOnceSrc for many messages of one writer: each
+// is appended unless its publish id was seen within the window, and the
+// writer's high-water mark is set once, to the publish id of the last
+// message stored (appended, or a repeat of one stored before: a writer
+// sends in order, and sends again only what it does not know is stored),
+// also when an XADD fails (the script then stops there and returns its
+// error): the mark never lags what is stored, nor names a message that is
+// not.
+//
+// With check, the writer's mark must be the expected id ("": none), or
+// the call is refused with an error starting "CONFLICT", before it stores
+// anything.
 //
 // KEYS[1] stream, KEYS[2] high-water hash, KEYS[2+i] message i's dedup
-// key; ARGV[1] max length (0: no trimming), ARGV[2] window in ms, then per
-// message: subject, data, publish id ("" for none), the number of tracked
-// patterns its subject matches, and those patterns.
+// key; ARGV[1] max length (0: no trimming), ARGV[2] window in ms, ARGV[3]
+// the writer ("": none), ARGV[4] check ("1") or not, ARGV[5] the expected
+// mark, then per message: subject, data, publish id ("" for none).
 const appendOnceSrc = `
 local maxlen = tonumber(ARGV[1])
-local last = {}
-local function mark()
-  for p, pid in pairs(last) do
-    redis.call('HSET', KEYS[2], p, pid)
+local writer = ARGV[3]
+if ARGV[4] == '1' then
+  local cur = redis.call('HGET', KEYS[2], writer) or ''
+  if cur ~= ARGV[5] then
+    return redis.error_reply('CONFLICT writer ' .. writer .. ': its last stored id is "' .. cur .. '", not "' .. ARGV[5] .. '"')
   end
 end
-local a, k = 3, 3
+local last = nil
+local function mark()
+  if last and writer ~= '' then
+    redis.call('HSET', KEYS[2], writer, last)
+  end
+end
+local a, k = 6, 3
 while a <= #ARGV do
-  local pid, np = ARGV[a + 2], tonumber(ARGV[a + 3])
+  local pid = ARGV[a + 2]
   if pid == '' or redis.call('EXISTS', KEYS[k]) == 0 then
     local id
     if maxlen > 0 then
@@ -130,12 +160,12 @@ while a <= #ARGV do
     end
     if pid ~= '' then
       redis.call('SET', KEYS[k], id, 'PX', ARGV[2])
-      for j = 1, np do
-        last[ARGV[a + 3 + j]] = pid
-      end
     end
   end
-  a = a + 4 + np
+  if pid ~= '' then
+    last = pid
+  end
+  a = a + 3
   k = k + 1
 end
 mark()
@@ -143,3 +173,62 @@ return k - 3
 `
 
 var appendOnce = redis.NewScript(appendOnceSrc)
+
+// LastID returns the id of the last message writer appended (see
+// HighWater): its field of the high-water hash.
+func (b *Redis) LastID(ctx context.Context, writer string, _ []string) (string, error) {
+	id, err := b.rdb.HGet(ctx, b.highWaterKey(), writer).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("redis: last id of writer %q: %w", writer, err)
+	}
+	return id, nil
+}
+
+// registryKey holds the registry document (see Registry) and its
+// revision. It starts with the stream key, for the stream's slot.
+func (b *Redis) registryKey() string { return b.cfg.Stream + ":registry" }
+
+// LoadRegistry returns the registry document and its revision.
+func (b *Redis) LoadRegistry(ctx context.Context) ([]byte, uint64, error) {
+	vals, err := b.rdb.HMGet(ctx, b.registryKey(), "doc", "rev").Result()
+	if err != nil {
+		return nil, 0, fmt.Errorf("redis: registry: %w", err)
+	}
+	doc, _ := vals[0].(string)
+	rev, _ := vals[1].(string)
+	if rev == "" {
+		return nil, 0, nil
+	}
+	var n uint64
+	if _, err := fmt.Sscan(rev, &n); err != nil {
+		return nil, 0, fmt.Errorf("redis: registry: revision %q: %w", rev, err)
+	}
+	return []byte(doc), n, nil
+}
+
+// StoreRegistry replaces the registry document if its revision is still
+// rev, atomically (storeRegistrySrc).
+func (b *Redis) StoreRegistry(ctx context.Context, doc []byte, rev uint64) (uint64, error) {
+	n, err := storeRegistry.Run(ctx, b.rdb, []string{b.registryKey()}, doc, rev).Uint64()
+	if isConflict(err) {
+		return 0, fmt.Errorf("redis: registry: %w: changed since revision %d", ErrConflict, rev)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("redis: registry: %w", err)
+	}
+	return n, nil
+}
+
+// storeRegistrySrc sets the registry's document (ARGV[1]) if its revision
+// is ARGV[2] (0: none yet), and returns the new one.
+var storeRegistry = redis.NewScript(`
+local rev = tonumber(redis.call('HGET', KEYS[1], 'rev') or '0')
+if rev ~= tonumber(ARGV[2]) then
+  return redis.error_reply('CONFLICT registry revision ' .. rev)
+end
+redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'rev', rev + 1)
+return rev + 1
+`)

@@ -27,3 +27,21 @@ func nextToken(s string) (tok, rest string, more bool) {
 	}
 	return s, "", false
 }
+
+// PatternsOverlap reports whether some concrete subject matches both
+// patterns ('*' one token, '>' one or more trailing ones).
+func PatternsOverlap(a, b string) bool {
+	for {
+		at, arest, amore := nextToken(a)
+		bt, brest, bmore := nextToken(b)
+		switch {
+		case at == ">" || bt == ">":
+			return true // each has a token here, and '>' takes any run of them
+		case at != "*" && bt != "*" && at != bt:
+			return false
+		case !amore || !bmore:
+			return amore == bmore
+		}
+		a, b = arest, brest
+	}
+}
