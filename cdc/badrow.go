@@ -33,7 +33,8 @@ func errorSubject(prefix, subject string) string {
 const (
 	badValue    = "bad_value" // a column value the encoder refuses
 	badTooLarge = "too_large" // an event over the broker's message size limit
-	badReasons  = 2
+	badNoKey    = "no_key"    // a row of a table with no key (no primary key, no replica identity index)
+	badReasons  = 3
 )
 
 // badRowError is a row or document that became an error event.
@@ -109,8 +110,11 @@ func overLimit(n, limit int) bool { return limit > 0 && n > limit }
 // its way.
 func (in *Ingest) reportBad(bad *badRowError) {
 	i := 0
-	if bad.reason == badTooLarge {
+	switch bad.reason {
+	case badTooLarge:
 		i = 1
+	case badNoKey:
+		i = 2
 	}
 	in.badRows[i].Add(1)
 	in.log.Error("ingest: a row cannot be published; an error event stands for it",

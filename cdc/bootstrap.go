@@ -76,7 +76,7 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 			return fmt.Errorf("postgres: bootstrap %s: %w", q, err)
 		}
 		n := 0
-		enc := newBootEncoder(t, tx0)
+		enc := newBootEncoder(in.writer, t, tx0)
 		for {
 			evs, err := in.bootstrapChunk(ctx, tx, cur, enc, &n)
 			if err != nil {
@@ -197,8 +197,9 @@ type bootEncoder struct {
 	enc    eventEncoder
 }
 
-func newBootEncoder(t *table, tx0 *txn) *bootEncoder {
+func newBootEncoder(writer string, t *table, tx0 *txn) *bootEncoder {
 	e := &bootEncoder{t: t, tx0: tx0, cols: make([]pglogrepl.TupleDataColumn, len(t.columns))}
+	e.enc.writer = writer
 	e.enc.begin(tx0.commitLSN, tx0.commitTime, 0)
 	e.row.Columns = make([]*pglogrepl.TupleDataColumn, len(t.columns))
 	for i := range e.cols {
@@ -224,7 +225,7 @@ func (e *bootEncoder) add(evs []broker.Outgoing, raw [][]byte) ([]broker.Outgoin
 	}
 	var sum [sha256.Size]byte
 	e.hashIn, sum = bootstrapHash(e.hashIn[:0], t.nameKey, raw)
-	e.enc.strTmp = appendBootstrapID(e.enc.strTmp[:0], &sum)
+	e.enc.strTmp = appendBootstrapID(e.enc.strTmp[:0], e.enc.writer, &sum)
 	id := e.enc.keepString(e.enc.strTmp)
 	if _, ok := t.proj.(tableProjection); ok { // another projection makes its own events
 		if ev, ok := e.enc.rowEvent(t, &e.ins, id, opNames['I']); ok {
@@ -234,7 +235,7 @@ func (e *bootEncoder) add(evs []broker.Outgoing, raw [][]byte) ([]broker.Outgoin
 	// The rare row that cannot be published (a value that cannot be
 	// encoded, an event over the broker's limit), or another projection:
 	// the projection's own path makes its events, or its error event.
-	return t.proj.project(evs, e.tx0, t, &change{kind: 'I', newRow: &e.row}, func(int) string { return id })
+	return t.proj.project(evs, e.tx0, t, &change{kind: 'I', newRow: &e.row}, id)
 }
 
 // bootstrapDocs publishes every document of every projection, composed in
@@ -291,7 +292,7 @@ func (in *Ingest) bootstrapDocs(ctx context.Context, tx pgx.Tx, docs *docEngine,
 					if doc == nil && docErr == nil {
 						continue // cannot happen in one snapshot
 					}
-					id := bootstrapID("projection "+p.spec.Name, [][]byte{part[i], doc})
+					id := bootstrapID(in.writer, "projection "+p.spec.Name, [][]byte{part[i], doc})
 					evs = append(evs, docs.docEvent(p, part[i], doc, docErr, id, tx0.commitLSN, tx0.commitTime))
 				}
 			}
@@ -342,7 +343,7 @@ func (in *Ingest) bootstrapMemDocs(ctx context.Context, docs *docEngine, p *docP
 	var evs []broker.Outgoing
 	for _, k := range keys {
 		doc, docErr := docs.mem.memCompose(p, k)
-		id := bootstrapID("projection "+p.spec.Name, [][]byte{k, doc})
+		id := bootstrapID(in.writer, "projection "+p.spec.Name, [][]byte{k, doc})
 		if evs = append(evs, docs.docEvent(p, k, doc, docErr, id, tx0.commitLSN, tx0.commitTime)); len(evs) >= in.cfg.MaxBatch {
 			if err := pub.add(ctx, evs, 0, time.Time{}); err != nil {
 				return 0, err
@@ -364,9 +365,9 @@ func quoteString(s string) string { return "'" + strings.ReplaceAll(s, "'", "''"
 // slot and snapshot) publishes the rows that have not changed under the
 // same ids, which the broker drops within its duplicate window; a row that
 // changed in between gets a new id, and its new state is published.
-func bootstrapID(table string, raw [][]byte) string {
+func bootstrapID(writer, table string, raw [][]byte) string {
 	_, sum := bootstrapHash(nil, table, raw)
-	return string(appendBootstrapID(nil, &sum))
+	return string(appendBootstrapID(nil, writer, &sum))
 }
 
 // bootstrapHash is the SHA-256 of the table and the row's values (each
@@ -386,9 +387,9 @@ func bootstrapHash(in []byte, table string, raw [][]byte) ([]byte, [sha256.Size]
 	return in, sha256.Sum256(in)
 }
 
-// appendBootstrapID appends the id of a row whose bootstrapHash is sum:
-// "b-" and the first 12 bytes of sum in hexadecimal.
-func appendBootstrapID(b []byte, sum *[sha256.Size]byte) []byte {
-	b = append(b, "b-"...)
+// appendBootstrapID appends the id of writer's row whose bootstrapHash is
+// sum: the writer, ":b-" and the first 12 bytes of sum in hexadecimal.
+func appendBootstrapID(b []byte, writer string, sum *[sha256.Size]byte) []byte {
+	b = append(append(b, writer...), ":b-"...)
 	return hex.AppendEncode(b, sum[:12])
 }

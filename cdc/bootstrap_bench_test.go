@@ -75,7 +75,7 @@ func BenchmarkBootstrapRows(b *testing.B) {
 					b.Fatal(err)
 				}
 				n := 0
-				enc := newBootEncoder(t, tx0)
+				enc := newBootEncoder("w", t, tx0)
 				for {
 					evs, err := in.bootstrapChunk(ctx, tx, "bench", enc, &n)
 					if err != nil {
@@ -146,7 +146,7 @@ func BenchmarkBootstrapID(b *testing.B) {
 		for b.Loop() {
 			var sum [sha256.Size]byte
 			in, sum = bootstrapHash(in[:0], table, raw)
-			out = appendBootstrapID(out[:0], &sum)
+			out = appendBootstrapID(out[:0], "w", &sum)
 		}
 	})
 	b.Run("sha256-base64url", func(b *testing.B) {

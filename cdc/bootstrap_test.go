@@ -31,7 +31,7 @@ func TestBootEncoderMatchesTheProjection(t *testing.T) {
 		for _, limit := range []int{0, 300} {
 			tb := encoderTestTable(t, composite, limit)
 			tx0 := &txn{commitLSN: 0x16B3748, commitTime: time.Date(2026, 12, 1, 19, 0, 0, 123456000, time.FixedZone("x", 3600))}
-			e := newBootEncoder(tb, tx0)
+			e := newBootEncoder("w", tb, tx0)
 			var got, want []broker.Outgoing
 			var gotErrs, wantErrs []bool
 			for i := range 3000 {
@@ -56,9 +56,9 @@ func TestBootEncoderMatchesTheProjection(t *testing.T) {
 				}
 				gotErrs = append(gotErrs, err != nil)
 
-				id := bootstrapID(tb.nameKey, raw)
+				id := bootstrapID("w", tb.nameKey, raw)
 				c := &change{kind: 'I', newRow: &pglogrepl.TupleData{Columns: textColumns(raw)}}
-				if want, err = tb.proj.project(want, tx0, tb, c, func(int) string { return id }); err != nil {
+				if want, err = tb.proj.project(want, tx0, tb, c, id); err != nil {
 					if _, ok := asBadRow(err); !ok {
 						t.Fatal(err)
 					}
@@ -70,9 +70,8 @@ func TestBootEncoderMatchesTheProjection(t *testing.T) {
 	}
 }
 
-// TestBootstrapIDUnchanged: the bootstrap's ids are the ones it made
-// before it reused its buffers, so that a bootstrap started over after an
-// upgrade still has its unchanged rows dropped as duplicates.
+// TestBootstrapIDUnchanged: the bootstrap's ids are the writer's name and
+// the ids it made before it reused its buffers.
 func TestBootstrapIDUnchanged(t *testing.T) {
 	rows := [][][]byte{
 		nil,
@@ -85,13 +84,13 @@ func TestBootstrapIDUnchanged(t *testing.T) {
 	var in, out []byte
 	for _, table := range []string{"public.orders", "projection orders", ""} {
 		for _, raw := range rows {
-			want := oldBootstrapID(table, raw)
-			if got := bootstrapID(table, raw); got != want {
+			want := "w:" + oldBootstrapID(table, raw)
+			if got := bootstrapID("w", table, raw); got != want {
 				t.Errorf("bootstrapID(%q, %q) = %s, want %s", table, raw, got, want)
 			}
 			var sum [sha256.Size]byte
 			in, sum = bootstrapHash(in[:0], table, raw)
-			if out = appendBootstrapID(out[:0], &sum); string(out) != want {
+			if out = appendBootstrapID(out[:0], "w", &sum); string(out) != want {
 				t.Errorf("appendBootstrapID(%q, %q) = %s, want %s", table, raw, out, want)
 			}
 		}

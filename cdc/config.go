@@ -55,7 +55,10 @@ type Config struct {
 
 	// MaxTxnMemory bounds the memory the changes of open transactions take
 	// (the one being received and the streamed ones not committed yet), in
-	// bytes, estimated from their decoded tuples (default 32 MiB). Past it,
+	// bytes, estimated from their decoded tuples (default 32 MiB), with
+	// what committed ones still hold for their documents (the keys waiting
+	// for the flush window, the memory state's changes waiting for the
+	// broker's ack). Past it,
 	// the largest of them moves to a temp file under StateDir, where the
 	// rest of its changes go too; its commit reads them back in order.
 	// pgoutput sends a transaction's changes before its commit, so without
@@ -79,6 +82,11 @@ type Config struct {
 }
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// prefixRE is what --prefix may be: one subject token of the bytes a table
+// or key token keeps as they are (subjectToken), so that no table's subject
+// can be taken for another prefix's.
+var prefixRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 func (c *Config) setDefaults() {
 	if c.Slot == "" {
@@ -145,6 +153,9 @@ func (c *Config) validate() error {
 	// Slot and publication names go into replication commands unquoted.
 	if !identRE.MatchString(c.Slot) {
 		errs = append(errs, fmt.Errorf("slot %q: use lower-case letters, digits and '_' (PostgreSQL's rule for slot names)", c.Slot))
+	}
+	if !prefixRE.MatchString(c.Prefix) {
+		errs = append(errs, fmt.Errorf("prefix %q: one subject token of letters, digits, '_' and '-' (--prefix; events go to <prefix>.<table>.<key>)", c.Prefix))
 	}
 	if !identRE.MatchString(c.Publication) {
 		errs = append(errs, fmt.Errorf("publication %q: use lower-case letters, digits and '_'", c.Publication))

@@ -14,13 +14,17 @@ import (
 
 // change is one row change of a transaction, as pgoutput sent it.
 type change struct {
-	kind    byte   // 'I', 'U', 'D' or 'T'
-	xid     uint32 // the (sub)transaction that made it (streamed transactions)
-	rel     uint32
-	newRow  *pglogrepl.TupleData
-	oldRow  *pglogrepl.TupleData // 'U' and 'D': the key ('K') or the whole old row ('O')
+	kind   byte   // 'I', 'U', 'D' or 'T'
+	xid    uint32 // the (sub)transaction that made it (streamed transactions)
+	rel    uint32
+	newRow *pglogrepl.TupleData
+	oldRow *pglogrepl.TupleData // 'U' and 'D': the key ('K') or the whole old row ('O')
+	// tbl is the table as the Relation message before the change defined
+	// it (nil: none came): a change is encoded with the columns it was
+	// written with, not those of a DDL later in its transaction.
+	tbl     *table
 	oldKind byte
-	truncs  []uint32 // 'T': the truncated relations
+	truncs  []*table // 'T': the truncated tables, as defined then
 }
 
 // txn is a committed transaction.
@@ -42,6 +46,10 @@ var opNames = map[byte]string{'I': "insert", 'U': "update", 'D': "delete", 'T': 
 // that cannot be encoded, or whose event is over the broker's limit,
 // becomes its error event, returned with a *badRowError.
 func rowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTime time.Time, op string) (broker.Outgoing, error) {
+	if len(t.key) == 0 {
+		bad := &badRowError{reason: badNoKey, source: "table " + t.nameKey, lsn: lsn, err: fmt.Errorf("table %s has no primary key nor replica identity index (%s): its rows have no subject; add a primary key", t.nameKey, t.noKey)}
+		return errorEvent(t.errSubject, bad, nil, id, commitTime), bad
+	}
 	ev, keyJSON, keyText, err := encodeRowEvent(t, c, id, lsn, commitTime, op)
 	reason := badValue
 	if err == nil {
@@ -114,6 +122,8 @@ func encodeRowEvent(t *table, c *change, id string, lsn pglogrepl.LSN, commitTim
 // change it cannot encode (a bad value, an event over the broker's limit)
 // goes rowEvent's way, which makes its error event.
 type eventEncoder struct {
+	// writer starts every id (eventid.go); set before begin.
+	writer string
 	// mid is what comes between an event's key and its row:
 	// ,"lsn":"<commit LSN>","commit_time":"<commit time>","doc":
 	mid []byte
@@ -141,14 +151,16 @@ func (e *eventEncoder) begin(lsn pglogrepl.LSN, commitTime time.Time, window pgl
 	e.mid = append(e.mid, `","commit_time":"`...)
 	e.mid = commitTime.UTC().AppendFormat(e.mid, time.RFC3339Nano)
 	e.mid = append(e.mid, `","doc":`...)
-	e.idPrefix = append(strconv.AppendUint(e.idPrefix[:0], uint64(lsn), 16), '-')
+	e.idPrefix = append(append(e.idPrefix[:0], e.writer...), ':')
+	e.idPrefix = append(strconv.AppendUint(e.idPrefix, uint64(lsn), 16), '-')
 	e.idSuffix = e.idSuffix[:0]
 	if window != 0 {
 		e.idSuffix = strconv.AppendUint(append(e.idSuffix, '-'), uint64(window), 16)
 	}
 }
 
-// tableID is tableEventID of the i-th table event of the transaction.
+// tableID is tableEventID of the table event of the transaction's i-th
+// change.
 func (e *eventEncoder) tableID(i int) string {
 	b := append(e.strTmp[:0], e.idPrefix...)
 	b = strconv.AppendInt(b, int64(i), 10)
@@ -165,7 +177,7 @@ func (e *eventEncoder) rowEvent(t *table, c *change, id, op string) (_ broker.Ou
 	if c.kind == 'D' || keyRow == nil {
 		keyRow = c.oldRow
 	}
-	if keyRow == nil {
+	if keyRow == nil || len(t.key) == 0 {
 		return broker.Outgoing{}, false
 	}
 	s := append(e.strTmp[:0], t.subject...)

@@ -26,7 +26,7 @@ import (
 func TestEventEncoderMatchesRowEvent(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	texts := []string{"", "a", "a.b", "a,b", "%", "é *>", "x y"}
-	var enc eventEncoder
+	enc := eventEncoder{writer: "w"}
 	for _, composite := range []bool{false, true} {
 		for _, limit := range []int{0, 300} {
 			for _, window := range []pglogrepl.LSN{0, 0x16B3700} {
@@ -81,14 +81,13 @@ func TestEventEncoderMatchesRowEvent(t *testing.T) {
 						}
 					}
 					var err error
-					if got, err = (tableProjection{}).project(got, fast, tb, c, enc.tableID); err != nil {
+					if got, err = (tableProjection{}).project(got, fast, tb, c, enc.tableID(i)); err != nil {
 						if _, ok := asBadRow(err); !ok {
 							t.Fatal(err)
 						}
 					}
 					gotErrs = append(gotErrs, err != nil)
-					id := func(i int) string { return tableEventID(lsn, i, window) }
-					if want, err = (tableProjection{}).project(want, slow, tb, c, id); err != nil {
+					if want, err = (tableProjection{}).project(want, slow, tb, c, tableEventID("w", lsn, i, window)); err != nil {
 						if _, ok := asBadRow(err); !ok {
 							t.Fatal(err)
 						}

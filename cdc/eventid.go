@@ -12,17 +12,26 @@ import (
 // Event ids are deterministic: a transaction read again after a crash
 // makes the same ids, and they order the ingest's events as it publishes
 // them, so that the last one the broker stores (the high-water mark) tells
-// which of the events read again are stored already (highwater.go).
+// which of the events read again are stored already (highwater.go). They
+// do not depend on the configuration: a change's index counts every
+// change of its transaction, published or not, and documents are ordered
+// by their projection's name, so a restart with tables or projections
+// added, removed or reordered finds the mark where it was.
 //
-//   - A table event: "<commit LSN>-<index in the transaction>", and
-//     "-<W>" when a flush window of documents, opened by the transaction
-//     committed at W, was open before this transaction.
+// Every id starts with the ingest's writer name and ':' (writerName: the
+// slot and the database system's identifier): ingests sharing a stream
+// never share an id, and each finds its own mark among the others'
+// events.
+//
+//   - A table event: "<commit LSN>-<index of its change in the
+//     transaction>", and "-<W>" when a flush window of documents, opened
+//     by the transaction committed at W, was open before this
+//     transaction. A truncate of several tables takes an index per table.
 //   - A document: "<L>-d<W>-<projection>-<key token>": L is the commit LSN of
 //     the window's last transaction, W of its first; the key token is the
 //     key as in the subject ("%truncate" for a projection's truncate
 //     event). A window's documents are published after the table events of
-//     its last transaction, projection by projection (in configuration
-//     order), by key.
+//     its last transaction, projection by projection (by name), by key.
 //   - A bootstrap row: "b-<hash>": the first 12 bytes (96 bits), in
 //     hexadecimal, of the SHA-256 of the table's name and the row's values
 //     in text format, each value's length before it and NULL apart from
@@ -44,8 +53,8 @@ type eventPos struct {
 	key    []byte // document: the key's text; nil for a truncate event
 }
 
-func tableEventID(lsn pglogrepl.LSN, i int, window pglogrepl.LSN) string {
-	id := strconv.FormatUint(uint64(lsn), 16) + "-" + strconv.Itoa(i)
+func tableEventID(writer string, lsn pglogrepl.LSN, i int, window pglogrepl.LSN) string {
+	id := writer + ":" + strconv.FormatUint(uint64(lsn), 16) + "-" + strconv.Itoa(i)
 	if window != 0 {
 		id += "-" + strconv.FormatUint(uint64(window), 16)
 	}
@@ -53,27 +62,28 @@ func tableEventID(lsn pglogrepl.LSN, i int, window pglogrepl.LSN) string {
 }
 
 // docEventID is a document's id; key nil: the projection's truncate event.
-func docEventID(lsn, window pglogrepl.LSN, proj string, key []byte) string {
+func docEventID(writer string, lsn, window pglogrepl.LSN, proj string, key []byte) string {
 	tok := truncateToken
 	if key != nil {
 		tok = subjectToken(string(key))
 	}
-	return strconv.FormatUint(uint64(lsn), 16) + "-d" + strconv.FormatUint(uint64(window), 16) + "-" + proj + "-" + tok
+	return writer + ":" + strconv.FormatUint(uint64(lsn), 16) + "-d" + strconv.FormatUint(uint64(window), 16) + "-" + proj + "-" + tok
 }
 
 // docEventIDs returns docEventID for the documents of the window from
 // window to lsn, formatting the part that one projection's ids share once.
 // The function reuses its buffer: one goroutine calls it.
-func docEventIDs(lsn, window pglogrepl.LSN) func(p *docProjection, key []byte) string {
+func docEventIDs(writer string, lsn, window pglogrepl.LSN) func(p *docProjection, key []byte) string {
 	var proj *docProjection
 	var prefix, buf []byte
 	return func(p *docProjection, key []byte) string {
 		if key == nil {
-			return docEventID(lsn, window, p.spec.Name, nil)
+			return docEventID(writer, lsn, window, p.spec.Name, nil)
 		}
 		if p != proj {
 			proj = p
-			prefix = strconv.AppendUint(prefix[:0], uint64(lsn), 16)
+			prefix = append(append(prefix[:0], writer...), ':')
+			prefix = strconv.AppendUint(prefix, uint64(lsn), 16)
 			prefix = append(prefix, "-d"...)
 			prefix = strconv.AppendUint(prefix, uint64(window), 16)
 			prefix = append(append(append(prefix, '-'), p.spec.Name...), '-')
@@ -83,9 +93,14 @@ func docEventIDs(lsn, window pglogrepl.LSN) func(p *docProjection, key []byte) s
 	}
 }
 
-// parseEventID parses a tail event's id; ok is false for any other id (a
-// bootstrap row's, or one of another publisher).
-func parseEventID(id string) (p eventPos, ok bool) {
+// parseEventID parses the id of a tail event of writer; ok is false for
+// any other id (a bootstrap row's, another writer's, or one of another
+// publisher).
+func parseEventID(writer, id string) (p eventPos, ok bool) {
+	id, mine := strings.CutPrefix(id, writer+":")
+	if !mine {
+		return p, false
+	}
 	parts := strings.SplitN(id, "-", 4)
 	if len(parts) < 2 {
 		return p, false
@@ -153,9 +168,9 @@ func unescapeToken(tok string) ([]byte, bool) {
 
 // compareEvents orders two positions as the ingest publishes them: by LSN;
 // at one LSN the table events by index, then the documents, projection by
-// projection (projIndex gives a projection's place), a projection's
-// truncate event before its documents, documents by key.
-func compareEvents(a, b eventPos, projIndex func(string) int) int {
+// projection (by name), a projection's truncate event before its
+// documents, documents by key.
+func compareEvents(a, b eventPos) int {
 	if c := cmp.Compare(a.lsn, b.lsn); c != 0 {
 		return c
 	}
@@ -167,7 +182,7 @@ func compareEvents(a, b eventPos, projIndex func(string) int) int {
 	case !b.doc:
 		return 1
 	}
-	if c := cmp.Compare(projIndex(a.proj), projIndex(b.proj)); c != 0 {
+	if c := strings.Compare(a.proj, b.proj); c != 0 {
 		return c
 	}
 	switch {

@@ -127,8 +127,8 @@ func FuzzDecode(f *testing.F) {
 		cfg := Config{MaxBatch: 16, MaxTxnMemory: 512, StateDir: dir}
 		cfg.setDefaults()
 		in := &Ingest{cfg: cfg, log: zap.NewNop()}
-		pub := newPublisher(in, nil, nil, nil)
-		r := &reader{in: in, rels: newRelations("db", map[string][]string{"public.t": {"id"}}, 0, pgjson.NewTypeCache(), nil), pub: pub, streamed: make(map[uint32]*txn)}
+		pub := newPublisher(in, nil, nil, "", nil)
+		r := &reader{in: in, rels: newRelations("db", nil, 0, pgjson.NewTypeCache(), nil), pub: pub, streamed: make(map[uint32]*txn)}
 		defer r.close()
 		ctx := context.Background()
 		for len(data) >= 2 {

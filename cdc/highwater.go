@@ -3,7 +3,6 @@ package cdc
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
@@ -19,9 +18,10 @@ import (
 // minutes by default) — a crash loop or an outage longer than that would
 // publish them again. So at the start of every run (after a crash, a
 // reconnect to PostgreSQL or to the broker) the ingest asks the broker for
-// the last event it stores on the ingest's subjects (its high-water mark):
-// the ingest publishes in order, so every event at or before it in the
-// publish order (eventid.go) is stored, every one after it is not.
+// the last event it stores of this ingest's (its high-water mark: events
+// of other writers in the stream, or on the same prefix, never count): the
+// ingest publishes in order, so every event of its at or before the mark
+// in the publish order (eventid.go) is stored, every one after it is not.
 //
 // Events are skipped by the publisher; the reader makes again exactly the
 // window of documents that was open at the mark: documents of transactions
@@ -41,73 +41,74 @@ type replay struct {
 // are in a window the broker has whole.
 func (r *replay) drops(lsn pglogrepl.LSN) bool { return r != nil && lsn < r.from }
 
-// highWater is the last event the broker stores of the ingest's, and how
-// the publisher skips what is at or before it.
+// highWater is the last event of this ingest's that the broker stores, and
+// how the publisher skips what is at or before it.
 type highWater struct {
+	writer  string
 	id      string
 	pos     eventPos
-	projs   []string // projection names in configuration order
-	skipped int      // events skipped so far
+	skipped int // events skipped so far
 }
 
-// learnHighWater asks the broker for the ingest's last stored event. It is
-// asked at every start, a bootstrap's too (Redis Streams records the mark
-// only for subjects it has been asked about), but the mark is used only
-// when the slot is read again (use). It returns nil when the broker cannot
-// tell (Core NATS), stores no tail event of the ingest's, or its mark
-// cannot be this server's (an LSN past the server's WAL end: the broker
-// holds events of another cluster, as after a restore into a new one); the
-// duplicate window is then the only guard.
-func (in *Ingest) learnHighWater(ctx context.Context, conn *pgx.Conn, use bool) (*highWater, *replay, error) {
+// learnHighWater asks the broker for the ingest's last stored event among
+// its subjects (those it publishes and published on). It returns the id
+// ("" for none) and, when the slot is read again (use), the mark and the
+// replay; a mark that cannot be this server's (an LSN past the server's
+// WAL end: the broker holds events of another cluster, as after a restore
+// into a new one), or none, leaves the duplicate window as the only guard.
+// stored says the broker has stored events of this ingest before: a mark
+// it no longer finds was lost (a purge, max_age, max_msgs, an evicted
+// Redis key), which is logged as an error.
+func (in *Ingest) learnHighWater(ctx context.Context, conn *pgx.Conn, use bool, subjects []string, stored bool) (string, *highWater, *replay, error) {
 	b, ok := in.cfg.Broker.(broker.HighWater)
 	if !ok {
-		return nil, nil, nil
+		return "", nil, nil, nil
 	}
 	start := time.Now()
-	id, err := b.LastID(ctx, in.cfg.Prefix+".>")
+	id, err := b.LastID(ctx, in.writer, subjects)
 	if err != nil {
-		return nil, nil, fmt.Errorf("broker: the ingest's last stored event: %w", err)
+		return "", nil, nil, fmt.Errorf("broker: the ingest's last stored event: %w", err)
 	}
 	if !use {
-		return nil, nil, nil
+		return id, nil, nil, nil
 	}
-	pos, ok := parseEventID(id)
-	if !ok {
-		if id != "" {
-			in.log.Info("ingest: the broker's last event on the ingest's subjects is not a change's (a bootstrap row's, or another publisher's): no high-water mark", zap.String("id", id))
+	if id == "" {
+		if stored {
+			in.marksLost.Add(1)
+			in.log.Error("ingest: the broker holds no event of this ingest, though it stored some before (purged, expired, or an evicted Redis key?): no high-water mark; the changes read again are published again, and only the duplicate window drops repeats",
+				zap.String("writer", in.writer), zap.Strings("subjects", subjects))
 		}
-		return nil, nil, nil
+		return id, nil, nil, nil
+	}
+	pos, ok := parseEventID(in.writer, id)
+	if !ok {
+		in.log.Info("ingest: the last stored event of this ingest is a bootstrap row: no high-water mark", zap.String("id", id))
+		return id, nil, nil, nil
 	}
 	var end string
 	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&end); err != nil {
-		return nil, nil, fmt.Errorf("postgres: current WAL position: %w", err)
+		return "", nil, nil, fmt.Errorf("postgres: current WAL position: %w", err)
 	}
 	if walEnd, err := pglogrepl.ParseLSN(end); err != nil || pos.lsn > walEnd {
 		in.log.Warn("ingest: the broker's last event is past this server's WAL (events of another cluster?): no high-water mark; the duplicate window alone drops repeats",
 			zap.String("id", id), zap.String("wal_end", end))
-		return nil, nil, nil
+		return id, nil, nil, nil
 	}
-	hw := &highWater{id: id, pos: pos}
-	for _, p := range in.cfg.Projections {
-		hw.projs = append(hw.projs, p.Name)
-	}
+	hw := &highWater{writer: in.writer, id: id, pos: pos}
 	rp := &replay{from: pos.lsn, until: pos.lsn}
 	if pos.window != 0 {
 		rp.from = pos.window
 	}
 	in.log.Info("ingest: high-water mark: events up to it are in the broker already", zap.String("id", id), zap.Duration("took", time.Since(start)))
-	return hw, rp, nil
+	return id, hw, rp, nil
 }
-
-// projIndex is a projection's place in the publish order.
-func (h *highWater) projIndex(name string) int { return slices.Index(h.projs, name) }
 
 // skip drops from evs the events at or before the mark. It returns the
 // events to publish, and whether the mark is passed (skip is then done).
 func (h *highWater) skip(evs []broker.Outgoing) ([]broker.Outgoing, bool) {
 	for i, ev := range evs {
-		pos, ok := parseEventID(ev.ID)
-		if !ok || compareEvents(pos, h.pos, h.projIndex) > 0 {
+		pos, ok := parseEventID(h.writer, ev.ID)
+		if !ok || compareEvents(pos, h.pos) > 0 {
 			h.skipped += i
 			return evs[i:], true
 		}

@@ -31,7 +31,7 @@ const (
 // it. The same change always gives the same size, so a dropped change
 // gives back exactly what it took.
 func changeSize(c *change) int64 {
-	n := changeMem + 4*int64(len(c.truncs))
+	n := changeMem + 8*int64(len(c.truncs))
 	for _, row := range [2]*pglogrepl.TupleData{c.newRow, c.oldRow} {
 		if row == nil {
 			continue
@@ -48,6 +48,9 @@ func changeSize(c *change) int64 {
 // transaction (xid is the change's own (sub)transaction).
 func (r *reader) add(xid uint32, c change) error {
 	r.lastData = time.Now()
+	if c.kind != 'T' {
+		c.tbl = r.rels.byID[c.rel]
+	}
 	t := r.cur
 	if r.inStream {
 		c.xid = xid
@@ -68,10 +71,22 @@ func (r *reader) add(xid uint32, c change) error {
 	t.changes.add(c)
 	t.mem += n
 	r.held += n
-	if r.held <= r.in.cfg.MaxTxnMemory {
+	if r.held+r.docsHeld() <= r.in.cfg.MaxTxnMemory {
 		return nil
 	}
 	return r.spill(r.largest())
+}
+
+// docsHeld is what committed transactions still hold for their documents:
+// the documents waiting for the flush window, and the memory state's
+// changes waiting for the broker's ack. They count in MaxTxnMemory too: an
+// open transaction spills sooner while they are big.
+func (r *reader) docsHeld() int64 {
+	n := r.docs.heldBytes()
+	if r.pend != nil {
+		n += r.pend.bytes
+	}
+	return n
 }
 
 // largest is the held transaction with the most changes in memory.
@@ -134,12 +149,16 @@ func (r *reader) release(t *txn) {
 	t.mem = 0
 }
 
-// done removes t's spill file, if any.
+// done removes t's spill file, if any, and, when no transaction is held
+// any more, the table definitions no change points to.
 func (r *reader) done(t *txn) {
 	if err := t.spill.remove(); err != nil {
 		r.in.log.Warn("ingest: remove a spill file", zap.Error(err))
 	}
 	t.spill = nil
+	if r.cur == nil && len(r.streamed) == 0 && r.rels != nil {
+		r.rels.prune()
+	}
 }
 
 // close lets every held transaction go and removes their spill files

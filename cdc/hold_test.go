@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"github.com/fanwire/fanwire/cdc/pgjson"
 	"path/filepath"
 	"reflect"
 	"testing"
@@ -23,7 +24,7 @@ func text(s string) *pglogrepl.TupleDataColumn {
 func TestHoldingASmallTransactionAllocatesNothing(t *testing.T) {
 	cfg := Config{StateDir: t.TempDir()}
 	cfg.setDefaults()
-	r := &reader{in: &Ingest{cfg: cfg, log: zap.NewNop()}, streamed: make(map[uint32]*txn)}
+	r := &reader{in: &Ingest{cfg: cfg, log: zap.NewNop()}, streamed: make(map[uint32]*txn), rels: newRelations("db", nil, 0, pgjson.NewTypeCache(), nil)}
 	row := tuple(text("42"), text("a value"), &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull})
 	r.cur = &txn{xid: 7, changes: changeList{first: make([]change, 0, 64)}}
 	allocs := testing.AllocsPerRun(100, func() {
@@ -54,13 +55,17 @@ func TestSpillFileRoundTrip(t *testing.T) {
 	toast := &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeToast}
 	null := &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull}
 	empty := &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: []byte{}}
+	// Two definitions of one table (a DDL between its changes), and
+	// another table: each change comes back with its own.
+	t1, t1b, t2 := &table{nameKey: "public.a", gen: 1}, &table{nameKey: "public.a", gen: 3}, &table{nameKey: "public.b", gen: 2}
+	defs := map[uint64]*table{1: t1, 2: t2, 3: t1b}
 	in := []change{
-		{kind: 'I', xid: 10, rel: 16384, newRow: tuple(text("1"), text("x"), null)},
-		{kind: 'U', xid: 11, rel: 16384, newRow: tuple(text("2"), toast, empty), oldRow: tuple(text("2"), text("old"), null), oldKind: 'O'},
-		{kind: 'D', xid: 10, rel: 16385, oldRow: tuple(text("3"), null), oldKind: 'K'},
-		{kind: 'T', xid: 12, truncs: []uint32{16384, 16385, 1 << 31}},
-		{kind: 'I', xid: 11, rel: 16384, newRow: tuple(text("rolled back"))},
-		{kind: 'U', xid: 10, rel: 16384, newRow: tuple()},
+		{kind: 'I', xid: 10, rel: 16384, tbl: t1, newRow: tuple(text("1"), text("x"), null)},
+		{kind: 'U', xid: 11, rel: 16384, tbl: t1, newRow: tuple(text("2"), toast, empty), oldRow: tuple(text("2"), text("old"), null), oldKind: 'O'},
+		{kind: 'D', xid: 10, rel: 16385, tbl: t2, oldRow: tuple(text("3"), null), oldKind: 'K'},
+		{kind: 'T', xid: 12, truncs: []*table{t1, t2, t1b}},
+		{kind: 'I', xid: 11, rel: 16384, tbl: t1b, newRow: tuple(text("rolled back"))},
+		{kind: 'U', xid: 10, rel: 16384, tbl: t1b, newRow: tuple()},
 	}
 	f, err := newSpillFile(dir, "fanwire", 10)
 	if err != nil {
@@ -73,7 +78,7 @@ func TestSpillFileRoundTrip(t *testing.T) {
 	}
 	f.abort(11)
 	var out []change
-	if err := f.replay(func(c *change) error { out = append(out, *c); return nil }); err != nil {
+	if err := f.replay(func(gen uint64) *table { return defs[gen] }, func(c *change) error { out = append(out, *c); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	want := []change{in[0], in[2], in[3], in[5]}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +38,13 @@ type Ingest struct {
 	queue     atomic.Pointer[budget]    // the current publisher's, for the queue metrics
 	spilled   atomic.Uint64             // transactions moved to a spill file
 	spillB    atomic.Uint64             // bytes written to spill files
+	marksLost atomic.Uint64             // starts that found no high-water mark of a writer that had stored events
+
+	// writer is the ingest's writer name (writers.go), which starts every
+	// event id: set by each run before its reader, publisher and
+	// bootstrap start, the same every run (until the database is restored
+	// into a new cluster).
+	writer string
 
 	// maxEvent is the broker's message size limit (0: none); static after New.
 	maxEvent int
@@ -98,6 +106,27 @@ func (in *Ingest) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(in.confirmed.
 // Published is the number of events the broker has acknowledged.
 func (in *Ingest) Published() uint64 { return in.published.Load() }
 
+// writerSubjects are the subjects the ingest publishes on (writers.go):
+// those of the tables whose events it publishes (keys), and of its
+// projections.
+func (in *Ingest) writerSubjects(keys map[string][]string, docs *docEngine) []string {
+	var out []string
+	for _, q := range slices.Sorted(maps.Keys(keys)) {
+		schema, name := splitTable(q)
+		out = append(out, subjectsOf(in.cfg.Prefix, tableSubject(in.cfg.Prefix, schema, name))...)
+	}
+	if docs != nil {
+		for _, p := range docs.projs {
+			out = append(out, subjectsOf(in.cfg.Prefix, p.subject)...)
+		}
+	}
+	return out
+}
+
+// stopTimeout bounds a clean stop: the time the reader has to hand over
+// what it decoded, have the broker acknowledge it and confirm it.
+const stopTimeout = 10 * time.Second
+
 // errFatal marks errors that a reconnect cannot fix (configuration).
 type errFatal struct{ error }
 
@@ -129,11 +158,43 @@ func (in *Ingest) Run(ctx context.Context) error {
 // runOnce connects, sets up, bootstraps when the slot is new, and tails.
 // It ends with an error when this ingest loses the slot's lock.
 func (in *Ingest) runOnce(parent context.Context) (err error) {
-	ctx, cancel := context.WithCancelCause(parent)
+	// When parent ends, a run that is tailing stops cleanly: the reader
+	// hands over what it has, waits for the broker's acks and confirms
+	// them to PostgreSQL (reader.stop), within stopTimeout; a run still
+	// setting up stops at once.
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	defer cancel(nil)
+	var tailing atomic.Bool
+	stopping, stopNow := context.WithCancel(context.Background())
+	defer stopNow()
+	var stopTimer *time.Timer
+	var timerMu sync.Mutex
+	unwatch := context.AfterFunc(parent, func() {
+		if !tailing.Load() {
+			cancel(parent.Err())
+			return
+		}
+		stopNow()
+		timerMu.Lock()
+		stopTimer = time.AfterFunc(stopTimeout, func() {
+			cancel(fmt.Errorf("stopping took over %v: what was not acknowledged is read again at the next start", stopTimeout))
+		})
+		timerMu.Unlock()
+	})
 	defer func() {
-		if parent.Err() == nil && ctx.Err() != nil {
-			err = context.Cause(ctx) // the lock was lost, or a publish failed
+		if !unwatch() { // it ran: stop its timer, if any
+			timerMu.Lock()
+			if stopTimer != nil {
+				stopTimer.Stop()
+			}
+			timerMu.Unlock()
+		}
+	}()
+	defer func() {
+		// The lock was lost, or a publish failed, and that canceled what
+		// was under way: its cause says why, not the cancellation.
+		if parent.Err() == nil && ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+			err = context.Cause(ctx)
 		}
 	}()
 	cfg := &in.cfg
@@ -182,12 +243,22 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 		defer docs.close()
 		pubTables = slices.Concat(cfg.Tables, projectionTables(cfg.Projections))
 	}
-	keys, err := ensurePublication(ctx, conn, cfg.Publication, pubTables)
+	keys, oids, err := ensurePublication(ctx, conn, cfg.Publication, pubTables)
 	if err != nil {
 		return errFatal{err}
 	}
 	if docs != nil {
 		keys = tableEventKeys(keys, cfg.Tables)
+	}
+	// The tables whose table events are published: those --tables names,
+	// by OID (a rename keeps it); without --tables or projections, every
+	// table the publication sends, also one created later (nil).
+	var only map[uint32]bool
+	if len(cfg.Tables) > 0 || docs != nil {
+		only = make(map[uint32]bool, len(keys))
+		for q := range keys {
+			only[oids[q]] = true
+		}
 	}
 	st, err := in.waitSlotFree(ctx, conn)
 	if err != nil {
@@ -233,14 +304,60 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	}
 	defer rconn.Close(context.WithoutCancel(ctx))
 
+	// The writer: its name starts every event id; its subjects are
+	// registered in the broker, refused if another ingest publishes on
+	// them.
+	sys, err := pglogrepl.IdentifySystem(ctx, rconn)
+	if err != nil {
+		return fmt.Errorf("postgres: identify system: %w", err)
+	}
+	if in.writer, err = writerName(cfg.Slot, sys.SystemID); err != nil {
+		return errFatal{err}
+	}
+	r := &reader{in: in, conn: rconn, streamed: make(map[uint32]*txn), hbConn: conn, docs: docs}
+	r.enc.writer = in.writer
+	subjects := in.writerSubjects(keys, docs)
+	all, stored := subjects, false
+	if rb, ok := cfg.Broker.(broker.Registry); ok {
+		reg := &registration{reg: rb, name: in.writer, log: in.log, rec: writerRecord{
+			Slot: cfg.Slot, System: sys.SystemID, Database: ccfg.Database, Host: hostOf(ccfg.Host, ccfg.Port), Prefix: cfg.Prefix,
+		}}
+		if err := reg.update(ctx, func(rec *writerRecord) {
+			rec.Subjects, rec.Until = subjects, time.Now().Add(writerTTL)
+		}); err != nil {
+			if errors.Is(err, errWriterConflict) {
+				return errFatal{err}
+			}
+			return fmt.Errorf("broker: register this ingest: %w", err)
+		}
+		kctx, stopKeep := context.WithCancel(ctx)
+		kept := make(chan struct{})
+		go func() {
+			defer close(kept)
+			reg.keep(kctx, func() bool { return in.published.Load() > 0 }, cancel)
+		}()
+		defer func() {
+			stopKeep()
+			<-kept
+			if parent.Err() != nil { // the ingest stops: another may take its subjects now
+				rctx, done := context.WithTimeout(context.WithoutCancel(parent), 5*time.Second)
+				reg.release(rctx)
+				done()
+			}
+		}()
+		all, stored = reg.subjects(), reg.stored()
+		r.reg = reg
+	}
+	in.log.Info("ingest: writer", zap.String("writer", in.writer), zap.String("system", sys.SystemID), zap.Strings("subjects", subjects))
+
 	// A slot that exists is read again from its confirmed LSN: the
 	// broker's high-water mark says what of that it has. (A new slot is
 	// bootstrapped, and its changes are all after any mark.)
-	hw, rp, err := in.learnHighWater(ctx, conn, st.exists)
+	lastID, hw, rp, err := in.learnHighWater(ctx, conn, st.exists, all, stored)
 	if err != nil {
 		return err
 	}
-	pub := newPublisher(in, lease, hw, cancel)
+	pub := newPublisher(in, lease, hw, lastID, cancel)
 	pctx, stopPub := context.WithCancel(ctx)
 	pubDone := make(chan struct{})
 	go func() {
@@ -282,8 +399,24 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 		return fmt.Errorf("postgres: start replication on slot %q: %w", cfg.Slot, err)
 	}
 	in.ready.Store(true)
+	r.stopping = stopping
+	tailing.Store(true)
 	in.log.Info("ingest: tailing", zap.String("slot", cfg.Slot), zap.String("publication", cfg.Publication), zap.Int("tables", len(keys)))
-	r := &reader{in: in, conn: rconn, rels: newRelations(cfg.Prefix, keys, in.maxEvent, types, conn), pub: pub, streamed: make(map[uint32]*txn), hbConn: conn, docs: docs, replay: rp}
+	r.rels, r.pub, r.replay = newRelations(cfg.Prefix, only, in.maxEvent, types, conn), pub, rp
+	if r.reg != nil {
+		r.rels.claim = func(ctx context.Context, subjects []string) error {
+			if err := r.reg.add(ctx, subjects); err != nil {
+				if errors.Is(err, errWriterConflict) {
+					return errFatal{err}
+				}
+				return fmt.Errorf("broker: register this ingest's subjects: %w", err)
+			}
+			return nil
+		}
+	}
+	if docs != nil {
+		r.rels.renamed = docs.renamed
+	}
 	defer r.close()
 	return r.run(ctx)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
 )
 
 // The tail: once Run has set up the slot, the snapshot and the leadership,
@@ -25,7 +26,8 @@ type reader struct {
 	in   *Ingest
 	conn *pgconn.PgConn
 	rels *relations
-	docs *docEngine // projections; nil without
+	reg  *registration // the ingest's subjects in the broker's registry; nil on a broker without one
+	docs *docEngine    // projections; nil without
 	// Documents waiting for the flush window (coalesced across the
 	// transactions of one window), and the last transaction merged.
 	pend         *docChanges
@@ -49,6 +51,9 @@ type reader struct {
 	lastData   time.Time     // when the last change or commit arrived
 	nextStatus time.Time     // when the next standby status update is due
 	committing bool          // a commit is being handed over: its end is not received yet
+	// stopping ends when the ingest is asked to stop: the reader then
+	// stops cleanly (stop) while the run's context lives on for it.
+	stopping context.Context
 }
 
 func (r *reader) run(ctx context.Context) error {
@@ -64,8 +69,14 @@ func (r *reader) run(ctx context.Context) error {
 	// caught by the check of ctx that follows every change of deadline.
 	nc := r.conn.Conn()
 	stopWake := context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Unix(1, 0)) })
+	stopping := r.stopping
+	if stopping == nil {
+		stopping = context.Background()
+	}
+	stopWake2 := context.AfterFunc(stopping, func() { _ = nc.SetReadDeadline(time.Unix(1, 0)) })
 	defer func() {
-		if stopWake() {
+		a, b := stopWake(), stopWake2()
+		if a && b {
 			_ = nc.SetReadDeadline(time.Time{})
 		}
 	}()
@@ -73,6 +84,9 @@ func (r *reader) run(ctx context.Context) error {
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if stopping.Err() != nil {
+			return r.stop(ctx)
 		}
 		if time.Now().After(r.nextStatus) {
 			if err := r.sendStatus(ctx, false); err != nil {
@@ -97,16 +111,14 @@ func (r *reader) run(ctx context.Context) error {
 				return fmt.Errorf("postgres: receive: %w", err)
 			}
 			readDeadline = deadline
-			if ctx.Err() != nil { // its AfterFunc may have run before
-				return ctx.Err()
+			if ctx.Err() != nil || stopping.Err() != nil { // their AfterFunc may have run before
+				continue
 			}
 		}
 		raw, err := r.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if pgconn.Timeout(err) {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
+				readDeadline = time.Time{} // an AfterFunc may have moved it
 				continue
 			}
 			return fmt.Errorf("postgres: receive: %w", err)
@@ -147,6 +159,28 @@ func (r *reader) run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// stop ends the reader cleanly, on SIGTERM: the documents waiting for
+// their flush window go now (not while a window is being made again up to
+// the high-water mark: they keep waiting, for the next start), the broker
+// acknowledges everything handed over, and that is confirmed to
+// PostgreSQL; a transaction being received is read again at the next
+// start. The next start then has nothing to skip.
+func (r *reader) stop(ctx context.Context) error {
+	if r.pend != nil && r.replay == nil {
+		if err := r.flushDocs(ctx); err != nil {
+			return err
+		}
+	}
+	if err := r.pub.sync(ctx); err != nil {
+		return err
+	}
+	if err := r.sendStatus(ctx, false); err != nil {
+		return err
+	}
+	r.in.log.Info("ingest: stopped: every event handed to the broker is acknowledged, and confirmed to PostgreSQL", zap.Stringer("confirmed_lsn", r.in.Confirmed()))
+	return context.Canceled
 }
 
 // seeWALEnd records the server's WAL end, as a keepalive or a WAL message
@@ -255,7 +289,13 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 	case *pglogrepl.DeleteMessageV2:
 		return r.add(m.Xid, change{kind: 'D', rel: m.RelationID, oldRow: m.OldTuple, oldKind: m.OldTupleType})
 	case *pglogrepl.TruncateMessageV2:
-		return r.add(m.Xid, change{kind: 'T', truncs: m.RelationIDs})
+		c := change{kind: 'T', truncs: make([]*table, len(m.RelationIDs))}
+		for i, rel := range m.RelationIDs {
+			if c.truncs[i] = r.rels.byID[rel]; c.truncs[i] == nil {
+				return fmt.Errorf("postgres: truncate of relation %d before its Relation message", rel)
+			}
+		}
+		return r.add(m.Xid, c)
 	case *pglogrepl.StreamStartMessageV2:
 		r.inStream, r.streamXid = true, m.Xid
 	case *pglogrepl.StreamStopMessageV2:
@@ -297,7 +337,6 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	r.committing = true
 	defer func() { r.committing = false }()
 	var evs []broker.Outgoing
-	done := 0 // events of the transaction already handed to the publisher
 	var window pglogrepl.LSN
 	if r.pend != nil {
 		window = r.pendStart
@@ -307,8 +346,8 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	r.enc.begin(t.commitLSN, t.commitTime, window)
 	t.enc = &r.enc
 	defer func() { t.enc = nil }()
-	id := func(i int) string { return r.enc.tableID(done + i) }
-	flush := r.flusher(ctx, &done)
+	flush := r.flusher(ctx)
+	seq := 0           // the index of the next change in the transaction (eventid.go)
 	var dc *docChanges // the documents the transaction affects
 	if r.docs != nil {
 		dc = newDocChanges()
@@ -335,7 +374,7 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 		if evs, err = flush(evs); err != nil {
 			return err
 		}
-		if tb := r.rels.byID[c.rel]; evs == nil && (c.kind == 'T' || tb != nil && tb.published()) {
+		if tb := c.tbl; evs == nil && (c.kind == 'T' || tb != nil && tb.published()) {
 			// Most changes make one event: room for the rest, up to a
 			// batch, instead of growing the slice to it.
 			n := r.in.cfg.MaxBatch
@@ -344,11 +383,12 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 			}
 			evs = make([]broker.Outgoing, 0, n)
 		}
-		evs, err = r.apply(ctx, t, dc, c, evs, id)
+		evs, err = r.apply(ctx, t, dc, c, evs, seq)
+		seq += max(1, len(c.truncs))
 		return err
 	}
 	if t.spill != nil {
-		if err := t.spill.replay(each); err != nil {
+		if err := t.spill.replay(r.rels.generation, each); err != nil {
 			return err
 		}
 	}
@@ -403,12 +443,12 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 }
 
 // apply adds the events of one change of committed transaction t to evs,
-// and records the documents it affects in dc (with projections).
-func (r *reader) apply(ctx context.Context, t *txn, dc *docChanges, c *change, evs []broker.Outgoing, id func(int) string) ([]broker.Outgoing, error) {
+// and records the documents it affects in dc (with projections). seq is
+// the change's index in the transaction (a truncate takes one per table).
+func (r *reader) apply(ctx context.Context, t *txn, dc *docChanges, c *change, evs []broker.Outgoing, seq int) ([]broker.Outgoing, error) {
 	if c.kind == 'T' {
 		route := metrics.RouteSkip
-		for _, rel := range c.truncs {
-			tb := r.rels.byID[rel]
+		for j, tb := range c.truncs {
 			if tb != nil && r.docs != nil {
 				if err := r.docs.observeTruncate(ctx, dc, tb); err != nil {
 					return evs, err
@@ -418,12 +458,12 @@ func (r *reader) apply(ctx context.Context, t *txn, dc *docChanges, c *change, e
 				continue
 			}
 			route = metrics.RoutePublish
-			evs = append(evs, truncateEvent(tb, id(len(evs)), t.commitLSN, t.commitTime))
+			evs = append(evs, truncateEvent(tb, r.enc.tableID(seq+j), t.commitLSN, t.commitTime))
 		}
 		r.in.wal.Observe('T', route)
 		return evs, nil
 	}
-	tb := r.rels.byID[c.rel]
+	tb := c.tbl
 	if tb == nil {
 		return evs, fmt.Errorf("postgres: change for relation %d before its Relation message", c.rel)
 	}
@@ -437,7 +477,7 @@ func (r *reader) apply(ctx context.Context, t *txn, dc *docChanges, c *change, e
 		return evs, nil
 	}
 	r.in.wal.Observe(metrics.Kind(c.kind), metrics.RoutePublish)
-	evs, err := tb.proj.project(evs, t, tb, c, id)
+	evs, err := tb.proj.project(evs, t, tb, c, r.enc.tableID(seq))
 	if bad, ok := asBadRow(err); ok {
 		r.in.reportBad(bad) // its error event stands in evs
 		err = nil
@@ -448,9 +488,8 @@ func (r *reader) apply(ctx context.Context, t *txn, dc *docChanges, c *change, e
 // flusher returns the function that hands a transaction's events to the
 // publisher once they fill a MaxBatch slice, as they are built (a big
 // transaction is not held whole; only its last slice confirms its end). It
-// returns the events still to hand over; *handed counts those handed, whose
-// ids are taken.
-func (r *reader) flusher(ctx context.Context, handed *int) func([]broker.Outgoing) ([]broker.Outgoing, error) {
+// returns the events still to hand over.
+func (r *reader) flusher(ctx context.Context) func([]broker.Outgoing) ([]broker.Outgoing, error) {
 	return func(evs []broker.Outgoing) ([]broker.Outgoing, error) {
 		if len(evs) < r.in.cfg.MaxBatch {
 			return evs, nil
@@ -458,14 +497,13 @@ func (r *reader) flusher(ctx context.Context, handed *int) func([]broker.Outgoin
 		if err := r.pub.add(ctx, evs, 0, time.Time{}); err != nil {
 			return evs, err
 		}
-		*handed += len(evs)
 		return nil, r.keepAlive(ctx)
 	}
 }
 
 // docID gives the ids of the documents of the window that ends with t.
 func (r *reader) docID(t *txn) func(p *docProjection, key []byte) string {
-	return docEventIDs(t.commitLSN, r.pendStart)
+	return docEventIDs(r.in.writer, t.commitLSN, r.pendStart)
 }
 
 // keepAlive sends the standby status update when it is due, while a big
@@ -487,8 +525,7 @@ func (r *reader) keepAlive(ctx context.Context) error {
 // end of the last transaction they cover, which is then confirmable.
 func (r *reader) flushDocs(ctx context.Context) error {
 	t := r.pendTx
-	var handed int // documents' ids do not count events
-	evs, err := r.docs.events(ctx, nil, r.pend, t, r.docID(t), r.flusher(ctx, &handed))
+	evs, err := r.docs.events(ctx, nil, r.pend, t, r.docID(t), r.flusher(ctx))
 	if err != nil {
 		return err
 	}

@@ -119,7 +119,7 @@ func BenchmarkMemDocuments(b *testing.B) {
 	e, rel := memBenchEngine(b, memBenchOrders)
 	changes := memBenchUpdates(memBenchOrders)
 	tx := &txn{xid: 1, commitLSN: 0x1000, commitTime: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}
-	id := docEventIDs(tx.commitLSN, tx.commitLSN) // as the reader names documents
+	id := docEventIDs("w", tx.commitLSN, tx.commitLSN) // as the reader names documents
 	var published int
 	flush := func(evs []broker.Outgoing) ([]broker.Outgoing, error) {
 		if len(evs) < 4096 {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"slices"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -249,8 +250,11 @@ type memState struct {
 	tables  map[string]*memTable
 	byTable map[string][]*docNode // "schema.table" → the memory-mode nodes on that table
 	lsn     pglogrepl.LSN         // the end of the last transaction applied
-	// deltas not yet persisted, by transaction (memstore.go)
-	deltas []memTxDelta
+	// deltas not yet persisted, by transaction (memstore.go), and what
+	// they take (memTxDelta.bytes): held until the broker acknowledges
+	// their transactions, they count in Config.MaxTxnMemory
+	deltas     []memTxDelta
+	deltaBytes int64
 	// scratch space of applying changes: keys being looked up, a row's values
 	key, ixOld, ixNew []byte
 	vals              [][]byte
@@ -260,8 +264,18 @@ type memState struct {
 
 // memTxDelta is what one transaction changed in the state.
 type memTxDelta struct {
-	end pglogrepl.LSN
-	ops []memOp
+	end   pglogrepl.LSN
+	ops   []memOp
+	bytes int64 // what ops take beyond the rows, which the state holds anyway
+}
+
+// memOpMem is what a memOp takes, beyond its key's bytes.
+const memOpMem = int64(unsafe.Sizeof(memOp{})) + 16
+
+// add records op.
+func (d *memTxDelta) add(op memOp) {
+	d.ops = append(d.ops, op)
+	d.bytes += memOpMem + int64(len(op.key))
 }
 
 type memOp struct {

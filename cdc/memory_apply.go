@@ -3,6 +3,7 @@ package cdc
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -21,7 +22,9 @@ func (t *memTable) rowFrom(rel *table, tuple *pglogrepl.TupleData, old []byte) (
 	for i, c := range t.cols {
 		j := rel.column(c.name)
 		if j < 0 || j >= len(tuple.Columns) {
-			return nil, fmt.Errorf("table %s: column %s is not replicated", t.nameKey, c.name)
+			// A DDL dropped or renamed it: the state cannot be kept, and
+			// reconnecting would meet the same change again.
+			return nil, errFatal{fmt.Errorf("memory projection: table %s has no column %s any more (a DDL dropped or renamed it; its columns are now %s): change --config to match the table, and restart (the memory state is then bootstrapped again)", t.nameKey, c.name, columnNames(rel))}
 		}
 		col := tuple.Columns[j]
 		switch col.DataType {
@@ -93,7 +96,7 @@ func (s *memState) memApply(d *docChanges, rel *table, c *change, delta *memTxDe
 			k := string(s.key)
 			s.memAffected(d, t, old)
 			t.replace(k, old, row)
-			delta.ops = append(delta.ops, memOp{table: t.nameKey, key: k, row: row})
+			delta.add(memOp{table: t.nameKey, key: k, row: row})
 			s.memAffected(d, t, row)
 			return nil
 		}
@@ -102,7 +105,7 @@ func (s *memState) memApply(d *docChanges, rel *table, c *change, delta *memTxDe
 		oldKey := t.key(old)
 		s.memAffected(d, t, old)
 		t.remove(oldKey)
-		delta.ops = append(delta.ops, memOp{table: t.nameKey, key: oldKey})
+		delta.add(memOp{table: t.nameKey, key: oldKey})
 	}
 	if c.kind == 'I' || c.kind == 'U' {
 		row, err := t.rowFrom(rel, c.newRow, old)
@@ -114,7 +117,7 @@ func (s *memState) memApply(d *docChanges, rel *table, c *change, delta *memTxDe
 			s.memAffected(d, t, prev)
 		}
 		t.insert(k, row)
-		delta.ops = append(delta.ops, memOp{table: t.nameKey, key: k, row: row})
+		delta.add(memOp{table: t.nameKey, key: k, row: row})
 		s.memAffected(d, t, row)
 	}
 	return nil
@@ -131,7 +134,7 @@ func (s *memState) memTruncate(d *docChanges, rel *table, delta *memTxDelta) {
 		s.memAffected(d, t, row)
 	}
 	t.reset()
-	delta.ops = append(delta.ops, memOp{table: t.nameKey, clear: true})
+	delta.add(memOp{table: t.nameKey, clear: true})
 }
 
 // memAffected records the documents row (of table t) is part of, in every
@@ -168,4 +171,13 @@ func (s *memState) memUp(d *docChanges, n *docNode, row []byte) {
 	for _, prow := range info.parentIx.m[string(st.key)] {
 		s.memUp(d, n.parent, prow)
 	}
+}
+
+// columnNames lists t's columns, for errors.
+func columnNames(t *table) string {
+	names := make([]string, len(t.columns))
+	for i, c := range t.columns {
+		names[i] = c.name
+	}
+	return strings.Join(names, ", ")
 }

@@ -182,6 +182,9 @@ func (s *memStore) persist(st *memState, acked pglogrepl.LSN) error {
 	if err != nil {
 		return fmt.Errorf("memory state: persist: %w", err)
 	}
+	for _, d := range st.deltas[:n] {
+		st.deltaBytes -= d.bytes
+	}
 	clear(st.deltas[:n])
 	st.deltas = st.deltas[n:]
 	s.stored = end

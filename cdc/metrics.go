@@ -26,17 +26,18 @@ var (
 	descReady     = prometheus.NewDesc("fanwire_ingest_ready", "1 while the ingest is tailing its slot.", nil, nil)
 	descStandby   = prometheus.NewDesc("fanwire_ingest_standby", "1 while the ingest waits for another ingest of its slot to end (failover).", nil, nil)
 	descTakeovers = prometheus.NewDesc("fanwire_ingest_takeovers_total", "Times this ingest took its slot over after waiting as a standby.", nil, nil)
-	descBadRows   = prometheus.NewDesc("fanwire_ingest_error_events_total", "Rows and documents that could not be published (a value the encoder refuses, an event over the broker's size limit) and were published as error events on <prefix>.%errors.>, by reason.", []string{"reason"}, nil)
+	descBadRows   = prometheus.NewDesc("fanwire_ingest_error_events_total", "Rows and documents that could not be published (a value the encoder refuses, an event over the broker's size limit, a row of a table without a key) and were published as error events on <prefix>.%errors.>, by reason.", []string{"reason"}, nil)
 	descQueueEvs  = prometheus.NewDesc("fanwire_ingest_queue_events", "Events handed to the publisher and not acknowledged by the broker yet (bounded by Config.QueueEvents).", nil, nil)
 	descQueueB    = prometheus.NewDesc("fanwire_ingest_queue_bytes", "Bytes of those events (bounded by Config.QueueBytes).", nil, nil)
 	descSpilled   = prometheus.NewDesc("fanwire_ingest_spilled_transactions_total", "Transactions whose changes outgrew --max-txn-memory and went to a spill file under --state-dir.", nil, nil)
 	descSpilledB  = prometheus.NewDesc("fanwire_ingest_spilled_bytes_total", "Bytes written to spill files.", nil, nil)
+	descMarksLost = prometheus.NewDesc("fanwire_ingest_high_water_lost_total", "Starts at which the broker held no event of this ingest though it had stored some (purged, expired, evicted): the changes read again were published again, with only the duplicate window to drop repeats.", nil, nil)
 	descMemRows   = prometheus.NewDesc("fanwire_projection_memory_rows", "Rows the memory-mode projections hold.", nil, nil)
 	descMemBytes  = prometheus.NewDesc("fanwire_projection_memory_value_bytes", "Bytes of the encoded column values the memory-mode projections hold (the process's memory is more: maps and indexes).", nil, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descConfirmed, descWALEnd, descLagBytes, descLagSecs, descPublished, descBootRows, descReady, descStandby, descTakeovers, descBadRows, descQueueEvs, descQueueB, descSpilled, descSpilledB, descMemRows, descMemBytes} {
+	for _, d := range []*prometheus.Desc{descConfirmed, descWALEnd, descLagBytes, descLagSecs, descPublished, descBootRows, descReady, descStandby, descTakeovers, descBadRows, descQueueEvs, descQueueB, descSpilled, descSpilledB, descMarksLost, descMemRows, descMemBytes} {
 		ch <- d
 	}
 	c.wal.Describe(ch)
@@ -69,6 +70,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descTakeovers, prometheus.CounterValue, float64(in.takeovers.Load()))
 	ch <- prometheus.MustNewConstMetric(descBadRows, prometheus.CounterValue, float64(in.badRows[0].Load()), badValue)
 	ch <- prometheus.MustNewConstMetric(descBadRows, prometheus.CounterValue, float64(in.badRows[1].Load()), badTooLarge)
+	ch <- prometheus.MustNewConstMetric(descBadRows, prometheus.CounterValue, float64(in.badRows[2].Load()), badNoKey)
 	var qEvents int
 	var qBytes int64
 	if q := in.queue.Load(); q != nil {
@@ -78,6 +80,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descQueueB, prometheus.GaugeValue, float64(qBytes))
 	ch <- prometheus.MustNewConstMetric(descSpilled, prometheus.CounterValue, float64(in.spilled.Load()))
 	ch <- prometheus.MustNewConstMetric(descSpilledB, prometheus.CounterValue, float64(in.spillB.Load()))
+	ch <- prometheus.MustNewConstMetric(descMarksLost, prometheus.CounterValue, float64(in.marksLost.Load()))
 	rows, bytes := in.MemoryState()
 	ch <- prometheus.MustNewConstMetric(descMemRows, prometheus.GaugeValue, float64(rows))
 	ch <- prometheus.MustNewConstMetric(descMemBytes, prometheus.GaugeValue, float64(bytes))

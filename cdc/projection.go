@@ -11,17 +11,17 @@ import (
 // projection (tableProjection), whose document is the row.
 type projection interface {
 	// project appends to evs the events of change c of table t, committed
-	// in tx. ids gives each event's idempotency id from its index in the
-	// transaction. A row that cannot be published is appended as its error
-	// event, and reported with a *badRowError.
-	project(evs []broker.Outgoing, tx *txn, t *table, c *change, id func(i int) string) ([]broker.Outgoing, error)
+	// in tx, with idempotency id id (eventid.go). A row that cannot be
+	// published is appended as its error event, and reported with a
+	// *badRowError.
+	project(evs []broker.Outgoing, tx *txn, t *table, c *change, id string) ([]broker.Outgoing, error)
 }
 
 // tableProjection publishes a table's rows as they are.
 type tableProjection struct{}
 
-func (tableProjection) project(evs []broker.Outgoing, tx *txn, t *table, c *change, id func(int) string) ([]broker.Outgoing, error) {
-	i, op := id(len(evs)), opNames[c.kind]
+func (tableProjection) project(evs []broker.Outgoing, tx *txn, t *table, c *change, i string) ([]broker.Outgoing, error) {
+	op := opNames[c.kind]
 	if tx.enc != nil {
 		if ev, ok := tx.enc.rowEvent(t, c, i, op); ok {
 			return append(evs, ev), nil

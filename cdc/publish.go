@@ -32,6 +32,7 @@ type publisher struct {
 	in    *Ingest
 	lease *lease       // asked before every publish: a leader that lost its lock publishes nothing
 	hw    *highWater   // owned by run: events at or before it are skipped; nil once passed
+	last  string       // owned by run: the id of the ingest's last event the broker stores ("" none)
 	ch    chan pending // at most 1,024 hand-overs; q bounds their events and bytes
 	q     *budget
 	acked atomic.Uint64 // end LSN of the last transaction whose events are acknowledged
@@ -45,10 +46,13 @@ type publisher struct {
 // newPublisher makes the publisher of a run; stopped is called with the
 // reason when it stops (a failed publish must end the run at once: the
 // reader, waiting for WAL on an idle database, would not notice it).
-func newPublisher(in *Ingest, l *lease, hw *highWater, stopped func(error)) *publisher {
+// last is the id of the ingest's last event the broker stores, as
+// LastID said ("" for none): each append is conditional on it, where the
+// broker can check (broker.AppendOptions).
+func newPublisher(in *Ingest, l *lease, hw *highWater, last string, stopped func(error)) *publisher {
 	q := newBudget(in.cfg.QueueEvents, in.cfg.QueueBytes)
 	in.queue.Store(q)
-	return &publisher{in: in, lease: l, hw: hw, stopped: stopped, ch: make(chan pending, 1024), q: q, stop: make(chan struct{})}
+	return &publisher{in: in, lease: l, hw: hw, last: last, stopped: stopped, ch: make(chan pending, 1024), q: q, stop: make(chan struct{})}
 }
 
 // add queues a transaction's events; it blocks while the queue is full, in
@@ -169,7 +173,14 @@ func (p *publisher) run(ctx context.Context) {
 			pctx, cancel := context.WithTimeout(ctx, cfg.PublishTimeout)
 			var err error
 			if a, ok := cfg.Broker.(broker.Appender); ok {
-				err = a.Append(pctx, slice) // no cursors: faster where the broker can
+				// No cursors: faster where the broker can. Conditional: a
+				// leader that lost its lease, or an earlier part refused,
+				// finds the writer's last stored event moved or missing,
+				// and its append is refused.
+				err = a.Append(pctx, slice, broker.AppendOptions{Writer: p.in.writer, Check: true, Last: p.last})
+				if err == nil {
+					p.last = slice[len(slice)-1].ID
+				}
 			} else {
 				_, err = cfg.Broker.Publish(pctx, slice)
 			}
@@ -206,7 +217,7 @@ func (p *publisher) fail(err error) {
 	if !errors.Is(err, context.Canceled) {
 		p.in.log.Warn("ingest: publish failed", zap.Error(err))
 	}
-	if p.stopped != nil {
+	if p.stopped != nil && !errors.Is(err, context.Canceled) { // the run stops it: nothing to tell
 		p.stopped(err)
 	}
 }

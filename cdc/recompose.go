@@ -7,6 +7,7 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/cdc/pgjson"
@@ -191,6 +192,10 @@ func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn, types *pgjso
 	if err != nil {
 		return nil, fmt.Errorf("postgres: projection pool: %w", err)
 	}
+	// Documents are published projection by projection, by name: their
+	// order, and so their ids' (eventid.go), does not depend on the order
+	// of the configuration.
+	slices.SortFunc(projs, func(a, b *docProjection) int { return strings.Compare(a.spec.Name, b.spec.Name) })
 	e := &docEngine{projs: projs, pool: pool, maxEvent: in.maxEvent, report: in.reportBad}
 	if slices.ContainsFunc(projs, func(p *docProjection) bool { return p.spec.Mode == ModeMemory }) {
 		e.mem = newMemState(projs, cat)
@@ -210,6 +215,20 @@ func (in *Ingest) newDocEngine(ctx context.Context, conn *pgx.Conn, types *pgjso
 	}
 	e.setComposers()
 	return e, nil
+}
+
+// renamed is told that a table was renamed, or moved to another schema,
+// from one "schema.table" name to another: a projection names its tables
+// by name, so one naming it cannot go on.
+func (e *docEngine) renamed(from, to string) error {
+	for _, p := range e.projs {
+		for _, n := range p.nodes {
+			if n.nameKey == from {
+				return errFatal{fmt.Errorf("projection %q: its table %s was renamed to %s (ALTER TABLE … RENAME or SET SCHEMA): change --config to name %s, and restart", p.spec.Name, from, to, to)}
+			}
+		}
+	}
+	return nil
 }
 
 // advance stores that the memory state is at lsn, with no transaction
@@ -250,7 +269,16 @@ func (e *docEngine) commitMem(d *docChanges, end pglogrepl.LSN) {
 	if len(d.delta.ops) > 0 {
 		d.delta.end = end
 		e.mem.deltas = append(e.mem.deltas, d.delta)
+		e.mem.deltaBytes += d.delta.bytes
 	}
+}
+
+// heldBytes is what the memory state's deltas not yet persisted take.
+func (e *docEngine) heldBytes() int64 {
+	if e == nil || e.mem == nil {
+		return 0
+	}
+	return e.mem.deltaBytes
 }
 
 // persist writes the memory state's changes up to acked; the reader

@@ -2,12 +2,14 @@ package cdc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 )
@@ -149,7 +151,7 @@ func (s *sqlComposer) queryByTuples(ctx context.Context, q querier, n *docNode, 
 		}
 		rows, err := q.Query(ctx, sql, args...)
 		if err != nil {
-			return fmt.Errorf("postgres: projection %q, %s: %w", n.proj.spec.Name, n.nameKey, err)
+			return projectionQueryError(n, err)
 		}
 		for rows.Next() {
 			raw := rows.RawValues()
@@ -157,10 +159,26 @@ func (s *sqlComposer) queryByTuples(ctx context.Context, q querier, n *docNode, 
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return fmt.Errorf("postgres: projection %q, %s: %w", n.proj.spec.Name, n.nameKey, err)
+			return projectionQueryError(n, err)
 		}
 	}
 	return nil
+}
+
+// projectionQueryError is the error of a query of projection node n. A
+// table or column the projection names that no longer exists (a DDL
+// dropped or renamed it) or changed type stops the ingest, naming it:
+// reconnecting cannot make the query work, the configuration must change.
+func projectionQueryError(n *docNode, err error) error {
+	err = fmt.Errorf("postgres: projection %q, %s: %w", n.proj.spec.Name, n.nameKey, err)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "42703", "42P01", "42883", "42804": // undefined column, undefined table, undefined function (a type's operator), datatype mismatch
+			return errFatal{fmt.Errorf("%w: the table changed (a DDL?): change --config to match it, and restart", err)}
+		}
+	}
+	return err
 }
 
 // tupleFilter is the WHERE condition "cols equal one of the tuples passed

@@ -19,11 +19,16 @@ import (
 // docChanges collects, for one transaction, the primary keys of the
 // documents its changes affect, and the lookups still to run.
 type docChanges struct {
+	bytes   int64                              // what keys and pending take (estimated)
 	delta   memTxDelta                         // memory mode: what the transaction changed in the state
 	keys    map[*docProjection]map[string]bool // document key → whether its primary row changed
 	trunc   map[*docProjection]bool            // sql mode: the primary table was truncated
 	pending map[*docNode]map[string][][]byte   // node → parent-column values (tuple key → values) to find parents by
 }
+
+// docKeyMem is what a document's key takes in a docChanges beyond its
+// bytes: a map entry and a string header.
+const docKeyMem = 48
 
 func newDocChanges() *docChanges {
 	return &docChanges{keys: make(map[*docProjection]map[string]bool), trunc: make(map[*docProjection]bool), pending: make(map[*docNode]map[string][][]byte)}
@@ -73,8 +78,12 @@ func (d *docChanges) addKey(p *docProjection, key []byte, root bool) {
 		m = make(map[string]bool)
 		d.keys[p] = m
 	}
-	if had, ok := m[string(key)]; ok && (had || !root) {
+	had, ok := m[string(key)]
+	if ok && (had || !root) {
 		return // already recorded (no allocation)
+	}
+	if !ok {
+		d.bytes += docKeyMem + int64(len(key))
 	}
 	m[string(key)] = root
 }
@@ -90,6 +99,7 @@ func (d *docChanges) addParentLookup(n *docNode, vals [][]byte) {
 	k := tupleKey(vals)
 	if _, ok := m[k]; !ok {
 		m[k] = cloneAll(vals)
+		d.bytes += docKeyMem + 2*int64(len(k)) + 24*int64(len(vals))
 	}
 }
 

@@ -41,10 +41,12 @@ func checkServer(ctx context.Context, conn *pgx.Conn) (server, error) {
 
 // ensurePublication creates the publication if it is missing (for the
 // configured tables, or for all tables), and returns the published tables
-// with their keys, "schema.table" → key columns. A published table
-// without a primary key (or a replica identity index) is an error naming
-// it; the ingest's own state table is left out.
-func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []string) (map[string][]string, error) {
+// with their keys, "schema.table" → key columns (the replica identity
+// index's, else the primary key's: what pgoutput sends of a deleted row),
+// and their OIDs. A published table without a primary key (or a replica
+// identity index) is an error naming it; the ingest's own state table is
+// left out.
+func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []string) (map[string][]string, map[string]uint32, error) {
 	// --tables names "table" (in public) or "schema.table": qualify them
 	// once, as the publication's tables are named below.
 	quals := make([]string, 0, len(tables))
@@ -59,7 +61,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 	}
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", name).Scan(&exists); err != nil {
-		return nil, fmt.Errorf("postgres: look up publication %q: %w", name, err)
+		return nil, nil, fmt.Errorf("postgres: look up publication %q: %w", name, err)
 	}
 	if !exists {
 		q := "CREATE PUBLICATION " + pgx.Identifier{name}.Sanitize() + " FOR ALL TABLES"
@@ -67,34 +69,37 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 			q = "CREATE PUBLICATION " + pgx.Identifier{name}.Sanitize() + " FOR TABLE " + strings.Join(want, ", ")
 		}
 		if _, err := conn.Exec(ctx, q); err != nil {
-			return nil, fmt.Errorf("postgres: %s: %w", q, err)
+			return nil, nil, fmt.Errorf("postgres: %s: %w", q, err)
 		}
 	}
 	rows, err := conn.Query(ctx, `
-		SELECT p.schemaname, p.tablename, c.relreplident,
+		SELECT p.schemaname, p.tablename, c.oid, c.relreplident,
 		       coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
 		                 FROM pg_index i
 		                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
 		                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 		                 WHERE i.indrelid = c.oid AND (i.indisprimary OR (c.relreplident = 'i' AND i.indisreplident))
-		                 GROUP BY i.indexrelid, i.indisprimary ORDER BY i.indisprimary DESC LIMIT 1), '{}')
+		                 GROUP BY i.indexrelid, i.indisprimary, i.indisreplident
+		                 ORDER BY (c.relreplident = 'i' AND i.indisreplident) DESC, i.indisprimary DESC LIMIT 1), '{}')
 		FROM pg_publication_tables p
 		JOIN pg_namespace n ON n.nspname = p.schemaname
 		JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
 		WHERE p.pubname = $1
 		ORDER BY 1, 2`, name)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: list the tables of publication %q: %w", name, err)
+		return nil, nil, fmt.Errorf("postgres: list the tables of publication %q: %w", name, err)
 	}
 	keys := make(map[string][]string)
+	oids := make(map[string]uint32)
 	var noKey []string
 	for rows.Next() {
 		var schema, rel string
+		var oid uint32
 		var ident byte
 		var key []string
-		if err := rows.Scan(&schema, &rel, &ident, &key); err != nil {
+		if err := rows.Scan(&schema, &rel, &oid, &ident, &key); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("postgres: %w", err)
+			return nil, nil, fmt.Errorf("postgres: %w", err)
 		}
 		if rel == stateTable {
 			continue
@@ -107,24 +112,24 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 			noKey = append(noKey, q)
 			continue
 		}
-		keys[q] = key
+		keys[q], oids[q] = key, oid
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
+		return nil, nil, fmt.Errorf("postgres: %w", err)
 	}
 	if len(noKey) > 0 {
-		return nil, fmt.Errorf("postgres: table(s) %s have no primary key (nor a replica identity index): events need a key; add one, or leave them out with --tables", strings.Join(noKey, ", "))
+		return nil, nil, fmt.Errorf("postgres: table(s) %s have no primary key (nor a replica identity index): events need a key; add one, or leave them out with --tables", strings.Join(noKey, ", "))
 	}
 	for _, q := range quals {
 		if _, ok := keys[q]; !ok {
-			return nil, fmt.Errorf("postgres: table %s is not in publication %q (does it exist? ALTER PUBLICATION %s ADD TABLE %s)", q, name, name, q)
+			return nil, nil, fmt.Errorf("postgres: table %s is not in publication %q (does it exist? ALTER PUBLICATION %s ADD TABLE %s)", q, name, name, q)
 		}
 	}
 	if len(keys) == 0 {
-		return nil, fmt.Errorf("postgres: publication %q publishes no table: create one, or name tables with --tables", name)
+		return nil, nil, fmt.Errorf("postgres: publication %q publishes no table: create one, or name tables with --tables", name)
 	}
-	return keys, nil
+	return keys, oids, nil
 }
 
 // slotState is what start-up finds of the slot.

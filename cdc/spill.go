@@ -18,9 +18,11 @@ import (
 // order at its commit, and the file is removed after (or on abort, or
 // when the reader ends). It is owned by the reader.
 //
-// A record is a change (kind, xid, relation, old tuple kind, its tuples'
-// columns with their data types, truncated relations), prefixed with its
-// length. Read back, each change gets a buffer of its own, which its
+// A record is a change (kind, xid, relation, the generation of its table's
+// definition, old tuple kind, its tuples' columns with their data types,
+// the generations of truncated tables), prefixed with its length: read
+// back, a change finds the table as it was when it arrived
+// (relations.generations keeps them while a transaction is open). Read back, each change gets a buffer of its own, which its
 // tuples point into, as a change received from the WAL does.
 type spillFile struct {
 	f       *os.File
@@ -71,11 +73,12 @@ func (s *spillFile) write(c *change) (int, error) {
 	b = append(b, c.kind, c.oldKind)
 	b = binary.AppendUvarint(b, uint64(c.xid))
 	b = binary.AppendUvarint(b, uint64(c.rel))
+	b = binary.AppendUvarint(b, c.tbl.generation())
 	b = appendTuple(b, c.newRow)
 	b = appendTuple(b, c.oldRow)
 	b = binary.AppendUvarint(b, uint64(len(c.truncs)))
-	for _, r := range c.truncs {
-		b = binary.AppendUvarint(b, uint64(r))
+	for _, t := range c.truncs {
+		b = binary.AppendUvarint(b, t.generation())
 	}
 	s.rec = b
 	var l [binary.MaxVarintLen64]byte
@@ -117,8 +120,8 @@ func (s *spillFile) abort(xid uint32) {
 }
 
 // replay calls fn with each change written, in order, but those of
-// aborted subtransactions.
-func (s *spillFile) replay(fn func(*change) error) error {
+// aborted subtransactions; def gives a table definition by its generation.
+func (s *spillFile) replay(def func(uint64) *table, fn func(*change) error) error {
 	if err := s.w.Flush(); err != nil {
 		return fmt.Errorf("spill %s: %w", s.f.Name(), err)
 	}
@@ -139,7 +142,7 @@ func (s *spillFile) replay(fn func(*change) error) error {
 			return fmt.Errorf("spill %s: read: %w", s.f.Name(), err)
 		}
 		var c change
-		if err := decodeChange(rec, &c); err != nil {
+		if err := decodeChange(rec, &c, def); err != nil {
 			return fmt.Errorf("spill %s: %w", s.f.Name(), err)
 		}
 		if _, skip := s.aborted[c.xid]; skip {
@@ -153,16 +156,18 @@ func (s *spillFile) replay(fn func(*change) error) error {
 
 var errBadRecord = errors.New("malformed record")
 
-// decodeChange decodes a record written by write into c.
-func decodeChange(b []byte, c *change) error {
+// decodeChange decodes a record written by write into c; def gives a
+// table definition by its generation.
+func decodeChange(b []byte, c *change, def func(uint64) *table) error {
 	d := decoder{b: b}
 	c.kind, c.oldKind = d.byte(), d.byte()
 	c.xid, c.rel = uint32(d.uvarint()), uint32(d.uvarint())
+	c.tbl = def(d.uvarint())
 	c.newRow, c.oldRow = d.tuple(), d.tuple()
 	if n := d.uvarint(); n > 0 && n <= uint64(len(d.b)) {
-		c.truncs = make([]uint32, n)
+		c.truncs = make([]*table, n)
 		for i := range c.truncs {
-			c.truncs[i] = uint32(d.uvarint())
+			c.truncs[i] = def(d.uvarint())
 		}
 	} else if n > 0 {
 		d.err = true

@@ -76,8 +76,8 @@ func benchTailChanges(b *testing.B, n int, spills bool) {
 	cfg := Config{StateDir: b.TempDir()}
 	cfg.setDefaults()
 	in := &Ingest{cfg: cfg, log: zap.NewNop()}
-	pub := newPublisher(in, nil, nil, nil)
-	r := &reader{in: in, rels: newRelations("db", map[string][]string{"public.orders": {"id"}}, 0, pgjson.NewTypeCache(), nil), pub: pub, streamed: make(map[uint32]*txn)}
+	pub := newPublisher(in, nil, nil, "", nil)
+	r := &reader{in: in, rels: newRelations("db", nil, 0, pgjson.NewTypeCache(), nil), pub: pub, streamed: make(map[uint32]*txn)}
 	defer r.close()
 	ctx, cancel := context.WithCancel(context.Background())
 	events := make(chan int)

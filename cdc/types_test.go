@@ -670,14 +670,14 @@ func TestColumnTypesAgree(t *testing.T) {
 	}
 	evs := allEvents(t, r.b)
 	for _, e := range evs[before:] {
-		if strings.HasPrefix(e.ID, "b-") {
+		if strings.Contains(e.ID, ":b-") {
 			t.Fatalf("the restarted ingest bootstrapped again (%s %s): the memory state was not restored", e.Subject, e.ID)
 		}
 	}
 	lastDoc := map[string]map[string]json.RawMessage{"psql": {}, "pmemory": {}} // projection → subject token → its last document
 	for _, e := range evs {
 		phase := "tail"
-		if strings.HasPrefix(e.ID, "b-") {
+		if strings.Contains(e.ID, ":b-") {
 			phase = "bootstrap"
 		}
 		parts := strings.Split(e.Subject, ".")
