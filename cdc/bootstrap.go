@@ -25,7 +25,7 @@ import (
 // nothing is missed or doubled between the two.
 // The record goes through state, a connection outside the snapshot's
 // read-only transaction.
-func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[string][]string, docs *docEngine, types *pgjson.TypeCache, snapshot string, at pglogrepl.LSN, pub *publisher) error {
+func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[string][]string, oids map[string]uint32, docs *docEngine, types *pgjson.TypeCache, snapshot string, at pglogrepl.LSN, pub *publisher) error {
 	cfg := &in.cfg
 	conn, err := pgx.Connect(ctx, cfg.DSN)
 	if err != nil {
@@ -48,50 +48,11 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 			return fmt.Errorf("postgres: bootstrap: %s: %w", set, err)
 		}
 	}
-	names := make([]string, 0, len(keys))
-	for q := range keys {
-		names = append(names, q)
-	}
-	slices.Sort(names)
 	now := time.Now()
 	tx0 := &txn{commitLSN: at, commitTime: now} // bootstrap rows are "as of" the consistent point
-	total := 0
-	for ti, q := range names {
-		schema, rel, _ := strings.Cut(q, ".")
-		ident := pgx.Identifier{schema, rel}.Sanitize()
-		order := make([]string, len(keys[q]))
-		for i, k := range keys[q] {
-			order[i] = pgx.Identifier{k}.Sanitize()
-		}
-		t, err := in.bootstrapTable(ctx, tx, types, q, schema, rel, keys[q])
-		if err != nil {
-			return err
-		}
-		sel := make([]string, len(t.columns))
-		for i, c := range t.columns {
-			sel[i] = pgx.Identifier{c.name}.Sanitize()
-		}
-		cur := fmt.Sprintf("fanwire_bootstrap_%d", ti)
-		if _, err := tx.Exec(ctx, "DECLARE "+cur+" NO SCROLL CURSOR FOR SELECT "+strings.Join(sel, ", ")+" FROM "+ident+" ORDER BY "+strings.Join(order, ", ")); err != nil {
-			return fmt.Errorf("postgres: bootstrap %s: %w", q, err)
-		}
-		n := 0
-		enc := newBootEncoder(in.writer, t, tx0)
-		for {
-			evs, err := in.bootstrapChunk(ctx, tx, cur, enc, &n)
-			if err != nil {
-				return err
-			}
-			if len(evs) == 0 {
-				break
-			}
-			if err := pub.add(ctx, evs, 0, time.Time{}); err != nil {
-				return err
-			}
-		}
-		total += n
-		in.bootRows.Add(uint64(n))
-		in.log.Info("ingest: bootstrapped table", zap.String("table", q), zap.Int("rows", n))
+	total, err := in.bootstrapTables(ctx, tx, types, keys, tx0, pub)
+	if err != nil {
+		return err
 	}
 	if docs != nil {
 		n, err := in.bootstrapDocs(ctx, tx, docs, tx0, pub)
@@ -108,11 +69,64 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 			return err
 		}
 	}
-	if _, err := state.Exec(ctx, "INSERT INTO "+stateTable+" (slot, bootstrapped_lsn) VALUES ($1, $2) ON CONFLICT (slot) DO UPDATE SET bootstrapped_lsn = EXCLUDED.bootstrapped_lsn, bootstrapped_at = now()", cfg.Slot, at.String()); err != nil {
+	booted := make(map[string]string, len(keys))
+	for q := range keys {
+		booted[strconv.FormatUint(uint64(oids[q]), 10)] = at.String()
+	}
+	if _, err := state.Exec(ctx, "INSERT INTO "+stateTable+" (slot, bootstrapped_lsn, tables, projections) VALUES ($1, $2, $3, $4) ON CONFLICT (slot) DO UPDATE SET bootstrapped_lsn = EXCLUDED.bootstrapped_lsn, bootstrapped_at = now(), tables = EXCLUDED.tables, projections = EXCLUDED.projections", cfg.Slot, at.String(), booted, projectionHashes(cfg.Projections)); err != nil {
 		return fmt.Errorf("postgres: record the bootstrap: %w", err)
 	}
 	in.log.Info("ingest: bootstrap done", zap.Int("rows", total), zap.Duration("took", time.Since(now)))
 	return nil
+}
+
+// bootstrapTables publishes every row of the tables keys names (schema.table
+// → key columns), read in tx, as of tx0, and returns how many.
+func (in *Ingest) bootstrapTables(ctx context.Context, tx pgx.Tx, types *pgjson.TypeCache, keys map[string][]string, tx0 *txn, pub *publisher) (int, error) {
+	names := make([]string, 0, len(keys))
+	for q := range keys {
+		names = append(names, q)
+	}
+	slices.Sort(names)
+	total := 0
+	for ti, q := range names {
+		schema, rel, _ := strings.Cut(q, ".")
+		ident := pgx.Identifier{schema, rel}.Sanitize()
+		order := make([]string, len(keys[q]))
+		for i, k := range keys[q] {
+			order[i] = pgx.Identifier{k}.Sanitize()
+		}
+		t, err := in.bootstrapTable(ctx, tx, types, q, schema, rel, keys[q])
+		if err != nil {
+			return total, err
+		}
+		sel := make([]string, len(t.columns))
+		for i, c := range t.columns {
+			sel[i] = pgx.Identifier{c.name}.Sanitize()
+		}
+		cur := fmt.Sprintf("fanwire_bootstrap_%d", ti)
+		if _, err := tx.Exec(ctx, "DECLARE "+cur+" NO SCROLL CURSOR FOR SELECT "+strings.Join(sel, ", ")+" FROM "+ident+" ORDER BY "+strings.Join(order, ", ")); err != nil {
+			return total, fmt.Errorf("postgres: bootstrap %s: %w", q, err)
+		}
+		n := 0
+		enc := newBootEncoder(in.writer, t, tx0)
+		for {
+			evs, err := in.bootstrapChunk(ctx, tx, cur, enc, &n)
+			if err != nil {
+				return total, err
+			}
+			if len(evs) == 0 {
+				break
+			}
+			if err := pub.add(ctx, evs, 0, time.Time{}); err != nil {
+				return total, err
+			}
+		}
+		total += n
+		in.bootRows.Add(uint64(n))
+		in.log.Info("ingest: bootstrapped table", zap.String("table", q), zap.Int("rows", n))
+	}
+	return total, nil
 }
 
 // bootstrapTable describes a published table as the tail's Relation
@@ -241,13 +255,22 @@ func (e *bootEncoder) add(evs []broker.Outgoing, raw [][]byte) ([]broker.Outgoin
 // bootstrapDocs publishes every document of every projection, composed in
 // the bootstrap's snapshot, and returns how many.
 func (in *Ingest) bootstrapDocs(ctx context.Context, tx pgx.Tx, docs *docEngine, tx0 *txn, pub *publisher) (int, error) {
+	return in.bootstrapSomeDocs(ctx, tx, docs, nil, tx0, pub)
+}
+
+// bootstrapSomeDocs is bootstrapDocs for the projections want accepts (nil:
+// all; the memory state is loaded only for all).
+func (in *Ingest) bootstrapSomeDocs(ctx context.Context, tx pgx.Tx, docs *docEngine, want func(*docProjection) bool, tx0 *txn, pub *publisher) (int, error) {
 	total := 0
-	if docs.mem != nil {
+	if docs.mem != nil && want == nil {
 		if err := in.bootstrapMem(ctx, tx, docs); err != nil {
 			return 0, err
 		}
 	}
 	for pi, p := range docs.projs {
+		if want != nil && !want(p) {
+			continue
+		}
 		if _, ok := p.composer.(*memState); ok {
 			n, err := in.bootstrapMemDocs(ctx, docs, p, tx0, pub)
 			if err != nil {

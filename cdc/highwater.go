@@ -104,15 +104,20 @@ func (in *Ingest) learnHighWater(ctx context.Context, conn *pgx.Conn, use bool, 
 }
 
 // skip drops from evs the events at or before the mark. It returns the
-// events to publish, and whether the mark is passed (skip is then done).
+// events to publish (evs, filtered in place), and whether the mark is
+// passed (skip is then done). Bootstrap rows (a late bootstrap's, which
+// can go between the changes read again) have no place in the order: they
+// go, and do not end the skipping.
 func (h *highWater) skip(evs []broker.Outgoing) ([]broker.Outgoing, bool) {
-	for i, ev := range evs {
+	out, passed := evs[:0], false
+	for _, ev := range evs {
 		pos, ok := parseEventID(h.writer, ev.ID)
-		if !ok || compareEvents(pos, h.pos) > 0 {
-			h.skipped += i
-			return evs[i:], true
+		if ok && !passed && compareEvents(pos, h.pos) <= 0 {
+			h.skipped++
+			continue
 		}
+		passed = passed || ok
+		out = append(out, ev)
 	}
-	h.skipped += len(evs)
-	return evs[:0], false
+	return out, passed
 }

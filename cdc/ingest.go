@@ -369,6 +369,17 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 		<-pubDone
 	}()
 
+	// Late bootstraps (lateboot.go) run beside the reader; they stop
+	// before the publisher does.
+	lctx, lcancel := context.WithCancel(ctx)
+	var lwg sync.WaitGroup
+	defer func() {
+		lcancel()
+		lwg.Wait()
+	}()
+	r.late = make(map[uint32]*lateBoot)
+	r.lateRun = func(lb *lateBoot) { lwg.Go(func() { in.lateBootstrap(lctx, lb, pub) }) }
+
 	var start pglogrepl.LSN
 	if !st.exists {
 		res, err := pglogrepl.CreateReplicationSlot(ctx, rconn, cfg.Slot, "pgoutput",
@@ -382,7 +393,21 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 		in.log.Info("ingest: created slot; bootstrapping", zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", start))
 		// The snapshot lives until the replication connection runs its next
 		// command: bootstrap before starting replication.
-		if err := in.bootstrap(ctx, conn, keys, docs, types, res.SnapshotName, start, pub); err != nil {
+		if err := in.bootstrap(ctx, conn, keys, oids, docs, types, res.SnapshotName, start, pub); err != nil {
+			return err
+		}
+		r.booted = make(map[uint32]pglogrepl.LSN, len(keys))
+		for q := range keys {
+			r.booted[oids[q]] = start
+		}
+	} else {
+		var legacy bool
+		if r.booted, legacy = bootedTables(st, keys, oids); legacy {
+			if err := recordTables(ctx, conn, cfg.Slot, r.booted); err != nil {
+				return err
+			}
+		}
+		if err := in.bootstrapNewProjections(ctx, conn, docs, st, pub); err != nil {
 			return err
 		}
 	}
@@ -416,6 +441,13 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	}
 	if docs != nil {
 		r.rels.renamed = docs.renamed
+	}
+	// Tables published now that the slot's bootstrap did not cover (added
+	// to --tables or to the publication since): their rows, late.
+	for _, q := range slices.Sorted(maps.Keys(keys)) {
+		if err := r.requestLate(ctx, oids[q], q); err != nil {
+			return err
+		}
 	}
 	defer r.close()
 	return r.run(ctx)

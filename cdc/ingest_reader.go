@@ -51,6 +51,12 @@ type reader struct {
 	lastData   time.Time     // when the last change or commit arrived
 	nextStatus time.Time     // when the next standby status update is due
 	committing bool          // a commit is being handed over: its end is not received yet
+	// booted are the tables bootstrapped, by OID, with their snapshots'
+	// LSN; late, those being bootstrapped late, which lateRun runs
+	// (lateboot.go). booted nil: no late bootstraps (tests).
+	booted  map[uint32]pglogrepl.LSN
+	late    map[uint32]*lateBoot
+	lateRun func(*lateBoot)
 	// stopping ends when the ingest is asked to stop: the reader then
 	// stops cleanly (stop) while the run's context lives on for it.
 	stopping context.Context
@@ -267,7 +273,12 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 	}
 	switch m := m.(type) {
 	case *pglogrepl.RelationMessageV2:
-		return r.rels.define(ctx, &m.RelationMessage)
+		if err := r.rels.define(ctx, &m.RelationMessage); err != nil {
+			return err
+		}
+		if t := r.rels.byID[m.RelationID]; t.published() {
+			return r.requestLate(ctx, m.RelationID, t.nameKey)
+		}
 	case *pglogrepl.BeginMessage:
 		if r.cur != nil { // a begin without a commit: let it go, with its spill file
 			r.release(r.cur)
@@ -332,6 +343,9 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 // they are acknowledged.
 func (r *reader) commit(ctx context.Context, t *txn) error {
 	r.lastData = time.Now()
+	if err := r.waitLate(ctx, t.commitLSN); err != nil {
+		return err
+	}
 	r.release(t) // its changes go as they are used
 	defer r.done(t)
 	r.committing = true
@@ -454,7 +468,7 @@ func (r *reader) apply(ctx context.Context, t *txn, dc *docChanges, c *change, e
 					return evs, err
 				}
 			}
-			if tb == nil || !tb.published() {
+			if tb == nil || !tb.published() || r.dropsChange(tb.oid, t.commitLSN) {
 				continue
 			}
 			route = metrics.RoutePublish
@@ -472,7 +486,7 @@ func (r *reader) apply(ctx context.Context, t *txn, dc *docChanges, c *change, e
 			return evs, err
 		}
 	}
-	if !tb.published() {
+	if !tb.published() || r.dropsChange(tb.oid, t.commitLSN) {
 		r.in.wal.Observe(metrics.Kind(c.kind), metrics.RouteSkip)
 		return evs, nil
 	}

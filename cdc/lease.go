@@ -21,7 +21,10 @@ import (
 // session alive when it was sent, and PostgreSQL ends it no sooner than
 // the timeout after that. Past that time (the process was frozen) the
 // lease pings first, and publishes nothing if the session is gone. Time is
-// the monotonic clock, which runs on while a process is stopped.
+// the monotonic clock, which runs on while a process is stopped, and the
+// wall clock too: a paused virtual machine's monotonic clock does not
+// advance, but its wall clock is set forward when it resumes. The lease
+// runs out when either says so.
 //
 // The keeper pings every quarter of the timeout and the lease counts three
 // quarters from each ping, so a leader that runs never pings from the
@@ -35,18 +38,22 @@ type lease struct {
 
 	base  time.Time    // static: the monotonic origin of until
 	until atomic.Int64 // nanoseconds after base until which the lock is held
+	wall  atomic.Int64 // the same, as Unix nanoseconds of the wall clock
+	// wallNow reads the wall clock (static; tests move it).
+	wallNow func() int64
 }
 
 func newLease(conn *pgx.Conn, timeout time.Duration, lost func(error)) *lease {
-	l := &lease{timeout: timeout, lost: lost, conn: conn, base: time.Now()}
+	l := &lease{timeout: timeout, lost: lost, conn: conn, base: time.Now(), wallNow: func() int64 { return time.Now().UnixNano() }}
 	l.until.Store(int64(time.Since(l.base) + timeout*3/4)) // the lock was just taken
+	l.wall.Store(l.wallNow() + int64(timeout*3/4))
 	return l
 }
 
 // ping checks the lock's session and extends the lease; a failed ping
 // calls lost.
 func (l *lease) ping(ctx context.Context) error {
-	sent := time.Since(l.base)
+	sent, sentWall := time.Since(l.base), l.wallNow()
 	pctx, cancel := context.WithTimeout(ctx, l.timeout/2)
 	defer cancel()
 	l.mu.Lock()
@@ -60,14 +67,15 @@ func (l *lease) ping(ctx context.Context) error {
 		l.lost(err)
 		return err
 	}
-	l.extend(sent + l.timeout*3/4)
+	l.extend(&l.until, int64(sent+l.timeout*3/4))
+	l.extend(&l.wall, sentWall+int64(l.timeout*3/4))
 	return nil
 }
 
-func (l *lease) extend(until time.Duration) {
+func (l *lease) extend(v *atomic.Int64, until int64) {
 	for {
-		old := l.until.Load()
-		if int64(until) <= old || l.until.CompareAndSwap(old, int64(until)) {
+		old := v.Load()
+		if until <= old || v.CompareAndSwap(old, until) {
 			return
 		}
 	}
@@ -77,7 +85,7 @@ func (l *lease) extend(until time.Duration) {
 // runs, after a ping once it has run out. A nil lease (no leader timeout)
 // never runs out.
 func (l *lease) check(ctx context.Context) error {
-	if l == nil || l.timeout <= 0 || int64(time.Since(l.base)) < l.until.Load() {
+	if l == nil || l.timeout <= 0 || int64(time.Since(l.base)) < l.until.Load() && l.wallNow() < l.wall.Load() {
 		return nil
 	}
 	return l.ping(ctx)

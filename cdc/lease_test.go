@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -86,5 +87,37 @@ func waitGone(t *testing.T, pg *pgtest.Server, pid uint32) {
 			t.Fatalf("backend %d never ended", pid)
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+}
+
+// TestLeaseFencesAPausedVM: a paused virtual machine's monotonic clock
+// does not advance while it is paused, but its wall clock is set forward
+// when it resumes: the lease runs out by either. Here the monotonic clock
+// says the lease holds (a minute-long timeout, just taken), the wall
+// clock has moved on past it, and the lock's session is gone: asking the
+// lease pings, fails and reports the lock lost. Before, the lease trusted
+// the monotonic clock alone and the woken leader published.
+func TestLeaseFencesAPausedVM(t *testing.T) {
+	pg := pgtest.Start(t, pgtest.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var lost error
+	l := newLease(conn, time.Minute, func(err error) { lost = err })
+	var shift int64
+	wall := l.wallNow
+	l.wallNow = func() int64 { return wall() + shift }
+	pg.Exec("postgres", fmt.Sprintf("SELECT pg_terminate_backend(%d)", conn.PgConn().PID()))
+	waitGone(t, pg, conn.PgConn().PID())
+	if err := l.check(ctx); err != nil {
+		t.Fatalf("by both clocks the lease holds: %v", err)
+	}
+	shift = int64(time.Hour) // the VM resumes: its wall clock is set forward
+	if err := l.check(ctx); err == nil || lost == nil {
+		t.Fatalf("check after the wall clock passed the lease = %v, lost with %v; want the lost lock", err, lost)
 	}
 }

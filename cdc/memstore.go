@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pglogrepl"
 	bolt "go.etcd.io/bbolt"
@@ -50,7 +51,16 @@ func openMemStore(path string, specs []ProjectionSpec) (*memStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("memory state %s: %w", path, err)
 	}
-	b, _ := json.Marshal(specs)
+	// The state is for the memory-mode projections, in any order: a change
+	// of the sql-mode ones, or of the order, leaves it valid.
+	var mem []ProjectionSpec
+	for _, p := range specs {
+		if p.Mode == ModeMemory {
+			mem = append(mem, p)
+		}
+	}
+	slices.SortFunc(mem, func(a, b ProjectionSpec) int { return strings.Compare(a.Name, b.Name) })
+	b, _ := json.Marshal(mem)
 	h := sha256.Sum256(b)
 	return &memStore{db: db, hash: h[:]}, nil
 }

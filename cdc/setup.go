@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/jackc/pglogrepl"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -59,9 +60,31 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 		quals = append(quals, qualified(schema, rel))
 		want = append(want, pgx.Identifier{schema, rel}.Sanitize())
 	}
-	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", name).Scan(&exists); err != nil {
+	var exists, all bool
+	if err := conn.QueryRow(ctx, "SELECT count(*) > 0, coalesce(bool_or(puballtables), false) FROM pg_publication WHERE pubname = $1", name).Scan(&exists, &all); err != nil {
 		return nil, nil, fmt.Errorf("postgres: look up publication %q: %w", name, err)
+	}
+	if exists && !all && len(want) > 0 {
+		// A table named by --tables since the publication was made (a
+		// configuration change across a restart) is added to it; its
+		// rows are then bootstrapped late (lateboot.go).
+		var missing []string
+		for i, q := range quals {
+			schema, rel := splitTable(q)
+			var in bool
+			if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)", name, schema, rel).Scan(&in); err != nil {
+				return nil, nil, fmt.Errorf("postgres: look up publication %q: %w", name, err)
+			}
+			if !in {
+				missing = append(missing, want[i])
+			}
+		}
+		if len(missing) > 0 {
+			q := "ALTER PUBLICATION " + pgx.Identifier{name}.Sanitize() + " ADD TABLE " + strings.Join(missing, ", ")
+			if _, err := conn.Exec(ctx, q); err != nil {
+				return nil, nil, fmt.Errorf("postgres: --tables names tables publication %q does not hold: %s: %w", name, q, err)
+			}
+		}
 	}
 	if !exists {
 		q := "CREATE PUBLICATION " + pgx.Identifier{name}.Sanitize() + " FOR ALL TABLES"
@@ -138,6 +161,14 @@ type slotState struct {
 	bootstrapped bool
 	active       bool
 	confirmed    pglogrepl.LSN // the slot's confirmed_flush_lsn
+	// tables are the tables whose rows were bootstrapped, by OID, each
+	// with the LSN its snapshot was taken at (lateboot.go); nil when the
+	// record predates it.
+	tables map[uint32]pglogrepl.LSN
+	// projections are the projections whose documents were bootstrapped,
+	// by name, with a hash of their specs (projectionHashes); nil when the
+	// record predates it.
+	projections map[string]string
 }
 
 func lookupSlot(ctx context.Context, conn *pgx.Conn, slot string) (slotState, error) {
@@ -159,10 +190,51 @@ func lookupSlot(ctx context.Context, conn *pgx.Conn, slot string) (slotState, er
 			return st, fmt.Errorf("postgres: slot %q confirmed_flush_lsn %q: %w", slot, confirmed, err)
 		}
 	}
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+stateTable+" WHERE slot = $1)", slot).Scan(&st.bootstrapped); err != nil {
+	if _, err := conn.Exec(ctx, "ALTER TABLE "+stateTable+" ADD COLUMN IF NOT EXISTS tables jsonb, ADD COLUMN IF NOT EXISTS projections jsonb"); err != nil {
+		return st, fmt.Errorf("postgres: add the columns tables and projections to %s: %w", stateTable, err)
+	}
+	var tables map[string]string
+	err = conn.QueryRow(ctx, "SELECT tables, projections FROM "+stateTable+" WHERE slot = $1", slot).Scan(&tables, &st.projections)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return st, nil
+	case err != nil:
 		return st, fmt.Errorf("postgres: read %s: %w", stateTable, err)
 	}
+	st.bootstrapped = true
+	if tables != nil {
+		st.tables = make(map[uint32]pglogrepl.LSN, len(tables))
+		for oid, lsn := range tables {
+			o, err1 := strconv.ParseUint(oid, 10, 32)
+			l, err2 := pglogrepl.ParseLSN(lsn)
+			if err1 != nil || err2 != nil {
+				return st, fmt.Errorf("postgres: %s: slot %q: a table %q bootstrapped at %q", stateTable, slot, oid, lsn)
+			}
+			st.tables[uint32(o)] = l
+		}
+	}
 	return st, nil
+}
+
+// recordProjections records the projections whose documents are
+// bootstrapped (projectionHashes), replacing the record.
+func recordProjections(ctx context.Context, conn *pgx.Conn, slot string, projections map[string]string) error {
+	if _, err := conn.Exec(ctx, "UPDATE "+stateTable+" SET projections = $2 WHERE slot = $1", slot, projections); err != nil {
+		return fmt.Errorf("postgres: record the projections bootstrapped: %w", err)
+	}
+	return nil
+}
+
+// recordTables records that tables were bootstrapped at the LSNs given.
+func recordTables(ctx context.Context, conn *pgx.Conn, slot string, tables map[uint32]pglogrepl.LSN) error {
+	rec := make(map[string]string, len(tables))
+	for oid, lsn := range tables {
+		rec[strconv.FormatUint(uint64(oid), 10)] = lsn.String()
+	}
+	if _, err := conn.Exec(ctx, "UPDATE "+stateTable+" SET tables = coalesce(tables, '{}') || $2 WHERE slot = $1", slot, rec); err != nil {
+		return fmt.Errorf("postgres: record the tables bootstrapped: %w", err)
+	}
+	return nil
 }
 
 // dropSlot drops the slot and forgets its bootstrap.

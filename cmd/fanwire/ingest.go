@@ -51,7 +51,7 @@ func (f *ingestFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.pg, "pg", "", what)
 	fs.StringVar(&f.slot, "slot", "fanwire", "ingest: logical replication slot (created if missing)")
 	fs.StringVar(&f.publication, "publication", "fanwire", "ingest: publication (created if missing: for --tables, or for all tables)")
-	fs.StringVar(&f.prefix, "prefix", "db", "ingest: first subject token: events go to <prefix>.<table>.<key>")
+	fs.StringVar(&f.prefix, "prefix", "db", "ingest: first subject token (letters, digits, _ and -): events go to <prefix>.<table>.<key>; ingests may share a prefix and a stream, each with its own tables")
 	fs.Var(&f.tables, "tables", "ingest: tables to publish, comma-separated (table in public, or schema.table); default every table of the publication")
 	fs.BoolVar(&f.rebootstrap, "rebootstrap", false, "ingest: drop the slot and publish every row again before tailing")
 	fs.DurationVar(&f.flushWindow, "flush-window", 2*time.Millisecond, "ingest: how long the documents of projections coalesce across transactions, 0 for none (table events never wait: they publish at once, or with what arrived while the previous publish was in flight)")
