@@ -138,15 +138,7 @@ func TestRedisConditionalAppend(t *testing.T) {
 			t.Fatalf("append after w:600: %v", err)
 		}
 		checkLastID(t, b, "w", nil, "w:900", "after 900")
-		var got []string
-		if err := b.Replay(ctx, nil, "", "rs:99999999999999-0", func(ms []broker.Message) error {
-			for _, m := range ms {
-				got = append(got, string(m.Data))
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
+		got := redisData(t, b)
 		for i, d := range got {
 			if d != fmt.Sprint(i+1) {
 				t.Fatalf("message %d is %s, want %d", i, d, i+1)

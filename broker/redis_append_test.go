@@ -39,15 +39,7 @@ func testRedisAppend(t *testing.T, r redisTarget) {
 		t.Fatal(err)
 	}
 	checkLastID(t, b, "w", nil, "w:e600", "after the second append")
-	var got []string
-	if err := b.Replay(ctx, nil, "", "rs:99999999999999-0", func(ms []broker.Message) error {
-		for _, m := range ms {
-			got = append(got, string(m.Data))
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	got := redisData(t, b)
 	var want []string
 	for i := range 601 {
 		want = append(want, fmt.Sprint(i))
@@ -58,4 +50,19 @@ func testRedisAppend(t *testing.T, r redisTarget) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("stream holds %d messages:\n%s\nwant %d:\n%s", len(got), strings.Join(got, " "), len(want), strings.Join(want, " "))
 	}
+}
+
+// redisData is the data of every message b's stream holds, in order.
+func redisData(t *testing.T, b *broker.Redis) []string {
+	t.Helper()
+	var got []string
+	if err := b.Replay(t.Context(), nil, "", "rs:99999999999999-0", func(ms []broker.Message) error {
+		for _, m := range ms {
+			got = append(got, string(m.Data))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }

@@ -252,14 +252,7 @@ func (in *Ingest) lateBootstrap(ctx context.Context, lb *lateBoot, pub *publishe
 // a table that does not exist there.
 func tableByOID(ctx context.Context, q querier, oid uint32) (string, []string, error) {
 	rows, err := q.Query(ctx, `
-		SELECT n.nspname, c.relname,
-		       coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
-		                 FROM pg_index i
-		                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-		                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-		                 WHERE i.indrelid = c.oid AND (i.indisprimary OR (c.relreplident = 'i' AND i.indisreplident))
-		                 GROUP BY i.indexrelid, i.indisprimary, i.indisreplident
-		                 ORDER BY (c.relreplident = 'i' AND i.indisreplident) DESC, i.indisprimary DESC LIMIT 1), '{}')
+		SELECT n.nspname, c.relname, `+keyColumnsSQL+`
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.oid = $1`, oid)
 	if err != nil {

@@ -96,14 +96,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 		}
 	}
 	rows, err := conn.Query(ctx, `
-		SELECT p.schemaname, p.tablename, c.oid, c.relreplident,
-		       coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
-		                 FROM pg_index i
-		                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-		                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-		                 WHERE i.indrelid = c.oid AND (i.indisprimary OR (c.relreplident = 'i' AND i.indisreplident))
-		                 GROUP BY i.indexrelid, i.indisprimary, i.indisreplident
-		                 ORDER BY (c.relreplident = 'i' AND i.indisreplident) DESC, i.indisprimary DESC LIMIT 1), '{}')
+		SELECT p.schemaname, p.tablename, c.oid, c.relreplident, `+keyColumnsSQL+`
 		FROM pg_publication_tables p
 		JOIN pg_namespace n ON n.nspname = p.schemaname
 		JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
@@ -154,6 +147,18 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 	}
 	return keys, oids, nil
 }
+
+// keyColumnsSQL selects the key columns of the table c (pg_class) as an
+// array of names in key order: its replica identity index's (what pgoutput
+// sends of a deleted row when it has one), else its primary key's; empty
+// when it has neither.
+const keyColumnsSQL = `coalesce((SELECT array_agg(a.attname ORDER BY k.ord)
+		FROM pg_index i
+		CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		WHERE i.indrelid = c.oid AND (i.indisprimary OR (c.relreplident = 'i' AND i.indisreplident))
+		GROUP BY i.indexrelid, i.indisprimary, i.indisreplident
+		ORDER BY (c.relreplident = 'i' AND i.indisreplident) DESC, i.indisprimary DESC LIMIT 1), '{}')`
 
 // slotState is what start-up finds of the slot.
 type slotState struct {

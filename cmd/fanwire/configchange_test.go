@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -57,22 +55,13 @@ func TestConfigChangeAcrossRestart(t *testing.T) {
 			first := writeConfig("first.yaml", "zeta:a", "alpha:b")
 			second := writeConfig("second.yaml", "alpha:b", "zeta:a", "mid:c")
 			b := newRestartableBroker(ctx, t, kind, time.Second)
-			var logs bytes.Buffer
-			var logMu sync.Mutex
-			dump := func() string {
-				logMu.Lock()
-				defer logMu.Unlock()
-				return logs.String()
-			}
-			port, err := freePort()
-			if err != nil {
-				t.Fatal(err)
-			}
-			addr := fmt.Sprintf("127.0.0.1:%d", port)
+			var logs procLogs
+			dump := logs.dump
+			addr := listenAddr(t)
 			ingest := func(tables, config string) func() *os.Process {
 				args := append([]string{"ingest", "--pg", pg.DSN("postgres"), "--listen", addr, "--log-level", "info",
 					"--tables", tables, "--config", config, "--state-dir", dir}, b.args...)
-				start := starter(t, bin, args, &logs, &logMu)
+				start := logs.starter(t, bin, args)
 				return func() *os.Process { return start().Process }
 			}
 			stop := make(chan struct{})

@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -56,19 +54,10 @@ func TestDDLUnderLoadKilled(t *testing.T) {
 					fmt.Sprintf("INSERT INTO %s SELECT g, 0, 'b' || g FROM generate_series(1, %d) g", tb.name, rows))
 			}
 			b := newRestartableBroker(ctx, t, kind, time.Second)
-			var logs bytes.Buffer
-			var logMu sync.Mutex
-			dump := func() string {
-				logMu.Lock()
-				defer logMu.Unlock()
-				return logs.String()
-			}
-			port, err := freePort()
-			if err != nil {
-				t.Fatal(err)
-			}
-			addr := fmt.Sprintf("127.0.0.1:%d", port)
-			start := starter(t, bin, append([]string{"ingest", "--pg", pg.DSN("postgres"), "--listen", addr, "--log-level", "info", "--state-dir", t.TempDir()}, b.args...), &logs, &logMu)
+			var logs procLogs
+			dump := logs.dump
+			addr := listenAddr(t)
+			start := logs.starter(t, bin, append([]string{"ingest", "--pg", pg.DSN("postgres"), "--listen", addr, "--log-level", "info", "--state-dir", t.TempDir()}, b.args...))
 			cmd := start()
 			defer func() {
 				_ = cmd.Process.Kill()

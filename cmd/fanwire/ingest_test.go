@@ -551,3 +551,31 @@ func grepLines(logs, s string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// procLogs gathers the output of the processes a test starts.
+type procLogs struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+// starter is the package's starter, writing into l.
+func (l *procLogs) starter(t *testing.T, bin string, args []string) func() *exec.Cmd {
+	return starter(t, bin, args, &l.buf, &l.mu)
+}
+
+// dump returns everything written so far.
+func (l *procLogs) dump() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// listenAddr is a free loopback address for a process's --listen.
+func listenAddr(t *testing.T) string {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", port)
+}

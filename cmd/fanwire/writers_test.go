@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -40,22 +38,13 @@ func TestTwoIngestsOnOnePrefix(t *testing.T) {
 				"INSERT INTO customers SELECT g, 0 FROM generate_series(1, 5) g",
 			)
 			b := newRestartableBroker(ctx, t, kind, time.Second)
-			var logs bytes.Buffer
-			var logMu sync.Mutex
-			dump := func() string {
-				logMu.Lock()
-				defer logMu.Unlock()
-				return logs.String()
-			}
+			var logs procLogs
+			dump := logs.dump
 			ingest := func(slot, tables string) (addr string, start func() *exec.Cmd) {
-				port, err := freePort()
-				if err != nil {
-					t.Fatal(err)
-				}
-				addr = fmt.Sprintf("127.0.0.1:%d", port)
+				addr = listenAddr(t)
 				args := append([]string{"ingest", "--pg", pg.DSN("postgres"), "--listen", addr, "--log-level", "info",
 					"--slot", slot, "--publication", slot, "--tables", tables, "--state-dir", t.TempDir()}, b.args...)
-				return addr, starter(t, bin, args, &logs, &logMu)
+				return addr, logs.starter(t, bin, args)
 			}
 			addrA, startA := ingest("a", "orders")
 			addrB, startB := ingest("b", "customers")
