@@ -213,3 +213,26 @@ func TestJetStreamAppendWithoutFastBatches(t *testing.T) {
 	}
 	checkStored(t, js, 2510)
 }
+
+// TestAppendAsksTheFenceBeforeSendingAgain: an append whose batch is not
+// acknowledged (the server is down) asks the writer's fence before it
+// sends again, and stops with the fence's error: a leader whose lease ran
+// out while it waited sends nothing more. Before, it sent again until its
+// context ended.
+func TestAppendAsksTheFenceBeforeSendingAgain(t *testing.T) {
+	ns := brokertest.NATS(t)
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "FENCE"})
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	errFenced := errors.New("the lease ran out")
+	asked := 0
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	err := b.Append(ctx, appendEvents(0, 10), broker.AppendOptions{Writer: "w", Fence: func(context.Context) error {
+		asked++
+		return errFenced
+	}})
+	if !errors.Is(err, errFenced) || asked != 1 {
+		t.Fatalf("append to a server that is down: %v after %d fence checks; want the fence's error after 1", err, asked)
+	}
+}

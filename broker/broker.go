@@ -76,6 +76,12 @@ type AppendOptions struct {
 	// where it would otherwise leave a gap.
 	Check bool
 	Last  string
+	// Fence, when not nil, is asked before the broker sends again what it
+	// sent and did not see acknowledged (a retry after a lost answer or a
+	// failover): an error ends the call. A writer that holds a lease
+	// checks it there, so a leader frozen in a retry sends nothing after
+	// its lease ran out.
+	Fence func(context.Context) error
 }
 
 // WriterID is the id of a writer's message: its name, ':' and the id it

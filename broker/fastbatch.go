@@ -63,9 +63,17 @@ import (
 // reads; opts.Check is not checked: a JetStream stream can check the last
 // sequence on one subject filter only, and the writers sharing a stream
 // and a prefix publish on subjects no single filter separates.
-func (b *JetStream) Append(ctx context.Context, msgs []Outgoing, _ AppendOptions) error {
+//
+// Before it sends again what was not acknowledged, it asks opts.Fence (a
+// writer that lost its lease while it waited sends nothing more).
+func (b *JetStream) Append(ctx context.Context, msgs []Outgoing, opts AppendOptions) error {
 	wait := publishRetryMin
-	for attempt := 0; len(msgs) > 0; {
+	for attempt, sent := 0, false; len(msgs) > 0; sent = true {
+		if sent && opts.Fence != nil {
+			if err := opts.Fence(ctx); err != nil {
+				return fmt.Errorf("jetstream append: %d messages not sent again: %w", len(msgs), err)
+			}
+		}
 		if !b.fast.Load() {
 			_, err := b.Publish(ctx, msgs)
 			return err

@@ -357,6 +357,13 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	if lastID != "" && r.reg != nil && !stored {
+		// Recorded now rather than at the keeper's next renewal: a mark
+		// lost from here on is told as lost.
+		if err := r.reg.update(ctx, func(rec *writerRecord) { rec.Stored = true }); err != nil {
+			in.log.Warn("ingest: record in the broker's registry that this ingest has stored events", zap.Error(err))
+		}
+	}
 	pub := newPublisher(in, lease, hw, lastID, cancel)
 	pctx, stopPub := context.WithCancel(ctx)
 	pubDone := make(chan struct{})

@@ -177,7 +177,7 @@ func (p *publisher) run(ctx context.Context) {
 				// leader that lost its lease, or an earlier part refused,
 				// finds the writer's last stored event moved or missing,
 				// and its append is refused.
-				err = a.Append(pctx, slice, broker.AppendOptions{Writer: p.in.writer, Check: true, Last: p.last})
+				err = a.Append(pctx, slice, broker.AppendOptions{Writer: p.in.writer, Check: true, Last: p.last, Fence: p.lease.check})
 				if err == nil {
 					p.last = slice[len(slice)-1].ID
 				}
