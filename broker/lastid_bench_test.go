@@ -48,8 +48,9 @@ func benchmarkLastID(b *testing.B, br interface {
 	}{{"customers", 10_000}, {"orders", 100_000}, {"order_items", 300_000}}
 	batch := make([]broker.Outgoing, 0, 1000)
 	seq := 0
+	writer := "w"
 	flush := func() {
-		if err := br.Append(ctx, batch, broker.AppendOptions{Writer: "w"}); err != nil {
+		if err := br.Append(ctx, batch, broker.AppendOptions{Writer: writer}); err != nil {
 			b.Fatal(err)
 		}
 		batch = batch[:0]
@@ -63,6 +64,8 @@ func benchmarkLastID(b *testing.B, br interface {
 			}
 		}
 	}
+	flush()
+	writer = "" // another publisher's
 	for i := range 1000 {
 		batch = append(batch, broker.Outgoing{Subject: "app.x", Data: data, ID: fmt.Sprintf("app-%d", i)})
 	}
