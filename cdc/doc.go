@@ -28,9 +28,20 @@
 //	    stores a prefix of them in order and returns once every one is
 //	    acknowledged, and only then advances the LSN that the reader confirms
 //	    to PostgreSQL. A crash re-reads what was not confirmed; the next run
-//	    asks the broker for its high-water mark and skips what is at or
+//	    asks the broker for its high-water mark (its own: every id starts
+//	    with the ingest's writer name, writers.go) and skips what is at or
 //	    before it (highwater.go), by ids that order the events as they were
-//	    published (eventid.go). A failed publish ends the run.
+//	    published (eventid.go). A failed publish ends the run. A stop
+//	    (SIGTERM) hands over what was decoded, waits for the acks and
+//	    confirms them first.
+//	  - Each change keeps the table definition of the Relation message
+//	    before it (relation.go): DDL in the middle of a transaction leaves
+//	    the changes before it as they were written. Tables published after
+//	    the slot's bootstrap are bootstrapped late, from a snapshot of
+//	    their own, beside the reader (lateboot.go: one goroutine per table,
+//	    owned by the run, stopped and waited for before the publisher).
+//	  - The ingest's registration in the broker (writers.go) is renewed by
+//	    a goroutine the run owns.
 //	  - A row that cannot be published becomes an error event in its place
 //	    (badrow.go): one bad value never stops the ingest.
 //
