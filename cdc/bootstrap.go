@@ -32,22 +32,11 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 		return fmt.Errorf("postgres: bootstrap connection: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := beginSnapshot(ctx, conn, snapshot)
 	if err != nil {
 		return fmt.Errorf("postgres: bootstrap: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteString(snapshot)); err != nil {
-		return fmt.Errorf("postgres: bootstrap: set snapshot: %w", err)
-	}
-	// Values in text format, as pgoutput sends them, in the same session
-	// settings.
-	for k, v := range pgjson.OutputParams() {
-		set := "SET LOCAL " + k + " = " + quoteString(v)
-		if _, err := tx.Exec(ctx, set); err != nil {
-			return fmt.Errorf("postgres: bootstrap: %s: %w", set, err)
-		}
-	}
 	now := time.Now()
 	tx0 := &txn{commitLSN: at, commitTime: now} // bootstrap rows are "as of" the consistent point
 	total, err := in.bootstrapTables(ctx, tx, types, keys, tx0, pub)
@@ -78,6 +67,30 @@ func (in *Ingest) bootstrap(ctx context.Context, state *pgx.Conn, keys map[strin
 	}
 	in.log.Info("ingest: bootstrap done", zap.Int("rows", total), zap.Duration("took", time.Since(now)))
 	return nil
+}
+
+// beginSnapshot begins a read-only repeatable-read transaction on conn, in
+// the exported snapshot (none: ""), whose values come in text format as
+// pgoutput sends them, in the same session settings.
+func beginSnapshot(ctx context.Context, conn *pgx.Conn, snapshot string) (pgx.Tx, error) {
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, err
+	}
+	if snapshot != "" {
+		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteString(snapshot)); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("set snapshot: %w", err)
+		}
+	}
+	for k, v := range pgjson.OutputParams() {
+		set := "SET LOCAL " + k + " = " + quoteString(v)
+		if _, err := tx.Exec(ctx, set); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("%s: %w", set, err)
+		}
+	}
+	return tx, nil
 }
 
 // bootstrapTables publishes every row of the tables keys names (schema.table

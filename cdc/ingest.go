@@ -198,11 +198,10 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 		}
 	}()
 	cfg := &in.cfg
-	ccfg, err := pgx.ParseConfig(cfg.DSN)
+	ccfg, err := connConfig(cfg.DSN)
 	if err != nil {
-		return errFatal{fmt.Errorf("postgres: %w", err)}
+		return err
 	}
-	withSessionParams(ccfg.RuntimeParams)
 	conn, err := pgx.ConnectConfig(ctx, ccfg)
 	if err != nil {
 		return fmt.Errorf("postgres: connect: %w", err)
@@ -290,14 +289,10 @@ func (in *Ingest) runOnce(parent context.Context) (err error) {
 		st.exists = false
 	}
 
-	rcfg, err := pgconn.ParseConfig(cfg.DSN)
+	rcfg, err := replicationConfig(cfg.DSN)
 	if err != nil {
-		return errFatal{fmt.Errorf("postgres: %w", err)}
+		return err
 	}
-	withSessionParams(rcfg.RuntimeParams)
-	rcfg.RuntimeParams["replication"] = "database"
-	// pgoutput writes values with the walsender's output settings.
-	maps.Copy(rcfg.RuntimeParams, pgjson.OutputParams())
 	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
 		return fmt.Errorf("postgres: replication connection: %w", err)

@@ -164,12 +164,10 @@ func lateSlotName(slot string, oid uint32) string {
 func (in *Ingest) lateBootstrap(ctx context.Context, lb *lateBoot, pub *publisher) {
 	readied := false
 	err := func() error {
-		rcfg, err := pgconn.ParseConfig(in.cfg.DSN)
+		rcfg, err := replicationConfig(in.cfg.DSN)
 		if err != nil {
-			return errFatal{fmt.Errorf("postgres: %w", err)}
+			return err
 		}
-		withSessionParams(rcfg.RuntimeParams)
-		rcfg.RuntimeParams["replication"] = "database"
 		rconn, err := pgconn.ConnectConfig(ctx, rcfg)
 		if err != nil {
 			return fmt.Errorf("postgres: late bootstrap of %s: replication connection: %w", lb.name, err)
@@ -185,29 +183,20 @@ func (in *Ingest) lateBootstrap(ctx context.Context, lb *lateBoot, pub *publishe
 		}
 		close(lb.ready)
 		readied = true
-		ccfg, err := pgx.ParseConfig(in.cfg.DSN)
+		ccfg, err := connConfig(in.cfg.DSN)
 		if err != nil {
-			return errFatal{fmt.Errorf("postgres: %w", err)}
+			return err
 		}
-		withSessionParams(ccfg.RuntimeParams)
 		conn, err := pgx.ConnectConfig(ctx, ccfg)
 		if err != nil {
 			return fmt.Errorf("postgres: late bootstrap of %s: %w", lb.name, err)
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
-		tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+		tx, err := beginSnapshot(ctx, conn, res.SnapshotName)
 		if err != nil {
 			return fmt.Errorf("postgres: late bootstrap of %s: %w", lb.name, err)
 		}
 		defer tx.Rollback(context.WithoutCancel(ctx))
-		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteString(res.SnapshotName)); err != nil {
-			return fmt.Errorf("postgres: late bootstrap of %s: set snapshot: %w", lb.name, err)
-		}
-		for k, v := range pgjson.OutputParams() {
-			if _, err := tx.Exec(ctx, "SET LOCAL "+k+" = "+quoteString(v)); err != nil {
-				return fmt.Errorf("postgres: late bootstrap of %s: %w", lb.name, err)
-			}
-		}
 		q, key, err := tableByOID(ctx, tx, lb.oid)
 		if err != nil {
 			return err
@@ -323,16 +312,11 @@ func (in *Ingest) bootstrapNewProjections(ctx context.Context, conn *pgx.Conn, d
 		}
 		return nil
 	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := beginSnapshot(ctx, conn, "")
 	if err != nil {
 		return fmt.Errorf("postgres: bootstrap new projections: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	for k, v := range pgjson.OutputParams() {
-		if _, err := tx.Exec(ctx, "SET LOCAL "+k+" = "+quoteString(v)); err != nil {
-			return fmt.Errorf("postgres: bootstrap new projections: %w", err)
-		}
-	}
 	tx0 := &txn{commitLSN: st.confirmed, commitTime: time.Now()}
 	n, err := in.bootstrapSomeDocs(ctx, tx, docs, fresh, tx0, pub)
 	if err != nil {

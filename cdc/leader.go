@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"strconv"
 	"time"
 
+	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 )
 
@@ -46,6 +49,31 @@ var sessionParams = map[string]string{
 	"tcp_keepalives_interval": "2",
 	"tcp_keepalives_count":    "3",
 	"statement_timeout":       "0", // a standby waits in one statement
+}
+
+// connConfig is the configuration of the ingest's connections to dsn,
+// with sessionParams.
+func connConfig(dsn string) (*pgx.ConnConfig, error) {
+	c, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, errFatal{fmt.Errorf("postgres: %w", err)}
+	}
+	withSessionParams(c.RuntimeParams)
+	return c, nil
+}
+
+// replicationConfig is the configuration of a replication connection to
+// dsn, with sessionParams, whose pgoutput writes values with the output
+// settings the ingest reads them in.
+func replicationConfig(dsn string) (*pgconn.Config, error) {
+	c, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil, errFatal{fmt.Errorf("postgres: %w", err)}
+	}
+	withSessionParams(c.RuntimeParams)
+	c.RuntimeParams["replication"] = "database"
+	maps.Copy(c.RuntimeParams, pgjson.OutputParams())
+	return c, nil
 }
 
 func withSessionParams(params map[string]string) {
