@@ -15,7 +15,7 @@ APT_PKGS := redis-server nats-server postgresql chromium nodejs npm
 # GraphQL clients, and what the JavaScript client's tests run with.
 NPM_FIXTURES := gateway/testdata/graphqlws gateway/testdata/fanwirejs
 
-.PHONY: test deps vet fmt-check generate-check unit fuzz fuzz-short bench build loadtest
+.PHONY: test deps vet fmt-check generate-check unit fuzz fuzz-short security bench build loadtest
 
 test: deps vet fmt-check generate-check unit fuzz-short
 
@@ -82,6 +82,12 @@ fuzz:
 # failing input).
 fuzz-short:
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=3000x
+
+# security runs the security suite alone: every attack of the hardening
+# review against a real fanwire ws process (cmd/fanwire/security_test.go).
+# `make test` runs it too, with every other test.
+security: deps
+	$(GO) test -race -count=1 -run '^TestSecurity$$' -v ./cmd/fanwire/
 
 # bench runs the hot-path benchmarks 6 times for benchstat.
 bench:

@@ -23,7 +23,7 @@ import (
 )
 
 // buildBinary builds fanwire into a temp dir once per test.
-func buildBinary(t *testing.T) string {
+func buildBinary(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "fanwire")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
@@ -296,7 +296,7 @@ func checkOnce(t *testing.T, count func() map[string]int, n int, logs func() str
 
 // starter returns a function that starts bin with args, its output going
 // to logs (guarded by mu).
-func starter(t *testing.T, bin string, args []string, logs *bytes.Buffer, mu *sync.Mutex) func() *exec.Cmd {
+func starter(t testing.TB, bin string, args []string, logs *bytes.Buffer, mu *sync.Mutex) func() *exec.Cmd {
 	return func() *exec.Cmd {
 		cmd := exec.Command(bin, args...)
 		w := lockedWriter{mu: mu, w: logs}
@@ -559,7 +559,7 @@ type procLogs struct {
 }
 
 // starter is the package's starter, writing into l.
-func (l *procLogs) starter(t *testing.T, bin string, args []string) func() *exec.Cmd {
+func (l *procLogs) starter(t testing.TB, bin string, args []string) func() *exec.Cmd {
 	return starter(t, bin, args, &l.buf, &l.mu)
 }
 
@@ -571,7 +571,7 @@ func (l *procLogs) dump() string {
 }
 
 // listenAddr is a free loopback address for a process's --listen.
-func listenAddr(t *testing.T) string {
+func listenAddr(t testing.TB) string {
 	t.Helper()
 	port, err := freePort()
 	if err != nil {
