@@ -188,6 +188,16 @@ type ConsumerConfig struct {
 	// not exist; "" opens an ephemeral one, removed by Delete or when
 	// unused for Inactive. It must match ValidConsumerName.
 	Name string
+	// Owner is the principal the durable belongs to (the gateway's: a
+	// token's sub). The consumer's server-side name is DurableName(Owner,
+	// Name): two owners naming the same durable get two consumers, and
+	// neither can bind, move or delete the other's.
+	Owner string
+	// MaxDurables caps Owner's durable consumers on the stream (0: no
+	// cap). Creating one more fails with an error wrapping
+	// ErrTooManyConsumers; binding (or moving) an existing one never does.
+	// The count is the broker's, so it holds across the nodes sharing it.
+	MaxDurables int
 	// From is where the consumer starts: "" = with the next event stored
 	// (an existing durable: where it left off), "first" = with the first
 	// retained, or a cursor = right after it (an existing durable is
@@ -228,6 +238,10 @@ type Consumer interface {
 // opened as asked: a malformed name, or a durable consumer of that name
 // with another filter.
 var ErrBadConsumer = errors.New("bad consumer")
+
+// ErrTooManyConsumers is wrapped by the error of a new durable consumer
+// past its owner's ConsumerConfig.MaxDurables.
+var ErrTooManyConsumers = errors.New("too many durable consumers")
 
 // ErrUnsupported is wrapped by errors about what the broker's server is too
 // old to do (a JetStream feature of a later nats-server): asking again

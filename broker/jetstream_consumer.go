@@ -2,6 +2,8 @@ package broker
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -17,6 +19,11 @@ const (
 	// a client names: a client can bind only fanwire's own durables, not
 	// a consumer some other application keeps on the stream.
 	DurablePrefix = "fanwire_"
+	// ownerHashLen is the bytes of an owner's SHA-256 in its durables'
+	// names (hex: twice as many characters): 96 bits, so no two owners of
+	// one stream meet, in a name of at most 8+24+1+64 = 97 characters
+	// (NATS takes 255).
+	ownerHashLen = 12
 	// consumerPull is a subscription consumer's pull window.
 	consumerPull = 512
 	// consumerMaxAckPending bounds the messages delivered to a
@@ -53,23 +60,40 @@ type jsTail struct {
 	msg jetstream.Msg
 }
 
+// DurableName is the server-side name of owner's durable consumer name:
+// DurablePrefix, a hash of owner (any owner string then fits the server's
+// name rules, and says nothing of whose it is), '_' and name.
+func DurableName(owner, name string) string { return durableOwnerPrefix(owner) + name }
+
+func durableOwnerPrefix(owner string) string {
+	sum := sha256.Sum256([]byte(owner))
+	return DurablePrefix + hex.EncodeToString(sum[:ownerHashLen]) + "_"
+}
+
 // OpenConsumer opens a subscription's own consumer: it binds the durable
 // consumer cfg.Name if it exists (same filter), or creates one (durable or
 // ephemeral) that starts at cfg.From.
 func (b *JetStream) OpenConsumer(ctx context.Context, cfg ConsumerConfig) (Consumer, error) {
 	c := &jsConsumer{b: b}
 	inactive := cfg.Inactive
+	counted := false // a new durable, within its owner's cap before it was created
 	if cfg.Name != "" {
 		if !ValidConsumerName(cfg.Name) {
 			return nil, fmt.Errorf("%w: name %q: use 1 to 64 letters, digits, '-' or '_'", ErrBadConsumer, cfg.Name)
 		}
-		c.name = DurablePrefix + cfg.Name
-		bound, from, err := c.bind(ctx, cfg)
+		c.name = DurableName(cfg.Owner, cfg.Name)
+		bound, from, existed, err := c.bind(ctx, cfg)
 		if bound || err != nil {
 			return c, err
 		}
 		if from != "" { // re-created at its own position: still the same durable to the client
 			cfg.From, c.bound = from, true
+		}
+		if !existed {
+			if err := b.checkOwned(ctx, cfg, 0); err != nil {
+				return nil, err
+			}
+			counted = true
 		}
 		if inactive == 0 {
 			inactive = durableInactive
@@ -119,7 +143,7 @@ func (b *JetStream) OpenConsumer(ctx context.Context, cfg ConsumerConfig) (Consu
 	cons, err := b.js.CreateConsumer(ctx, b.cfg.Stream, ccfg)
 	if errors.Is(err, jetstream.ErrConsumerExists) && c.name != "" {
 		// Created meanwhile by another subscription: bind that one.
-		if bound, _, err := c.bind(ctx, cfg); bound || err != nil {
+		if bound, _, _, err := c.bind(ctx, cfg); bound || err != nil {
 			return c, err
 		}
 	}
@@ -127,20 +151,59 @@ func (b *JetStream) OpenConsumer(ctx context.Context, cfg ConsumerConfig) (Consu
 		return nil, fmt.Errorf("jetstream: create consumer for %s: %w", strings.Join(cfg.Filters, ","), unsupported(err))
 	}
 	c.cons, c.name = cons, cons.CachedInfo().Name
+	if counted {
+		// Counted again with it: two nodes creating the owner's last
+		// durable at once both passed the first count, and the one
+		// that finds itself over the cap gives its slot back.
+		if err := b.checkOwned(ctx, cfg, 1); err != nil {
+			if derr := c.Delete(ctx); derr != nil {
+				b.core.log.Warn("deleting a durable over its owner's cap (the server removes it when inactive)", zap.String("consumer", c.name), zap.Error(derr))
+			}
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// checkOwned counts cfg.Owner's durable consumers on the stream, mine of
+// them being the caller's own new one, and fails with ErrTooManyConsumers
+// when one more than the others would pass cfg.MaxDurables (0: no cap).
+// The server lists names a page at a time: this costs a round trip per
+// 1,024 consumers on the stream, once per new durable.
+func (b *JetStream) checkOwned(ctx context.Context, cfg ConsumerConfig, mine int) error {
+	if cfg.MaxDurables <= 0 {
+		return nil
+	}
+	prefix := durableOwnerPrefix(cfg.Owner)
+	l := b.stream.ConsumerNames(ctx)
+	n := 0
+	for name := range l.Name() { // drained: the lister's goroutine ends when it closes the channel
+		if strings.HasPrefix(name, prefix) {
+			n++
+		}
+	}
+	if err := l.Err(); err != nil {
+		return fmt.Errorf("jetstream: count durable consumers: %w", err)
+	}
+	if others := n - mine; others >= cfg.MaxDurables {
+		return fmt.Errorf("%w: %d kept by this owner, the most allowed is %d", ErrTooManyConsumers, others, cfg.MaxDurables)
+	}
+	return nil
 }
 
 // bind looks the durable consumer up and binds it if it exists. A durable
 // with messages delivered but not acknowledged (its last connection went
 // away with them queued) would hold them back for AckWait: it is deleted
 // instead, and bind returns where to create it again (from).
-func (c *jsConsumer) bind(ctx context.Context, cfg ConsumerConfig) (bound bool, from string, err error) {
+// existed says that there was one (bound, or deleted to be created again):
+// opening it adds no durable to its owner's.
+func (c *jsConsumer) bind(ctx context.Context, cfg ConsumerConfig) (bound bool, from string, existed bool, err error) {
 	cons, err := c.b.js.Consumer(ctx, c.b.cfg.Stream, c.name)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return false, "", nil
+		return false, "", false, nil
 	}
 	if err != nil {
-		return false, "", fmt.Errorf("jetstream: look up consumer %q: %w", c.name, err)
+		return false, "", false, fmt.Errorf("jetstream: look up durable %q: %w", cfg.Name, err)
 	}
 	info := cons.CachedInfo()
 	have := info.Config.FilterSubjects
@@ -155,10 +218,10 @@ func (c *jsConsumer) bind(ctx context.Context, cfg ConsumerConfig) (bound bool, 
 		want = []string{one}
 	}
 	if !slices.Equal(sortedCopy(have), sortedCopy(want)) {
-		return false, "", fmt.Errorf("%w: durable %q follows %s, not %s (unsubscribing from it deletes it)", ErrBadConsumer, cfg.Name, strings.Join(have, ","), strings.Join(cfg.Filters, ","))
+		return false, "", true, fmt.Errorf("%w: durable %q follows %s, not %s (unsubscribing from it deletes it)", ErrBadConsumer, cfg.Name, strings.Join(have, ","), strings.Join(cfg.Filters, ","))
 	}
 	if info.Config.AckPolicy != jetstream.AckAllPolicy {
-		return false, "", fmt.Errorf("%w: consumer %q was not made by fanwire (ack policy %s)", ErrBadConsumer, c.name, info.Config.AckPolicy)
+		return false, "", true, fmt.Errorf("%w: consumer %q was not made by fanwire (ack policy %s)", ErrBadConsumer, c.name, info.Config.AckPolicy)
 	}
 	// It delivers after its ack floor; before any ack, from where it was
 	// told to start.
@@ -169,24 +232,24 @@ func (c *jsConsumer) bind(ctx context.Context, cfg ConsumerConfig) (bound bool, 
 	if cfg.From != "" {
 		// Told where to start: the client holds a cursor, which is exact.
 		if err := c.b.js.DeleteConsumer(ctx, c.b.cfg.Stream, c.name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return false, "", fmt.Errorf("jetstream: reposition consumer %q: %w", c.name, err)
+			return false, "", true, fmt.Errorf("jetstream: reposition consumer %q: %w", c.name, err)
 		}
-		return false, "", nil
+		return false, "", true, nil
 	}
 	if info.NumAckPending > 0 {
 		if err := c.b.js.DeleteConsumer(ctx, c.b.cfg.Stream, c.name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return false, "", fmt.Errorf("jetstream: reset consumer %q: %w", c.name, err)
+			return false, "", true, fmt.Errorf("jetstream: reset consumer %q: %w", c.name, err)
 		}
 		if after == 0 {
-			return false, "first", nil
+			return false, "first", true, nil
 		}
-		return false, FormatJSCursor(after), nil
+		return false, FormatJSCursor(after), true, nil
 	}
 	if after > 0 {
 		c.start = FormatJSCursor(after)
 	}
 	c.cons, c.bound = cons, true
-	return true, "", nil
+	return true, "", true, nil
 }
 
 func (c *jsConsumer) Start() string { return c.start }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -141,4 +142,57 @@ func TestJetStreamSubscriptionConsumers(t *testing.T) {
 		t.Fatalf("after delete the name is free: %v bound %v start %q", err, fresh != nil && fresh.Bound(), fresh.Start())
 	}
 	_ = fresh.Delete(ctx)
+}
+
+// TestJetStreamDurableOwners: a durable's server-side name is its owner's
+// (DurableName): two owners naming the same durable get two consumers on
+// their own filters. MaxDurables caps an owner's durables in the broker:
+// a new one past it fails with ErrTooManyConsumers, binding or moving one
+// of its own does not, another owner's do not count, and a deleted one
+// frees its slot.
+func TestJetStreamDurableOwners(t *testing.T) {
+	ns := brokertest.NATS(t)
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "O"})
+	ctx := context.Background()
+	open := func(owner, name, filter, from string) (broker.Consumer, error) {
+		return b.OpenConsumer(ctx, broker.ConsumerConfig{Filters: []string{filter}, Name: name, Owner: owner, MaxDurables: 2, From: from})
+	}
+	a, err := open("alice", "inbox", "db.a.>", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bob, err := open("bob", "inbox", "db.b.>", "first")
+	if err != nil || bob.Bound() {
+		t.Fatalf("bob's inbox beside alice's: %v (bound %v), want a consumer of his own", err, bob != nil && bob.Bound())
+	}
+	js := brokertest.JetStream(t, ns.ClientURL())
+	for _, owner := range []string{"alice", "bob"} {
+		if _, err := js.Consumer(ctx, "O", broker.DurableName(owner, "inbox")); err != nil {
+			t.Fatalf("%s's inbox %q: %v", owner, broker.DurableName(owner, "inbox"), err)
+		}
+	}
+	if broker.DurableName("alice", "inbox") == broker.DurableName("bob", "inbox") {
+		t.Fatal("two owners, one name")
+	}
+	if _, err := open("alice", "second", "db.a.>", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open("alice", "third", "db.a.>", ""); !errors.Is(err, broker.ErrTooManyConsumers) || !strings.Contains(err.Error(), "2") {
+		t.Fatalf("alice's third durable: %v, want ErrTooManyConsumers naming the cap", err)
+	}
+	if again, err := open("alice", "inbox", "db.a.>", ""); err != nil || !again.Bound() {
+		t.Fatalf("alice binding her own inbox at the cap: %v", err)
+	}
+	if _, err := open("alice", "inbox", "db.a.>", "first"); err != nil {
+		t.Fatalf("alice moving her own inbox at the cap: %v", err)
+	}
+	if _, err := open("bob", "second", "db.b.>", ""); err != nil {
+		t.Fatalf("bob's second durable: %v", err)
+	}
+	if err := a.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open("alice", "third", "db.a.>", ""); err != nil {
+		t.Fatalf("alice's third durable after deleting one: %v", err)
+	}
 }

@@ -3,7 +3,9 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -33,13 +35,22 @@ func (c *conn) handle(data []byte) {
 }
 
 // refresh replaces the connection's token: its grants apply from now on,
-// and its expiry moves. A refused token is an error (code unauthorized);
-// the connection keeps its old token until that expires. id (may be
-// empty) is the refresh's, echoed in the reply.
+// to the subscriptions it has too, and its expiry moves. A refused token
+// is an error (code unauthorized) and changes nothing: the connection
+// keeps its old token until that expires. id (may be empty) is the
+// refresh's, echoed in the reply. See refreshRefusal for what a new token
+// may not do.
 func (c *conn) refresh(id, token string) {
 	auth := c.s.cfg.Authenticate
 	if auth == nil {
 		c.clientError(id, CodeUnauthorized, "this gateway does not authenticate connections: nothing to refresh")
+		return
+	}
+	token = bareToken(token)
+	if token == "" {
+		// An Authenticator takes no token for an anonymous connection
+		// (JWTAuth with AllowAnonymous), which would lift the expiry.
+		c.clientError(id, CodeUnauthorized, "refresh: the token is empty")
 		return
 	}
 	payload, _ := json.Marshal(map[string]string{"token": token})
@@ -48,6 +59,11 @@ func (c *conn) refresh(id, token string) {
 		c.clientError(id, CodeUnauthorized, err.Error())
 		return
 	}
+	if why := refreshRefusal(c.grants, grants); why != "" {
+		c.clientError(id, CodeUnauthorized, "refresh: "+why)
+		return
+	}
+	c.revokeUncovered(grants)
 	c.grants = grants
 	c.armExpiry()
 	var exp time.Time
@@ -55,6 +71,66 @@ func (c *conn) refresh(id, token string) {
 		exp = grants.Expires
 	}
 	c.send(refreshedMessage(id, exp))
+}
+
+// bareToken is a refresh's token without surrounding space and its
+// optional "Bearer " scheme.
+func bareToken(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) >= 6 && strings.EqualFold(s[:6], "bearer") && (len(s) == 6 || s[6] == ' ') {
+		s = strings.TrimSpace(s[6:])
+	}
+	return s
+}
+
+// refreshRefusal says why the grants of a refresh may not replace the
+// connection's (old), or "" when they may. A refresh renews one identity's
+// token: its durables and publish grants are its sub's, so another sub,
+// or an anonymous connection turning into a token's (or back), needs a
+// connection of its own. And a token that expires is never replaced by
+// one that does not: refused rather than keeping the old expiry, so the
+// client is not told its connection lasts longer than it will.
+func refreshRefusal(old, grants *Grants) string {
+	wasAnon, isAnon := old == nil || old.Anonymous, grants == nil || grants.Anonymous
+	switch {
+	case wasAnon && !isAnon:
+		return "this connection is anonymous: connect again with the token"
+	case !wasAnon && isAnon:
+		return "the authenticator admitted it as anonymous, not as a token of this connection's sub"
+	case !wasAnon && grants.Subject != old.Subject:
+		return `the token's "sub" is not this connection's: a refresh renews one identity's token (its durables and publish grants are that sub's); connect again with it`
+	case old != nil && !old.Expires.IsZero() && (grants == nil || grants.Expires.IsZero()):
+		return `the token has no "exp" and this connection's token expires: a refresh cannot lift the expiry`
+	}
+	return ""
+}
+
+// revokeUncovered ends, with an error revoked naming each, the
+// subscriptions that grants do not cover, in the order of their ids. The
+// others go on untouched. Revocations are counted as client errors but are
+// not the client's: they do not count towards MaxClientErrors.
+func (c *conn) revokeUncovered(grants *Grants) {
+	c.subsMu.Lock()
+	var ids []string
+	for id, st := range c.subs {
+		if !grants.Allows(st.pattern) {
+			ids = append(ids, id)
+		}
+	}
+	c.subsMu.Unlock()
+	slices.Sort(ids)
+	for _, id := range ids {
+		c.subsMu.Lock()
+		st := c.subs[id]
+		c.subsMu.Unlock()
+		if st == nil { // its task failed it meanwhile, and said so
+			continue
+		}
+		msg := "subscription " + strconv.Quote(id) + " on " + strconv.Quote(st.pattern) + " ended: the refreshed token does not grant it"
+		if c.endSubscription(id, st, true, func() []byte { return c.errorMsg(id, CodeRevoked, msg) }) {
+			c.s.metrics.ClientErrors.WithLabelValues(CodeRevoked).Inc()
+		}
+	}
 }
 
 // armExpiry (re)starts the timer that closes the connection with 4001 when
@@ -129,34 +205,49 @@ func (c *conn) unsubscribe(id string) {
 		c.clientError(id, CodeUnknownID, "no active subscription with id "+id)
 		return
 	}
+	c.endSubscription(id, st, false, func() []byte { return c.unsubscribedMsg(id) })
+}
+
+// endSubscription ends subscription id (st) and queues reply's message
+// after every event that lists it, and before any that could follow. A
+// client's unsubscribe deletes a durable's consumer; a revocation keeps it
+// (it is the principal's, as when its connection ends). A revoked
+// subscription that ended by itself meanwhile (its replay or feed failed,
+// with an error for the client) is left alone: it reports false.
+func (c *conn) endSubscription(id string, st *subState, revoked bool, reply func() []byte) bool {
 	if st.task != nil { // a replay or a feed: stop it first
 		st.task.cancel()
 		<-st.task.done
 	}
 	c.subsMu.Lock()
+	if revoked && c.subs[id] != st {
+		c.subsMu.Unlock()
+		return false
+	}
 	delete(c.subs, id)
 	live := st.live
 	c.subsMu.Unlock()
 	var wake bool
 	if st.feed != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), feedEndTimeout)
-		c.endFeed(ctx, st.feed, true)
+		c.endFeed(ctx, st.feed, !revoked)
 		cancel()
 		if live {
 			c.s.metrics.Subscriptions.Dec()
 		}
-		wake = c.queue(c.unsubscribedMsg(id))
+		wake = c.queue(reply())
 	} else if live {
 		// The reply is queued while the index is held: it follows every
 		// event that lists the id, and none follows it.
-		c.s.hub.idx.removeThen(c.cl, id, st.pattern, func() { wake = c.queue(c.unsubscribedMsg(id)) })
+		c.s.hub.idx.removeThen(c.cl, id, st.pattern, func() { wake = c.queue(reply()) })
 		c.s.metrics.Subscriptions.Dec()
 	} else {
-		wake = c.queue(c.unsubscribedMsg(id))
+		wake = c.queue(reply())
 	}
 	if wake {
 		c.cl.signal()
 	}
+	return true
 }
 
 // subscribedMsg is the reply to a subscribe (none in GraphQL).

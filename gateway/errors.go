@@ -13,10 +13,12 @@ const (
 	CodeTooManySubscriptions = "too_many_subscriptions" // over Config.MaxSubscriptions
 	CodeBadCursor            = "bad_cursor"             // "from" malformed, from another broker, ahead of the stream, or no history kept
 	CodeCursorExpired        = "cursor_expired"         // "from" older than the broker's retention: re-sync
-	CodeBadDurable           = "bad_durable"            // "durable" malformed, in use on this node, bound to another pattern, or no consumers on this broker
+	CodeBadDurable           = "bad_durable"            // "durable" malformed, in use on this node, bound to another pattern, no consumers on this broker, or a connection that keeps none (anonymous without AnonymousDurables, a token without sub)
 	CodeBrokerUnavailable    = "broker_unavailable"     // the broker could not start the subscription's replay or consumer: retry
 	CodeForbidden            = "forbidden"              // the connection's grants do not contain the pattern
-	CodeUnauthorized         = "unauthorized"           // a refresh whose token was refused
+	CodeUnauthorized         = "unauthorized"           // a refresh whose token was refused: invalid, empty, another sub, anonymous, or no exp where the connection's had one
+	CodeRevoked              = "revoked"                // a subscription a refresh's new token does not grant: it has ended
+	CodeTooManyDurables      = "too_many_durables"      // a new durable past Config.MaxDurables for the token's sub
 	CodeRateLimited          = "rate_limited"           // over Config.MaxMessageRate: the message was dropped
 	CodeBadSubject           = "bad_subject"            // publish: invalid subject, a wildcard, or outside the subject space
 	CodeTooLarge             = "too_large"              // publish: data over Config.MaxPublishBytes or the broker's message limit, or an event over Config.MailboxBytes

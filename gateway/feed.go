@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"strconv"
 	"sync/atomic"
@@ -27,6 +28,7 @@ const (
 // --consumer per-connection.
 type feedState struct {
 	durable string // the client's durable name; "" for an ephemeral consumer
+	key     string // the durable's name on the broker, claimed on this node (claimDurable); "" for an ephemeral consumer
 
 	// Set by the feed goroutine; read by whoever waited for done.
 	cons    broker.Consumer
@@ -63,25 +65,32 @@ func (c *conn) startFeed(id, pattern string, from *string, durable *string) {
 		return
 	}
 	f := &feedState{}
+	cfg := broker.ConsumerConfig{Filters: c.s.replayFilters(pattern), Inactive: c.s.cfg.DurableInactive, MaxDurables: max(c.s.cfg.MaxDurables, 0)}
 	if durable != nil {
 		if !broker.ValidConsumerName(*durable) {
 			c.clientError(id, CodeBadDurable, "durable name "+strconv.Quote(*durable)+": use 1 to 64 letters, digits, '-' or '_'")
 			return
 		}
-		if !c.s.claimDurable(*durable) {
+		owner, err := c.durableOwner()
+		if err != nil {
+			c.clientError(id, CodeBadDurable, "durable "+strconv.Quote(*durable)+": "+err.Error())
+			return
+		}
+		key := broker.DurableName(owner, *durable)
+		if !c.s.claimDurable(key) {
 			c.clientError(id, CodeBadDurable, "durable "+strconv.Quote(*durable)+" is in use by another subscription on this gateway")
 			return
 		}
-		f.durable = *durable
+		f.durable, f.key = *durable, key
+		cfg.Name, cfg.Owner = *durable, owner
 	}
-	cfg := broker.ConsumerConfig{Filters: c.s.replayFilters(pattern), Name: f.durable, Inactive: c.s.cfg.DurableInactive}
 	if from != nil {
 		cfg.From = *from
 	}
 	st := &subState{pattern: pattern, feed: f}
 	ctx, ok := c.startTask(id, st)
 	if !ok {
-		c.s.releaseDurable(f.durable)
+		c.s.releaseDurable(f.key)
 		return
 	}
 	go c.feed(ctx, id, st, cfg)
@@ -102,9 +111,9 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 	cons, err := c.s.consumers.OpenConsumer(octx, cfg)
 	cancel()
 	if err != nil {
-		c.s.releaseDurable(f.durable)
+		c.s.releaseDurable(f.key)
 		if ctx.Err() == nil {
-			c.failSubscribe(id, err)
+			c.failSubscribe(id, c.durableError(f, err))
 		}
 		return
 	}
@@ -165,13 +174,13 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 			}
 			// Its position is gone (retention passed it): the client must
 			// re-sync, as with a resume from an expired cursor.
-			c.failSubscribe(id, err)
+			c.failSubscribe(id, c.durableError(f, err))
 			c.subsMu.Lock()
 			st.live = false
 			c.subsMu.Unlock()
 			c.s.metrics.Subscriptions.Dec()
 			f.cons = nil
-			c.s.releaseDurable(f.durable)
+			c.s.releaseDurable(f.key)
 			return
 		}
 		f.cons, f.pending, cons = next, nil, next
@@ -204,7 +213,7 @@ func (c *conn) endFeed(ctx context.Context, f *feedState, unsubscribed bool) {
 	if f.cons == nil { // failed: the feed released its name
 		return
 	}
-	defer c.s.releaseDurable(f.durable)
+	defer c.s.releaseDurable(f.key)
 	if f.durable == "" || unsubscribed {
 		if err := f.cons.Delete(ctx); err != nil {
 			c.s.log.Warn("deleting a subscription consumer (the server removes it when inactive)", zap.String("conn", c.id), zap.Error(err))
@@ -237,12 +246,42 @@ func subscribeErrorCode(err error) string {
 		return CodeBadCursor
 	case errors.Is(err, broker.ErrBadConsumer):
 		return CodeBadDurable
+	case errors.Is(err, broker.ErrTooManyConsumers):
+		return CodeTooManyDurables
 	}
 	return CodeBrokerUnavailable
 }
 
-// claimDurable marks a durable name in use on this node; a second
-// subscription pulling the same consumer would split its events.
+// durableOwner is the principal whose durables the connection binds (the
+// broker's ConsumerConfig.Owner): a token's sub, or one namespace shared
+// by every connection without a token (and every connection of a gateway
+// that authenticates none) when AnonymousDurables allows it.
+func (c *conn) durableOwner() (string, error) {
+	switch g := c.grants; {
+	case g == nil || g.Anonymous:
+		if !c.s.cfg.AnonymousDurables {
+			return "", errors.New("connections without a token keep no durables on this gateway (--anonymous-durables)")
+		}
+		return "anonymous", nil
+	case g.Subject == "":
+		return "", errors.New(`durables belong to a token's "sub", and this connection's token has none`)
+	default:
+		return "sub:" + g.Subject, nil
+	}
+}
+
+// durableError is the client's error for a broker's refusal to open f's
+// consumer: past the cap, it names the flag.
+func (c *conn) durableError(f *feedState, err error) error {
+	if errors.Is(err, broker.ErrTooManyConsumers) {
+		return fmt.Errorf("durable %q refused by --max-durables (per token sub): %w; unsubscribing from a durable deletes it", f.durable, err)
+	}
+	return err
+}
+
+// claimDurable marks a durable (its name on the broker, its owner's) in
+// use on this node; a second subscription pulling the same consumer would
+// split its events.
 func (s *Server) claimDurable(name string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -40,6 +40,15 @@ func (e *env) consumers() []string {
 	return names
 }
 
+// durableEnv is a JetStream gateway without authentication whose
+// connections keep durables (AnonymousDurables).
+func durableEnv(t *testing.T) *env {
+	return newEnvJS(t, "jetstream", nil, func(c *gateway.Config) {
+		c.Subjects = []string{"orders.>", "app.>"}
+		c.AnonymousDurables = true
+	})
+}
+
 // perConnEnv is a JetStream gateway in per-connection consumer mode.
 func perConnEnv(t *testing.T) *env {
 	return newEnvJS(t, "jetstream", nil, func(c *gateway.Config) {
@@ -100,7 +109,7 @@ func TestPerConnectionConsumers(t *testing.T) {
 // the same name, and no cursor, gets exactly what it missed; unsubscribing
 // deletes the durable.
 func TestDurableSubscriptionResumesWithoutACursor(t *testing.T) {
-	e := jsEnv(t, nil)
+	e := durableEnv(t)
 	cl := e.dial()
 	cl.send(`{"type":"subscribe","id":"d","subject":"orders.*","durable":"dash-1"}`)
 	cl.expect(map[string]any{"type": "subscribed", "id": "d"})
@@ -115,7 +124,7 @@ func TestDurableSubscriptionResumesWithoutACursor(t *testing.T) {
 	other.expect(map[string]any{"type": "error", "id": "o", "code": "bad_durable"})
 	_ = cl.c.CloseNow()
 	waitFor(t, "the connection to end", func() bool { return e.metric("fanwire_connections", nil) == 1 })
-	if got := e.consumers(); len(got) != 1 || got[0] != broker.DurablePrefix+"dash-1" {
+	if got := e.consumers(); len(got) != 1 || !strings.HasSuffix(got[0], "_dash-1") {
 		t.Fatalf("consumers after the client left: %v, want the durable only", got)
 	}
 	e.publishN("orders.x", 301, 200)
@@ -140,6 +149,7 @@ func TestDurableQueuedEventsAreNotLost(t *testing.T) {
 	e := newEnvJS(t, "jetstream", nil, func(c *gateway.Config) {
 		c.Subjects = []string{"orders.>", "app.>"}
 		c.MailboxMessages = 64
+		c.AnonymousDurables = true
 	})
 	cl := e.dial()
 	cl.send(`{"type":"subscribe","id":"d","subject":"orders.*","durable":"slow"}`)
@@ -189,7 +199,7 @@ func TestDurableQueuedEventsAreNotLost(t *testing.T) {
 // TestDurableErrors: every misuse gets bad_durable and keeps the
 // connection.
 func TestDurableErrors(t *testing.T) {
-	e := jsEnv(t, nil)
+	e := durableEnv(t)
 	cl := e.dial()
 	cl.send(`{"type":"subscribe","id":"a","subject":"orders.*","durable":"x.y"}`)
 	cl.expect(map[string]any{"type": "error", "id": "a", "code": "bad_durable"})

@@ -637,7 +637,7 @@ func TestGraphQLPerConnectionConsumers(t *testing.T) {
 // a named JetStream consumer; after a disconnect, subscribing again with the
 // same name continues after what was written, with no cursor.
 func TestGraphQLDurableSubscription(t *testing.T) {
-	e := jsEnv(t, nil)
+	e := durableEnv(t)
 	const q = `{"id":"d","type":"subscribe","payload":{"query":"subscription { events(subject: \"orders.*\", durable: \"dash-1\") { data } }"}}`
 	expectData := func(cl *client, first, last int) {
 		t.Helper()

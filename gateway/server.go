@@ -50,7 +50,7 @@ type Server struct {
 	mu       sync.Mutex
 	conns    map[*conn]struct{} // guarded by mu
 	draining bool               // guarded by mu
-	durables map[string]bool    // guarded by mu: durable names bound on this node
+	durables map[string]bool    // guarded by mu: durables bound on this node, by their name on the broker
 	wg       sync.WaitGroup     // one per connection being served
 
 	// owned by the Run goroutine

@@ -82,6 +82,17 @@ type Config struct {
 	// DurableInactive is how long the broker keeps a durable subscription
 	// consumer nobody is bound to (default 24h).
 	DurableInactive time.Duration
+	// MaxDurables caps the durable consumers one principal keeps on the
+	// broker (a token's sub; connections without a token share one): a
+	// new one past it is refused with too_many_durables, counted on the
+	// broker so the cap holds across nodes (default 32; negative: no cap).
+	MaxDurables int
+	// AnonymousDurables lets connections without a token keep durable
+	// subscriptions, all in one namespace they share (any of them can bind,
+	// move or delete the others'). Without it only a token's sub has
+	// durables. On a gateway without Authenticate every connection is
+	// without a token.
+	AnonymousDurables bool
 
 	// GraphQLInitTimeout is how long a GraphQL connection may take to send
 	// connection_init; then it is closed with 4408 (default 3s, as the
@@ -134,6 +145,7 @@ func (c *Config) setDefaults() {
 		c.Consumer = ConsumerShared
 	}
 	defDur(&c.DurableInactive, 24*time.Hour)
+	def(&c.MaxDurables, 32)
 	defDur(&c.GraphQLInitTimeout, 3*time.Second)
 	if c.APIKey != "" {
 		c.APIKeys = append([]APIKey{{Name: "default", Key: c.APIKey}}, c.APIKeys...)

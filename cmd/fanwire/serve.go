@@ -34,6 +34,8 @@ type wsFlags struct {
 	brokerFlags
 	consumer         string
 	durableInactive  time.Duration
+	maxDurables      int
+	anonDurables     bool
 	graphqlInit      time.Duration
 	jwtSecretFile    string
 	apiKeysFile      string
@@ -77,6 +79,8 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	f.brokerFlags.register(fs, dev, ">")
 	fs.StringVar(&f.consumer, "consumer", "shared", "jetstream: shared (one live consumer per node feeds every subscription) or per-connection (every subscription gets its own consumer on the server)")
 	fs.DurationVar(&f.durableInactive, "durable-inactive", 24*time.Hour, "jetstream: the server deletes a durable subscription consumer nobody has been bound to for this long")
+	fs.IntVar(&f.maxDurables, "max-durables", 32, "jetstream: durable subscription consumers one token sub keeps on the broker (counted there, across nodes); a new one past it is refused with too_many_durables; negative: no cap")
+	fs.BoolVar(&f.anonDurables, "anonymous-durables", dev, "let connections without a token keep durable subscriptions, in one namespace they all share (any of them can bind or delete the others'); without it only a token's sub has durables")
 	fs.DurationVar(&f.graphqlInit, "graphql-init-timeout", 3*time.Second, "a GraphQL WebSocket connection that sends no connection_init within this is closed with 4408")
 	fs.StringVar(&f.jwtSecretFile, "jwt-secret-file", "", "file holding the HS256 secret (32+ bytes) that signs connection tokens; with a key configured every connection needs a valid token (Authorization: Bearer, ?token=, or GraphQL connection_init's token) unless --allow-anonymous")
 	fs.StringVar(&f.jwtJWKSFile, "jwt-jwks-file", "", "JSON Web Key Set file with the RS256/ES256 public keys that sign connection tokens")
@@ -296,6 +300,8 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		Console:             f.console,
 		Consumer:            f.consumer,
 		DurableInactive:     f.durableInactive,
+		MaxDurables:         f.maxDurables,
+		AnonymousDurables:   f.anonDurables,
 
 		GraphQLInitTimeout: f.graphqlInit,
 		Authenticate:       authenticate,
