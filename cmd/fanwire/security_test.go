@@ -124,8 +124,9 @@ func secDo(t *testing.T, req *http.Request) (int, string) {
 
 // secConn is a native-protocol client.
 type secConn struct {
-	t *testing.T
-	c *websocket.Conn
+	t       *testing.T
+	c       *websocket.Conn
+	pending []string // messages read in a frame and not yet looked at
 }
 
 func (n *secNode) dial(ctx context.Context, t *testing.T, token string) *secConn {
@@ -151,20 +152,23 @@ func (s *secConn) send(ctx context.Context, frame string) {
 	}
 }
 
-// until reads until a message contains want and returns it (a frame may
-// carry several messages, one per line).
+// until reads until a message contains want and returns it; the messages
+// before it are skipped. A frame may carry several messages, one per line.
 func (s *secConn) until(ctx context.Context, want string) string {
 	s.t.Helper()
 	for {
-		_, frame, err := s.c.Read(ctx)
-		if err != nil {
-			s.t.Fatalf("reading for %s: %v", want, err)
-		}
-		for _, msg := range strings.Split(string(frame), "\n") {
+		for len(s.pending) > 0 {
+			msg := s.pending[0]
+			s.pending = s.pending[1:]
 			if strings.Contains(msg, want) {
 				return msg
 			}
 		}
+		_, frame, err := s.c.Read(ctx)
+		if err != nil {
+			s.t.Fatalf("reading for %s: %v", want, err)
+		}
+		s.pending = strings.Split(string(frame), "\n")
 	}
 }
 
@@ -300,6 +304,29 @@ func TestSecurity(t *testing.T) {
 				}
 				break
 			}
+		}
+	})
+
+	t.Run("a refresh re-checks every subscription and keeps its sub", func(t *testing.T) {
+		c := core.dial(ctx, t, secToken(t, jwt.MapClaims{"sub": "alice", "subscribe": []string{"app.>", "chat.>"}}))
+		c.send(ctx, `{"type":"subscribe","id":"orders","subject":"app.orders.>"}`)
+		c.until(ctx, `"orders"`)
+		c.send(ctx, `{"type":"subscribe","id":"chat","subject":"chat.>"}`)
+		c.until(ctx, `"chat"`)
+		c.send(ctx, `{"type":"refresh","id":"r1","token":`+strconv.Quote(secToken(t, jwt.MapClaims{"sub": "bob", "subscribe": []string{">"}}))+`}`)
+		if msg := c.until(ctx, `"r1"`); !strings.Contains(msg, `"error"`) {
+			t.Errorf("a refresh to another sub: %s", msg)
+		}
+		c.send(ctx, `{"type":"refresh","id":"r2","token":`+strconv.Quote(secToken(t, jwt.MapClaims{"sub": "alice", "subscribe": []string{"app.>"}}))+`}`)
+		if msg := c.until(ctx, `"chat"`); !strings.Contains(msg, `"error"`) || !strings.Contains(msg, "chat.>") {
+			t.Errorf("the subscription the new token does not cover: %s", msg)
+		}
+		c.until(ctx, `"refreshed"`)
+		if code, body := core.post(t, "/api/publish", "ops-key-0123456789", `[{"subject":"chat.x","data":"gone"},{"subject":"app.orders.1","data":"kept"}]`); code != http.StatusOK {
+			t.Fatalf("publish: %d %s", code, body)
+		}
+		if msg := c.until(ctx, `"event"`); !strings.Contains(msg, `"kept"`) {
+			t.Errorf("after the refresh: %s", msg)
 		}
 	})
 
