@@ -18,6 +18,15 @@ import (
 // subject look like another one. Subscriptions' patterns follow the same
 // rule.
 //
+// System subjects. A subject whose first token starts with '$' ($JS, $KV,
+// $SYS: the NATS server's APIs) or is _INBOX (request replies) is closed:
+// publishing there would use the gateway's own broker credentials. Only
+// the patterns of Config.AllowSystemSubjects (--allow-system-subjects)
+// open, and there only for a publish pattern that names the first token
+// (no key without patterns, no anonymous publisher, no pattern such as
+// ">" or "*.x"): a wildcard never reaches a system subject, for publish
+// as for delivery (system.go).
+//
 // The reserved-subject rule. A subject matching a pattern of
 // Config.ReservedSubjects (default db.>, the ingest's events) may be
 // published to only by a publisher with a publish pattern P that matches
@@ -43,7 +52,7 @@ import (
 // publisher is the credential a publish comes with.
 type publisher struct {
 	name     string   // for refusals: `API key "orders"`, `token of "u1"`, "anonymous publishers"
-	anywhere bool     // no patterns: any subject outside the reserved ones
+	anywhere bool     // no patterns: any subject outside the reserved and system ones
 	patterns []string // where it may publish, when !anywhere
 	written  []string // patterns as written, before claims were substituted (see writtenAt)
 }
@@ -86,6 +95,7 @@ const (
 	ruleNoPublish    = "no_publish_grant"  // a connection or token without a publish grant
 	ruleSize         = "max_publish_bytes" // Config.MaxPublishBytes or the broker's limit
 	ruleMailbox      = "mailbox_bytes"     // Config.MailboxBytes: the event would not fit in a connection's queue
+	ruleSystem       = "system_subjects"   // a $… or _INBOX subject: Config.AllowSystemSubjects
 )
 
 // publishRefusal says why a publish was refused: a code of errors.go, the
@@ -104,6 +114,10 @@ func (s *Server) checkPublish(p publisher, subject string) *publishRefusal {
 	if err := s.inSubjectSpace(subject); err != nil {
 		return &publishRefusal{CodeBadSubject, ruleSubjectSpace, err.Error()}
 	}
+	system := isSystemSubject(subject)
+	if system && !s.systemAllowed(subject) {
+		return &publishRefusal{CodeForbidden, ruleSystem, fmt.Sprintf("subject %q is a system subject (first token $… or _INBOX: the NATS server's APIs and replies): closed unless --allow-system-subjects opens it", subject)}
+	}
 	if !p.anywhere && len(p.patterns) == 0 {
 		return &publishRefusal{CodeForbidden, ruleNoPublish, fmt.Sprintf("%s grants no publishing (no publish claim): may not publish to %q", p.name, subject)}
 	}
@@ -114,6 +128,14 @@ func (s *Server) checkPublish(p publisher, subject string) *publishRefusal {
 			}
 		}
 		return &publishRefusal{CodeForbidden, ruleReserved, fmt.Sprintf("subject %q is reserved (--reserved-subjects %s, compared ignoring case): only a key or token with a publish pattern that matches it exactly and lies inside %s as written, before {claim} placeholders are substituted, may publish there, not %s", subject, strings.Join(s.cfg.ReservedSubjects, ","), r, p.name)}
+	}
+	if system {
+		for _, pat := range p.patterns {
+			if matchEvent(pat, subject) {
+				return nil
+			}
+		}
+		return &publishRefusal{CodeForbidden, ruleSystem, fmt.Sprintf("subject %q is a system subject opened by --allow-system-subjects: only a publish pattern that names its first token may publish there, not %s", subject, p.name)}
 	}
 	if p.anywhere {
 		return nil
