@@ -48,6 +48,10 @@ import (
 //     counting as '*': "db.{tenant}.>" names db.> (db.*.> lies inside it)
 //     and may write db.acme.x for tenant acme; "{tenant}.orders.>" does
 //     not, even for a token whose tenant claim is "db".
+//
+// Publish ids. An event's "id" (POST /api/publish) is stored scoped to its
+// publisher (publishid.go): it deduplicates a publisher's own retries,
+// never another publisher's events nor the ingest's.
 
 // publisher is the credential a publish comes with.
 type publisher struct {
@@ -55,13 +59,14 @@ type publisher struct {
 	anywhere bool     // no patterns: any subject outside the reserved and system ones
 	patterns []string // where it may publish, when !anywhere
 	written  []string // patterns as written, before claims were substituted (see writtenAt)
+	idScope  string   // the prefix of its scoped ids (publishid.go); "": it may not give ids
 }
 
 // anonymousPublisher publishes without a credential.
-var anonymousPublisher = publisher{name: "anonymous publishers (--allow-anonymous-publish)", anywhere: true}
+var anonymousPublisher = publisher{name: "anonymous publishers (--allow-anonymous-publish)", anywhere: true, idScope: anonymousIDScope}
 
 func keyPublisher(k *APIKey) publisher {
-	return publisher{name: "API key " + strconv.Quote(k.Name), anywhere: len(k.Publish) == 0, patterns: k.Publish, written: k.Publish}
+	return publisher{name: "API key " + strconv.Quote(k.Name), anywhere: len(k.Publish) == 0, patterns: k.Publish, written: k.Publish, idScope: keyIDScope(k.Name)}
 }
 
 // grantsPublisher is the publisher of a connection or a request with
@@ -73,6 +78,7 @@ func (s *Server) grantsPublisher(g *Grants) (publisher, bool) {
 	p := publisher{name: "this token", patterns: g.Publish, written: g.PublishAsWritten}
 	if g.Subject != "" {
 		p.name = "the token of " + strconv.Quote(g.Subject)
+		p.idScope = tokenIDScope(g.Subject)
 	}
 	return p, true
 }
@@ -96,6 +102,7 @@ const (
 	ruleSize         = "max_publish_bytes" // Config.MaxPublishBytes or the broker's limit
 	ruleMailbox      = "mailbox_bytes"     // Config.MailboxBytes: the event would not fit in a connection's queue
 	ruleSystem       = "system_subjects"   // a $… or _INBOX subject: Config.AllowSystemSubjects
+	ruleIDScope      = "publish_id_scope"  // an id from a publisher without a namespace (a token without sub)
 )
 
 // publishRefusal says why a publish was refused: a code of errors.go, the
