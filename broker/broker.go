@@ -3,6 +3,8 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 )
 
@@ -87,6 +89,26 @@ type AppendOptions struct {
 // WriterID is the id of a writer's message: its name, ':' and the id it
 // gives the message.
 func WriterID(writer, id string) string { return writer + ":" + id }
+
+// ScopedIDMark starts the ids of publishers that are not writers: the
+// gateway scopes each of its publishers' ids under it
+// ("~<namespace>~<id>"). A writer's name never starts with it nor holds
+// ':' (CheckWriter; Append refuses another), so no other publisher's id
+// is ever a writer's (WriterID): it can neither suppress a writer's event
+// as a duplicate nor be taken by LastID for a writer's mark.
+const ScopedIDMark = "~"
+
+// ErrBadWriter is wrapped by the error of an Append whose writer's name
+// CheckWriter refuses.
+var ErrBadWriter = errors.New("bad writer name")
+
+// CheckWriter checks a writer's name (AppendOptions.Writer; "" is none).
+func CheckWriter(name string) error {
+	if strings.HasPrefix(name, ScopedIDMark) || strings.Contains(name, ":") {
+		return fmt.Errorf("%w: %q: a writer's name must not start with %q (other publishers' ids do) nor hold ':'", ErrBadWriter, name, ScopedIDMark)
+	}
+	return nil
+}
 
 // ErrConflict is wrapped by the error of a conditional Append whose
 // writer's last stored id is not the one expected: another process writes

@@ -67,6 +67,9 @@ import (
 // Before it sends again what was not acknowledged, it asks opts.Fence (a
 // writer that lost its lease while it waited sends nothing more).
 func (b *JetStream) Append(ctx context.Context, msgs []Outgoing, opts AppendOptions) error {
+	if err := CheckWriter(opts.Writer); err != nil {
+		return fmt.Errorf("jetstream append: %w", err)
+	}
 	wait := publishRetryMin
 	for attempt, sent := 0, false; len(msgs) > 0; sent = true {
 		if sent && opts.Fence != nil {

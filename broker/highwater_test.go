@@ -190,3 +190,24 @@ func TestRegistry(t *testing.T) {
 		test(t, func() broker.Registry { return dialRedis(t, r.with(broker.RedisConfig{Stream: "{reg}"})) })
 	})
 }
+
+// TestWriterNames: a writer's name never starts with the mark of other
+// publishers' scoped ids nor holds ':' (either would let another
+// publisher's id pass for the writer's); Append refuses such a writer
+// before it stores anything.
+func TestWriterNames(t *testing.T) {
+	ns := brokertest.NATS(t)
+	js := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "WN"})
+	rd := dialRedis(t, broker.RedisConfig{URL: "redis://" + brokertest.Redis(t), Stream: "{wn}"})
+	for name, b := range map[string]broker.Appender{"jetstream": js, "redis": rd} {
+		for _, writer := range []string{"~kabc~x", "slot.1:x"} {
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			err := b.Append(ctx, []broker.Outgoing{{Subject: "db.t.1", Data: []byte(`{}`), ID: broker.WriterID(writer, "1-0")}}, broker.AppendOptions{Writer: writer})
+			cancel()
+			if !errors.Is(err, broker.ErrBadWriter) {
+				t.Errorf("%s: Append as %q: %v, want ErrBadWriter", name, writer, err)
+			}
+			checkLastID(t, b.(broker.HighWater), writer, []string{"db.t.*"}, "", name+": after the refused append")
+		}
+	}
+}

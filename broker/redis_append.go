@@ -30,6 +30,9 @@ import (
 // stores 43k (medians of 4, 1,000 events of 256 B with ids per call, a
 // local redis-server 7.0).
 func (b *Redis) Append(ctx context.Context, msgs []Outgoing, opts AppendOptions) error {
+	if err := CheckWriter(opts.Writer); err != nil {
+		return fmt.Errorf("redis: append: %w", err)
+	}
 	if len(msgs) == 0 {
 		return nil
 	}

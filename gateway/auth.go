@@ -31,6 +31,12 @@ type Grants struct {
 	Expires   time.Time
 	Subject   string // the token's sub, for logs
 	Anonymous bool   // admitted without a token
+
+	// PublishAsWritten is Publish as the token wrote it, before claims
+	// were substituted: each token holding a {claim} is '*' (same order
+	// and length as Publish; nil: Publish itself). The reserved-subject
+	// rule looks at it (publishauth.go).
+	PublishAsWritten []string
 }
 
 // JWTConfig configures token authentication (see NewJWTAuth).
@@ -255,27 +261,28 @@ func (a *JWTAuth) Grant(ctx context.Context, r *http.Request, payload json.RawMe
 	if exp, err := claims.GetExpirationTime(); err == nil && exp != nil {
 		g.Expires = exp.Time
 	}
-	g.Subscribe = claimPatterns(claims, "subscribe")
-	g.Publish = claimPatterns(claims, "publish")
+	g.Subscribe, _ = claimPatterns(claims, "subscribe")
+	g.Publish, g.PublishAsWritten = claimPatterns(claims, "publish")
 	return g, nil
 }
 
 // claimPatterns reads the list claim name as subject patterns, with
-// {claim} placeholders substituted; entries that are not strings, lose a
-// placeholder or are not valid patterns are dropped.
-func claimPatterns(claims jwt.MapClaims, name string) []string {
+// {claim} placeholders substituted, and each as written (writtenPattern);
+// entries that are not strings, lose a placeholder or are not valid
+// patterns are dropped.
+func claimPatterns(claims jwt.MapClaims, name string) (out, written []string) {
 	list, _ := claims[name].([]any)
-	var out []string
 	for _, v := range list {
-		p, ok := v.(string)
+		raw, ok := v.(string)
 		if !ok {
 			continue
 		}
-		if p, ok = substituteClaims(p, claims); ok && ValidatePattern(p) == nil {
+		if p, ok := substituteClaims(raw, claims); ok && ValidatePattern(p) == nil {
 			out = append(out, p)
+			written = append(written, writtenPattern(raw))
 		}
 	}
-	return out
+	return out, written
 }
 
 var placeholderRE = regexp.MustCompile(`\{([A-Za-z_][A-Za-z0-9_]*)\}`)

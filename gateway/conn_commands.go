@@ -171,6 +171,10 @@ func (c *conn) subscribe(id, pattern string, from, durable *string) {
 		c.clientError(id, CodeForbidden, "this connection's token does not grant "+strconv.Quote(pattern))
 		return
 	}
+	if err := c.s.checkSystemPattern(pattern, c.grants); err != nil {
+		c.clientError(id, CodeForbidden, err.Error())
+		return
+	}
 	if durable != nil || c.s.cfg.Consumer == ConsumerPerConnection {
 		c.startFeed(id, pattern, from, durable)
 		return

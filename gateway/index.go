@@ -250,6 +250,20 @@ func (n *node) collect(subject string, out []*node) []*node {
 	return out
 }
 
+// collectLiteral is collect without n's own wildcard children: the
+// patterns whose first token is subject's, written out (n is the root).
+func (n *node) collectLiteral(subject string, out []*node) []*node {
+	tok, rest, more := nextToken(subject)
+	if c := n.next[tok]; c != nil {
+		if more {
+			out = c.collect(rest, out)
+		} else if len(c.deliveries) > 0 {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // len reports the number of subscriptions.
 func (ix *index) len() int {
 	ix.mu.RLock()

@@ -39,7 +39,12 @@ func (m *matcher) match(ix *index, subject string) []delivery {
 	if ix.gen-m.sweptGen > uint64(len(m.merged))+64 {
 		m.sweep(ix.gen)
 	}
-	m.scratch = ix.root.collect(subject, m.scratch[:0])
+	if isSystemSubject(subject) {
+		// Only patterns that write the first token out (system.go).
+		m.scratch = ix.root.collectLiteral(subject, m.scratch[:0])
+	} else {
+		m.scratch = ix.root.collect(subject, m.scratch[:0])
+	}
 	switch len(m.scratch) {
 	case 0:
 		return nil

@@ -17,7 +17,7 @@ type Metrics struct {
 
 	EventsReceived  prometheus.Counter
 	EventsInvalid   prometheus.Counter
-	EventsDropped   *prometheus.CounterVec // reason: broker_slow_consumer (Core NATS), removed_before_read (JetStream: retention removed events before this node read them), too_large (over MailboxBytes: delivered to no one; counted again by each replay or per-connection consumer that meets it)
+	EventsDropped   *prometheus.CounterVec // reason: broker_slow_consumer (Core NATS), removed_before_read (JetStream: retention removed events before this node read them), too_large (over MailboxBytes: delivered to no one; counted again by each replay or per-connection consumer that meets it), system_subject (a $… or _INBOX subject no AllowSystemSubjects pattern opens, see system.go)
 	Deliveries      prometheus.Counter
 	Frames          prometheus.Counter
 	BytesSent       prometheus.Counter

@@ -107,6 +107,7 @@ func (s *Server) servePublish(w http.ResponseWriter, r *http.Request) {
 // publishError answers a refused publish; the metric counts it by its
 // code (a fixed set: publish_disabled, unauthorized, bad_request,
 // bad_subject, forbidden, forbidden_origin, too_large, body_timeout).
+// Which rule refused a forbidden publish is in the answer's "rule".
 func (s *Server) publishError(w http.ResponseWriter, status int, e apiError) {
 	s.metrics.PublishRequests.WithLabelValues(e.Code).Inc()
 	writeJSON(w, status, e)
@@ -164,7 +165,12 @@ func (s *Server) parsePublish(body []byte, pub publisher) ([]broker.Outgoing, *a
 		if msg := s.overMailbox(*q.Subject, data.Len()); msg != "" {
 			return nil, &apiError{Error: msg, Code: CodeTooLarge, Field: "data", Index: idx, Subject: *q.Subject, Rule: ruleMailbox}
 		}
-		msgs[i] = broker.Outgoing{Subject: *q.Subject, Data: data.Bytes(), ID: q.ID}
+		id, aerr := scopedID(pub, q.ID)
+		if aerr != nil {
+			aerr.Index = idx
+			return nil, aerr
+		}
+		msgs[i] = broker.Outgoing{Subject: *q.Subject, Data: data.Bytes(), ID: id}
 	}
 	return msgs, nil
 }

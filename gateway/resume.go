@@ -207,7 +207,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 				}
 				matching := gap[:0]
 				for _, ev := range gap {
-					if MatchSubject(st.pattern, ev.Subject) {
+					if matchEvent(st.pattern, ev.Subject) {
 						matching = append(matching, ev)
 					}
 				}
@@ -262,7 +262,7 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern str
 		}
 	}()
 	for _, m := range ms {
-		if !MatchSubject(pattern, m.Subject) {
+		if !matchEvent(pattern, m.Subject) {
 			continue
 		}
 		ev, err := c.s.event(m)

@@ -113,6 +113,11 @@ func New(cfg Config) (*Server, error) {
 // MailboxBytes, which no mailbox could hold.
 const dropTooLarge = "too_large"
 
+// dropSystemSubject is the fanwire_events_dropped_total reason of a
+// broker message on a system subject no --allow-system-subjects pattern
+// opens (system.go).
+const dropSystemSubject = "system_subject"
+
 // CountDropped counts n events lost before dispatch (e.g. the broker
 // client's buffer overflowed); brokers report through this.
 func (s *Server) CountDropped(reason string, n int) {
@@ -144,7 +149,15 @@ func (s *Server) Run(ctx context.Context) error {
 // shared event and hands the batch to the hub.
 func (s *Server) dispatch(batch []broker.Message, arrived time.Time) {
 	evs := s.events[:0]
+	system := 0
 	for _, m := range batch {
+		if isSystemSubject(m.Subject) && !s.systemAllowed(m.Subject) {
+			// The NATS server's API traffic and replies that a Core NATS
+			// subscription to > receives: no subscription may match them
+			// (system.go).
+			system++
+			continue
+		}
 		ev, err := NewEvent(m.Subject, m.Cursor, m.Data)
 		if err != nil {
 			s.metrics.EventsInvalid.Inc()
@@ -167,6 +180,9 @@ func (s *Server) dispatch(batch []broker.Message, arrived time.Time) {
 		evs = append(evs, ev)
 	}
 	s.metrics.EventsReceived.Add(float64(len(batch)))
+	if system > 0 {
+		s.metrics.EventsDropped.WithLabelValues(dropSystemSubject).Add(float64(system))
+	}
 	if len(batch) > 0 {
 		s.hub.batchLast = batch[len(batch)-1].Cursor
 	}

@@ -72,6 +72,13 @@ type Config struct {
 	// matches the subject and lies wholly inside a reserved pattern (see
 	// publishauth.go). They keep clients from forging the ingest's events.
 	ReservedSubjects []string
+	// AllowSystemSubjects opens system subjects (first token starting with
+	// '$', or _INBOX: the NATS server's APIs and request replies), closed
+	// by default to publishing and subscribing: patterns whose first token
+	// is a system one, written out (e.g. "$KV.config.>"). Even then only a
+	// publish pattern or a subscription that names that token reaches
+	// them; > and *.> never do (system.go).
+	AllowSystemSubjects []string
 
 	AllowedOrigins []string // browser origins allowed besides same-origin (host patterns, e.g. "*.example.com")
 	Console        bool     // serve the live console page at /
@@ -224,6 +231,7 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Errorf("ReservedSubjects: %w", err))
 		}
 	}
+	errs = append(errs, validateAllowSystem(c.AllowSystemSubjects)...)
 	if c.PublishTokens && c.Authenticate == nil {
 		errs = append(errs, errors.New("PublishTokens needs Authenticate (a token verifier such as JWTAuth.Grant)"))
 	}

@@ -3,6 +3,8 @@ package gateway
 import (
 	"fmt"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/fanwire/fanwire/broker"
 )
@@ -14,6 +16,15 @@ const maxSubjectLen = 512
 // ValidatePattern checks a subscription pattern in NATS subject syntax:
 // non-empty tokens separated by '.', where a token may be '*' (exactly one
 // token) and the last token may be '>' (one or more trailing tokens).
+//
+// Subjects and patterns are valid UTF-8 without control characters (C0,
+// DEL, C1), format characters (zero-width spaces and joiners, soft hyphen,
+// bidirectional overrides, byte order mark: Unicode category Cf), spaces
+// and separators of any kind, or U+FFFD (what invalid UTF-8 and lone
+// surrogate escapes decode to): a subject that looks like another one on
+// screen is another subject to NATS and to every subscriber, and would
+// slip past a byte-exact check such as the reserved subjects'. Letters of
+// any script are accepted.
 func ValidatePattern(p string) error {
 	return validateSubject(p, true)
 }
@@ -42,6 +53,13 @@ func validateSubject(s string, wildcards bool) error {
 			if c <= ' ' || c == 0x7f {
 				return fmt.Errorf("%w: %s %q contains whitespace or a control character", ErrBadPattern, what, s)
 			}
+			if c >= utf8.RuneSelf {
+				r, n := utf8.DecodeRuneInString(s[i:])
+				if why := badRune(r, n); why != "" {
+					return fmt.Errorf("%w: %s %+q contains %s", ErrBadPattern, what, s, why)
+				}
+				i += n - 1
+			}
 			continue
 		}
 		tok := s[start:i]
@@ -62,6 +80,24 @@ func validateSubject(s string, wildcards bool) error {
 		start = i + 1
 	}
 	return nil
+}
+
+// badRune says why the non-ASCII rune r (n bytes long) may not be in a
+// subject ("" when it may).
+func badRune(r rune, n int) string {
+	switch {
+	case r == utf8.RuneError && n <= 1:
+		return "bytes that are not valid UTF-8"
+	case r == utf8.RuneError:
+		return "U+FFFD (the replacement for invalid UTF-8 or a lone surrogate)"
+	case unicode.Is(unicode.Cc, r):
+		return fmt.Sprintf("the control character %U", r)
+	case unicode.Is(unicode.Cf, r):
+		return fmt.Sprintf("the invisible format character %U", r)
+	case unicode.Is(unicode.Z, r) || unicode.IsSpace(r):
+		return fmt.Sprintf("the space or separator %U", r)
+	}
+	return ""
 }
 
 // nextToken splits s at its first '.', returning the token and the rest;

@@ -92,12 +92,29 @@ func TestValidateSubject(t *testing.T) {
 		{"space", "a b", false},
 		{"NUL", "a\x00b", false},
 		{"too long", strings.Repeat("a", maxSubjectLen+1), false},
+		{"zero-width space", "db\u200b.orders", false},
+		{"zero-width joiner", "a\u200db", false},
+		{"word joiner", "a\u2060", false},
+		{"soft hyphen", "d\u00adb", false},
+		{"bidi override", "\u202edb", false},
+		{"bidi isolate", "a\u2066b", false},
+		{"byte order mark", "\ufeffdb", false},
+		{"C1 control", "a\u0085b", false},
+		{"no-break space", "a\u00a0b", false},
+		{"ideographic space", "a\u3000b", false},
+		{"line separator", "a\u2028b", false},
+		{"replacement character", "a\ufffdb", false},
+		{"invalid UTF-8", "a\xffb", false},
+		{"truncated UTF-8", "a\xc3", false},
+		{"tag character", "a\U000e0041", false},
+		{"full-width letters", "\uff44\uff42.x", true},
+		{"emoji", "chat.\U0001f600", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := ValidateSubject(tt.subject)
 			if (err == nil) != tt.ok {
-				t.Fatalf("ValidateSubject(%q) = %v, want ok=%v", tt.subject, err, tt.ok)
+				t.Fatalf("ValidateSubject(%+q) = %v, want ok=%v", tt.subject, err, tt.ok)
 			}
 			if err != nil && !errors.Is(err, ErrBadPattern) {
 				t.Fatalf("ValidateSubject(%q) = %v, want it to wrap ErrBadPattern", tt.subject, err)

@@ -50,6 +50,7 @@ type wsFlags struct {
 	apiKey           string
 	allowAnonPublish bool
 	reservedSubjects listFlag
+	allowSystem      listFlag
 	maxPublishBytes  int64
 	console          bool
 	allowedOrigins   listFlag
@@ -93,6 +94,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.BoolVar(&f.allowAnonPublish, "allow-anonymous-publish", dev, "let publishers without a credential publish anywhere but --reserved-subjects: POST /api/publish without Authorization, and connections without a token; without it, --api-key, --api-keys-file or a JWT key, POST /api/publish answers 403 (publishing is off)")
 	f.reservedSubjects = listFlag(gateway.DefaultReservedSubjects)
 	fs.Var(&f.reservedSubjects, "reserved-subjects", "subject patterns no publish through the gateway may write to, comma-separated (the ingest's events), unless a key's or token's publish pattern that matches the subject lies inside one of them; empty: none")
+	fs.Var(&f.allowSystem, "allow-system-subjects", "system subject patterns to open, comma-separated, e.g. $KV.config.>: subjects whose first token starts with $ or is _INBOX (the NATS server's APIs, advisories and request replies) are closed to publishing and subscribing; even opened, only a publish pattern or a subscription that writes the first token out reaches them, never > or *.>")
 	fs.Int64Var(&f.maxPublishBytes, "max-publish-bytes", 1<<20, "largest POST /api/publish body, and largest data of a client publish (WebSocket message, GraphQL mutation): over it, too_large")
 	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
 	fs.Var(&f.allowedOrigins, "allowed-origins", "browser origins allowed to connect besides same-origin, comma-separated host patterns (e.g. app.example.com,*.example.com)")
@@ -310,6 +312,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		PublishTokens:         f.jwtSecretFile != "" || f.jwtJWKSFile != "",
 		AllowAnonymousPublish: f.allowAnonPublish,
 		ReservedSubjects:      reserved,
+		AllowSystemSubjects:   f.allowSystem,
 	})
 	if err != nil {
 		return err
