@@ -98,6 +98,8 @@ func ingestCommand() *command {
 	var memoryLimit int64
 	f.register(c.fs, false)
 	b.register(c.fs, false, "db.>")
+	c.brokerSecrets()
+	c.markSecret(secretURL, "pg")
 	c.fs.StringVar(&listen, "listen", "127.0.0.1:8081", "HTTP address: /healthz, /readyz, /metrics")
 	c.fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	c.fs.StringVar(&logFormat, "log-format", "json", "json or console")
@@ -110,7 +112,7 @@ func ingestCommand() *command {
 		if err := f.loadProjections(); err != nil {
 			return err
 		}
-		log, err := newLogger(logLevel, logFormat)
+		log, err := newLogger(logLevel, logFormat, c.scrub)
 		if err != nil {
 			return err
 		}

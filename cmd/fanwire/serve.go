@@ -21,6 +21,7 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/redact"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -68,6 +69,7 @@ type wsFlags struct {
 	logLevel         string
 	logFormat        string
 	debugListen      string
+	scrub            *redact.Scrubber // the command's: masks the API keys' values too, once read
 }
 
 func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
@@ -115,13 +117,18 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.logFormat, "log-format", def, "json or console")
 }
 
+// debugMux is Go's /debug/pprof without /debug/pprof/cmdline: the command
+// line holds whatever credentials were given as flags (--api-key, a
+// password in --nats-url), and a profile endpoint is no place for them.
 func debugMux() *http.ServeMux {
 	m := http.NewServeMux()
 	m.HandleFunc("/debug/pprof/", pprof.Index)
 	m.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	m.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	m.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	m.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	m.HandleFunc("/debug/pprof/cmdline", func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "not served: the command line may hold credentials (flags such as --api-key or a password in --nats-url)", http.StatusNotFound)
+	})
 	return m
 }
 
@@ -147,38 +154,49 @@ func startDebug(addr string) (stop func(), err error) {
 	}, nil
 }
 
-func newLogger(level, format string) (*zap.Logger, error) {
+// newLogger builds the role's logger. Every line goes through scrub,
+// which masks the credentials of the command's flags (a client library's
+// error may quote the URL it was given).
+func newLogger(level, format string, scrub *redact.Scrubber) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
 	var cfg zap.Config
+	var enc zapcore.Encoder
 	switch format {
 	case "json":
 		cfg = zap.NewProductionConfig()
+		enc = zapcore.NewJSONEncoder(cfg.EncoderConfig)
 	case "console":
 		cfg = zap.NewDevelopmentConfig()
-		cfg.DisableStacktrace = true
+		enc = zapcore.NewConsoleEncoder(cfg.EncoderConfig)
 	default:
 		return nil, fmt.Errorf("--log-format: %q is not json or console", format)
 	}
-	cfg.Level = zap.NewAtomicLevelAt(lvl)
-	cfg.Sampling = nil
-	return cfg.Build()
+	out := zapcore.Lock(zapcore.AddSync(scrub.Writer(os.Stderr)))
+	opts := []zap.Option{zap.AddCaller(), zap.ErrorOutput(out)}
+	if format == "json" {
+		opts = append(opts, zap.AddStacktrace(zap.ErrorLevel))
+	}
+	return zap.New(zapcore.NewCore(enc, out, zap.NewAtomicLevelAt(lvl)), opts...), nil
 }
 
 func wsCommand() *command {
 	c := newCommand("ws", "Run the ws role: fan events from a NATS broker out to WebSocket clients.")
 	var f wsFlags
 	f.register(c.fs, false)
+	c.brokerSecrets()
+	c.markSecret(secretValue, "api-key")
 	c.run = func([]string) error {
-		log, err := newLogger(f.logLevel, f.logFormat)
+		log, err := newLogger(f.logLevel, f.logFormat, c.scrub)
 		if err != nil {
 			return err
 		}
 		defer func() { _ = log.Sync() }()
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
+		f.scrub = c.scrub
 		return serveGateway(ctx, log, &f, nil)
 	}
 	return c
@@ -194,6 +212,9 @@ func devCommand() *command {
 	c.fs.IntVar(&natsPort, "nats-port", 0, "port of the embedded NATS server on 127.0.0.1 (0: a free port)")
 	var ing ingestFlags
 	ing.register(c.fs, true)
+	c.brokerSecrets()
+	c.markSecret(secretValue, "api-key")
+	c.markSecret(secretURL, "pg")
 	c.run = func([]string) error {
 		if ing.configFile != "" && ing.pg == "" {
 			return errors.New("--config needs --pg: projections are made by the ingest role")
@@ -206,11 +227,12 @@ func devCommand() *command {
 		if ing.prefix != "db" && slices.Equal(f.reservedSubjects, gateway.DefaultReservedSubjects) {
 			f.reservedSubjects = listFlag{ing.prefix + ".>"}
 		}
-		log, err := newLogger(f.logLevel, f.logFormat)
+		log, err := newLogger(f.logLevel, f.logFormat, c.scrub)
 		if err != nil {
 			return err
 		}
 		defer func() { _ = log.Sync() }()
+		f.scrub = c.scrub
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
 		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{Port: natsPort, JetStream: true, StoreDir: filepath.Join(dataDir, "nats")})
@@ -247,6 +269,11 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	apiKeys, err := loadAPIKeys(f.apiKeysFile)
 	if err != nil {
 		return err
+	}
+	if f.scrub != nil {
+		for _, k := range apiKeys {
+			f.scrub.Add(k.Key)
+		}
 	}
 	certs, err := f.listenerCerts(log)
 	if err != nil {
