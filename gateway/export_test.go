@@ -36,3 +36,11 @@ func PendingHandshakes(s *Server) int {
 	defer s.handshakes.mu.Unlock()
 	return len(s.handshakes.pending)
 }
+
+// CheckCertFiles runs c's periodic check now, as a handshake after the
+// check interval does.
+func CheckCertFiles(c *CertFiles) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reloadLocked()
+}

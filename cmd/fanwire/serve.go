@@ -285,6 +285,9 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if certs != nil {
+		reg.MustRegister(certs.Collector())
+	}
 
 	// The broker reports drops to the server, which exists only after the
 	// broker does.
