@@ -69,11 +69,13 @@ type wsFlags struct {
 	logLevel         string
 	logFormat        string
 	debugListen      string
+	metricsListen    string
 	scrub            *redact.Scrubber // the command's: masks the API keys' values too, once read
 }
 
 func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
-	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP address: /ws, /graphql, /api/publish, /healthz, /readyz, /metrics (and / for the console)")
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP address: /ws, /graphql, /api/publish, /healthz, /readyz, /metrics unless --metrics-listen (and / for the console)")
+	fs.StringVar(&f.metricsListen, "metrics-listen", "", metricsListenUsage)
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) file: with --tls-key, --listen serves HTTPS and wss:// itself (no proxy needed); both files are loaded again when they change")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
 	f.brokerFlags.register(fs, dev, ">")
@@ -334,11 +336,24 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		PublishTokens:         f.jwtSecretFile != "" || f.jwtJWKSFile != "",
 		AllowAnonymousPublish: f.allowAnonPublish,
 		ReservedSubjects:      reserved,
+		MetricsApart:          f.metricsListen != "",
 	})
 	if err != nil {
 		return err
 	}
 	srvRef.Store(srv)
+	// The side listeners first: a failure to listen returns before the
+	// client listener's goroutines start.
+	stopDebug, err := startDebug(f.debugListen)
+	if err != nil {
+		return err
+	}
+	defer stopDebug()
+	stopMetrics, err := startMetrics(f.metricsListen, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -359,17 +374,17 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		return nil
 	})
 	g.Go(func() error { return srv.Run(runCtx) })
-	stopDebug, err := startDebug(f.debugListen)
-	if err != nil {
-		return err
-	}
 
 	addr := ln.Addr().String()
+	metricsURL := httpScheme + "://" + addr + "/metrics"
+	if f.metricsListen != "" {
+		metricsURL = "apart, --metrics-listen"
+	}
 	log.Info("fanwire ws role ready",
 		zap.String("websocket", wsScheme+"://"+addr+"/ws"),
 		zap.String("graphql", httpScheme+"://"+addr+"/graphql"),
 		zap.String("publish", httpScheme+"://"+addr+"/api/publish"),
-		zap.String("metrics", httpScheme+"://"+addr+"/metrics"))
+		zap.String("metrics", metricsURL))
 	logPublishing(log, srv, f, len(apiKeys), reserved)
 	if f.console {
 		fmt.Fprintf(os.Stderr, "\n  fanwire is up: open %[1]s://%[3]s/ in a browser\n  websocket: %[2]s://%[3]s/ws   graphql: %[2]s://%[3]s/graphql\n  publish: curl -d '{\"subject\":\"demo.hello\",\"data\":{\"hi\":1}}' %[1]s://%[3]s/api/publish\n", httpScheme, wsScheme, addr)
@@ -390,7 +405,6 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	if err := srv.Shutdown(sctx); err != nil {
 		errs = append(errs, err)
 	}
-	stopDebug()
 	stopRun()
 	if err := g.Wait(); err != nil {
 		errs = append(errs, err)
