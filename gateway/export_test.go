@@ -1,5 +1,7 @@
 package gateway
 
+import "time"
+
 // ForceGraphQLExecutor makes s serve every GraphQL subscription through
 // gqlgen's executor, as it does the selections its fast path does not
 // cover. Call it before any connection.
@@ -43,4 +45,12 @@ func CheckCertFiles(c *CertFiles) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.reloadLocked()
+}
+
+// SetTokenKeysClock makes a's key files checked, and its retired keys
+// expire, by now instead of the wall clock.
+func SetTokenKeysClock(a *JWTAuth, now func() time.Time) {
+	a.keys.mu.Lock()
+	defer a.keys.mu.Unlock()
+	a.keys.now = now
 }

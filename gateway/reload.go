@@ -5,6 +5,7 @@ import (
 	"os"
 	"slices"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,10 +21,14 @@ import (
 // key type; an mtime kept by rsync -t or a coarse file system): the old
 // certificate would stay forever.
 
-// fileStamp is what a check compares of a file.
+// fileStamp is what a check compares of a file. The inode tells a file
+// renamed into place (certbot, a Kubernetes secret's symlink swap) from the
+// one it replaced even when both have the same size and a time stamp of
+// the same clock tick (Linux stamps files at its tick, a few ms).
 type fileStamp struct {
 	size  int64
 	mtime time.Time
+	inode uint64 // 0 where the platform has none
 }
 
 // statFiles stamps each file.
@@ -34,7 +39,10 @@ func statFiles(files ...string) ([]fileStamp, error) {
 		if err != nil {
 			return nil, err
 		}
-		s[i] = fileStamp{fi.Size(), fi.ModTime()}
+		s[i] = fileStamp{size: fi.Size(), mtime: fi.ModTime()}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			s[i].inode = uint64(st.Ino)
+		}
 	}
 	return s, nil
 }

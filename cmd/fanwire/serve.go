@@ -41,6 +41,7 @@ type wsFlags struct {
 	jwtJWKSFile      string
 	jwtIssuer        string
 	jwtAudience      string
+	jwtKeyGrace      time.Duration
 	allowAnonymous   bool
 	anonymousGrants  listFlag
 	listen           string
@@ -86,6 +87,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.jwtJWKSFile, "jwt-jwks-file", "", "JSON Web Key Set file with the RS256/ES256 public keys that sign connection tokens")
 	fs.StringVar(&f.jwtIssuer, "jwt-issuer", "", "when set, a token's iss must equal it")
 	fs.StringVar(&f.jwtAudience, "jwt-audience", "", "when set, a token's aud must contain it")
+	fs.DurationVar(&f.jwtKeyGrace, "jwt-key-grace", gateway.DefaultKeyGrace, "--jwt-secret-file and --jwt-jwks-file are loaded again when they change (looked at every 2 s at most): a key they no longer hold still verifies tokens this long (0: it stops at once)")
 	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", dev, "admit connections without a token, with --anonymous-grants; without a JWT key, ws refuses to start unless this is set (every connection would be anonymous)")
 	fs.Var(&f.anonymousGrants, "anonymous-grants", "subject patterns anonymous connections may subscribe to, comma-separated (default: none with a JWT key, every subject without one)")
 	fs.StringVar(&f.apiKeysFile, "api-keys-file", "", "file of POST /api/publish keys, one per line: name key [patterns,comma-separated] (none: publish anywhere); # starts a comment")
@@ -264,7 +266,7 @@ func devCommand() *command {
 func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.Server) error {
 	// Credentials first: a missing key file or a gateway that would admit
 	// anyone by accident fails before anything connects.
-	authenticate, err := f.authenticator()
+	authenticate, keyMetrics, err := f.authenticatorFor(log.Named("auth"))
 	if err != nil {
 		return err
 	}
@@ -290,6 +292,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	if certs != nil {
 		reg.MustRegister(certs.Collector())
 	}
+	reg.MustRegister(keyMetrics...)
 
 	// The broker reports drops to the server, which exists only after the
 	// broker does.
@@ -489,31 +492,43 @@ func loadAPIKeys(path string) ([]gateway.APIKey, error) {
 // they may subscribe to --anonymous-grants, or without those to every
 // subject the gateway serves.
 func (f *wsFlags) authenticator() (gateway.Authenticator, error) {
+	auth, _, err := f.authenticatorFor(zap.NewNop())
+	return auth, err
+}
+
+// authenticatorFor is authenticator, logging the key files' reloads to
+// log, with the collectors of their metrics.
+func (f *wsFlags) authenticatorFor(log *zap.Logger) (gateway.Authenticator, []prometheus.Collector, error) {
 	for _, p := range f.anonymousGrants {
 		if err := gateway.ValidatePattern(p); err != nil {
-			return nil, fmt.Errorf("--anonymous-grants: %w", err)
+			return nil, nil, fmt.Errorf("--anonymous-grants: %w", err)
 		}
 	}
 	if f.jwtSecretFile != "" || f.jwtJWKSFile != "" {
+		grace := f.jwtKeyGrace
+		if grace <= 0 {
+			grace = -1 // none (the Config's zero means its default)
+		}
 		auth, err := gateway.NewJWTAuth(gateway.JWTConfig{
 			SecretFile: f.jwtSecretFile, JWKSFile: f.jwtJWKSFile, Issuer: f.jwtIssuer, Audience: f.jwtAudience,
 			AllowAnonymous: f.allowAnonymous, AnonymousGrants: f.anonymousGrants,
+			KeyGrace: grace, Logger: log,
 		})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return auth.Grant, nil
+		return auth.Grant, auth.Collectors(), nil
 	}
 	if f.jwtIssuer != "" || f.jwtAudience != "" {
-		return nil, errors.New("--jwt-issuer and --jwt-audience need a key: --jwt-secret-file or --jwt-jwks-file")
+		return nil, nil, errors.New("--jwt-issuer and --jwt-audience need a key: --jwt-secret-file or --jwt-jwks-file")
 	}
 	if !f.allowAnonymous {
-		return nil, errors.New("no authentication configured: give --jwt-secret-file or --jwt-jwks-file so that connections need a token, or --allow-anonymous to admit every connection without one (fanwire dev does)")
+		return nil, nil, errors.New("no authentication configured: give --jwt-secret-file or --jwt-jwks-file so that connections need a token, or --allow-anonymous to admit every connection without one (fanwire dev does)")
 	}
 	if len(f.anonymousGrants) == 0 {
-		return nil, nil // every subject of --subjects
+		return nil, nil, nil // every subject of --subjects
 	}
 
 	grants := &gateway.Grants{Subscribe: f.anonymousGrants, Subject: "anonymous", Anonymous: true}
-	return func(context.Context, *http.Request, json.RawMessage) (*gateway.Grants, error) { return grants, nil }, nil
+	return func(context.Context, *http.Request, json.RawMessage) (*gateway.Grants, error) { return grants, nil }, nil, nil
 }
