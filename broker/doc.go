@@ -14,4 +14,7 @@
 // Credentials and TLS (natsauth.go, redisauth.go) are files named in the
 // configs; the Dial functions read and check each before they dial, so a
 // bad file is an error at start naming the field, its flag and the file.
+// A URL's credentials never appear in an error (redact.go): a URL is named
+// with them masked, and a client library's error about a URL that holds
+// one is masked too, or, for a URL that does not parse, replaced by a hint.
 package broker

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fanwire/fanwire/redact"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
@@ -105,14 +106,14 @@ func DialNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 	}
 	// nats.Connect takes no context: bound its dial by ctx's deadline.
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", redactURL(url), err)
+		return nil, fmt.Errorf("connect to nats %s: %w", redact.NATSURL(url), err)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		opts = append(opts, nats.Timeout(max(time.Until(dl), time.Millisecond)))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w%s", redactURL(url), err, connectHint(err))
+		return nil, fmt.Errorf("connect to nats %s: %w%s", redact.NATSURL(url), redactErr(err, url, true), connectHint(err))
 	}
 	b.nc = nc
 	b.state(true)

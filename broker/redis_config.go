@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fanwire/fanwire/redact"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
@@ -85,7 +86,7 @@ func (cfg RedisConfig) dial(ctx context.Context) (redis.UniversalClient, error) 
 	if !cfg.Cluster {
 		opts, err := redis.ParseURL(cfg.URL)
 		if err != nil {
-			return nil, fmt.Errorf("redis: url %q: %w", redactURL(cfg.URL), err)
+			return nil, fmt.Errorf("redis: url %q (--redis-url): %w", redact.URL(cfg.URL), redactErr(err, cfg.URL, false))
 		}
 		if err := cfg.redisTLS(opts.TLSConfig); err != nil {
 			return nil, err
@@ -112,7 +113,7 @@ func (cfg RedisConfig) dial(ctx context.Context) (redis.UniversalClient, error) 
 	}
 	opts, err := redis.ParseClusterURL(cfg.URL)
 	if err != nil {
-		return nil, fmt.Errorf("redis: cluster url %q: %w", redactURL(cfg.URL), err)
+		return nil, fmt.Errorf("redis: cluster url %q (--redis-url): %w", redact.URL(cfg.URL), redactErr(err, cfg.URL, false))
 	}
 	if err := cfg.redisTLS(opts.TLSConfig); err != nil {
 		return nil, err

@@ -2,21 +2,17 @@ package gateway
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rsa"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/big"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 )
 
 // Grants is what an authenticated connection may do: the subject patterns
@@ -46,6 +42,14 @@ type JWTConfig struct {
 	Issuer     string // when set, iss must equal it
 	Audience   string // when set, aud must contain it
 	Leeway     time.Duration
+	// KeyGrace is how long a key removed from SecretFile or JWKSFile
+	// still verifies tokens once the change is seen (default
+	// DefaultKeyGrace; negative: none, it stops at once). The files are
+	// looked at on a verification, at most every KeyCheckInterval
+	// (default DefaultKeyCheckInterval), and loaded again when changed.
+	KeyGrace         time.Duration
+	KeyCheckInterval time.Duration
+	Logger           *zap.Logger
 	// AllowAnonymous admits connections without a token, with
 	// AnonymousGrants.
 	AllowAnonymous  bool
@@ -63,37 +67,40 @@ type JWTConfig struct {
 // name ({sub}, {tenant}, …): "orders.{tenant}.>" keeps tenants apart. A
 // pattern whose placeholder has no string claim (or one that is not a
 // single subject token) is dropped, never widened.
+//
+// The keys are loaded again when their files change, and a removed key
+// keeps verifying for a grace period (see tokenKeys).
 type JWTAuth struct {
-	cfg     JWTConfig
-	secret  []byte
-	keys    map[string]any // kid → *rsa.PublicKey or *ecdsa.PublicKey
-	anyKeys []any          // keys without a kid
-	parser  *jwt.Parser
+	cfg    JWTConfig
+	keys   *tokenKeys // the secret and the JWKS's keys, reloaded
+	parser *jwt.Parser
 }
 
 // NewJWTAuth loads the keys. At least one of SecretFile and JWKSFile is
 // needed.
 func NewJWTAuth(cfg JWTConfig) (*JWTAuth, error) {
-	a := &JWTAuth{cfg: cfg, keys: make(map[string]any)}
 	if cfg.SecretFile == "" && cfg.JWKSFile == "" {
 		return nil, errors.New("jwt: give a secret file (HS256) or a JWKS file (RS256/ES256)")
 	}
+	if cfg.KeyGrace == 0 {
+		cfg.KeyGrace = DefaultKeyGrace
+	}
+	if cfg.KeyCheckInterval <= 0 {
+		cfg.KeyCheckInterval = DefaultKeyCheckInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	a := &JWTAuth{cfg: cfg, keys: &tokenKeys{secretFile: cfg.SecretFile, jwksFile: cfg.JWKSFile,
+		every: cfg.KeyCheckInterval, grace: cfg.KeyGrace, log: cfg.Logger, now: time.Now}}
+	if err := a.keys.load(); err != nil {
+		return nil, err
+	}
 	methods := []string{}
 	if cfg.SecretFile != "" {
-		b, err := os.ReadFile(cfg.SecretFile)
-		if err != nil {
-			return nil, fmt.Errorf("jwt secret: %w", err)
-		}
-		a.secret = []byte(strings.TrimRight(string(b), "\r\n"))
-		if len(a.secret) < 32 {
-			return nil, fmt.Errorf("jwt secret %s: %d bytes; use at least 32", cfg.SecretFile, len(a.secret))
-		}
 		methods = append(methods, "HS256")
 	}
 	if cfg.JWKSFile != "" {
-		if err := a.loadJWKS(cfg.JWKSFile); err != nil {
-			return nil, err
-		}
 		methods = append(methods, "RS256", "ES256")
 	}
 	if a.cfg.Leeway == 0 {
@@ -110,112 +117,14 @@ func NewJWTAuth(cfg JWTConfig) (*JWTAuth, error) {
 	return a, nil
 }
 
-// jwk is the subset of a JSON Web Key the gateway reads.
-type jwk struct {
-	Kty string `json:"kty"`
-	Kid string `json:"kid"`
-	Use string `json:"use"`
-	N   string `json:"n"`
-	E   string `json:"e"`
-	Crv string `json:"crv"`
-	X   string `json:"x"`
-	Y   string `json:"y"`
-}
-
-func (a *JWTAuth) loadJWKS(path string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("jwks: %w", err)
-	}
-	var set struct {
-		Keys []jwk `json:"keys"`
-	}
-	if err := json.Unmarshal(b, &set); err != nil {
-		return fmt.Errorf("jwks %s: %w", path, err)
-	}
-	for i, k := range set.Keys {
-		if k.Use != "" && k.Use != "sig" {
-			continue
-		}
-		pub, err := k.publicKey()
-		if err != nil {
-			return fmt.Errorf("jwks %s: key %d (kid %q): %w", path, i, k.Kid, err)
-		}
-		if k.Kid == "" {
-			a.anyKeys = append(a.anyKeys, pub)
-		} else {
-			a.keys[k.Kid] = pub
-		}
-	}
-	if len(a.keys)+len(a.anyKeys) == 0 {
-		return fmt.Errorf("jwks %s: no signing key", path)
-	}
-	return nil
-}
-
-func b64int(s string) (*big.Int, error) {
-	b, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil {
-		return nil, err
-	}
-	return new(big.Int).SetBytes(b), nil
-}
-
-func (k jwk) publicKey() (any, error) {
-	switch k.Kty {
-	case "RSA":
-		n, err := b64int(k.N)
-		if err != nil {
-			return nil, fmt.Errorf("n: %w", err)
-		}
-		e, err := b64int(k.E)
-		if err != nil || !e.IsInt64() {
-			return nil, fmt.Errorf("e: bad exponent")
-		}
-		return &rsa.PublicKey{N: n, E: int(e.Int64())}, nil
-	case "EC":
-		if k.Crv != "P-256" {
-			return nil, fmt.Errorf("curve %q: ES256 needs P-256", k.Crv)
-		}
-		x, err1 := b64int(k.X)
-		y, err2 := b64int(k.Y)
-		if err1 != nil || err2 != nil {
-			return nil, errors.New("bad x or y")
-		}
-		pub := &ecdsa.PublicKey{Curve: elliptic.P256(), X: x, Y: y}
-		if !pub.Curve.IsOnCurve(x, y) { //nolint:staticcheck // validating an imported point
-			return nil, errors.New("the point is not on P-256")
-		}
-		return pub, nil
-	}
-	return nil, fmt.Errorf("key type %q: use RSA or EC", k.Kty)
-}
+// Collectors export the key files' reloads,
+// fanwire_file_reloads_total{file="jwt_secret"|"jwks",result}: register
+// them on the role's registry.
+func (a *JWTAuth) Collectors() []prometheus.Collector { return a.keys.collectors() }
 
 func (a *JWTAuth) keyFunc(t *jwt.Token) (any, error) {
-	switch t.Method.Alg() {
-	case "HS256":
-		if a.secret == nil {
-			return nil, errors.New("HS256 is not configured")
-		}
-		return a.secret, nil
-	}
 	kid, _ := t.Header["kid"].(string)
-	if k, ok := a.keys[kid]; ok {
-		return k, nil
-	}
-	for _, k := range a.anyKeys {
-		switch t.Method.Alg() {
-		case "RS256":
-			if _, ok := k.(*rsa.PublicKey); ok {
-				return k, nil
-			}
-		case "ES256":
-			if _, ok := k.(*ecdsa.PublicKey); ok {
-				return k, nil
-			}
-		}
-	}
-	return nil, fmt.Errorf("no key for kid %q", kid)
+	return a.keys.keyFor(t.Method.Alg(), kid)
 }
 
 // ErrNoToken is returned when a connection brings no token and anonymous

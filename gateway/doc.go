@@ -33,8 +33,12 @@
 //   - For HTTPS and wss://, serve on tls.NewListener with CertFiles'
 //     TLSConfig (tlscert.go): it starts no goroutine; the handshake's own
 //     goroutine looks at the files (at most every check interval) and loads
-//     a changed pair under CertFiles' mutex. The TLS handshake runs within
+//     a changed pair under CertFiles' mutex, again at every check while
+//     it does not load (reload.go). The TLS handshake runs within
 //     HandshakeTimeout.
+//   - JWTAuth's key files are looked at the same way, by the goroutine
+//     verifying a token, under its key store's mutex (authkeys.go): no
+//     goroutine of its own.
 //   - Shutdown refuses new connections, asks every writer to drain and close
 //     with 1001, and waits for every connection's goroutines. Cancel Run's
 //     context after Shutdown returns.

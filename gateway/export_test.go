@@ -1,5 +1,7 @@
 package gateway
 
+import "time"
+
 // ForceGraphQLExecutor makes s serve every GraphQL subscription through
 // gqlgen's executor, as it does the selections its fast path does not
 // cover. Call it before any connection.
@@ -35,4 +37,20 @@ func PendingHandshakes(s *Server) int {
 	s.handshakes.mu.Lock()
 	defer s.handshakes.mu.Unlock()
 	return len(s.handshakes.pending)
+}
+
+// CheckCertFiles runs c's periodic check now, as a handshake after the
+// check interval does.
+func CheckCertFiles(c *CertFiles) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reloadLocked()
+}
+
+// SetTokenKeysClock makes a's key files checked, and its retired keys
+// expire, by now instead of the wall clock.
+func SetTokenKeysClock(a *JWTAuth, now func() time.Time) {
+	a.keys.mu.Lock()
+	defer a.keys.mu.Unlock()
+	a.keys.now = now
 }

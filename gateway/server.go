@@ -98,7 +98,9 @@ func New(cfg Config) (*Server, error) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", s.serveReady)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
+	if !cfg.MetricsApart {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
+	}
 	mux.HandleFunc("GET /fanwire.js", clientFileHandler(clientJS, "text/javascript; charset=utf-8"))
 	mux.HandleFunc("GET /fanwire.d.ts", clientFileHandler(clientDTS, "application/typescript; charset=utf-8"))
 	if cfg.Console {

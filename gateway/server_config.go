@@ -16,6 +16,10 @@ type Config struct {
 	Subjects []string      // the node's subject space (default [">"]); subscriptions outside it are refused
 	Logger   *zap.Logger
 	Registry *prometheus.Registry // metrics are registered here and served at /metrics (default: a new one)
+	// MetricsApart leaves /metrics out of Handler (it answers 404): the
+	// metrics are served on a listener of their own (fanwire's
+	// --metrics-listen), off the address clients reach.
+	MetricsApart bool
 
 	MaxConnections int // over it the upgrade gets 503 + Retry-After (default 100,000); /readyz is not ready from 90% of it
 	// MaxConnectionsPerIP caps one client address's connections; over it

@@ -3,10 +3,10 @@ package gateway
 import (
 	"crypto/tls"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
@@ -21,23 +21,21 @@ const DefaultCertCheckInterval = 2 * time.Second
 // cert-manager) is served to new connections without a restart. It checks
 // on a handshake, at most every check interval: no goroutine. A pair that
 // does not load (a renewal half written, a key that does not match) is
-// logged and the previous certificate kept; it is tried again at the next
-// check. Connections already open keep the certificate they shook hands
-// with. Safe for concurrent use.
+// logged and counted (fanwire_file_reloads_total{file="tls_certificate",
+// result="failed"}), the previous certificate kept, and it is tried again
+// at every check until it loads (reload.go says why). Connections already
+// open keep the certificate they shook hands with. Safe for concurrent use.
 type CertFiles struct {
 	certFile, keyFile string        // static
 	every             time.Duration // static
 	log               *zap.Logger   // static
+	counts            reloadCounts
 
 	mu      sync.Mutex
 	cert    *tls.Certificate // guarded by mu: served
-	loaded  [2]fileStamp     // guarded by mu: the files as they were when last tried
+	loaded  []fileStamp      // guarded by mu: the files as they were when cert was loaded
+	failed  string           // guarded by mu: the last failure logged ("": the files load)
 	checked time.Time        // guarded by mu: last look at the files
-}
-
-type fileStamp struct {
-	size  int64
-	mtime time.Time
 }
 
 // NewCertFiles loads the certificate and key; a missing, unreadable or
@@ -60,6 +58,13 @@ func NewCertFiles(certFile, keyFile string, every time.Duration, log *zap.Logger
 	}
 	c.loaded, c.checked = stamps, time.Now()
 	return c, nil
+}
+
+// Collector exports the reloads' outcomes,
+// fanwire_file_reloads_total{file="tls_certificate",result}: register it
+// on the role's registry.
+func (c *CertFiles) Collector() prometheus.Collector {
+	return newReloadCollector("tls_certificate", &c.counts)
 }
 
 // TLSConfig is the listener's configuration: TLS 1.2 or later, the
@@ -86,23 +91,29 @@ func (c *CertFiles) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, erro
 	return c.cert, nil
 }
 
-// reloadLocked loads the files if they changed since they were last tried.
+// reloadLocked loads the files if they differ from the pair last loaded;
+// a failure keeps the served certificate, and is logged once per distinct
+// failure (it is tried again at every check).
 func (c *CertFiles) reloadLocked() {
 	stamps, err := c.stamps()
+	if err == nil && sameStamps(stamps, c.loaded) {
+		c.failed = ""
+		return
+	}
+	var cert *tls.Certificate
+	if err == nil {
+		cert, err = c.load()
+	}
 	if err != nil {
-		c.log.Warn("tls certificate files unreadable: serving the previous certificate", zap.Error(err))
+		c.counts.failed.Add(1)
+		if msg := errString(err); msg != c.failed {
+			c.failed = msg
+			c.log.Warn("tls certificate files changed but do not load: serving the previous certificate, trying again at every check", zap.Error(err))
+		}
 		return
 	}
-	if stamps == c.loaded {
-		return
-	}
-	c.loaded = stamps // a bad pair is tried again when it changes, not on every check
-	cert, err := c.load()
-	if err != nil {
-		c.log.Warn("tls certificate files changed but do not load: serving the previous certificate", zap.Error(err))
-		return
-	}
-	c.cert = cert
+	c.cert, c.loaded, c.failed = cert, stamps, ""
+	c.counts.ok.Add(1)
 	fields := []zap.Field{zap.String("cert", c.certFile)}
 	if cert.Leaf != nil { // LoadX509KeyPair parses it since Go 1.23
 		fields = append(fields, zap.String("subject", cert.Leaf.Subject.String()), zap.Time("not_after", cert.Leaf.NotAfter))
@@ -110,14 +121,10 @@ func (c *CertFiles) reloadLocked() {
 	c.log.Info("tls certificate reloaded", fields...)
 }
 
-func (c *CertFiles) stamps() ([2]fileStamp, error) {
-	var s [2]fileStamp
-	for i, f := range []string{c.certFile, c.keyFile} {
-		fi, err := os.Stat(f)
-		if err != nil {
-			return s, fmt.Errorf("tls: %w", err)
-		}
-		s[i] = fileStamp{fi.Size(), fi.ModTime()}
+func (c *CertFiles) stamps() ([]fileStamp, error) {
+	s, err := statFiles(c.certFile, c.keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
 	}
 	return s, nil
 }

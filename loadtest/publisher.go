@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/redact"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -33,7 +34,7 @@ func connectNATS(ctx context.Context, cfg *Config) (*nats.Conn, error) {
 		nats.SetCustomDialer(ctxDialer{ctx: ctx, d: net.Dialer{Timeout: cfg.Timeout}}),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("connect nats %s: %w", cfg.NATSURL, err)
+		return nil, fmt.Errorf("connect nats %s: %w", redact.NATSURL(cfg.NATSURL), err)
 	}
 	if limit := nc.MaxPayload(); int64(cfg.Size) > limit {
 		nc.Close()

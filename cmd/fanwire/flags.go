@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/fanwire/fanwire/redact"
 )
 
 // command is one subcommand: its flags, each overridable by FANWIRE_<NAME>
@@ -19,6 +21,11 @@ type command struct {
 	usage   string // extra text after the flag list
 	fs      *flag.FlagSet
 	run     func(args []string) error
+
+	// Credentials (secrets.go): flags holding them, by kind (markSecret),
+	// and what masks their values in logs and errors (set by parse).
+	secretFlags map[string]secretKind
+	scrub       *redact.Scrubber
 }
 
 func newCommand(name, summary string) *command {
@@ -47,11 +54,14 @@ func (c *command) parse(args []string) error {
 			return
 		}
 		if v, ok := os.LookupEnv(envName(f.Name)); ok {
-			if e := f.Value.Set(v); e != nil {
+			if e := f.Value.Set(v); e != nil && c.isSecret(f.Name) {
+				err = fmt.Errorf("%s: %w", envName(f.Name), e)
+			} else if e != nil {
 				err = fmt.Errorf("%s=%q: %w", envName(f.Name), v, e)
 			}
 		}
 	})
+	c.scrubSecrets()
 	if err != nil {
 		return err
 	}

@@ -41,6 +41,8 @@ type ingestFlags struct {
 	// heapLimit is the soft heap limit beyond the memory projections'
 	// state (--memory-limit, kept by keepHeapLimit); 0: none (dev, tests).
 	heapLimit int64
+	// metricsApart: --metrics-listen serves /metrics, --listen does not.
+	metricsApart bool
 }
 
 func (f *ingestFlags) register(fs *flag.FlagSet, dev bool) {
@@ -94,11 +96,14 @@ func ingestCommand() *command {
 	c := newCommand("ingest", "Run the ingest role: publish committed PostgreSQL changes (logical replication) as events. Several may run for one slot: one leads, the others wait as standbys and take over when it dies.")
 	var f ingestFlags
 	var b brokerFlags
-	var listen, logLevel, logFormat, debugListen string
+	var listen, logLevel, logFormat, debugListen, metricsListen string
 	var memoryLimit int64
 	f.register(c.fs, false)
 	b.register(c.fs, false, "db.>")
-	c.fs.StringVar(&listen, "listen", "127.0.0.1:8081", "HTTP address: /healthz, /readyz, /metrics")
+	c.brokerSecrets()
+	c.markSecret(secretURL, "pg")
+	c.fs.StringVar(&listen, "listen", "127.0.0.1:8081", "HTTP address: /healthz, /readyz, /metrics unless --metrics-listen")
+	c.fs.StringVar(&metricsListen, "metrics-listen", "", metricsListenUsage)
 	c.fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	c.fs.StringVar(&logFormat, "log-format", "json", "json or console")
 	c.fs.StringVar(&debugListen, "debug-listen", "", "when set, serve Go's /debug/pprof on this address (keep it private)")
@@ -110,7 +115,7 @@ func ingestCommand() *command {
 		if err := f.loadProjections(); err != nil {
 			return err
 		}
-		log, err := newLogger(logLevel, logFormat)
+		log, err := newLogger(logLevel, logFormat, c.scrub)
 		if err != nil {
 			return err
 		}
@@ -131,6 +136,12 @@ func ingestCommand() *command {
 			return err
 		}
 		defer stopDebug()
+		f.metricsApart = metricsListen != ""
+		stopMetrics, err := startMetrics(metricsListen, reg, log)
+		if err != nil {
+			return err
+		}
+		defer stopMetrics()
 		return runIngest(ctx, log, &f, &b, nil, reg, listen)
 	}
 	return c
@@ -174,7 +185,9 @@ func runIngest(ctx context.Context, log *zap.Logger, f *ingestFlags, bf *brokerF
 			}
 			fmt.Fprintln(w, `{"status":"ready"}`)
 		})
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		if !f.metricsApart {
+			mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		}
 		ln, err := net.Listen("tcp", listen)
 		if err != nil {
 			return fmt.Errorf("listen: %w", err)
@@ -192,7 +205,11 @@ func runIngest(ctx context.Context, log *zap.Logger, f *ingestFlags, bf *brokerF
 			defer cancel()
 			return hs.Shutdown(sctx)
 		})
-		log.Info("fanwire ingest role", zap.String("metrics", "http://"+ln.Addr().String()+"/metrics"))
+		if !f.metricsApart {
+			log.Info("fanwire ingest role", zap.String("metrics", "http://"+ln.Addr().String()+"/metrics"))
+		} else {
+			log.Info("fanwire ingest role", zap.String("health", "http://"+ln.Addr().String()+"/healthz"))
+		}
 	}
 	return g.Wait()
 }

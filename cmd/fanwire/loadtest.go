@@ -77,6 +77,8 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 	fs.Uint64Var(&cfg.ChurnSeed, "churn-seed", 0, "with --churn: seed drawing the sessions' kinds and lengths (0: a random one, printed with the result)")
 	fs.StringVar(&cfg.MetricsURL, "metrics-url", "", "with --churn: the gateway's Prometheus endpoint, which must carry the Go collector's go_goroutines and go_memstats_heap_inuse_bytes (default: --url's host, path /metrics; with --spawn, the spawned gateway's)")
 	fs.DurationVar(&idle, "idle", 0, "instead of publishing: connect --clients subscribed clients, wait this long, and report the gateway's RSS per idle connection")
+	c.markSecret(secretNATSURL, "nats")
+	c.markSecret(secretURL, "redis")
 	c.run = func([]string) error {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()

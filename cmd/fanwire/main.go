@@ -36,7 +36,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			if errors.Is(err, flag.ErrHelp) {
 				return 0
 			}
-			fmt.Fprintf(stderr, "fanwire %s: %v\n", c.name, err)
+			fmt.Fprintf(stderr, "fanwire %s: %s\n", c.name, c.scrub.String(err.Error()))
 			return 2
 		}
 		if err := c.run(args[1:]); err != nil {
@@ -44,7 +44,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			if errors.As(err, &ec) {
 				return int(ec)
 			}
-			fmt.Fprintf(stderr, "fanwire %s: %v\n", c.name, err)
+			fmt.Fprintf(stderr, "fanwire %s: %s\n", c.name, c.scrub.String(err.Error()))
 			return 1
 		}
 		return 0

@@ -21,6 +21,7 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/redact"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -42,6 +43,7 @@ type wsFlags struct {
 	jwtJWKSFile      string
 	jwtIssuer        string
 	jwtAudience      string
+	jwtKeyGrace      time.Duration
 	allowAnonymous   bool
 	anonymousGrants  listFlag
 	listen           string
@@ -71,10 +73,13 @@ type wsFlags struct {
 	logLevel         string
 	logFormat        string
 	debugListen      string
+	metricsListen    string
+	scrub            *redact.Scrubber // the command's: masks the API keys' values too, once read
 }
 
 func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
-	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP address: /ws, /graphql, /api/publish, /healthz, /readyz, /metrics (and / for the console)")
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP address: /ws, /graphql, /api/publish, /healthz, /readyz, /metrics unless --metrics-listen (and / for the console)")
+	fs.StringVar(&f.metricsListen, "metrics-listen", "", metricsListenUsage)
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) file: with --tls-key, --listen serves HTTPS and wss:// itself (no proxy needed); both files are loaded again when they change")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
 	f.brokerFlags.register(fs, dev, ">")
@@ -87,6 +92,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.jwtJWKSFile, "jwt-jwks-file", "", "JSON Web Key Set file with the RS256/ES256 public keys that sign connection tokens")
 	fs.StringVar(&f.jwtIssuer, "jwt-issuer", "", "when set, a token's iss must equal it")
 	fs.StringVar(&f.jwtAudience, "jwt-audience", "", "when set, a token's aud must contain it")
+	fs.DurationVar(&f.jwtKeyGrace, "jwt-key-grace", gateway.DefaultKeyGrace, "--jwt-secret-file and --jwt-jwks-file are loaded again when they change (looked at every 2 s at most): a key they no longer hold still verifies tokens this long (0: it stops at once)")
 	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", dev, "admit connections without a token, with --anonymous-grants; without a JWT key, ws refuses to start unless this is set (every connection would be anonymous)")
 	fs.Var(&f.anonymousGrants, "anonymous-grants", "subject patterns anonymous connections may subscribe to, comma-separated (default: none with a JWT key, every subject without one)")
 	fs.StringVar(&f.apiKeysFile, "api-keys-file", "", "file of POST /api/publish keys, one per line: name key [patterns,comma-separated] (none: publish anywhere); # starts a comment")
@@ -121,13 +127,18 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.logFormat, "log-format", def, "json or console")
 }
 
+// debugMux is Go's /debug/pprof without /debug/pprof/cmdline: the command
+// line holds whatever credentials were given as flags (--api-key, a
+// password in --nats-url), and a profile endpoint is no place for them.
 func debugMux() *http.ServeMux {
 	m := http.NewServeMux()
 	m.HandleFunc("/debug/pprof/", pprof.Index)
 	m.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	m.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	m.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	m.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	m.HandleFunc("/debug/pprof/cmdline", func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "not served: the command line may hold credentials (flags such as --api-key or a password in --nats-url)", http.StatusNotFound)
+	})
 	return m
 }
 
@@ -153,38 +164,49 @@ func startDebug(addr string) (stop func(), err error) {
 	}, nil
 }
 
-func newLogger(level, format string) (*zap.Logger, error) {
+// newLogger builds the role's logger. Every line goes through scrub,
+// which masks the credentials of the command's flags (a client library's
+// error may quote the URL it was given).
+func newLogger(level, format string, scrub *redact.Scrubber) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
 	var cfg zap.Config
+	var enc zapcore.Encoder
 	switch format {
 	case "json":
 		cfg = zap.NewProductionConfig()
+		enc = zapcore.NewJSONEncoder(cfg.EncoderConfig)
 	case "console":
 		cfg = zap.NewDevelopmentConfig()
-		cfg.DisableStacktrace = true
+		enc = zapcore.NewConsoleEncoder(cfg.EncoderConfig)
 	default:
 		return nil, fmt.Errorf("--log-format: %q is not json or console", format)
 	}
-	cfg.Level = zap.NewAtomicLevelAt(lvl)
-	cfg.Sampling = nil
-	return cfg.Build()
+	out := zapcore.Lock(zapcore.AddSync(scrub.Writer(os.Stderr)))
+	opts := []zap.Option{zap.AddCaller(), zap.ErrorOutput(out)}
+	if format == "json" {
+		opts = append(opts, zap.AddStacktrace(zap.ErrorLevel))
+	}
+	return zap.New(zapcore.NewCore(enc, out, zap.NewAtomicLevelAt(lvl)), opts...), nil
 }
 
 func wsCommand() *command {
 	c := newCommand("ws", "Run the ws role: fan events from a NATS broker out to WebSocket clients.")
 	var f wsFlags
 	f.register(c.fs, false)
+	c.brokerSecrets()
+	c.markSecret(secretValue, "api-key")
 	c.run = func([]string) error {
-		log, err := newLogger(f.logLevel, f.logFormat)
+		log, err := newLogger(f.logLevel, f.logFormat, c.scrub)
 		if err != nil {
 			return err
 		}
 		defer func() { _ = log.Sync() }()
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
+		f.scrub = c.scrub
 		return serveGateway(ctx, log, &f, nil)
 	}
 	return c
@@ -200,6 +222,9 @@ func devCommand() *command {
 	c.fs.IntVar(&natsPort, "nats-port", 0, "port of the embedded NATS server on 127.0.0.1 (0: a free port)")
 	var ing ingestFlags
 	ing.register(c.fs, true)
+	c.brokerSecrets()
+	c.markSecret(secretValue, "api-key")
+	c.markSecret(secretURL, "pg")
 	c.run = func([]string) error {
 		if ing.configFile != "" && ing.pg == "" {
 			return errors.New("--config needs --pg: projections are made by the ingest role")
@@ -212,11 +237,12 @@ func devCommand() *command {
 		if ing.prefix != "db" && slices.Equal(f.reservedSubjects, gateway.DefaultReservedSubjects) {
 			f.reservedSubjects = listFlag{ing.prefix + ".>"}
 		}
-		log, err := newLogger(f.logLevel, f.logFormat)
+		log, err := newLogger(f.logLevel, f.logFormat, c.scrub)
 		if err != nil {
 			return err
 		}
 		defer func() { _ = log.Sync() }()
+		f.scrub = c.scrub
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
 		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{Port: natsPort, JetStream: true, StoreDir: filepath.Join(dataDir, "nats")})
@@ -246,13 +272,18 @@ func devCommand() *command {
 func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.Server) error {
 	// Credentials first: a missing key file or a gateway that would admit
 	// anyone by accident fails before anything connects.
-	authenticate, err := f.authenticator()
+	authenticate, keyMetrics, err := f.authenticatorFor(log.Named("auth"))
 	if err != nil {
 		return err
 	}
 	apiKeys, err := loadAPIKeys(f.apiKeysFile)
 	if err != nil {
 		return err
+	}
+	if f.scrub != nil {
+		for _, k := range apiKeys {
+			f.scrub.Add(k.Key)
+		}
 	}
 	certs, err := f.listenerCerts(log)
 	if err != nil {
@@ -264,6 +295,10 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if certs != nil {
+		reg.MustRegister(certs.Collector())
+	}
+	reg.MustRegister(keyMetrics...)
 
 	// The broker reports drops to the server, which exists only after the
 	// broker does.
@@ -313,11 +348,24 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		AllowAnonymousPublish: f.allowAnonPublish,
 		ReservedSubjects:      reserved,
 		AllowSystemSubjects:   f.allowSystem,
+		MetricsApart:          f.metricsListen != "",
 	})
 	if err != nil {
 		return err
 	}
 	srvRef.Store(srv)
+	// The side listeners first: a failure to listen returns before the
+	// client listener's goroutines start.
+	stopDebug, err := startDebug(f.debugListen)
+	if err != nil {
+		return err
+	}
+	defer stopDebug()
+	stopMetrics, err := startMetrics(f.metricsListen, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -338,17 +386,17 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		return nil
 	})
 	g.Go(func() error { return srv.Run(runCtx) })
-	stopDebug, err := startDebug(f.debugListen)
-	if err != nil {
-		return err
-	}
 
 	addr := ln.Addr().String()
+	metricsURL := httpScheme + "://" + addr + "/metrics"
+	if f.metricsListen != "" {
+		metricsURL = "apart, --metrics-listen"
+	}
 	log.Info("fanwire ws role ready",
 		zap.String("websocket", wsScheme+"://"+addr+"/ws"),
 		zap.String("graphql", httpScheme+"://"+addr+"/graphql"),
 		zap.String("publish", httpScheme+"://"+addr+"/api/publish"),
-		zap.String("metrics", httpScheme+"://"+addr+"/metrics"))
+		zap.String("metrics", metricsURL))
 	logPublishing(log, srv, f, len(apiKeys), reserved)
 	if f.console {
 		fmt.Fprintf(os.Stderr, "\n  fanwire is up: open %[1]s://%[3]s/ in a browser\n  websocket: %[2]s://%[3]s/ws   graphql: %[2]s://%[3]s/graphql\n  publish: curl -d '{\"subject\":\"demo.hello\",\"data\":{\"hi\":1}}' %[1]s://%[3]s/api/publish\n", httpScheme, wsScheme, addr)
@@ -369,7 +417,6 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	if err := srv.Shutdown(sctx); err != nil {
 		errs = append(errs, err)
 	}
-	stopDebug()
 	stopRun()
 	if err := g.Wait(); err != nil {
 		errs = append(errs, err)
@@ -454,31 +501,43 @@ func loadAPIKeys(path string) ([]gateway.APIKey, error) {
 // they may subscribe to --anonymous-grants, or without those to every
 // subject the gateway serves.
 func (f *wsFlags) authenticator() (gateway.Authenticator, error) {
+	auth, _, err := f.authenticatorFor(zap.NewNop())
+	return auth, err
+}
+
+// authenticatorFor is authenticator, logging the key files' reloads to
+// log, with the collectors of their metrics.
+func (f *wsFlags) authenticatorFor(log *zap.Logger) (gateway.Authenticator, []prometheus.Collector, error) {
 	for _, p := range f.anonymousGrants {
 		if err := gateway.ValidatePattern(p); err != nil {
-			return nil, fmt.Errorf("--anonymous-grants: %w", err)
+			return nil, nil, fmt.Errorf("--anonymous-grants: %w", err)
 		}
 	}
 	if f.jwtSecretFile != "" || f.jwtJWKSFile != "" {
+		grace := f.jwtKeyGrace
+		if grace <= 0 {
+			grace = -1 // none (the Config's zero means its default)
+		}
 		auth, err := gateway.NewJWTAuth(gateway.JWTConfig{
 			SecretFile: f.jwtSecretFile, JWKSFile: f.jwtJWKSFile, Issuer: f.jwtIssuer, Audience: f.jwtAudience,
 			AllowAnonymous: f.allowAnonymous, AnonymousGrants: f.anonymousGrants,
+			KeyGrace: grace, Logger: log,
 		})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return auth.Grant, nil
+		return auth.Grant, auth.Collectors(), nil
 	}
 	if f.jwtIssuer != "" || f.jwtAudience != "" {
-		return nil, errors.New("--jwt-issuer and --jwt-audience need a key: --jwt-secret-file or --jwt-jwks-file")
+		return nil, nil, errors.New("--jwt-issuer and --jwt-audience need a key: --jwt-secret-file or --jwt-jwks-file")
 	}
 	if !f.allowAnonymous {
-		return nil, errors.New("no authentication configured: give --jwt-secret-file or --jwt-jwks-file so that connections need a token, or --allow-anonymous to admit every connection without one (fanwire dev does)")
+		return nil, nil, errors.New("no authentication configured: give --jwt-secret-file or --jwt-jwks-file so that connections need a token, or --allow-anonymous to admit every connection without one (fanwire dev does)")
 	}
 	if len(f.anonymousGrants) == 0 {
-		return nil, nil // every subject of --subjects
+		return nil, nil, nil // every subject of --subjects
 	}
 
 	grants := &gateway.Grants{Subscribe: f.anonymousGrants, Subject: "anonymous", Anonymous: true}
-	return func(context.Context, *http.Request, json.RawMessage) (*gateway.Grants, error) { return grants, nil }, nil
+	return func(context.Context, *http.Request, json.RawMessage) (*gateway.Grants, error) { return grants, nil }, nil, nil
 }
