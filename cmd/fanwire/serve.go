@@ -35,6 +35,7 @@ type wsFlags struct {
 	consumer         string
 	durableInactive  time.Duration
 	graphqlInit      time.Duration
+	graphqlLimits    graphqlLimitFlags
 	jwtSecretFile    string
 	apiKeysFile      string
 	jwtJWKSFile      string
@@ -78,6 +79,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.consumer, "consumer", "shared", "jetstream: shared (one live consumer per node feeds every subscription) or per-connection (every subscription gets its own consumer on the server)")
 	fs.DurationVar(&f.durableInactive, "durable-inactive", 24*time.Hour, "jetstream: the server deletes a durable subscription consumer nobody has been bound to for this long")
 	fs.DurationVar(&f.graphqlInit, "graphql-init-timeout", 3*time.Second, "a GraphQL WebSocket connection that sends no connection_init within this is closed with 4408")
+	f.graphqlLimits.register(fs)
 	fs.StringVar(&f.jwtSecretFile, "jwt-secret-file", "", "file holding the HS256 secret (32+ bytes) that signs connection tokens; with a key configured every connection needs a valid token (Authorization: Bearer, ?token=, or GraphQL connection_init's token) unless --allow-anonymous")
 	fs.StringVar(&f.jwtJWKSFile, "jwt-jwks-file", "", "JSON Web Key Set file with the RS256/ES256 public keys that sign connection tokens")
 	fs.StringVar(&f.jwtIssuer, "jwt-issuer", "", "when set, a token's iss must equal it")
@@ -297,9 +299,15 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		Consumer:            f.consumer,
 		DurableInactive:     f.durableInactive,
 
-		GraphQLInitTimeout: f.graphqlInit,
-		Authenticate:       authenticate,
-		APIKeys:            apiKeys,
+		GraphQLInitTimeout:   f.graphqlInit,
+		GraphQLMaxBodyBytes:  f.graphqlLimits.maxBodyBytes,
+		GraphQLMaxQueryBytes: f.graphqlLimits.maxQueryBytes,
+		GraphQLMaxTokens:     f.graphqlLimits.maxTokens,
+		GraphQLMaxDepth:      f.graphqlLimits.maxDepth,
+		GraphQLMaxAliases:    f.graphqlLimits.maxAliases,
+		GraphQLMaxComplexity: f.graphqlLimits.maxComplexity,
+		Authenticate:         authenticate,
+		APIKeys:              apiKeys,
 
 		PublishTokens:         f.jwtSecretFile != "" || f.jwtJWKSFile != "",
 		AllowAnonymousPublish: f.allowAnonPublish,
