@@ -80,13 +80,26 @@ func (c *conn) clientError(id, code, msg string) {
 // past MaxClientErrors within ErrorWindow the connection is closed with
 // 1008. Called by the reader only.
 func (c *conn) sendClientError(code string, b []byte) {
+	c.countClientError(code)
+	c.send(b)
+	c.closeOnTooManyErrors()
+}
+
+// countClientError counts a client error with code, in the metric and in
+// the connection's ErrorWindow. Called by the reader only (or while it
+// waits for a GraphQL operation it runs).
+func (c *conn) countClientError(code string) {
 	c.s.metrics.ClientErrors.WithLabelValues(code).Inc()
 	now := time.Now()
 	if now.Sub(c.errSince) > c.s.cfg.ErrorWindow {
 		c.errSince, c.errCount = now, 0
 	}
 	c.errCount++
-	c.send(b)
+}
+
+// closeOnTooManyErrors closes the connection with 1008 (after what is
+// queued) when it is past MaxClientErrors. Called by the reader only.
+func (c *conn) closeOnTooManyErrors() {
 	if c.errCount > c.s.cfg.MaxClientErrors {
 		c.requestClose(ClosePolicy)
 	}

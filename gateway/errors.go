@@ -30,6 +30,12 @@ const (
 	CodePublishDisabled = "publish_disabled" // no publish credential configured and no AllowAnonymousPublish: 403
 )
 
+// CodeQueryLimit is the extensions.code of a GraphQL operation (HTTP or
+// WebSocket) refused before validation by a query limit (Config.GraphQLMax*:
+// bytes, tokens, depth, aliases, complexity); extensions.limit names which.
+// A POST /graphql body over Config.GraphQLMaxBodyBytes is too_large (413).
+const CodeQueryLimit = "query_limit"
+
 // WebSocket close codes the server uses.
 const (
 	CloseGoingAway    = 1001 // server draining: reconnect elsewhere

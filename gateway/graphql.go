@@ -267,13 +267,14 @@ func (c *conn) gqlSubscribe(id string, p *gqlSubscribePayload) {
 	if opCtx.Operation.Operation != ast.Subscription {
 		// Runs here, on the reader: a publish mutation uses the
 		// connection's grants (the reader's) and waits for the broker.
-		h, octx := g.exec.DispatchOperation(context.WithValue(ctx, gqlConnKey{}, c), opCtx)
+		h, octx := g.exec.DispatchOperation(context.WithValue(ctx, gqlConnKey{}, &gqlConnOp{c: c}), opCtx)
 		resp := h(octx)
 		if resp == nil {
 			resp = &graphql.Response{}
 		}
 		c.send(append(appendResponse(nextHead(id, g.legacy), resp), '}'))
 		c.send(gqlMessage("complete", id, nil))
+		c.closeOnTooManyErrors() // its publishes' refusals counted
 		return
 	}
 	root := graphql.CollectFields(opCtx, opCtx.Operation.SelectionSet, []string{"Subscription"})
@@ -319,8 +320,11 @@ func (c *conn) gqlComplete(id string) {
 func (c *conn) gqlOperationErrors(id string, errs gqlerror.List) {
 	code := "graphql_validation"
 	if len(errs) > 0 {
-		if s, ok := errs[0].Extensions["code"].(string); ok && s == "GRAPHQL_PARSE_FAILED" {
+		switch s, _ := errs[0].Extensions["code"].(string); s {
+		case "GRAPHQL_PARSE_FAILED":
 			code = "graphql_parse"
+		case CodeQueryLimit:
+			code = CodeQueryLimit
 		}
 	}
 	c.gql.forget(id)

@@ -1,10 +1,17 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"net"
 	"net/http"
+	"strconv"
+	"sync"
+	"time"
 
+	"github.com/99designs/gqlgen/graphql"
 	"github.com/99designs/gqlgen/graphql/executor"
 	"github.com/99designs/gqlgen/graphql/handler"
 	"github.com/99designs/gqlgen/graphql/handler/extension"
@@ -50,19 +57,46 @@ func (b gqlBackend) Events(ctx context.Context, subject string, from, durable *s
 	return nil, errors.New("events is a subscription: subscribe over WebSocket at /graphql (graphql-transport-ws)")
 }
 
-// gqlConnKey carries the connection a WebSocket operation runs for (its
-// grants publish); gqlRequestKey the HTTP request of one over HTTP.
+// gqlConnKey carries the WebSocket operation a resolver runs for (a
+// *gqlConnOp); gqlRequestKey the HTTP request of one over HTTP (a
+// *gqlHTTPRequest).
 type (
 	gqlConnKey    struct{}
 	gqlRequestKey struct{}
 )
 
+// gqlConnOp is a WebSocket operation run on the connection's reader.
+type gqlConnOp struct {
+	c         *conn
+	publishes int // owned by the reader (which waits for the operation)
+}
+
+// gqlHTTPRequest is a GraphQL request over HTTP: its publisher is found
+// once per request, as POST /api/publish does, however many publish
+// fields it carries.
+type gqlHTTPRequest struct {
+	r    *http.Request
+	once sync.Once
+	pub  publisher
+	aerr *apiError
+}
+
+func (q *gqlHTTPRequest) publisher(s *Server) (publisher, *apiError) {
+	q.once.Do(func() { q.pub, _, q.aerr = s.httpPublisher(q.r) })
+	return q.pub, q.aerr
+}
+
 // Publish is the publish mutation: with the connection's grants over
 // WebSocket, with the request's credential over HTTP (as POST
 // /api/publish, origin check included). Refusals are GraphQL errors with
 // extensions code, rule and subject, counted like the transport's others:
-// fanwire_client_errors_total over WebSocket, fanwire_publish_requests_total
-// over HTTP.
+// as client errors over WebSocket (fanwire_client_errors_total, and
+// towards MaxClientErrors), fanwire_publish_requests_total over HTTP.
+// Over WebSocket every publish of an operation after its first counts
+// against MaxMessageRate like a message of its own: one message with 1,000
+// aliased publishes is limited as 1,000 publish messages would be. Over
+// HTTP, a request carries at most maxPublishBatch of them (see
+// gqlLimits.MutateOperationContext).
 func (b gqlBackend) Publish(ctx context.Context, subject string, data schema.JSON) (*schema.Published, error) {
 	s := b.s
 	var pub publisher
@@ -70,18 +104,26 @@ func (b gqlBackend) Publish(ctx context.Context, subject string, data schema.JSO
 	var count func(result string)
 	switch {
 	case ctx.Value(gqlConnKey{}) != nil:
-		c := ctx.Value(gqlConnKey{}).(*conn)
+		op := ctx.Value(gqlConnKey{}).(*gqlConnOp)
+		c := op.c
+		count = c.countClientError
+		if op.publishes++; op.publishes > 1 && !c.rate.allow(time.Now(), s.cfg.MaxMessageRate) {
+			count(CodeRateLimited)
+			return nil, &gqlerror.Error{
+				Message:    "over " + strconv.Itoa(s.cfg.MaxMessageRate) + " messages per second (--max-message-rate; each publish counts as one): this publish was dropped",
+				Extensions: map[string]any{"code": CodeRateLimited, "subject": subject},
+			}
+		}
 		pub, allowed = s.grantsPublisher(c.grants)
-		count = func(code string) { s.metrics.ClientErrors.WithLabelValues(code).Inc() }
 	case ctx.Value(gqlRequestKey{}) != nil:
-		r := ctx.Value(gqlRequestKey{}).(*http.Request)
+		q := ctx.Value(gqlRequestKey{}).(*gqlHTTPRequest)
 		count = func(result string) { s.metrics.PublishRequests.WithLabelValues(result).Inc() }
-		if origin := r.Header.Get("Origin"); origin != "" && !s.originAllowed(origin, r.Host) {
+		if origin := q.r.Header.Get("Origin"); origin != "" && !s.originAllowed(origin, q.r.Host) {
 			count("forbidden_origin")
 			return nil, &gqlerror.Error{Message: "origin " + origin + " is not allowed (see --allowed-origins)", Extensions: map[string]any{"code": "forbidden_origin"}}
 		}
 		var aerr *apiError
-		if pub, _, aerr = s.httpPublisher(r); aerr != nil {
+		if pub, aerr = q.publisher(s); aerr != nil {
 			count(aerr.Code)
 			return nil, &gqlerror.Error{Message: aerr.Error, Extensions: map[string]any{"code": aerr.Code}}
 		}
@@ -111,13 +153,16 @@ func (b gqlBackend) Publish(ctx context.Context, subject string, data schema.JSO
 // for queries over HTTP (POST, and GET for queries).
 func (s *Server) newGraphQL() http.Handler {
 	es := schema.NewExecutableSchema(schema.Config{Resolvers: &schema.Resolver{Backend: gqlBackend{s}}})
+	limits := newGQLLimits(s) // one check for HTTP and WebSocket alike
 	s.gqlExec = executor.New(es)
 	s.gqlExec.Use(extension.Introspection{})
+	s.gqlExec.Use(limits)
 	h := handler.New(es)
 	h.AddTransport(transport.Options{})
 	h.AddTransport(transport.GET{})
 	h.AddTransport(transport.POST{})
 	h.Use(extension.Introspection{})
+	h.Use(limits)
 	return h
 }
 
@@ -128,5 +173,30 @@ func (s *Server) serveGraphQL(w http.ResponseWriter, r *http.Request) {
 		s.serveConn(w, r, true)
 		return
 	}
-	s.gqlHTTP.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), gqlRequestKey{}, r)))
+	if r.Method == http.MethodPost && !s.readGraphQLBody(w, r) {
+		return
+	}
+	s.gqlHTTP.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), gqlRequestKey{}, &gqlHTTPRequest{r: r})))
+}
+
+// readGraphQLBody reads a POST body of at most GraphQLMaxBodyBytes into
+// r.Body (gqlgen's transport reads a body whole, with no bound), or
+// answers the refusal as a GraphQL response: 413 too_large, 408
+// body_timeout (see HTTPServer), 400 bad_request.
+func (s *Server) readGraphQLBody(w http.ResponseWriter, r *http.Request) bool {
+	max := s.cfg.GraphQLMaxBodyBytes
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+	if err == nil {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		return true
+	}
+	status, code, msg := http.StatusBadRequest, "bad_request", "read body: "+err.Error()
+	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		s.metrics.GraphQLRefused.WithLabelValues(limitBody).Inc()
+		status, code, msg = http.StatusRequestEntityTooLarge, CodeTooLarge, "request body over "+strconv.FormatInt(max, 10)+" bytes (--graphql-max-body-bytes)"
+	} else if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		status, code, msg = http.StatusRequestTimeout, "body_timeout", "request body not received within "+s.cfg.HandshakeTimeout.String()+" (--handshake-timeout)"
+	}
+	writeJSON(w, status, &graphql.Response{Errors: gqlerror.List{{Message: msg, Extensions: map[string]any{"code": code}}}})
+	return false
 }

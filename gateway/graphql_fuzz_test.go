@@ -1,6 +1,11 @@
 package gateway
 
 import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -69,4 +74,66 @@ func checkGQLError(t testing.TB, data []byte, prefix string, err error) {
 			t.Fatalf("%q: error %q names a Go type", data, msg)
 		}
 	}
+}
+
+// FuzzGraphQLHTTP sends arbitrary requests to a real Server's /graphql: a
+// raw POST body, a query over GET, or a query inside a well-formed POST
+// body (so the fuzzer works on GraphQL text itself). Whatever it sends,
+// the handler does not panic, answers valid JSON, and the answer stays
+// bounded (the body cap is 64 KiB here; gqlgen quotes a body it cannot
+// decode in its error). A hang fails the run at go test's -timeout.
+func FuzzGraphQLHTTP(f *testing.F) {
+	s := newTestServer(f)
+	s.cfg.GraphQLMaxBodyBytes = 64 << 10
+	h := s.Handler()
+	const (
+		rawPost = iota
+		get
+		queryPost
+	)
+	for _, seed := range []struct {
+		mode  uint8
+		input string
+	}{
+		{queryPost, "{" + strings.Repeat(" a:health{status} a:subscribable{broker}", 1500) + " }"},
+		{get, "{" + strings.Repeat(" a:health{status} a:subscribable{broker}", 1500) + " }"},
+		{queryPost, "mutation {" + strings.Repeat(` publish(subject:"x",data:1){subject}`, 300) + " }"},
+		{queryPost, "{" + strings.Repeat(" health{status}", 1000) + " }"},
+		{queryPost, "{ ...F0 } fragment F0 on Query { ...F1 ...F1 } fragment F1 on Query { ...F2 ...F2 } fragment F2 on Query { health { status } }"},
+		{queryPost, "{ ...A } fragment A on Query { ...B } fragment B on Query { ...A }"},
+		{queryPost, strings.Repeat("{ __schema { types { fields { type { ofType ", 20)},
+		{queryPost, `{ __type(name: "Query") { name fields(includeDeprecated: true) { name } } }`},
+		{rawPost, `{"query":"{ health { status ready reasons connections } }"}`},
+		{rawPost, `{"query":"query Q($s: String!) { __type(name: $s) { name } }","variables":{"s":"Event"},"operationName":"Q"}`},
+		{rawPost, `{"query":`},
+		{rawPost, `[{"query":"{ health { status } }"}]`},
+		{rawPost, `{"query":"{ health { status } }","variables":{"a":[[[[[[[[[[1]]]]]]]]]]}}`},
+		{get, "subscription { events(subject: \"x\") { data } }"},
+		{get, "#"},
+	} {
+		f.Add(seed.mode, seed.input)
+	}
+	f.Fuzz(func(t *testing.T, mode uint8, input string) {
+		var req *http.Request
+		switch mode % 3 {
+		case rawPost:
+			req = httptest.NewRequest(http.MethodPost, "/graphql", strings.NewReader(input))
+			req.Header.Set("Content-Type", "application/json")
+		case get:
+			req = httptest.NewRequest(http.MethodGet, "/graphql?query="+url.QueryEscape(input), nil)
+		case queryPost:
+			body, _ := json.Marshal(map[string]string{"query": input})
+			req = httptest.NewRequest(http.MethodPost, "/graphql", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		b := rec.Body.Bytes()
+		if !json.Valid(b) {
+			t.Fatalf("%d: response is not JSON: %.300q", rec.Code, b)
+		}
+		if max := 4*s.cfg.GraphQLMaxBodyBytes + 1<<20; int64(len(b)) > max {
+			t.Fatalf("%d: response of %d bytes, over %d", rec.Code, len(b), max)
+		}
+	})
 }

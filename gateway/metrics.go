@@ -26,6 +26,8 @@ type Metrics struct {
 
 	PublishRequests *prometheus.CounterVec // result: ok, unauthorized, broker_error, or a refusal's code (bad_request, bad_subject, forbidden, forbidden_origin, too_large, body_timeout)
 	PublishedEvents prometheus.Counter
+
+	GraphQLRefused *prometheus.CounterVec // limit: body, bytes, tokens, depth, aliases, complexity, publishes (graphql_limits.go)
 }
 
 func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
@@ -49,11 +51,13 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 
 		PublishRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_publish_requests_total", Help: "POST /api/publish requests, by result."}, []string{"result"}),
 		PublishedEvents: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_published_events_total", Help: "Events published through the gateway: POST /api/publish, client publish messages and the GraphQL publish mutation."}),
+
+		GraphQLRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_graphql_refused_total", Help: "GraphQL requests and operations (HTTP and WebSocket) refused by a limit: the body, a query limit (before validation), the publishes of one HTTP request."}, []string{"limit"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Connections, m.ConnectionsAccepted, m.ConnectionsRejected, m.Disconnects, m.Subscriptions, m.SlowConsumers,
 			m.ClientErrors, m.EventsReceived, m.EventsInvalid, m.EventsDropped, m.Deliveries, m.Frames, m.BytesSent,
-			m.DispatchLatency, m.DispatchPaced, m.PublishRequests, m.PublishedEvents,
+			m.DispatchLatency, m.DispatchPaced, m.PublishRequests, m.PublishedEvents, m.GraphQLRefused,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_broker_up", Help: "1 while the broker connection is up."}, func() float64 {
 				if brokerUp() {
 					return 1

@@ -109,6 +109,23 @@ type Config struct {
 	// connection_init; then it is closed with 4408 (default 3s, as the
 	// graphql-ws server's).
 	GraphQLInitTimeout time.Duration
+	// GraphQLMaxBodyBytes caps a POST /graphql body; over it: 413 with a
+	// GraphQL error, code too_large (default 1 MiB).
+	GraphQLMaxBodyBytes int64
+	// Query limits of a GraphQL operation (HTTP and WebSocket), checked
+	// before gqlgen validates it; over one: a GraphQL error, code
+	// query_limit (graphql_limits.go). Negative: no limit. The defaults
+	// are well above what the full introspection query of graphql-js
+	// (every option on, as GraphiQL sends it) takes: 2,075 bytes, 184
+	// tokens, depth 15, no aliases, complexity 230.
+	GraphQLMaxQueryBytes int // query text in bytes (default 32 KiB)
+	GraphQLMaxTokens     int // lexical tokens (default 4,000)
+	GraphQLMaxDepth      int // nesting of fields, fragments expanded (default 24)
+	GraphQLMaxAliases    int // aliased fields as written (default 100)
+	// GraphQLMaxComplexity bounds the fields selected, fragments expanded,
+	// plus one per pair of fields sharing a response name in one
+	// selection set: the pairs validation compares (default 2,000).
+	GraphQLMaxComplexity int
 	// Authenticate, when set, admits or refuses every connection: GraphQL
 	// from its connection_init payload and upgrade request (refused: 4403),
 	// native from its upgrade request (refused: 401 before the upgrade).
@@ -158,6 +175,14 @@ func (c *Config) setDefaults() {
 	defDur(&c.DurableInactive, 24*time.Hour)
 	def(&c.MaxDurables, 32)
 	defDur(&c.GraphQLInitTimeout, 3*time.Second)
+	if c.GraphQLMaxBodyBytes == 0 {
+		c.GraphQLMaxBodyBytes = 1 << 20
+	}
+	def(&c.GraphQLMaxQueryBytes, 32<<10)
+	def(&c.GraphQLMaxTokens, 4000)
+	def(&c.GraphQLMaxDepth, 24)
+	def(&c.GraphQLMaxAliases, 100)
+	def(&c.GraphQLMaxComplexity, 2000)
 	if c.APIKey != "" {
 		c.APIKeys = append([]APIKey{{Name: "default", Key: c.APIKey}}, c.APIKeys...)
 	}
@@ -240,6 +265,7 @@ func (c *Config) validate() error {
 		errs = append(errs, errors.New("PublishTokens needs Authenticate (a token verifier such as JWTAuth.Grant)"))
 	}
 	pos("GraphQLInitTimeout", int64(c.GraphQLInitTimeout))
+	pos("GraphQLMaxBodyBytes", c.GraphQLMaxBodyBytes)
 	return errors.Join(errs...)
 }
 

@@ -38,6 +38,7 @@ type wsFlags struct {
 	maxDurables      int
 	anonDurables     bool
 	graphqlInit      time.Duration
+	graphqlLimits    graphqlLimitFlags
 	jwtSecretFile    string
 	apiKeysFile      string
 	jwtJWKSFile      string
@@ -88,6 +89,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.IntVar(&f.maxDurables, "max-durables", 32, "jetstream: durable subscription consumers one token sub keeps on the broker (counted there, across nodes); a new one past it is refused with too_many_durables; negative: no cap")
 	fs.BoolVar(&f.anonDurables, "anonymous-durables", dev, "let connections without a token keep durable subscriptions, in one namespace they all share (any of them can bind or delete the others'); without it only a token's sub has durables")
 	fs.DurationVar(&f.graphqlInit, "graphql-init-timeout", 3*time.Second, "a GraphQL WebSocket connection that sends no connection_init within this is closed with 4408")
+	f.graphqlLimits.register(fs)
 	fs.StringVar(&f.jwtSecretFile, "jwt-secret-file", "", "file holding the HS256 secret (32+ bytes) that signs connection tokens; with a key configured every connection needs a valid token (Authorization: Bearer, ?token=, or GraphQL connection_init's token) unless --allow-anonymous")
 	fs.StringVar(&f.jwtJWKSFile, "jwt-jwks-file", "", "JSON Web Key Set file with the RS256/ES256 public keys that sign connection tokens")
 	fs.StringVar(&f.jwtIssuer, "jwt-issuer", "", "when set, a token's iss must equal it")
@@ -340,9 +342,15 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		MaxDurables:         f.maxDurables,
 		AnonymousDurables:   f.anonDurables,
 
-		GraphQLInitTimeout: f.graphqlInit,
-		Authenticate:       authenticate,
-		APIKeys:            apiKeys,
+		GraphQLInitTimeout:   f.graphqlInit,
+		GraphQLMaxBodyBytes:  f.graphqlLimits.maxBodyBytes,
+		GraphQLMaxQueryBytes: f.graphqlLimits.maxQueryBytes,
+		GraphQLMaxTokens:     f.graphqlLimits.maxTokens,
+		GraphQLMaxDepth:      f.graphqlLimits.maxDepth,
+		GraphQLMaxAliases:    f.graphqlLimits.maxAliases,
+		GraphQLMaxComplexity: f.graphqlLimits.maxComplexity,
+		Authenticate:         authenticate,
+		APIKeys:              apiKeys,
 
 		PublishTokens:         f.jwtSecretFile != "" || f.jwtJWKSFile != "",
 		AllowAnonymousPublish: f.allowAnonPublish,
