@@ -115,24 +115,35 @@ func TestClientNode(t *testing.T) {
 	t.Run("slow consumer (4008) resumes", func(t *testing.T) {
 		newNATS(t)
 		// A mailbox of 32 messages and a dispatcher that never waits for
-		// the client: an app that takes 1 ms per event falls behind 3,000
-		// events of 2 KiB (more than the sockets' buffers hold) and is
-		// closed with 4008; it comes back after a backoff and resumes.
+		// the client: an app stuck on its first event reads nothing, so
+		// events of 2 KiB published until the gateway counts a slow
+		// consumer (whatever the sockets' buffers hold) close it with
+		// 4008; unstuck, it comes back after a backoff and resumes.
 		n := startGateway(t, bin, jsNodeArgs(url, "NODESLOW", "--mailbox-messages", "32", "--max-pace", "-1ms")...)
-		c := runClient(t, node, map[string]any{"urls": []string{n.wsURL()}, "busyMs": 1,
+		stall := filepath.Join(t.TempDir(), "go-on")
+		c := runClient(t, node, map[string]any{"urls": []string{n.wsURL()}, "stallFile": stall,
 			"subs": []map[string]any{{"pattern": "app.>", "from": "first"}}}, nil)
 		c.waitFor("connected", clientWait, func(l []jsLine) bool { return count(l, "state", "connected") > 0 })
 		pad := strings.Repeat("x", 2048)
-		const total = 3000
-		for i := range total {
-			if _, err := js.PublishAsync("app."+strconv.Itoa(i%4), fmt.Appendf(nil, `{"n":%d,"pad":%q}`, i, pad)); err != nil {
-				t.Fatal(err)
+		total := 0
+		for deadline := time.Now().Add(2 * clientWait); nodeMetric(t, n, "fanwire_slow_consumers_total") == 0; {
+			if time.Now().After(deadline) || total >= 200_000 {
+				t.Fatalf("no slow consumer after %d events", total)
+			}
+			for range 500 {
+				if _, err := js.PublishAsync("app."+strconv.Itoa(total%4), fmt.Appendf(nil, `{"n":%d,"pad":%q}`, total, pad)); err != nil {
+					t.Fatal(err)
+				}
+				total++
+			}
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-time.After(clientWait):
+				t.Fatal("publishes not acknowledged")
 			}
 		}
-		select {
-		case <-js.PublishAsyncComplete():
-		case <-time.After(clientWait):
-			t.Fatal("publishes not acknowledged")
+		if err := os.WriteFile(stall, nil, 0o600); err != nil {
+			t.Fatal(err)
 		}
 		c.waitEvents(total, 2*clientWait)
 		checkSequence(t, c.events(), total)
@@ -142,7 +153,7 @@ func TestClientNode(t *testing.T) {
 				return
 			}
 		}
-		t.Fatalf("the client was never closed with 4008: the test did not exercise the slow-consumer path:\n%s", c.summary())
+		t.Fatalf("the gateway counted a slow consumer, but the client never saw 4008:\n%s", c.summary())
 	})
 
 	t.Run("token refresh and expiry", func(t *testing.T) {

@@ -2,7 +2,9 @@
 // (gateway/client_test.go). argv[2] is a JSON config:
 //   {"urls": [...], "subs": [{"pattern": "app.>", "from"?, "resync"?, "durable"?}],
 //    "getToken"?: true, "token"?: "...", "options"?: {connect options},
-//    "busyMs"?: ms each event keeps the app busy}
+//    "busyMs"?: ms each event keeps the app busy,
+//    "stallFile"?: a path: the first event blocks the app (no socket reads)
+//    until that file exists}
 // It prints one JSON object per line (an event's data as its n only):
 // {"k":"state"|"event"|"gap"|"error"|
 // "token"|"published"|"closed", ...}; "token" asks for a token, answered
@@ -11,6 +13,7 @@
 import {connect} from "../../client/fanwire.js";
 import {WebSocket} from "ws";
 import {createInterface} from "node:readline";
+import {existsSync} from "node:fs";
 
 const cfg = JSON.parse(process.argv[2]);
 const out = (o) => process.stdout.write(JSON.stringify(o) + "\n");
@@ -35,6 +38,11 @@ for (const s of cfg.subs || []) {
       while (performance.now() < until);
     }
     out({k: "event", sub: sub.id, subject: ev.subject, data: {n: ev.data.n}, cursor: ev.cursor});
+    if (cfg.stallFile) { // an app stuck: nothing is read until the test says
+      const file = cfg.stallFile;
+      cfg.stallFile = undefined;
+      while (!existsSync(file));
+    }
   });
 }
 
