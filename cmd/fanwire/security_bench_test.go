@@ -23,36 +23,35 @@ func BenchmarkAliasStormProcess(b *testing.B) {
 	n := startSecNode(b, bin, "--broker", "nats", "--nats-url", natsURL, "--allow-anonymous")
 	post, _ := json.Marshal(map[string]string{"query": aliasStorm(4000)})
 	get := "http://" + n.addr + "/graphql?query=" + url.QueryEscape(aliasStorm(1500))
-	client := &http.Client{Timeout: 60 * time.Second}
-	send := func(method, u string, body string, refused bool) {
+	// send asks and checks that the answer is GraphQL errors (refused)
+	// or none.
+	send := func(req *http.Request, refused bool) {
+		code, body := secDo(b, req)
+		var out struct {
+			Errors []json.RawMessage `json:"errors"`
+		}
+		if err := json.Unmarshal([]byte(body), &out); err != nil || refused != (len(out.Errors) > 0) {
+			b.Fatalf("%s: %d %.200s", req.Method, code, body)
+		}
+	}
+	request := func(method, u, body string) *http.Request {
 		req, err := http.NewRequest(method, u, strings.NewReader(body))
 		if err != nil {
 			b.Fatal(err)
 		}
 		req.Header.Set("Content-Type", "application/json")
-		resp, err := client.Do(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		var out struct {
-			Errors []json.RawMessage `json:"errors"`
-		}
-		err = json.NewDecoder(resp.Body).Decode(&out)
-		resp.Body.Close()
-		if err != nil || refused != (len(out.Errors) > 0) {
-			b.Fatalf("%s: %s, %v, %d errors", method, resp.Status, err, len(out.Errors))
-		}
+		return req
 	}
-	send(http.MethodPost, "http://"+n.addr+"/graphql", `{"query":"{ health { status } }"}`, false)
+	send(request(http.MethodPost, "http://"+n.addr+"/graphql", `{"query":"{ health { status } }"}`), false)
 	before := n.rss(b)
 	b.ResetTimer()
 	var postTime, getTime time.Duration
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		send(http.MethodPost, "http://"+n.addr+"/graphql", string(post), true)
+		send(request(http.MethodPost, "http://"+n.addr+"/graphql", string(post)), true)
 		postTime += time.Since(start)
 		start = time.Now()
-		send(http.MethodGet, get, "", true)
+		send(request(http.MethodGet, get, ""), true)
 		getTime += time.Since(start)
 	}
 	b.StopTimer()

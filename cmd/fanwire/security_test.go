@@ -95,7 +95,7 @@ func secToken(t *testing.T, claims jwt.MapClaims) string {
 var secHTTP = &http.Client{Timeout: 20 * time.Second}
 
 // post sends body to the node's path with an optional bearer credential.
-func (n *secNode) post(t *testing.T, path, bearer, body string) (int, string) {
+func (n *secNode) post(t testing.TB, path, bearer, body string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, "http://"+n.addr+path, strings.NewReader(body))
 	if err != nil {
@@ -108,7 +108,7 @@ func (n *secNode) post(t *testing.T, path, bearer, body string) (int, string) {
 	return secDo(t, req)
 }
 
-func secDo(t *testing.T, req *http.Request) (int, string) {
+func secDo(t testing.TB, req *http.Request) (int, string) {
 	t.Helper()
 	resp, err := secHTTP.Do(req)
 	if err != nil {
