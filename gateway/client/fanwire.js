@@ -131,7 +131,7 @@ export class Client {
     }
     this.#tokens = this.#burst();
     this.#tokensAt = Date.now();
-    this.#open();
+    this.#start();
   }
 
   /** The connection's state: "connecting", "connected", "disconnected" or "closed". */
@@ -267,6 +267,12 @@ export class Client {
   }
 
   // ---- connecting -----------------------------------------------------------
+
+  // #start opens a connection; nothing it meets may escape as an unhandled
+  // rejection (which ends a Node process).
+  #start() {
+    this.#open().catch((e) => this.#emitError(new FanwireError("socket", "fanwire: connecting failed: " + errText(e), { cause: e })));
+  }
 
   async #open() {
     const gen = ++this.#generation;
@@ -471,7 +477,7 @@ export class Client {
     clearTimeout(this.#retryTimer);
     this.#retryTimer = setTimeout(() => {
       this.#retryTimer = null;
-      if (this.#state !== "closed") this.#open();
+      if (this.#state !== "closed") this.#start();
     }, delay);
   }
 
@@ -994,7 +1000,7 @@ export class Client {
     else if (c.iat && c.iat < c.exp) left = c.exp - c.iat - (now - this.#tokenAt);
     else left = c.exp - now;
     let delay = Math.max(0, left - Math.min(left * 0.2, 30000));
-    if (this.#refreshFails > 0) delay = Math.min(delay, this.#backoff(this.#refreshFails) + MIN_REFRESH_GAP);
+    if (this.#refreshFails > 0) delay = Math.max(delay, this.#backoff(this.#refreshFails)); // nothing newer last time
     delay = Math.max(delay, this.#lastRefresh + MIN_REFRESH_GAP - now);
     const gen = this.#generation;
     this.#refreshTimer = later(delay, () => gen === this.#generation, (t) => (this.#refreshTimer = t), () => this.#refresh(gen, c.exp));
