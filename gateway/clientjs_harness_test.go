@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -295,7 +296,11 @@ type jsLine struct {
 	Subject string `json:"subject"`
 	Cursor  string `json:"cursor"`
 	Message string `json:"message"`
-	Data    struct {
+	// Client is which of a script's clients printed the line (scenario.mjs
+	// runs several in one process); Retrying is an error's retrying.
+	Client   int  `json:"client"`
+	Retrying bool `json:"retrying"`
+	Data     struct {
 		N int `json:"n"`
 	} `json:"data"`
 	at time.Time
@@ -319,6 +324,13 @@ type nodeRun struct {
 // answers each getToken.
 func runClient(t testing.TB, node string, cfg map[string]any, token func() string) *nodeRun {
 	t.Helper()
+	return runScript(t, node, nil, "run.mjs", cfg, token)
+}
+
+// runScript starts `node nodeFlags... script cfg` in the client fixture: a
+// script that prints jsLines, as run.mjs does (scenario.mjs too).
+func runScript(t testing.TB, node string, nodeFlags []string, script string, cfg map[string]any, token func() string) *nodeRun {
+	t.Helper()
 	if token != nil {
 		cfg["getToken"] = true
 	}
@@ -327,7 +339,7 @@ func runClient(t testing.TB, node string, cfg map[string]any, token func() strin
 		t.Fatal(err)
 	}
 	r := &nodeRun{t: t, stderr: &syncBuffer{}, done: make(chan struct{}), token: token, changed: make(chan struct{})}
-	r.cmd = exec.Command(node, "run.mjs", string(arg))
+	r.cmd = exec.Command(node, append(slices.Clone(nodeFlags), script, string(arg))...)
 	r.cmd.Dir = clientFixture
 	r.cmd.Stderr = r.stderr
 	out, err := r.cmd.StdoutPipe()

@@ -4,9 +4,10 @@
 //    "getToken"?: true, "token"?: "...", "options"?: {connect options},
 //    "busyMs"?: ms each event keeps the app busy,
 //    "stallFile"?: a path: the first event blocks the app (no socket reads)
-//    until that file exists}
+//    until that file exists,
+//    "clockSkewMs"?: ms added to Date.now (a client clock off the gateway's)}
 // It prints one JSON object per line (an event's data as its n only):
-// {"k":"state"|"event"|"gap"|"error"|
+// {"k":"state"|"event"|"subscribed"|"gap"|"error"|
 // "token"|"published"|"closed", ...}; "token" asks for a token, answered
 // on stdin. stdin takes one JSON command per line: {"cmd":"token","token"},
 // {"cmd":"publish","subject","data"}, {"cmd":"close"}.
@@ -17,6 +18,10 @@ import {existsSync} from "node:fs";
 
 const cfg = JSON.parse(process.argv[2]);
 const out = (o) => process.stdout.write(JSON.stringify(o) + "\n");
+if (cfg.clockSkewMs) {
+  const realNow = Date.now;
+  Date.now = () => realNow() + cfg.clockSkewMs;
+}
 
 const tokenWaiters = [];
 const options = {...(cfg.options || {}), WebSocket};
@@ -29,7 +34,8 @@ if (cfg.getToken) {
 }
 const client = connect(cfg.urls, options);
 client.on("state", (state, d) => out({k: "state", state, code: d.code, reason: d.reason, url: d.url}));
-client.on("error", (e) => out({k: "error", code: e.code, message: e.message, sub: e.subscription ? e.subscription.id : undefined}));
+client.on("error", (e) => out({k: "error", code: e.code, message: e.message, sub: e.subscription ? e.subscription.id : undefined, retrying: e.retrying}));
+client.on("subscribed", (s) => out({k: "subscribed", sub: s.id}));
 client.on("gap", (g) => out({k: "gap", sub: g.subscription.id, reason: g.reason, cursor: g.cursor}));
 for (const s of cfg.subs || []) {
   const sub = client.subscribe(s.pattern, s, (ev) => {
