@@ -138,7 +138,7 @@ func (c *conn) serve() {
 	c.mu.Unlock()
 	if c.gql == nil {
 		c.armExpiry()
-		c.send(readyMessage(c.id, c.s.durable != nil))
+		c.send(readyMessage(c.id, c.s.durable != nil, c.s.readyLimits, time.Now()))
 	} else {
 		c.mu.Lock()
 		c.gql.initTimer = time.AfterFunc(c.s.cfg.GraphQLInitTimeout, func() {

@@ -27,7 +27,7 @@ func (c *conn) admit(data []byte) bool {
 	if data != nil {
 		id = frameID(data)
 	}
-	c.clientError(id, CodeRateLimited, "over "+strconv.Itoa(c.s.cfg.MaxMessageRate)+" messages per second: this one was dropped")
+	c.clientError(id, CodeRateLimited, "over "+strconv.Itoa(c.s.cfg.MaxMessageRate)+" messages per second: this one was dropped, and so is every following one until a second has passed: send it again after that, in order")
 	return false
 }
 
@@ -44,10 +44,18 @@ func (c *conn) onPing(context.Context, []byte) bool {
 }
 
 // tokenBucket limits a connection's message rate: rate per second, with a
-// burst of twice that. Owned by the reader.
+// burst of twice that. Once it has dropped a message it sheds: every
+// following message is dropped too until the bucket holds rate tokens again
+// (a second at least). A client's messages are then dropped from the first
+// one over the rate to the last one it sent before it heard of the drop,
+// never one here and one there, so a client that pauses a second after the
+// last rate_limited it got and sends them again keeps their order (what
+// fanwire.js does). A flood costs the same: it is dropped either way.
+// Owned by the reader.
 type tokenBucket struct {
-	tokens float64
-	last   time.Time
+	tokens   float64
+	last     time.Time
+	shedding bool
 }
 
 // allow takes a token; rate <= 0 means no limit.
@@ -62,7 +70,12 @@ func (b *tokenBucket) allow(now time.Time, rate int) bool {
 		b.tokens = min(burst, b.tokens+now.Sub(b.last).Seconds()*float64(rate))
 	}
 	b.last = now
+	if b.shedding && b.tokens < float64(rate) {
+		return false
+	}
+	b.shedding = false
 	if b.tokens < 1 {
+		b.shedding = true
 		return false
 	}
 	b.tokens--

@@ -13,7 +13,8 @@ const (
 	CodeTooManySubscriptions = "too_many_subscriptions" // over Config.MaxSubscriptions
 	CodeBadCursor            = "bad_cursor"             // "from" malformed, from another broker, ahead of the stream, or no history kept
 	CodeCursorExpired        = "cursor_expired"         // "from" older than the broker's retention: re-sync
-	CodeBadDurable           = "bad_durable"            // "durable" malformed, in use on this node, bound to another pattern, no consumers on this broker, or a connection that keeps none (anonymous without AnonymousDurables, a token without sub)
+	CodeDurableInUse         = "durable_in_use"         // "durable" is bound by another subscription on this node (often the same client's previous connection, until its ping timeout): retry later
+	CodeBadDurable           = "bad_durable"            // "durable" malformed, bound to another pattern, no consumers on this broker, or a connection that keeps none (anonymous without AnonymousDurables, a token without sub)
 	CodeBrokerUnavailable    = "broker_unavailable"     // the broker could not start the subscription's replay or consumer: retry
 	CodeForbidden            = "forbidden"              // the connection's grants do not contain the pattern
 	CodeUnauthorized         = "unauthorized"           // a refresh whose token was refused: invalid, empty, another sub, anonymous, or no exp where the connection's had one

@@ -78,7 +78,7 @@ func (c *conn) startFeed(id, pattern string, from *string, durable *string) {
 		}
 		key := broker.DurableName(owner, *durable)
 		if !c.s.claimDurable(key) {
-			c.clientError(id, CodeBadDurable, "durable "+strconv.Quote(*durable)+" is in use by another subscription on this gateway")
+			c.clientError(id, CodeDurableInUse, "durable "+strconv.Quote(*durable)+" is in use by another subscription on this gateway (a previous connection's until it closes or its ping times out): try again later")
 			return
 		}
 		f.durable, f.key = *durable, key

@@ -655,7 +655,7 @@ func TestGraphQLDurableSubscription(t *testing.T) {
 	expectData(cl, 1, 100)
 	other := e.initGQL()
 	other.send(q) // bound on this node already
-	if code := other.gqlErrorCode("d"); code != gateway.CodeBadDurable {
+	if code := other.gqlErrorCode("d"); code != gateway.CodeDurableInUse {
 		t.Fatalf("code %q", code)
 	}
 	_ = cl.c.CloseNow()

@@ -207,11 +207,34 @@ func jsonKind(goKind string) string {
 // readyMessage is the first message of a native connection; history says
 // that the broker keeps history (events carry cursors, subscribe takes
 // from), so a client knows whether a reconnect can resume.
-func readyMessage(connID string, history bool) []byte {
+func readyMessage(connID string, history bool, limits []byte, now time.Time) []byte {
 	b := append([]byte(`{"type":"ready","connection_id":`), strconv.Quote(connID)...)
 	if history {
 		b = append(b, `,"history":true`...)
 	}
+	b = append(b, `,"time":`...)
+	b = strconv.AppendInt(b, now.UnixMilli(), 10)
+	b = append(b, limits...)
+	return append(b, '}')
+}
+
+// readyLimits is the "limits" member of every "ready" (with its leading
+// comma): what a client must stay under so that nothing it sends is
+// refused for its size or rate. frame: the largest client frame in bytes
+// (ReadLimit; over it the connection closes 1009); data: the largest
+// publish's data (MaxPublishBytes or the broker's limit); rate and burst:
+// the message rate (MaxMessageRate; 0: none). fanwire.js paces itself and
+// checks sizes with them.
+func readyLimits(cfg *Config) []byte {
+	data, _ := cfg.maxPublishable()
+	rate := max(cfg.MaxMessageRate, 0)
+	b := append([]byte(`,"limits":{"frame":`), strconv.FormatInt(cfg.ReadLimit, 10)...)
+	b = append(b, `,"data":`...)
+	b = strconv.AppendInt(b, data, 10)
+	b = append(b, `,"rate":`...)
+	b = strconv.AppendInt(b, int64(rate), 10)
+	b = append(b, `,"burst":`...)
+	b = strconv.AppendInt(b, int64(2*rate), 10)
 	return append(b, '}')
 }
 

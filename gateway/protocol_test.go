@@ -194,9 +194,10 @@ func TestReplyMessages(t *testing.T) {
 	}{
 		{replyMessage("subscribed", "s1"), `{"type":"subscribed","id":"s1"}`},
 		{replyMessage("unsubscribed", `q"\`), `{"type":"unsubscribed","id":"q\"\\"}`},
-		{readyMessage("9f1c2e4b7a0d3e61", false), `{"type":"ready","connection_id":"9f1c2e4b7a0d3e61"}`},
-		{readyMessage("9f1c2e4b7a0d3e61", true), `{"type":"ready","connection_id":"9f1c2e4b7a0d3e61","history":true}`},
-		{readyMessage(newConnID(), false), ""},
+		{readyMessage("9f1c2e4b7a0d3e61", false, nil, time.UnixMilli(1764763200123)), `{"type":"ready","connection_id":"9f1c2e4b7a0d3e61","time":1764763200123}`},
+		{readyMessage("9f1c2e4b7a0d3e61", true, readyLimits(&Config{ReadLimit: 65536, MaxPublishBytes: 1 << 20, MaxMessageRate: 100}), time.UnixMilli(1)), `{"type":"ready","connection_id":"9f1c2e4b7a0d3e61","history":true,"time":1,"limits":{"frame":65536,"data":1048576,"rate":100,"burst":200}}`},
+		{readyMessage("9f1c2e4b7a0d3e61", false, readyLimits(&Config{ReadLimit: 1024, MaxPublishBytes: 512, MaxMessageRate: -1}), time.UnixMilli(1)), `{"type":"ready","connection_id":"9f1c2e4b7a0d3e61","time":1,"limits":{"frame":1024,"data":512,"rate":0,"burst":0}}`},
+		{readyMessage(newConnID(), false, nil, time.Now()), ""},
 		{pongMessage, `{"type":"pong"}`},
 		{refreshedMessage("", time.Time{}), `{"type":"refreshed"}`},
 		{refreshedMessage("r1", time.Date(2026, 11, 30, 19, 0, 0, 0, time.FixedZone("", 3600))), `{"type":"refreshed","id":"r1","expires":"2026-11-30T18:00:00Z"}`},

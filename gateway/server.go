@@ -38,6 +38,7 @@ type Server struct {
 	gqlExec         *executor.Executor // static: runs GraphQL operations received over WebSocket
 	gqlHTTP         http.Handler       // static: GraphQL over HTTP
 	gqlExecutorOnly bool               // static: tests: serve every subscription through the executor
+	readyLimits     []byte             // static: the "limits" member of every native "ready"
 
 	ctx    context.Context // cancelled by Shutdown when its deadline passes
 	cancel context.CancelFunc
@@ -75,6 +76,7 @@ func New(cfg Config) (*Server, error) {
 		conns:   make(map[*conn]struct{}),
 	}
 	s.durables = make(map[string]bool)
+	s.readyLimits = readyLimits(&s.cfg)
 	s.consumers, _ = cfg.Broker.(broker.Consumers)
 	s.durable, _ = cfg.Broker.(broker.Durable)
 	if s.durable != nil {
