@@ -61,8 +61,8 @@ export interface StateDetail {
   /** The close code, when a connection ended: the gateway's (1001 draining,
    * 4001 token expired, 4008 slow consumer, 1008 policy, 4401 / 4403 token
    * refused, ...), the network's (1006), or the client's own: 4000 (the
-   * client dropped a connection that went silent, never became ready or
-   * failed to send) and 1000 (close(), or reconnect()). */
+   * client dropped the connection: it went silent, never became ready, a
+   * send failed, or the app called reconnect()) and 1000 (close()). */
   code?: number;
   reason?: string;
   /** the gateway's connection id, when connected */
