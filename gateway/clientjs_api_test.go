@@ -266,7 +266,8 @@ func TestClientAPI(t *testing.T) {
 			k, name string
 			ms      int
 		}{{"client_ready_error", "", 300}, {"publish_error", "default", 400}, {"publish_error", "own", 1500}} {
-			// Node's timers count from the event loop's cached clock: one may fire a few ms before performance.now() says.
+			// Node's timers count from the event loop's cached clock: one
+			// may fire a few ms before performance.now() says it is due.
 			if _, l := find(lines, w.k, w.name); l.Code != "timeout" || l.Data.N < w.ms-w.ms/10 {
 				t.Fatalf(`never connected: want ready(300), a publish with publishTimeout 400, and one with {timeout: 1500} rejected with "timeout" after that many ms or more:`+"\n%s", c.summary())
 			}
