@@ -4,38 +4,46 @@
 //
 //	import {connect} from "https://gateway.example.com/fanwire.js";
 //	const client = connect("wss://gateway.example.com/ws", {getToken});
-//	client.subscribe("orders.*", {}, (event) => console.log(event.subject, event.data));
+//	const sub = client.subscribe("orders.*");
+//	for await (const event of sub) console.log(event.subject, event.data);
 //
 // The client reconnects by itself (exponential backoff with full jitter,
-// at once after a node's 1001 drain), subscribes again after every
-// reconnect from each subscription's last cursor on durable brokers (no gap,
-// no duplicate), tells the app with a "gap" event where events may have been
-// missed (Core NATS, an expired cursor), paces what it sends under the
-// gateway's message rate, and refreshes tokens before they expire. It holds
-// nothing without a bound: its own state is one record per subscription and
-// per publish not yet answered (at most maxQueued), and a frame is handled
-// whole as it arrives. The protocol, the reconnect policy and the guarantees
-// per broker are in the repository's docs/client.md and docs/protocol.md.
+// which starts again only once a connection has stayed up), subscribes
+// again after every reconnect from each subscription's last cursor on
+// durable brokers (no gap, no duplicate), tells the app with a "gap" event
+// where events may have been missed (Core NATS, an expired cursor), paces
+// everything it sends under the limits the gateway announces (resending in
+// order what the gateway dropped), checks sizes before sending, and
+// refreshes tokens before they expire, by the gateway's clock. It holds
+// nothing without a bound: one record per subscription, per publish not yet
+// answered (at most maxQueued) and per event an iterator has not taken yet
+// (at most its buffer). The protocol, the reconnect policy and the
+// guarantees per broker are in the repository's docs/client.md and
+// docs/protocol.md.
 
 /** The default reconnect backoff: the n-th retry in a row waits a random
  * time in [0, min(max, initial * 2^n)] ms ("full jitter"). */
 export const DEFAULT_BACKOFF = Object.freeze({ initial: 500, max: 30000 });
 
 // Close codes the gateway sends (docs/protocol.md).
-const CLOSE_NORMAL = 1000;
-const CLOSE_GOING_AWAY = 1001; // node draining: reconnect at once, elsewhere
+const CLOSE_NORMAL = 1000; // also ours: close()
+const CLOSE_GOING_AWAY = 1001; // node draining
 const CLOSE_TOKEN_EXPIRED = 4001; // token expired without a refresh: new token, reconnect
 const CLOSE_SLOW_CONSUMER = 4008; // the client fell behind: reconnect with backoff, resume
 const CLOSE_UNAUTHORIZED = 4401; // the token was refused: final unless getToken gives another
 const CLOSE_FORBIDDEN = 4403; // refused: final
-const CLOSE_NO_PONG = 4000; // ours: the connection went silent, dropped it
+const CLOSE_DROPPED = 4000; // ours: we dropped the connection (silent, never ready, reconnect())
 
-// Errors on a subscribe that the client answers by itself.
-const RETRY_LATER = new Set(["rate_limited", "broker_unavailable"]);
+const STABLE_AFTER = 10000; // ms a connection stays ready before the backoff starts again
+const RATE_PAUSE = 1100; // ms after a rate_limited: the gateway sheds for a second
+const MIN_REFRESH_GAP = 5000; // ms between two refreshes, at least
+const MAX_TIMER = 2147483647; // setTimeout's largest delay; longer ones are chained
+const DEFAULT_LIMITS = Object.freeze({ frame: 65536, data: 1 << 20, rate: 100, burst: 200 });
 
 /** An error the gateway or the client reports. code is the protocol's error
  * code (docs/protocol.md) or one of the client's own: "closed",
- * "disconnected", "queue_full", "socket", "unauthorized", "bad_message". */
+ * "disconnected", "queue_full", "socket", "unauthorized", "bad_message",
+ * "too_large", "timeout", "aborted", "handler". */
 export class FanwireError extends Error {
   constructor(code, message, extra) {
     super(message);
@@ -64,25 +72,37 @@ export class Client {
   #opts;
   #WS;
   #ws = null; // the current socket, or null
+  #closing = new Map(); // socket we dropped -> its cut(), until it is closed
   #ready = false; // the current socket got "ready"
+  #readyAt = 0;
   #state = "connecting";
   #urlIndex = 0;
-  #attempt = 0; // connection attempts in a row that did not reach ready
+  #attempt = 0; // connection attempts since a connection last stayed up
   #retryTimer = null;
   #connectTimer = null;
   #pingTimer = null;
+  #pongTimer = null;
   #refreshTimer = null;
   #sendTimer = null;
   #lastHeard = 0;
   #token;
+  #tokenAt = 0; // when #token was received (ms, local clock)
   #tokenRefused = false; // the last connection was refused for its token
+  #lastRefresh = -Infinity;
+  #refreshFails = 0;
   #history = false; // the node's broker keeps history (cursors)
+  #limits = DEFAULT_LIMITS;
+  #skew = null; // the gateway's clock minus ours (ms), once known
   #listeners = { state: new Set(), error: new Set(), gap: new Set(), subscribed: new Set() };
+  #readyWaiters = new Set();
   #subs = new Map(); // id -> Subscription, in subscribe order
   #nextSub = 1;
   #pubs = new Map(); // id -> pending publish, in publish order
   #nextMsg = 1;
-  #outbox = []; // ids of subscriptions and publishes waiting to be sent, in order
+  #unsubs = new Map(); // id -> unsubscribe not yet answered
+  #inflight = new Map(); // subscription id -> kinds sent on it and not answered ("sub", "unsub"), in order
+  #outbox = []; // messages waiting to be sent, in seq order
+  #seq = 0;
   #tokens = 0; // the send pacer's bucket
   #tokensAt = 0;
   #pausedUntil = 0;
@@ -92,25 +112,26 @@ export class Client {
     this.#urls = (Array.isArray(urls) ? urls : [urls]).map(String);
     if (this.#urls.length === 0) throw new TypeError("fanwire: connect needs at least one URL");
     const o = options || {};
-    const backoff = { ...DEFAULT_BACKOFF, ...(o.backoff || {}) };
     this.#opts = {
-      backoff,
+      backoff: { ...DEFAULT_BACKOFF, ...(o.backoff || {}) },
       getToken: o.getToken,
       connectTimeout: o.connectTimeout ?? 10000,
       pingInterval: o.pingInterval ?? 25000,
       pongTimeout: o.pongTimeout ?? 10000,
-      messageRate: o.messageRate ?? 50,
-      messageBurst: o.messageBurst ?? 100,
+      tokenTimeout: o.tokenTimeout ?? 10000,
+      publishTimeout: o.publishTimeout ?? 0,
+      messageRate: o.messageRate, // undefined: half the gateway's
+      messageBurst: o.messageBurst,
       maxQueued: o.maxQueued ?? 1000,
     };
-    this.#token = o.token;
+    this.#setToken(o.token);
     this.#WS = o.WebSocket || globalThis.WebSocket;
     if (typeof this.#WS !== "function") {
       throw new TypeError("fanwire: no WebSocket here: pass one as options.WebSocket (Node 20: the ws package)");
     }
-    this.#tokens = this.#opts.messageBurst;
+    this.#tokens = this.#burst();
     this.#tokensAt = Date.now();
-    this.#open();
+    this.#start();
   }
 
   /** The connection's state: "connecting", "connected", "disconnected" or "closed". */
@@ -125,35 +146,48 @@ export class Client {
 
   /**
    * on registers fn for "state" (fn(state, detail)), "error" (fn(err)),
-   * "gap" (fn(gap)) or "subscribed" (fn(subscription): the gateway confirmed
-   * a subscribe, after which every matching event reaches it; again after
-   * each reconnect). It returns a function that removes it.
+   * "gap" (fn(gap)) or "subscribed" (fn(subscription)). It returns a
+   * function that removes it.
    */
   on(name, fn) {
-    const set = this.#listeners[name];
-    if (!set) throw new TypeError("fanwire: unknown event " + JSON.stringify(name) + " (state, error, gap, subscribed)");
-    set.add(fn);
-    return () => set.delete(fn);
+    return addListener(this.#listeners, name, fn);
+  }
+
+  /** ready resolves once the client is connected (at once if it is); it
+   * rejects with "closed" if the client closes first, "timeout" after
+   * timeout ms when given. */
+  ready(timeout) {
+    if (this.#state === "connected") return Promise.resolve();
+    if (this.#state === "closed") return Promise.reject(closedError());
+    return waitFor(this.#readyWaiters, timeout, "connected");
   }
 
   /**
-   * subscribe delivers every event matching pattern to onEvent, once, in
-   * order, across reconnects. options.from: a cursor or "first" (durable
-   * brokers); options.durable: a durable consumer's name (JetStream);
-   * options.resync: where to go on when a cursor has expired, "live"
-   * (default) or "first".
+   * subscribe delivers every event matching pattern, once, in order,
+   * across reconnects: to onEvent, to the subscription's "event"
+   * listeners, and to its async iterator. options: from (a cursor or
+   * "first"), durable (a durable consumer's name, JetStream), resync
+   * ("live" or "first": where to go on when a cursor has expired), signal
+   * (an AbortSignal that unsubscribes), buffer (events an iterator holds
+   * at most, default 1000).
    */
   subscribe(pattern, options, onEvent) {
     if (typeof options === "function") [options, onEvent] = [{}, options];
-    if (typeof onEvent !== "function") throw new TypeError("fanwire: subscribe needs an onEvent function");
-    if (this.#state === "closed") throw new FanwireError("closed", "fanwire: the client is closed");
+    if (onEvent !== undefined && onEvent !== null && typeof onEvent !== "function") {
+      throw new TypeError("fanwire: subscribe's onEvent must be a function");
+    }
+    if (this.#state === "closed") throw closedError();
     const o = options || {};
-    if (o.resync !== undefined && o.resync !== "live" && o.resync !== "first") {
+    if (o.resync !== undefined && o.resync !== null && o.resync !== "live" && o.resync !== "first") {
       throw new TypeError('fanwire: resync is "live" or "first"');
     }
-    const sub = new Subscription(this, "s" + this.#nextSub++, String(pattern), o, onEvent);
+    const sub = new Subscription(this, "s" + this.#nextSub++, String(pattern), o, onEvent || null);
+    if (o.signal && o.signal.aborted) {
+      sub._end(new FanwireError("aborted", "fanwire: the subscription's signal was aborted"));
+      return sub;
+    }
     this.#subs.set(sub.id, sub);
-    this.#enqueue(sub.id);
+    this.#enqueue("sub", sub.id);
     return sub;
   }
 
@@ -165,84 +199,106 @@ export class Client {
    * rejects with a FanwireError: the gateway's code (forbidden,
    * bad_subject, too_large, broker_unavailable, ...), "disconnected" when
    * the connection ended before the answer (the event may or may not have
-   * been published), "queue_full" or "closed". While disconnected, it waits
-   * for the next connection (at most maxQueued publishes wait).
+   * been published), "queue_full", "closed", "too_large" (checked before
+   * sending), "timeout" or "aborted" (options.timeout, options.signal).
+   * While disconnected, it waits for the next connection.
    */
-  publish(subject, data) {
-    if (this.#state === "closed") return Promise.reject(new FanwireError("closed", "fanwire: the client is closed"));
+  publish(subject, data, options) {
+    if (this.#state === "closed") return Promise.reject(closedError());
+    const o = options || {};
+    if (o.signal && o.signal.aborted) return Promise.reject(new FanwireError("aborted", "fanwire: the publish's signal was aborted"));
     if (this.#pubs.size >= this.#opts.maxQueued) {
       return Promise.reject(new FanwireError("queue_full", "fanwire: " + this.#opts.maxQueued + " publishes are already waiting (maxQueued)"));
     }
-    let frame;
-    const id = "p" + this.#nextMsg++;
+    let json;
     try {
-      frame = JSON.stringify({ type: "publish", id, subject: String(subject), data });
+      json = JSON.stringify(data);
     } catch (e) {
-      return Promise.reject(new FanwireError("bad_message", "fanwire: data is not JSON: " + e.message));
+      return Promise.reject(new FanwireError("bad_message", "fanwire: data is not JSON: " + errText(e)));
     }
-    if (frame === undefined || data === undefined) {
-      return Promise.reject(new FanwireError("bad_message", "fanwire: data must be a JSON value"));
-    }
+    if (json === undefined) return Promise.reject(new FanwireError("bad_message", "fanwire: data must be a JSON value"));
+    const id = "p" + this.#nextMsg++;
+    const frame = '{"type":"publish","id":"' + id + '","subject":' + JSON.stringify(String(subject)) + ',"data":' + json + "}";
     return new Promise((resolve, reject) => {
-      this.#pubs.set(id, { frame, resolve, reject, sent: false });
-      this.#enqueue(id);
+      const p = { frame, dataLen: json.length, resolve, reject, sent: false, done: null };
+      const end = (err) => {
+        if (this.#pubs.get(id) !== p) return;
+        this.#pubs.delete(id);
+        this.#unqueue(id);
+        p.done();
+        reject(err);
+      };
+      const timeout = o.timeout ?? this.#opts.publishTimeout;
+      const timer = timeout > 0 ? setTimeout(() => end(new FanwireError("timeout", "fanwire: no answer within " + timeout + " ms" + (p.sent ? ": the event may or may not have been published" : ": not sent"), { id })), Math.min(timeout, MAX_TIMER)) : null;
+      const onAbort = () => end(new FanwireError("aborted", "fanwire: the publish was aborted" + (p.sent ? " after it was sent: the event may or may not have been published" : " before it was sent"), { id }));
+      if (o.signal) o.signal.addEventListener("abort", onAbort, { once: true });
+      p.done = () => {
+        clearTimeout(timer);
+        if (o.signal) o.signal.removeEventListener("abort", onAbort);
+      };
+      this.#pubs.set(id, p);
+      this.#enqueue("pub", id);
     });
   }
 
   /** close ends the client: no reconnect, pending publishes reject with
-   * "closed". It resolves once the socket is closed. */
+   * "closed". It resolves once the socket is closed. Safe in any state,
+   * from any callback, and more than once. */
   close() {
     if (this.#state === "closed") return Promise.resolve();
     const ws = this.#ws;
-    this.#clearTimers();
-    this.#ws = null;
-    this.#ready = false;
-    this.#generation++;
-    this.#outbox = [];
+    this.#forget();
     this.#finish({ code: CLOSE_NORMAL, reason: "closed by the client" });
-    if (!ws || ws.readyState === 3) return Promise.resolve();
-    return new Promise((resolve) => {
-      const t = setTimeout(resolve, 2000);
-      ws.onclose = () => {
-        clearTimeout(t);
-        resolve();
-      };
-      ws.onmessage = ws.onerror = null;
-      try {
-        ws.close(CLOSE_NORMAL, "client closed");
-      } catch {
-        clearTimeout(t);
-        resolve();
-      }
-    });
+    for (const cut of [...this.#closing.values()]) cut(); // dropped sockets still closing: cut now
+    return ws ? this.#closeSocket(ws, CLOSE_NORMAL, "client closed", 2000) : Promise.resolve();
+  }
+
+  /** reconnect drops the current connection, if any, and connects again at
+   * once (a "retry now" for an app that knows the network is back). */
+  reconnect() {
+    if (this.#state === "closed") return;
+    this.#attempt = 0;
+    if (this.#ws) {
+      this.#drop("reconnect asked by the app", true);
+      return;
+    }
+    this.#generation++; // an #open waiting for getToken gives up
+    this.#schedule(0);
   }
 
   // ---- connecting -----------------------------------------------------------
 
+  // #start opens a connection; nothing it meets may escape as an unhandled
+  // rejection (which ends a Node process).
+  #start() {
+    this.#open().catch((e) => this.#emitError(new FanwireError("socket", "fanwire: connecting failed: " + errText(e), { cause: e })));
+  }
+
   async #open() {
     const gen = ++this.#generation;
     this.#setState("connecting", { url: this.url });
-    let token = this.#token;
+    if (gen !== this.#generation) return; // a listener closed or reconnected
     if (this.#opts.getToken) {
+      let token;
       try {
-        token = await this.#opts.getToken();
+        token = await this.#getToken();
       } catch (e) {
         if (gen !== this.#generation) return;
-        this.#emitError(new FanwireError("unauthorized", "fanwire: getToken failed: " + (e && e.message ? e.message : String(e))));
-        this.#retry(false);
+        this.#emitError(new FanwireError("unauthorized", "fanwire: getToken failed: " + errText(e)));
+        if (gen === this.#generation) this.#retry(false);
         return;
       }
       if (gen !== this.#generation) return; // closed meanwhile
-      this.#token = token;
+      this.#setToken(token);
     }
     let url = this.url;
-    if (token) url += (url.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(token);
+    if (this.#token) url += (url.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(this.#token);
     let ws;
     try {
       ws = new this.#WS(url);
     } catch (e) {
-      this.#emitError(new FanwireError("socket", "fanwire: cannot open " + this.url + ": " + (e && e.message ? e.message : String(e))));
-      this.#retry(false);
+      this.#emitError(new FanwireError("socket", "fanwire: cannot open " + this.url + ": " + errText(e)));
+      if (gen === this.#generation) this.#retry(false);
       return;
     }
     this.#ws = ws;
@@ -251,71 +307,137 @@ export class Client {
     ws.onmessage = (ev) => {
       if (gen === this.#generation) this.#onFrame(ev.data);
     };
-    ws.onerror = () => {}; // the close event follows and says what happened
+    ws.onerror = noop; // the close event follows and says what happened
     ws.onclose = (ev) => {
       if (gen === this.#generation) this.#onClose(ev.code, ev.reason || "");
     };
     this.#connectTimer = setTimeout(() => {
-      if (gen === this.#generation && !this.#ready) this.#drop(CLOSE_NO_PONG, "no ready within " + this.#opts.connectTimeout + " ms");
+      if (gen === this.#generation && !this.#ready) this.#drop("no ready within " + this.#opts.connectTimeout + " ms", false);
     }, this.#opts.connectTimeout);
   }
 
-  // #drop abandons the current socket without waiting for its close
-  // handshake (it may be dead) and goes on as if it had closed with code.
-  #drop(code, reason) {
-    const ws = this.#ws;
-    if (ws) {
-      ws.onmessage = ws.onclose = null;
-      try {
-        ws.close(CLOSE_NO_PONG, reason.slice(0, 120));
-      } catch {
-        // closing a socket that never opened throws in some implementations
-      }
-    }
-    this.#onClose(code, reason);
+  // #getToken calls the app's getToken, bounded by tokenTimeout.
+  #getToken() {
+    const ms = this.#opts.tokenTimeout;
+    const got = Promise.resolve().then(() => this.#opts.getToken());
+    if (!(ms > 0)) return got;
+    let timer;
+    const late = new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new Error("no answer within " + ms + " ms (tokenTimeout)")), ms);
+    });
+    return Promise.race([got, late]).finally(() => clearTimeout(timer));
   }
 
-  #onClose(code, reason) {
-    const wasReady = this.#ready;
+  #setToken(token) {
+    this.#token = token === null || token === undefined ? undefined : String(token);
+    this.#tokenAt = Date.now();
+  }
+
+  // #closeSocket closes ws and resolves once it has closed, or after wait
+  // ms, when it is cut (the ws package's terminate) so that nothing of it
+  // keeps a Node process alive.
+  #closeSocket(ws, code, reason, wait) {
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(t);
+        this.#closing.delete(ws);
+        ws.onclose = null;
+        resolve();
+      };
+      const cut = () => {
+        try {
+          if (typeof ws.terminate === "function") ws.terminate();
+        } catch {
+          // already gone
+        }
+        done();
+      };
+      const t = setTimeout(cut, wait);
+      if (t && typeof t.unref === "function") t.unref();
+      this.#closing.set(ws, cut);
+      ws.onmessage = null;
+      ws.onerror = noop; // the ws package emits "error" for a socket closed while connecting
+      ws.onclose = done;
+      if (ws.readyState === 3) return done();
+      try {
+        ws.close(code, reason.slice(0, 120));
+      } catch {
+        cut();
+      }
+    });
+  }
+
+  // #forget abandons the current socket's state and every timer.
+  #forget() {
+    this.#clearTimers();
+    clearTimeout(this.#retryTimer);
+    this.#retryTimer = null;
     this.#ws = null;
     this.#ready = false;
     this.#generation++;
-    this.#clearTimers();
+    this.#outbox = [];
+    this.#inflight.clear();
+    this.#refreshing = null;
+  }
+
+  // #drop abandons the current socket without waiting for its close
+  // handshake (it may be dead) and goes on as if it had closed with 4000.
+  #drop(reason, atOnce) {
+    const ws = this.#ws;
+    if (ws) this.#closeSocket(ws, CLOSE_DROPPED, reason, 1000);
+    this.#onClose(CLOSE_DROPPED, reason, atOnce);
+  }
+
+  #onClose(code, reason, atOnce) {
+    const wasReady = this.#ready;
+    const stable = wasReady && Date.now() - this.#readyAt >= STABLE_AFTER;
+    this.#forget();
+    if (stable) this.#attempt = 0;
     // A publish sent and not answered may or may not be in the broker: the
     // app decides. One not sent yet waits for the next connection.
     for (const [id, p] of this.#pubs) {
       if (!p.sent) continue;
       this.#pubs.delete(id);
+      p.done();
       p.reject(new FanwireError("disconnected", "fanwire: the connection closed (" + code + ") before the publish was answered: it may or may not have been published", { id }));
     }
-    this.#outbox = [];
-    for (const sub of this.#subs.values()) sub._pending = false;
+    for (const [id, u] of this.#unsubs) {
+      // The gateway forgets a connection's subscriptions, but not the
+      // durable consumers they were bound to: those are deleted on the
+      // next connection.
+      if (u.durable === undefined || this.#subs.has(id)) this.#unsubs.delete(id);
+      else {
+        u.deferred = true;
+        u.sent = false;
+      }
+    }
+    for (const sub of this.#subs.values()) sub._disconnected();
     const detail = { code, reason, url: this.url };
     if (code === CLOSE_UNAUTHORIZED || code === CLOSE_FORBIDDEN) {
       // A refused token is final, unless getToken may give a better one
       // and the token that failed was not already a fresh one.
       const final = !this.#opts.getToken || this.#tokenRefused;
       this.#tokenRefused = true;
-      const err = new FanwireError(code === CLOSE_FORBIDDEN ? "forbidden" : "unauthorized", "fanwire: the gateway refused the connection: " + (reason || code), { closeCode: code });
-      this.#emitError(err);
+      this.#emitError(new FanwireError(code === CLOSE_FORBIDDEN ? "forbidden" : "unauthorized", "fanwire: the gateway refused the connection: " + (reason || code), { closeCode: code }));
+      if (this.#state === "closed") return;
       if (final) {
         this.#finish(detail);
         return;
       }
-      this.#setState("disconnected", detail);
-      this.#schedule(0);
-      return;
+    } else {
+      this.#tokenRefused = false;
     }
-    this.#tokenRefused = false;
     this.#setState("disconnected", detail);
-    if (code === CLOSE_GOING_AWAY || code === CLOSE_TOKEN_EXPIRED) {
-      // A draining node: at once, to the next node. An expired token:
-      // at once, with a new token from getToken.
-      this.#attempt = 0;
-      if (code === CLOSE_GOING_AWAY) this.#nextURL();
+    if (this.#state !== "disconnected" || this.#retryTimer !== null) return; // a listener closed or reconnected
+    if (atOnce) {
       this.#schedule(0);
       return;
     }
+    // A node that drains after serving us: to the next node, after the
+    // backoff (0 to backoff.initial ms after a connection that stayed up),
+    // so that its clients do not all arrive at once. 1001 before ready is a
+    // draining node that takes no one: a failed attempt, like any other.
+    if (code === CLOSE_GOING_AWAY && wasReady) this.#nextURL();
     if (code === CLOSE_SLOW_CONSUMER) this.#attempt = Math.max(this.#attempt, 1);
     this.#retry(wasReady);
   }
@@ -323,20 +445,28 @@ export class Client {
   // #finish ends the client (close, or a final refusal): no retry, and the
   // publishes still waiting reject with "closed".
   #finish(detail) {
-    clearTimeout(this.#retryTimer);
+    this.#forget();
+    const err = new FanwireError("closed", "fanwire: the client stopped: " + (detail.reason || detail.code));
     for (const [id, p] of this.#pubs) {
       this.#pubs.delete(id);
-      p.reject(new FanwireError("closed", "fanwire: the client stopped: " + (detail.reason || detail.code)));
+      p.done();
+      p.reject(err);
     }
+    this.#unsubs.clear();
     this.#setState("closed", detail);
+    settle(this.#readyWaiters, err);
+    for (const sub of [...this.#subs.values()]) sub._end(err);
+    this.#subs.clear();
   }
 
   #retry(wasReady) {
     if (!wasReady) this.#nextURL();
+    this.#schedule(Math.random() * this.#backoff(this.#attempt++));
+  }
+
+  #backoff(n) {
     const b = this.#opts.backoff;
-    const cap = Math.min(b.max, b.initial * 2 ** Math.min(this.#attempt, 30));
-    this.#attempt++;
-    this.#schedule(Math.random() * cap);
+    return Math.min(b.max, b.initial * 2 ** Math.min(n, 30));
   }
 
   #nextURL() {
@@ -347,27 +477,55 @@ export class Client {
     clearTimeout(this.#retryTimer);
     this.#retryTimer = setTimeout(() => {
       this.#retryTimer = null;
-      if (this.#state !== "closed") this.#open();
+      if (this.#state !== "closed") this.#start();
     }, delay);
   }
 
   #clearTimers() {
     clearTimeout(this.#connectTimer);
     clearInterval(this.#pingTimer);
+    clearTimeout(this.#pongTimer);
     clearTimeout(this.#refreshTimer);
     clearTimeout(this.#sendTimer);
-    this.#connectTimer = this.#pingTimer = this.#refreshTimer = this.#sendTimer = null;
+    this.#connectTimer = this.#pingTimer = this.#pongTimer = this.#refreshTimer = this.#sendTimer = null;
   }
 
   #setState(state, detail) {
     if (this.#state === state && state !== "disconnected") return;
     this.#state = state;
-    for (const fn of this.#listeners.state) call(fn, state, detail);
+    for (const fn of this.#listeners.state) this._call(fn, state, detail);
+    if (state === "connected" && this.#state === "connected") settle(this.#readyWaiters);
   }
 
   #emitError(err) {
-    if (this.#listeners.error.size === 0 && typeof console !== "undefined") console.warn(err.message);
-    for (const fn of this.#listeners.error) call(fn, err);
+    const set = this.#listeners.error;
+    if (set.size === 0) {
+      if (typeof console !== "undefined") (err.code === "handler" ? console.error : console.warn)(err.message, err.cause ?? "");
+      return;
+    }
+    for (const fn of set) {
+      try {
+        fn(err);
+      } catch (e) {
+        if (typeof console !== "undefined") console.error("fanwire: an error listener threw:", e);
+      }
+    }
+  }
+
+  // _call runs an app callback: what it throws, or what a promise it
+  // returns rejects with, is reported as an "error" (code "handler"),
+  // never let through into the client's own state changes.
+  _call(fn, a, b) {
+    try {
+      const r = fn(a, b);
+      if (r && typeof r.then === "function") r.then(undefined, (e) => this._handlerError(e));
+    } catch (e) {
+      this._handlerError(e);
+    }
+  }
+
+  _handlerError(e) {
+    this.#emitError(new FanwireError("handler", "fanwire: an app callback failed: " + errText(e), { cause: e }));
   }
 
   _emitError(err) {
@@ -375,20 +533,19 @@ export class Client {
   }
 
   _emitGap(gap) {
-    for (const fn of this.#listeners.gap) call(fn, gap);
+    for (const fn of this.#listeners.gap) this._call(fn, gap);
   }
 
   _emitSubscribed(sub) {
-    for (const fn of this.#listeners.subscribed) call(fn, sub);
+    for (const fn of this.#listeners.subscribed) this._call(fn, sub);
   }
 
-  /** reconnect drops the current connection, if any, and connects again at
-   * once (a "retry now" for an app that knows the network is back). */
-  reconnect() {
-    if (this.#state === "closed") return;
-    this.#attempt = 0;
-    if (this.#ws) this.#drop(CLOSE_NORMAL, "reconnect asked by the app");
-    this.#schedule(0);
+  _history() {
+    return this.#history;
+  }
+
+  _retryDelay(n) {
+    return this.#backoff(n);
   }
 
   // ---- receiving ------------------------------------------------------------
@@ -400,6 +557,7 @@ export class Client {
       return;
     }
     // The gateway may put several messages in one frame, one per line.
+    const gen = this.#generation;
     let start = 0;
     for (;;) {
       const nl = data.indexOf("\n", start);
@@ -412,7 +570,7 @@ export class Client {
           this.#emitError(new FanwireError("bad_message", "fanwire: not JSON from the gateway: " + e.message));
         }
         if (m && typeof m === "object") this.#onMessage(m);
-        if (this.#ws === null) return; // the message ended the connection
+        if (gen !== this.#generation) return; // the message, or an app callback, ended the connection
       }
       if (nl < 0) return;
       start = nl + 1;
@@ -428,25 +586,33 @@ export class Client {
         this.#onReady(m);
         return;
       case "subscribed": {
+        this.#answered(m.id, "sub");
         const sub = this.#subs.get(m.id);
         if (sub) sub._subscribed(m.cursor);
         return;
       }
+      case "unsubscribed":
+        this.#answered(m.id, "unsub");
+        this.#unsubbed(m.id);
+        return;
       case "published": {
         const p = this.#pubs.get(m.id);
         if (p) {
           this.#pubs.delete(m.id);
+          p.done();
           p.resolve(m.cursor);
         }
         return;
       }
       case "refreshed":
+        this.#refreshing = null;
+        this.#refreshFails = 0;
         this.#armRefresh();
         return;
       case "error":
         this.#onError(m);
         return;
-      default: // pong, unsubscribed: nothing to do
+      default: // pong: nothing to do
     }
   }
 
@@ -464,191 +630,452 @@ export class Client {
     clearTimeout(this.#connectTimer);
     this.#connectTimer = null;
     this.#ready = true;
-    this.#attempt = 0;
+    this.#readyAt = Date.now();
     this.#tokenRefused = false;
     this.#history = m.history === true;
-    this.#setState("connected", { url: this.url, connectionId: m.connection_id });
+    if (typeof m.time === "number") this.#skew = m.time - Date.now();
+    const l = m.limits;
+    this.#limits = l && typeof l === "object" ? { ...DEFAULT_LIMITS, ...l } : DEFAULT_LIMITS;
+    this.#tokens = Math.min(this.#tokens, this.#burst());
     const gen = this.#generation;
     const { pingInterval, pongTimeout } = this.#opts;
     if (pingInterval > 0) {
       this.#pingTimer = setInterval(() => {
         if (gen !== this.#generation) return;
-        if (Date.now() - this.#lastHeard > pingInterval + pongTimeout) {
-          this.#drop(CLOSE_NO_PONG, "nothing heard for " + (pingInterval + pongTimeout) + " ms");
-          return;
-        }
+        const sentAt = Date.now();
+        this.#take();
         this.#sendNow('{"type":"ping"}');
+        clearTimeout(this.#pongTimer);
+        this.#pongTimer = setTimeout(() => {
+          if (gen === this.#generation && this.#lastHeard < sentAt) this.#drop("nothing heard for " + pongTimeout + " ms after a ping", false);
+        }, pongTimeout);
       }, pingInterval);
     }
     this.#armRefresh();
     // Everything again, in the order the app asked for it: subscriptions
-    // (from their cursors), then the publishes that waited.
+    // (from their cursors), durables to delete, then the publishes that
+    // waited.
     this.#outbox = [];
-    for (const sub of this.#subs.values()) this.#outbox.push(sub.id);
-    for (const [id, p] of this.#pubs) if (!p.sent) this.#outbox.push(id);
-    this.#flush();
+    for (const sub of this.#subs.values()) if (sub._wanted()) this.#push("sub", sub.id);
+    for (const [id, u] of this.#unsubs) if (u.deferred) this.#push("unsub", id);
+    for (const [id, p] of this.#pubs) if (!p.sent) this.#push("pub", id);
+    this.#setState("connected", { url: this.url, connectionId: m.connection_id });
+    if (gen === this.#generation) this.#flush();
   }
 
   #onError(m) {
     const id = m.id;
     const err = new FanwireError(m.code || "error", m.message || m.code || "error", id === undefined ? undefined : { id });
-    const sub = id !== undefined ? this.#subs.get(id) : undefined;
-    if (sub) {
-      if (sub._failed(err)) this.#enqueueAfter(id, err.code);
+    if (id === undefined) {
+      if (err.code === "rate_limited") this.#rateLimited(); // a ping
+      else this.#emitError(err);
       return;
     }
-    const p = id !== undefined ? this.#pubs.get(id) : undefined;
+    const p = this.#pubs.get(id);
     if (p) {
       if (err.code === "rate_limited") {
-        p.sent = false; // dropped unpublished: send it again
-        this.#enqueueAfter(id, err.code);
+        p.sent = false; // dropped unpublished: send it again, in its place
+        this.#requeue("pub", id, p.seq);
         return;
       }
       this.#pubs.delete(id);
+      p.done();
       p.reject(err);
       return;
     }
-    // An answer for a subscription the app has already ended, or an
-    // unsubscribe that crossed its subscribe's refusal: nothing to tell.
+    const kind = this.#answered(id, "");
+    const u = this.#unsubs.get(id);
+    const sub = this.#subs.get(id);
+    // A subscribe's answer, or an error of the gateway's own about an
+    // active subscription (revoked by a refresh).
+    if (sub && sub._wanted() && kind !== "unsub") {
+      if (err.code === "rate_limited") {
+        sub._pending = false;
+        this.#requeue("sub", id, sub._seq);
+        return;
+      }
+      const retry = sub._failed(err);
+      if (retry >= 0) this.#enqueueLater("sub", id, retry);
+      return;
+    }
+    if (u) {
+      this.#unsubError(id, u, err);
+      return;
+    }
+    if (typeof id === "string" && id[0] === "r") {
+      const r = this.#refreshing;
+      if (err.code === "rate_limited" && r && r.id === id) {
+        this.#requeue("refresh", id, r.seq);
+        return;
+      }
+      this.#emitError(err); // a refused refresh: the connection ends at exp with 4001
+      return;
+    }
+    // An answer for a subscription the app has already ended: nothing to tell.
     if (err.code === "unknown_id" || (typeof id === "string" && /^[sp][0-9]+$/.test(id))) return;
     this.#emitError(err);
   }
 
+  // #unsubError handles an error answering an unsubscribe, or a durable
+  // deletion's subscribe or unsubscribe.
+  #unsubError(id, u, err) {
+    switch (err.code) {
+      case "rate_limited":
+        u.sent = false;
+        this.#requeue("unsub", id, u.seq);
+        return;
+      case "durable_in_use":
+      case "broker_unavailable":
+        u.retry = true; // the unsubscribe that follows gets unknown_id
+        return;
+      case "unknown_id":
+        if (u.retry && u.tries < 8) {
+          u.retry = false;
+          u.sent = false;
+          this.#enqueueLater("unsub", id, this.#backoff(u.tries++));
+          return;
+        }
+        this.#unsubbed(id);
+        return;
+      case "duplicate_id":
+        return; // a resend whose subscribe was already there: its unsubscribe follows
+      default:
+        this.#unsubs.delete(id);
+    }
+  }
+
+  // #answered takes the oldest message sent on subscription id and not
+  // answered yet (of kind, or any when kind is ""), and returns its kind.
+  // An error names only the id, and a subscribe and an unsubscribe of one
+  // id may both be on their way.
+  #answered(id, kind) {
+    const q = this.#inflight.get(id);
+    if (!q) return "";
+    const i = kind === "" ? 0 : q.indexOf(kind);
+    if (i < 0) return "";
+    const k = q.splice(i, 1)[0];
+    if (q.length === 0) this.#inflight.delete(id);
+    return k;
+  }
+
+  #sent(id, kind) {
+    const q = this.#inflight.get(id);
+    if (q) q.push(kind);
+    else this.#inflight.set(id, [kind]);
+  }
+
+  // #unsubbed: the gateway no longer holds subscription id.
+  #unsubbed(id) {
+    this.#unsubs.delete(id);
+    const sub = this.#subs.get(id);
+    if (sub) {
+      sub._pending = false;
+      sub._unsubscribed(); // a pause's unsubscribe: resume if it was waiting for this
+    }
+  }
+
   // ---- sending --------------------------------------------------------------
 
-  // #enqueue queues a subscription's subscribe or a publish for sending.
-  #enqueue(id) {
-    if (!this.#ready) return; // sent on "ready"
-    this.#outbox.push(id);
+  // #burst and #rate are the pacer's: the options', or half the gateway's
+  // limits (room for pings and for frames bunched by the network), and
+  // never over the gateway's limits: a client that sends more than them
+  // only has messages dropped, and past --max-client-errors drops the
+  // gateway closes the connection (1008).
+  #burst() {
+    const l = this.#limits;
+    const b = this.#opts.messageBurst ?? (l.rate > 0 ? Math.max(1, Math.floor(l.burst / 2)) : Infinity);
+    return l.rate > 0 ? Math.min(b, l.burst) : b;
+  }
+
+  #rate() {
+    const l = this.#limits;
+    const r = this.#opts.messageRate ?? (l.rate > 0 ? l.rate / 2 : 0);
+    return r > 0 && l.rate > 0 ? Math.min(r, l.rate) : r; // 0: unpaced (the gateway's drops are resent)
+  }
+
+  // #enqueue queues a message for sending (when connected: on "ready"
+  // otherwise, which rebuilds the queue).
+  #enqueue(kind, id) {
+    if (!this.#ready) return;
+    this.#push(kind, id);
     this.#flush();
   }
 
-  // #enqueueAfter queues id again after the gateway dropped it: rate_limited
-  // pauses sending for a second (the bucket refills), broker_unavailable
-  // retries the subscription after a backoff.
-  #enqueueAfter(id, code) {
-    if (code === "rate_limited") {
-      this.#pausedUntil = Date.now() + 1000;
-      this.#tokens = 0;
-      this.#outbox.unshift(id);
-      this.#flush();
-      return;
-    }
-    const gen = this.#generation;
-    setTimeout(() => {
-      if (gen === this.#generation) this.#enqueue(id);
-    }, 500 + Math.random() * 1000);
+  #push(kind, id) {
+    const seq = ++this.#seq;
+    this.#outbox.push({ kind, id, seq });
+    this.#stamp(kind, id, seq);
   }
 
-  // #flush sends what the outbox holds, paced: at most messageBurst at once,
-  // then messageRate per second, under the gateway's --max-message-rate
-  // (default 100 per second, burst 200) with room left for pings.
+  #stamp(kind, id, seq) {
+    if (kind === "pub") this.#pubs.get(id).seq = seq;
+    else if (kind === "sub") this.#subs.get(id)._seq = seq;
+    else if (kind === "unsub") this.#unsubs.get(id).seq = seq;
+  }
+
+  // #requeue puts back a message the gateway dropped (rate_limited) in its
+  // place by seq, and pauses sending: the gateway drops everything for a
+  // second after a drop, so what is resent after the pause keeps its order.
+  #requeue(kind, id, seq) {
+    if (!this.#ready) return;
+    let i = this.#outbox.length;
+    while (i > 0 && this.#outbox[i - 1].seq > seq) i--;
+    if (i > 0 && this.#outbox[i - 1].seq === seq) return;
+    this.#outbox.splice(i, 0, { kind, id, seq });
+    this.#rateLimited();
+  }
+
+  #rateLimited() {
+    this.#pausedUntil = Date.now() + RATE_PAUSE;
+    this.#tokens = 0;
+    this.#flush();
+  }
+
+  // #enqueueLater queues a message again after delay ms on this connection.
+  #enqueueLater(kind, id, delay) {
+    const gen = this.#generation;
+    setTimeout(() => {
+      if (gen === this.#generation) this.#enqueue(kind, id);
+    }, delay);
+  }
+
+  #unqueue(id) {
+    const i = this.#outbox.findIndex((e) => e.id === id);
+    if (i >= 0) this.#outbox.splice(i, 1);
+  }
+
+  // #take takes a token of the pacer's bucket for a message sent outside
+  // the queue (a ping), so that the queue leaves room for it.
+  #take() {
+    const now = Date.now();
+    this.#tokens = Math.min(this.#burst(), this.#tokens + ((now - this.#tokensAt) * this.#rate()) / 1000);
+    this.#tokensAt = now;
+    this.#tokens = Math.max(0, this.#tokens - 1);
+  }
+
+  // #flush sends what the outbox holds, paced: at most the burst at once,
+  // then the rate per second (half the gateway's limits, unless the
+  // options set them), paused for a second after a rate_limited.
   #flush() {
     clearTimeout(this.#sendTimer);
     this.#sendTimer = null;
     if (!this.#ready) return;
-    const { messageRate, messageBurst } = this.#opts;
-    while (this.#outbox.length > 0) {
+    const gen = this.#generation;
+    const rate = this.#rate();
+    while (this.#outbox.length > 0 && gen === this.#generation) {
       const now = Date.now();
       if (now < this.#pausedUntil) {
         this.#sendTimer = setTimeout(() => this.#flush(), this.#pausedUntil - now);
         return;
       }
-      if (messageRate > 0) {
-        this.#tokens = Math.min(messageBurst, this.#tokens + ((now - this.#tokensAt) * messageRate) / 1000);
+      if (rate > 0) {
+        this.#tokens = Math.min(this.#burst(), this.#tokens + ((now - this.#tokensAt) * rate) / 1000);
         this.#tokensAt = now;
         if (this.#tokens < 1) {
-          this.#sendTimer = setTimeout(() => this.#flush(), Math.ceil(((1 - this.#tokens) * 1000) / messageRate));
+          this.#sendTimer = setTimeout(() => this.#flush(), Math.ceil(((1 - this.#tokens) * 1000) / rate));
           return;
         }
-        this.#tokens--;
       }
-      const id = this.#outbox.shift();
-      const sub = this.#subs.get(id);
-      if (sub) {
-        if (!sub._pending) {
-          sub._pending = true;
-          this.#sendNow(sub._frame(this.#history));
+      const e = this.#outbox.shift();
+      const frames = this.#frames(e);
+      if (frames === null) continue;
+      if (rate > 0) this.#tokens -= frames.length;
+      for (const f of frames) this.#sendNow(f);
+    }
+  }
+
+  // #frames returns what to send for a queued message, or null when there
+  // is nothing to send (any more). A message over the gateway's limits is
+  // refused here, and the connection stays.
+  #frames(e) {
+    switch (e.kind) {
+      case "sub": {
+        const sub = this.#subs.get(e.id);
+        if (!sub || sub._pending || !sub._wanted()) return null;
+        const f = sub._frame(this.#history);
+        if (this.#bytes(f) > this.#limits.frame) {
+          sub._failed(new FanwireError("too_large", "fanwire: the subscribe is " + this.#bytes(f) + " bytes, over the gateway's " + this.#limits.frame + " (--read-limit)", { id: e.id }));
+          return null;
         }
-        continue;
+        sub._pending = true;
+        this.#sent(e.id, "sub");
+        return [f];
       }
-      const p = this.#pubs.get(id);
-      if (p && !p.sent) {
+      case "pub": {
+        const p = this.#pubs.get(e.id);
+        if (!p || p.sent) return null;
+        const over = this.#tooLarge(p);
+        if (over) {
+          this.#pubs.delete(e.id);
+          p.done();
+          p.reject(new FanwireError("too_large", "fanwire: " + over + ": not sent", { id: e.id }));
+          return null;
+        }
         p.sent = true;
-        this.#sendNow(p.frame);
+        return [p.frame];
+      }
+      case "unsub": {
+        const u = this.#unsubs.get(e.id);
+        if (!u || u.sent) return null;
+        u.sent = true;
+        const un = '{"type":"unsubscribe","id":"' + e.id + '"}';
+        if (!u.deferred) {
+          this.#sent(e.id, "unsub");
+          return [un];
+        }
+        this.#sent(e.id, "sub");
+        this.#sent(e.id, "unsub");
+        // A durable's consumer outlives its connection: bind it, and
+        // unsubscribe, which deletes it.
+        return [JSON.stringify({ type: "subscribe", id: e.id, subject: u.pattern, durable: u.durable }), un];
+      }
+      case "refresh": {
+        const r = this.#refreshing;
+        return r && r.id === e.id ? [r.frame] : null;
       }
     }
+    return null;
+  }
+
+  #tooLarge(p) {
+    const { frame, data } = this.#limits;
+    if (p.dataLen * 3 > data) {
+      const n = this.#bytes(p.frame) - (p.frame.length - p.dataLen); // the envelope is ASCII
+      if (n > data) return "data of " + n + " bytes, over the gateway's " + data + " (--max-publish-bytes)";
+    }
+    const n = this.#bytes(p.frame);
+    return n > frame ? "the publish is " + n + " bytes, over the gateway's " + frame + " (--read-limit)" : "";
+  }
+
+  // #bytes is s's length in UTF-8, counted only when it could matter.
+  #bytes(s) {
+    if (s.length * 3 <= this.#limits.frame && s.length * 3 <= this.#limits.data) return s.length;
+    return utf8Length(s);
   }
 
   #sendNow(frame) {
     try {
       this.#ws.send(frame);
     } catch (e) {
-      this.#drop(1006, "send failed: " + (e && e.message ? e.message : String(e)));
+      this.#drop("send failed: " + errText(e), false);
     }
   }
 
-  _unsubscribe(sub) {
-    if (!this.#subs.delete(sub.id)) return;
-    const i = this.#outbox.indexOf(sub.id);
-    if (i >= 0) this.#outbox.splice(i, 1);
-    // Sent only when the gateway may hold the subscription. Unpaced: one
-    // message per unsubscribe, and the gateway answers an unknown id with
-    // an error the client ignores.
-    if (this.#ready && sub._pending) this.#sendNow(JSON.stringify({ type: "unsubscribe", id: sub.id }));
+  // _unsubscribe ends sub on the gateway: an unsubscribe, paced, when the
+  // gateway may hold it; for a durable it does not hold now, the durable's
+  // deletion on this or the next connection.
+  _unsubscribe(sub, keep) {
+    if (!keep && !this.#subs.delete(sub.id)) return;
+    this.#unqueue(sub.id);
+    const held = this.#ready && sub._pending;
+    if (!held && !(sub.durable !== undefined && sub._bound())) return;
+    this.#unsubs.set(sub.id, { pattern: sub.pattern, durable: sub.durable, deferred: !held, sent: false, seq: 0, retry: false, tries: 0 });
+    this.#enqueue("unsub", sub.id);
+  }
+
+  // _resume sends sub's subscribe again (after a pause).
+  _resume(sub) {
+    if (this.#unsubs.has(sub.id)) return; // its unsubscribe is not answered yet: on "unsubscribed"
+    this.#enqueue("sub", sub.id);
   }
 
   // ---- tokens -----------------------------------------------------------------
 
+  #refreshing = null; // the refresh being sent: {id, seq, frame}
+
   // #armRefresh schedules a refresh before the token's exp (when it has one
   // and getToken can give another): 30 s before it, or at 80% of its
-  // remaining life when that is shorter.
+  // remaining life when that is shorter, by the gateway's clock (or, from
+  // a gateway that does not tell it, by the token's iat), never sooner
+  // than MIN_REFRESH_GAP after the last one.
   #armRefresh() {
     clearTimeout(this.#refreshTimer);
     this.#refreshTimer = null;
     if (!this.#opts.getToken || !this.#ready) return;
-    const exp = tokenExpiry(this.#token);
-    if (!exp) return;
-    const left = exp - Date.now();
-    const delay = Math.max(0, left - Math.min(left * 0.2, 30000));
+    const c = tokenClaims(this.#token);
+    if (!c.exp) return;
+    const now = Date.now();
+    let left;
+    if (this.#skew !== null) left = c.exp - (now + this.#skew);
+    else if (c.iat && c.iat < c.exp) left = c.exp - c.iat - (now - this.#tokenAt);
+    else left = c.exp - now;
+    let delay = Math.max(0, left - Math.min(left * 0.2, 30000));
+    if (this.#refreshFails > 0) delay = Math.max(delay, this.#backoff(this.#refreshFails)); // nothing newer last time
+    delay = Math.max(delay, this.#lastRefresh + MIN_REFRESH_GAP - now);
     const gen = this.#generation;
-    this.#refreshTimer = setTimeout(async () => {
+    this.#refreshTimer = later(delay, () => gen === this.#generation, (t) => (this.#refreshTimer = t), () => this.#refresh(gen, c.exp));
+  }
+
+  async #refresh(gen, oldExp) {
+    this.#lastRefresh = Date.now();
+    let token;
+    try {
+      token = await this.#getToken();
+    } catch (e) {
       if (gen !== this.#generation) return;
-      let token;
-      try {
-        token = await this.#opts.getToken();
-      } catch (e) {
-        this.#emitError(new FanwireError("unauthorized", "fanwire: getToken failed: " + (e && e.message ? e.message : String(e))));
-        return; // the connection closes with 4001 at expiry, and reconnects
-      }
-      if (gen !== this.#generation || !token) return;
-      this.#token = token;
-      this.#sendNow(JSON.stringify({ type: "refresh", id: "r" + this.#nextMsg++, token }));
-    }, delay);
+      this.#emitError(new FanwireError("unauthorized", "fanwire: getToken failed: " + errText(e)));
+      token = undefined;
+    }
+    if (gen !== this.#generation) return;
+    const exp = tokenClaims(token).exp;
+    if (!token || token === this.#token || (exp && exp <= oldExp)) {
+      // Nothing newer: ask again later (the connection ends at exp with
+      // 4001 if nothing comes, and reconnects with getToken).
+      this.#refreshFails++;
+      this.#armRefresh();
+      return;
+    }
+    this.#setToken(token);
+    const id = "r" + this.#nextMsg++;
+    const seq = ++this.#seq;
+    this.#refreshing = { id, seq, frame: JSON.stringify({ type: "refresh", id, token }) };
+    this.#outbox.push({ kind: "refresh", id, seq });
+    this.#flush();
   }
 }
 
-/** One subscription of a Client: see Client.subscribe. */
+/** One subscription of a Client: see Client.subscribe. It is also an async
+ * iterable of its events. */
 export class Subscription {
   #client;
   #onEvent;
   #from; // the first subscribe's from
-  #durable;
   #resync;
   #cursor;
   #acked = false; // a subscribe of it was confirmed at least once
   #gapReason = "";
+  #listeners = { event: new Set(), subscribed: new Set(), gap: new Set(), error: new Set() };
+  #readyWaiters = new Set();
+  #error = null; // the error that ended it
+  #signal = null;
+  #onAbort = null;
+  #retries = 0; // durable_in_use answers in a row
+  // the async iterator's buffer, and its waiting next(); a subscription
+  // without onEvent buffers from the start
+  #buffer = null;
+  #iterating = false;
+  #bufferMax;
+  #waiting = null;
+  #paused = false; // unsubscribed on the gateway while the iterator catches up
   _pending = false; // a subscribe was sent on the current connection
+  _seq = 0;
 
   constructor(client, id, pattern, options, onEvent) {
     this.#client = client;
     this.id = id;
     this.pattern = pattern;
     this.#onEvent = onEvent;
-    this.#from = options.from === undefined ? undefined : String(options.from);
-    this.#durable = options.durable === undefined ? undefined : String(options.durable);
+    this.#from = options.from === undefined || options.from === null ? undefined : String(options.from);
+    this.durable = options.durable === undefined || options.durable === null ? undefined : String(options.durable);
     this.#resync = options.resync || "live";
+    this.#bufferMax = Math.max(2, options.buffer ?? 1000);
+    if (!onEvent) this.#buffer = [];
     this.closed = false;
+    if (options.signal) {
+      this.#signal = options.signal;
+      this.#onAbort = () => this.#abort();
+      this.#signal.addEventListener("abort", this.#onAbort, { once: true });
+    }
   }
 
   /** The cursor of the last event delivered (durable brokers), or where
@@ -657,11 +1084,113 @@ export class Subscription {
     return this.#cursor;
   }
 
-  /** unsubscribe stops the subscription: onEvent is not called again. */
+  /** on registers fn for this subscription's "event", "subscribed", "gap"
+   * or "error"; it returns a function that removes it. */
+  on(name, fn) {
+    const off = addListener(this.#listeners, name, fn);
+    // Events go to listeners: an iterator that nobody started does not
+    // hold them back.
+    if (name === "event" && !this.#iterating) this.#buffer = null;
+    return off;
+  }
+
+  /** ready resolves with the subscription once the gateway confirmed it,
+   * and rejects with the error that ended it (forbidden, bad_pattern, ...,
+   * "closed", "aborted"), or "timeout" after timeout ms when given. */
+  ready(timeout) {
+    if (this.#acked) return Promise.resolve(this);
+    if (this.closed) return Promise.reject(this.#error || new FanwireError("closed", "fanwire: the subscription has ended"));
+    return waitFor(this.#readyWaiters, timeout, "subscribed").then(() => this);
+  }
+
+  /** unsubscribe stops the subscription: no event is delivered after it. */
   unsubscribe() {
     if (this.closed) return;
+    this.#client._unsubscribe(this, false);
+    this._end(null);
+  }
+
+  [Symbol.asyncIterator]() {
+    this.#iterating = true;
+    if (this.#buffer === null) this.#buffer = [];
+    return {
+      next: () => this.#next(),
+      return: () => {
+        this.unsubscribe();
+        this.#buffer = [];
+        return Promise.resolve({ value: undefined, done: true });
+      },
+      [Symbol.asyncIterator]() {
+        return this;
+      },
+    };
+  }
+
+  #next() {
+    const buf = this.#buffer;
+    if (buf.length > 0) {
+      const value = buf.shift();
+      if (this.#paused && buf.length <= this.#bufferMax / 2) this.#unpause();
+      return Promise.resolve({ value, done: false });
+    }
+    if (this.closed) {
+      if (this.#error && !normalEnd(this.#error)) return Promise.reject(this.#error);
+      return Promise.resolve({ value: undefined, done: true });
+    }
+    if (this.#paused) this.#unpause();
+    return new Promise((resolve, reject) => (this.#waiting = { resolve, reject }));
+  }
+
+  // #pause stops the gateway's feed while the iterator's buffer is full;
+  // the events after the last one buffered come again on #unpause.
+  #pause() {
+    this.#paused = true;
+    this.#client._unsubscribe(this, true);
+  }
+
+  #unpause() {
+    this.#paused = false;
+    if (!this.#client._history()) this.#gapReason = "overflow";
+    this.#client._resume(this);
+  }
+
+  #abort() {
+    if (this.closed) return;
+    this.#client._unsubscribe(this, false);
+    this._end(new FanwireError("aborted", "fanwire: the subscription's signal was aborted"));
+  }
+
+  // _end marks the subscription ended by err (null: unsubscribed).
+  _end(err) {
+    if (this.closed) return;
     this.closed = true;
-    this.#client._unsubscribe(this);
+    this.#error = err;
+    if (this.#signal) this.#signal.removeEventListener("abort", this.#onAbort);
+    settle(this.#readyWaiters, err || new FanwireError("closed", "fanwire: unsubscribed before it was confirmed"));
+    const w = this.#waiting;
+    if (w && this.#buffer.length === 0) {
+      this.#waiting = null;
+      if (err && !normalEnd(err)) w.reject(err);
+      else w.resolve({ value: undefined, done: true });
+    }
+  }
+
+  _wanted() {
+    return !this.closed && !this.#paused;
+  }
+
+  _bound() {
+    return this.#acked || this._pending;
+  }
+
+  _disconnected() {
+    this._pending = false;
+  }
+
+  // _unsubscribed: a pause's unsubscribe was answered; if the iterator
+  // caught up meanwhile, the subscription goes on now.
+  _unsubscribed() {
+    if (!this.closed && !this.#paused) this.#client._resume(this);
   }
 
   _frame(history) {
@@ -677,89 +1206,187 @@ export class Subscription {
     } else if (this.#gapReason === "") {
       this.#gapReason = "reconnect"; // Core NATS: live again, told on subscribed
     }
-    if (this.#durable !== undefined) m.durable = this.#durable;
+    if (this.durable !== undefined) m.durable = this.durable;
     return JSON.stringify(m);
   }
 
   _subscribed(cursor) {
+    if (this.closed || this.#paused) return;
     if (cursor !== undefined) this.#cursor = cursor;
     this.#acked = true;
+    this.#retries = 0;
     if (this.#gapReason !== "") {
       const reason = this.#gapReason;
       this.#gapReason = "";
-      this.#client._emitGap({ subscription: this, reason, cursor: this.#cursor });
+      this.#gap({ subscription: this, reason, cursor: this.#cursor });
     }
-    this.#client._emitSubscribed(this);
+    settle(this.#readyWaiters);
+    const c = this.#client;
+    for (const fn of this.#listeners.subscribed) c._call(fn, this);
+    c._emitSubscribed(this);
+  }
+
+  #gap(gap) {
+    for (const fn of this.#listeners.gap) this.#client._call(fn, gap);
+    this.#client._emitGap(gap);
   }
 
   _deliver(event) {
-    if (this.closed) return;
+    if (this.closed || this.#paused) return;
+    const buf = this.#buffer;
+    if (buf !== null) {
+      if (buf.length >= this.#bufferMax && this.#waiting === null) {
+        this.#pause(); // this event and the ones after it come again
+        return;
+      }
+    }
     if (event.cursor !== undefined) this.#cursor = event.cursor;
-    try {
-      this.#onEvent(event);
-    } catch (e) {
-      reportLater(e);
+    if (this.#onEvent !== null) this.#client._call(this.#onEvent, event);
+    for (const fn of this.#listeners.event) this.#client._call(fn, event);
+    if (buf !== null && !this.closed) {
+      const w = this.#waiting;
+      if (w !== null) {
+        this.#waiting = null;
+        w.resolve({ value: event, done: false });
+      } else buf.push(event);
     }
   }
 
   // _failed handles an error answering this subscription's subscribe; it
-  // returns whether to send the subscribe again (the client schedules it).
+  // returns the delay (ms) after which to send the subscribe again, or -1.
   _failed(err) {
     this._pending = false;
-    if (RETRY_LATER.has(err.code)) return true;
-    if (this.#acked && (err.code === "cursor_expired" || err.code === "bad_cursor")) {
+    err.subscription = this;
+    if (err.code === "broker_unavailable") return 500 + Math.random() * 1000;
+    if (err.code === "durable_in_use") {
+      // Most often our own previous connection, until the gateway's ping
+      // times out: try again, and tell the app.
+      err.retrying = true;
+      this.#error_(err);
+      return Math.random() * this.#client._retryDelay(this.#retries++) + 250;
+    }
+    const expired = err.code === "cursor_expired" || err.code === "bad_cursor";
+    if (this.#acked && expired) {
       // The cursor is gone from the broker: tell the app, then go on
       // where it chose.
       const cursor = this.#cursor;
       this.#cursor = undefined;
       this.#acked = false;
       this.#from = this.#resync === "first" ? "first" : undefined;
-      this.#client._emitGap({ subscription: this, reason: err.code, cursor });
-      return true;
+      this.#gap({ subscription: this, reason: err.code, cursor });
+      return 0;
     }
     if (!this.#acked && err.code === "cursor_expired" && this.#from !== undefined) {
       // The app's own from expired: the same policy.
       const cursor = this.#from;
       this.#from = this.#resync === "first" ? "first" : undefined;
-      this.#client._emitGap({ subscription: this, reason: err.code, cursor });
-      return true;
+      this.#gap({ subscription: this, reason: err.code, cursor });
+      return 0;
     }
-    // bad_pattern, forbidden, bad_durable, too_many_subscriptions, ...:
-    // final for this subscription.
-    this.closed = true;
-    this.#client._unsubscribe(this);
-    err.subscription = this;
+    // bad_pattern, forbidden, bad_durable, too_many_subscriptions,
+    // too_large, ...: final for this subscription.
+    this.#client._unsubscribe(this, false);
+    this._end(err);
+    this.#error_(err);
+    return -1;
+  }
+
+  #error_(err) {
+    for (const fn of this.#listeners.error) this.#client._call(fn, err);
     this.#client._emitError(err);
-    return false;
   }
 }
 
-// tokenExpiry returns a JWT's exp in ms since the epoch, or 0.
-function tokenExpiry(token) {
-  if (typeof token !== "string") return 0;
+// ---- helpers ------------------------------------------------------------------
+
+function noop() {}
+
+// normalEnd: an iterator ends without throwing when its subscription was
+// unsubscribed, aborted or its client closed.
+function normalEnd(err) {
+  return err.code === "aborted" || err.code === "closed";
+}
+
+function closedError() {
+  return new FanwireError("closed", "fanwire: the client is closed");
+}
+
+function errText(e) {
+  return e && e.message ? e.message : String(e);
+}
+
+function addListener(listeners, name, fn) {
+  const set = listeners[name];
+  if (!set) throw new TypeError("fanwire: unknown event " + JSON.stringify(name) + " (" + Object.keys(listeners).join(", ") + ")");
+  if (typeof fn !== "function") throw new TypeError("fanwire: a listener must be a function");
+  set.add(fn);
+  return () => set.delete(fn);
+}
+
+// waitFor adds a waiter to waiters, settled by settle; after timeout ms
+// (when given) it rejects with "timeout".
+function waitFor(waiters, timeout, what) {
+  return new Promise((resolve, reject) => {
+    const w = { resolve, reject, timer: null };
+    if (timeout > 0) {
+      w.timer = setTimeout(() => {
+        waiters.delete(w);
+        reject(new FanwireError("timeout", "fanwire: not " + what + " within " + timeout + " ms"));
+      }, Math.min(timeout, MAX_TIMER));
+    }
+    waiters.add(w);
+  });
+}
+
+function settle(waiters, err) {
+  for (const w of waiters) {
+    clearTimeout(w.timer);
+    if (err) w.reject(err);
+    else w.resolve();
+  }
+  waiters.clear();
+}
+
+// later runs fn after delay ms, chaining timers past setTimeout's largest
+// delay (~24.9 days), while alive() holds; set receives each timer.
+function later(delay, alive, set, fn) {
+  const step = Math.min(delay, MAX_TIMER);
+  const t = setTimeout(() => {
+    if (!alive()) return;
+    if (delay > MAX_TIMER) later(delay - MAX_TIMER, alive, set, fn);
+    else fn();
+  }, step);
+  set(t);
+  return t;
+}
+
+// tokenClaims returns a JWT's exp and iat in ms since the epoch (0 when
+// absent).
+function tokenClaims(token) {
+  const none = { exp: 0, iat: 0 };
+  if (typeof token !== "string") return none;
   const parts = token.split(".");
-  if (parts.length !== 3) return 0;
+  if (parts.length !== 3) return none;
   try {
     const b64 = parts[1].replace(/-/g, "+").replace(/_/g, "/");
     const json = JSON.parse(atob(b64 + "===".slice((b64.length + 3) % 4)));
-    return typeof json.exp === "number" ? json.exp * 1000 : 0;
+    const ms = (v) => (typeof v === "number" && isFinite(v) ? v * 1000 : 0);
+    return { exp: ms(json.exp), iat: ms(json.iat) };
   } catch {
-    return 0;
+    return none;
   }
 }
 
-// call runs an app callback; what it throws is reported, not let through
-// into the client's own state changes.
-function call(fn, ...args) {
-  try {
-    fn(...args);
-  } catch (e) {
-    reportLater(e);
+function utf8Length(s) {
+  let n = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0x80) n++;
+    else if (c < 0x800) n += 2;
+    else if (c >= 0xd800 && c < 0xdc00 && i + 1 < s.length) {
+      n += 4;
+      i++;
+    } else n += 3;
   }
-}
-
-function reportLater(e) {
-  setTimeout(() => {
-    throw e;
-  });
+  return n;
 }
