@@ -48,7 +48,9 @@ func TestClientAPI(t *testing.T) {
 		// subscription's own "event" listeners.
 		publishN(t, js, 0, 5)
 		c.send(map[string]any{"cmd": "subscribe", "name": "a", "pattern": "app.*", "options": map[string]any{"from": "first"}, "onEvent": true, "listen": true, "ready": true})
-		apiWait(c, "a's 5 events", func(l []jsLine) bool { return len(subNs(l, "sub_event", "a")) >= 5 && len(subNs(l, "event", "a")) >= 5 })
+		apiWait(c, "a ready, and its 5 events", func(l []jsLine) bool {
+			return (has(l, "sub_ready", "a") || has(l, "sub_ready_error", "a")) && len(subNs(l, "sub_event", "a")) >= 5 && len(subNs(l, "event", "a")) >= 5
+		})
 		lines = c.all()
 		if i, l := find(lines, "sub_ready", "a"); i < 0 || l.State != "same" {
 			t.Fatalf("a.ready() did not resolve with a itself:\n%s", c.summary())
@@ -186,7 +188,7 @@ func TestClientAPI(t *testing.T) {
 	t.Run("AbortSignal", func(t *testing.T) {
 		url := brokertest.NATS(t).ClientURL()
 		js := brokertest.JetStream(t, url)
-		n := startGateway(t, bin, jsNodeArgs(url, "APIABORT")...)
+		n := startGateway(t, bin, jsNodeArgs(url, "APIABORT", "--allow-anonymous-publish")...)
 		c := runClient(t, node, map[string]any{"urls": []string{n.wsURL()}, "options": map[string]any{"backoff": map[string]any{"initial": 100, "max": 1000}}}, nil)
 		// ab is aborted midway; ctl reads the same events to the end.
 		c.send(map[string]any{"cmd": "subscribe", "name": "ab", "pattern": "app.>", "options": map[string]any{"from": "first"}, "abort": true, "onEvent": true, "listen": true, "ready": true})
@@ -251,7 +253,7 @@ func TestClientAPI(t *testing.T) {
 	t.Run("timeouts", func(t *testing.T) {
 		url := brokertest.NATS(t).ClientURL()
 		js := brokertest.JetStream(t, url)
-		n := startGateway(t, bin, jsNodeArgs(url, "APITIMEOUT")...)
+		n := startGateway(t, bin, jsNodeArgs(url, "APITIMEOUT", "--allow-anonymous-publish")...)
 		n.stop(syscall.SIGKILL) // nobody there until n.start
 		backoff := map[string]any{"initial": 50, "max": 200}
 		c := runClient(t, node, map[string]any{"urls": []string{n.wsURL()}, "options": map[string]any{"publishTimeout": 400, "backoff": backoff}}, nil)
@@ -308,7 +310,7 @@ func TestClientAPI(t *testing.T) {
 	t.Run("Chromium", func(t *testing.T) {
 		url := brokertest.NATS(t).ClientURL()
 		brokertest.JetStream(t, url)
-		n := startGateway(t, bin, jsNodeArgs(url, "APIPAGE")...)
+		n := startGateway(t, bin, jsNodeArgs(url, "APIPAGE", "--allow-anonymous-publish")...)
 		pages := httptest.NewServer(http.FileServer(http.Dir(clientFixture)))
 		t.Cleanup(pages.Close)
 		browser := newBrowser(t)
