@@ -16,6 +16,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -71,14 +72,18 @@ func TestClientAPI(t *testing.T) {
 
 		// Refused: ready() rejects with the gateway's code, and the
 		// subscription's own "error" listener is told.
-		for _, r := range []struct{ name, pattern, code string }{{"forbidden", "app.x.y", "forbidden"}, {"outside", "other.x", "bad_pattern"}} {
+		// A pattern over the gateway's 64 KiB frame is refused by the
+		// client itself: were it sent, the gateway would close the
+		// connection (1009) before it reads g's subscribe below.
+		huge := "app." + strings.Repeat("x", 70<<10)
+		for _, r := range []struct{ name, pattern, code string }{{"forbidden", "app.x.y", "forbidden"}, {"outside", "other.x", "bad_pattern"}, {"huge", huge, "too_large"}} {
 			c.send(map[string]any{"cmd": "subscribe", "name": r.name, "pattern": r.pattern, "listen": true, "ready": true})
 			apiWait(c, r.name+".ready()", func(l []jsLine) bool { return has(l, "sub_ready_error", r.name) || has(l, "sub_ready", r.name) })
 			lines := c.all()
 			_, ready := find(lines, "sub_ready_error", r.name)
 			_, onError := find(lines, "sub_error", r.name)
 			if ready.Code != r.code || ready.State != "closed" || onError.Code != r.code || onError.State != "same" {
-				t.Fatalf(`subscribing %s: want ready() rejected with %s, the subscription closed, and its on("error") told with it:`+"\n%s", r.pattern, r.code, c.summary())
+				t.Fatalf(`subscribing %.20s: want ready() rejected with %s, the subscription closed, and its on("error") told with it:`+"\n%s", r.pattern, r.code, c.summary())
 			}
 		}
 
@@ -104,6 +109,9 @@ func TestClientAPI(t *testing.T) {
 		}
 		if got := subNs(lines, "sub_event", "g"); fmt.Sprint(got) != "[6 7]" {
 			t.Fatalf("g got %v, want [6 7] (the stream from first, after the purge)", got)
+		}
+		if count(lines, "state", "disconnected") != 1 {
+			t.Fatalf("the connection ended other than by reconnect():\n%s", c.summary())
 		}
 
 		// Closed: ready() rejects.
@@ -185,6 +193,51 @@ func TestClientAPI(t *testing.T) {
 		checkSequence(t, subNs(c.all(), "iter", "bp"), events)
 	})
 
+	t.Run("for await with back-pressure on Core NATS", func(t *testing.T) {
+		url := brokertest.NATS(t).ClientURL()
+		n := startGateway(t, bin, "--broker", "nats", "--nats-url", url, "--subjects", "app.>", "--allow-anonymous")
+		nc, err := nats.Connect(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		publish := func(from, to int) {
+			for i := from; i < to; i++ {
+				if err := nc.Publish("app."+strconv.Itoa(i%4), fmt.Appendf(nil, `{"n":%d}`, i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c := runClient(t, node, map[string]any{"urls": []string{n.wsURL()}}, nil)
+		c.send(map[string]any{"cmd": "subscribe", "name": "bp", "pattern": "app.>", "options": map[string]any{"buffer": 50},
+			"iterate": true, "pauseAfter": 1, "listen": true, "ready": true})
+		apiWait(c, "bp subscribed", func(l []jsLine) bool { return has(l, "sub_ready", "bp") })
+		publish(0, 500)
+		apiWait(c, "the app to stop pulling", func(l []jsLine) bool { return has(l, "paused", "bp") })
+		waitFor(t, "the paused subscription to be unsubscribed on the gateway", func() bool { return nodeMetric(t, n, "fanwire_subscriptions") == 0 })
+		// What was published during the pause is gone: a gap, then live.
+		c.send(map[string]any{"cmd": "resume", "name": "bp"})
+		apiWait(c, "bp's gap", func(l []jsLine) bool { return has(l, "sub_gap", "bp") })
+		publish(500, 510)
+		apiWait(c, "the events after the gap", func(l []jsLine) bool { ns := subNs(l, "iter", "bp"); return len(ns) > 0 && ns[len(ns)-1] == 509 })
+		lines := c.all()
+		if _, gap := find(lines, "sub_gap", "bp"); gap.Reason != "overflow" || gap.State != "same" {
+			t.Fatalf(`want a gap with reason "overflow" on bp:`+"\n%s", c.summary())
+		}
+		got := subNs(lines, "iter", "bp")
+		for i := 1; i < len(got); i++ {
+			if got[i] <= got[i-1] {
+				t.Fatalf("events out of order or twice at %d: %v", i, got[max(0, i-3):min(len(got), i+3)])
+			}
+		}
+		if len(got) >= 510 || got[len(got)-10] != 500 {
+			t.Fatalf("got %d events ending %v: want fewer than the 510 published (the pause lost some) and the 10 after the gap", len(got), got[max(0, len(got)-12):])
+		}
+	})
+
 	t.Run("AbortSignal", func(t *testing.T) {
 		url := brokertest.NATS(t).ClientURL()
 		js := brokertest.JetStream(t, url)
@@ -260,18 +313,19 @@ func TestClientAPI(t *testing.T) {
 		c.send(map[string]any{"cmd": "ready", "timeout": 300})
 		c.send(map[string]any{"cmd": "publish", "name": "default", "subject": "app.0", "data": map[string]any{"n": 1000}})
 		c.send(map[string]any{"cmd": "publish", "name": "own", "subject": "app.0", "data": map[string]any{"n": 1001}, "timeout": 1500})
+		c.send(map[string]any{"cmd": "subscribe", "name": "st", "pattern": "app.>", "ready": true, "timeout": 300})
 		apiWait(c, "the timeouts", func(l []jsLine) bool {
-			return has(l, "client_ready_error", "") && publishAnswered(l, "default") && publishAnswered(l, "own")
+			return has(l, "client_ready_error", "") && publishAnswered(l, "default") && publishAnswered(l, "own") && has(l, "sub_ready_error", "st")
 		})
 		lines := c.all()
 		for _, w := range []struct {
 			k, name string
 			ms      int
-		}{{"client_ready_error", "", 300}, {"publish_error", "default", 400}, {"publish_error", "own", 1500}} {
+		}{{"client_ready_error", "", 300}, {"publish_error", "default", 400}, {"publish_error", "own", 1500}, {"sub_ready_error", "st", 300}} {
 			// Node's timers count from the event loop's cached clock: one
 			// may fire a few ms before performance.now() says it is due.
 			if _, l := find(lines, w.k, w.name); l.Code != "timeout" || l.Data.N < w.ms-w.ms/10 {
-				t.Fatalf(`never connected: want ready(300), a publish with publishTimeout 400, and one with {timeout: 1500} rejected with "timeout" after that many ms or more:`+"\n%s", c.summary())
+				t.Fatalf(`never connected: want ready(300), a publish with publishTimeout 400, one with {timeout: 1500}, and sub.ready(300) rejected with "timeout" after that many ms or more:`+"\n%s", c.summary())
 			}
 		}
 

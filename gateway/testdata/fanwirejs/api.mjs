@@ -7,7 +7,7 @@
 //   {"cmd":"subscribe","name","pattern","options"?,  subscribe(pattern, options) with, as asked:
 //    "onEvent"?: true,                      -> event (onEvent)
 //    "listen"?: true,                       -> sub_event, sub_subscribed, sub_gap {reason, cursor}, sub_error {code}
-//    "ready"?: true, "timeout"?,            -> sub_ready | sub_ready_error {code}
+//    "ready"?: true, "timeout"?,            -> sub_ready | sub_ready_error {code, data.n: ms}
 //    "abort"?: true, "preAborted"?: true,   options.signal: a controller of that name, or an aborted signal
 //    "iterate"?: true, "pauseAfter"?: n, "breakAfter"?: n}
 //                                           -> iter per event, paused {data.n} once n were read (until
@@ -68,11 +68,12 @@ export async function handle(client, c, out) {
       }
       if (c.iterate) void iterate(sub, c, out);
       if (c.ready) {
+        const start = performance.now();
         try {
           const got = await sub.ready(c.timeout);
-          out({k: "sub_ready", sub: name, state: got === sub ? "same" : "other", cursor: sub.cursor});
+          out({k: "sub_ready", sub: name, state: got === sub ? "same" : "other", cursor: sub.cursor, data: ms(start)});
         } catch (e) {
-          out({k: "sub_ready_error", sub: name, code: e.code, message: e.message, state: state(sub)});
+          out({k: "sub_ready_error", sub: name, code: e.code, message: e.message, state: state(sub), data: ms(start)});
         }
       }
       return true;
