@@ -203,6 +203,8 @@ export declare class Subscription<T = unknown> implements AsyncIterable<FanwireE
   private constructor();
   readonly id: string;
   readonly pattern: string;
+  /** the durable consumer's name (options.durable), if any */
+  readonly durable: string | undefined;
   /** The cursor of the last event delivered, or where the subscription
    * started (durable brokers). */
   readonly cursor: string | undefined;

@@ -55,7 +55,7 @@ async function newAPI(): Promise<void> {
 
   const abort = new AbortController();
   const orders = c.subscribe<Order>("orders.*", {from: null, durable: null, signal: abort.signal, buffer: 50});
-  if (orders instanceof Subscription) console.log(orders.id);
+  if (orders instanceof Subscription) console.log(orders.id, orders.durable);
   const same: Subscription<Order> = await orders.ready(5_000);
   const removers: Array<() => void> = [
     same.on("event", (ev) => console.log(ev.data.id, ev.cursor)),
