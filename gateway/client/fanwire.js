@@ -897,7 +897,7 @@ export class Client {
           // Told from a microtask: this may run inside subscribe(), before
           // the app could listen to the subscription.
           const err = new FanwireError("too_large", "fanwire: the subscribe is " + this.#bytes(f) + " bytes, over the gateway's " + this.#limits.frame + " (--read-limit)", { id: e.id });
-          queueMicrotask(() => sub._failed(err));
+          queueMicrotask(() => sub.closed || sub._failed(err));
           return null;
         }
         sub._pending = true;
