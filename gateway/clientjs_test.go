@@ -416,20 +416,39 @@ func TestClientTypes(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("tsc --noEmit: %v\n%s", err, out)
 	}
-	// And it does check: an example that misuses the API fails.
-	bad := filepath.Join(t.TempDir(), "bad.ts")
-	if err := os.WriteFile(bad, []byte(`import {connect} from "`+absPath(t, "client/fanwire.js")+`";
+	// And it does check: every line of an example that misuses the API fails.
+	misuses := []struct{ line, why string }{
+		{`c.subscribe("a.>", {from: 7}, (e) => e.data);`, "from: 7"},
+		{`c.on("nonsense", () => {});`, `on("nonsense")`},
+		{`c.subscribe("a.>", {buffer: "50"});`, `buffer: "50"`},
+		{`c.subscribe("a.>", {signal: "stop"});`, `signal: "stop"`},
+		{`void c.publish("a.b", 1, {timeout: "1s"});`, `publish's timeout: "1s"`},
+		{`connect("ws://x/ws", {getToken: () => 42});`, "getToken giving a number"},
+		{`c.subscribe<{n: number}>("a.>").on("nonsense", () => {});`, `sub.on("nonsense")`},
+		{`void new FanwireError("no message");`, "FanwireError without a message"},
+		{`void (async () => { for await (const ev of c.subscribe<{n: number}>("a.>")) { const s: string = ev.data.n; void s; } })();`, "an iterated event's data of the wrong type"},
+		{`void c.ready("soon");`, `ready("soon")`},
+	}
+	src := `import {connect, FanwireError} from "` + absPath(t, "client/fanwire.js") + `";
 const c = connect("ws://x/ws");
-c.subscribe("a.>", {from: 7}, (e) => e.data);
-c.on("nonsense", () => {});
-`), 0o644); err != nil {
+`
+	for _, m := range misuses {
+		src += m.line + "\n"
+	}
+	bad := filepath.Join(t.TempDir(), "bad.ts")
+	if err := os.WriteFile(bad, []byte(src), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd = exec.Command(node, tsc, "--noEmit", "--strict", "--module", "NodeNext", "--moduleResolution", "NodeNext", "--target", "ES2022", "--types", "node", bad)
 	cmd.Dir = clientFixture
 	out, err := cmd.CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "bad.ts(3,") || !strings.Contains(string(out), "bad.ts(4,") {
-		t.Fatalf("tsc on a misuse: %v\n%s\nwant errors on from: 7 and on(\"nonsense\")", err, out)
+	if err == nil {
+		t.Fatalf("tsc accepted a misuse of the API:\n%s", src)
+	}
+	for i, m := range misuses {
+		if !strings.Contains(string(out), fmt.Sprintf("bad.ts(%d,", i+3)) {
+			t.Errorf("tsc let %s through (line %d: %s):\n%s", m.why, i+3, m.line, out)
+		}
 	}
 }
 

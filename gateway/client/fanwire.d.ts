@@ -1,7 +1,8 @@
 // Types for fanwire.js, the client of fanwire's native WebSocket protocol.
 
 /** The reconnect backoff: the n-th retry in a row waits a random time in
- * [0, min(max, initial * 2^n)] ms ("full jitter"). */
+ * [0, min(max, initial * 2^n)] ms ("full jitter"). The count starts again
+ * once a connection has stayed ready for 10 s. */
 export interface Backoff {
   /** ms; default 500 */
   initial?: number;
@@ -16,12 +17,19 @@ export declare const DEFAULT_BACKOFF: Readonly<Required<Backoff>>;
  * send and close as the browser's has). */
 export type WebSocketClass = new (url: string) => object;
 
+/** What getToken may give: a JWT, or null / undefined to connect without
+ * one (an anonymous connection). */
+export type TokenResult = string | null | undefined;
+
 export interface ConnectOptions {
   /** A JWT sent with every connection (as ?token=). */
   token?: string;
   /** Called before each connection, on 4001 (expired) and before the
-   * token's exp (sent as a refresh); wins over token. */
-  getToken?: () => string | Promise<string>;
+   * token's exp (sent as a refresh); wins over token. A call that has not
+   * settled within tokenTimeout counts as failed ("unauthorized"). */
+  getToken?: () => TokenResult | Promise<TokenResult>;
+  /** ms a getToken call may take; default 10000 */
+  tokenTimeout?: number;
   backoff?: Backoff;
   /** Default: globalThis.WebSocket. Node 20: pass the ws package's WebSocket. */
   WebSocket?: WebSocketClass;
@@ -29,23 +37,32 @@ export interface ConnectOptions {
   connectTimeout?: number;
   /** ms between the client's pings; 0: none; default 25000 */
   pingInterval?: number;
-  /** ms of silence past pingInterval after which the connection is dropped
-   * as dead; default 10000 */
+  /** ms to wait for anything from the gateway after a ping before the
+   * connection is dropped as dead (4000); default 10000 */
   pongTimeout?: number;
-  /** messages per second the client sends at most; keep it under the
-   * gateway's --max-message-rate (default 100); default 50 */
+  /** messages per second the client sends at most; default: half the
+   * gateway's rate limit (its ready message's limits.rate), or 50 when the
+   * gateway sends no limits */
   messageRate?: number;
-  /** messages the client sends at once before pacing; default 100 */
+  /** messages the client sends at once before pacing; default: half the
+   * gateway's burst (limits.burst), or 100 */
   messageBurst?: number;
   /** publishes waiting for an answer or a connection, at most; default 1000 */
   maxQueued?: number;
+  /** ms after which a publish that has no answer rejects with "timeout",
+   * unless its own options give another; 0: none; default 0 */
+  publishTimeout?: number;
 }
 
 export type State = "connecting" | "connected" | "disconnected" | "closed";
 
 export interface StateDetail {
   url?: string;
-  /** the close code, when a connection ended */
+  /** The close code, when a connection ended: the gateway's (1001 draining,
+   * 4001 token expired, 4008 slow consumer, 1008 policy, 4401 / 4403 token
+   * refused, ...), the network's (1006), or the client's own: 4000 (the
+   * client dropped the connection: it went silent, never became ready, a
+   * send failed, or the app called reconnect()) and 1000 (close()). */
   code?: number;
   reason?: string;
   /** the gateway's connection id, when connected */
@@ -61,51 +78,158 @@ export interface FanwireEvent<T = unknown> {
 }
 
 export interface SubscribeOptions {
-  /** A cursor, or "first" for everything the broker retains (durable brokers). */
-  from?: string;
-  /** A durable consumer's name (JetStream). */
-  durable?: string;
+  /** A cursor, or "first" for everything the broker retains (durable
+   * brokers). null and undefined: live (as when absent). */
+  from?: string | null;
+  /** A durable consumer's name (JetStream); null and undefined: none. */
+  durable?: string | null;
   /** Where to go on when a cursor has expired: "live" (default) or "first".
    * The app is told first, with a "gap" event. */
   resync?: "live" | "first";
+  /** Aborting it unsubscribes; ready() then rejects with "aborted" if the
+   * subscription had not been confirmed yet. */
+  signal?: AbortSignal;
+  /** Events the async iterator holds at most before it pauses the
+   * subscription (unsubscribed on the gateway) until the app has read half
+   * of them; default 1000. */
+  buffer?: number;
 }
 
-export interface Subscription {
-  readonly id: string;
-  readonly pattern: string;
-  /** The cursor of the last event delivered, or where the subscription
-   * started (durable brokers). */
-  readonly cursor: string | undefined;
-  /** true once unsubscribed or refused for good */
-  readonly closed: boolean;
-  unsubscribe(): void;
+export interface PublishOptions {
+  /** Aborting it before the publish is sent removes it: it rejects with
+   * "aborted" and is not published. */
+  signal?: AbortSignal;
+  /** ms after which the publish rejects with "timeout" (not sent yet: it is
+   * removed and not published; sent: it may or may not be published);
+   * default: the client's publishTimeout. */
+  timeout?: number;
 }
+
+/** Why events may have been missed. */
+export type GapReason =
+  /** Core NATS keeps no history: a reconnect resubscribes live. */
+  | "reconnect"
+  /** The broker no longer holds the subscription's cursor; it went on as its
+   * resync option says. */
+  | "cursor_expired"
+  | "bad_cursor"
+  /** Core NATS: the async iterator's buffer was full, and the subscription
+   * was paused until the app caught up. */
+  | "overflow";
 
 /** Events may have been missed on subscription. */
-export interface Gap {
-  subscription: Subscription;
-  /** "reconnect": Core NATS keeps no history, so a reconnect resubscribes
-   * live; "cursor_expired" / "bad_cursor": the broker no longer holds the
-   * subscription's cursor, and it went on as its resync option says. */
-  reason: "reconnect" | "cursor_expired" | "bad_cursor";
+export interface Gap<T = unknown> {
+  subscription: Subscription<T>;
+  reason: GapReason;
   /** the last cursor the subscription had, if any */
   cursor?: string;
 }
 
+/** The client's own error codes. */
+export type ClientErrorCode =
+  /** the client is closed (close(), or a final refusal) */
+  | "closed"
+  /** the connection ended before a sent publish was answered: it may or may
+   * not have been published */
+  | "disconnected"
+  /** maxQueued publishes are already waiting */
+  | "queue_full"
+  /** the WebSocket could not be opened */
+  | "socket"
+  /** getToken failed or timed out, or the gateway refused the token */
+  | "unauthorized"
+  /** a frame the client could not read, or data that is not JSON */
+  | "bad_message"
+  /** a message over the gateway's limits (ready.limits), refused locally:
+   * nothing was sent and the connection stays */
+  | "too_large"
+  /** publishTimeout, a publish's timeout, or ready(timeout) passed */
+  | "timeout"
+  /** the AbortSignal was aborted */
+  | "aborted"
+  /** an app callback threw, or an async onEvent rejected: err.cause is what
+   * it threw */
+  | "handler";
+
+/** The gateway's error codes (docs/protocol.md). */
+export type GatewayErrorCode =
+  | "bad_frame"
+  | "unknown_type"
+  | "bad_pattern"
+  | "duplicate_id"
+  | "unknown_id"
+  | "too_many_subscriptions"
+  | "bad_cursor"
+  | "cursor_expired"
+  | "bad_durable"
+  /** the durable is bound by another live subscription on this node: the
+   * client retries (err.retrying) */
+  | "durable_in_use"
+  | "broker_unavailable"
+  | "forbidden"
+  | "unauthorized"
+  | "revoked"
+  | "too_many_durables"
+  | "rate_limited"
+  | "bad_subject"
+  | "too_large";
+
+export type FanwireErrorCode = ClientErrorCode | GatewayErrorCode;
+
+/** An error the gateway or the client reports. */
 export declare class FanwireError extends Error {
-  /** The gateway's error code (forbidden, bad_pattern, too_large, ...) or the
-   * client's own: closed, disconnected, queue_full, socket, unauthorized,
-   * bad_message. */
-  readonly code: string;
+  /** extra's fields (id, subscription, closeCode, cause, retrying) are
+   * copied onto the error. */
+  constructor(code: string, message: string, extra?: object);
+  /** The gateway's error code or the client's own (FanwireErrorCode; a newer
+   * gateway may send others). */
+  readonly code: FanwireErrorCode | (string & {});
   /** the id of the client message it answers */
   readonly id?: string;
-  /** the subscription it ended, for a subscribe's refusal */
-  readonly subscription?: Subscription;
+  /** the subscription it concerns: a subscribe's refusal (it has ended,
+   * unless retrying), a revoked grant, an error of its onEvent */
+  readonly subscription?: Subscription<any>;
   /** the close code, for a refused connection (4401, 4403) */
   readonly closeCode?: number;
+  /** true when the client tries again by itself (durable_in_use) */
+  readonly retrying?: boolean;
+  /** what an app callback threw ("handler") */
+  readonly cause?: unknown;
 }
 
-export interface Client {
+/** One subscription of a Client (see Client.subscribe); an async iterable
+ * of its events. */
+export declare class Subscription<T = unknown> implements AsyncIterable<FanwireEvent<T>> {
+  private constructor();
+  readonly id: string;
+  readonly pattern: string;
+  /** the durable consumer's name (options.durable), if any */
+  readonly durable: string | undefined;
+  /** The cursor of the last event delivered, or where the subscription
+   * started (durable brokers). */
+  readonly cursor: string | undefined;
+  /** true once unsubscribed, aborted or refused for good */
+  readonly closed: boolean;
+  /** Resolves with the subscription on its first "subscribed"; rejects with
+   * its final error (forbidden, bad_pattern, ...), "closed", "aborted", or
+   * "timeout" after timeout ms. */
+  ready(timeout?: number): Promise<this>;
+  /** Per-subscription listeners; each returns a function that removes it. */
+  on(name: "event", fn: (event: FanwireEvent<T>) => void | Promise<void>): () => void;
+  on(name: "subscribed", fn: (subscription: this) => void): () => void;
+  on(name: "gap", fn: (gap: Gap<T>) => void): () => void;
+  on(name: "error", fn: (err: FanwireError) => void): () => void;
+  /** Ends the subscription: no event is delivered after it. */
+  unsubscribe(): void;
+  /** The events in order, across reconnects. The iterator holds at most
+   * options.buffer events; it ends when the subscription does (by throwing
+   * its final error, if any), and breaking out of it unsubscribes. */
+  [Symbol.asyncIterator](): AsyncIterableIterator<FanwireEvent<T>>;
+}
+
+/** A connection to fanwire that stays up: see connect. */
+export declare class Client {
+  constructor(urls: string | string[], options?: ConnectOptions);
   readonly state: State;
   /** the URL in use or being tried */
   readonly url: string;
@@ -114,10 +238,13 @@ export interface Client {
   on(name: "gap", fn: (gap: Gap) => void): () => void;
   /** the gateway confirmed a subscribe (again after each reconnect) */
   on(name: "subscribed", fn: (subscription: Subscription) => void): () => void;
-  subscribe<T = unknown>(pattern: string, options: SubscribeOptions, onEvent: (event: FanwireEvent<T>) => void): Subscription;
-  subscribe<T = unknown>(pattern: string, onEvent: (event: FanwireEvent<T>) => void): Subscription;
+  /** Resolves once connected (at once if connected); rejects with
+   * "closed" if the client closes first, or "timeout" after timeout ms. */
+  ready(timeout?: number): Promise<void>;
+  subscribe<T = unknown>(pattern: string, options?: SubscribeOptions, onEvent?: (event: FanwireEvent<T>) => void | Promise<void>): Subscription<T>;
+  subscribe<T = unknown>(pattern: string, onEvent: (event: FanwireEvent<T>) => void | Promise<void>): Subscription<T>;
   /** Resolves with the event's cursor (undefined on Core NATS). */
-  publish(subject: string, data: unknown): Promise<string | undefined>;
+  publish(subject: string, data: unknown, options?: PublishOptions): Promise<string | undefined>;
   /** Drops the connection, if any, and connects again at once. */
   reconnect(): void;
   close(): Promise<void>;

@@ -894,7 +894,10 @@ export class Client {
         if (!sub || sub._pending || !sub._wanted()) return null;
         const f = sub._frame(this.#history);
         if (this.#bytes(f) > this.#limits.frame) {
-          sub._failed(new FanwireError("too_large", "fanwire: the subscribe is " + this.#bytes(f) + " bytes, over the gateway's " + this.#limits.frame + " (--read-limit)", { id: e.id }));
+          // Told from a microtask: this may run inside subscribe(), before
+          // the app could listen to the subscription.
+          const err = new FanwireError("too_large", "fanwire: the subscribe is " + this.#bytes(f) + " bytes, over the gateway's " + this.#limits.frame + " (--read-limit)", { id: e.id });
+          queueMicrotask(() => sub.closed || sub._failed(err));
           return null;
         }
         sub._pending = true;

@@ -1,6 +1,6 @@
 // example.ts: type-checked with tsc --noEmit against fanwire.d.ts by
-// fanwire's Go tests (gateway/client_test.go); it is never run.
-import {connect, DEFAULT_BACKOFF, FanwireError, type FanwireEvent, type Gap, type State} from "../../client/fanwire.js";
+// fanwire's Go tests (gateway/clientjs_test.go); it is never run.
+import {Client, connect, DEFAULT_BACKOFF, FanwireError, Subscription, type FanwireErrorCode, type FanwireEvent, type Gap, type GapReason, type State} from "../../client/fanwire.js";
 import {WebSocket} from "ws";
 
 interface Order {
@@ -36,3 +36,81 @@ async function main(): Promise<void> {
   await client.close();
 }
 void main();
+
+// The API of issue 24: classes, ready promises, per-subscription listeners,
+// async iteration, AbortSignal, timeouts.
+async function newAPI(): Promise<void> {
+  const anonymous = new Client("ws://node-a:8080/ws", {
+    WebSocket,
+    getToken: () => (Math.random() < 0.5 ? null : undefined),
+    tokenTimeout: 5_000,
+    publishTimeout: 2_000,
+  });
+  const c = connect("ws://node-a:8080/ws", {WebSocket, getToken: async () => (Math.random() < 0.5 ? "a JWT" : undefined)});
+  if (c instanceof Client) await c.ready(10_000);
+  await anonymous.ready();
+  anonymous.on("state", (state, detail) => {
+    if (state === "disconnected" && detail.code === 4000) console.warn("the client dropped a silent connection");
+  });
+
+  const abort = new AbortController();
+  const orders = c.subscribe<Order>("orders.*", {from: null, durable: null, signal: abort.signal, buffer: 50});
+  if (orders instanceof Subscription) console.log(orders.id, orders.durable);
+  const same: Subscription<Order> = await orders.ready(5_000);
+  const removers: Array<() => void> = [
+    same.on("event", (ev) => console.log(ev.data.id, ev.cursor)),
+    same.on("event", async (ev: FanwireEvent<Order>) => {
+      await Promise.resolve(ev.data.status);
+    }),
+    same.on("subscribed", (s) => console.log(s.cursor)),
+    same.on("gap", (gap) => {
+      const reason: GapReason = gap.reason;
+      if (reason === "overflow") console.warn(gap.subscription.pattern, gap.cursor);
+    }),
+    same.on("error", (err) => {
+      if (err.code === "durable_in_use" && err.retrying) console.warn("retrying", err.subscription?.id);
+    }),
+  ];
+  for await (const ev of orders) {
+    const order: Order = ev.data;
+    if (order.status === "done") break;
+  }
+  const it: AsyncIterableIterator<FanwireEvent<Order>> = orders[Symbol.asyncIterator]();
+  const first = await it.next();
+  if (!first.done) console.log(first.value.subject);
+  removers.forEach((remove) => remove());
+  abort.abort();
+
+  // subscribe without onEvent, with options only, and the old forms.
+  const bare = c.subscribe("public.>");
+  bare.unsubscribe();
+  c.subscribe("public.>", {resync: "live"}).unsubscribe();
+  c.subscribe("public.>", {}, async (ev) => {
+    await Promise.resolve(ev.subject);
+  });
+
+  const publishAbort = new AbortController();
+  try {
+    const cursor: string | undefined = await c.publish("chat.acme.7", {text: "hi"}, {signal: publishAbort.signal, timeout: 1_000});
+    console.log(cursor);
+    await c.publish("chat.acme.7", "no options");
+    await c.publish("chat.acme.7", 7, {});
+  } catch (e) {
+    if (e instanceof FanwireError) {
+      const code: FanwireErrorCode | (string & {}) = e.code;
+      switch (code) {
+        case "aborted":
+        case "timeout":
+        case "too_large":
+        case "handler":
+          console.error(code, e.cause, e.closeCode);
+      }
+    }
+  }
+  const own = new FanwireError("x", "y");
+  const withExtra = new FanwireError("handler", "onEvent threw", {cause: new Error("boom"), subscription: orders});
+  const asError: Error = own;
+  console.log(asError.message, withExtra.subscription?.pattern, withExtra.cause);
+  await Promise.all([c.close(), anonymous.close()]);
+}
+void newAPI();

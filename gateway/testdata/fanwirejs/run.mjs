@@ -1,5 +1,5 @@
 // run.mjs: one fanwire.js client in Node, driven by fanwire's Go tests
-// (gateway/client_test.go). argv[2] is a JSON config:
+// (gateway/clientjs_test.go). argv[2] is a JSON config:
 //   {"urls": [...], "subs": [{"pattern": "app.>", "from"?, "resync"?, "durable"?}],
 //    "getToken"?: true, "token"?: "...", "options"?: {connect options},
 //    "busyMs"?: ms each event keeps the app busy,
@@ -10,8 +10,11 @@
 // {"k":"state"|"event"|"subscribed"|"gap"|"error"|
 // "token"|"published"|"closed", ...}; "token" asks for a token, answered
 // on stdin. stdin takes one JSON command per line: {"cmd":"token","token"},
-// {"cmd":"publish","subject","data"}, {"cmd":"close"}.
+// {"cmd":"close"} (and exit; with "stay": true, go on), and api.mjs's
+// ({"cmd":"publish","subject","data"}, and those of the promise and
+// iterator API). A command that throws prints {"k":"cmd_error"}.
 import {connect} from "../../client/fanwire.js";
+import {handle} from "./api.mjs";
 import {WebSocket} from "ws";
 import {createInterface} from "node:readline";
 import {existsSync} from "node:fs";
@@ -54,21 +57,21 @@ for (const s of cfg.subs || []) {
 
 createInterface({input: process.stdin}).on("line", async (line) => {
   const c = JSON.parse(line);
-  switch (c.cmd) {
-    case "token":
-      tokenWaiters.shift()(c.token);
-      break;
-    case "publish":
-      try {
-        out({k: "published", cursor: await client.publish(c.subject, c.data)});
-      } catch (e) {
-        out({k: "publish_error", code: e.code, message: e.message});
-      }
-      break;
-    case "close":
-      await client.close();
-      out({k: "closed"});
-      process.exit(0);
+  try {
+    switch (c.cmd) {
+      case "token":
+        tokenWaiters.shift()(c.token);
+        break;
+      case "close":
+        await client.close();
+        out({k: "closed"});
+        if (!c.stay) process.exit(0);
+        break;
+      default:
+        if (!(await handle(client, c, out))) out({k: "cmd_error", message: "unknown command " + line});
+    }
+  } catch (e) {
+    out({k: "cmd_error", message: String(e && e.stack ? e.stack : e)});
   }
 }).on("close", async () => {
   await client.close();
