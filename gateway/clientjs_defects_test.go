@@ -62,7 +62,10 @@ func TestClientDefects(t *testing.T) {
 						"url": shared.wsURL(), "deadURL": deadURL, "subject": "app.close." + when, "nativeWebSocket": impl.native}, nil)
 					if when == "retrying" || when == "inDisconnected" {
 						// A refused connection is seen at once, unless the
-						// client waits for its connectTimeout (60 s here).
+						// client waits for its connectTimeout (60 s here):
+						// Node 20's own WebSocket (undici) fires "error"
+						// and never "close" for a connection that failed,
+						// so a client that waits for "close" waits that long.
 						r.waitFor("disconnected state after connecting to a closed port", clientWait, func(l []jsLine) bool {
 							return count(l, "state", "disconnected") > 0
 						})
