@@ -45,7 +45,7 @@ func TestClientDefects(t *testing.T) {
 		deadURL := "ws://" + l.Addr().String() + "/ws"
 		l.Close()
 		whens := []string{"connecting", "tokenPending", "retrying", "connected", "twice",
-			"inConnecting", "inConnected", "inDisconnected", "inError", "inSubscribed", "inEvent", "reconnectInConnected"}
+			"inConnecting", "inConnected", "inDisconnected", "inError", "inSubscribed", "inSubSubscribed", "inEvent", "reconnectInConnected"}
 		impls := []struct {
 			name   string
 			native bool

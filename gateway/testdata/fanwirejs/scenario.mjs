@@ -216,6 +216,9 @@ function closeScenario(when) {
       c.on("subscribed", () => close("in the subscribed listener"));
       c.subscribe(cfg.subject, {}, () => {});
       break;
+    case "inSubSubscribed": // a subscription's own listener (the API of issue 24)
+      c.subscribe(cfg.subject, {}, () => {}).on("subscribed", () => close("in the subscription's subscribed listener"));
+      break;
     case "inEvent": {
       let published = false;
       c.subscribe(cfg.subject, {}, () => close("in onEvent"));
