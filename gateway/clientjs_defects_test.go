@@ -30,7 +30,7 @@ func TestClientDefects(t *testing.T) {
 	const stream = "DEFECTS"
 	shared := startGateway(t, bin, jsNodeArgs(url, stream, "--allow-anonymous-publish")...)
 	// A node of 20 client messages per second (burst 40): 300 messages take
-	// 15 s at least, and a client that sends faster is refused some.
+	// 13 s at least, and a client that sends faster is refused some.
 	const lowRate = "20"
 	rated := startGateway(t, bin, jsNodeArgs(url, stream, "--allow-anonymous-publish", "--max-message-rate", lowRate)...)
 
