@@ -307,7 +307,15 @@ export class Client {
     ws.onmessage = (ev) => {
       if (gen === this.#generation) this.#onFrame(ev.data);
     };
-    ws.onerror = noop; // the close event follows and says what happened
+    ws.onerror = () => {
+      // A close event follows and says what happened, except from Node
+      // 20's own WebSocket (undici), which fires only "error" for a
+      // connection that failed and stays CONNECTING: a failed attempt.
+      if (gen !== this.#generation || this.#ready) return;
+      setTimeout(() => {
+        if (gen === this.#generation && !this.#ready) this.#drop("the connection failed", false);
+      }, 0);
+    };
     ws.onclose = (ev) => {
       if (gen === this.#generation) this.#onClose(ev.code, ev.reason || "");
     };
