@@ -121,7 +121,7 @@ func TestDurableSubscriptionResumesWithoutACursor(t *testing.T) {
 	// While it is bound here, nobody else on this node may bind it.
 	other := e.dial()
 	other.send(`{"type":"subscribe","id":"o","subject":"orders.*","durable":"dash-1"}`)
-	other.expect(map[string]any{"type": "error", "id": "o", "code": "bad_durable"})
+	other.expect(map[string]any{"type": "error", "id": "o", "code": "durable_in_use"})
 	_ = cl.c.CloseNow()
 	waitFor(t, "the connection to end", func() bool { return e.metric("fanwire_connections", nil) == 1 })
 	if got := e.consumers(); len(got) != 1 || !strings.HasSuffix(got[0], "_dash-1") {
