@@ -123,7 +123,10 @@ func TestClientNode(t *testing.T) {
 		stall := filepath.Join(t.TempDir(), "go-on")
 		c := runClient(t, node, map[string]any{"urls": []string{n.wsURL()}, "stallFile": stall,
 			"subs": []map[string]any{{"pattern": "app.>", "from": "first"}}}, nil)
-		c.waitFor("connected", clientWait, func(l []jsLine) bool { return count(l, "state", "connected") > 0 })
+		// Subscribed before the first publish: a subscription that starts
+		// with a replay is paced by its connection, never a slow consumer,
+		// and a stall on a replayed event would hold it there.
+		c.waitFor("subscribed", clientWait, func(l []jsLine) bool { return count(l, "subscribed", "") > 0 })
 		pad := strings.Repeat("x", 2048)
 		total := 0
 		for deadline := time.Now().Add(2 * clientWait); nodeMetric(t, n, "fanwire_slow_consumers_total") == 0; {
