@@ -855,10 +855,14 @@ export class Client {
   // #take takes a token of the pacer's bucket for a message sent outside
   // the queue (a ping), so that the queue leaves room for it.
   #take() {
-    const now = Date.now();
-    this.#tokens = Math.min(this.#burst(), this.#tokens + ((now - this.#tokensAt) * this.#rate()) / 1000);
-    this.#tokensAt = now;
+    this.#refill(Date.now(), this.#rate());
     this.#tokens = Math.max(0, this.#tokens - 1);
+  }
+
+  // #refill adds the tokens earned since the last refill, up to the burst.
+  #refill(now, rate) {
+    this.#tokens = Math.min(this.#burst(), this.#tokens + ((now - this.#tokensAt) * rate) / 1000);
+    this.#tokensAt = now;
   }
 
   // #flush sends what the outbox holds, paced: at most the burst at once,
@@ -877,8 +881,7 @@ export class Client {
         return;
       }
       if (rate > 0) {
-        this.#tokens = Math.min(this.#burst(), this.#tokens + ((now - this.#tokensAt) * rate) / 1000);
-        this.#tokensAt = now;
+        this.#refill(now, rate);
         if (this.#tokens < 1) {
           this.#sendTimer = setTimeout(() => this.#flush(), Math.ceil(((1 - this.#tokens) * 1000) / rate));
           return;
