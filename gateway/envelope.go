@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -21,11 +22,51 @@ type Event struct {
 	split   int    // len(head); -1 for a control message that is written whole
 	subjEnd int32  // end of the subject's JSON string in buf (GraphQL splices it)
 	curEnd  int32  // end of the cursor's JSON string in buf; 0 without a cursor
+	leave   bool   // a leave (view.go): no data; buf is {"type":"leave",…,"subs":…}
+
+	data  []byte                     // the data as in buf (views parse it)
+	parsd atomic.Pointer[parsedData] // the data parsed, once, by the first filter that needs it
+}
+
+// parsed is the event's data as filters see it, parsed on first use and
+// shared by every filter and view that looks at the event.
+func (e *Event) parsed() *parsedData {
+	if p := e.parsd.Load(); p != nil {
+		return p
+	}
+	p := parseData(e.Subject, e.data)
+	e.parsd.Store(p)
+	return p
+}
+
+// leaveEvent is the leave of a view for ev's subject (view.go), at ev's
+// cursor: {"type":"leave","subject":…[,"cursor":…],"subs":[…]}.
+func leaveEvent(ev *Event) *Event {
+	buf := make([]byte, 0, 48+len(ev.Subject)+len(ev.Cursor))
+	buf = append(buf, `{"type":"leave","subject":`...)
+	subjStart := len(buf)
+	buf = appendJSONString(buf, ev.Subject)
+	subjEnd, curEnd := len(buf), 0
+	if ev.Cursor != "" {
+		buf = append(buf, cursorField...)
+		buf = appendJSONString(buf, ev.Cursor)
+		curEnd = len(buf)
+	}
+	buf = append(buf, subsField...)
+	split := len(buf)
+	buf = append(buf, '}')
+	_ = subjStart
+	return &Event{Subject: ev.Subject, Cursor: ev.Cursor, buf: buf, split: split, subjEnd: int32(subjEnd), curEnd: int32(curEnd), leave: true}
 }
 
 // subjectJSON, cursorJSON and dataJSON are the event's values as encoded in
 // buf, for transports that splice them into their own envelope (GraphQL).
-func (e *Event) subjectJSON() []byte { return e.buf[len(headPrefix):e.subjEnd] }
+func (e *Event) subjectJSON() []byte {
+	if e.leave {
+		return e.buf[len(leavePrefix):e.subjEnd]
+	}
+	return e.buf[len(headPrefix):e.subjEnd]
+}
 
 // cursorJSON is nil when the event has no cursor.
 func (e *Event) cursorJSON() []byte {
@@ -35,7 +76,15 @@ func (e *Event) cursorJSON() []byte {
 	return e.buf[int(e.subjEnd)+len(cursorField) : e.curEnd]
 }
 
-func (e *Event) dataJSON() []byte { return e.buf[e.split+len(dataField) : len(e.buf)-1] }
+// dataJSON is null for a leave.
+func (e *Event) dataJSON() []byte {
+	if e.leave {
+		return nullJSON
+	}
+	return e.buf[e.split+len(dataField) : len(e.buf)-1]
+}
+
+var nullJSON = []byte("null")
 
 // subsList is what a delivery needs to know about the subscriptions of one
 // connection that match a set of patterns. For the native protocol it is
@@ -72,6 +121,7 @@ func (it item) appendTo(dst []byte) []byte {
 }
 
 const (
+	leavePrefix = `{"type":"leave","subject":`
 	headPrefix  = `{"type":"event","subject":`
 	cursorField = `,"cursor":`
 	subsField   = `,"subs":`
@@ -109,6 +159,7 @@ func NewEvent(subject, cursor string, data []byte) (*Event, error) {
 	buf = append(buf, subsField...)
 	split := len(buf)
 	buf = append(buf, dataField...)
+	dataStart := len(buf)
 	if bytes.IndexAny(data, " \t\r\n") < 0 {
 		buf = append(buf, data...)
 	} else {
@@ -119,7 +170,7 @@ func NewEvent(subject, cursor string, data []byte) (*Event, error) {
 		buf = w.Bytes()
 	}
 	buf = append(buf, '}')
-	return &Event{Subject: subject, Cursor: cursor, buf: buf, split: split, subjEnd: int32(subjEnd), curEnd: int32(curEnd)}, nil
+	return &Event{Subject: subject, Cursor: cursor, buf: buf, split: split, subjEnd: int32(subjEnd), curEnd: int32(curEnd), data: buf[dataStart : len(buf)-1 : len(buf)-1]}, nil
 }
 
 // controlMessage wraps a complete server message (already JSON) so it can

@@ -300,7 +300,7 @@ func (c *conn) gqlSubscribe(id string, p *gqlSubscribePayload) {
 	g.opsMu.Lock()
 	g.ops[id] = op
 	g.opsMu.Unlock()
-	c.subscribe(id, subject, from, durable)
+	c.subscribe(id, subject, from, durable, nil)
 }
 
 // gqlComplete ends operation id at the client's request (no reply).
