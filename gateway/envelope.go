@@ -18,11 +18,12 @@ import (
 type Event struct {
 	Subject string
 	Cursor  string
-	buf     []byte // head followed by tail; immutable
-	split   int    // len(head); -1 for a control message that is written whole
-	subjEnd int32  // end of the subject's JSON string in buf (GraphQL splices it)
-	curEnd  int32  // end of the cursor's JSON string in buf; 0 without a cursor
-	leave   bool   // a leave (view.go): no data; buf is {"type":"leave",…,"subs":…}
+	buf     []byte   // head followed by tail; immutable
+	split   int      // len(head); -1 for a control message that is written whole
+	subjEnd int32    // end of the subject's JSON string in buf (GraphQL splices it)
+	curEnd  int32    // end of the cursor's JSON string in buf; 0 without a cursor
+	kind    uint8    // kindEvent; kindLeave: a view's leave (no data); kindSynced: a GraphQL synced (keys)
+	keys    []string // kindSynced: a filtered view's held subjects (nil: none listed)
 
 	data  []byte                     // the data as in buf (views parse it)
 	parsd atomic.Pointer[parsedData] // the data parsed, once, by the first filter that needs it
@@ -56,16 +57,67 @@ func leaveEvent(ev *Event) *Event {
 	split := len(buf)
 	buf = append(buf, '}')
 	_ = subjStart
-	return &Event{Subject: ev.Subject, Cursor: ev.Cursor, buf: buf, split: split, subjEnd: int32(subjEnd), curEnd: int32(curEnd), leave: true}
+	return &Event{Subject: ev.Subject, Cursor: ev.Cursor, buf: buf, split: split, subjEnd: int32(subjEnd), curEnd: int32(curEnd), kind: kindLeave}
 }
 
 // subjectJSON, cursorJSON and dataJSON are the event's values as encoded in
 // buf, for transports that splice them into their own envelope (GraphQL).
 func (e *Event) subjectJSON() []byte {
-	if e.leave {
+	switch e.kind {
+	case kindLeave:
 		return e.buf[len(leavePrefix):e.subjEnd]
+	case kindSynced:
+		return e.buf[:e.subjEnd]
 	}
 	return e.buf[len(headPrefix):e.subjEnd]
+}
+
+// Event kinds.
+const (
+	kindEvent uint8 = iota
+	kindLeave
+	kindSynced
+)
+
+// kindJSON is the GraphQL EventKind of e.
+func (e *Event) kindJSON() string {
+	switch e.kind {
+	case kindLeave:
+		return `"LEAVE"`
+	case kindSynced:
+		return `"SYNCED"`
+	}
+	return `"EVENT"`
+}
+
+// keysJSON is the GraphQL keys of e: null, or a synced's list.
+func (e *Event) keysJSON() []byte {
+	if e.keys == nil {
+		return nullJSON
+	}
+	b := []byte{'['}
+	for i, k := range e.keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, k)
+	}
+	return append(b, ']')
+}
+
+// gqlSyncedEvent is a GraphQL synced, delivered through a subscription's
+// operation as an Event of kind SYNCED: subject is the pattern, cursor
+// where the view is complete.
+func gqlSyncedEvent(pattern, cursor string, keys []string) *Event {
+	buf := appendJSONString(nil, pattern)
+	subjEnd := len(buf)
+	curEnd := 0
+	if cursor != "" {
+		buf = append(buf, cursorField...)
+		buf = appendJSONString(buf, cursor)
+		curEnd = len(buf)
+	}
+	return &Event{Subject: pattern, Cursor: cursor, buf: buf, split: -1, subjEnd: int32(subjEnd), curEnd: int32(curEnd), kind: kindSynced, keys: keys}
 }
 
 // cursorJSON is nil when the event has no cursor.
@@ -78,7 +130,7 @@ func (e *Event) cursorJSON() []byte {
 
 // dataJSON is null for a leave.
 func (e *Event) dataJSON() []byte {
-	if e.leave {
+	if e.kind != kindEvent {
 		return nullJSON
 	}
 	return e.buf[e.split+len(dataField) : len(e.buf)-1]

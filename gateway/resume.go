@@ -349,7 +349,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 					if r.delta != "" {
 						keys = vs.keys()
 					}
-					wake = c.queue(c.syncedMsg(id, c.s.hub.lastCursor(), keys)) || wake
+					wake = c.queueSynced(id, st.pattern, c.s.hub.lastCursor(), keys) || wake
 				}
 				return true
 			}, func() {
@@ -479,10 +479,18 @@ func (h *hub) handover(cond func() bool, add func()) bool {
 	return true
 }
 
-// syncedMsg is a synced (none in GraphQL, whose events carry no markers).
-func (c *conn) syncedMsg(id, cursor string, keys []string) []byte {
-	if c.gql != nil {
-		return nil
+// queueSynced queues subscription id's synced: a control message, or in
+// GraphQL an Event of kind SYNCED through its operation. It reports
+// whether to wake the writer.
+func (c *conn) queueSynced(id, pattern, cursor string, keys []string) bool {
+	if c.gql == nil {
+		return c.queue(syncedMessage(id, cursor, keys))
 	}
-	return syncedMessage(id, cursor, keys)
+	it := item{ev: gqlSyncedEvent(pattern, cursor, keys), subs: c.cl.subsFor([]string{id})}
+	wasEmpty, _, err := c.cl.mb.push(it, it.size())
+	if err != nil {
+		c.overflow()
+		return false
+	}
+	return wasEmpty
 }

@@ -121,3 +121,31 @@ func contains(s, sub string) bool {
 	}
 	return false
 }
+
+// TestGraphQLWhereAndLeave: events(subject, where) on GraphQL: the
+// accepted events as EVENT, a LEAVE with null data, byte for byte on the
+// spliced path, and the executor's path (a selection it must run) agrees.
+func TestGraphQLWhereAndLeave(t *testing.T) {
+	e := newEnvOn(t, "jetstream", nil)
+	cl := e.initGQL()
+	cl.send(`{"id":"a","type":"subscribe","payload":{"query":"subscription { events(subject: \"orders.*\", where: \"doc.n > 1\") { kind subject data } }"}}`)
+	cl.send(`{"id":"b","type":"subscribe","payload":{"query":"subscription { events(subject: \"orders.*\", where: \"doc.n > 1\") { kind subject data ... on Event { keys } } }"}}`)
+	cl.gqlQuiet()
+	e.store("orders.1", `{"doc":{"n":2}}`)
+	e.store("orders.1", `{"doc":{"n":1}}`)
+	for _, want := range []string{
+		`{"id":"a","type":"next","payload":{"data":{"events":{"kind":"EVENT","subject":"orders.1","data":{"doc":{"n":2}}}}}}`,
+		`{"id":"b","type":"next","payload":{"data":{"events":{"kind":"EVENT","subject":"orders.1","data":{"doc":{"n":2}},"keys":null}}}}`,
+		`{"id":"a","type":"next","payload":{"data":{"events":{"kind":"LEAVE","subject":"orders.1","data":null}}}}`,
+		`{"id":"b","type":"next","payload":{"data":{"events":{"kind":"LEAVE","subject":"orders.1","data":null,"keys":null}}}}`,
+	} {
+		if got := cl.nextRaw(); got != want {
+			t.Fatalf("got  %s\nwant %s", got, want)
+		}
+	}
+	cl.send(`{"id":"c","type":"subscribe","payload":{"query":"subscription { events(subject: \"orders.*\", where: \"doc.n >\") { kind } }"}}`)
+	if code := cl.gqlErrorCode("c"); code != "bad_filter" {
+		t.Fatalf("a bad where: code %q, want bad_filter", code)
+	}
+	cl.gqlQuiet()
+}
