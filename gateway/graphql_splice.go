@@ -42,6 +42,10 @@ type gqlOp struct {
 
 	overhead int // bytes a delivery adds to the event's (mailbox accounting); fast path: the pieces' total length
 	done     atomic.Bool
+	// markers: the selection has kind, so the client tells EVENT from
+	// SYNCED; only such an operation is sent SYNCED (LEAVE comes only with
+	// where, which no client predating it sends).
+	markers bool
 }
 
 // appendNext appends the operation's next message for ev.
@@ -183,6 +187,7 @@ func newFastOp(id string, legacy bool, rootAlias string, fields []graphql.Collec
 			k = fieldTypename
 		case "kind":
 			k = fieldKind
+			op.markers = true
 		case "keys":
 			k = fieldKeys
 		default:
@@ -216,6 +221,11 @@ func (s *Server) newGQLOp(ctx context.Context, id string, legacy bool, opCtx *gr
 	ch := make(chan *schema.Event, 1)
 	h, octx := s.gqlExec.DispatchOperation(withEventStream(ctx, ch), opCtx)
 	op := &gqlOp{id: id, next: h, ctx: octx, ch: ch, head: nextHead(id, legacy)}
+	for _, f := range graphql.CollectFields(opCtx, root.Selections, []string{"Event"}) {
+		if f.Name == "kind" {
+			op.markers = true
+		}
+	}
 	op.overhead = len(op.head) + 64
 	return op
 }

@@ -486,6 +486,9 @@ func (c *conn) queueSynced(id, pattern, cursor string, keys []string) bool {
 	if c.gql == nil {
 		return c.queue(syncedMessage(id, cursor, keys))
 	}
+	if op := c.gql.op(id); op == nil || !op.markers {
+		return false
+	}
 	it := item{ev: gqlSyncedEvent(pattern, cursor, keys), subs: c.cl.subsFor([]string{id})}
 	wasEmpty, _, err := c.cl.mb.push(it, it.size())
 	if err != nil {
