@@ -12,3 +12,10 @@ func SetNATSBuffer(b *NATS, n int) { b.buffer = n }
 // SetLatestHooks makes b's Latest call afterThrough once it has read the
 // position it reads as of (through), before it creates its consumer.
 func SetLatestHooks(b *JetStream, afterThrough func()) { b.latest.afterThrough = afterThrough }
+
+// SetRedisLatestHooks makes b's Latest call afterThrough once it has read
+// through, before it reads the index, and afterScan once it has read the
+// index, before it fetches any entry.
+func SetRedisLatestHooks(b *Redis, afterThrough, afterScan func()) {
+	b.latest.afterThrough, b.latest.afterScan = afterThrough, afterScan
+}

@@ -12,7 +12,10 @@ import (
 	"github.com/fanwire/fanwire/broker/brokertest"
 )
 
-var _ broker.Snapshots = (*broker.JetStream)(nil)
+var (
+	_ broker.Snapshots = (*broker.JetStream)(nil)
+	_ broker.Snapshots = (*broker.Redis)(nil)
+)
 
 // snapshotter is a broker a live view can start from.
 type snapshotter interface {
@@ -30,7 +33,9 @@ type snapshotTarget struct {
 	hooks func(b snapshotter, afterThrough, afterScan func())
 }
 
-// onSnapshots runs test on JetStream (an embedded server per stream).
+// onSnapshots runs test on JetStream (an embedded server per stream) and
+// on a redis-server (TestRedisLatestOnCluster runs the Redis tests on a
+// Redis Cluster).
 func onSnapshots(t *testing.T, test func(t *testing.T, tg snapshotTarget)) {
 	t.Run("jetstream", func(t *testing.T) {
 		test(t, snapshotTarget{
@@ -43,6 +48,22 @@ func onSnapshots(t *testing.T, test func(t *testing.T, tg snapshotTarget)) {
 			},
 		})
 	})
+	t.Run("redis", func(t *testing.T) { test(t, onRedisStreams(t, redisSingle(t))) })
+}
+
+// onRedisStreams opens each broker of a test on a stream of its own on r,
+// named after the test (tests may share r).
+func onRedisStreams(t *testing.T, r redisTarget) snapshotTarget {
+	n := 0
+	return snapshotTarget{
+		open: func() snapshotter {
+			n++
+			return dialRedis(t, r.with(broker.RedisConfig{Stream: fmt.Sprintf("{%s-%d}", t.Name(), n)}))
+		},
+		hooks: func(b snapshotter, afterThrough, afterScan func()) {
+			broker.SetRedisLatestHooks(b.(*broker.Redis), afterThrough, afterScan)
+		},
+	}
 }
 
 // latestOf runs Latest and returns what it delivered, the size of each

@@ -24,6 +24,7 @@ type Redis struct {
 	// closed is closed by Close: Consume returns ErrClosed.
 	closed    chan struct{}
 	closeOnce sync.Once
+	latest    latestHooks // static: tests' hooks into Latest
 }
 
 // CursorPrefixRedis starts every Redis Streams cursor.
@@ -178,15 +179,15 @@ func (b *Redis) dedupKey(id string) string { return b.cfg.Stream + ":dedup:" + i
 // for the same slot.
 func (b *Redis) highWaterKey() string { return b.cfg.Stream + ":last-id" }
 
-// latestKey is the index of each subject's newest entry, for live views
-// (Snapshots): a hash that maps each subject to the id of its newest
-// entry, set by the script of every append (publishOnce, appendOnce) in
-// the same step as the XADD, so that it never names an entry older than
-// the stream's newest on that subject. It starts with the stream key, for
-// the same slot.
+// latestKey is the index Latest reads: a hash that maps each subject to
+// the id of its newest entry, set by the script of every append
+// (publishOnce, appendOnce) in the same step as the XADD, so that it never
+// names an entry older than the stream's newest on that subject. It starts
+// with the stream key, for the same slot.
 //
 // Its cost is one field per subject ever published (trimming does not
-// remove it), and an HSET per append.
+// remove it; Latest deletes the fields of the trimmed entries it meets),
+// and an HSET per append.
 func (b *Redis) latestKey() string { return b.cfg.Stream + ":latest" }
 
 // publishOnceSrc appends one message unless its publish id was seen within

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"testing"
 
 	"github.com/fanwire/fanwire/broker"
@@ -27,7 +28,7 @@ func redisIndex(t *testing.T, r redisTarget, stream string) map[string]string {
 // newest entry in the step that appends: Publish (with and without ids)
 // and Append (the ingest's); a repeat dropped as a duplicate, or a call
 // refused as a conflict, leaves it as it was.
-func TestRedisLatestIndex(t *testing.T) { onRedis(t, testRedisLatestIndex) }
+func TestRedisLatestIndex(t *testing.T) { testRedisLatestIndex(t, redisSingle(t)) }
 
 func testRedisLatestIndex(t *testing.T, r redisTarget) {
 	const stream = "{ix}"
@@ -72,4 +73,74 @@ func testRedisLatestIndex(t *testing.T, r redisTarget) {
 	if got := redisIndex(t, r, stream); !maps.Equal(got, want) {
 		t.Fatalf("after a refused Append: index %v, want %v", got, want)
 	}
+	msgs, _, _ := latestOf(t, b, nil)
+	got := make(map[string]string)
+	for _, m := range msgs {
+		got[m.Subject] = m.Cursor
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("Latest: %v, want %v", got, want)
+	}
+}
+
+// TestRedisLatestSkipsTrimmed: entries trimmed away (MAXLEN) are skipped
+// and their index fields deleted, but not a field that names a newer
+// entry appended meanwhile.
+func TestRedisLatestSkipsTrimmed(t *testing.T) { testRedisLatestSkipsTrimmed(t, redisSingle(t)) }
+
+func testRedisLatestSkipsTrimmed(t *testing.T, r redisTarget) {
+	const stream = "{tr}"
+	b := dialRedis(t, r.with(broker.RedisConfig{Stream: stream, MaxLen: 50}))
+	var out []broker.Outgoing
+	for i := range 500 {
+		out = append(out, broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i), Data: fmt.Appendf(nil, "%d", i), ID: broker.WriterID("w", fmt.Sprint(i))})
+	}
+	appendAs(t, b, "w", out[:250])
+	publish(t, b, out[250:])
+	if n := len(redisIndex(t, r, stream)); n != 500 {
+		t.Fatalf("index holds %d subjects before Latest, want 500", n)
+	}
+	// Between Latest's read of the index and its fetches, the first
+	// subject (trimmed long ago) gets a new entry.
+	var again string
+	broker.SetRedisLatestHooks(b, nil, func() {
+		again = publish(t, b, []broker.Outgoing{{Subject: "db.t.0", Data: []byte(`"again"`)}})[0]
+	})
+	msgs, _, through := latestOf(t, b, nil)
+	retained := replayAll(t, b, "", through)
+	if len(retained) == 0 || len(retained) >= 250 {
+		t.Fatalf("the stream retains %d of 500 entries: want MAXLEN ~ 50 to have trimmed most", len(retained))
+	}
+	var got, want []string
+	for _, m := range msgs {
+		got = append(got, m.Subject+"="+string(m.Data))
+	}
+	for _, m := range retained {
+		want = append(want, m.Subject+"="+string(m.Data))
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("Latest delivered %d: %v\nwant the %d retained: %v", len(got), got, len(want), want)
+	}
+	index := redisIndex(t, r, stream)
+	if len(index) != len(retained)+1 || index["db.t.0"] != again {
+		t.Fatalf("index after Latest: %d fields, db.t.0 → %s; want the %d retained subjects and db.t.0 → %s", len(index), index["db.t.0"], len(retained), again)
+	}
+	for _, m := range retained {
+		if index[m.Subject] != m.Cursor {
+			t.Fatalf("index: %s → %s, want %s", m.Subject, index[m.Subject], m.Cursor)
+		}
+	}
+}
+
+// TestRedisLatestOnCluster runs Latest's Redis tests on one 3-node Redis
+// Cluster (a cluster each would more than double the time of the Latest
+// tests): the append scripts, HSCAN, the pipelined fetches and the
+// cleanup script must all go to the primary that owns the stream's slot.
+func TestRedisLatestOnCluster(t *testing.T) {
+	r := redisCluster(t)
+	t.Run("index", func(t *testing.T) { testRedisLatestIndex(t, r) })
+	t.Run("trimmed", func(t *testing.T) { testRedisLatestSkipsTrimmed(t, r) })
+	t.Run("newest", func(t *testing.T) { testLatestNewestOfEachSubject(t, onRedisStreams(t, r)) })
+	t.Run("filters", func(t *testing.T) { testLatestFilters(t, onRedisStreams(t, r)) })
+	t.Run("while publishing", func(t *testing.T) { testLatestWhilePublishing(t, onRedisStreams(t, r)) })
 }
