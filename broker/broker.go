@@ -160,8 +160,9 @@ type Snapshots interface {
 	// before through; a subject whose newest stored message is after
 	// through may instead be left out (a Replay after through delivers
 	// it). Deletes are delivered like any message (the caller decides). It
-	// never delivers a message after through, nor one twice. An error from
-	// h ends it with that error.
+	// never delivers a message after through, nor one twice. h must not
+	// keep the batch slice, which is reused (it may keep each Message's
+	// Data). An error from h ends it with that error.
 	Latest(ctx context.Context, filters []string, h func([]Message) error) (through string, err error)
 }
 
