@@ -186,8 +186,11 @@ func (b *Redis) highWaterKey() string { return b.cfg.Stream + ":last-id" }
 // with the stream key, for the same slot.
 //
 // Its cost is one field per subject ever published (trimming does not
-// remove it; Latest deletes the fields of the trimmed entries it meets),
-// and an HSET per append.
+// remove it; Latest deletes the fields of the trimmed entries it meets):
+// 82 bytes per subject of ~10 bytes in BenchmarkLatest (MEMORY USAGE,
+// Redis 7.0), so about 70 beside the subject's own length: ~9 MB for
+// 100,000 subjects of 20 bytes, and as much again for every further
+// 100,000 subjects ever published. Every append also pays an HSET.
 func (b *Redis) latestKey() string { return b.cfg.Stream + ":latest" }
 
 // publishOnceSrc appends one message unless its publish id was seen within
