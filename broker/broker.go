@@ -319,20 +319,3 @@ func ValidConsumerName(name string) bool {
 // last connection had sent.
 const AckEvery = 16
 
-// Snapshots is implemented by brokers that can read the newest stored
-// message of each subject (JetStream: last-per-subject delivery; Redis
-// Streams: an index of each subject's newest entry kept by the script
-// that appends). The ws role serves subscriptions from "latest" with it.
-type Snapshots interface {
-	// Latest reads the newest stored message of every subject matching
-	// filters (patterns within the broker's subject space; a broker that
-	// cannot filter may deliver others, callers match) as of a position
-	// through, which it returns ("" when the stream is empty). h gets, in
-	// cursor order, for every such subject its newest message at or
-	// before through; a subject whose newest stored message is after
-	// through may instead be left out (a Replay after through delivers
-	// it). Deletes are delivered like any message (the caller decides).
-	// It never delivers a message after through, nor one twice. An error
-	// from h ends it with that error.
-	Latest(ctx context.Context, filters []string, h func([]Message) error) (through string, err error)
-}
