@@ -318,4 +318,3 @@ func ValidConsumerName(name string) bool {
 // again after its connection ended repeats at most this many events its
 // last connection had sent.
 const AckEvery = 16
-
