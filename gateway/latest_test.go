@@ -330,3 +330,31 @@ func TestSnapshotBound(t *testing.T) {
 		t.Fatalf("fanwire_subscriptions = %v, want 1", got)
 	}
 }
+
+// TestGraphQLLatest: events(from: "latest", where:) on GraphQL: the
+// snapshot's documents as EVENTs, then SYNCED with the cursor, for an
+// operation that selects kind; one that does not is sent no SYNCED.
+func TestGraphQLLatest(t *testing.T) {
+	e := newEnvOn(t, "jetstream", func(c *gateway.Config) { c.Subjects = []string{"orders.>", "app.>"} })
+	e.store("orders.1", row("insert", 1, doc("open", 1)))
+	e.store("orders.2", row("insert", 2, doc("closed", 2)))
+	last := e.store("orders.1", row("update", 1, doc("open", 3)))
+	cl := e.initGQL()
+	cl.send(`{"id":"a","type":"subscribe","payload":{"query":"subscription { events(subject: \"orders.*\", from: \"latest\", where: \"doc.status == 'open'\") { kind subject cursor data } }"}}`)
+	for _, want := range []string{
+		`{"id":"a","type":"next","payload":{"data":{"events":{"kind":"EVENT","subject":"orders.1","cursor":"` + last + `","data":{"op":"update","key":1,"doc":{"status":"open","total":3}}}}}}`,
+		`{"id":"a","type":"next","payload":{"data":{"events":{"kind":"SYNCED","subject":"orders.*","cursor":"` + last + `","data":null}}}}`,
+	} {
+		if got := cl.nextRaw(); got != want {
+			t.Fatalf("got  %s\nwant %s", got, want)
+		}
+	}
+	cl.send(`{"id":"b","type":"subscribe","payload":{"query":"subscription { events(subject: \"orders.*\", from: \"latest\") { subject data } }"}}`)
+	for _, s := range []string{"orders.2", "orders.1"} {
+		m := cl.next()
+		if m["id"] != "b" || !contains(fmt.Sprint(m["payload"]), s) {
+			t.Fatalf("got %v, want %s", m, s)
+		}
+	}
+	cl.gqlQuiet()
+}
