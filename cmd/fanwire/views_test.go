@@ -137,6 +137,7 @@ func TestLiveViewsThroughTheIngest(t *testing.T) {
 		c.until(ctx, what, func() bool { return marks.mark() >= mark })
 	}
 	c.subscribe(marks, "")
+	c.until(ctx, "the marker's subscription", func() bool { return marks.active }) // live: events published after this
 	syncMark("the marker after the bootstrap")
 
 	// 1. The views open on the rows the ingest published.
@@ -286,6 +287,7 @@ func TestLiveViewsThroughTheIngest(t *testing.T) {
 	}
 	c = dialViews(ctx, t, wsAddr, logs.dump, marks, v1, v2, v3, v4)
 	c.subscribe(marks, "")
+	c.until(ctx, "the marker's subscription", func() bool { return marks.active })
 	c.subscribe(v1, v1.cursor)
 	c.subscribe(v2, v2.cursor)
 	c.until(ctx, "v1 and v2 synced after the restart", func() bool { return v1.synced && v2.synced })
@@ -344,7 +346,8 @@ type liveView struct {
 	docs    map[string]map[string]any // subject → data.doc
 	cursor  string                    // the last cursor the subscription got
 	from    string                    // its subscription's from
-	synced  bool                      // its subscription got its synced
+	active  bool                      // its subscription got its subscribed
+	synced  bool                      // and its synced
 	hadKeys bool                      // the synced had keys
 	keys    []string                  // and these
 	dropped []string                  // the documents the synced's keys dropped
@@ -420,7 +423,7 @@ func (c *viewConn) subscribe(v *liveView, from string) {
 	if err := c.ws.Write(context.Background(), websocket.MessageText, b); err != nil {
 		c.t.Fatalf("subscribe %s: %v", b, err)
 	}
-	v.from, v.synced, v.hadKeys, v.keys, v.dropped, v.log = from, false, false, nil, nil, nil
+	v.from, v.active, v.synced, v.hadKeys, v.keys, v.dropped, v.log = from, false, false, false, nil, nil, nil
 }
 
 // until reads frames until cond holds, for at most 20 s.
@@ -482,7 +485,11 @@ func (c *viewConn) apply(line string) {
 	}
 	oddf := func(format string, args ...any) { c.odd = append(c.odd, fmt.Sprintf(format, args...)+": "+line) }
 	switch f.Type {
-	case "ready", "subscribed", "unsubscribed", "pong":
+	case "subscribed":
+		if v := c.views[f.ID]; v != nil {
+			v.active = true
+		}
+	case "ready", "unsubscribed", "pong":
 	case "error":
 		c.t.Fatalf("error frame %s\nlogs:\n%s", line, c.logs())
 	case "synced":
