@@ -159,7 +159,7 @@ func TestLiveViewsThroughTheIngest(t *testing.T) {
 	// each brings the frames the protocol promises, and no others.
 	all := func() map[string]map[string]any { return ordersSQL(ctx, t, db, "true") }
 	used := map[string]bool{}
-	pick := func(what string, ok func(s string, doc map[string]any) bool) (string, int64) {
+	pick := func(what string, ok func(s string, doc map[string]any) bool) string {
 		t.Helper()
 		now := all()
 		var subjects []string
@@ -171,11 +171,11 @@ func TestLiveViewsThroughTheIngest(t *testing.T) {
 			id, _ := strconv.ParseInt(strings.TrimPrefix(s, "db.orders."), 10, 64)
 			if id >= 1 && id <= 41 && !used[s] && ok(s, now[s]) {
 				used[s] = true
-				return s, id
+				return s
 			}
 		}
 		t.Fatalf("no order row is %s", what)
-		return "", 0
+		return ""
 	}
 	in := func(v *liveView) func(string, map[string]any) bool {
 		return func(_ string, d map[string]any) bool { return v.pass(d) }
@@ -197,21 +197,21 @@ func TestLiveViewsThroughTheIngest(t *testing.T) {
 		want1 = append(want1, expectedFrames(v1, subject, before, after)...)
 		want2 = append(want2, expectedFrames(v2, subject, before, after)...)
 	}
-	edge, _ := pick("open at exactly 100.00", func(_ string, d map[string]any) bool { return d["status"] == "open" && d["total"] == "100.00" })
+	edge := pick("open at exactly 100.00", func(_ string, d map[string]any) bool { return d["status"] == "open" && d["total"] == "100.00" })
 	change(edge, "UPDATE orders SET total = total + 0.01 WHERE id = $1", idOf(edge)) // 100.01: into v1
-	s, _ := pick("in v1 and out of v2", both(in(v1), out(v2)))
+	s := pick("in v1 and out of v2", both(in(v1), out(v2)))
 	change(s, "UPDATE orders SET status = 'closed' WHERE id = $1", idOf(s)) // out of v1: a leave
-	s, _ = pick("in v1", in(v1))
+	s = pick("in v1", in(v1))
 	change(s, "DELETE FROM orders WHERE id = $1", idOf(s)) // a delete: a leave (also from v2 if it held it)
-	s, _ = pick("in v1, again", in(v1))
+	s = pick("in v1, again", in(v1))
 	change(s, "UPDATE orders SET paid = NOT paid WHERE id = $1", idOf(s)) // stays in v1: an event
-	s, _ = pick("German with a note", func(_ string, d map[string]any) bool {
+	s = pick("German with a note", func(_ string, d map[string]any) bool {
 		return d["note"] != nil && passGermanNoNote(map[string]any{"meta": d["meta"], "note": nil})
 	})
 	change(s, "UPDATE orders SET note = NULL WHERE id = $1", idOf(s)) // into v2
-	s, _ = pick("in v2", in(v2))
+	s = pick("in v2", in(v2))
 	change(s, `UPDATE orders SET meta = jsonb_set(meta, '{ship,country}', '"FR"') WHERE id = $1`, idOf(s)) // out of v2
-	s, _ = pick("in neither view", both(out(v1), out(v2)))
+	s = pick("in neither view", both(out(v1), out(v2)))
 	change(s, "UPDATE orders SET customer = customer || '!' WHERE id = $1", idOf(s)) // no frame
 	change("db.orders.41", `INSERT INTO orders VALUES (41, 'open', 250.00, false, '2024-02-29 23:59:59.999999+14',
 		'{"ship": {"country": "DE", "w": [1.50, {"deep": null}]}}', NULL, 'new ''row'' «ü» 🚀')`) // into both
@@ -266,12 +266,12 @@ func TestLiveViewsThroughTheIngest(t *testing.T) {
 	_ = ws.Wait()
 	c.drain(ctx)
 	t.Logf("gateway killed after %d churn changes; the client had v1 at %s, v2 at %s", churned.Load(), v1.cursor, v2.cursor)
-	leave1, _ := pick("in v1, to leave while the gateway is down", both(in(v1), out(v2)))
-	gone1, _ := pick("in v1, to be deleted while the gateway is down", in(v1))
-	enter1, _ := pick("open, not over 100, to enter v1 while the gateway is down", func(_ string, d map[string]any) bool {
+	leave1 := pick("in v1, to leave while the gateway is down", both(in(v1), out(v2)))
+	gone1 := pick("in v1, to be deleted while the gateway is down", in(v1))
+	enter1 := pick("open, not over 100, to enter v1 while the gateway is down", func(_ string, d map[string]any) bool {
 		return d["status"] == "open" && !passOpenOver100(d)
 	})
-	leave2, _ := pick("in v2, to leave while the gateway is down", both(in(v2), out(v1)))
+	leave2 := pick("in v2, to leave while the gateway is down", both(in(v2), out(v1)))
 	execSQL(ctx, t, db,
 		fmt.Sprintf("UPDATE orders SET status = 'pending' WHERE id = %d", idOf(leave1)),
 		fmt.Sprintf("DELETE FROM orders WHERE id = %d", idOf(gone1)),
