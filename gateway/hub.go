@@ -163,6 +163,14 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 		h.last.Store(&l)
 	}
 	h.idx.mu.RUnlock()
+	if views {
+		// The parsed data served this batch's filters; the events live on
+		// in mailboxes and the recent ring, where it would only take room
+		// (a few times the data's size).
+		for _, ev := range evs {
+			ev.parsd.Store(nil)
+		}
+	}
 	n, pressured, critical = n+vst.n, pressured+vst.pressured, critical+vst.critical
 	for i, vs := range h.tooLarge {
 		vs.onTooLarge()
