@@ -165,9 +165,11 @@ export class Client {
   /**
    * subscribe delivers every event matching pattern, once, in order,
    * across reconnects: to onEvent, to the subscription's "event"
-   * listeners, and to its async iterator. options: from (a cursor or
-   * "first"), durable (a durable consumer's name, JetStream), resync
-   * ("live" or "first": where to go on when a cursor has expired), signal
+   * listeners, and to its async iterator. options: where (a filter, a
+   * CEL expression over each event, sent with every subscribe), from (a
+   * cursor, "first", or "latest": the newest event of each subject, then
+   * live), durable (a durable consumer's name, JetStream), resync ("live",
+   * "first" or "latest": where to go on when a cursor has expired), signal
    * (an AbortSignal that unsubscribes), buffer (events an iterator holds
    * at most, default 1000).
    */
@@ -178,8 +180,11 @@ export class Client {
     }
     if (this.#state === "closed") throw closedError();
     const o = options || {};
-    if (o.resync !== undefined && o.resync !== null && o.resync !== "live" && o.resync !== "first") {
-      throw new TypeError('fanwire: resync is "live" or "first"');
+    if (o.resync !== undefined && o.resync !== null && o.resync !== "live" && o.resync !== "first" && o.resync !== "latest") {
+      throw new TypeError('fanwire: resync is "live", "first" or "latest"');
+    }
+    if (o.where !== undefined && o.where !== null && typeof o.where !== "string") {
+      throw new TypeError("fanwire: where is a string (a CEL expression)");
     }
     const sub = new Subscription(this, "s" + this.#nextSub++, String(pattern), o, onEvent || null);
     if (o.signal && o.signal.aborted) {
@@ -590,6 +595,14 @@ export class Client {
       case "event":
         this.#onEvent(m);
         return;
+      case "leave":
+        this.#onLeave(m);
+        return;
+      case "synced": {
+        const sub = this.#subs.get(m.id);
+        if (sub) sub._synced(m.cursor, Array.isArray(m.keys) ? m.keys : undefined);
+        return;
+      }
       case "ready":
         this.#onReady(m);
         return;
@@ -620,7 +633,7 @@ export class Client {
       case "error":
         this.#onError(m);
         return;
-      default: // pong: nothing to do
+      default: // pong, and types a newer gateway may send: nothing to do
     }
   }
 
@@ -631,6 +644,17 @@ export class Client {
     for (let i = 0; i < subs.length; i++) {
       const sub = this.#subs.get(subs[i]);
       if (sub) sub._deliver(event);
+    }
+  }
+
+  // #onLeave: the document at m.subject left the view of each of m.subs
+  // (filtered subscriptions).
+  #onLeave(m) {
+    const subs = m.subs;
+    if (!Array.isArray(subs)) return;
+    for (let i = 0; i < subs.length; i++) {
+      const sub = this.#subs.get(subs[i]);
+      if (sub) sub._leave(m.subject, m.cursor);
     }
   }
 
@@ -1053,14 +1077,15 @@ export class Client {
 export class Subscription {
   #client;
   #onEvent;
-  #from; // the first subscribe's from
+  #from; // the first subscribe's from ("latest" also after a resync to it)
   #resync;
   #cursor;
   #acked = false; // a subscribe of it was confirmed at least once
   #gapReason = "";
-  #listeners = { event: new Set(), subscribed: new Set(), gap: new Set(), error: new Set() };
+  #listeners = { event: new Set(), subscribed: new Set(), gap: new Set(), error: new Set(), leave: new Set(), synced: new Set() };
   #readyWaiters = new Set();
   #error = null; // the error that ended it
+  #onEnd = null; // a View's: told when the subscription ends
   #signal = null;
   #onAbort = null;
   #retries = 0; // durable_in_use answers in a row
@@ -1081,6 +1106,7 @@ export class Subscription {
     this.#onEvent = onEvent;
     this.#from = options.from === undefined || options.from === null ? undefined : String(options.from);
     this.durable = options.durable === undefined || options.durable === null ? undefined : String(options.durable);
+    this.where = options.where === undefined || options.where === null || options.where === "" ? undefined : options.where;
     this.#resync = options.resync || "live";
     this.#bufferMax = Math.max(2, options.buffer ?? 1000);
     if (!onEvent) this.#buffer = [];
@@ -1092,14 +1118,19 @@ export class Subscription {
     }
   }
 
-  /** The cursor of the last event delivered (durable brokers), or where
-   * the subscription started; undefined on Core NATS. */
+  /** The cursor of the last event, leave or synced delivered (durable
+   * brokers), or where the subscription started; undefined on Core NATS. */
   get cursor() {
     return this.#cursor;
   }
 
-  /** on registers fn for this subscription's "event", "subscribed", "gap"
-   * or "error"; it returns a function that removes it. */
+  /** on registers fn for this subscription's "event" (fn(event)),
+   * "subscribed" (fn(subscription)), "gap" (fn(gap)), "error" (fn(err)),
+   * "leave" (fn(subject, cursor): the document at subject left a filtered
+   * subscription's view) or "synced" (fn(cursor, keys): a subscription
+   * with from has caught up and goes live; keys, on a filtered resume,
+   * lists every subject in its view). It returns a function that removes
+   * it. */
   on(name, fn) {
     const off = addListener(this.#listeners, name, fn);
     // Events go to listeners: an iterator that nobody started does not
@@ -1181,12 +1212,18 @@ export class Subscription {
     this.#error = err;
     if (this.#signal) this.#signal.removeEventListener("abort", this.#onAbort);
     settle(this.#readyWaiters, err || new FanwireError("closed", "fanwire: unsubscribed before it was confirmed"));
+    if (this.#onEnd !== null) this.#onEnd(err);
     const w = this.#waiting;
     if (w && this.#buffer.length === 0) {
       this.#waiting = null;
       if (err && !normalEnd(err)) w.reject(err);
       else w.resolve({ value: undefined, done: true });
     }
+  }
+
+  // _watchEnd: fn(err) is told when the subscription ends (err null: unsubscribed).
+  _watchEnd(fn) {
+    this.#onEnd = fn;
   }
 
   _wanted() {
@@ -1209,14 +1246,16 @@ export class Subscription {
 
   _frame(history) {
     const m = { type: "subscribe", id: this.id, subject: this.pattern };
+    if (this.where !== undefined) m.where = this.where; // every time: the gateway keeps no filter across connections
     if (!this.#acked) {
       if (this.#from !== undefined) m.from = this.#from;
     } else if (this.#cursor !== undefined) {
       m.from = this.#cursor; // no gap, no duplicate
     } else if (history && this.#gapReason === "") {
       // Confirmed without a cursor and nothing delivered since: the stream
-      // was empty, so everything in it now is what came after.
-      m.from = "first";
+      // was empty, so everything in it now is what came after (and the
+      // newest of each subject of it, for a subscription from "latest").
+      m.from = this.#from === "latest" ? "latest" : "first";
     } else if (this.#gapReason === "") {
       this.#gapReason = "reconnect"; // Core NATS: live again, told on subscribed
     }
@@ -1266,6 +1305,22 @@ export class Subscription {
     }
   }
 
+  // _leave: the document at subject left this (filtered) subscription's
+  // view, at cursor, which the subscription resumes after, as after an event.
+  _leave(subject, cursor) {
+    if (this.closed || this.#paused) return;
+    if (cursor !== undefined) this.#cursor = cursor;
+    for (const fn of this.#listeners.leave) this.#client._call(fn, subject, cursor);
+  }
+
+  // _synced: a subscribe with from has caught up (the snapshot or replay is
+  // delivered) at cursor, and goes live.
+  _synced(cursor, keys) {
+    if (this.closed || this.#paused) return;
+    if (cursor !== undefined) this.#cursor = cursor;
+    for (const fn of this.#listeners.synced) this.#client._call(fn, cursor, keys);
+  }
+
   // _failed handles an error answering this subscription's subscribe; it
   // returns the delay (ms) after which to send the subscribe again, or -1.
   _failed(err) {
@@ -1286,19 +1341,20 @@ export class Subscription {
       const cursor = this.#cursor;
       this.#cursor = undefined;
       this.#acked = false;
-      this.#from = this.#resync === "first" ? "first" : undefined;
+      this.#from = this.#resync === "live" ? undefined : this.#resync;
       this.#gap({ subscription: this, reason: err.code, cursor });
       return 0;
     }
     if (!this.#acked && err.code === "cursor_expired" && this.#from !== undefined) {
       // The app's own from expired: the same policy.
       const cursor = this.#from;
-      this.#from = this.#resync === "first" ? "first" : undefined;
+      this.#from = this.#resync === "live" ? undefined : this.#resync;
       this.#gap({ subscription: this, reason: err.code, cursor });
       return 0;
     }
     // bad_pattern, forbidden, bad_durable, too_many_subscriptions,
-    // too_large, ...: final for this subscription.
+    // too_large, bad_filter, view_too_large, ...: final for this
+    // subscription.
     this.#client._unsubscribe(this, false);
     this._end(err);
     this.#error_(err);
