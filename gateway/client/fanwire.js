@@ -6,6 +6,8 @@
 //	const client = connect("wss://gateway.example.com/ws", {getToken});
 //	const sub = client.subscribe("orders.*");
 //	for await (const event of sub) console.log(event.subject, event.data);
+//	const open = client.view("db.orders.*", {where: "doc.status == 'open'"});
+//	await open.ready(); // open.docs: subject -> document, kept up to date
 //
 // The client reconnects by itself (exponential backoff with full jitter,
 // which starts again only once a connection has stayed up), subscribes
@@ -194,6 +196,22 @@ export class Client {
     this.#subs.set(sub.id, sub);
     this.#enqueue("sub", sub.id);
     return sub;
+  }
+
+  /**
+   * view keeps view.docs, a Map of subject -> document, equal to the
+   * newest document of every subject matching pattern (that passes
+   * options.where), across reconnects: see View. options: where (a CEL
+   * expression), signal (an AbortSignal that closes the view). It needs a
+   * broker with history (JetStream, Redis Streams).
+   */
+  view(pattern, options) {
+    if (this.#state === "closed") throw closedError();
+    const o = options || {};
+    if (o.where !== undefined && o.where !== null && typeof o.where !== "string") {
+      throw new TypeError("fanwire: where is a string (a CEL expression)");
+    }
+    return new View(this, String(pattern), o);
   }
 
   /**
@@ -1364,6 +1382,161 @@ export class Subscription {
   #error_(err) {
     for (const fn of this.#listeners.error) this.#client._call(fn, err);
     this.#client._emitError(err);
+  }
+}
+
+/** A live view (Client.view): docs holds the newest document of every
+ * subject matching the pattern and the filter, kept up to date. The key is
+ * the event's subject; the document is the event data's "doc" member when
+ * the data is an object that has one (as ingest events do), else the data.
+ * An event with op "delete" removes its subject; one with op "truncate" on
+ * <prefix>.%truncate removes every <prefix>.<token>; a "leave" (the
+ * document no longer passes the filter) removes its subject.
+ *
+ * It starts from "latest" (the newest event of each subject, then live),
+ * and after a reconnect resumes from its cursor with the same filter: the
+ * gateway sends the documents that changed meanwhile, then "synced" with
+ * the subjects in the view, and the view drops every other one it holds.
+ * If the cursor has expired, it starts again from "latest" and, at that
+ * snapshot's "synced", drops every document the snapshot did not bring. */
+export class View {
+  #sub;
+  #client;
+  #listeners = { change: new Set(), synced: new Set(), error: new Set() };
+  #readyWaiters = new Set();
+  #synced = false; // a first synced came
+  #seen = new Set(); // subjects upserted since a snapshot from "latest" began; null when none is under way
+  #error = null;
+  #signal = null;
+  #onAbort = null;
+
+  constructor(client, pattern, options) {
+    this.#client = client;
+    this.pattern = pattern;
+    /** subject -> document; the app reads it, the view writes it */
+    this.docs = new Map();
+    this.closed = false;
+    const sub = client.subscribe(pattern, { where: options.where, from: "latest", resync: "latest" }, (event) => this.#event(event));
+    this.#sub = sub;
+    this.where = sub.where;
+    sub._watchEnd((err) => this.#ended(err));
+    sub.on("leave", (subject) => this.#remove(subject));
+    sub.on("synced", (cursor, keys) => this.#syncedAt(keys));
+    sub.on("gap", (gap) => {
+      // The cursor expired: the subscription starts again from "latest".
+      if (gap.reason === "cursor_expired" || gap.reason === "bad_cursor") this.#seen = new Set();
+    });
+    if (options.signal) {
+      if (options.signal.aborted) {
+        this.#close(new FanwireError("aborted", "fanwire: the view's signal was aborted"));
+        return;
+      }
+      this.#signal = options.signal;
+      this.#onAbort = () => this.#close(new FanwireError("aborted", "fanwire: the view's signal was aborted"));
+      this.#signal.addEventListener("abort", this.#onAbort, { once: true });
+    }
+  }
+
+  /** The subscription the view reads: the client's "subscribed", "gap"
+   * and "error" listeners name it. Close the view, not it. */
+  get subscription() {
+    return this.#sub;
+  }
+
+  /** The cursor the view is up to date at (where it resumes from). */
+  get cursor() {
+    return this.#sub.cursor;
+  }
+
+  /** on registers fn for the view's "change" (fn({type: "upsert" |
+   * "remove", key, doc})), "synced" (fn(view): the view is complete, the
+   * first time and after each reconnect's catch-up) or "error" (fn(err):
+   * the error that ended it, such as bad_filter or view_too_large). It
+   * returns a function that removes it. */
+  on(name, fn) {
+    return addListener(this.#listeners, name, fn);
+  }
+
+  /** ready resolves with the view at its first "synced" (docs is then
+   * complete), and rejects with the error that ended it (bad_filter,
+   * view_too_large, forbidden, ...), "closed", "aborted", or "timeout"
+   * after timeout ms when given. */
+  ready(timeout) {
+    if (this.#synced) return Promise.resolve(this);
+    if (this.closed) return Promise.reject(this.#error || new FanwireError("closed", "fanwire: the view has ended"));
+    return waitFor(this.#readyWaiters, timeout, "synced").then(() => this);
+  }
+
+  /** close ends the view: its subscription is unsubscribed; docs keeps
+   * what it held. */
+  close() {
+    this.#close(null);
+  }
+
+  #close(err) {
+    if (this.closed) return;
+    this.#error = err;
+    this.#sub.unsubscribe(); // #ended
+  }
+
+  #ended(err) {
+    if (this.closed) return;
+    this.closed = true;
+    if (err !== null) this.#error = err;
+    if (this.#signal) this.#signal.removeEventListener("abort", this.#onAbort);
+    settle(this.#readyWaiters, this.#error || new FanwireError("closed", "fanwire: the view was closed before it was synced"));
+    const e = this.#error;
+    if (e && !normalEnd(e)) for (const fn of this.#listeners.error) this.#client._call(fn, e);
+  }
+
+  #event(event) {
+    if (this.closed) return;
+    const key = event.subject;
+    const data = event.data;
+    const obj = data !== null && typeof data === "object" && !Array.isArray(data);
+    const op = obj && typeof data.op === "string" ? data.op : "";
+    if (op === "delete") {
+      this.#remove(key);
+      return;
+    }
+    if (op === "truncate" && key.endsWith(".%truncate")) {
+      const prefix = key.slice(0, key.length - "%truncate".length); // with its dot
+      for (const k of [...this.docs.keys()]) {
+        if (k.length > prefix.length && k.startsWith(prefix) && k.indexOf(".", prefix.length) < 0) this.#remove(k);
+      }
+      return;
+    }
+    const doc = obj && Object.hasOwn(data, "doc") ? data.doc : data;
+    this.docs.set(key, doc);
+    if (this.#seen !== null) this.#seen.add(key);
+    this.#change({ type: "upsert", key, doc });
+  }
+
+  #remove(key) {
+    if (this.closed || !this.docs.has(key)) return;
+    const doc = this.docs.get(key);
+    this.docs.delete(key);
+    this.#change({ type: "remove", key, doc });
+  }
+
+  #change(change) {
+    for (const fn of this.#listeners.change) this.#client._call(fn, change);
+  }
+
+  // #syncedAt: the view is complete. Whatever it holds that is not in it
+  // (keys, on a filtered resume; what a snapshot from "latest" did not
+  // bring) left it while the client was away.
+  #syncedAt(keys) {
+    if (this.closed) return;
+    const keep = keys !== undefined ? new Set(keys) : this.#seen;
+    this.#seen = null;
+    if (keep !== null) {
+      for (const k of [...this.docs.keys()]) if (!keep.has(k)) this.#remove(k);
+    }
+    if (this.closed) return; // a change listener closed it
+    this.#synced = true;
+    settle(this.#readyWaiters);
+    for (const fn of this.#listeners.synced) this.#client._call(fn, this);
   }
 }
 
