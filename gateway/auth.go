@@ -23,6 +23,13 @@ import (
 // Config.AllowAnonymousPublish says so.
 type Grants struct {
 	Subscribe []string
+	// SubscribeWhere is each Subscribe entry's row filter, a CEL
+	// expression ("" none; nil: none has one): an entry written
+	// {"subject": …, "where": …} grants only the events it accepts
+	// (filter.go).
+	SubscribeWhere []string
+	// Claims are the token's claims, as row filters see them ("claims").
+	Claims    map[string]any
 	Publish   []string
 	Expires   time.Time
 	Subject   string // the token's sub, for logs
@@ -170,7 +177,8 @@ func (a *JWTAuth) Grant(ctx context.Context, r *http.Request, payload json.RawMe
 	if exp, err := claims.GetExpirationTime(); err == nil && exp != nil {
 		g.Expires = exp.Time
 	}
-	g.Subscribe, _ = claimPatterns(claims, "subscribe")
+	g.Subscribe, g.SubscribeWhere = subscribeGrants(claims)
+	g.Claims = normalizeJSON(map[string]any(claims)).(map[string]any)
 	g.Publish, g.PublishAsWritten = claimPatterns(claims, "publish")
 	return g, nil
 }
@@ -192,6 +200,42 @@ func claimPatterns(claims jwt.MapClaims, name string) (out, written []string) {
 		}
 	}
 	return out, written
+}
+
+// subscribeGrants reads the subscribe claim: patterns as claimPatterns
+// does, and entries written {"subject": pattern, "where": filter} (a row
+// filter in CEL, with the token's claims as claims.*: typed values, never
+// spliced into the text). An object with another key, a where that is
+// not a non-empty string, or a pattern claimPatterns would drop, is
+// dropped: an entry is never widened.
+func subscribeGrants(claims jwt.MapClaims) (patterns, where []string) {
+	list, _ := claims["subscribe"].([]any)
+	filtered := false
+	for _, v := range list {
+		raw, w := "", ""
+		switch e := v.(type) {
+		case string:
+			raw = e
+		case map[string]any:
+			s, okS := e["subject"].(string)
+			f, okW := e["where"].(string)
+			if !okS || !okW || strings.TrimSpace(f) == "" || len(e) != 2 {
+				continue
+			}
+			raw, w = s, f
+			filtered = true
+		default:
+			continue
+		}
+		if p, ok := substituteClaims(raw, claims); ok && ValidatePattern(p) == nil {
+			patterns = append(patterns, p)
+			where = append(where, w)
+		}
+	}
+	if !filtered {
+		where = nil
+	}
+	return patterns, where
 }
 
 var placeholderRE = regexp.MustCompile(`\{([A-Za-z_][A-Za-z0-9_]*)\}`)

@@ -171,7 +171,10 @@ func (c *conn) serve() {
 	var feeds []*feedState
 	for id, st := range c.subs {
 		if st.live {
-			if st.feed == nil {
+			switch {
+			case st.view != nil:
+				c.s.hub.removeView(st.view, nil)
+			case st.feed == nil:
 				c.s.hub.idx.remove(c.cl, id, st.pattern)
 			}
 			c.s.metrics.Subscriptions.Dec()

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,7 +23,7 @@ func (c *conn) handle(data []byte) {
 	}
 	switch f.Type {
 	case "subscribe":
-		c.subscribe(*f.ID, *f.Subject, f.From, f.Durable)
+		c.subscribe(*f.ID, *f.Subject, f.From, f.Durable, f.Where)
 	case "unsubscribe":
 		c.unsubscribe(*f.ID)
 	case "ping":
@@ -113,7 +114,7 @@ func (c *conn) revokeUncovered(grants *Grants) {
 	c.subsMu.Lock()
 	var ids []string
 	for id, st := range c.subs {
-		if !grants.Allows(st.pattern) {
+		if !grants.Allows(st.pattern) || c.grantChanged(st, grants) {
 			ids = append(ids, id)
 		}
 	}
@@ -127,10 +128,37 @@ func (c *conn) revokeUncovered(grants *Grants) {
 			continue
 		}
 		msg := "subscription " + strconv.Quote(id) + " on " + strconv.Quote(st.pattern) + " ended: the refreshed token does not grant it"
+		if grants.Allows(st.pattern) {
+			msg = "subscription " + strconv.Quote(id) + " on " + strconv.Quote(st.pattern) + " ended: the refreshed token changes its row filter (or a claim the filter reads): subscribe again"
+		}
 		if c.endSubscription(id, st, true, func() []byte { return c.errorMsg(id, CodeRevoked, msg) }) {
 			c.s.metrics.ClientErrors.WithLabelValues(CodeRevoked).Inc()
 		}
 	}
+}
+
+// grantChanged reports whether new grants filter st's pattern otherwise
+// than the grants it was admitted with: another row filter, or other
+// values of the claims that filter reads. The caller holds subsMu.
+func (c *conn) grantChanged(st *subState, grants *Grants) bool {
+	var old *compiledExpr
+	var oldClaims map[string]any
+	if f := st.filter(); f != nil {
+		old, oldClaims = f.grant, f.claims
+	}
+	text := grantFilterText(grants, st.pattern)
+	if old == nil || text == "" {
+		return (old == nil) != (text == "")
+	}
+	ce, err := c.s.exprs.compile(text)
+	if err != nil {
+		return true
+	}
+	var claims map[string]any
+	if grants != nil {
+		claims = grants.Claims
+	}
+	return grantKey(old, oldClaims) != grantKey(ce, claims)
 }
 
 // armExpiry (re)starts the timer that closes the connection with 4001 when
@@ -150,7 +178,7 @@ func (c *conn) armExpiry() {
 	})
 }
 
-func (c *conn) subscribe(id, pattern string, from, durable *string) {
+func (c *conn) subscribe(id, pattern string, from, durable, where *string) {
 	c.subsMu.Lock()
 	_, dup := c.subs[id]
 	n := len(c.subs)
@@ -175,12 +203,22 @@ func (c *conn) subscribe(id, pattern string, from, durable *string) {
 		c.clientError(id, CodeForbidden, err.Error())
 		return
 	}
-	if durable != nil || c.s.cfg.Consumer == ConsumerPerConnection {
-		c.startFeed(id, pattern, from, durable)
+	f, code, err := c.subscriptionFilter(pattern, where)
+	if err != nil {
+		c.clientError(id, code, err.Error())
+		return
+	}
+	latest := from != nil && *from == "latest"
+	if durable != nil || (c.s.cfg.Consumer == ConsumerPerConnection && f == nil && !latest) {
+		c.startFeed(id, pattern, from, durable, f)
 		return
 	}
 	if from != nil {
-		c.startResume(id, pattern, *from)
+		c.startResume(id, pattern, *from, f)
+		return
+	}
+	if f != nil {
+		c.startLiveView(id, pattern, f)
 		return
 	}
 	st := &subState{pattern: pattern, live: true}
@@ -199,6 +237,87 @@ func (c *conn) subscribe(id, pattern string, from, durable *string) {
 		c.cl.signal()
 	}
 	c.s.metrics.Subscriptions.Inc()
+}
+
+// subscriptionFilter is the filter of a subscription to pattern: its
+// grant's row filter (grantFilterText) and its own where, both of which
+// must accept an event; nil when neither filters. A where that does not
+// compile is bad_filter, naming the position; a grant's filter that does
+// not is forbidden (the token grants nothing it could check).
+func (c *conn) subscriptionFilter(pattern string, where *string) (*filter, string, error) {
+	var grant, own *compiledExpr
+	if text := grantFilterText(c.grants, pattern); text != "" {
+		ce, err := c.s.exprs.compile(text)
+		if err != nil {
+			return nil, CodeForbidden, fmt.Errorf("the token's row filter for %q does not compile (%v): it grants nothing", pattern, err)
+		}
+		grant = ce
+	}
+	if where != nil {
+		ce, err := c.s.exprs.compile(*where)
+		if err != nil {
+			return nil, CodeBadFilter, fmt.Errorf("where: %w", err)
+		}
+		own = ce
+	}
+	if grant == nil && own == nil {
+		return nil, "", nil
+	}
+	var claims map[string]any
+	if c.grants != nil {
+		claims = c.grants.Claims
+	}
+	return newFilter(grant, own, claims), "", nil
+}
+
+// startLiveView starts a filtered subscription without history: it holds
+// nothing yet, and gets the events its filter accepts from now on (and a
+// leave for each document it was sent that stops passing).
+func (c *conn) startLiveView(id, pattern string, f *filter) {
+	vs := c.newViewSub(id, pattern, f)
+	st := &subState{pattern: pattern, live: true, view: vs}
+	c.subsMu.Lock()
+	c.subs[id] = st
+	c.subsMu.Unlock()
+	vs.onTooLarge = func() { c.viewTooLarge(id, st) }
+	var wake bool
+	c.s.hub.idx.mu.Lock()
+	c.s.hub.addViewLocked(vs)
+	wake = c.queue(c.subscribedMsg(id, c.s.hub.lastCursor()))
+	c.s.hub.idx.mu.Unlock()
+	if wake {
+		c.cl.signal()
+	}
+	c.s.metrics.Subscriptions.Inc()
+}
+
+func (c *conn) newViewSub(id, pattern string, f *filter) *viewSub {
+	return &viewSub{c: c.cl, id: id, pattern: pattern, f: f, subs: c.cl.subsFor([]string{id}),
+		max: c.s.cfg.MaxSnapshot, held: make(map[string]struct{})}
+}
+
+// viewTooLarge ends a live view that outgrew Config.MaxSnapshot (the
+// dispatcher's call, outside the index lock).
+func (c *conn) viewTooLarge(id string, st *subState) {
+	c.subsMu.Lock()
+	if c.subs[id] != st {
+		c.subsMu.Unlock()
+		return
+	}
+	delete(c.subs, id)
+	c.subsMu.Unlock()
+	var wake bool
+	if c.s.hub.removeView(st.view, func() { wake = c.queue(c.errorMsg(id, CodeViewTooLarge, c.s.viewTooLargeText(id))) }) {
+		c.s.metrics.Subscriptions.Dec()
+	}
+	c.s.metrics.ClientErrors.WithLabelValues(CodeViewTooLarge).Inc()
+	if wake {
+		c.cl.signal()
+	}
+}
+
+func (s *Server) viewTooLargeText(id string) string {
+	return "subscription " + strconv.Quote(id) + ": its view passed " + strconv.Itoa(s.cfg.MaxSnapshot) + " documents (--max-snapshot): narrow its subject or where"
 }
 
 func (c *conn) unsubscribe(id string) {
@@ -240,6 +359,9 @@ func (c *conn) endSubscription(id string, st *subState, revoked bool, reply func
 			c.s.metrics.Subscriptions.Dec()
 		}
 		wake = c.queue(reply())
+	} else if live && st.view != nil {
+		c.s.hub.removeView(st.view, func() { wake = c.queue(reply()) })
+		c.s.metrics.Subscriptions.Dec()
 	} else if live {
 		// The reply is queued while the index is held: it follows every
 		// event that lists the id, and none follows it.

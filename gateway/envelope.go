@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -17,15 +18,107 @@ import (
 type Event struct {
 	Subject string
 	Cursor  string
-	buf     []byte // head followed by tail; immutable
-	split   int    // len(head); -1 for a control message that is written whole
-	subjEnd int32  // end of the subject's JSON string in buf (GraphQL splices it)
-	curEnd  int32  // end of the cursor's JSON string in buf; 0 without a cursor
+	buf     []byte   // head followed by tail; immutable
+	split   int      // len(head); -1 for a control message that is written whole
+	subjEnd int32    // end of the subject's JSON string in buf (GraphQL splices it)
+	curEnd  int32    // end of the cursor's JSON string in buf; 0 without a cursor
+	kind    uint8    // kindEvent; kindLeave: a view's leave (no data); kindSynced: a GraphQL synced (keys)
+	keys    []string // kindSynced: a filtered view's held subjects (nil: none listed)
+
+	data  []byte                     // the data as in buf (views parse it)
+	parsd atomic.Pointer[parsedData] // the data parsed, once, by the first filter that needs it
+}
+
+// parsed is the event's data as filters see it, parsed on first use and
+// shared by every filter and view that looks at the event.
+func (e *Event) parsed() *parsedData {
+	if p := e.parsd.Load(); p != nil {
+		return p
+	}
+	p := parseData(e.Subject, e.data)
+	e.parsd.Store(p)
+	return p
+}
+
+// leaveEvent is the leave of a view for ev's subject (view.go), at ev's
+// cursor: {"type":"leave","subject":…[,"cursor":…],"subs":[…]}.
+func leaveEvent(ev *Event) *Event {
+	buf := make([]byte, 0, 48+len(ev.Subject)+len(ev.Cursor))
+	buf = append(buf, `{"type":"leave","subject":`...)
+	subjStart := len(buf)
+	buf = appendJSONString(buf, ev.Subject)
+	subjEnd, curEnd := len(buf), 0
+	if ev.Cursor != "" {
+		buf = append(buf, cursorField...)
+		buf = appendJSONString(buf, ev.Cursor)
+		curEnd = len(buf)
+	}
+	buf = append(buf, subsField...)
+	split := len(buf)
+	buf = append(buf, '}')
+	_ = subjStart
+	return &Event{Subject: ev.Subject, Cursor: ev.Cursor, buf: buf, split: split, subjEnd: int32(subjEnd), curEnd: int32(curEnd), kind: kindLeave}
 }
 
 // subjectJSON, cursorJSON and dataJSON are the event's values as encoded in
 // buf, for transports that splice them into their own envelope (GraphQL).
-func (e *Event) subjectJSON() []byte { return e.buf[len(headPrefix):e.subjEnd] }
+func (e *Event) subjectJSON() []byte {
+	switch e.kind {
+	case kindLeave:
+		return e.buf[len(leavePrefix):e.subjEnd]
+	case kindSynced:
+		return e.buf[:e.subjEnd]
+	}
+	return e.buf[len(headPrefix):e.subjEnd]
+}
+
+// Event kinds.
+const (
+	kindEvent uint8 = iota
+	kindLeave
+	kindSynced
+)
+
+// kindJSON is the GraphQL EventKind of e.
+func (e *Event) kindJSON() string {
+	switch e.kind {
+	case kindLeave:
+		return `"LEAVE"`
+	case kindSynced:
+		return `"SYNCED"`
+	}
+	return `"EVENT"`
+}
+
+// keysJSON is the GraphQL keys of e: null, or a synced's list.
+func (e *Event) keysJSON() []byte {
+	if e.keys == nil {
+		return nullJSON
+	}
+	b := []byte{'['}
+	for i, k := range e.keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, k)
+	}
+	return append(b, ']')
+}
+
+// gqlSyncedEvent is a GraphQL synced, delivered through a subscription's
+// operation as an Event of kind SYNCED: subject is the pattern, cursor
+// where the view is complete.
+func gqlSyncedEvent(pattern, cursor string, keys []string) *Event {
+	buf := appendJSONString(nil, pattern)
+	subjEnd := len(buf)
+	curEnd := 0
+	if cursor != "" {
+		buf = append(buf, cursorField...)
+		buf = appendJSONString(buf, cursor)
+		curEnd = len(buf)
+	}
+	return &Event{Subject: pattern, Cursor: cursor, buf: buf, split: -1, subjEnd: int32(subjEnd), curEnd: int32(curEnd), kind: kindSynced, keys: keys}
+}
 
 // cursorJSON is nil when the event has no cursor.
 func (e *Event) cursorJSON() []byte {
@@ -35,7 +128,15 @@ func (e *Event) cursorJSON() []byte {
 	return e.buf[int(e.subjEnd)+len(cursorField) : e.curEnd]
 }
 
-func (e *Event) dataJSON() []byte { return e.buf[e.split+len(dataField) : len(e.buf)-1] }
+// dataJSON is null for a leave.
+func (e *Event) dataJSON() []byte {
+	if e.kind != kindEvent {
+		return nullJSON
+	}
+	return e.buf[e.split+len(dataField) : len(e.buf)-1]
+}
+
+var nullJSON = []byte("null")
 
 // subsList is what a delivery needs to know about the subscriptions of one
 // connection that match a set of patterns. For the native protocol it is
@@ -72,6 +173,7 @@ func (it item) appendTo(dst []byte) []byte {
 }
 
 const (
+	leavePrefix = `{"type":"leave","subject":`
 	headPrefix  = `{"type":"event","subject":`
 	cursorField = `,"cursor":`
 	subsField   = `,"subs":`
@@ -109,6 +211,7 @@ func NewEvent(subject, cursor string, data []byte) (*Event, error) {
 	buf = append(buf, subsField...)
 	split := len(buf)
 	buf = append(buf, dataField...)
+	dataStart := len(buf)
 	if bytes.IndexAny(data, " \t\r\n") < 0 {
 		buf = append(buf, data...)
 	} else {
@@ -119,7 +222,7 @@ func NewEvent(subject, cursor string, data []byte) (*Event, error) {
 		buf = w.Bytes()
 	}
 	buf = append(buf, '}')
-	return &Event{Subject: subject, Cursor: cursor, buf: buf, split: split, subjEnd: int32(subjEnd), curEnd: int32(curEnd)}, nil
+	return &Event{Subject: subject, Cursor: cursor, buf: buf, split: split, subjEnd: int32(subjEnd), curEnd: int32(curEnd), data: buf[dataStart : len(buf)-1 : len(buf)-1]}, nil
 }
 
 // controlMessage wraps a complete server message (already JSON) so it can

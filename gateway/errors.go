@@ -22,6 +22,8 @@ const (
 	CodeTooManyDurables      = "too_many_durables"      // a new durable past Config.MaxDurables for the token's sub
 	CodeRateLimited          = "rate_limited"           // over Config.MaxMessageRate: the message was dropped
 	CodeBadSubject           = "bad_subject"            // publish: invalid subject, a wildcard, or outside the subject space
+	CodeBadFilter            = "bad_filter"             // subscribe: "where" does not compile (the message names the position), or the grant's filter does not
+	CodeViewTooLarge         = "view_too_large"         // a snapshot or a filtered subscription's view passed Config.MaxSnapshot documents: it has ended
 	CodeTooLarge             = "too_large"              // publish: data over Config.MaxPublishBytes or the broker's message limit, or an event over Config.MailboxBytes
 )
 

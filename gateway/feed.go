@@ -30,6 +30,8 @@ type feedState struct {
 	durable string // the client's durable name; "" for an ephemeral consumer
 	key     string // the durable's name on the broker, claimed on this node (claimDurable); "" for an ephemeral consumer
 
+	view *viewSub // a filtered feed's view (outside the view index); nil: unfiltered
+
 	// Set by the feed goroutine; read by whoever waited for done.
 	cons    broker.Consumer
 	pending []feedAck
@@ -58,7 +60,7 @@ const (
 
 // startFeed opens the subscription's own consumer and serves it on a task
 // goroutine.
-func (c *conn) startFeed(id, pattern string, from *string, durable *string) {
+func (c *conn) startFeed(id, pattern string, from *string, durable *string, flt *filter) {
 	cs := c.s.consumers
 	if cs == nil {
 		c.clientError(id, CodeBadDurable, "this gateway's broker keeps no consumers: durable subscriptions need --broker jetstream")
@@ -86,6 +88,12 @@ func (c *conn) startFeed(id, pattern string, from *string, durable *string) {
 	}
 	if from != nil {
 		cfg.From = *from
+	}
+	if flt != nil {
+		// Filtered: the events its filter accepts, and leaves for the
+		// documents this connection was sent (a durable bound again
+		// starts holding none: see docs/protocol.md, "Live views").
+		f.view = c.newViewSub(id, pattern, flt)
 	}
 	st := &subState{pattern: pattern, feed: f}
 	ctx, ok := c.startTask(id, st)
@@ -127,6 +135,7 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 	last := cons.Start()
 	cctx, stop := context.WithCancel(ctx)
 	defer stop()
+	var viewErr error
 	for {
 		err := cons.Consume(cctx, feedAckTick, func(ms []broker.Message) {
 			c.ackWritten(cctx, f, false)
@@ -137,14 +146,28 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 			// acknowledged once written.
 			for i := 0; i < len(ms); i += broker.AckEvery {
 				chunk := ms[i:min(i+broker.AckEvery, len(ms))]
-				if err := c.queueEvents(cctx, chunk, st.pattern, subs); err != nil {
-					stop() // the connection is ending
+				if err := c.queueEvents(cctx, chunk, st.pattern, subs, f.view); err != nil {
+					if errors.Is(err, errViewTooLarge) {
+						viewErr = err
+					}
+					stop() // the connection is ending, or the view outgrew its bound
 					return
 				}
 				last = chunk[len(chunk)-1].Cursor
 				f.pending = append(f.pending, feedAck{pushed: c.cl.mb.pushes(), cursor: last})
 			}
 		})
+		if viewErr != nil && ctx.Err() == nil {
+			c.subsMu.Lock()
+			st.live = false
+			c.subsMu.Unlock()
+			c.s.metrics.Subscriptions.Dec()
+			ectx, cancel := context.WithTimeout(context.Background(), feedEndTimeout)
+			c.endFeed(ectx, f, false)
+			cancel()
+			c.failSubscribe(id, viewErr)
+			return
+		}
 		if cctx.Err() != nil || errors.Is(err, broker.ErrClosed) { // the node is stopping
 			return
 		}
@@ -229,9 +252,12 @@ func (c *conn) failSubscribe(id string, err error) {
 	c.subsMu.Lock()
 	delete(c.subs, id)
 	c.subsMu.Unlock()
-	code := subscribeErrorCode(err)
+	code, msg := subscribeErrorCode(err), err.Error()
+	if code == CodeViewTooLarge {
+		msg = c.s.viewTooLargeText(id)
+	}
 	c.s.metrics.ClientErrors.WithLabelValues(code).Inc()
-	c.send(c.errorMsg(id, code, err.Error()))
+	c.send(c.errorMsg(id, code, msg))
 }
 
 // subscribeErrorCode is the client's error code for a broker's refusal to
@@ -240,6 +266,8 @@ func (c *conn) failSubscribe(id string, err error) {
 // same request cannot help.
 func subscribeErrorCode(err error) string {
 	switch {
+	case errors.Is(err, errViewTooLarge):
+		return CodeViewTooLarge
 	case errors.Is(err, broker.ErrCursorExpired):
 		return CodeCursorExpired
 	case errors.Is(err, broker.ErrBadCursor):

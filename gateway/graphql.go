@@ -289,18 +289,25 @@ func (c *conn) gqlSubscribe(id string, p *gqlSubscribePayload) {
 		from = &f
 	}
 	if from != nil && *from == "" {
-		c.clientError(id, CodeBadCursor, `"from" must be a cursor or "first"`)
+		c.clientError(id, CodeBadCursor, `"from" must be a cursor, "first" or "latest"`)
 		return
 	}
-	var durable *string
+	var durable, where *string
 	if d, ok := args["durable"].(string); ok {
 		durable = &d
+	}
+	if w, ok := args["where"].(string); ok {
+		where = &w
+	}
+	if from != nil && *from == "latest" && durable != nil {
+		c.clientError(id, CodeBadFrame, `a durable starts where it left off: "from": "latest" takes no "durable"`)
+		return
 	}
 	op := c.s.newGQLOp(ctx, id, g.legacy, opCtx, root[0], c.s.gqlExecutorOnly)
 	g.opsMu.Lock()
 	g.ops[id] = op
 	g.opsMu.Unlock()
-	c.subscribe(id, subject, from, durable)
+	c.subscribe(id, subject, from, durable, where)
 }
 
 // gqlComplete ends operation id at the client's request (no reply).

@@ -50,7 +50,7 @@ func (b gqlBackend) Subscribable(ctx context.Context) *schema.Subscribable {
 	}
 }
 
-func (b gqlBackend) Events(ctx context.Context, subject string, from, durable *string) (<-chan *schema.Event, error) {
+func (b gqlBackend) Events(ctx context.Context, subject string, from, durable, where *string) (<-chan *schema.Event, error) {
 	if ch, ok := ctx.Value(eventStreamKey{}).(chan *schema.Event); ok {
 		return ch, nil
 	}

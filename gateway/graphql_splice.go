@@ -21,6 +21,8 @@ const (
 	fieldCursor
 	fieldData
 	fieldTypename
+	fieldKind
+	fieldKeys
 )
 
 // gqlOp is one GraphQL subscription of a connection. It is immutable after
@@ -40,6 +42,10 @@ type gqlOp struct {
 
 	overhead int // bytes a delivery adds to the event's (mailbox accounting); fast path: the pieces' total length
 	done     atomic.Bool
+	// markers: the selection has kind, so the client tells EVENT from
+	// SYNCED; only such an operation is sent SYNCED (LEAVE comes only with
+	// where, which no client predating it sends).
+	markers bool
 }
 
 // appendNext appends the operation's next message for ev.
@@ -62,6 +68,10 @@ func (op *gqlOp) appendNext(dst []byte, ev *Event) []byte {
 			dst = append(dst, ev.dataJSON()...)
 		case fieldTypename:
 			dst = append(dst, `"Event"`...)
+		case fieldKind:
+			dst = append(dst, ev.kindJSON()...)
+		case fieldKeys:
+			dst = append(dst, ev.keysJSON()...)
 		}
 	}
 	return append(dst, op.pieces[len(op.kinds)]...)
@@ -74,7 +84,7 @@ func (op *gqlOp) nextLen(ev *Event) int {
 	for _, k := range op.kinds {
 		switch k {
 		case fieldSubject:
-			n += int(ev.subjEnd) - len(headPrefix)
+			n += len(ev.subjectJSON())
 		case fieldCursor:
 			if ev.curEnd == 0 {
 				n += len("null")
@@ -82,9 +92,13 @@ func (op *gqlOp) nextLen(ev *Event) int {
 				n += int(ev.curEnd) - int(ev.subjEnd) - len(cursorField)
 			}
 		case fieldData:
-			n += len(ev.buf) - 1 - ev.split - len(dataField)
+			n += len(ev.dataJSON())
 		case fieldTypename:
 			n += len(`"Event"`)
+		case fieldKind:
+			n += len(ev.kindJSON())
+		case fieldKeys:
+			n += len(ev.keysJSON())
 		}
 	}
 	return n
@@ -96,7 +110,15 @@ func (op *gqlOp) nextLen(ev *Event) int {
 // response does), so what is left is taken back after every response: the
 // channel is empty again for the next delivery, whose send never blocks.
 func (op *gqlOp) appendExecuted(dst []byte, ev *Event) []byte {
-	e := &schema.Event{Subject: ev.Subject, Data: schema.JSON(ev.dataJSON())}
+	e := &schema.Event{Kind: schema.EventKindEvent, Subject: ev.Subject}
+	switch ev.kind {
+	case kindLeave:
+		e.Kind = schema.EventKindLeave
+	case kindSynced:
+		e.Kind, e.Keys = schema.EventKindSynced, ev.keys
+	default:
+		e.Data = schema.JSON(ev.dataJSON())
+	}
 	if ev.Cursor != "" {
 		c := ev.Cursor
 		e.Cursor = &c
@@ -163,6 +185,11 @@ func newFastOp(id string, legacy bool, rootAlias string, fields []graphql.Collec
 			k = fieldData
 		case "__typename":
 			k = fieldTypename
+		case "kind":
+			k = fieldKind
+			op.markers = true
+		case "keys":
+			k = fieldKeys
 		default:
 			return nil
 		}
@@ -194,6 +221,11 @@ func (s *Server) newGQLOp(ctx context.Context, id string, legacy bool, opCtx *gr
 	ch := make(chan *schema.Event, 1)
 	h, octx := s.gqlExec.DispatchOperation(withEventStream(ctx, ch), opCtx)
 	op := &gqlOp{id: id, next: h, ctx: octx, ch: ch, head: nextHead(id, legacy)}
+	for _, f := range graphql.CollectFields(opCtx, root.Selections, []string{"Event"}) {
+		if f.Name == "kind" {
+			op.markers = true
+		}
+	}
 	op.overhead = len(op.head) + 64
 	return op
 }

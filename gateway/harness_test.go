@@ -177,6 +177,11 @@ type client struct {
 	c    *websocket.Conn
 	msgs []map[string]any // received and not yet consumed
 	raw  []string         // the same messages, verbatim
+	// Native synced messages (a resume's end of catch-up) are set aside in
+	// synced unless keepSynced: tests of resumes read their events, and
+	// the live-view tests, which set it, read the markers in order.
+	synced     []map[string]any
+	keepSynced bool
 }
 
 func (e *env) dial() *client {
@@ -222,6 +227,10 @@ func (cl *client) readFrame(d time.Duration) error {
 		var m map[string]any
 		if err := json.Unmarshal(line, &m); err != nil {
 			cl.t.Fatalf("server message is not JSON: %q: %v", line, err)
+		}
+		if m["type"] == "synced" && !cl.keepSynced {
+			cl.synced = append(cl.synced, m)
+			continue
 		}
 		cl.msgs = append(cl.msgs, m)
 		cl.raw = append(cl.raw, string(line))

@@ -87,6 +87,14 @@ type hub struct {
 	keepRecent bool   // static
 
 	maxPace time.Duration // static
+
+	// Views (view.go); guarded like the index: changed under its write
+	// lock, or by the dispatcher under its read lock.
+	holders  map[string][]*viewSub // subject → the filtered subscriptions holding it
+	vseq     uint64                // dispatcher: the event being dispatched to views
+	vscratch []*vnode              // dispatcher
+	tooLarge []*viewSub            // dispatcher: views past their bound in this batch
+	views    viewCount             // filtered subscriptions in the index
 }
 
 func newHub(m *Metrics, maxPace time.Duration) *hub {
@@ -108,10 +116,15 @@ func newHub(m *Metrics, maxPace time.Duration) *hub {
 // the wait: they overflow and are closed with 4008.
 func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 	var n, pressured, critical int
+	var vst viewStats
 	h.idx.mu.RLock()
+	views := h.idx.vsize > 0
 	for _, ev := range evs {
 		if h.keepRecent {
 			h.recent.add(ev)
+		}
+		if views {
+			h.dispatchView(ev, &vst)
 		}
 		for _, d := range h.m.match(h.idx, ev.Subject) {
 			c := d.c
@@ -150,6 +163,12 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 		h.last.Store(&l)
 	}
 	h.idx.mu.RUnlock()
+	n, pressured, critical = n+vst.n, pressured+vst.pressured, critical+vst.critical
+	for i, vs := range h.tooLarge {
+		vs.onTooLarge()
+		h.tooLarge[i] = nil
+	}
+	h.tooLarge = h.tooLarge[:0]
 	for i, c := range h.wakeList {
 		c.wakePending = false
 		c.signal()

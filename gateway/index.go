@@ -26,6 +26,9 @@ type index struct {
 	root *node  // guarded by mu
 	gen  uint64 // guarded by mu; incremented by every mutation (a node's ver takes its value)
 	size int    // guarded by mu; number of subscriptions
+
+	vroot *vnode // guarded by mu: the filtered subscriptions (view.go)
+	vsize int    // guarded by mu
 }
 
 type node struct {

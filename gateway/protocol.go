@@ -22,7 +22,8 @@ type clientFrame struct {
 	Type    string          `json:"type"`
 	ID      *string         `json:"id"`
 	Subject *string         `json:"subject"`
-	From    *string         `json:"from"`    // subscribe: a cursor, or "first"
+	From    *string         `json:"from"`    // subscribe: a cursor, "first" or "latest"
+	Where   *string         `json:"where"`   // subscribe: a filter on the events' data (CEL; filter.go)
 	Durable *string         `json:"durable"` // subscribe: bind (or create) the named durable consumer
 	Token   *string         `json:"token"`   // refresh: a new connection token
 	Data    json.RawMessage `json:"data"`    // publish: the event's data, any JSON value
@@ -32,7 +33,7 @@ type clientFrame struct {
 // ErrBadFrame or ErrUnknownType and says what is wrong.
 func parseClientFrame(data []byte) (clientFrame, error) {
 	var f clientFrame
-	if err := decodeObject(data, &f, "type", "id", "subject", "from", "durable", "token", "data"); err != nil {
+	if err := decodeObject(data, &f, "type", "id", "subject", "from", "where", "durable", "token", "data"); err != nil {
 		return f, fmt.Errorf("%w: %s", ErrBadFrame, err.Error())
 	}
 	switch f.Type {
@@ -44,7 +45,10 @@ func parseClientFrame(data []byte) (clientFrame, error) {
 			return f, fmt.Errorf("%w: subscribe needs \"subject\"", ErrBadFrame)
 		}
 		if f.From != nil && *f.From == "" {
-			return f, fmt.Errorf("%w: \"from\" must be a cursor or \"first\"", ErrBadFrame)
+			return f, fmt.Errorf("%w: \"from\" must be a cursor, \"first\" or \"latest\"", ErrBadFrame)
+		}
+		if f.From != nil && *f.From == "latest" && f.Durable != nil {
+			return f, fmt.Errorf("%w: a durable starts where it left off: \"from\":\"latest\" takes no \"durable\"", ErrBadFrame)
 		}
 		if f.Token != nil {
 			return f, fmt.Errorf("%w: \"token\" belongs in a refresh", ErrBadFrame)
@@ -62,18 +66,18 @@ func parseClientFrame(data []byte) (clientFrame, error) {
 		if f.Data == nil {
 			return f, fmt.Errorf("%w: publish needs \"data\" (any JSON value)", ErrBadFrame)
 		}
-		if f.From != nil || f.Durable != nil || f.Token != nil {
+		if f.From != nil || f.Where != nil || f.Durable != nil || f.Token != nil {
 			return f, fmt.Errorf("%w: publish takes only \"id\", \"subject\" and \"data\"", ErrBadFrame)
 		}
 	case "unsubscribe":
 		if err := checkID(f.ID); err != nil {
 			return f, err
 		}
-		if f.Subject != nil || f.From != nil || f.Durable != nil || f.Token != nil || f.Data != nil {
+		if f.Subject != nil || f.From != nil || f.Where != nil || f.Durable != nil || f.Token != nil || f.Data != nil {
 			return f, fmt.Errorf("%w: unsubscribe takes only \"id\"", ErrBadFrame)
 		}
 	case "ping":
-		if f.ID != nil || f.Subject != nil || f.From != nil || f.Durable != nil || f.Token != nil || f.Data != nil {
+		if f.ID != nil || f.Subject != nil || f.From != nil || f.Where != nil || f.Durable != nil || f.Token != nil || f.Data != nil {
 			return f, fmt.Errorf("%w: ping takes no other field", ErrBadFrame)
 		}
 	case "refresh":
@@ -85,7 +89,7 @@ func parseClientFrame(data []byte) (clientFrame, error) {
 				return f, err
 			}
 		}
-		if f.Subject != nil || f.From != nil || f.Durable != nil || f.Data != nil {
+		if f.Subject != nil || f.From != nil || f.Where != nil || f.Durable != nil || f.Data != nil {
 			return f, fmt.Errorf("%w: refresh takes only \"token\" and an optional \"id\"", ErrBadFrame)
 		}
 	case "":
@@ -252,6 +256,35 @@ func subscribedMessage(id, cursor string) []byte {
 	if cursor != "" {
 		b = append(b, `,"cursor":`...)
 		b = appendJSONString(b, cursor)
+	}
+	return append(b, '}')
+}
+
+// syncedMessage ends a subscription's snapshot or catch-up: from here on
+// it is live, and its view is complete at cursor (omitted when empty).
+// keys (a filtered view's resume: every subject it holds) is written when
+// not nil.
+func syncedMessage(id, cursor string, keys []string) []byte {
+	n := 48 + len(id) + len(cursor)
+	for _, k := range keys {
+		n += len(k) + 3
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `{"type":"synced","id":`...)
+	b = appendJSONString(b, id)
+	if cursor != "" {
+		b = append(b, `,"cursor":`...)
+		b = appendJSONString(b, cursor)
+	}
+	if keys != nil {
+		b = append(b, `,"keys":[`...)
+		for i, k := range keys {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, k)
+		}
+		b = append(b, ']')
 	}
 	return append(b, '}')
 }

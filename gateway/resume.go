@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
@@ -12,9 +14,22 @@ import (
 // subState is one subscription of a connection.
 type subState struct {
 	pattern string
+	view    *viewSub   // a filtered subscription: in the view index once live, not the index
+	grant   string     // the grant's row filter it was admitted with (and its claims), to re-check on refresh
 	live    bool       // in the index, or its feed is running; guarded by conn.subsMu
 	task    *taskState // the goroutine of a resume or a feed; static after creation
 	feed    *feedState // set when the subscription has its own consumer; static after creation
+}
+
+// filter is the subscription's filter (nil: none).
+func (st *subState) filter() *filter {
+	switch {
+	case st.view != nil:
+		return st.view.f
+	case st.feed != nil && st.feed.view != nil:
+		return st.feed.view.f
+	}
+	return nil
 }
 
 // taskState is a subscription's goroutine: a resume (replay, then hand-over
@@ -25,25 +40,52 @@ type taskState struct {
 }
 
 // startResume begins a subscription that first replays history from a
-// cursor ("first": everything retained), then continues live.
-func (c *conn) startResume(id, pattern, from string) {
+// cursor ("first": everything retained), or reads the newest event of each
+// subject ("latest"), then continues live; f (nil: none) filters it.
+func (c *conn) startResume(id, pattern, from string, f *filter) {
 	d := c.s.durable
 	if d == nil {
 		c.clientError(id, CodeBadCursor, "this gateway's broker keeps no history: subscribe without \"from\"")
 		return
 	}
-	after := ""
-	if from != "first" {
+	r := resumeSpec{synced: true}
+	switch from {
+	case "first":
+	case "latest":
+		if c.s.snapshots == nil {
+			c.clientError(id, CodeBadCursor, "this gateway's broker cannot read each subject's newest event: subscribe without \"from\":\"latest\"")
+			return
+		}
+		r.latest = true
+	default:
 		if _, err := d.CompareCursors(from, from); err != nil {
 			c.clientError(id, CodeBadCursor, err.Error())
 			return
 		}
-		after = from
+		r.after = from
+		if f != nil && c.s.snapshots != nil {
+			// A filtered view's resume: the client's documents that
+			// changed since its cursor, then the list of those it holds
+			// (leaves it missed while away cannot be replayed: the node
+			// did not track what that client held).
+			r.latest, r.delta = true, from
+		}
 	}
 	st := &subState{pattern: pattern}
-	if ctx, ok := c.startTask(id, st); ok {
-		go c.resume(ctx, id, st, after)
+	if f != nil || r.latest {
+		st.view = c.newViewSub(id, pattern, f)
 	}
+	if ctx, ok := c.startTask(id, st); ok {
+		go c.resume(ctx, id, st, r)
+	}
+}
+
+// resumeSpec is where a resume starts.
+type resumeSpec struct {
+	after  string // replay after this cursor ("" from the first retained)
+	latest bool   // first read each subject's newest event (broker.Snapshots), then replay after it
+	delta  string // with latest: the client's cursor; documents at or before it are held but not sent, and synced lists the keys
+	synced bool   // send synced at the hand-over
 }
 
 // startTask registers the subscription st, served by a goroutine the caller
@@ -74,11 +116,13 @@ func (c *conn) startTask(id string, st *subState) (ctx context.Context, ok bool)
 // subscription if the watermark has not moved, or replays the difference
 // and tries again. The "subscribed" reply, carrying the cursor the
 // subscription starts after, precedes every event for it.
-func (c *conn) resume(ctx context.Context, id string, st *subState, after string) {
+func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec) {
 	defer c.tasks.Done()
 	defer close(st.task.done)
 	defer st.task.cancel()
 	d := c.s.durable
+	after := r.after
+	vs := st.view
 	subs := c.cl.subsFor([]string{id})
 	filters := c.s.replayFilters(st.pattern)
 	replied := false
@@ -87,11 +131,26 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 			return false
 		}
 		replied = true
-		return c.queue(c.subscribedMsg(id, after))
+		cursor := after
+		if r.latest {
+			cursor = r.delta
+		}
+		return c.queue(c.subscribedMsg(id, cursor))
 	}
 	// enqueue queues one event for this subscription; a full mailbox closes
 	// the connection with 4008.
 	enqueue := func(ev *Event) (wasEmpty bool, err error) {
+		if vs != nil {
+			deliver, leave, tooLarge := vs.offer(ev.Subject, viewParse(vs, ev))
+			switch {
+			case tooLarge:
+				return false, errViewTooLarge
+			case leave:
+				ev = leaveEvent(ev)
+			case !deliver:
+				return false, nil
+			}
+		}
 		it := item{ev: ev, subs: subs}
 		if c.cl.neverFits(it.size()) { // skipped, as live
 			return false, nil
@@ -107,7 +166,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 		if reply() {
 			c.cl.signal()
 		}
-		if err := c.queueEvents(ctx, ms, st.pattern, subs); err != nil {
+		if err := c.queueEvents(ctx, ms, st.pattern, subs, vs); err != nil {
 			return err
 		}
 		if len(ms) > 0 {
@@ -130,6 +189,9 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 			return true, false
 		case ctx.Err() != nil, errors.Is(err, ErrMailboxFull):
 			return false, true
+		case errors.Is(err, errViewTooLarge):
+			c.failSubscribe(id, err)
+			return false, true
 		case subscribeErrorCode(err) != CodeBrokerUnavailable, // the cursor cannot work
 			errors.Is(err, broker.ErrUnsupported): // nor can the broker, however long we wait
 			c.failSubscribe(id, err)
@@ -148,6 +210,65 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 	}
 	pos := after
 	validated := false
+	if vs != nil && vs.f != nil {
+		vs.onTooLarge = func() { c.viewTooLarge(id, st) }
+	}
+	if r.latest {
+		// The snapshot: each subject's newest event (at or before
+		// through), then the loop below replays after through and hands
+		// over, as any resume. A filtered view's resume (delta) holds the
+		// documents at or before the client's cursor without sending them.
+		var deltaErr error
+		through, err := c.s.snapshots.Latest(ctx, filters, func(ms []broker.Message) error {
+			if r.delta != "" {
+				k := 0
+				for _, m := range ms {
+					if o, err := d.CompareCursors(m.Cursor, r.delta); err != nil || o > 0 {
+						ms[k] = m
+						k++
+						continue
+					}
+					if !matchEvent(st.pattern, m.Subject) {
+						continue
+					}
+					ev, err := c.s.event(m)
+					if err != nil {
+						continue
+					}
+					if _, _, tooLarge := vs.offer(ev.Subject, ev.parsed()); tooLarge {
+						return errViewTooLarge
+					}
+				}
+				ms = ms[:k]
+				if k == 0 {
+					return nil // nothing to send: no "subscribed" before a cursor is known to be good
+				}
+			}
+			return deliver(ms)
+		})
+		if err == nil && r.delta != "" && through != "" {
+			if o, cerr := d.CompareCursors(r.delta, through); cerr != nil {
+				err = cerr
+			} else if o > 0 {
+				deltaErr = fmt.Errorf("%w: %s is ahead of the stream (its last event is %s)", broker.ErrBadCursor, r.delta, through)
+			}
+		}
+		if err == nil {
+			err = deltaErr
+		}
+		switch {
+		case err == nil:
+		case ctx.Err() != nil, errors.Is(err, ErrMailboxFull):
+			return
+		default:
+			c.failSubscribe(id, err)
+			return
+		}
+		if reply() {
+			c.cl.signal()
+		}
+		pos, validated = through, true
+	}
 	for {
 		w := c.s.hub.lastCursor() // the watermark: last event dispatched live
 		ahead := false
@@ -192,8 +313,8 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 		// dispatched): the events dispatched since w, if any, come from the
 		// hub's recent ring, after the reply, before the subscription goes
 		// live. Only if the ring no longer reaches back to w, replay again.
-		var wake bool
-		added := c.s.hub.idx.addIf(c.cl, id, st.pattern,
+		var wake, tooLarge bool
+		added := c.s.hub.handover(
 			func() bool {
 				if ctx.Err() != nil {
 					return false
@@ -217,20 +338,47 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, after string
 				wake = reply() || wake
 				for _, ev := range matching {
 					wasEmpty, err := enqueue(ev)
+					if errors.Is(err, errViewTooLarge) {
+						tooLarge = true
+						return false
+					}
 					if err != nil {
 						return false // closing with 4008: the next replay round ends this resume
 					}
 					wake = wake || wasEmpty
 				}
+				if r.synced {
+					var keys []string
+					if r.delta != "" {
+						keys = vs.keys()
+					}
+					wake = c.queueSynced(id, st.pattern, c.s.hub.lastCursor(), keys) || wake
+				}
 				return true
-			}, nil)
+			}, func() {
+				if vs != nil && vs.f != nil {
+					c.s.hub.addViewLocked(vs)
+				} else {
+					c.s.hub.idx.addLocked(c.cl, id, st.pattern)
+				}
+			})
 		if wake {
 			c.cl.signal()
+		}
+		if tooLarge {
+			c.failSubscribe(id, errViewTooLarge)
+			return
 		}
 		if added {
 			c.subsMu.Lock()
 			st.live = true
+			if vs != nil && vs.f == nil {
+				st.view = nil // an unfiltered snapshot: a plain subscription from here on
+			}
 			c.subsMu.Unlock()
+			if vs != nil && vs.f != nil {
+				vs.onTooLarge = func() { c.viewTooLarge(id, st) }
+			}
 			c.s.metrics.Subscriptions.Inc()
 			return
 		}
@@ -254,7 +402,7 @@ const (
 // per event (a wake per event made a frame per event: 45k events/s of
 // catch-up). A push that fails anyway closes the connection with 4008. An
 // event that could not fit even in an empty mailbox is skipped, as live.
-func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern string, subs *subsList) error {
+func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern string, subs *subsList, vs *viewSub) error {
 	wake := false
 	defer func() {
 		if wake {
@@ -269,6 +417,17 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern str
 		if err != nil {
 			c.s.metrics.EventsInvalid.Inc()
 			continue
+		}
+		if vs != nil {
+			deliver, leave, tooLarge := vs.offer(ev.Subject, viewParse(vs, ev))
+			switch {
+			case tooLarge:
+				return errViewTooLarge
+			case leave:
+				ev = leaveEvent(ev)
+			case !deliver:
+				continue
+			}
 		}
 		it := item{ev: ev, subs: subs}
 		if c.cl.neverFits(it.size()) { // skipped, as live (Server.dispatch)
@@ -292,4 +451,52 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern str
 		wake = wake || wasEmpty
 	}
 	return ctx.Err()
+}
+
+// errViewTooLarge ends a snapshot or a view past Config.MaxSnapshot
+// documents (view_too_large; failSubscribe words it).
+var errViewTooLarge = errors.New("the view passed --max-snapshot documents")
+
+// viewParse is an event's parsed data for a view's offer.
+func viewParse(vs *viewSub, ev *Event) *parsedData { return ev.parsed() }
+
+// keys are the subjects vs holds, sorted (a filtered view's synced).
+func (vs *viewSub) keys() []string {
+	out := make([]string, 0, len(vs.held))
+	for s := range vs.held {
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// handover runs cond with the index held for writing (nothing is being
+// dispatched) and, if it holds, add before releasing it.
+func (h *hub) handover(cond func() bool, add func()) bool {
+	h.idx.mu.Lock()
+	defer h.idx.mu.Unlock()
+	if !cond() {
+		return false
+	}
+	add()
+	return true
+}
+
+// queueSynced queues subscription id's synced: a control message, or in
+// GraphQL an Event of kind SYNCED through its operation. It reports
+// whether to wake the writer.
+func (c *conn) queueSynced(id, pattern, cursor string, keys []string) bool {
+	if c.gql == nil {
+		return c.queue(syncedMessage(id, cursor, keys))
+	}
+	if op := c.gql.op(id); op == nil || !op.markers {
+		return false
+	}
+	it := item{ev: gqlSyncedEvent(pattern, cursor, keys), subs: c.cl.subsFor([]string{id})}
+	wasEmpty, _, err := c.cl.mb.push(it, it.size())
+	if err != nil {
+		c.overflow()
+		return false
+	}
+	return wasEmpty
 }

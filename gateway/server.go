@@ -28,6 +28,8 @@ var consoleFS embed.FS
 type Server struct {
 	cfg          Config           // static after New
 	durable      broker.Durable   // static: the broker, if it keeps history (nil for Core NATS)
+	snapshots    broker.Snapshots // static: the broker, if it reads each subject's newest message (from: "latest")
+	exprs        *exprCache       // static: compiled filters
 	consumers    broker.Consumers // static: the broker, if it keeps per-subscription consumers (JetStream)
 	replayEvents *eventCache      // events shared by replays and feeds; nil without history
 	hub          *hub             // static
@@ -79,6 +81,8 @@ func New(cfg Config) (*Server, error) {
 	s.readyLimits = readyLimits(&s.cfg)
 	s.consumers, _ = cfg.Broker.(broker.Consumers)
 	s.durable, _ = cfg.Broker.(broker.Durable)
+	s.snapshots, _ = cfg.Broker.(broker.Snapshots)
+	s.exprs = newExprCache(uint64(cfg.MaxFilterCost))
 	if s.durable != nil {
 		s.replayEvents = new(eventCache)
 	}

@@ -27,18 +27,27 @@ type Config struct {
 	// balancer every client has its address: cap there, or trust its
 	// header in a proxy of your own.
 	MaxConnectionsPerIP int
-	MaxSubscriptions    int           // per connection (default 256)
-	MailboxMessages     int           // per-connection queue bound in messages (default 4096)
-	MailboxBytes        int           // per-connection queue bound in bytes (default 4 MiB); at least the largest publish (MaxPublishBytes, or the broker's limit when smaller); a bigger event is delivered to no one
-	ReadLimit           int64         // largest client frame; over it: close 1009 (default 64 KiB)
-	MaxFrameBytes       int           // the writer starts a new frame past this size (default 64 KiB)
-	MaxPace             time.Duration // longest dispatcher wait per batch when most clients are behind (default 50ms; negative: never wait)
-	PingInterval        time.Duration // server ping period (default 30s)
-	PingTimeout         time.Duration // a ping not answered in this time closes the connection (default 10s)
-	CloseTimeout        time.Duration // how long a close (1001, 4008, 1008) may take before the socket is cut (default 5s)
-	MaxClientErrors     int           // protocol errors per ErrorWindow before close 1008 (default 100)
-	MaxMessageRate      int           // client messages (WebSocket pings included) per second per connection, burst twice that; over it a message is dropped with rate_limited, a ping gets no pong (GraphQL: close 1008) (default 100; negative: no limit)
-	ErrorWindow         time.Duration // default 10s
+	MaxSubscriptions    int // per connection (default 256)
+	// MaxSnapshot bounds a view: the documents a from:"latest" snapshot
+	// sends, and those a filtered subscription holds (view.go). Past it
+	// the subscription ends with view_too_large (default 100,000).
+	MaxSnapshot int
+	// MaxFilterCost caps one evaluation of a filter (a where or a grant's),
+	// in CEL's cost units (about one per field access, comparison or
+	// list element visited); over it the event does not pass (default
+	// 10,000).
+	MaxFilterCost   int
+	MailboxMessages int           // per-connection queue bound in messages (default 4096)
+	MailboxBytes    int           // per-connection queue bound in bytes (default 4 MiB); at least the largest publish (MaxPublishBytes, or the broker's limit when smaller); a bigger event is delivered to no one
+	ReadLimit       int64         // largest client frame; over it: close 1009 (default 64 KiB)
+	MaxFrameBytes   int           // the writer starts a new frame past this size (default 64 KiB)
+	MaxPace         time.Duration // longest dispatcher wait per batch when most clients are behind (default 50ms; negative: never wait)
+	PingInterval    time.Duration // server ping period (default 30s)
+	PingTimeout     time.Duration // a ping not answered in this time closes the connection (default 10s)
+	CloseTimeout    time.Duration // how long a close (1001, 4008, 1008) may take before the socket is cut (default 5s)
+	MaxClientErrors int           // protocol errors per ErrorWindow before close 1008 (default 100)
+	MaxMessageRate  int           // client messages (WebSocket pings included) per second per connection, burst twice that; over it a message is dropped with rate_limited, a ping gets no pong (GraphQL: close 1008) (default 100; negative: no limit)
+	ErrorWindow     time.Duration // default 10s
 	// HandshakeTimeout bounds the time from a TCP accept to the end of its
 	// first request's headers (for /ws, to the WebSocket upgrade); later
 	// requests on a keep-alive connection get as long for their headers.
@@ -154,6 +163,8 @@ func (c *Config) setDefaults() {
 	}
 	def(&c.MaxConnections, 100_000)
 	def(&c.MaxSubscriptions, 256)
+	def(&c.MaxSnapshot, 100_000)
+	def(&c.MaxFilterCost, 10_000)
 	def(&c.MailboxMessages, 4096)
 	def(&c.MailboxBytes, 4<<20)
 	if c.ReadLimit == 0 {
@@ -231,6 +242,8 @@ func (c *Config) validate() error {
 	}
 	pos("MaxConnections", int64(c.MaxConnections))
 	pos("MaxSubscriptions", int64(c.MaxSubscriptions))
+	pos("MaxSnapshot", int64(c.MaxSnapshot))
+	pos("MaxFilterCost", int64(c.MaxFilterCost))
 	pos("MailboxMessages", int64(c.MailboxMessages))
 	pos("MailboxBytes", int64(c.MailboxBytes))
 	pos("ReadLimit", c.ReadLimit)

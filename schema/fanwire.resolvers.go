@@ -25,8 +25,8 @@ func (r *queryResolver) Subscribable(ctx context.Context) (*Subscribable, error)
 }
 
 // Events is the resolver for the events field.
-func (r *subscriptionResolver) Events(ctx context.Context, subject string, from *string, durable *string) (<-chan *Event, error) {
-	return r.Backend.Events(ctx, subject, from, durable)
+func (r *subscriptionResolver) Events(ctx context.Context, subject string, from *string, durable *string, where *string) (<-chan *Event, error) {
+	return r.Backend.Events(ctx, subject, from, durable, where)
 }
 
 // Mutation returns MutationResolver implementation.

@@ -39,6 +39,8 @@ type ComplexityRoot struct {
 	Event struct {
 		Cursor  func(childComplexity int) int
 		Data    func(childComplexity int) int
+		Keys    func(childComplexity int) int
+		Kind    func(childComplexity int) int
 		Subject func(childComplexity int) int
 	}
 
@@ -72,7 +74,7 @@ type ComplexityRoot struct {
 	}
 
 	Subscription struct {
-		Events func(childComplexity int, subject string, from *string, durable *string) int
+		Events func(childComplexity int, subject string, from *string, durable *string, where *string) int
 	}
 }
 
@@ -88,7 +90,7 @@ type QueryResolver interface {
 	Subscribable(ctx context.Context) (*Subscribable, error)
 }
 type SubscriptionResolver interface {
-	Events(ctx context.Context, subject string, from *string, durable *string) (<-chan *Event, error)
+	Events(ctx context.Context, subject string, from *string, durable *string, where *string) (<-chan *Event, error)
 }
 
 // endregion ************************** generated!.gotpl **************************
@@ -121,6 +123,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Event.Data(childComplexity), true
+	case "Event.keys":
+		if e.ComplexityRoot.Event.Keys == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Event.Keys(childComplexity), true
+	case "Event.kind":
+		if e.ComplexityRoot.Event.Kind == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Event.Kind(childComplexity), true
 	case "Event.subject":
 		if e.ComplexityRoot.Event.Subject == nil {
 			break
@@ -233,7 +247,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Subscription.Events(childComplexity, args["subject"].(string), args["from"].(*string), args["durable"].(*string)), true
+		return e.ComplexityRoot.Subscription.Events(childComplexity, args["subject"].(string), args["from"].(*string), args["durable"].(*string), args["where"].(*string)), true
 
 	}
 	return 0, false
@@ -357,12 +371,16 @@ var parsedSchema = gqlparser.MustLoadSchema(sources...)
 
 func (ec *executionContext) childFields_Event(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
+	case "kind":
+		return ec.fieldContext_Event_kind(ctx, field)
 	case "subject":
 		return ec.fieldContext_Event_subject(ctx, field)
 	case "cursor":
 		return ec.fieldContext_Event_cursor(ctx, field)
 	case "data":
 		return ec.fieldContext_Event_data(ctx, field)
+	case "keys":
+		return ec.fieldContext_Event_keys(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Event", field.Name)
 }
@@ -586,6 +604,14 @@ func (ec *executionContext) field_Subscription_events_args(ctx context.Context, 
 		return nil, err
 	}
 	args["durable"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "where",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["where"] = arg3
 	return args, nil
 }
 
@@ -663,6 +689,29 @@ func (ec *executionContext) field___Type_inputFields_args(ctx context.Context, r
 
 // region    **************************** field.gotpl *****************************
 
+func (ec *executionContext) _Event_kind(ctx context.Context, field graphql.CollectedField, obj *Event) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Event_kind(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Kind, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v EventKind) graphql.Marshaler {
+			return ec.marshalNEventKind2githubᚗcomᚋfanwireᚋfanwireᚋschemaᚐEventKind(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Event_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Event", field, false, false, "EventKind")
+}
+
 func (ec *executionContext) _Event_subject(ctx context.Context, field graphql.CollectedField, obj *Event) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -722,14 +771,37 @@ func (ec *executionContext) _Event_data(ctx context.Context, field graphql.Colle
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v JSON) graphql.Marshaler {
-			return ec.marshalNJSON2githubᚗcomᚋfanwireᚋfanwireᚋschemaᚐJSON(ctx, selections, v)
+			return ec.marshalOJSON2githubᚗcomᚋfanwireᚋfanwireᚋschemaᚐJSON(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Event_data(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Event", field, false, false, "JSON")
+}
+
+func (ec *executionContext) _Event_keys(ctx context.Context, field graphql.CollectedField, obj *Event) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Event_keys(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Keys, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalOString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Event_keys(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Event", field, false, false, "String")
 }
 
 func (ec *executionContext) _Health_status(ctx context.Context, field graphql.CollectedField, obj *Health) (ret graphql.Marshaler) {
@@ -1179,7 +1251,7 @@ func (ec *executionContext) _Subscription_events(ctx context.Context, field grap
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Subscription().Events(ctx, fc.Args["subject"].(string), fc.Args["from"].(*string), fc.Args["durable"].(*string))
+			return ec.Resolvers.Subscription().Events(ctx, fc.Args["subject"].(string), fc.Args["from"].(*string), fc.Args["durable"].(*string), fc.Args["where"].(*string))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *Event) graphql.Marshaler {
@@ -2305,6 +2377,11 @@ func (ec *executionContext) _Event(ctx context.Context, sel ast.SelectionSet, ob
 		switch field.Name {
 		case "__typename":
 			out.Values[i] = graphql.MarshalString("Event")
+		case "kind":
+			out.Values[i] = ec._Event_kind(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		case "subject":
 			out.Values[i] = ec._Event_subject(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -2317,7 +2394,12 @@ func (ec *executionContext) _Event(ctx context.Context, sel ast.SelectionSet, ob
 			}
 		case "data":
 			out.Values[i] = ec._Event_data(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "keys":
+			out.Values[i] = ec._Event_keys(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		default:
@@ -2985,6 +3067,16 @@ func (ec *executionContext) marshalNEvent2ᚖgithubᚗcomᚋfanwireᚋfanwireᚋ
 	return ec._Event(ctx, sel, v)
 }
 
+func (ec *executionContext) unmarshalNEventKind2githubᚗcomᚋfanwireᚋfanwireᚋschemaᚐEventKind(ctx context.Context, v any) (EventKind, error) {
+	var res EventKind
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNEventKind2githubᚗcomᚋfanwireᚋfanwireᚋschemaᚐEventKind(ctx context.Context, sel ast.SelectionSet, v EventKind) graphql.Marshaler {
+	return v
+}
+
 func (ec *executionContext) marshalNHealth2ᚖgithubᚗcomᚋfanwireᚋfanwireᚋschemaᚐHealth(ctx context.Context, sel ast.SelectionSet, v *Health) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "Health!")
@@ -3250,6 +3342,57 @@ func (ec *executionContext) marshalOBoolean2ᚖbool(ctx context.Context, sel ast
 	_ = ctx
 	res := graphql.MarshalBoolean(*v)
 	return res
+}
+
+func (ec *executionContext) unmarshalOJSON2githubᚗcomᚋfanwireᚋfanwireᚋschemaᚐJSON(ctx context.Context, v any) (JSON, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var res JSON
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOJSON2githubᚗcomᚋfanwireᚋfanwireᚋschemaᚐJSON(ctx context.Context, sel ast.SelectionSet, v JSON) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return v
+}
+
+func (ec *executionContext) unmarshalOString2ᚕstringᚄ(ctx context.Context, v any) ([]string, error) {
+	if v == nil {
+		return nil, nil
+	}
+	vSlice := graphql.CoerceList(v)
+	var err error
+	res := make([]string, len(vSlice))
+	for i := range vSlice {
+		ctx := graphql.WithPathContext(ctx, graphql.NewPathWithIndex(i))
+		res[i], err = ec.unmarshalNString2string(ctx, vSlice[i])
+		if err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (ec *executionContext) marshalOString2ᚕstringᚄ(ctx context.Context, sel ast.SelectionSet, v []string) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	ret := make(graphql.Array, len(v))
+	for i := range v {
+		ret[i] = ec.marshalNString2string(ctx, sel, v[i])
+	}
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
 }
 
 func (ec *executionContext) unmarshalOString2ᚖstring(ctx context.Context, v any) (*string, error) {

@@ -2,16 +2,27 @@
 
 package schema
 
-// One event, as published on the broker.
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"strconv"
+)
+
+// One event, as published on the broker, or a marker of a live view (kind).
 type Event struct {
+	// EVENT, or LEAVE and SYNCED for live views.
+	Kind EventKind `json:"kind"`
 	// The concrete subject the event was published on, e.g. db.orders.42.
 	Subject string `json:"subject"`
 	// The broker position of the event (js:<seq> on JetStream, rs:<id> on Redis
 	// Streams): subscribe again with from set to it to resume after it. Null on
 	// brokers that keep no history (NATS Core).
 	Cursor *string `json:"cursor,omitempty"`
-	// The event's payload.
-	Data JSON `json:"data"`
+	// The event's payload (null for LEAVE and SYNCED).
+	Data JSON `json:"data,omitempty"`
+	// SYNCED of a filtered view's resume: the subjects the view holds.
+	Keys []string `json:"keys,omitempty"`
 }
 
 type Health struct {
@@ -54,4 +65,72 @@ type Subscribable struct {
 }
 
 type Subscription struct {
+}
+
+// What an Event delivery is. Subscriptions without where and from get EVENTs
+// only.
+type EventKind string
+
+const (
+	// An event as published: data is its payload.
+	EventKindEvent EventKind = "EVENT"
+	// The document at subject left the subscription's view: a filtered
+	// subscription (where, or the token's row filter) held it, and its latest
+	// change no longer passes the filter, or deletes it. data is null; cursor is
+	// the change's.
+	EventKindLeave EventKind = "LEAVE"
+	// The subscription's snapshot or catch-up (from) is complete: from here on it
+	// is live. subject is the subscription's pattern, data is null, cursor is the
+	// position the view is complete at. On a filtered view's resume (where and a
+	// cursor in from), keys lists every subject the view holds: drop the others.
+	EventKindSynced EventKind = "SYNCED"
+)
+
+var AllEventKind = []EventKind{
+	EventKindEvent,
+	EventKindLeave,
+	EventKindSynced,
+}
+
+func (e EventKind) IsValid() bool {
+	switch e {
+	case EventKindEvent, EventKindLeave, EventKindSynced:
+		return true
+	}
+	return false
+}
+
+func (e EventKind) String() string {
+	return string(e)
+}
+
+func (e *EventKind) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = EventKind(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid EventKind", str)
+	}
+	return nil
+}
+
+func (e EventKind) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *EventKind) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e EventKind) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
 }

@@ -11,7 +11,7 @@ type Backend interface {
 	// Events returns the stream of an events subscription the executor
 	// serves. The gateway has validated the subscription and registered it
 	// before the executor runs; this hands the executor its channel.
-	Events(ctx context.Context, subject string, from, durable *string) (<-chan *Event, error)
+	Events(ctx context.Context, subject string, from, durable, where *string) (<-chan *Event, error)
 	// Publish publishes one event with the credential of the connection
 	// or request the operation came from.
 	Publish(ctx context.Context, subject string, data JSON) (*Published, error)

@@ -61,6 +61,8 @@ type wsFlags struct {
 	maxConnsPerIP    int
 	maxMessageRate   int
 	maxSubscriptions int
+	maxSnapshot      int
+	maxFilterCost    int
 	mailboxMessages  int
 	mailboxBytes     int
 	readLimit        int64
@@ -109,6 +111,8 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.IntVar(&f.maxConnections, "max-connections", 100_000, "connections over this get 503 with Retry-After; /readyz is not ready from 90% of it")
 	fs.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "connections from one client address over this get 429 with Retry-After (0: no cap; behind a load balancer every client has its address)")
 	fs.IntVar(&f.maxSubscriptions, "max-subscriptions", 256, "subscriptions per connection")
+	fs.IntVar(&f.maxSnapshot, "max-snapshot", 100_000, "most documents a live view holds: a from:\"latest\" snapshot, or a filtered subscription's documents; past it the subscription ends with view_too_large")
+	fs.IntVar(&f.maxFilterCost, "max-filter-cost", 10_000, "CEL cost units one evaluation of a where or a grant's row filter may spend (about one per field, comparison or list element); past it the event does not pass")
 	fs.IntVar(&f.maxMessageRate, "max-message-rate", 100, "client messages (WebSocket pings included) per second per connection (burst twice that); over it a message is dropped with rate_limited, a ping gets no pong (GraphQL: close 1008); negative: no limit")
 	fs.IntVar(&f.mailboxMessages, "mailbox-messages", 4096, "per-connection queue bound in messages; over it: close 4008 (slow consumer)")
 	fs.IntVar(&f.mailboxBytes, "mailbox-bytes", 4<<20, "per-connection queue bound in bytes; over it: close 4008 (slow consumer); at least --max-publish-bytes (or the broker's message limit when smaller). A publish whose event is bigger is refused (too_large), and such an event from the broker is delivered to no one (fanwire_events_dropped_total{reason=\"too_large\"})")
@@ -324,6 +328,8 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		MaxConnectionsPerIP: f.maxConnsPerIP,
 		MaxMessageRate:      f.maxMessageRate,
 		MaxSubscriptions:    f.maxSubscriptions,
+		MaxSnapshot:         f.maxSnapshot,
+		MaxFilterCost:       f.maxFilterCost,
 		MailboxMessages:     f.mailboxMessages,
 		MailboxBytes:        f.mailboxBytes,
 		ReadLimit:           f.readLimit,

@@ -1,0 +1,652 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common/ast"
+	"cel.dev/cel-go/common/cost"
+	"cel.dev/cel-go/common/operators"
+	"cel.dev/cel-go/common/types"
+	"cel.dev/cel-go/common/types/ref"
+	"cel.dev/cel-go/interpreter"
+)
+
+// Filters: a subscription's "where" and a grant's, in CEL (the Common
+// Expression Language, as Kubernetes and Envoy use it). CEL was chosen
+// over a home-made language because its Go implementation is maintained,
+// type-checks an expression once, and bounds what one evaluation may cost
+// (a runtime cost limit; no loops but bounded macros over lists).
+//
+// Each distinct expression text is compiled once per node (exprCache).
+// Each event's data is parsed once (Event.parsedData), however many
+// filters look at it; a filter shared by many subscriptions (the same
+// texts and the same claims) is evaluated once per event and its result
+// shared (filter.seq). An expression that is, or is a conjunction with,
+// an equality of a field of doc to a constant (doc.customer_id == 42, or
+// == claims.sub in a grant) is indexed on that field (view.go): an event
+// reaches only the subscriptions whose constant is its value.
+
+// The variables a filter sees.
+const (
+	varDoc     = "doc"     // the data's "doc" member when it has one (ingest events), else the data
+	varData    = "data"    // the whole data
+	varSubject = "subject" // the event's subject
+	varOp      = "op"      // the data's "op" (ingest: insert, update, delete, truncate), else ""
+	varClaims  = "claims"  // the connection's token claims (an empty map without a token)
+)
+
+// Limits of a filter's text.
+const (
+	maxWhereLen   = 2048
+	maxWhereDepth = 32
+)
+
+var filterEnv = sync.OnceValues(func() (*cel.Env, error) {
+	return cel.NewEnv(
+		cel.Variable(varDoc, cel.DynType),
+		cel.Variable(varData, cel.DynType),
+		cel.Variable(varSubject, cel.StringType),
+		cel.Variable(varOp, cel.StringType),
+		cel.Variable(varClaims, cel.MapType(cel.StringType, cel.DynType)),
+		cel.CrossTypeNumericComparisons(true),
+		cel.ParserExpressionSizeLimit(maxWhereLen),
+		cel.ParserRecursionLimit(maxWhereDepth),
+	)
+})
+
+// ErrBadFilter is wrapped by the errors of expressions that do not
+// compile; the message names the position ("1:9").
+var ErrBadFilter = errors.New("bad filter")
+
+// compiledExpr is one expression text, compiled.
+type compiledExpr struct {
+	text   string
+	prog   cel.Program
+	eqs    []eqTerm // its top-level equalities of a doc field to a constant (indexable)
+	claims bool     // it names claims: its results depend on the connection
+	// claimNames are the claims it reads (claims.x, claims["x"]);
+	// allClaims: it reads them otherwise (the whole map, a computed key).
+	claimNames []string
+	allClaims  bool
+}
+
+// eqTerm is `doc.<path> == <constant>` (or the mirror), a conjunct of an
+// expression: every event it accepts has that value at that path.
+type eqTerm struct {
+	path  []string
+	key   string   // the constant's canonical key (valueKey); "" when claim says where it comes from
+	claim []string // the claims path of a constant taken from the claims
+}
+
+// exprCache compiles each distinct text once. It is bounded: past
+// maxCachedExprs distinct texts it starts over (subscriptions keep the
+// expressions they hold).
+type exprCache struct {
+	mu      sync.Mutex
+	m       map[string]*compiledExpr
+	maxCost uint64
+}
+
+const maxCachedExprs = 4096
+
+func newExprCache(maxCost uint64) *exprCache {
+	return &exprCache{m: make(map[string]*compiledExpr), maxCost: maxCost}
+}
+
+// compile returns text's compiled expression, or an error wrapping
+// ErrBadFilter that says what and where.
+func (ec *exprCache) compile(text string) (*compiledExpr, error) {
+	ec.mu.Lock()
+	ce := ec.m[text]
+	ec.mu.Unlock()
+	if ce != nil {
+		return ce, nil
+	}
+	ce, err := compileExpr(text, ec.maxCost)
+	if err != nil {
+		return nil, err
+	}
+	ec.mu.Lock()
+	if len(ec.m) >= maxCachedExprs {
+		ec.m = make(map[string]*compiledExpr)
+	}
+	ec.m[text] = ce
+	ec.mu.Unlock()
+	return ce, nil
+}
+
+func compileExpr(text string, maxCost uint64) (*compiledExpr, error) {
+	if strings.TrimSpace(text) == "" {
+		return nil, fmt.Errorf("%w: the expression is empty", ErrBadFilter)
+	}
+	if len(text) > maxWhereLen {
+		return nil, fmt.Errorf("%w: the expression is %d bytes, over %d", ErrBadFilter, len(text), maxWhereLen)
+	}
+	env, err := filterEnv()
+	if err != nil {
+		return nil, err
+	}
+	checked, iss := env.Compile(text)
+	if iss != nil && iss.Err() != nil {
+		return nil, fmt.Errorf("%w: %s", ErrBadFilter, issueText(iss))
+	}
+	if t := checked.OutputType(); !t.IsExactType(types.BoolType) && !t.IsExactType(types.DynType) {
+		return nil, fmt.Errorf("%w: the expression is a %s, not a bool", ErrBadFilter, t)
+	}
+	// The runtime cost limit is only needed where the static estimate
+	// cannot bound the cost: tracking it halves the speed of a plain
+	// comparison (docs/benchmarks.md, "Live views"). The estimate assumes
+	// no string or list in an event is larger than maxEventBytes, which
+	// no delivered event can be.
+	opts := []cel.ProgramOption{cel.EvalOptions(cel.OptOptimize)}
+	if est, err := env.EstimateCost(checked, sizeBound{}); err != nil || est.Max > maxCost {
+		opts = append(opts, cel.CostLimit(maxCost))
+	}
+	prog, err := env.Program(checked, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadFilter, err)
+	}
+	ce := &compiledExpr{text: text, prog: prog}
+	nat := checked.NativeRep()
+	ce.claims = namesVar(nat.Expr(), varClaims)
+	if ce.claims {
+		ce.claimNames, ce.allClaims = claimUses(nat.Expr())
+	}
+	ce.eqs = conjunctEqualities(nat.Expr(), nil)
+	return ce, nil
+}
+
+// maxEventBytes bounds the size of any value in an event's data (a
+// string's bytes, a list's or map's elements), for cost estimates: events
+// larger than a connection's mailbox are never delivered, and mailboxes
+// are at most this large in practice (--mailbox-bytes defaults to 4 MiB).
+const maxEventBytes = 64 << 20
+
+// sizeBound is the cost estimator's view of an event: nothing in it is
+// larger than maxEventBytes.
+type sizeBound struct{}
+
+func (sizeBound) EstimateCallCost(string, string, *cost.AstNode, []cost.AstNode) *cost.CallEstimate {
+	return nil
+}
+
+func (sizeBound) EstimateSize(cost.AstNode) *cost.SizeEstimate {
+	return &cost.SizeEstimate{Min: 0, Max: maxEventBytes}
+}
+
+// issueText is a compile error as "1:9: message" per issue, without the
+// source excerpt CEL draws (it is the client's own text).
+func issueText(iss *cel.Issues) string {
+	var parts []string
+	for _, e := range iss.Errors() {
+		loc := e.Location
+		parts = append(parts, strconv.Itoa(loc.Line())+":"+strconv.Itoa(loc.Column()+1)+": "+e.Message)
+	}
+	if len(parts) == 0 {
+		return iss.Err().Error()
+	}
+	return strings.Join(parts, "; ")
+}
+
+// namesVar reports whether e refers to the variable name.
+func namesVar(e ast.Expr, name string) bool {
+	found := false
+	visitor := ast.NewExprVisitor(func(x ast.Expr) {
+		if x.Kind() == ast.IdentKind && x.AsIdent() == name {
+			found = true
+		}
+	})
+	ast.PostOrderVisit(e, visitor)
+	return found
+}
+
+// claimUses lists the claims e reads by name, or says it reads them all.
+func claimUses(e ast.Expr) (names []string, all bool) {
+	var visit func(x ast.Expr)
+	visit = func(x ast.Expr) {
+		switch x.Kind() {
+		case ast.IdentKind:
+			if x.AsIdent() == varClaims {
+				all = true
+			}
+			return
+		case ast.SelectKind:
+			s := x.AsSelect()
+			if op := s.Operand(); op.Kind() == ast.IdentKind && op.AsIdent() == varClaims {
+				names = append(names, s.FieldName())
+				return
+			}
+			visit(s.Operand())
+			return
+		case ast.CallKind:
+			c := x.AsCall()
+			args := c.Args()
+			if c.FunctionName() == operators.Index && len(args) == 2 && args[0].Kind() == ast.IdentKind && args[0].AsIdent() == varClaims && args[1].Kind() == ast.LiteralKind {
+				if k, ok := args[1].AsLiteral().(types.String); ok {
+					names = append(names, string(k))
+					return
+				}
+			}
+			if c.IsMemberFunction() {
+				visit(c.Target())
+			}
+			for _, a := range args {
+				visit(a)
+			}
+			return
+		case ast.ListKind:
+			for _, el := range x.AsList().Elements() {
+				visit(el)
+			}
+		case ast.MapKind:
+			for _, en := range x.AsMap().Entries() {
+				me := en.AsMapEntry()
+				visit(me.Key())
+				visit(me.Value())
+			}
+		case ast.ComprehensionKind:
+			cx := x.AsComprehension()
+			visit(cx.IterRange())
+			visit(cx.AccuInit())
+			visit(cx.LoopCondition())
+			visit(cx.LoopStep())
+			visit(cx.Result())
+		}
+	}
+	visit(e)
+	sort.Strings(names)
+	return compactStrings(names), all
+}
+
+// grantKey identifies what a subscription's grant filter accepts: its
+// text and the values of the claims it reads. A refresh that changes it
+// revokes the subscription.
+func grantKey(ce *compiledExpr, claims map[string]any) string {
+	if ce == nil {
+		return ""
+	}
+	if !ce.claims {
+		return ce.text
+	}
+	var b []byte
+	if ce.allClaims {
+		b, _ = json.Marshal(claims)
+	} else {
+		sub := make(map[string]any, len(ce.claimNames))
+		for _, n := range ce.claimNames {
+			if v, ok := claims[n]; ok {
+				sub[n] = v
+			}
+		}
+		b, _ = json.Marshal(sub)
+	}
+	return ce.text + "\x00" + string(b)
+}
+
+// conjunctEqualities appends e's top-level equalities of a doc field to a
+// constant (through && only: an || or a ! hides them).
+func conjunctEqualities(e ast.Expr, out []eqTerm) []eqTerm {
+	if e.Kind() != ast.CallKind {
+		return out
+	}
+	call := e.AsCall()
+	switch call.FunctionName() {
+	case operators.LogicalAnd:
+		for _, a := range call.Args() {
+			out = conjunctEqualities(a, out)
+		}
+	case operators.Equals:
+		args := call.Args()
+		if len(args) != 2 {
+			return out
+		}
+		for _, side := range [2][2]ast.Expr{{args[0], args[1]}, {args[1], args[0]}} {
+			root, path := fieldPath(side[0])
+			if root != varDoc || len(path) == 0 {
+				continue
+			}
+			if side[1].Kind() == ast.LiteralKind {
+				if k, ok := valueKey(literalNative(side[1].AsLiteral())); ok {
+					return append(out, eqTerm{path: path, key: k})
+				}
+			}
+			if croot, cpath := fieldPath(side[1]); croot == varClaims && len(cpath) > 0 {
+				return append(out, eqTerm{path: path, claim: cpath})
+			}
+		}
+	}
+	return out
+}
+
+// fieldPath splits x.a.b (or x["a"].b) into "x" and [a b]; "" when e is
+// not such a chain.
+func fieldPath(e ast.Expr) (root string, path []string) {
+	for {
+		switch e.Kind() {
+		case ast.IdentKind:
+			for i, j := 0, len(path)-1; i < j; i, j = i+1, j-1 {
+				path[i], path[j] = path[j], path[i]
+			}
+			return e.AsIdent(), path
+		case ast.SelectKind:
+			s := e.AsSelect()
+			if s.IsTestOnly() {
+				return "", nil
+			}
+			path = append(path, s.FieldName())
+			e = s.Operand()
+		case ast.CallKind:
+			c := e.AsCall()
+			if c.FunctionName() != operators.Index || len(c.Args()) != 2 || c.Args()[1].Kind() != ast.LiteralKind {
+				return "", nil
+			}
+			s, ok := c.Args()[1].AsLiteral().(types.String)
+			if !ok {
+				return "", nil
+			}
+			path = append(path, string(s))
+			e = c.Args()[0]
+		default:
+			return "", nil
+		}
+	}
+}
+
+func literalNative(v ref.Val) any {
+	switch x := v.(type) {
+	case types.String:
+		return string(x)
+	case types.Int:
+		return int64(x)
+	case types.Uint:
+		if uint64(x) <= math.MaxInt64 {
+			return int64(x)
+		}
+		return float64(x)
+	case types.Double:
+		return float64(x)
+	case types.Bool:
+		return bool(x)
+	case types.Null:
+		return nil
+	}
+	return struct{}{} // not indexable
+}
+
+// valueKey is the canonical key of a scalar JSON value, equal for values
+// CEL's == holds equal (5, 5.0 and 5u are one number); ok is false for
+// values that are not scalars (and for NaN, equal to nothing).
+func valueKey(v any) (string, bool) {
+	switch x := v.(type) {
+	case nil:
+		return "n", true
+	case bool:
+		if x {
+			return "t", true
+		}
+		return "f", true
+	case string:
+		return "s" + x, true
+	case int64:
+		return "i" + strconv.FormatInt(x, 10), true
+	case float64:
+		if math.IsNaN(x) {
+			return "", false
+		}
+		if x == math.Trunc(x) && x >= -(1<<63) && x < 1<<63 {
+			return "i" + strconv.FormatInt(int64(x), 10), true
+		}
+		return "d" + strconv.FormatFloat(x, 'g', -1, 64), true
+	}
+	return "", false
+}
+
+// lookupPath is the value at path under v (JSON objects only), and
+// whether it is there.
+func lookupPath(v any, path []string) (any, bool) {
+	for _, p := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if v, ok = m[p]; !ok {
+			return nil, false
+		}
+	}
+	return v, true
+}
+
+// parsedData is an event's data as filters see it: parsed once per event
+// (Event.parsed), with JSON integers as int64 and other numbers as float64.
+type parsedData struct {
+	data     any
+	doc      any
+	op       string
+	valid    bool // the data parsed (events are valid JSON; a failure is an internal error)
+	delete   bool // an ingest delete: the document is gone
+	truncate bool // an ingest truncate: every document under the subject's prefix is gone
+}
+
+func parseData(subject string, b []byte) *parsedData {
+	v, ok := parseJSON(b)
+	if !ok {
+		return &parsedData{}
+	}
+	p := &parsedData{data: v, doc: v, valid: true}
+	if m, ok := v.(map[string]any); ok {
+		if d, ok := m["doc"]; ok {
+			p.doc = d
+		}
+		p.op, _ = m["op"].(string)
+	}
+	p.delete = p.op == "delete"
+	p.truncate = p.op == "truncate" && strings.HasSuffix(subject, "."+truncateToken)
+	return p
+}
+
+// truncateToken is the last token of the ingest's truncate events
+// (db.orders.%truncate).
+const truncateToken = "%truncate"
+
+// normalizeJSON turns json.Numbers into int64 (integers that fit) or
+// float64, in place.
+func normalizeJSON(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if i, err := strconv.ParseInt(string(x), 10, 64); err == nil {
+			return i
+		}
+		f, _ := strconv.ParseFloat(string(x), 64)
+		return f
+	case map[string]any:
+		for k, e := range x {
+			x[k] = normalizeJSON(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = normalizeJSON(e)
+		}
+	case float64: // claims decoded without UseNumber
+		if x == math.Trunc(x) && math.Abs(x) < 1<<53 {
+			return int64(x)
+		}
+	}
+	return v
+}
+
+// evalVars is the activation of one evaluation.
+type evalVars struct {
+	subject string
+	p       *parsedData
+	claims  map[string]any
+}
+
+func (v *evalVars) ResolveName(name string) (any, bool) {
+	switch name {
+	case varDoc:
+		return v.p.doc, true
+	case varData:
+		return v.p.data, true
+	case varSubject:
+		return v.subject, true
+	case varOp:
+		return v.p.op, true
+	case varClaims:
+		return v.claims, true
+	}
+	return nil, false
+}
+
+func (v *evalVars) Parent() interpreter.Activation { return nil }
+
+// accepts evaluates ce; an evaluation error (a missing field, a wrong
+// type, the cost limit) is a rejection.
+func (ce *compiledExpr) accepts(vars *evalVars) bool {
+	out, _, err := ce.prog.Eval(vars)
+	return err == nil && out == types.True
+}
+
+// filter is a subscription's effective filter: its grant's and its own
+// where, both of which must accept, with the connection's claims. Equal
+// filters (same texts, same claims they name) are one value on the node
+// (filterKey), evaluated once per event for all their subscriptions.
+type filter struct {
+	key    string
+	grant  *compiledExpr // nil: the grant filters nothing
+	where  *compiledExpr // nil: the subscription filters nothing
+	claims map[string]any
+	// index is the equality the view index files the filter under (nil:
+	// scanned on every event of its patterns).
+	index *indexTerm
+
+	// Owned by the dispatcher: the result for event seq.
+	seq uint64
+	ok  bool
+}
+
+// indexTerm is a filter's equality with its constant resolved.
+type indexTerm struct {
+	path    []string
+	pathKey string
+	key     string
+}
+
+// newFilter combines a grant's and a subscription's expressions (either
+// may be nil) under the connection's claims.
+func newFilter(grant, where *compiledExpr, claims map[string]any) *filter {
+	f := &filter{grant: grant, where: where}
+	var b strings.Builder
+	for _, ce := range []*compiledExpr{grant, where} {
+		if ce != nil {
+			b.WriteString(strconv.Itoa(len(ce.text)))
+			b.WriteByte(':')
+			b.WriteString(ce.text)
+		}
+		b.WriteByte(0)
+	}
+	if (grant != nil && grant.claims) || (where != nil && where.claims) {
+		f.claims = claims
+		cj, _ := json.Marshal(claims) // sorted keys: equal claims, equal text
+		b.Write(cj)
+	}
+	if f.claims == nil {
+		f.claims = noClaims
+	}
+	f.key = b.String()
+	for _, ce := range []*compiledExpr{grant, where} {
+		if ce == nil || f.index != nil {
+			continue
+		}
+		for _, t := range ce.eqs {
+			key := t.key
+			if t.claim != nil {
+				v, ok := lookupPath(any(claims), t.claim)
+				if !ok {
+					continue
+				}
+				if key, ok = valueKey(v); !ok {
+					continue
+				}
+			}
+			f.index = &indexTerm{path: t.path, pathKey: strings.Join(t.path, "\x00"), key: key}
+			break
+		}
+	}
+	return f
+}
+
+var noClaims = map[string]any{}
+
+// accepts evaluates the filter on one event, without the shared result.
+func (f *filter) accepts(subject string, p *parsedData) bool {
+	if f == nil {
+		return true
+	}
+	if !p.valid {
+		return false
+	}
+	vars := evalVars{subject: subject, p: p, claims: f.claims}
+	return (f.grant == nil || f.grant.accepts(&vars)) && (f.where == nil || f.where.accepts(&vars))
+}
+
+// acceptsShared is accepts for the dispatcher: once per event (seq) per
+// filter, shared by every subscription holding f.
+func (f *filter) acceptsShared(seq uint64, subject string, p *parsedData) bool {
+	if f.seq != seq {
+		f.seq, f.ok = seq, f.accepts(subject, p)
+	}
+	return f.ok
+}
+
+// grantFilterText is the filter of the grants covering pattern: "" when
+// one covering entry has none (the pattern is granted unfiltered), else the
+// disjunction of the covering entries' filters.
+func grantFilterText(g *Grants, pattern string) string {
+	if g == nil {
+		return ""
+	}
+	var parts []string
+	for i, p := range g.Subscribe {
+		if !Contains(p, pattern) {
+			continue
+		}
+		w := ""
+		if i < len(g.SubscribeWhere) {
+			w = g.SubscribeWhere[i]
+		}
+		if w == "" {
+			return ""
+		}
+		parts = append(parts, w)
+	}
+	switch len(parts) {
+	case 0:
+		return ""
+	case 1:
+		return parts[0]
+	}
+	sort.Strings(parts)
+	parts = compactStrings(parts)
+	if len(parts) == 1 {
+		return parts[0]
+	}
+	return "(" + strings.Join(parts, ") || (") + ")"
+}
+
+func compactStrings(s []string) []string {
+	out := s[:0]
+	for i, x := range s {
+		if i == 0 || x != s[i-1] {
+			out = append(out, x)
+		}
+	}
+	return out
+}

@@ -1,0 +1,454 @@
+package gateway
+
+import (
+	"strings"
+	"sync/atomic"
+)
+
+// Views: subscriptions with a filter (a where, or a grant's row filter).
+//
+// A filtered subscription is a view of the documents under its pattern,
+// keyed by subject (the ingest publishes one subject per row): it gets the
+// events its filter accepts, and a leave for a subject it holds (it was
+// sent a version that passed) when a later event on that subject does not
+// pass, or deletes it. To know which subjects it holds, the node tracks
+// them (viewSub.held, and hub.holders, the reverse map the dispatcher
+// looks an event's subject up in): tracking was chosen over old images
+// published by the ingest because it needs nothing from the publisher
+// (client publishes, projections whose previous document the ingest does
+// not keep, tables without REPLICA IDENTITY FULL all work) and sends a
+// leave only to a client that holds the document, never telling a client
+// that a row it may not see changed. The cost is memory: about 150 bytes
+// per document per filtered subscription (docs/benchmarks.md measures
+// it), bounded by Config.MaxSnapshot documents per subscription; a view
+// that outgrows it ends with view_too_large.
+//
+// Filtered subscriptions live in their own trie beside the index's (same
+// lock), so that a node without them dispatches exactly as before. Per
+// trie node, a filter with an equality of a doc field to a constant is
+// filed under that constant (eqIndex); others are scanned.
+
+// viewSub is one filtered subscription in the view index.
+type viewSub struct {
+	c       *client
+	id      string
+	pattern string
+	f       *filter   // nil only while an unfiltered "latest" snapshot is tracked (resume.go)
+	subs    *subsList // [id]
+	max     int       // most documents held (Config.MaxSnapshot)
+
+	held map[string]struct{} // subjects in the view; the task's, then (in the index) the dispatcher's
+
+	// Dispatcher-owned.
+	matched uint64 // seq of the last event delivered to it
+	ended   bool   // over max: delivers nothing more
+	// onTooLarge ends the subscription (view_too_large); called once, by
+	// the dispatcher outside the index lock.
+	onTooLarge func()
+}
+
+// offer applies one event to a view outside the index (a snapshot, a
+// replay, a hand-over), as the dispatcher does in it: deliver reports
+// that the event goes to the client, leave that a leave does; tooLarge
+// that the view outgrew max. p is the event's parsed data (nil: not
+// needed, the view is unfiltered and the event not an ingest delete or
+// truncate, which the caller checks with needsParse).
+func (vs *viewSub) offer(subject string, p *parsedData) (deliver, leave, tooLarge bool) {
+	_, holds := vs.held[subject]
+	switch {
+	case p != nil && p.truncate:
+		vs.dropPrefix(subject)
+		return true, false, false
+	case vs.f.accepts(subject, p):
+		if p != nil && p.delete {
+			delete(vs.held, subject)
+			return holds || vs.f != nil, false, false
+		}
+		if !holds {
+			if len(vs.held) >= vs.max {
+				return false, false, true
+			}
+			vs.held[subject] = struct{}{}
+		}
+		return true, false, false
+	case holds:
+		delete(vs.held, subject)
+		return false, true, false
+	}
+	return false, false, false
+}
+
+// dropPrefix forgets the held subjects under a truncate's prefix
+// (db.orders.%truncate: every db.orders.<key>).
+func (vs *viewSub) dropPrefix(truncSubject string) {
+	prefix := truncSubject[:len(truncSubject)-len(truncateToken)]
+	for s := range vs.held {
+		if strings.HasPrefix(s, prefix) && !strings.Contains(s[len(prefix):], ".") {
+			delete(vs.held, s)
+		}
+	}
+}
+
+// vnode is a trie node of the view index.
+type vnode struct {
+	parent *vnode
+	token  string
+	next   map[string]*vnode
+	star   *vnode
+	gt     *vnode
+
+	scan []*viewSub          // filters without an index term
+	eq   map[string]*eqIndex // by indexTerm.pathKey
+	n    int                 // subscriptions ending here
+}
+
+type eqIndex struct {
+	path []string
+	by   map[string][]*viewSub // by indexTerm.key
+}
+
+func (n *vnode) child(tok string) *vnode {
+	switch tok {
+	case "*":
+		if n.star == nil {
+			n.star = &vnode{parent: n, token: tok}
+		}
+		return n.star
+	case ">":
+		if n.gt == nil {
+			n.gt = &vnode{parent: n, token: tok}
+		}
+		return n.gt
+	}
+	c := n.next[tok]
+	if c == nil {
+		if n.next == nil {
+			n.next = make(map[string]*vnode)
+		}
+		c = &vnode{parent: n, token: tok}
+		n.next[tok] = c
+	}
+	return c
+}
+
+func (n *vnode) lookup(tok string) *vnode {
+	switch tok {
+	case "*":
+		return n.star
+	case ">":
+		return n.gt
+	}
+	return n.next[tok]
+}
+
+func (n *vnode) prune() {
+	for n.parent != nil && n.n == 0 && len(n.next) == 0 && n.star == nil && n.gt == nil {
+		p := n.parent
+		switch n.token {
+		case "*":
+			p.star = nil
+		case ">":
+			p.gt = nil
+		default:
+			delete(p.next, n.token)
+		}
+		n = p
+	}
+}
+
+// collect appends the nodes with subscriptions whose pattern matches
+// subject (system subjects: only patterns that write the first token).
+func (n *vnode) collect(subject string, out []*vnode, literalFirst bool) []*vnode {
+	tok, rest, more := nextToken(subject)
+	if !literalFirst && n.gt != nil && n.gt.n > 0 {
+		out = append(out, n.gt)
+	}
+	if c := n.next[tok]; c != nil {
+		if more {
+			out = c.collect(rest, out, false)
+		} else if c.n > 0 {
+			out = append(out, c)
+		}
+	}
+	if c := n.star; c != nil && !literalFirst {
+		if more {
+			out = c.collect(rest, out, false)
+		} else if c.n > 0 {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// addViewLocked files vs in the view index and its held subjects in
+// holders; ix.mu is held for writing.
+func (h *hub) addViewLocked(vs *viewSub) {
+	ix := h.idx
+	if ix.vroot == nil {
+		ix.vroot = &vnode{}
+	}
+	n := ix.vroot
+	for rest, more := vs.pattern, true; more; {
+		var tok string
+		tok, rest, more = nextToken(rest)
+		n = n.child(tok)
+	}
+	if t := vs.f.index; t != nil {
+		if n.eq == nil {
+			n.eq = make(map[string]*eqIndex)
+		}
+		e := n.eq[t.pathKey]
+		if e == nil {
+			e = &eqIndex{path: t.path, by: make(map[string][]*viewSub)}
+			n.eq[t.pathKey] = e
+		}
+		e.by[t.key] = append(e.by[t.key], vs)
+	} else {
+		n.scan = append(n.scan, vs)
+	}
+	n.n++
+	ix.vsize++
+	if h.holders == nil {
+		h.holders = make(map[string][]*viewSub)
+	}
+	for s := range vs.held {
+		h.holders[s] = append(h.holders[s], vs)
+	}
+	h.views.Add(1)
+}
+
+// removeView takes vs out of the view index; it reports whether it was
+// there.
+func (h *hub) removeView(vs *viewSub, then func()) bool {
+	ix := h.idx
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if then != nil {
+		defer then()
+	}
+	if ix.vroot == nil {
+		return false
+	}
+	n := ix.vroot
+	for rest, more := vs.pattern, true; more; {
+		var tok string
+		tok, rest, more = nextToken(rest)
+		if n = n.lookup(tok); n == nil {
+			return false
+		}
+	}
+	found := false
+	if t := vs.f.index; t != nil {
+		if e := n.eq[t.pathKey]; e != nil {
+			l := e.by[t.key]
+			if i := indexOf(l, vs); i >= 0 {
+				found = true
+				l[i] = l[len(l)-1]
+				l[len(l)-1] = nil
+				if l = l[:len(l)-1]; len(l) == 0 {
+					delete(e.by, t.key)
+					if len(e.by) == 0 {
+						delete(n.eq, t.pathKey)
+					}
+				} else {
+					e.by[t.key] = l
+				}
+			}
+		}
+	} else if i := indexOf(n.scan, vs); i >= 0 {
+		found = true
+		last := len(n.scan) - 1
+		n.scan[i] = n.scan[last]
+		n.scan[last] = nil
+		n.scan = n.scan[:last]
+	}
+	if !found {
+		return false
+	}
+	for s := range vs.held {
+		h.dropHolder(s, vs)
+	}
+	vs.held = nil
+	n.n--
+	ix.vsize--
+	n.prune()
+	h.views.Add(-1)
+	return true
+}
+
+func indexOf(l []*viewSub, vs *viewSub) int {
+	for i, x := range l {
+		if x == vs {
+			return i
+		}
+	}
+	return -1
+}
+
+func (h *hub) dropHolder(subject string, vs *viewSub) {
+	l := h.holders[subject]
+	if i := indexOf(l, vs); i >= 0 {
+		l[i] = l[len(l)-1]
+		l[len(l)-1] = nil
+		l = l[:len(l)-1]
+	}
+	if len(l) == 0 {
+		delete(h.holders, subject)
+	} else {
+		h.holders[subject] = l
+	}
+}
+
+// viewStats counts a batch's view deliveries for the dispatcher's
+// pacing, as its own loop does.
+type viewStats struct {
+	n, pressured, critical int
+}
+
+// dispatchView delivers ev to the filtered subscriptions: those whose
+// filter accepts it get it (each distinct filter evaluated once), those
+// that held its subject and no longer do get a leave. The caller holds
+// the index for reading and has checked that views exist.
+func (h *hub) dispatchView(ev *Event, st *viewStats) {
+	h.vseq++
+	seq := h.vseq
+	literal := isSystemSubject(ev.Subject)
+	h.vscratch = h.idx.vroot.collect(ev.Subject, h.vscratch[:0], literal)
+	holders := h.holders[ev.Subject]
+	if len(h.vscratch) == 0 && len(holders) == 0 {
+		return
+	}
+	p := ev.parsed()
+	if p.truncate {
+		for _, n := range h.vscratch {
+			for _, vs := range n.scan {
+				h.viewTruncate(vs, ev, st)
+			}
+			for _, e := range n.eq {
+				for _, l := range e.by {
+					for _, vs := range l {
+						h.viewTruncate(vs, ev, st)
+					}
+				}
+			}
+		}
+		return
+	}
+	for _, n := range h.vscratch {
+		for _, vs := range n.scan {
+			h.viewOffer(vs, ev, p, seq, st)
+		}
+		for _, e := range n.eq {
+			v, ok := lookupPath(p.doc, e.path)
+			if !ok {
+				continue
+			}
+			k, ok := valueKey(v)
+			if !ok {
+				continue
+			}
+			for _, vs := range e.by[k] {
+				h.viewOffer(vs, ev, p, seq, st)
+			}
+		}
+	}
+	// Leaves: holders that did not take this version; newly held
+	// subscriptions (viewOffer appended them) are kept.
+	holders = h.holders[ev.Subject]
+	var leave *Event
+	for i := 0; i < len(holders); {
+		vs := holders[i]
+		if vs.matched == seq && !p.delete {
+			i++
+			continue
+		}
+		delete(vs.held, ev.Subject)
+		last := len(holders) - 1
+		holders[i] = holders[last]
+		holders[last] = nil
+		holders = holders[:last]
+		if vs.matched == seq || vs.ended {
+			continue // a delete it was sent: nothing to leave
+		}
+		if leave == nil {
+			leave = leaveEvent(ev)
+		}
+		h.viewPush(vs, item{ev: leave, subs: vs.subs}, st)
+	}
+	if len(holders) == 0 {
+		delete(h.holders, ev.Subject)
+	} else {
+		h.holders[ev.Subject] = holders
+	}
+}
+
+// viewOffer delivers ev to vs if its filter accepts it, and files the
+// subject as held.
+func (h *hub) viewOffer(vs *viewSub, ev *Event, p *parsedData, seq uint64, st *viewStats) {
+	if vs.ended || vs.matched == seq || !vs.f.acceptsShared(seq, ev.Subject, p) {
+		return
+	}
+	vs.matched = seq
+	if !p.delete {
+		if _, ok := vs.held[ev.Subject]; !ok {
+			if len(vs.held) >= vs.max {
+				vs.ended = true
+				h.tooLarge = append(h.tooLarge, vs)
+				return
+			}
+			vs.held[ev.Subject] = struct{}{}
+			h.holders[ev.Subject] = append(h.holders[ev.Subject], vs)
+		}
+	}
+	h.viewPush(vs, item{ev: ev, subs: vs.subs}, st)
+}
+
+// viewTruncate sends a truncate to vs (it carries no row) and forgets the
+// documents under its prefix.
+func (h *hub) viewTruncate(vs *viewSub, ev *Event, st *viewStats) {
+	if vs.ended {
+		return
+	}
+	prefix := ev.Subject[:len(ev.Subject)-len(truncateToken)]
+	for s := range vs.held {
+		if strings.HasPrefix(s, prefix) && !strings.Contains(s[len(prefix):], ".") {
+			delete(vs.held, s)
+			h.dropHolder(s, vs)
+		}
+	}
+	h.viewPush(vs, item{ev: ev, subs: vs.subs}, st)
+}
+
+// viewPush queues one view delivery, as dispatch queues the others.
+func (h *hub) viewPush(vs *viewSub, it item, st *viewStats) {
+	c := vs.c
+	size := it.size()
+	wasEmpty, fill, err := c.mb.push(it, size)
+	if err != nil {
+		if c.neverFits(size) {
+			return
+		}
+		if c.overflowed.CompareAndSwap(false, true) {
+			h.overflow = append(h.overflow, c)
+		}
+		return
+	}
+	st.n++
+	if fill == fillCritical {
+		st.critical++
+	}
+	if fill >= fillHalf {
+		st.pressured++
+		if !c.pacePending {
+			c.pacePending = true
+			h.paceList = append(h.paceList, c)
+		}
+	}
+	if wasEmpty && !c.wakePending {
+		c.wakePending = true
+		h.wakeList = append(h.wakeList, c)
+	}
+}
+
+// viewCount is the number of filtered subscriptions in the index.
+type viewCount = atomic.Int64

@@ -1,0 +1,151 @@
+package gateway_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/fanwire/fanwire/broker"
+)
+
+// store publishes one event through the gateway's broker (any kind); it
+// returns its cursor ("" on Core NATS).
+func (e *env) store(subject, data string) string {
+	e.t.Helper()
+	cur, err := e.b.Publish(context.Background(), []broker.Outgoing{{Subject: subject, Data: []byte(data)}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return cur[0]
+}
+
+// row is an ingest-shaped event: op, key and the row as doc (null for a
+// delete).
+func row(op string, key int, doc string) string {
+	if doc == "" {
+		doc = "null"
+	}
+	return `{"op":"` + op + `","key":` + itoa(key) + `,"doc":` + doc + `}`
+}
+
+func itoa(i int) string {
+	const digits = "0123456789"
+	if i < 10 {
+		return digits[i : i+1]
+	}
+	return itoa(i/10) + digits[i%10:i%10+1]
+}
+
+// TestLiveViewFiltersAndLeaves: a filtered subscription gets the events
+// its where accepts and a leave for each document it holds that stops
+// passing (an update out of the filter, a delete), and a truncate; an
+// unfiltered subscription on the same connection gets every event, and
+// no leave. On every broker kind (a live view needs no history).
+func TestLiveViewFiltersAndLeaves(t *testing.T) {
+	for _, kind := range []string{"nats", "jetstream", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			e := newEnvOn(t, kind, nil)
+			cl := e.dial()
+			cl.send(`{"type":"subscribe","id":"v","subject":"orders.*","where":"doc.status == 'open' && doc.total > 100"}`)
+			cl.expect(map[string]any{"type": "subscribed", "id": "v"})
+			cl.subscribe("all", "orders.*")
+			steps := []struct {
+				subject, data string
+				view          string // what v gets: "event", "leave" or ""
+			}{
+				{"orders.1", row("insert", 1, `{"id":1,"status":"open","total":150}`), "event"},
+				{"orders.2", row("insert", 2, `{"id":2,"status":"closed","total":500}`), ""},
+				{"orders.2", row("update", 2, `{"id":2,"status":"open","total":50}`), ""},
+				{"orders.1", row("update", 1, `{"id":1,"status":"open","total":160}`), "event"},
+				{"orders.1", row("update", 1, `{"id":1,"status":"closed","total":160}`), "leave"},
+				{"orders.1", row("update", 1, `{"id":1,"status":"closed","total":170}`), ""},
+				{"orders.2", row("update", 2, `{"id":2,"status":"open","total":101.5}`), "event"},
+				{"orders.2", row("delete", 2, ""), "leave"},
+				{"orders.3", row("insert", 3, `{"id":3,"status":"open","total":1e3}`), "event"},
+				{"orders.%truncate", `{"op":"truncate","key":null,"doc":null}`, "event"},
+				{"orders.3", row("update", 3, `{"id":3,"status":"closed","total":1e3}`), ""}, // truncated: no longer held
+			}
+			for i, s := range steps {
+				e.store(s.subject, s.data)
+				switch s.view {
+				case "event":
+					cl.expect(map[string]any{"type": "event", "subject": s.subject, "subs": []any{"v"}})
+				case "leave":
+					m := cl.expect(map[string]any{"type": "leave", "subject": s.subject, "subs": []any{"v"}})
+					if _, ok := m["data"]; ok {
+						t.Fatalf("step %d: a leave carries data: %v", i, m)
+					}
+				}
+				cl.expect(map[string]any{"type": "event", "subject": s.subject, "subs": []any{"all"}})
+			}
+			cl.quiet()
+			if got := e.metric("fanwire_subscriptions", nil); got != 2 {
+				t.Fatalf("fanwire_subscriptions = %v, want 2", got)
+			}
+			cl.send(`{"type":"unsubscribe","id":"v"}`)
+			cl.expect(map[string]any{"type": "unsubscribed", "id": "v"})
+			e.store("orders.5", row("insert", 5, `{"id":5,"status":"open","total":900}`))
+			cl.expect(map[string]any{"type": "event", "subject": "orders.5", "subs": []any{"all"}})
+			cl.quiet()
+		})
+	}
+}
+
+// TestWhereErrors: a where that does not compile is bad_filter naming the
+// position; the connection stays.
+func TestWhereErrors(t *testing.T) {
+	e := newEnv(t, nil)
+	cl := e.dial()
+	for _, tc := range []struct{ frame, code, in string }{
+		{`{"type":"subscribe","id":"a","subject":"orders.*","where":"doc.status =="}`, "bad_filter", "1:14"},
+		{`{"type":"subscribe","id":"b","subject":"orders.*","where":"doc.x = 1"}`, "bad_filter", "1:7"},
+		{`{"type":"subscribe","id":"c","subject":"orders.*","where":""}`, "bad_filter", "empty"},
+		{`{"type":"subscribe","id":"d","subject":"orders.*","where":"1 + 2"}`, "bad_filter", "not a bool"},
+		{`{"type":"subscribe","id":"e","subject":"orders.*","where":5}`, "bad_frame", "string"},
+		{`{"type":"publish","id":"f","subject":"orders.1","data":1,"where":"true"}`, "bad_frame", "publish takes only"},
+		{`{"type":"subscribe","id":"g","subject":"orders.*","from":"latest"}`, "bad_cursor", "keeps no history"},
+	} {
+		cl.send(tc.frame)
+		m := cl.expect(map[string]any{"type": "error", "code": tc.code})
+		if msg, _ := m["message"].(string); !contains(msg, tc.in) {
+			t.Errorf("%s: message %q, want it to name %q", tc.frame, msg, tc.in)
+		}
+	}
+	cl.quiet()
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
+
+// TestGraphQLWhereAndLeave: events(subject, where) on GraphQL: the
+// accepted events as EVENT, a LEAVE with null data, byte for byte on the
+// spliced path, and the executor's path (a selection it must run) agrees.
+func TestGraphQLWhereAndLeave(t *testing.T) {
+	e := newEnvOn(t, "jetstream", nil)
+	cl := e.initGQL()
+	cl.send(`{"id":"a","type":"subscribe","payload":{"query":"subscription { events(subject: \"orders.*\", where: \"doc.n > 1\") { kind subject data } }"}}`)
+	cl.send(`{"id":"b","type":"subscribe","payload":{"query":"subscription { events(subject: \"orders.*\", where: \"doc.n > 1\") { kind subject data ... on Event { keys } } }"}}`)
+	cl.gqlQuiet()
+	e.store("orders.1", `{"doc":{"n":2}}`)
+	e.store("orders.1", `{"doc":{"n":1}}`)
+	for _, want := range []string{
+		`{"id":"a","type":"next","payload":{"data":{"events":{"kind":"EVENT","subject":"orders.1","data":{"doc":{"n":2}}}}}}`,
+		`{"id":"b","type":"next","payload":{"data":{"events":{"kind":"EVENT","subject":"orders.1","data":{"doc":{"n":2}},"keys":null}}}}`,
+		`{"id":"a","type":"next","payload":{"data":{"events":{"kind":"LEAVE","subject":"orders.1","data":null}}}}`,
+		`{"id":"b","type":"next","payload":{"data":{"events":{"kind":"LEAVE","subject":"orders.1","data":null,"keys":null}}}}`,
+	} {
+		if got := cl.nextRaw(); got != want {
+			t.Fatalf("got  %s\nwant %s", got, want)
+		}
+	}
+	cl.send(`{"id":"c","type":"subscribe","payload":{"query":"subscription { events(subject: \"orders.*\", where: \"doc.n >\") { kind } }"}}`)
+	if code := cl.gqlErrorCode("c"); code != "bad_filter" {
+		t.Fatalf("a bad where: code %q, want bad_filter", code)
+	}
+	cl.gqlQuiet()
+}
