@@ -557,8 +557,8 @@ func TestClientView(t *testing.T) {
 
 		// A marker row in each table, published last, reaches the views
 		// after every change before it.
-		must(t, tb.put(orderAt(999), order(999, "open", 1000)), tb.put(itemAt(999), item(999, "marker")))
 		from = len(r.all())
+		must(t, tb.put(orderAt(999), order(999, "open", 1000)), tb.put(itemAt(999), item(999, "marker")))
 		apiWait(r, "the markers", func(l []jsLine) bool {
 			c := slices.Concat(changes(l[from:], "open"), changes(l[from:], "items"))
 			return slices.Contains(c, "upsert db.orders.999") && slices.Contains(c, "upsert db.items.999")
@@ -576,6 +576,10 @@ func TestClientView(t *testing.T) {
 	})
 
 	t.Run("a view whose cursor expired starts again", func(t *testing.T) {
+		// Two views of one table: all, without a filter, resumes by
+		// replaying every event after its cursor, so it needs the stream's
+		// history; open, filtered, resumes with the documents changed
+		// since its cursor and synced's keys (a snapshot), which needs none.
 		url := brokertest.NATS(t).ClientURL()
 		js := brokertest.JetStream(t, url)
 		n := startGateway(t, bin, viewNodeArgs(url, "VIEWEXP")...)
@@ -589,19 +593,27 @@ func TestClientView(t *testing.T) {
 			tb.put(orderAt(6), order(6, "open", 600)),
 		)
 		r := runScript(t, node, nil, "view.mjs", clientCfg(n.wsURL()), nil)
+		r.send(map[string]any{"cmd": "view", "name": "all", "pattern": "db.orders.*", "ready": true})
 		r.send(map[string]any{"cmd": "view", "name": "open", "pattern": "db.orders.*", "where": viewWhere, "ready": true})
-		apiWait(r, "the view ready", func(l []jsLine) bool { return has(l, "view_ready", "open") || has(l, "view_ready_error", "open") })
-		if !has(r.all(), "view_ready", "open") {
-			t.Fatalf("the view did not become ready:\n%s", r.summary())
+		apiWait(r, "the views ready", func(l []jsLine) bool {
+			return (has(l, "view_ready", "all") || has(l, "view_ready_error", "all")) && (has(l, "view_ready", "open") || has(l, "view_ready_error", "open"))
+		})
+		for _, v := range []struct {
+			name string
+			pass func(map[string]any) bool
+		}{{"all", everyDoc}, {"open", openOrder}} {
+			i, synced := find(r.all(), "synced", v.name)
+			if i < 0 {
+				t.Fatalf("view %s did not become ready:\n%s", v.name, r.summary())
+			}
+			checkDocs(t, v.name+" at the first synced", docsOf(t, synced), tb.want("db.orders", v.pass))
 		}
-		_, synced := find(r.all(), "synced", "open")
-		checkDocs(t, "at the first synced", docsOf(t, synced), tb.want("db.orders", openOrder))
 
 		// While the node is down, the stream moves on and is purged: the
-		// view's cursor is older than anything it holds.
+		// views' cursor is older than anything it holds.
 		n.stop(syscall.SIGKILL)
-		apiWait(r, "the disconnect", func(l []jsLine) bool { return has(l, "cursor", "open") })
-		_, c := find(r.all(), "cursor", "open")
+		apiWait(r, "the disconnect", func(l []jsLine) bool { return has(l, "cursor", "all") && has(l, "cursor", "open") })
+		_, c := find(r.all(), "cursor", "all")
 		down := lastIndex(r.all(), "state", "disconnected")
 		must(t, tb.put(orderAt(1), order(1, "open", 151)), tb.put(orderAt(3), order(3, "open", 301)))
 		stream, err := js.Stream(context.Background(), "VIEWEXP")
@@ -618,28 +630,43 @@ func TestClientView(t *testing.T) {
 			tb.put(orderAt(8), order(8, "closed", 500)),
 		)
 		n.start()
-		apiWait(r, "the view synced again", func(l []jsLine) bool { return len(syncedAfter(l, "open", down)) > 0 })
+		apiWait(r, "the views synced again", func(l []jsLine) bool {
+			return len(syncedAfter(l, "all", down)) > 0 && len(syncedAfter(l, "open", down)) > 0
+		})
 		lines := r.all()
-		id := viewSub(t, r, "open")
-		gapAt, gap := find(lines[down:], "gap", id)
-		if gapAt < 0 || gap.Reason != "cursor_expired" || gap.Cursor != c.Cursor {
-			t.Fatalf("want a gap cursor_expired with the view's cursor %s:\n%s", c.Cursor, r.summary())
+		all, open := viewSub(t, r, "all"), viewSub(t, r, "open")
+		if gapAt, gap := find(lines[down:], "gap", all); gapAt < 0 || gap.Reason != "cursor_expired" || gap.Cursor != c.Cursor {
+			t.Fatalf("view all: want a gap cursor_expired with its cursor %s:\n%s", c.Cursor, r.summary())
 		}
-		frames := sent(t, lines, id)
-		if len(frames) != 3 || str(frames[1].From) != strconv.Quote(c.Cursor) || str(frames[2].From) != `"latest"` || str(frames[2].Where) != strconv.Quote(viewWhere) {
-			t.Fatalf(`want three subscribes: from "latest", from the view's cursor %s, and from "latest" again with the filter; got %+v:`+"\n%s", c.Cursor, frames, r.summary())
+		frames := sent(t, lines, all)
+		if len(frames) != 3 || str(frames[1].From) != strconv.Quote(c.Cursor) || str(frames[2].From) != `"latest"` || frames[2].Where != nil {
+			t.Fatalf(`view all: want three subscribes: from "latest", from its cursor %s, and from "latest" again; got %+v:`+"\n%s", c.Cursor, frames, r.summary())
 		}
-		synced = syncedAfter(lines, "open", down)[0]
-		checkDocs(t, "at the synced after the expired cursor", docsOf(t, synced), tb.want("db.orders", openOrder))
-		var removes []string
-		for _, ch := range changes(lines[down:], "open") {
-			if strings.HasPrefix(ch, "remove") {
-				removes = append(removes, ch)
+		if has(lines, "gap", open) || checkResumes(t, r, "open", viewWhere) != 1 {
+			t.Fatalf("view open: want one resume, from its cursor, and no gap:\n%s", r.summary())
+		}
+		for _, v := range []struct {
+			name    string
+			pass    func(map[string]any) bool
+			removes []string
+		}{
+			// all is replaced at the new snapshot's synced; open drops
+			// what synced's keys do not list.
+			{"all", everyDoc, []string{"remove db.orders.1", "remove db.orders.3", "remove db.orders.4", "remove db.orders.5", "remove db.orders.6"}},
+			{"open", openOrder, []string{"remove db.orders.1", "remove db.orders.4", "remove db.orders.6"}},
+		} {
+			synced := syncedAfter(lines, v.name, down)[0]
+			checkDocs(t, v.name+" at the synced after the purge", docsOf(t, synced), tb.want("db.orders", v.pass))
+			var removes []string
+			for _, ch := range changes(lines[down:], v.name) {
+				if strings.HasPrefix(ch, "remove") {
+					removes = append(removes, ch)
+				}
 			}
-		}
-		sort.Strings(removes)
-		if want := []string{"remove db.orders.1", "remove db.orders.4", "remove db.orders.6"}; !slices.Equal(removes, want) {
-			t.Fatalf("the view replaced at the new snapshot's synced: removes %v, want %v:\n%s", removes, want, r.summary())
+			sort.Strings(removes)
+			if !slices.Equal(removes, v.removes) {
+				t.Fatalf("view %s after the purge: removes %v, want %v:\n%s", v.name, removes, v.removes, r.summary())
+			}
 		}
 	})
 
