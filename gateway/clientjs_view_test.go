@@ -670,6 +670,33 @@ func TestClientView(t *testing.T) {
 		}
 	})
 
+	t.Run("a view of an empty stream", func(t *testing.T) {
+		// Synced without a cursor: there is nothing to resume from, so
+		// after a reconnect the view reads the newest events again.
+		url := brokertest.NATS(t).ClientURL()
+		js := brokertest.JetStream(t, url)
+		n := startGateway(t, bin, viewNodeArgs(url, "VIEWEMPTY")...)
+		tb := newTables(js)
+		r := runScript(t, node, nil, "view.mjs", clientCfg(n.wsURL()), nil)
+		r.send(map[string]any{"cmd": "view", "name": "open", "pattern": "db.orders.*", "where": viewWhere, "ready": true})
+		apiWait(r, "the view ready", func(l []jsLine) bool { return has(l, "view_ready", "open") || has(l, "view_ready_error", "open") })
+		if i, synced := find(r.all(), "synced", "open"); i < 0 || synced.Cursor != "" || synced.Data.N != 0 {
+			t.Fatalf("a view of an empty stream: want it synced, without a cursor, empty:\n%s", r.summary())
+		}
+		n.stop(syscall.SIGKILL)
+		apiWait(r, "the disconnect", func(l []jsLine) bool { return has(l, "cursor", "open") })
+		down := lastIndex(r.all(), "state", "disconnected")
+		must(t, tb.put(orderAt(1), order(1, "open", 150)), tb.put(orderAt(2), order(2, "closed", 150)))
+		n.start()
+		apiWait(r, "the view synced again", func(l []jsLine) bool { return len(syncedAfter(l, "open", down)) > 0 })
+		lines := r.all()
+		frames := sent(t, lines, viewSub(t, r, "open"))
+		if len(frames) != 2 || str(frames[1].From) != `"latest"` || str(frames[1].Where) != strconv.Quote(viewWhere) {
+			t.Fatalf(`want the resubscribe from "latest" with the filter, got %+v:`+"\n%s", frames, r.summary())
+		}
+		checkDocs(t, "at the synced after the restart", docsOf(t, syncedAfter(lines, "open", down)[0]), tb.want("db.orders", openOrder))
+	})
+
 	t.Run("a filtered subscription", func(t *testing.T) {
 		url := brokertest.NATS(t).ClientURL()
 		js := brokertest.JetStream(t, url)
