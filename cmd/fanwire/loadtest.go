@@ -35,6 +35,7 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 		spawn      bool
 		spawnRole  string
 		spawnFlags string
+		spawnBin   string
 		consumer   string
 		pid        int
 		asJSON     bool
@@ -62,6 +63,7 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 	fs.BoolVar(&spawn, "spawn", false, "start a gateway (see --spawn-role) on free ports as a child process and measure it")
 	fs.StringVar(&spawnRole, "spawn-role", "dev", "with --spawn: dev (gateway and embedded NATS in one measured process) or ws (the measured process is \"fanwire ws\"; NATS runs embedded in the loadtest process)")
 	fs.StringVar(&consumer, "consumer", "shared", "with --spawn --broker jetstream: the spawned gateway's consumer mode, shared or per-connection (a subscription consumer each)")
+	fs.StringVar(&spawnBin, "spawn-binary", "", "with --spawn: the fanwire binary to start (default: this one), e.g. an earlier commit's build to compare with, alternating runs; this binary still drives the load")
 	fs.StringVar(&spawnFlags, "spawn-flags", "", "extra flags for the spawned gateway, space-separated (e.g. \"--mailbox-messages 8192\")")
 	fs.IntVar(&pid, "pid", 0, "sample this existing gateway process's CPU and RSS from /proc")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of the table")
@@ -118,12 +120,14 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 			if cfg.URL != "" || cfg.GraphQLURL != "" || cfg.NATSURL != "" || cfg.MetricsURL != "" || pid != 0 {
 				return errors.New("--spawn starts its own gateway: drop --url, --graphql-url, --nats, --metrics-url and --pid")
 			}
-			child, err := spawnGateway(ctx, spawnRole, extra)
+			child, err := spawnGateway(ctx, spawnBin, spawnRole, extra)
 			if err != nil {
 				return err
 			}
 			defer child.stop()
 			cfg.URL, cfg.NATSURL, pid = child.wsURL, child.natsURL, child.cmd.Process.Pid
+		} else if spawnBin != "" {
+			return errors.New("--spawn-binary applies to a gateway this run spawns (--spawn)")
 		} else if cfg.URL == "" || cfg.NATSURL == "" {
 			return errors.New("give --spawn, or both --url and --nats")
 		}
@@ -200,12 +204,18 @@ type devChild struct {
 	natsURL string
 }
 
-// spawnGateway starts "fanwire dev" or "fanwire ws" (this binary) on free
-// ports with a fresh data directory and waits until /readyz says ready.
-func spawnGateway(ctx context.Context, role string, extra []string) (*devChild, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("spawn: %w", err)
+// spawnGateway starts "fanwire dev" or "fanwire ws" of the binary exe
+// ("": this one) on free ports with a fresh data directory and waits until
+// /readyz says ready.
+func spawnGateway(ctx context.Context, exe, role string, extra []string) (*devChild, error) {
+	if exe == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("spawn: %w", err)
+		}
+		exe = self
+	} else if _, err := exec.LookPath(exe); err != nil {
+		return nil, fmt.Errorf("--spawn-binary: %w", err)
 	}
 	httpPort, err := freePort()
 	if err != nil {
