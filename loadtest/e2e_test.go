@@ -298,3 +298,31 @@ func TestRunClientsPublishAgainstGateway(t *testing.T) {
 		})
 	}
 }
+
+// TestRunViewsAgainstGateway runs view clients (each a filtered or a
+// subject-routed view of its own customer's rows) against a real gateway:
+// every event must reach exactly its customer's client, in order, once,
+// and no document may leave a view.
+func TestRunViewsAgainstGateway(t *testing.T) {
+	for _, where := range []string{WhereEq, WhereRange, WhereSubject} {
+		t.Run(where, func(t *testing.T) {
+			natsURL, b := startNATSBroker(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			wsURL := startGateway(t, b, nil)
+			res, err := Run(ctx, Config{URL: wsURL, NATSURL: natsURL, Clients: 20, Events: 2000, Size: 200, RcvBuf: 1 << 20,
+				Where: where, WhereDocs: 3, Proc: ProcSampler{PID: os.Getpid()}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var table strings.Builder
+			res.WriteTable(&table)
+			if !res.OK() || res.Expected != 2000 || res.Delivered != 2000 || res.Disconnects != 0 {
+				t.Fatalf("run not clean:\n%s", table.String())
+			}
+			if !strings.Contains(table.String(), "where "+where+", 3 document(s) per client") {
+				t.Errorf("view figures missing:\n%s", table.String())
+			}
+		})
+	}
+}
