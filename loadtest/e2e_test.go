@@ -326,3 +326,34 @@ func TestRunViewsAgainstGateway(t *testing.T) {
 		})
 	}
 }
+
+// TestIdleViewsAgainstGateway measures idle views against a real gateway:
+// after the first reading every client gets exactly its documents, then
+// the second reading is taken. Figures are the process's (the gateway
+// runs in it), so only their presence is checked.
+func TestIdleViewsAgainstGateway(t *testing.T) {
+	for _, where := range []string{"", WhereEq, WhereSubject} {
+		t.Run("where="+where, func(t *testing.T) {
+			natsURL, b := startNATSBroker(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			wsURL := startGateway(t, b, nil)
+			res, err := Idle(ctx, Config{URL: wsURL, NATSURL: natsURL, Clients: 30, Where: where, WhereDocs: 4,
+				Proc: ProcSampler{PID: os.Getpid()}}, 10*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var table strings.Builder
+			res.WriteTable(&table)
+			if res.IdleBytes <= 0 || res.Clients != 30 {
+				t.Fatalf("no idle reading:\n%s", table.String())
+			}
+			switch {
+			case where == "" && (res.HeldDocs != 0 || strings.Contains(table.String(), "per document")):
+				t.Errorf("plain idle run reports documents:\n%s", table.String())
+			case where != "" && (res.HeldDocs != 120 || res.HeldBytes <= 0 || !strings.Contains(table.String(), "120 documents held")):
+				t.Errorf("view idle run: want 120 documents held and a second reading:\n%s", table.String())
+			}
+		})
+	}
+}
