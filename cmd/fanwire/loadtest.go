@@ -41,6 +41,8 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 		asJSON     bool
 		idle       time.Duration
 		behind     int
+		latest     int
+		rounds     int
 		brokerKind string
 		cpuProfile string
 	)
@@ -71,6 +73,8 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 	fs.IntVar(&cfg.ResumeDrops, "resume-drops", 1, "with --resume: how many times each resuming client drops")
 	fs.Uint64Var(&cfg.ResumeSeed, "resume-seed", 0, "with --resume: seed choosing the resuming clients and their drop points (0: a random one, printed with the result; give it to repeat a run)")
 	fs.IntVar(&behind, "resume-behind", 0, "instead of the fan-out test: a client leaves, this many events are published, and it resumes from its cursor; reports the catch-up rate (needs --broker jetstream on the gateway)")
+	fs.IntVar(&latest, "latest", 0, "instead of the fan-out test: publish this many documents, each once on a subject of its own, then read them into one new client at a time, alternately from \"latest\" (a snapshot; with --where eq or range, filtered by a where every document passes) and from the cursor before them (a replay of the same events); each read must get every document once, in order, then synced; reports documents/s from subscribe to synced and the gateway's CPU per document (needs --broker jetstream or redis; past 100,000 documents raise the gateway's --max-snapshot with --spawn-flags)")
+	fs.IntVar(&rounds, "latest-rounds", 3, "with --latest: how many reads of each kind, alternating (snapshot first, then replay first, ...)")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "fan-out test: write a CPU profile of this (the loadtest) process, from the first publish to the end of delivery, to this file (go tool pprof)")
 	fs.DurationVar(&cfg.Churn, "churn", 0, "churn soak: besides --clients (connected throughout, verified as usual), --churn-clients clients connect, subscribe, receive for up to half a second and leave (clean closes, TCP drops, resubscriptions on one connection, drops before subscribing), over and over, for this long (0: off); events flow at --rate throughout, and the gateway's goroutines and heap (from --metrics-url) must come back to their baseline")
 	fs.IntVar(&cfg.ChurnClients, "churn-clients", loadtest.DefaultChurnClients, "with --churn: concurrent churning clients")
@@ -139,6 +143,26 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 		}
 		if cfg.Churn != 0 && (behind > 0 || idle > 0 || cfg.ResumeShare != 0) {
 			return errors.New("--churn is a test of its own: drop --resume, --resume-behind or --idle")
+		}
+		if latest > 0 {
+			if behind > 0 || idle > 0 || cfg.ResumeShare != 0 || cfg.Churn != 0 {
+				return errors.New("--latest is a test of its own: drop --resume, --resume-behind, --idle and --churn")
+			}
+			res, err := loadtest.Latest(ctx, cfg, latest, rounds)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+					return err
+				}
+			} else {
+				res.WriteTable(os.Stdout)
+			}
+			if !res.OK {
+				return exitCode(1)
+			}
+			return nil
 		}
 		if behind > 0 {
 			res, err := loadtest.Resume(ctx, cfg, behind)
