@@ -144,6 +144,36 @@ type Durable interface {
 	CompareCursors(a, b string) (int, error)
 }
 
+// Snapshots is implemented by brokers that can read the newest stored
+// message of each subject (JetStream: last-per-subject delivery; Redis
+// Streams: an index of each subject's newest entry kept by the script that
+// appends). A live view starts with Latest, then replays (through,
+// watermark] with Replay and joins the live feed: together they give every
+// subject's newest message exactly once, without reading the history.
+type Snapshots interface {
+	// Latest reads the newest stored message of every subject matching
+	// filters (patterns within the broker's subject space; none: every
+	// subject; a broker that cannot filter may deliver others, callers
+	// match) as of a position `through`, which it returns ("" when the
+	// stream is empty). h gets, in cursor order and in batches of at most
+	// a few hundred, for every such subject its newest message at or
+	// before through; a subject whose newest stored message is after
+	// through may instead be left out (a Replay after through delivers
+	// it). Deletes are delivered like any message (the caller decides). It
+	// never delivers a message after through, nor one twice. h must not
+	// keep the batch slice, which is reused (it may keep each Message's
+	// Data). An error from h ends it with that error.
+	Latest(ctx context.Context, filters []string, h func([]Message) error) (through string, err error)
+}
+
+// latestHooks let a test act between Latest's steps, where a publisher
+// racing with it would change what it reads (export_test.go); nil
+// outside tests.
+type latestHooks struct {
+	afterThrough func() // through is read, nothing else yet
+	afterScan    func() // Redis Streams: the index is read, no entry yet
+}
+
 // HighWater is implemented by brokers that can say which of a writer's
 // events they already store (JetStream, Redis Streams; not Core NATS,
 // which keeps no history). A writer whose events have ids in publish
@@ -288,21 +318,3 @@ func ValidConsumerName(name string) bool {
 // again after its connection ended repeats at most this many events its
 // last connection had sent.
 const AckEvery = 16
-
-// Snapshots is implemented by brokers that can read the newest stored
-// message of each subject (JetStream: last-per-subject delivery; Redis
-// Streams: an index of each subject's newest entry kept by the script
-// that appends). The ws role serves subscriptions from "latest" with it.
-type Snapshots interface {
-	// Latest reads the newest stored message of every subject matching
-	// filters (patterns within the broker's subject space; a broker that
-	// cannot filter may deliver others, callers match) as of a position
-	// through, which it returns ("" when the stream is empty). h gets, in
-	// cursor order, for every such subject its newest message at or
-	// before through; a subject whose newest stored message is after
-	// through may instead be left out (a Replay after through delivers
-	// it). Deletes are delivered like any message (the caller decides).
-	// It never delivers a message after through, nor one twice. An error
-	// from h ends it with that error.
-	Latest(ctx context.Context, filters []string, h func([]Message) error) (through string, err error)
-}

@@ -8,3 +8,14 @@ func SetFeedBuffer(b *JetStream, n int) { b.buffer = n }
 // SetNATSBuffer sets how many messages b's Consume holds for a busy
 // handler, so that a test can make the library drop with a small flood.
 func SetNATSBuffer(b *NATS, n int) { b.buffer = n }
+
+// SetLatestHooks makes b's Latest call afterThrough once it has read the
+// position it reads as of (through), before it creates its consumer.
+func SetLatestHooks(b *JetStream, afterThrough func()) { b.latest.afterThrough = afterThrough }
+
+// SetRedisLatestHooks makes b's Latest call afterThrough once it has read
+// through, before it reads the index, and afterScan once it has read the
+// index, before it fetches any entry.
+func SetRedisLatestHooks(b *Redis, afterThrough, afterScan func()) {
+	b.latest.afterThrough, b.latest.afterScan = afterThrough, afterScan
+}

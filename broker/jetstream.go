@@ -45,7 +45,8 @@ type JetStream struct {
 	cfg    JetStreamConfig        // static
 	want   jetstream.StreamConfig // static: the stream's settings, to re-create it when it is lost
 	stream jetstream.Stream
-	buffer int // messages the live feed holds for a busy handler (consumeBuffer; tests make it small)
+	buffer int         // messages the live feed holds for a busy handler (consumeBuffer; tests make it small)
+	latest latestHooks // static: tests' hooks into Latest
 
 	// atomic is whether the stream takes atomic batches (see Publish): set
 	// by DialJetStream, cleared when the server refuses one as disabled.

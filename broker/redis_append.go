@@ -41,10 +41,11 @@ func (b *Redis) Append(ctx context.Context, msgs []Outgoing, opts AppendOptions)
 	check, last := opts.Check, opts.Last
 	for start := 0; start < len(msgs); start += appendScriptMax {
 		part := msgs[start:min(start+appendScriptMax, len(msgs))]
-		// KEYS: the stream, the high-water hash, then a dedup key per
-		// message (the stream's own for one without an id: never read).
-		keys := make([]string, 2, 2+len(part))
-		keys[0], keys[1] = b.cfg.Stream, b.highWaterKey()
+		// KEYS: the stream, the high-water hash, the index of each
+		// subject's newest entry, then a dedup key per message (the
+		// stream's own for one without an id: never read).
+		keys := make([]string, 3, 3+len(part))
+		keys[0], keys[1], keys[2] = b.cfg.Stream, b.highWaterKey(), b.latestKey()
 		checkArg := "0"
 		if check && opts.Writer != "" {
 			checkArg = "1"
@@ -106,7 +107,8 @@ func toAny(s []string) []any {
 	return a
 }
 
-// noRetryCmd is noRetry for a script call's generic command.
+// noRetryCmd marks a command go-redis must not send again: a pipeline
+// holding one is not retried after a connection error.
 type noRetryCmd struct{ *redis.Cmd }
 
 func (noRetryCmd) NoRetry() bool { return true }
@@ -116,7 +118,8 @@ func (noRetryCmd) NoRetry() bool { return true }
 const appendScriptMax = 256
 
 // appendOnceSrc is publishOnceSrc for many messages of one writer: each
-// is appended unless its publish id was seen within the window, and the
+// is appended unless its publish id was seen within the window (and, when
+// appended, recorded as its subject's newest entry in the index), and the
 // writer's high-water mark is set once, to the publish id of the last
 // message stored (appended, or a repeat of one stored before: a writer
 // sends in order, and sends again only what it does not know is stored),
@@ -128,9 +131,10 @@ const appendScriptMax = 256
 // the call is refused with an error starting "CONFLICT", before it stores
 // anything.
 //
-// KEYS[1] stream, KEYS[2] high-water hash, KEYS[2+i] message i's dedup
-// key; ARGV[1] max length (0: no trimming), ARGV[2] window in ms, ARGV[3]
-// the writer ("": none), ARGV[4] check ("1") or not, ARGV[5] the expected
+// KEYS[1] stream, KEYS[2] high-water hash, KEYS[3] the index of each
+// subject's newest entry (latestKey), KEYS[3+i] message i's dedup key;
+// ARGV[1] max length (0: no trimming), ARGV[2] window in ms, ARGV[3] the
+// writer ("": none), ARGV[4] check ("1") or not, ARGV[5] the expected
 // mark, then per message: subject, data, publish id ("" for none).
 const appendOnceSrc = `
 local maxlen = tonumber(ARGV[1])
@@ -147,7 +151,7 @@ local function mark()
     redis.call('HSET', KEYS[2], writer, last)
   end
 end
-local a, k = 6, 3
+local a, k = 6, 4
 while a <= #ARGV do
   local pid = ARGV[a + 2]
   if pid == '' or redis.call('EXISTS', KEYS[k]) == 0 then
@@ -161,6 +165,7 @@ while a <= #ARGV do
       mark()
       return id
     end
+    redis.call('HSET', KEYS[3], ARGV[a], id)
     if pid ~= '' then
       redis.call('SET', KEYS[k], id, 'PX', ARGV[2])
     end
@@ -172,7 +177,7 @@ while a <= #ARGV do
   k = k + 1
 end
 mark()
-return k - 3
+return k - 4
 `
 
 var appendOnce = redis.NewScript(appendOnceSrc)

@@ -36,20 +36,26 @@ type redisTarget struct {
 // onRedis runs test as subtests on one redis-server and on a 3-node Redis
 // Cluster (whose stream keys the tests give hash tags).
 func onRedis(t *testing.T, test func(t *testing.T, r redisTarget)) {
-	t.Run("single", func(t *testing.T) {
-		addr := brokertest.Redis(t)
-		raw := redis.NewClient(&redis.Options{Addr: addr})
-		t.Cleanup(func() { _ = raw.Close() })
-		test(t, redisTarget{cfg: broker.RedisConfig{URL: "redis://" + addr}, raw: raw})
-	})
-	t.Run("cluster", func(t *testing.T) {
-		addrs := brokertest.RedisCluster(t, 3)
-		raw := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-		t.Cleanup(func() { _ = raw.Close() })
-		// One seed in the URL's host, the others as addr parameters.
-		url := "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
-		test(t, redisTarget{cfg: broker.RedisConfig{URL: url, Cluster: true}, raw: raw})
-	})
+	t.Run("single", func(t *testing.T) { test(t, redisSingle(t)) })
+	t.Run("cluster", func(t *testing.T) { test(t, redisCluster(t)) })
+}
+
+// redisSingle starts a redis-server to run a test on.
+func redisSingle(t *testing.T) redisTarget {
+	addr := brokertest.Redis(t)
+	raw := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = raw.Close() })
+	return redisTarget{cfg: broker.RedisConfig{URL: "redis://" + addr}, raw: raw}
+}
+
+// redisCluster starts a 3-node Redis Cluster to run a test on.
+func redisCluster(t *testing.T) redisTarget {
+	addrs := brokertest.RedisCluster(t, 3)
+	raw := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = raw.Close() })
+	// One seed in the URL's host, the others as addr parameters.
+	url := "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
+	return redisTarget{cfg: broker.RedisConfig{URL: url, Cluster: true}, raw: raw}
 }
 
 // with is r's configuration with the test's stream and settings.

@@ -1,7 +1,10 @@
 package gateway
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -148,4 +151,60 @@ func TestFilterClaimsAreValuesNotText(t *testing.T) {
 	if k1, k2 := grantKey(g, map[string]any{"sub": "a"}), grantKey(g, map[string]any{"sub": "b"}); k1 == k2 {
 		t.Fatal("a claim the filter reads did not change its key")
 	}
+}
+
+// TestParseJSONAgreesWithEncodingJSON: the filters' parser gives the
+// values encoding/json gives (numbers as int64 when integral and in
+// range), on the data users publish, escapes and odd values included.
+func TestParseJSONAgreesWithEncodingJSON(t *testing.T) {
+	for _, in := range []string{
+		`{"a":1,"b":-2.5,"c":"x\"y\u00e9\ud83d\ude00","d":[true,false,null,{}],"e":{"f":[]},"g":1e3,"h":12345678901234567890,"i":-0,"j":"","k":0.1}`,
+		` [ 1 , "two" , { "three" : 3 } ] `,
+		`"plain"`, `42`, `-9223372036854775808`, `9223372036854775808`, `1.5e-300`, `null`, `{"dup":1,"dup":2}`,
+		`{"\u0000":"nul","tab\t":"\\"}`,
+	} {
+		got, ok := parseJSON([]byte(in))
+		if !ok {
+			t.Fatalf("%s: not parsed", in)
+		}
+		dec := json.NewDecoder(strings.NewReader(in))
+		dec.UseNumber()
+		var want any
+		if err := dec.Decode(&want); err != nil {
+			t.Fatal(err)
+		}
+		want = normalizeJSON(want)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s:\n got  %#v\n want %#v", in, got, want)
+		}
+	}
+	for _, bad := range []string{`{`, `{"a"}`, `[1,]`, `tru`, `"x`, `{"a":1}x`, ``, `-`} {
+		if _, ok := parseJSON([]byte(bad)); ok {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+func FuzzParseJSON(f *testing.F) {
+	for _, s := range []string{`{"a":[1,2.5,"x"]}`, `"\u00e9"`, `-0.0e+1`, `[]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, ok := parseJSON(b)
+		if !json.Valid(b) {
+			return // NewEvent never lets it through: any answer will do, without a panic
+		}
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.UseNumber()
+		var want any
+		if err := dec.Decode(&want); err != nil {
+			return
+		}
+		if !ok {
+			t.Fatalf("%q: valid JSON not parsed", b)
+		}
+		if want = normalizeJSON(want); !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q:\n got  %#v\n want %#v", b, got, want)
+		}
+	})
 }

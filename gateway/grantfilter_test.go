@@ -39,7 +39,7 @@ func TestGrantRowFilter(t *testing.T) {
 	first := e.store("orders.0", `{"doc":{"customer":"c1","region":"eu","total":1}}`)
 	docs := []struct {
 		subject, data string
-		to        []any
+		to            []any
 	}{
 		{"orders.1", `{"doc":{"customer":"c1","region":"eu","total":50}}`, []any{"big", "live"}},
 		{"orders.2", `{"doc":{"customer":"c2","region":"eu","total":50}}`, nil},

@@ -240,6 +240,9 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 					}
 				}
 				ms = ms[:k]
+				if k == 0 {
+					return nil // nothing to send: no "subscribed" before a cursor is known to be good
+				}
 			}
 			return deliver(ms)
 		})

@@ -196,6 +196,8 @@ func refEq(a, b any) tri {
 
 type refSub struct {
 	vs     *viewSub
+	replay *viewSub // the same subscription served outside the index (a resume, a snapshot, a feed: offer)
+	rgot   []string
 	grant  *refExpr
 	where  *refExpr
 	claims map[string]any
@@ -278,6 +280,7 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 		h.idx.mu.Lock()
 		h.addViewLocked(rs.vs)
 		h.idx.mu.Unlock()
+		rs.replay = &viewSub{c: c, id: id, pattern: rs.vs.pattern, f: rs.vs.f, subs: rs.vs.subs, max: 1 << 20, held: map[string]struct{}{}}
 		subs = append(subs, rs)
 	}
 	var batch []*Event
@@ -312,6 +315,12 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 		for _, rs := range subs {
 			if !matchEvent(rs.vs.pattern, subject) {
 				continue
+			}
+			switch deliver, leave, _ := rs.replay.offer(subject, ev.parsed()); {
+			case deliver:
+				rs.rgot = append(rs.rgot, fmt.Sprintf("event %s %d", subject, n))
+			case leave:
+				rs.rgot = append(rs.rgot, fmt.Sprintf("leave %s %d", subject, n))
 			}
 			if rs.accepts(subject, doc) {
 				rs.want = append(rs.want, fmt.Sprintf("event %s %d", subject, n))
@@ -359,6 +368,9 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 				w = rs.where.text
 			}
 			t.Fatalf("seed %d, %s on %s, grant %q, where %q, claims %v:\n got  %v\n want %v", seed, rs.vs.id, rs.vs.pattern, g, w, rs.claims, rs.got, rs.want)
+		}
+		if !slices.Equal(rs.rgot, rs.want) {
+			t.Fatalf("seed %d, %s served outside the index:\n got  %v\n want %v", seed, rs.vs.id, rs.rgot, rs.want)
 		}
 		held := make([]string, 0, len(rs.held))
 		for s := range rs.held {

@@ -1,0 +1,146 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+)
+
+// Latest reads the newest stored message of each subject on filters (see
+// Snapshots) with a short-lived last-per-subject consumer: the server
+// answers from its per-subject index, without reading the history.
+//
+// through is the stream's last sequence L, read before the consumer is
+// created. The server takes the consumer's set of last messages when it
+// creates it, so at or after L's state: a subject published on in between
+// is in it with a sequence after L, and is left out (Snapshots allows it;
+// the Replay after through delivers it). The set is delivered in sequence
+// order (the server sorts it) and then the consumer goes on with messages
+// stored after its creation, so the first message after L ends the read:
+// nothing after through is delivered, and Latest returns even while
+// publishers keep the stream busy.
+//
+// Like Replay, a plain ephemeral pull consumer (no acks, in memory),
+// deleted when done; the server removes it if this process dies first.
+func (b *JetStream) Latest(ctx context.Context, filters []string, h func([]Message) error) (string, error) {
+	info, err := b.stream.Info(ctx)
+	if err != nil {
+		return "", fmt.Errorf("jetstream: stream info: %w", err)
+	}
+	last := info.State.LastSeq
+	if last == 0 {
+		return "", nil // nothing was ever stored
+	}
+	through := FormatJSCursor(last)
+	if info.State.Msgs == 0 {
+		return through, nil // all of it removed (retention, a purge)
+	}
+	if b.latest.afterThrough != nil {
+		b.latest.afterThrough()
+	}
+	ccfg := jetstream.ConsumerConfig{
+		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		InactiveThreshold: replayInactive,
+		MemoryStorage:     true,
+		Replicas:          1,
+	}
+	ccfg.FilterSubject, ccfg.FilterSubjects = b.latestFilters(filters)
+	cons, err := b.js.CreateConsumer(ctx, b.cfg.Stream, ccfg)
+	if err != nil {
+		return "", fmt.Errorf("jetstream: latest consumer: %w", unsupported(err))
+	}
+	defer func() {
+		// As Replay's: best effort, detached from ctx.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := b.js.DeleteConsumer(dctx, b.cfg.Stream, cons.CachedInfo().Name); err != nil {
+			b.core.log.Debug("jetstream: delete latest consumer", zap.Error(err))
+		}
+	}()
+	if cons.CachedInfo().NumPending == 0 {
+		return through, nil // no subject on filters
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(replayBatch))
+	if err != nil {
+		return "", fmt.Errorf("jetstream: latest: %w", err)
+	}
+	defer it.Stop()
+	// Next waits up to replayStall whatever ctx says: stopping the
+	// iterator ends a wait at once when ctx is done.
+	defer context.AfterFunc(ctx, it.Stop)()
+	batch := make([]Message, 0, maxBatch)
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := h(batch)
+		clear(batch)
+		batch = batch[:0]
+		return err
+	}
+	done := func() (string, error) {
+		if err := flush(); err != nil {
+			return "", err
+		}
+		return through, nil
+	}
+	for {
+		m, err := it.Next(jetstream.NextMaxWait(replayStall))
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		if errors.Is(err, nats.ErrTimeout) {
+			// A slow server, or a message of the set removed since the
+			// consumer took it (the count of pending ones still has it):
+			// ask the server whether any is still to come.
+			ci, err := cons.Info(ctx)
+			if err != nil {
+				return "", fmt.Errorf("jetstream: latest: %w", err)
+			}
+			if ci.NumPending == 0 {
+				return done()
+			}
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("jetstream: latest: %w", err)
+		}
+		meta, err := m.Metadata()
+		if err != nil {
+			return "", fmt.Errorf("jetstream: latest: %w", err)
+		}
+		seq := meta.Sequence.Stream
+		if seq > last {
+			return done() // the rest of the set, and what follows it, is after through
+		}
+		batch = append(batch, Message{Subject: m.Subject(), Data: m.Data(), Cursor: FormatJSCursor(seq)})
+		if seq == last || meta.NumPending == 0 {
+			return done()
+		}
+		if len(batch) == cap(batch) {
+			if err := flush(); err != nil {
+				return "", err
+			}
+		}
+	}
+}
+
+// latestFilters is consumerFilters for a last-per-subject consumer, which
+// the server creates only with a filter: none means the subject space, and
+// several on a server older than 2.10 (which takes one) mean ">", the
+// whole stream (as Replay reads it there; the caller matches).
+func (b *JetStream) latestFilters(filters []string) (one string, several []string) {
+	if len(filters) == 0 {
+		filters = b.cfg.Subjects
+	}
+	if len(filters) > 1 && !b.since210 {
+		return ">", nil
+	}
+	return b.consumerFilters(filters)
+}
