@@ -357,3 +357,51 @@ func TestIdleViewsAgainstGateway(t *testing.T) {
 		})
 	}
 }
+
+// TestLatestAgainstGateway reads documents into one client from "latest"
+// and by replay, alternately, against a real gateway on each durable
+// broker: every read gets every document once, in order, then synced.
+func TestLatestAgainstGateway(t *testing.T) {
+	for _, tc := range []struct{ kind, where string }{{"jetstream", ""}, {"jetstream", WhereEq}, {"redis", ""}, {"redis", WhereRange}} {
+		t.Run(tc.kind+"/where="+tc.where, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cfg := Config{Size: 200, Where: tc.where, Proc: ProcSampler{PID: os.Getpid()}}
+			b, subjects := testBroker(ctx, t, &cfg, tc.kind)
+			cfg.URL = startGateway(t, b, subjects)
+			res, err := Latest(ctx, cfg, 500, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var table strings.Builder
+			res.WriteTable(&table)
+			if !res.OK || len(res.Reads) != 4 || res.Reads[0].Kind != readSnapshot || res.Reads[2].Kind != readReplay {
+				t.Fatalf("want 4 clean reads, snapshot first, then replay first:\n%s", table.String())
+			}
+			for _, rd := range res.Reads {
+				if rd.Received != 500 || rd.DocsPerSec <= 0 {
+					t.Errorf("%s read %d documents at %v/s:\n%s", rd.Kind, rd.Received, rd.DocsPerSec, table.String())
+				}
+			}
+		})
+	}
+}
+
+// TestLatestNeedsSnapshots checks that a gateway on Core NATS, which
+// cannot serve "latest", fails the measurement with its error.
+func TestLatestNeedsSnapshots(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := Config{Size: 200, Timeout: 5 * time.Second}
+	testBroker(ctx, t, &cfg, "jetstream")                                // a stream stores the documents…
+	nb, err := broker.DialNATS(ctx, broker.NATSConfig{URL: cfg.NATSURL}) // …but the gateway reads Core NATS
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nb.Close() })
+	cfg.URL = startGateway(t, nb, nil)
+	_, err = Latest(ctx, cfg, 10, 1)
+	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "bad_cursor") {
+		t.Fatalf("err = %v, want the gateway's bad_cursor", err)
+	}
+}
