@@ -375,8 +375,8 @@ func TestLatestAgainstGateway(t *testing.T) {
 			}
 			var table strings.Builder
 			res.WriteTable(&table)
-			if !res.OK || len(res.Reads) != 4 || res.Reads[0].Kind != readSnapshot || res.Reads[2].Kind != readReplay {
-				t.Fatalf("want 4 clean reads, snapshot first, then replay first:\n%s", table.String())
+			if !res.OK || len(res.Reads) != 5 || res.Reads[0].Kind != readWarmUp || res.Reads[1].Kind != readSnapshot || res.Reads[3].Kind != readReplay {
+				t.Fatalf("want 5 clean reads: a warm-up, snapshot first, then replay first:\n%s", table.String())
 			}
 			for _, rd := range res.Reads {
 				if rd.Received != 500 || rd.DocsPerSec <= 0 {
