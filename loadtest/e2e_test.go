@@ -327,19 +327,21 @@ func TestRunViewsAgainstGateway(t *testing.T) {
 	}
 }
 
-// TestIdleViewsAgainstGateway measures idle views against a real gateway:
-// after the first reading every client gets exactly its documents, then
-// the second reading is taken. Figures are the process's (the gateway
-// runs in it), so only their presence is checked.
+// TestIdleViewsAgainstGateway measures idle views against a real gateway
+// that pings every 20 ms: the idle clients must answer (an unanswered
+// ping closes a connection, which fails the measurement), and after the
+// first reading every client gets exactly its documents, then the second
+// reading is taken. Figures are the process's (the gateway runs in it),
+// so only their presence is checked.
 func TestIdleViewsAgainstGateway(t *testing.T) {
 	for _, where := range []string{"", WhereEq, WhereSubject} {
 		t.Run("where="+where, func(t *testing.T) {
 			natsURL, b := startNATSBroker(t)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			wsURL := startGateway(t, b, nil)
+			wsURL := gatewaytest.Start(t, gateway.Config{Broker: b, PingInterval: 20 * time.Millisecond, PingTimeout: 2 * time.Second}).WSURL()
 			res, err := Idle(ctx, Config{URL: wsURL, NATSURL: natsURL, Clients: 30, Where: where, WhereDocs: 4,
-				Proc: ProcSampler{PID: os.Getpid()}}, 10*time.Millisecond)
+				Proc: ProcSampler{PID: os.Getpid()}}, 300*time.Millisecond)
 			if err != nil {
 				t.Fatal(err)
 			}

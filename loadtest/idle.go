@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sync"
 	"time"
 )
 
@@ -35,11 +34,14 @@ type IdleResult struct {
 }
 
 // Idle connects cfg.Clients clients (subscribed, as in Run), waits settle so
-// that connection set-up garbage is collected and idle writers exit, reads
-// the gateway's current RSS and disconnects. In a view run (cfg.Where) it
-// then publishes each client's documents once, waits until every client
-// has exactly its own (verified as in Run), waits settle again and reads
-// the RSS a second time. cfg.Proc must name the gateway.
+// that connection set-up garbage is collected and idle writers exit, and
+// reads the gateway's current RSS. In a view run (cfg.Where) it then
+// publishes each client's documents once, waits until every client has
+// exactly its own, waits settle again and reads the RSS a second time.
+// The clients are read throughout, so that they answer the gateway's
+// pings as real idle clients do, and verified as in Run: a client that
+// gets anything it should not, or loses its connection, fails the
+// measurement. cfg.Proc must name the gateway.
 func Idle(ctx context.Context, cfg Config, settle time.Duration) (*IdleResult, error) {
 	if cfg.Where != "" {
 		docs := max(cfg.WhereDocs, DefaultWhereDocs)
@@ -67,22 +69,37 @@ func Idle(ctx context.Context, cfg Config, settle time.Duration) (*IdleResult, e
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: connect clients: %w", err)
 	}
-	defer closeAll(ctx, clients)
-	res := &IdleResult{Clients: cfg.Clients, BaselineBytes: base, ConnectTime: time.Since(start), Where: cfg.Where}
-	if res.IdleBytes, res.HeapIdleBytes, err = settleAndRead(ctx, &cfg, mr, settle); err != nil {
+	connectTime := time.Since(start)
+	s := startSession(ctx, &cfg, clients)
+	res, err := idle(ctx, &cfg, s, mr, settle)
+	if cerr := s.close(cfg.viewRun()); err == nil && cerr != nil {
+		err = fmt.Errorf("loadtest: %w", cerr)
+	}
+	if err != nil {
 		return nil, err
 	}
+	res.BaselineBytes, res.ConnectTime = base, connectTime
 	if cfg.Clients > 0 {
 		res.PerConnBytes = (res.IdleBytes - res.BaselineBytes) / int64(cfg.Clients)
+	}
+	return res, nil
+}
+
+// idle takes Idle's readings while s holds the clients.
+func idle(ctx context.Context, cfg *Config, s *session, mr *metricsReader, settle time.Duration) (*IdleResult, error) {
+	res := &IdleResult{Clients: cfg.Clients, Where: cfg.Where}
+	var err error
+	if res.IdleBytes, res.HeapIdleBytes, err = settleAndRead(ctx, cfg, mr, settle); err != nil {
+		return nil, err
 	}
 	if !cfg.viewRun() {
 		return res, nil
 	}
-	if err := fill(ctx, &cfg, clients); err != nil {
+	if err := s.deliver(ctx); err != nil {
 		return nil, fmt.Errorf("loadtest: documents: %w", err)
 	}
 	res.HeldDocs = cfg.Events
-	if res.HeldBytes, res.HeapHeldBytes, err = settleAndRead(ctx, &cfg, mr, settle); err != nil {
+	if res.HeldBytes, res.HeapHeldBytes, err = settleAndRead(ctx, cfg, mr, settle); err != nil {
 		return nil, err
 	}
 	res.PerDocBytes = (res.HeldBytes - res.IdleBytes) / int64(res.HeldDocs)
@@ -106,70 +123,6 @@ func settleAndRead(ctx context.Context, cfg *Config, mr *metricsReader, settle t
 		}
 	}
 	return rss, heap, nil
-}
-
-// fill publishes cfg.Events events (a view run's documents) and reads
-// every client until it holds all of its own, as Run verifies them. The
-// connections stay open; when delivery stalls for cfg.Timeout or ctx ends
-// they are closed, which ends the readers.
-func fill(ctx context.Context, cfg *Config, clients []*client) error {
-	out, err := openSink(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer out.close()
-	var wg sync.WaitGroup
-	finished := make(chan struct{}, len(clients)) // each reader sends once
-	for _, c := range clients {
-		wg.Go(func() {
-			defer func() { finished <- struct{}{} }()
-			for !c.v.complete() {
-				msg, at, err := c.conn.ReadMessage()
-				if err != nil {
-					c.err = fmt.Errorf("client %d: read: %w", c.id, err)
-					return
-				}
-				c.handleFrame(msg, at)
-			}
-		})
-	}
-	pctx, stop := context.WithCancel(ctx)
-	defer stop()
-	published := make(chan error, 1) // the one send never blocks
-	wg.Go(func() { published <- publish(pctx, out, cfg, nil) })
-	m := monitor{cfg: cfg, clients: clients, start: time.Now()}
-	werr := m.wait(ctx, finished, published)
-	if werr != nil || m.timedOut {
-		stop()
-		for _, c := range clients { // ends the readers still waiting
-			_ = c.conn.CloseNow()
-		}
-	}
-	wg.Wait()
-	if werr != nil {
-		return werr
-	}
-	if m.published == 0 { // the monitor did not take the publisher's result
-		if err := <-published; err != nil && !m.timedOut {
-			return fmt.Errorf("publish: %w", err)
-		}
-	}
-	var bad []string
-	for _, c := range clients {
-		v := &c.v
-		if !v.complete() || v.gaps+v.dups+v.late+v.alien+c.malformed+c.leaves+c.serverErrors > 0 || c.err != nil {
-			bad = append(bad, fmt.Sprintf("client %d: %d of %d, gaps %d, dups %d, out of order %d, unexpected %d, leaves %d, errors %d %s %v",
-				c.id, v.distinct, v.events, v.gaps, v.dups, v.late, v.alien, c.leaves, c.serverErrors, c.firstServerError, c.err))
-		}
-	}
-	if len(bad) > 0 {
-		stalled := ""
-		if m.timedOut {
-			stalled = fmt.Sprintf(" (no delivery for %v)", cfg.Timeout)
-		}
-		return fmt.Errorf("%d of %d clients did not get exactly their documents%s; first: %s", len(bad), len(clients), stalled, bad[0])
-	}
-	return nil
 }
 
 // WriteTable prints the result for people.

@@ -58,8 +58,11 @@ func Latest(ctx context.Context, cfg Config, docs, rounds int) (*LatestResult, e
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: connect the live client: %w", err)
 	}
-	err = fill(ctx, &live, clients)
-	closeAll(ctx, clients)
+	s := startSession(ctx, &live, clients)
+	err = s.deliver(ctx)
+	if cerr := s.close(true); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: publish: %w", err)
 	}
