@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -137,6 +138,200 @@ func TestConsole(t *testing.T) {
 	})
 }
 
+// TestConsoleView: the console's View (a live view: from "latest" with an
+// optional where) shows a table of the newest document of each subject
+// that passes, a row per subject, sorted, kept up to date in place, and
+// says where it synced, or why the gateway refused it.
+func TestConsoleView(t *testing.T) {
+	e := newEnvOn(t, "jetstream", nil)
+	browser := newBrowser(t) // closed before the gateway: cleanups run last-in first-out
+
+	t.Run("snapshot then live", func(t *testing.T) {
+		// Before the view opens: ingest-shaped events, several for some
+		// subjects; the view shows each subject's newest document.
+		e.store("orders.1", row("insert", 1, `{"id":1,"status":"open","total":5}`))
+		e.store("orders.2", row("insert", 2, `{"id":2,"status":"closed","total":7}`))
+		e.store("orders.3", row("insert", 3, `{"id":3,"status":"open","total":9}`))
+		e.store("orders.10", row("insert", 10, `{"id":10,"status":"open","total":1.5}`))
+		e.store("orders.4", row("insert", 4, `{"id":4,"status":"open","total":2}`))
+		e.store("orders.4", row("delete", 4, ""))
+		e.store("app.1", `{"doc":{"status":"open"}}`) // not under the pattern
+		synced := e.store("orders.1", row("update", 1, `{"id":1,"status":"open","total":6}`))
+
+		p := openConsole(t, browser, e.http.URL)
+		p.openView("orders.*", "doc.status == 'open'")
+		p.waitVisible(`#view-status[data-state="synced"]`)
+		if got, want := p.text("#view-status"), "synced at "+synced; got != want {
+			t.Fatalf("view status reads %q, want %q", got, want)
+		}
+		// Complete at synced: no waiting for these rows. Sorted by
+		// subject, orders.10 after orders.3.
+		p.checkRows(
+			"orders.1 id=1 status=open total=6",
+			"orders.3 id=3 status=open total=9",
+			"orders.10 id=10 status=open total=1.5",
+		)
+		if got := p.text("#view-count"); got != "3" {
+			t.Fatalf("row count reads %q, want 3", got)
+		}
+
+		// Live. An update in place changes the cells of the same row
+		// (marked here: a re-rendered table would lose the mark).
+		p.do(chromedp.Evaluate[chromedp.Void](`document.querySelector('#view-body tr[data-key="orders.3"]').marked = true`))
+		e.store("orders.3", row("update", 3, `{"id":3,"status":"open","total":12}`))
+		p.waitRows(
+			"orders.1 id=1 status=open total=6",
+			"orders.3 id=3 status=open total=12",
+			"orders.10 id=10 status=open total=1.5",
+		)
+		if marked, err := chromedp.Run(p.ctx, chromedp.Evaluate[bool](
+			`document.querySelector('#view-body tr[data-key="orders.3"]').marked === true`)); err != nil || !marked {
+			t.Fatalf("orders.3's row was replaced, not updated in place (marked %v, %v)", marked, err)
+		}
+		// An update into the filter adds a row, in its place.
+		e.store("orders.2", row("update", 2, `{"id":2,"status":"open","total":7}`))
+		p.waitRows(
+			"orders.1 id=1 status=open total=6",
+			"orders.2 id=2 status=open total=7",
+			"orders.3 id=3 status=open total=12",
+			"orders.10 id=10 status=open total=1.5",
+		)
+		// An update out of the filter (a leave) and a delete remove
+		// rows; a document with a new field adds a column.
+		e.store("orders.1", row("update", 1, `{"id":1,"status":"shipped","total":6}`))
+		e.store("orders.10", row("delete", 10, ""))
+		e.store("orders.5", row("insert", 5, `{"id":5,"status":"open","total":3,"note":"rush"}`))
+		p.waitRows(
+			"orders.2 id=2 status=open total=7",
+			"orders.3 id=3 status=open total=12",
+			"orders.5 id=5 status=open total=3 note=rush",
+		)
+		// A truncate of the table empties the view; later rows come back.
+		e.store("orders.%truncate", `{"op":"truncate","key":null,"doc":null}`)
+		p.waitRows()
+		p.waitVisible("#view-empty")
+		e.store("orders.6", row("insert", 6, `{"id":6,"status":"open","total":4}`))
+		p.waitRows("orders.6 id=6 status=open total=4")
+		if got := p.text("#view-count"); got != "1" {
+			t.Fatalf("row count reads %q, want 1", got)
+		}
+		if got, want := p.text("#view-status"), "synced at "+synced; got != want {
+			t.Fatalf("view status reads %q after live changes, want %q", got, want)
+		}
+
+		// Another view replaces it. Without a where the snapshot holds
+		// every subject's newest event: the truncate removes the
+		// documents before it, a delete is no row, orders.6 stays.
+		synced = e.store("orders.7", row("insert", 7, `{"id":7,"status":"closed","total":8}`))
+		p.openView("orders.*", "")
+		p.waitVisible(`#view-status[data-state="synced"]`)
+		if got, want := p.text("#view-status"), "synced at "+synced; got != want {
+			t.Fatalf("the second view's status reads %q, want %q", got, want)
+		}
+		p.checkRows(
+			"orders.6 id=6 status=open total=4",
+			"orders.7 id=7 status=closed total=8",
+		)
+		if got := p.text("#view-title"); got != "orders.*" {
+			t.Fatalf("view title reads %q, want orders.*", got)
+		}
+		// Unfiltered, a delete arrives as the event itself.
+		e.store("orders.6", row("delete", 6, ""))
+		p.waitRows("orders.7 id=7 status=closed total=8")
+
+		// Nothing failed on the way, in the page's callbacks either
+		// (fanwire.js reports those as errors, which the log shows).
+		if n, err := chromedp.Run(p.ctx, chromedp.Evaluate[int](`document.querySelectorAll("#events .entry.error").length`)); err != nil || n != 0 {
+			t.Fatalf("the event log shows %d errors (%v), want none", n, err)
+		}
+	})
+
+	t.Run("bad where", func(t *testing.T) {
+		p := openConsole(t, browser, e.http.URL)
+		p.openView("orders.*", "doc.status ==")
+		p.waitVisible(`#view-status[data-state="error"]`)
+		if got := p.text("#view-status"); !strings.HasPrefix(got, "bad_filter: ") || !strings.Contains(got, "1:14") {
+			t.Fatalf("view status reads %q, want bad_filter and the position (1:14)", got)
+		}
+		p.checkRows()
+		// The connection stays: a good where opens.
+		p.openView("orders.*", "doc.total > 100")
+		p.waitVisible(`#view-status[data-state="synced"]`)
+		p.checkRows()
+		p.waitVisible("#view-empty")
+	})
+
+	t.Run("too large", func(t *testing.T) {
+		e := newEnvOn(t, "jetstream", func(c *gateway.Config) { c.MaxSnapshot = 2 })
+		for i := 1; i <= 3; i++ {
+			e.store("orders."+strconv.Itoa(i), row("insert", i, `{"id":`+strconv.Itoa(i)+`}`))
+		}
+		p := openConsole(t, browser, e.http.URL)
+		p.openView("orders.*", "")
+		p.waitVisible(`#view-status[data-state="error"]`)
+		if got := p.text("#view-status"); !strings.HasPrefix(got, "view_too_large: ") || !strings.Contains(got, "--max-snapshot") {
+			t.Fatalf("view status reads %q, want view_too_large naming --max-snapshot", got)
+		}
+		p.checkRows() // an incomplete view is not shown
+	})
+
+	t.Run("core nats", func(t *testing.T) {
+		e := newEnv(t, nil)
+		p := openConsole(t, browser, e.http.URL)
+		p.openView("orders.*", "")
+		p.waitVisible(`#view-status[data-state="error"]`)
+		if got := p.text("#view-status"); !strings.HasPrefix(got, "bad_cursor: ") || !strings.Contains(got, "keeps no history") ||
+			!strings.Contains(got, "JetStream") {
+			t.Fatalf("view status reads %q, want bad_cursor, the server's message and what a view needs", got)
+		}
+	})
+}
+
+// viewRowsJS reads the console's view table, a string per row: the subject,
+// then field=value for each cell that has a value, in column order.
+const viewRowsJS = `() => Array.from(document.querySelectorAll("#view-body tr"), (tr) =>
+	[tr.dataset.key, ...Array.from(tr.querySelectorAll("td:not(.missing)"),
+		(td) => (td.dataset.col ?? "(document)") + "=" + td.textContent)].join(" "))`
+
+// openView opens a view in the console's View form.
+func (p *browserPage) openView(pattern, where string) {
+	p.t.Helper()
+	p.typeInto("#view-pattern", pattern)
+	p.typeInto("#view-where", where)
+	p.do(chromedp.Click(chromedp.ID("open-view")))
+}
+
+// checkRows fails the test unless the view table shows want now.
+func (p *browserPage) checkRows(want ...string) {
+	p.t.Helper()
+	got, err := chromedp.Run(p.ctx, chromedp.Evaluate[[]string]("("+viewRowsJS+")()"))
+	if err != nil {
+		p.fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		p.t.Fatalf("view table shows\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+}
+
+// waitRows waits until the view table shows want, checking on every change
+// of the page.
+func (p *browserPage) waitRows(want ...string) {
+	p.t.Helper()
+	if want == nil {
+		want = []string{}
+	}
+	js, err := json.Marshal(want)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if err := chromedp.Do(p.ctx, chromedp.PollFunction[chromedp.Void](
+		"(want) => JSON.stringify(("+viewRowsJS+")()) === want",
+		chromedp.WithPollingMutation(), chromedp.WithPollingTimeout(0), chromedp.WithPollingArgs(string(js)),
+	)); err != nil {
+		p.fatal(fmt.Errorf("waiting for the view table to show %s: %w", js, err))
+	}
+}
+
 // chromiumPath finds Debian's chromium. A missing browser fails the test:
 // skipping would let CI pass without ever running the page.
 func chromiumPath(t testing.TB) string {
@@ -215,6 +410,9 @@ type browserPage struct {
 const consoleState = `"status: " + document.getElementById("status").textContent +
 		"\nsubs: " + document.getElementById("subs").innerText +
 		"\npub-result: " + document.getElementById("pub-result").textContent +
+		"\nview: " + document.getElementById("view-title").textContent +
+		"\nview status: " + document.getElementById("view-status").textContent +
+		"\nview table:\n" + document.getElementById("view-table").innerText +
 		"\nevents:\n" + document.getElementById("events").innerText`
 
 // openTab opens a blank tab in browser. Every step in the tab fails after

@@ -30,7 +30,8 @@ type Event struct {
 }
 
 // parsed is the event's data as filters see it, parsed on first use and
-// shared by every filter and view that looks at the event.
+// shared by every filter and view that looks at the event while the
+// dispatcher dispatches it (hub.dispatch drops it after the batch).
 func (e *Event) parsed() *parsedData {
 	if p := e.parsd.Load(); p != nil {
 		return p

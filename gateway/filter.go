@@ -508,10 +508,10 @@ func (v *evalVars) ResolveName(name string) (any, bool) {
 func (v *evalVars) Parent() interpreter.Activation { return nil }
 
 // accepts evaluates ce; an evaluation error (a missing field, a wrong
-// type, the cost limit) is a rejection.
-func (ce *compiledExpr) accepts(vars *evalVars) bool {
+// type, the cost limit) is a rejection, reported by errored.
+func (ce *compiledExpr) accepts(vars *evalVars) (ok, errored bool) {
 	out, _, err := ce.prog.Eval(vars)
-	return err == nil && out == types.True
+	return err == nil && out == types.True, err != nil
 }
 
 // filter is a subscription's effective filter: its grant's and its own
@@ -593,17 +593,25 @@ func (f *filter) accepts(subject string, p *parsedData) bool {
 	if !p.valid {
 		return false
 	}
-	vars := evalVars{subject: subject, p: p, claims: f.claims}
-	return (f.grant == nil || f.grant.accepts(&vars)) && (f.where == nil || f.where.accepts(&vars))
+	ok, _ := f.eval(subject, p)
+	return ok
 }
 
-// acceptsShared is accepts for the dispatcher: once per event (seq) per
-// filter, shared by every subscription holding f.
-func (f *filter) acceptsShared(seq uint64, subject string, p *parsedData) bool {
-	if f.seq != seq {
-		f.seq, f.ok = seq, f.accepts(subject, p)
+// eval is accepts, and whether a rejection was an evaluation error.
+func (f *filter) eval(subject string, p *parsedData) (ok, errored bool) {
+	if !p.valid {
+		return false, true
 	}
-	return f.ok
+	vars := evalVars{subject: subject, p: p, claims: f.claims}
+	for _, ce := range [2]*compiledExpr{f.grant, f.where} {
+		if ce == nil {
+			continue
+		}
+		if ok, errored := ce.accepts(&vars); !ok {
+			return false, errored
+		}
+	}
+	return true, false
 }
 
 // grantFilterText is the filter of the grants covering pattern: "" when

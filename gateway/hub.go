@@ -95,6 +95,10 @@ type hub struct {
 	vscratch []*vnode              // dispatcher
 	tooLarge []*viewSub            // dispatcher: views past their bound in this batch
 	views    viewCount             // filtered subscriptions in the index
+	held     atomic.Int64          // documents they hold
+	// dispatcher: filter evaluations of this batch, and those that were
+	// errors (a missing field, a wrong type, the cost limit)
+	filterEvals, filterErrors int
 }
 
 func newHub(m *Metrics, maxPace time.Duration) *hub {
@@ -163,7 +167,20 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 		h.last.Store(&l)
 	}
 	h.idx.mu.RUnlock()
+	if views {
+		// The parsed data served this batch's filters; the events live on
+		// in mailboxes and the recent ring, where it would only take room
+		// (a few times the data's size).
+		for _, ev := range evs {
+			ev.parsd.Store(nil)
+		}
+	}
 	n, pressured, critical = n+vst.n, pressured+vst.pressured, critical+vst.critical
+	if h.filterEvals > 0 && h.metrics != nil {
+		h.metrics.FilterEvaluations.Add(float64(h.filterEvals))
+		h.metrics.FilterErrors.Add(float64(h.filterErrors))
+	}
+	h.filterEvals, h.filterErrors = 0, 0
 	for i, vs := range h.tooLarge {
 		vs.onTooLarge()
 		h.tooLarge[i] = nil

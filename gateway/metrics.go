@@ -28,6 +28,9 @@ type Metrics struct {
 	PublishedEvents prometheus.Counter
 
 	GraphQLRefused *prometheus.CounterVec // limit: body, bytes, tokens, depth, aliases, complexity, publishes (graphql_limits.go)
+
+	FilterEvaluations prometheus.Counter // live views: distinct filters evaluated by the dispatcher (once per event per filter)
+	FilterErrors      prometheus.Counter // of those, evaluations that were errors: rejections a filter may not mean
 }
 
 func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
@@ -52,12 +55,15 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 		PublishRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_publish_requests_total", Help: "POST /api/publish requests, by result."}, []string{"result"}),
 		PublishedEvents: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_published_events_total", Help: "Events published through the gateway: POST /api/publish, client publish messages and the GraphQL publish mutation."}),
 
+		FilterEvaluations: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_filter_evaluations_total", Help: "Filter evaluations by the dispatcher (where and row filters; once per event per distinct filter)."}),
+		FilterErrors:      prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_filter_errors_total", Help: "Filter evaluations that were errors (a missing field, a type mismatch such as a numeric column's string against a number, the cost limit): each is a rejection."}),
+
 		GraphQLRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_graphql_refused_total", Help: "GraphQL requests and operations (HTTP and WebSocket) refused by a limit: the body, a query limit (before validation), the publishes of one HTTP request."}, []string{"limit"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Connections, m.ConnectionsAccepted, m.ConnectionsRejected, m.Disconnects, m.Subscriptions, m.SlowConsumers,
 			m.ClientErrors, m.EventsReceived, m.EventsInvalid, m.EventsDropped, m.Deliveries, m.Frames, m.BytesSent,
-			m.DispatchLatency, m.DispatchPaced, m.PublishRequests, m.PublishedEvents, m.GraphQLRefused,
+			m.DispatchLatency, m.DispatchPaced, m.PublishRequests, m.PublishedEvents, m.GraphQLRefused, m.FilterEvaluations, m.FilterErrors,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_broker_up", Help: "1 while the broker connection is up."}, func() float64 {
 				if brokerUp() {
 					return 1

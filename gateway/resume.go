@@ -235,7 +235,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 					if err != nil {
 						continue
 					}
-					if _, _, tooLarge := vs.offer(ev.Subject, ev.parsed()); tooLarge {
+					if _, _, tooLarge := vs.offer(ev.Subject, viewParse(vs, ev)); tooLarge {
 						return errViewTooLarge
 					}
 				}
@@ -457,8 +457,16 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern str
 // documents (view_too_large; failSubscribe words it).
 var errViewTooLarge = errors.New("the view passed --max-snapshot documents")
 
-// viewParse is an event's parsed data for a view's offer.
-func viewParse(vs *viewSub, ev *Event) *parsedData { return ev.parsed() }
+// viewParse is an event's parsed data for a view's offer outside the
+// index: parsed for this offer and not kept on the event, which replays
+// share through the event cache (keeping every parsed tree would hold a
+// few times each cached event's size).
+func viewParse(vs *viewSub, ev *Event) *parsedData {
+	if p := ev.parsd.Load(); p != nil {
+		return p
+	}
+	return parseData(ev.Subject, ev.data)
+}
 
 // keys are the subjects vs holds, sorted (a filtered view's synced).
 func (vs *viewSub) keys() []string {

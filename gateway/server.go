@@ -16,6 +16,7 @@ import (
 	"github.com/99designs/gqlgen/graphql/executor"
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 )
@@ -83,6 +84,11 @@ func New(cfg Config) (*Server, error) {
 	s.durable, _ = cfg.Broker.(broker.Durable)
 	s.snapshots, _ = cfg.Broker.(broker.Snapshots)
 	s.exprs = newExprCache(uint64(cfg.MaxFilterCost))
+	if cfg.Registry != nil {
+		cfg.Registry.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_views", Help: "Filtered subscriptions (a where or a row filter) live in the dispatcher's view index."}, func() float64 { return float64(s.hub.views.Load()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_view_documents", Help: "Documents those subscriptions hold (each costs a set entry: see docs/benchmarks.md, \"Live views\")."}, func() float64 { return float64(s.hub.held.Load()) }))
+	}
 	if s.durable != nil {
 		s.replayEvents = new(eventCache)
 	}

@@ -215,6 +215,7 @@ func (h *hub) addViewLocked(vs *viewSub) {
 		h.holders[s] = append(h.holders[s], vs)
 	}
 	h.views.Add(1)
+	h.held.Add(int64(len(vs.held)))
 }
 
 // removeView takes vs out of the view index; it reports whether it was
@@ -268,6 +269,7 @@ func (h *hub) removeView(vs *viewSub, then func()) bool {
 	for s := range vs.held {
 		h.dropHolder(s, vs)
 	}
+	h.held.Add(-int64(len(vs.held)))
 	vs.held = nil
 	n.n--
 	ix.vsize--
@@ -363,6 +365,7 @@ func (h *hub) dispatchView(ev *Event, st *viewStats) {
 			continue
 		}
 		delete(vs.held, ev.Subject)
+		h.held.Add(-1)
 		last := len(holders) - 1
 		holders[i] = holders[last]
 		holders[last] = nil
@@ -385,7 +388,19 @@ func (h *hub) dispatchView(ev *Event, st *viewStats) {
 // viewOffer delivers ev to vs if its filter accepts it, and files the
 // subject as held.
 func (h *hub) viewOffer(vs *viewSub, ev *Event, p *parsedData, seq uint64, st *viewStats) {
-	if vs.ended || vs.matched == seq || !vs.f.acceptsShared(seq, ev.Subject, p) {
+	if vs.ended || vs.matched == seq {
+		return
+	}
+	if f := vs.f; f.seq != seq {
+		var errored bool
+		f.ok, errored = f.eval(ev.Subject, p)
+		f.seq = seq
+		h.filterEvals++
+		if errored {
+			h.filterErrors++
+		}
+	}
+	if !vs.f.ok {
 		return
 	}
 	vs.matched = seq
@@ -397,6 +412,7 @@ func (h *hub) viewOffer(vs *viewSub, ev *Event, p *parsedData, seq uint64, st *v
 				return
 			}
 			vs.held[ev.Subject] = struct{}{}
+			h.held.Add(1)
 			h.holders[ev.Subject] = append(h.holders[ev.Subject], vs)
 		}
 	}
@@ -413,6 +429,7 @@ func (h *hub) viewTruncate(vs *viewSub, ev *Event, st *viewStats) {
 	for s := range vs.held {
 		if strings.HasPrefix(s, prefix) && !strings.Contains(s[len(prefix):], ".") {
 			delete(vs.held, s)
+			h.held.Add(-1)
 			h.dropHolder(s, vs)
 		}
 	}

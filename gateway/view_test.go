@@ -81,6 +81,18 @@ func TestLiveViewFiltersAndLeaves(t *testing.T) {
 			if got := e.metric("fanwire_subscriptions", nil); got != 2 {
 				t.Fatalf("fanwire_subscriptions = %v, want 2", got)
 			}
+			if got := e.metric("fanwire_views", nil); got != 1 {
+				t.Fatalf("fanwire_views = %v, want 1", got)
+			}
+			// orders.1 left, orders.2 was deleted, orders.3 truncated.
+			if got := e.metric("fanwire_view_documents", nil); got != 0 {
+				t.Fatalf("fanwire_view_documents = %v, want 0", got)
+			}
+			// The filter is indexed on doc.status == 'open': only the 5
+			// events whose status is open were evaluated; the others
+			// (closed, the delete's null doc) were never candidates. The
+			// dispatcher adds a batch's counts once it is queued: wait.
+			waitFor(t, "5 filter evaluations", func() bool { return e.metric("fanwire_filter_evaluations_total", nil) == 5 })
 			cl.send(`{"type":"unsubscribe","id":"v"}`)
 			cl.expect(map[string]any{"type": "unsubscribed", "id": "v"})
 			e.store("orders.5", row("insert", 5, `{"id":5,"status":"open","total":900}`))
@@ -88,6 +100,24 @@ func TestLiveViewFiltersAndLeaves(t *testing.T) {
 			cl.quiet()
 		})
 	}
+}
+
+// TestFilterErrorsCounted: an evaluation that is an error (a missing
+// field, a numeric column's string where a number is compared) rejects the
+// event and is counted, so an operator can see a filter that never
+// passes.
+func TestFilterErrorsCounted(t *testing.T) {
+	e := newEnv(t, nil)
+	cl := e.dial()
+	cl.send(`{"type":"subscribe","id":"v","subject":"orders.*","where":"doc.total > 100"}`)
+	cl.expect(map[string]any{"type": "subscribed", "id": "v"})
+	e.store("orders.1", `{"doc":{"total":"150.50"}}`)
+	e.store("orders.2", `{"doc":{}}`)
+	e.store("orders.3", `{"doc":{"total":150.5}}`)
+	cl.expect(map[string]any{"type": "event", "subject": "orders.3"})
+	waitFor(t, "2 errors of 3 evaluations", func() bool {
+		return e.metric("fanwire_filter_evaluations_total", nil) == 3 && e.metric("fanwire_filter_errors_total", nil) == 2
+	})
 }
 
 // TestWhereErrors: a where that does not compile is bad_filter naming the

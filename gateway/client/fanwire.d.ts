@@ -78,14 +78,20 @@ export interface FanwireEvent<T = unknown> {
 }
 
 export interface SubscribeOptions {
-  /** A cursor, or "first" for everything the broker retains (durable
-   * brokers). null and undefined: live (as when absent). */
-  from?: string | null;
+  /** A filter: a CEL expression over each event (doc, data, subject, op),
+   * sent with every subscribe, also after a reconnect. A document that
+   * stops passing it comes as a "leave". null, undefined and "": none. */
+  where?: string | null;
+  /** A cursor, "first" for everything the broker retains, or "latest" for
+   * the newest event of each subject, then live (durable brokers). null
+   * and undefined: live (as when absent). */
+  from?: "first" | "latest" | (string & {}) | null;
   /** A durable consumer's name (JetStream); null and undefined: none. */
   durable?: string | null;
-  /** Where to go on when a cursor has expired: "live" (default) or "first".
-   * The app is told first, with a "gap" event. */
-  resync?: "live" | "first";
+  /** Where to go on when a cursor has expired: "live" (default), "first",
+   * or "latest" (the newest event of each subject again). The app is told
+   * first, with a "gap" event. */
+  resync?: "live" | "first" | "latest";
   /** Aborting it unsubscribes; ready() then rejects with "aborted" if the
    * subscription had not been confirmed yet. */
   signal?: AbortSignal;
@@ -172,7 +178,12 @@ export type GatewayErrorCode =
   | "too_many_durables"
   | "rate_limited"
   | "bad_subject"
-  | "too_large";
+  | "too_large"
+  /** where is not a valid filter; the message names the position */
+  | "bad_filter"
+  /** a view's snapshot, or the view, passed the gateway's --max-snapshot
+   * documents */
+  | "view_too_large";
 
 export type FanwireErrorCode = ClientErrorCode | GatewayErrorCode;
 
@@ -205,8 +216,10 @@ export declare class Subscription<T = unknown> implements AsyncIterable<FanwireE
   readonly pattern: string;
   /** the durable consumer's name (options.durable), if any */
   readonly durable: string | undefined;
-  /** The cursor of the last event delivered, or where the subscription
-   * started (durable brokers). */
+  /** the filter (options.where), if any */
+  readonly where: string | undefined;
+  /** The cursor of the last event, leave or synced delivered, or where the
+   * subscription started (durable brokers). */
   readonly cursor: string | undefined;
   /** true once unsubscribed, aborted or refused for good */
   readonly closed: boolean;
@@ -219,12 +232,71 @@ export declare class Subscription<T = unknown> implements AsyncIterable<FanwireE
   on(name: "subscribed", fn: (subscription: this) => void): () => void;
   on(name: "gap", fn: (gap: Gap<T>) => void): () => void;
   on(name: "error", fn: (err: FanwireError) => void): () => void;
+  /** The document at subject left the view of a filtered subscription (an
+   * update that no longer passes where, or a delete). */
+  on(name: "leave", fn: (subject: string, cursor: string | undefined) => void): () => void;
+  /** A subscription with from ("latest", "first", a cursor; every resume
+   * after a reconnect) has caught up and goes live at cursor (undefined:
+   * the stream is empty). keys, on the resume of a filtered subscription,
+   * lists every subject in its view now. */
+  on(name: "synced", fn: (cursor: string | undefined, keys: string[] | undefined) => void): () => void;
   /** Ends the subscription: no event is delivered after it. */
   unsubscribe(): void;
   /** The events in order, across reconnects. The iterator holds at most
    * options.buffer events; it ends when the subscription does (by throwing
    * its final error, if any), and breaking out of it unsubscribes. */
   [Symbol.asyncIterator](): AsyncIterableIterator<FanwireEvent<T>>;
+}
+
+export interface ViewOptions {
+  /** A filter: a CEL expression over each event (doc, data, subject, op).
+   * null, undefined and "": none (every subject matching the pattern). */
+  where?: string | null;
+  /** Aborting it closes the view; ready() then rejects with "aborted" if it
+   * was not synced yet. */
+  signal?: AbortSignal;
+}
+
+/** One change of a view's docs. */
+export interface ViewChange<T = unknown> {
+  type: "upsert" | "remove";
+  /** the document's subject */
+  key: string;
+  /** the new document (upsert) or the one removed (remove) */
+  doc: T;
+}
+
+/** A live view (Client.view): docs holds the newest document of every
+ * subject matching the pattern and the filter, kept up to date across
+ * reconnects (resumed from its cursor; from "latest" again if the cursor
+ * expired). */
+export declare class View<T = unknown> {
+  private constructor();
+  readonly pattern: string;
+  readonly where: string | undefined;
+  /** subject -> document (the event data's doc member when it has one, else
+   * the data); complete after each "synced". */
+  readonly docs: ReadonlyMap<string, T>;
+  /** the cursor the view is up to date at */
+  readonly cursor: string | undefined;
+  /** the subscription it reads, as the client's subscribed, gap and error
+   * listeners name it; close the view, not it */
+  readonly subscription: Subscription;
+  /** true once closed, aborted or ended by an error */
+  readonly closed: boolean;
+  /** Resolves with the view at its first "synced"; rejects with the error
+   * that ended it (bad_filter, view_too_large, forbidden, ...), "closed",
+   * "aborted", or "timeout" after timeout ms. */
+  ready(timeout?: number): Promise<this>;
+  /** A document entered or changed (upsert) or left (remove); also during
+   * the snapshot, before the first "synced". */
+  on(name: "change", fn: (change: ViewChange<T>) => void): () => void;
+  /** docs is complete: the first time, and after each reconnect's catch-up. */
+  on(name: "synced", fn: (view: this) => void): () => void;
+  /** The error that ended the view: bad_filter, view_too_large, forbidden, ... */
+  on(name: "error", fn: (err: FanwireError) => void): () => void;
+  /** Ends the view (its subscription is unsubscribed); docs keeps what it held. */
+  close(): void;
 }
 
 /** A connection to fanwire that stays up: see connect. */
@@ -243,6 +315,9 @@ export declare class Client {
   ready(timeout?: number): Promise<void>;
   subscribe<T = unknown>(pattern: string, options?: SubscribeOptions, onEvent?: (event: FanwireEvent<T>) => void | Promise<void>): Subscription<T>;
   subscribe<T = unknown>(pattern: string, onEvent: (event: FanwireEvent<T>) => void | Promise<void>): Subscription<T>;
+  /** A live view of the newest document of every subject matching pattern
+   * (and options.where); durable brokers only. */
+  view<T = unknown>(pattern: string, options?: ViewOptions): View<T>;
   /** Resolves with the event's cursor (undefined on Core NATS). */
   publish(subject: string, data: unknown, options?: PublishOptions): Promise<string | undefined>;
   /** Drops the connection, if any, and connects again at once. */

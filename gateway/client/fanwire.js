@@ -6,6 +6,8 @@
 //	const client = connect("wss://gateway.example.com/ws", {getToken});
 //	const sub = client.subscribe("orders.*");
 //	for await (const event of sub) console.log(event.subject, event.data);
+//	const open = client.view("db.orders.*", {where: "doc.status == 'open'"});
+//	await open.ready(); // open.docs: subject -> document, kept up to date
 //
 // The client reconnects by itself (exponential backoff with full jitter,
 // which starts again only once a connection has stayed up), subscribes
@@ -165,9 +167,11 @@ export class Client {
   /**
    * subscribe delivers every event matching pattern, once, in order,
    * across reconnects: to onEvent, to the subscription's "event"
-   * listeners, and to its async iterator. options: from (a cursor or
-   * "first"), durable (a durable consumer's name, JetStream), resync
-   * ("live" or "first": where to go on when a cursor has expired), signal
+   * listeners, and to its async iterator. options: where (a filter, a
+   * CEL expression over each event, sent with every subscribe), from (a
+   * cursor, "first", or "latest": the newest event of each subject, then
+   * live), durable (a durable consumer's name, JetStream), resync ("live",
+   * "first" or "latest": where to go on when a cursor has expired), signal
    * (an AbortSignal that unsubscribes), buffer (events an iterator holds
    * at most, default 1000).
    */
@@ -178,8 +182,11 @@ export class Client {
     }
     if (this.#state === "closed") throw closedError();
     const o = options || {};
-    if (o.resync !== undefined && o.resync !== null && o.resync !== "live" && o.resync !== "first") {
-      throw new TypeError('fanwire: resync is "live" or "first"');
+    if (o.resync !== undefined && o.resync !== null && o.resync !== "live" && o.resync !== "first" && o.resync !== "latest") {
+      throw new TypeError('fanwire: resync is "live", "first" or "latest"');
+    }
+    if (o.where !== undefined && o.where !== null && typeof o.where !== "string") {
+      throw new TypeError("fanwire: where is a string (a CEL expression)");
     }
     const sub = new Subscription(this, "s" + this.#nextSub++, String(pattern), o, onEvent || null);
     if (o.signal && o.signal.aborted) {
@@ -189,6 +196,22 @@ export class Client {
     this.#subs.set(sub.id, sub);
     this.#enqueue("sub", sub.id);
     return sub;
+  }
+
+  /**
+   * view keeps view.docs, a Map of subject -> document, equal to the
+   * newest document of every subject matching pattern (that passes
+   * options.where), across reconnects: see View. options: where (a CEL
+   * expression), signal (an AbortSignal that closes the view). It needs a
+   * broker with history (JetStream, Redis Streams).
+   */
+  view(pattern, options) {
+    if (this.#state === "closed") throw closedError();
+    const o = options || {};
+    if (o.where !== undefined && o.where !== null && typeof o.where !== "string") {
+      throw new TypeError("fanwire: where is a string (a CEL expression)");
+    }
+    return new View(this, String(pattern), o);
   }
 
   /**
@@ -590,6 +613,14 @@ export class Client {
       case "event":
         this.#onEvent(m);
         return;
+      case "leave":
+        this.#onLeave(m);
+        return;
+      case "synced": {
+        const sub = this.#subs.get(m.id);
+        if (sub) sub._synced(m.cursor, Array.isArray(m.keys) ? m.keys : undefined);
+        return;
+      }
       case "ready":
         this.#onReady(m);
         return;
@@ -620,7 +651,7 @@ export class Client {
       case "error":
         this.#onError(m);
         return;
-      default: // pong: nothing to do
+      default: // pong, and types a newer gateway may send: nothing to do
     }
   }
 
@@ -631,6 +662,17 @@ export class Client {
     for (let i = 0; i < subs.length; i++) {
       const sub = this.#subs.get(subs[i]);
       if (sub) sub._deliver(event);
+    }
+  }
+
+  // #onLeave: the document at m.subject left the view of each of m.subs
+  // (filtered subscriptions).
+  #onLeave(m) {
+    const subs = m.subs;
+    if (!Array.isArray(subs)) return;
+    for (let i = 0; i < subs.length; i++) {
+      const sub = this.#subs.get(subs[i]);
+      if (sub) sub._leave(m.subject, m.cursor);
     }
   }
 
@@ -1053,14 +1095,15 @@ export class Client {
 export class Subscription {
   #client;
   #onEvent;
-  #from; // the first subscribe's from
+  #from; // the first subscribe's from ("latest" also after a resync to it)
   #resync;
   #cursor;
   #acked = false; // a subscribe of it was confirmed at least once
   #gapReason = "";
-  #listeners = { event: new Set(), subscribed: new Set(), gap: new Set(), error: new Set() };
+  #listeners = { event: new Set(), subscribed: new Set(), gap: new Set(), error: new Set(), leave: new Set(), synced: new Set() };
   #readyWaiters = new Set();
   #error = null; // the error that ended it
+  #onEnd = null; // a View's: told when the subscription ends
   #signal = null;
   #onAbort = null;
   #retries = 0; // durable_in_use answers in a row
@@ -1081,6 +1124,7 @@ export class Subscription {
     this.#onEvent = onEvent;
     this.#from = options.from === undefined || options.from === null ? undefined : String(options.from);
     this.durable = options.durable === undefined || options.durable === null ? undefined : String(options.durable);
+    this.where = options.where === undefined || options.where === null || options.where === "" ? undefined : options.where;
     this.#resync = options.resync || "live";
     this.#bufferMax = Math.max(2, options.buffer ?? 1000);
     if (!onEvent) this.#buffer = [];
@@ -1092,14 +1136,19 @@ export class Subscription {
     }
   }
 
-  /** The cursor of the last event delivered (durable brokers), or where
-   * the subscription started; undefined on Core NATS. */
+  /** The cursor of the last event, leave or synced delivered (durable
+   * brokers), or where the subscription started; undefined on Core NATS. */
   get cursor() {
     return this.#cursor;
   }
 
-  /** on registers fn for this subscription's "event", "subscribed", "gap"
-   * or "error"; it returns a function that removes it. */
+  /** on registers fn for this subscription's "event" (fn(event)),
+   * "subscribed" (fn(subscription)), "gap" (fn(gap)), "error" (fn(err)),
+   * "leave" (fn(subject, cursor): the document at subject left a filtered
+   * subscription's view) or "synced" (fn(cursor, keys): a subscription
+   * with from has caught up and goes live; keys, on a filtered resume,
+   * lists every subject in its view). It returns a function that removes
+   * it. */
   on(name, fn) {
     const off = addListener(this.#listeners, name, fn);
     // Events go to listeners: an iterator that nobody started does not
@@ -1181,12 +1230,18 @@ export class Subscription {
     this.#error = err;
     if (this.#signal) this.#signal.removeEventListener("abort", this.#onAbort);
     settle(this.#readyWaiters, err || new FanwireError("closed", "fanwire: unsubscribed before it was confirmed"));
+    if (this.#onEnd !== null) this.#onEnd(err);
     const w = this.#waiting;
     if (w && this.#buffer.length === 0) {
       this.#waiting = null;
       if (err && !normalEnd(err)) w.reject(err);
       else w.resolve({ value: undefined, done: true });
     }
+  }
+
+  // _watchEnd: fn(err) is told when the subscription ends (err null: unsubscribed).
+  _watchEnd(fn) {
+    this.#onEnd = fn;
   }
 
   _wanted() {
@@ -1209,14 +1264,16 @@ export class Subscription {
 
   _frame(history) {
     const m = { type: "subscribe", id: this.id, subject: this.pattern };
+    if (this.where !== undefined) m.where = this.where; // every time: the gateway keeps no filter across connections
     if (!this.#acked) {
       if (this.#from !== undefined) m.from = this.#from;
     } else if (this.#cursor !== undefined) {
       m.from = this.#cursor; // no gap, no duplicate
     } else if (history && this.#gapReason === "") {
       // Confirmed without a cursor and nothing delivered since: the stream
-      // was empty, so everything in it now is what came after.
-      m.from = "first";
+      // was empty, so everything in it now is what came after (and the
+      // newest of each subject of it, for a subscription from "latest").
+      m.from = this.#from === "latest" ? "latest" : "first";
     } else if (this.#gapReason === "") {
       this.#gapReason = "reconnect"; // Core NATS: live again, told on subscribed
     }
@@ -1266,6 +1323,22 @@ export class Subscription {
     }
   }
 
+  // _leave: the document at subject left this (filtered) subscription's
+  // view, at cursor, which the subscription resumes after, as after an event.
+  _leave(subject, cursor) {
+    if (this.closed || this.#paused) return;
+    if (cursor !== undefined) this.#cursor = cursor;
+    for (const fn of this.#listeners.leave) this.#client._call(fn, subject, cursor);
+  }
+
+  // _synced: a subscribe with from has caught up (the snapshot or replay is
+  // delivered) at cursor, and goes live.
+  _synced(cursor, keys) {
+    if (this.closed || this.#paused) return;
+    if (cursor !== undefined) this.#cursor = cursor;
+    for (const fn of this.#listeners.synced) this.#client._call(fn, cursor, keys);
+  }
+
   // _failed handles an error answering this subscription's subscribe; it
   // returns the delay (ms) after which to send the subscribe again, or -1.
   _failed(err) {
@@ -1286,19 +1359,20 @@ export class Subscription {
       const cursor = this.#cursor;
       this.#cursor = undefined;
       this.#acked = false;
-      this.#from = this.#resync === "first" ? "first" : undefined;
+      this.#from = this.#resync === "live" ? undefined : this.#resync;
       this.#gap({ subscription: this, reason: err.code, cursor });
       return 0;
     }
     if (!this.#acked && err.code === "cursor_expired" && this.#from !== undefined) {
       // The app's own from expired: the same policy.
       const cursor = this.#from;
-      this.#from = this.#resync === "first" ? "first" : undefined;
+      this.#from = this.#resync === "live" ? undefined : this.#resync;
       this.#gap({ subscription: this, reason: err.code, cursor });
       return 0;
     }
     // bad_pattern, forbidden, bad_durable, too_many_subscriptions,
-    // too_large, ...: final for this subscription.
+    // too_large, bad_filter, view_too_large, ...: final for this
+    // subscription.
     this.#client._unsubscribe(this, false);
     this._end(err);
     this.#error_(err);
@@ -1308,6 +1382,161 @@ export class Subscription {
   #error_(err) {
     for (const fn of this.#listeners.error) this.#client._call(fn, err);
     this.#client._emitError(err);
+  }
+}
+
+/** A live view (Client.view): docs holds the newest document of every
+ * subject matching the pattern and the filter, kept up to date. The key is
+ * the event's subject; the document is the event data's "doc" member when
+ * the data is an object that has one (as ingest events do), else the data.
+ * An event with op "delete" removes its subject; one with op "truncate" on
+ * <prefix>.%truncate removes every <prefix>.<token>; a "leave" (the
+ * document no longer passes the filter) removes its subject.
+ *
+ * It starts from "latest" (the newest event of each subject, then live),
+ * and after a reconnect resumes from its cursor with the same filter: the
+ * gateway sends the documents that changed meanwhile, then "synced" with
+ * the subjects in the view, and the view drops every other one it holds.
+ * If the cursor has expired, it starts again from "latest" and, at that
+ * snapshot's "synced", drops every document the snapshot did not bring. */
+export class View {
+  #sub;
+  #client;
+  #listeners = { change: new Set(), synced: new Set(), error: new Set() };
+  #readyWaiters = new Set();
+  #synced = false; // a first synced came
+  #seen = new Set(); // subjects upserted since a snapshot from "latest" began; null when none is under way
+  #error = null;
+  #signal = null;
+  #onAbort = null;
+
+  constructor(client, pattern, options) {
+    this.#client = client;
+    this.pattern = pattern;
+    /** subject -> document; the app reads it, the view writes it */
+    this.docs = new Map();
+    this.closed = false;
+    const sub = client.subscribe(pattern, { where: options.where, from: "latest", resync: "latest" }, (event) => this.#event(event));
+    this.#sub = sub;
+    this.where = sub.where;
+    sub._watchEnd((err) => this.#ended(err));
+    sub.on("leave", (subject) => this.#remove(subject));
+    sub.on("synced", (cursor, keys) => this.#syncedAt(keys));
+    sub.on("gap", (gap) => {
+      // The cursor expired: the subscription starts again from "latest".
+      if (gap.reason === "cursor_expired" || gap.reason === "bad_cursor") this.#seen = new Set();
+    });
+    if (options.signal) {
+      if (options.signal.aborted) {
+        this.#close(new FanwireError("aborted", "fanwire: the view's signal was aborted"));
+        return;
+      }
+      this.#signal = options.signal;
+      this.#onAbort = () => this.#close(new FanwireError("aborted", "fanwire: the view's signal was aborted"));
+      this.#signal.addEventListener("abort", this.#onAbort, { once: true });
+    }
+  }
+
+  /** The subscription the view reads: the client's "subscribed", "gap"
+   * and "error" listeners name it. Close the view, not it. */
+  get subscription() {
+    return this.#sub;
+  }
+
+  /** The cursor the view is up to date at (where it resumes from). */
+  get cursor() {
+    return this.#sub.cursor;
+  }
+
+  /** on registers fn for the view's "change" (fn({type: "upsert" |
+   * "remove", key, doc})), "synced" (fn(view): the view is complete, the
+   * first time and after each reconnect's catch-up) or "error" (fn(err):
+   * the error that ended it, such as bad_filter or view_too_large). It
+   * returns a function that removes it. */
+  on(name, fn) {
+    return addListener(this.#listeners, name, fn);
+  }
+
+  /** ready resolves with the view at its first "synced" (docs is then
+   * complete), and rejects with the error that ended it (bad_filter,
+   * view_too_large, forbidden, ...), "closed", "aborted", or "timeout"
+   * after timeout ms when given. */
+  ready(timeout) {
+    if (this.#synced) return Promise.resolve(this);
+    if (this.closed) return Promise.reject(this.#error || new FanwireError("closed", "fanwire: the view has ended"));
+    return waitFor(this.#readyWaiters, timeout, "synced").then(() => this);
+  }
+
+  /** close ends the view: its subscription is unsubscribed; docs keeps
+   * what it held. */
+  close() {
+    this.#close(null);
+  }
+
+  #close(err) {
+    if (this.closed) return;
+    this.#error = err;
+    this.#sub.unsubscribe(); // #ended
+  }
+
+  #ended(err) {
+    if (this.closed) return;
+    this.closed = true;
+    if (err !== null) this.#error = err;
+    if (this.#signal) this.#signal.removeEventListener("abort", this.#onAbort);
+    settle(this.#readyWaiters, this.#error || new FanwireError("closed", "fanwire: the view was closed before it was synced"));
+    const e = this.#error;
+    if (e && !normalEnd(e)) for (const fn of this.#listeners.error) this.#client._call(fn, e);
+  }
+
+  #event(event) {
+    if (this.closed) return;
+    const key = event.subject;
+    const data = event.data;
+    const obj = data !== null && typeof data === "object" && !Array.isArray(data);
+    const op = obj && typeof data.op === "string" ? data.op : "";
+    if (op === "delete") {
+      this.#remove(key);
+      return;
+    }
+    if (op === "truncate" && key.endsWith(".%truncate")) {
+      const prefix = key.slice(0, key.length - "%truncate".length); // with its dot
+      for (const k of [...this.docs.keys()]) {
+        if (k.length > prefix.length && k.startsWith(prefix) && k.indexOf(".", prefix.length) < 0) this.#remove(k);
+      }
+      return;
+    }
+    const doc = obj && Object.hasOwn(data, "doc") ? data.doc : data;
+    this.docs.set(key, doc);
+    if (this.#seen !== null) this.#seen.add(key);
+    this.#change({ type: "upsert", key, doc });
+  }
+
+  #remove(key) {
+    if (this.closed || !this.docs.has(key)) return;
+    const doc = this.docs.get(key);
+    this.docs.delete(key);
+    this.#change({ type: "remove", key, doc });
+  }
+
+  #change(change) {
+    for (const fn of this.#listeners.change) this.#client._call(fn, change);
+  }
+
+  // #syncedAt: the view is complete. Whatever it holds that is not in it
+  // (keys, on a filtered resume; what a snapshot from "latest" did not
+  // bring) left it while the client was away.
+  #syncedAt(keys) {
+    if (this.closed) return;
+    const keep = keys !== undefined ? new Set(keys) : this.#seen;
+    this.#seen = null;
+    if (keep !== null) {
+      for (const k of [...this.docs.keys()]) if (!keep.has(k)) this.#remove(k);
+    }
+    if (this.closed) return; // a change listener closed it
+    this.#synced = true;
+    settle(this.#readyWaiters);
+    for (const fn of this.#listeners.synced) this.#client._call(fn, this);
   }
 }
 

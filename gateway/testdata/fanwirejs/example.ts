@@ -1,11 +1,12 @@
 // example.ts: type-checked with tsc --noEmit against fanwire.d.ts by
 // fanwire's Go tests (gateway/clientjs_test.go); it is never run.
-import {Client, connect, DEFAULT_BACKOFF, FanwireError, Subscription, type FanwireErrorCode, type FanwireEvent, type Gap, type GapReason, type State} from "../../client/fanwire.js";
+import {Client, connect, DEFAULT_BACKOFF, FanwireError, Subscription, View, type FanwireErrorCode, type FanwireEvent, type Gap, type GapReason, type State, type ViewChange} from "../../client/fanwire.js";
 import {WebSocket} from "ws";
 
 interface Order {
   id: number;
   status: string;
+  total?: number;
 }
 
 const client = connect(["ws://node-a:8080/ws", "ws://node-b:8080/ws"], {
@@ -114,3 +115,36 @@ async function newAPI(): Promise<void> {
   await Promise.all([c.close(), anonymous.close()]);
 }
 void newAPI();
+
+// The API of issue 25: where, from "latest", leave and synced, live views.
+async function views(): Promise<void> {
+  const c = connect("ws://node-a:8080/ws", {WebSocket});
+  const raw = c.subscribe<Order>("db.orders.*", {where: "doc.status == 'open'", from: "latest", resync: "latest"});
+  const where: string | undefined = raw.where;
+  raw.on("leave", (subject: string, cursor: string | undefined) => console.log("left", subject, cursor, where));
+  raw.on("synced", (cursor, keys) => console.log("synced at", cursor, keys?.length ?? "no keys"));
+  c.subscribe("db.orders.*", {where: null, from: "js:120"}).unsubscribe();
+
+  const abort = new AbortController();
+  const open = c.view<Order>("db.orders.*", {where: "doc.status == 'open' && doc.total > 100", signal: abort.signal});
+  if (open instanceof View) console.log(open.pattern, open.where, open.cursor, open.closed, open.subscription.id);
+  const removers: Array<() => void> = [
+    open.on("change", (change: ViewChange<Order>) => {
+      if (change.type === "remove") console.log("gone", change.key, change.doc.id);
+      else console.log("now", change.key, change.doc.status);
+    }),
+    open.on("synced", (v) => console.log(v.docs.size, "open orders at", v.cursor)),
+    open.on("error", (err) => {
+      if (err.code === "bad_filter" || err.code === "view_too_large") console.error(err.message);
+    }),
+  ];
+  const same: View<Order> = await open.ready(10_000);
+  for (const [key, order] of same.docs) console.log(key, order.id, order.status);
+  const one: Order | undefined = open.docs.get("db.orders.42");
+  console.log(one?.total);
+  removers.forEach((remove) => remove());
+  open.close();
+  c.view("db.items.*").close();
+  await c.close();
+}
+void views();
