@@ -27,10 +27,15 @@ type IdleResult struct {
 	HeldBytes   int64  `json:",omitempty"` // gateway VmRSS after the documents and Settle
 	PerDocBytes int64  `json:",omitempty"` // (HeldBytes - IdleBytes) / HeldDocs
 	// The gateway's go_memstats_heap_inuse_bytes at the two readings
-	// (from its /metrics; 0 when it could not be read): less noisy than
-	// RSS, which also counts memory the runtime has not yet returned.
-	HeapIdleBytes int64 `json:",omitempty"`
-	HeapHeldBytes int64 `json:",omitempty"`
+	// (from its /metrics; 0 when it could not be read), and the heap
+	// live at its last GC, estimated from the next GC's goal (see
+	// gauges.liveHeap): the least noisy of the three, as it counts
+	// neither memory the runtime has not returned to the system (RSS)
+	// nor garbage made since the last GC (heap in use).
+	HeapIdleBytes     int64 `json:",omitempty"`
+	HeapHeldBytes     int64 `json:",omitempty"`
+	LiveHeapIdleBytes int64 `json:",omitempty"`
+	LiveHeapHeldBytes int64 `json:",omitempty"`
 }
 
 // Idle connects cfg.Clients clients (subscribed, as in Run), waits settle so
@@ -89,7 +94,7 @@ func Idle(ctx context.Context, cfg Config, settle time.Duration) (*IdleResult, e
 func idle(ctx context.Context, cfg *Config, s *session, mr *metricsReader, settle time.Duration) (*IdleResult, error) {
 	res := &IdleResult{Clients: cfg.Clients, Where: cfg.Where}
 	var err error
-	if res.IdleBytes, res.HeapIdleBytes, err = settleAndRead(ctx, cfg, mr, settle); err != nil {
+	if res.IdleBytes, res.HeapIdleBytes, res.LiveHeapIdleBytes, err = settleAndRead(ctx, cfg, mr, settle); err != nil {
 		return nil, err
 	}
 	if !cfg.viewRun() {
@@ -99,7 +104,7 @@ func idle(ctx context.Context, cfg *Config, s *session, mr *metricsReader, settl
 		return nil, fmt.Errorf("loadtest: documents: %w", err)
 	}
 	res.HeldDocs = cfg.Events
-	if res.HeldBytes, res.HeapHeldBytes, err = settleAndRead(ctx, cfg, mr, settle); err != nil {
+	if res.HeldBytes, res.HeapHeldBytes, res.LiveHeapHeldBytes, err = settleAndRead(ctx, cfg, mr, settle); err != nil {
 		return nil, err
 	}
 	res.PerDocBytes = (res.HeldBytes - res.IdleBytes) / int64(res.HeldDocs)
@@ -107,44 +112,47 @@ func idle(ctx context.Context, cfg *Config, s *session, mr *metricsReader, settl
 }
 
 // settleAndRead waits settle, then reads the gateway's RSS and, when mr
-// is set and answers, its heap in use (0 otherwise).
-func settleAndRead(ctx context.Context, cfg *Config, mr *metricsReader, settle time.Duration) (rss, heap int64, err error) {
+// is set and answers, its heap in use and live heap (0 otherwise).
+func settleAndRead(ctx context.Context, cfg *Config, mr *metricsReader, settle time.Duration) (rss, heap, live int64, err error) {
 	select {
 	case <-time.After(settle):
 	case <-ctx.Done():
-		return 0, 0, ctx.Err()
+		return 0, 0, 0, ctx.Err()
 	}
 	if rss, err = cfg.Proc.RSS(); err != nil {
-		return 0, 0, fmt.Errorf("loadtest: %w", err)
+		return 0, 0, 0, fmt.Errorf("loadtest: %w", err)
 	}
 	if mr != nil {
 		if g, err := mr.read(ctx); err == nil {
-			heap = g.heapInuse
+			heap, live = g.heapInuse, g.liveHeap()
 		}
 	}
-	return rss, heap, nil
+	return rss, heap, live, nil
 }
 
 // WriteTable prints the result for people.
 func (r *IdleResult) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "idle connections            %d (connected in %v)\n", r.Clients, r.ConnectTime.Round(time.Millisecond))
 	fmt.Fprintf(w, "gateway rss before          %.1f MiB\n", float64(r.BaselineBytes)/(1<<20))
-	fmt.Fprintf(w, "gateway rss idle            %.1f MiB%s\n", float64(r.IdleBytes)/(1<<20), heapNote(r.HeapIdleBytes))
+	fmt.Fprintf(w, "gateway rss idle            %.1f MiB%s\n", float64(r.IdleBytes)/(1<<20), heapNote(r.HeapIdleBytes, r.LiveHeapIdleBytes))
 	fmt.Fprintf(w, "per connection              %.1f KiB\n", float64(r.PerConnBytes)/1024)
 	if r.HeldDocs > 0 {
 		fmt.Fprintf(w, "views                       where %s, %d documents held in all\n", r.Where, r.HeldDocs)
-		fmt.Fprintf(w, "gateway rss holding them    %.1f MiB%s\n", float64(r.HeldBytes)/(1<<20), heapNote(r.HeapHeldBytes))
+		fmt.Fprintf(w, "gateway rss holding them    %.1f MiB%s\n", float64(r.HeldBytes)/(1<<20), heapNote(r.HeapHeldBytes, r.LiveHeapHeldBytes))
 		fmt.Fprintf(w, "per document                %d B (rss)", r.PerDocBytes)
 		if r.HeapIdleBytes > 0 && r.HeapHeldBytes > 0 {
 			fmt.Fprintf(w, ", %d B (heap in use)", (r.HeapHeldBytes-r.HeapIdleBytes)/int64(r.HeldDocs))
+		}
+		if r.LiveHeapIdleBytes > 0 && r.LiveHeapHeldBytes > 0 {
+			fmt.Fprintf(w, ", %d B (live heap)", (r.LiveHeapHeldBytes-r.LiveHeapIdleBytes)/int64(r.HeldDocs))
 		}
 		fmt.Fprintln(w)
 	}
 }
 
-func heapNote(heap int64) string {
+func heapNote(heap, live int64) string {
 	if heap <= 0 {
 		return ""
 	}
-	return fmt.Sprintf(" (heap in use %.1f MiB)", float64(heap)/(1<<20))
+	return fmt.Sprintf(" (heap in use %.1f MiB, live at the last GC %.1f MiB)", float64(heap)/(1<<20), float64(live)/(1<<20))
 }
