@@ -29,6 +29,7 @@ type client struct {
 	serverErrors     int64
 	firstServerError string
 	malformed        int64
+	leaves           int64 // leave messages: no run of ours moves a document out of a view
 	err              error // why the connection ended before the run stopped; nil otherwise
 
 	// Stored by the reader once per frame that carried events, loaded by the monitor.
@@ -151,6 +152,8 @@ func (c *client) handleFrame(frame []byte, now int64) (drop bool) {
 			}
 		case kindMalformed:
 			c.malformed++
+		case kindLeave:
+			c.leaves++
 		}
 	}
 	if events {

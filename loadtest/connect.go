@@ -72,15 +72,11 @@ func dialClient(ctx context.Context, cfg *Config, id int) (*client, error) {
 	defer cancel()
 	// Nothing is published before every client has subscribed, so no
 	// event follows the reply in its frame.
-	conn, cursor, _, err := open(ctx, cfg, "")
+	conn, cursor, _, err := openAs(ctx, cfg, cfg.clientSub(id))
 	if err != nil {
 		return nil, fmt.Errorf("client %d: %w", id, err)
 	}
-	v := newVerifier(cfg.Events)
-	if cfg.clientsPublish() { // every client publishes Events of its own
-		v = newMultiVerifier(cfg.Clients, cfg.Events)
-	}
-	return &client{id: id, gql: cfg.Proto == ProtoGraphQL, conn: conn, subCursor: cursor, v: v}, nil
+	return &client{id: id, gql: cfg.Proto == ProtoGraphQL, conn: conn, subCursor: cursor, v: cfg.newClientVerifier(id)}, nil
 }
 
 // open dials a client connection in cfg.Proto and subscribes it to
@@ -89,6 +85,12 @@ func dialClient(ctx context.Context, cfg *Config, id int) (*client, error) {
 // its frame; a GraphQL subscription has neither. On failure the
 // connection is closed.
 func open(ctx context.Context, cfg *Config, from string) (conn wireConn, cursor string, rest []byte, err error) {
+	return openAs(ctx, cfg, subscription{subject: cfg.Subject, from: from})
+}
+
+// openAs is open with a subscription of any kind (a where: native only).
+func openAs(ctx context.Context, cfg *Config, sub subscription) (conn wireConn, cursor string, rest []byte, err error) {
+	from := sub.from
 	if cfg.Proto == ProtoGraphQL {
 		var gc *wsConn
 		if gc, err = dialGraphQL(ctx, cfg); err == nil {
@@ -99,7 +101,7 @@ func open(ctx context.Context, cfg *Config, from string) (conn wireConn, cursor 
 		var nc *websocket.Conn
 		if nc, err = dialWS(ctx, cfg); err == nil {
 			conn = &nativeConn{Conn: nc}
-			cursor, rest, err = handshake(ctx, nc, cfg.Subject, from)
+			cursor, rest, err = handshake(ctx, nc, sub)
 		}
 	}
 	if err != nil {
@@ -162,24 +164,15 @@ type controlMsg struct {
 	Cursor       string `json:"cursor"`
 }
 
-// handshake waits for "ready", subscribes (from the cursor from, unless it
-// is "") and waits for "subscribed". It returns the reply's cursor and the
-// messages that followed the reply in its frame: a subscription that
-// resumes while events flow may get its first events there.
-func handshake(ctx context.Context, conn *websocket.Conn, subject, from string) (cursor string, rest []byte, err error) {
+// handshake waits for "ready", subscribes and waits for "subscribed". It
+// returns the reply's cursor and the messages that followed the reply in
+// its frame: a subscription that resumes while events flow may get its
+// first events there.
+func handshake(ctx context.Context, conn *websocket.Conn, s subscription) (cursor string, rest []byte, err error) {
 	if _, err := await(ctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
 		return "", nil, fmt.Errorf("await ready: %w", err)
 	}
-	sub, err := json.Marshal(struct {
-		Type    string `json:"type"`
-		ID      string `json:"id"`
-		Subject string `json:"subject"`
-		From    string `json:"from,omitempty"`
-	}{"subscribe", subID, subject, from})
-	if err != nil {
-		return "", nil, fmt.Errorf("encode subscribe: %w", err)
-	}
-	if err := conn.Write(ctx, websocket.MessageText, sub); err != nil {
+	if err := writeSubscribe(ctx, conn, s); err != nil {
 		return "", nil, fmt.Errorf("subscribe: %w", err)
 	}
 	rest, err = await(ctx, conn, func(m *controlMsg) bool {
@@ -190,6 +183,21 @@ func handshake(ctx context.Context, conn *websocket.Conn, subject, from string) 
 		return "", nil, fmt.Errorf("await subscribed: %w", err)
 	}
 	return cursor, rest, nil
+}
+
+// writeSubscribe sends the native subscribe for s, with id subID.
+func writeSubscribe(ctx context.Context, conn *websocket.Conn, s subscription) error {
+	msg, err := json.Marshal(struct {
+		Type    string `json:"type"`
+		ID      string `json:"id"`
+		Subject string `json:"subject"`
+		Where   string `json:"where,omitempty"`
+		From    string `json:"from,omitempty"`
+	}{"subscribe", subID, s.subject, s.where, s.from})
+	if err != nil {
+		return fmt.Errorf("encode subscribe: %w", err)
+	}
+	return conn.Write(ctx, websocket.MessageText, msg)
 }
 
 // await reads messages until want accepts one and returns what followed

@@ -2,7 +2,9 @@
 // many WebSocket clients to the gateway's native endpoint, subscribes them all
 // to one subject, publishes numbered, timestamped events straight into NATS and
 // checks that every client receives every event exactly once and in order,
-// also clients that drop their connection and resume from a cursor, and,
+// also clients that drop their connection and resume from a cursor, or,
+// with Config.Where, that each client, a filtered view of its own rows,
+// receives exactly its rows' events, in order (views_config.go), and,
 // in a churn soak, whether the gateway's goroutines and heap come back to
 // their baseline after thousands of clients have come and gone. It
 // reports delivery throughput, latency percentiles and, when given the

@@ -298,3 +298,112 @@ func TestRunClientsPublishAgainstGateway(t *testing.T) {
 		})
 	}
 }
+
+// TestRunViewsAgainstGateway runs view clients (each a filtered or a
+// subject-routed view of its own customer's rows) against a real gateway:
+// every event must reach exactly its customer's client, in order, once,
+// and no document may leave a view.
+func TestRunViewsAgainstGateway(t *testing.T) {
+	for _, where := range []string{WhereEq, WhereRange, WhereSubject} {
+		t.Run(where, func(t *testing.T) {
+			natsURL, b := startNATSBroker(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			wsURL := startGateway(t, b, nil)
+			res, err := Run(ctx, Config{URL: wsURL, NATSURL: natsURL, Clients: 20, Events: 2000, Size: 200, RcvBuf: 1 << 20,
+				Where: where, WhereDocs: 3, Proc: ProcSampler{PID: os.Getpid()}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var table strings.Builder
+			res.WriteTable(&table)
+			if !res.OK() || res.Expected != 2000 || res.Delivered != 2000 || res.Disconnects != 0 {
+				t.Fatalf("run not clean:\n%s", table.String())
+			}
+			if !strings.Contains(table.String(), "where "+where+", 3 document(s) per client") {
+				t.Errorf("view figures missing:\n%s", table.String())
+			}
+		})
+	}
+}
+
+// TestIdleViewsAgainstGateway measures idle views against a real gateway
+// that pings every 20 ms: the idle clients must answer (an unanswered
+// ping closes a connection, which fails the measurement), and after the
+// first reading every client gets exactly its documents, then the second
+// reading is taken. Figures are the process's (the gateway runs in it),
+// so only their presence is checked.
+func TestIdleViewsAgainstGateway(t *testing.T) {
+	for _, where := range []string{"", WhereEq, WhereSubject} {
+		t.Run("where="+where, func(t *testing.T) {
+			natsURL, b := startNATSBroker(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			wsURL := gatewaytest.Start(t, gateway.Config{Broker: b, PingInterval: 20 * time.Millisecond, PingTimeout: 2 * time.Second}).WSURL()
+			res, err := Idle(ctx, Config{URL: wsURL, NATSURL: natsURL, Clients: 30, Where: where, WhereDocs: 4,
+				Proc: ProcSampler{PID: os.Getpid()}}, 300*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var table strings.Builder
+			res.WriteTable(&table)
+			if res.IdleBytes <= 0 || res.Clients != 30 {
+				t.Fatalf("no idle reading:\n%s", table.String())
+			}
+			switch {
+			case where == "" && (res.HeldDocs != 0 || strings.Contains(table.String(), "per document")):
+				t.Errorf("plain idle run reports documents:\n%s", table.String())
+			case where != "" && (res.HeldDocs != 120 || res.HeldBytes <= 0 || !strings.Contains(table.String(), "120 documents held")):
+				t.Errorf("view idle run: want 120 documents held and a second reading:\n%s", table.String())
+			}
+		})
+	}
+}
+
+// TestLatestAgainstGateway reads documents into one client from "latest"
+// and by replay, alternately, against a real gateway on each durable
+// broker: every read gets every document once, in order, then synced.
+func TestLatestAgainstGateway(t *testing.T) {
+	for _, tc := range []struct{ kind, where string }{{"jetstream", ""}, {"jetstream", WhereEq}, {"redis", ""}, {"redis", WhereRange}} {
+		t.Run(tc.kind+"/where="+tc.where, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cfg := Config{Size: 200, Where: tc.where, Proc: ProcSampler{PID: os.Getpid()}}
+			b, subjects := testBroker(ctx, t, &cfg, tc.kind)
+			cfg.URL = startGateway(t, b, subjects)
+			res, err := Latest(ctx, cfg, 500, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var table strings.Builder
+			res.WriteTable(&table)
+			if !res.OK || len(res.Reads) != 5 || res.Reads[0].Kind != readWarmUp || res.Reads[1].Kind != readSnapshot || res.Reads[3].Kind != readReplay {
+				t.Fatalf("want 5 clean reads: a warm-up, snapshot first, then replay first:\n%s", table.String())
+			}
+			for _, rd := range res.Reads {
+				if rd.Received != 500 || rd.DocsPerSec <= 0 {
+					t.Errorf("%s read %d documents at %v/s:\n%s", rd.Kind, rd.Received, rd.DocsPerSec, table.String())
+				}
+			}
+		})
+	}
+}
+
+// TestLatestNeedsSnapshots checks that a gateway on Core NATS, which
+// cannot serve "latest", fails the measurement with its error.
+func TestLatestNeedsSnapshots(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := Config{Size: 200, Timeout: 5 * time.Second}
+	testBroker(ctx, t, &cfg, "jetstream")                                // a stream stores the documents…
+	nb, err := broker.DialNATS(ctx, broker.NATSConfig{URL: cfg.NATSURL}) // …but the gateway reads Core NATS
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nb.Close() })
+	cfg.URL = startGateway(t, nb, nil)
+	_, err = Latest(ctx, cfg, 10, 1)
+	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "bad_cursor") {
+		t.Fatalf("err = %v, want the gateway's bad_cursor", err)
+	}
+}

@@ -24,6 +24,8 @@ const (
 	kindError                    // {"type":"error",...}
 	kindMalformed                // no "type", or an event without a parseable seq or ts
 	kindPublished                // {"type":"published",...}: the gateway took a client's publish
+	kindLeave                    // {"type":"leave",...}: a document left a view
+	kindSynced                   // {"type":"synced",...}: a subscription with "from" has caught up
 )
 
 var (
@@ -35,6 +37,8 @@ var (
 	valEvent = []byte(`"event"`)
 	valError = []byte(`"error"`)
 	valPub   = []byte(`"published"`)
+	valLeave = []byte(`"leave"`)
+	valSync  = []byte(`"synced"`)
 
 	prefixEvent = []byte(`{"type":"event"`)
 	prefixSeq   = []byte(`{"seq":`)
@@ -123,6 +127,10 @@ func classify(msg []byte) msgKind {
 		return kindError
 	case bytes.HasPrefix(v, valPub):
 		return kindPublished
+	case bytes.HasPrefix(v, valLeave):
+		return kindLeave
+	case bytes.HasPrefix(v, valSync):
+		return kindSynced
 	default:
 		return kindOther
 	}

@@ -36,6 +36,8 @@ func TestParseMessage(t *testing.T) {
 		{"error", `{"type":"error","code":"bad_pattern","message":"nope"}`, kindError, 0, 0},
 		{"pong", `{"type":"pong"}`, kindOther, 0, 0},
 		{"subscribed", `{"type":"subscribed","id":"s1"}`, kindOther, 0, 0},
+		{"leave", `{"type":"leave","subject":"db.orders.42","cursor":"js:130","subs":["s1"]}`, kindLeave, 0, 0},
+		{"synced", `{"type":"synced","id":"s1","cursor":"js:140"}`, kindSynced, 0, 0},
 		{"eventual is not event", `{"type":"eventual","data":{"seq":1,"ts":2}}`, kindOther, 0, 0},
 		{"empty", ``, kindOther, 0, 0},
 		{"blank", " \r", kindOther, 0, 0},
@@ -83,12 +85,14 @@ func TestHandleFrame(t *testing.T) {
 		frames                         []string
 		delivered, gaps, dups, missing int64
 		errors, malformed              int64
+		leaves                         int64
 	}{
-		{"one event per frame", []string{ev(1), ev(2), ev(3), ev(4)}, 4, 0, 0, 0, 0, 0},
-		{"all in one frame", []string{strings.Join([]string{ev(1), ev(2), ev(3), ev(4)}, "\n")}, 4, 0, 0, 0, 0, 0},
-		{"trailing newline and pong", []string{ev(1) + "\n" + `{"type":"pong"}` + "\n" + ev(2) + "\n", ev(3) + "\n" + ev(4) + "\n"}, 4, 0, 0, 0, 0, 0},
-		{"gap and duplicate across frames", []string{ev(1) + "\n" + ev(3), ev(3) + "\n" + ev(4)}, 4, 1, 1, 1, 0, 0},
-		{"error and malformed", []string{ev(1) + "\n" + `{"type":"error","code":"x"}` + "\n" + `{"oops":1}`}, 1, 0, 0, 3, 1, 1},
+		{"one event per frame", []string{ev(1), ev(2), ev(3), ev(4)}, 4, 0, 0, 0, 0, 0, 0},
+		{"all in one frame", []string{strings.Join([]string{ev(1), ev(2), ev(3), ev(4)}, "\n")}, 4, 0, 0, 0, 0, 0, 0},
+		{"trailing newline and pong", []string{ev(1) + "\n" + `{"type":"pong"}` + "\n" + ev(2) + "\n", ev(3) + "\n" + ev(4) + "\n"}, 4, 0, 0, 0, 0, 0, 0},
+		{"gap and duplicate across frames", []string{ev(1) + "\n" + ev(3), ev(3) + "\n" + ev(4)}, 4, 1, 1, 1, 0, 0, 0},
+		{"error and malformed", []string{ev(1) + "\n" + `{"type":"error","code":"x"}` + "\n" + `{"oops":1}`}, 1, 0, 0, 3, 1, 1, 0},
+		{"leave and synced", []string{ev(1) + "\n" + `{"type":"leave","subject":"a","subs":["s1"]}` + "\n" + `{"type":"synced","id":"s1"}`}, 1, 0, 0, 3, 0, 0, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -96,10 +100,10 @@ func TestHandleFrame(t *testing.T) {
 			for _, f := range tt.frames {
 				c.handleFrame([]byte(f), 5000)
 			}
-			got := []int64{c.v.delivered, c.v.gaps, c.v.dups, c.v.missing(), c.serverErrors, c.malformed}
-			want := []int64{tt.delivered, tt.gaps, tt.dups, tt.missing, tt.errors, tt.malformed}
+			got := []int64{c.v.delivered, c.v.gaps, c.v.dups, c.v.missing(), c.serverErrors, c.malformed, c.leaves}
+			want := []int64{tt.delivered, tt.gaps, tt.dups, tt.missing, tt.errors, tt.malformed, tt.leaves}
 			if fmt.Sprint(got) != fmt.Sprint(want) {
-				t.Errorf("delivered, gaps, dups, missing, errors, malformed = %v, want %v", got, want)
+				t.Errorf("delivered, gaps, dups, missing, errors, malformed, leaves = %v, want %v", got, want)
 			}
 			if c.delivered.Load() != tt.delivered {
 				t.Errorf("atomic delivered = %d, want %d", c.delivered.Load(), tt.delivered)

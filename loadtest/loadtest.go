@@ -138,7 +138,7 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client, sk *
 	if err := m.wait(ctx, finished, published); err != nil {
 		return nil, err
 	}
-	complete := !m.timedOut && m.delivered() >= int64(len(clients))*cfg.perClient()
+	complete := !m.timedOut && m.delivered() >= cfg.expectedTotal()
 	if complete && m.published == 0 {
 		// The last delivery can beat the publisher's final flush (and
 		// its count of the last event), which is about to return.

@@ -123,6 +123,19 @@ type Config struct {
 	// default URL's host with path /api/publish.
 	HTTPURL string
 
+	// Where, when set, makes the clients views of a table's rows (see
+	// views_config.go): WhereEq ("eq") and WhereRange ("range") give each
+	// client a filter (a where) that passes only its own customer's rows,
+	// WhereSubject ("subject") routes the same rows by subject, unfiltered.
+	// Every event then goes to exactly one client, and Events must be at
+	// least Clients. Native clients only; not with PublishVia, ResumeShare
+	// or Churn.
+	Where string
+	// WhereDocs is how many documents (rows, each a subject) each
+	// client's view holds: events cycle over Clients × WhereDocs
+	// documents. Default 1.
+	WhereDocs int
+
 	// CPUProfile, when set, receives a CPU profile (pprof format) of this
 	// process over the measured window of Run: from the first publish to
 	// the end of delivery, the window LoadtestCPUSeconds covers.
@@ -164,6 +177,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Proto == ProtoGraphQL && c.GraphQLURL == "" && c.URL != "" {
 		c.GraphQLURL, _ = graphQLURL(c.URL) // validate reports a URL it cannot derive from
+	}
+	if c.viewRun() && c.WhereDocs == 0 {
+		c.WhereDocs = DefaultWhereDocs
 	}
 	if c.ResumeShare > 0 {
 		if c.ResumeDrops == 0 {
@@ -242,9 +258,12 @@ func (c *Config) validate() error {
 	case c.ResumeShare > 0 && c.ResumeDrops > c.Events:
 		// Each drop comes after a distinct number of received events.
 		return fmt.Errorf("%w: ResumeDrops %d is more than Events %d", ErrInvalidConfig, c.ResumeDrops, c.Events)
-	case int64(c.Clients)*c.perClient()/8 > maxBitmapBytes:
+	case c.expectedTotal()/8 > maxBitmapBytes:
 		return fmt.Errorf("%w: Clients×Events %d×%d needs over 1 GiB of verification bitmaps",
 			ErrInvalidConfig, c.Clients, c.perClient())
+	}
+	if err := c.validateWhere(); err != nil {
+		return err
 	}
 	if err := c.validatePublishVia(); err != nil {
 		return err

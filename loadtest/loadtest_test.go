@@ -49,6 +49,12 @@ func TestRunInvalidConfig(t *testing.T) {
 		{"publish via ws paced", func(c *Config) { c.PublishVia, c.Rate = PublishViaWS, 100 }, "Rate"},
 		{"publish via http with churn", func(c *Config) { c.PublishVia, c.Churn = PublishViaHTTP, time.Second }, "Churn"},
 		{"publish URL not derivable", func(c *Config) { c.PublishVia, c.URL = PublishViaHTTP, "ws://127.0.0.1:1/socket" }, "HTTPURL"},
+		{"unknown where", func(c *Config) { c.Where = "gt" }, "Where"},
+		{"where with graphql", func(c *Config) { c.Where, c.Proto = WhereEq, ProtoGraphQL }, "Where needs Proto native"},
+		{"where with churn", func(c *Config) { c.Where, c.Churn = WhereEq, time.Second }, "Where is a test of its own"},
+		{"where with client publishes", func(c *Config) { c.Where, c.PublishVia = WhereRange, PublishViaWS }, "Where is a test of its own"},
+		{"where with fewer events than clients", func(c *Config) { c.Where, c.Clients, c.Events = WhereEq, 10, 9 }, "Events 9 with Where is fewer than Clients 10"},
+		{"negative where docs", func(c *Config) { c.Where, c.WhereDocs = WhereEq, -1 }, "WhereDocs"},
 		{"huge bitmaps of client publishes", func(c *Config) { c.PublishVia, c.Clients, c.Events = PublishViaWS, 10_000, 1_000_000 }, "Clients×Events"},
 	}
 	for _, tt := range tests {

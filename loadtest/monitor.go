@@ -32,7 +32,7 @@ func pollInterval(timeout time.Duration) time.Duration {
 func (m *monitor) wait(ctx context.Context, finished <-chan struct{}, published <-chan error) error {
 	tick := time.NewTicker(pollInterval(m.cfg.Timeout))
 	defer tick.Stop()
-	p := progress{w: m.cfg.Progress, expected: int64(len(m.clients)) * m.cfg.perClient(), start: m.start, at: m.start}
+	p := progress{w: m.cfg.Progress, expected: m.cfg.expectedTotal(), start: m.start, at: m.start}
 	if m.soak != nil {
 		p.churn = &m.soak.connects
 	}

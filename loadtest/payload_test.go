@@ -69,3 +69,42 @@ func TestAppendPayloadAllocs(t *testing.T) {
 		t.Fatalf("appendPayload into a large enough buffer allocates %.1f times, want 0", allocs)
 	}
 }
+
+// TestAppendDocPayload: a view run's payload is valid JSON of exactly the
+// size asked for, carries its customer's document, and keeps seq and ts
+// first for the parser's fast path.
+func TestAppendDocPayload(t *testing.T) {
+	for _, tt := range []struct {
+		seq, customer uint64
+		size          int
+	}{{1, 0, 256}, {20000, 9999, 256}, {7, 3, 10}, {1<<64 - 1, 1<<64 - 1, 300}} {
+		t.Run(fmt.Sprintf("seq%d/customer%d/size%d", tt.seq, tt.customer, tt.size), func(t *testing.T) {
+			p := appendDocPayload(nil, tt.seq, 1764500000000000000, tt.size, tt.customer)
+			var got struct {
+				Seq uint64 `json:"seq"`
+				TS  int64  `json:"ts"`
+				Doc struct {
+					CustomerID uint64      `json:"customer_id"`
+					Total      json.Number `json:"total"`
+				} `json:"doc"`
+			}
+			if err := json.Unmarshal(p, &got); err != nil {
+				t.Fatalf("%s: %v", p, err)
+			}
+			if got.Seq != tt.seq || got.Doc.CustomerID != tt.customer || got.Doc.Total.String() != fmt.Sprintf("%d.5", tt.customer) {
+				t.Errorf("decoded %+v from %s", got, p)
+			}
+			if fixed := len(appendDocPayload(nil, tt.seq, 1764500000000000000, 0, tt.customer)) + len(`,"pad":""`); tt.size >= fixed && len(p) != tt.size {
+				t.Errorf("len = %d, want %d", len(p), tt.size)
+			}
+			kind, seq, ts := parseMessage([]byte(`{"type":"event","subject":"a.0.0","subs":["s1"],"data":` + string(p) + `}`))
+			if kind != kindEvent || seq != tt.seq || ts != 1764500000000000000 {
+				t.Errorf("parsed as (%d, %d, %d)", kind, seq, ts)
+			}
+		})
+	}
+	buf := make([]byte, 0, 512)
+	if allocs := testing.AllocsPerRun(100, func() { buf = appendDocPayload(buf[:0], 12345, 1764500000000000000, 256, 42) }); allocs != 0 {
+		t.Errorf("appendDocPayload allocates %.1f times, want 0", allocs)
+	}
+}

@@ -53,13 +53,15 @@ func (c ctxDialer) Dial(network, address string) (net.Conn, error) {
 	return c.d.DialContext(c.ctx, network, address)
 }
 
-// publish sends events 1..cfg.Events to cfg.Subject, each stamped with its
-// publish time, and returns once the server has them all (a flush round trip).
+// publish sends events 1..cfg.Events to cfg.Subject (in a view run, each
+// to its document's subject), each stamped with its publish time, and returns once the server has them all (a flush round trip).
 // With cfg.Rate > 0 it wakes every paceInterval and publishes the events that
 // have come due, so the average rate is exact and batches stay small (Rate/1000).
 // count, when not nil, counts the events handed to the sink so far.
 func publish(ctx context.Context, out sink, cfg *Config, count *atomic.Int64) error {
 	buf := make([]byte, 0, cfg.Size+64) // sinks copy the payload, so one will do
+	subject := cfg.Subject
+	var subj []byte // a view run's per-event subject
 	var tick <-chan time.Time
 	if cfg.Rate > 0 {
 		t := time.NewTicker(paceInterval)
@@ -77,8 +79,16 @@ func publish(ctx context.Context, out sink, cfg *Config, count *atomic.Int64) er
 			if sent%ctxCheckEvery == 0 && ctx.Err() != nil {
 				return ctx.Err()
 			}
-			buf = appendPayload(buf[:0], uint64(sent+1), time.Now().UnixNano(), cfg.Size)
-			if err := out.send(ctx, cfg.Subject, buf); err != nil {
+			seq := uint64(sent + 1)
+			if cfg.viewRun() {
+				customer, _ := cfg.docOf(seq)
+				subj = cfg.appendDocSubject(subj[:0], seq)
+				subject = string(subj)
+				buf = appendDocPayload(buf[:0], seq, time.Now().UnixNano(), cfg.Size, customer)
+			} else {
+				buf = appendPayload(buf[:0], seq, time.Now().UnixNano(), cfg.Size)
+			}
+			if err := out.send(ctx, subject, buf); err != nil {
 				return fmt.Errorf("publish seq %d: %w", sent+1, err)
 			}
 			if count != nil {

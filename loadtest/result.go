@@ -25,6 +25,7 @@ type Result struct {
 	Missing    int64 // events never received
 	Unexpected int64 // events whose seq is outside 1..Events
 	Malformed  int64 // messages without a type, or events without seq/ts
+	Leaves     int64 // leave messages: in no run does a document leave a view, so any is wrong
 	// ServerErrors counts {"type":"error"} messages after subscribing.
 	ServerErrors     int64
 	FirstServerError string // the first such message, verbatim
@@ -32,6 +33,10 @@ type Result struct {
 	Disconnects     int
 	FirstDisconnect string
 	TimedOut        bool // stopped after Config.Timeout without delivery progress
+	// Where and WhereDocs are a view run's (Config.Where): each event
+	// went to exactly one client, so Expected is Events.
+	Where     string
+	WhereDocs int
 	// Resume is set when clients dropped and resumed (Config.ResumeShare);
 	// their deliveries are in the counts above, verified like everyone's.
 	Resume *ResumeStats
@@ -61,6 +66,7 @@ type Result struct {
 	GatewayCPUSeconds        float64
 	GatewayRSSHighWaterBytes int64   // VmHWM: the gateway's peak RSS over its whole life, not just this run
 	CPUPerDeliveryMicros     float64 // GatewayCPUSeconds per delivered event, in µs
+	CPUPerEventMicros        float64 // GatewayCPUSeconds per published event (Events, or Clients × Events when the clients publish), in µs
 	LoadtestCPUSeconds       float64 // this process's CPU over the same window (it shares the machine)
 }
 
@@ -70,7 +76,7 @@ type Result struct {
 // (ChurnStats.OK).
 func (r *Result) OK() bool {
 	return r.Gaps == 0 && r.Duplicates == 0 && r.OutOfOrder == 0 && r.Missing == 0 &&
-		r.Unexpected == 0 && r.Malformed == 0 && r.ServerErrors == 0 && (r.Churn == nil || r.Churn.OK())
+		r.Unexpected == 0 && r.Malformed == 0 && r.Leaves == 0 && r.ServerErrors == 0 && (r.Churn == nil || r.Churn.OK())
 }
 
 // collect sums the clients' tallies once their readers have exited.
@@ -78,7 +84,9 @@ func collect(cfg *Config, clients []*client, m *monitor, before, after usage) *R
 	r := &Result{
 		Clients: cfg.Clients, Events: cfg.Events, Size: cfg.Size, Rate: cfg.Rate, Subject: cfg.Subject,
 		PublishVia:     cfg.PublishVia,
-		Expected:       int64(cfg.Clients) * cfg.perClient(),
+		Where:          cfg.Where,
+		WhereDocs:      cfg.WhereDocs,
+		Expected:       cfg.expectedTotal(),
 		TimedOut:       m.timedOut,
 		PublishElapsed: m.published,
 		Resume:         collectResume(cfg, clients),
@@ -93,6 +101,7 @@ func collect(cfg *Config, clients []*client, m *monitor, before, after usage) *R
 		r.Missing += c.v.missing()
 		r.Unexpected += c.v.alien
 		r.Malformed += c.malformed
+		r.Leaves += c.leaves
 		r.ServerErrors += c.serverErrors
 		if r.FirstServerError == "" {
 			r.FirstServerError = c.firstServerError
@@ -135,6 +144,13 @@ func collect(cfg *Config, clients []*client, m *monitor, before, after usage) *R
 		r.GatewayRSSHighWaterBytes = after.gateway.RSSHighWaterBytes
 		if r.Delivered > 0 {
 			r.CPUPerDeliveryMicros = r.GatewayCPUSeconds * 1e6 / float64(r.Delivered)
+		}
+		published := int64(r.Events)
+		if cfg.clientsPublish() { // each client published Events
+			published *= int64(r.Clients)
+		}
+		if published > 0 {
+			r.CPUPerEventMicros = r.GatewayCPUSeconds * 1e6 / float64(published)
 		}
 	}
 	r.LoadtestCPUSeconds = after.self.CPUSeconds - before.self.CPUSeconds

@@ -21,11 +21,17 @@ func (r *Result) WriteTable(w io.Writer) {
 	}
 	row("subject", "%s", r.Subject)
 	row("load", "%d clients × %d events × %d B, %s", r.Clients, r.Events, r.Size, pace)
+	if r.Where != "" {
+		row("views", "where %s, %d document(s) per client: each event to one client", r.Where, r.WhereDocs)
+	}
 	row("delivered", "%d / %d (%.1f%%)", r.Delivered, r.Expected, percent(r.Delivered, r.Expected))
 	row("gaps / dups / out of order", "%d / %d / %d", r.Gaps, r.Duplicates, r.OutOfOrder)
 	row("missing", "%d", r.Missing)
 	if r.Unexpected+r.Malformed > 0 {
 		row("unexpected / malformed", "%d / %d", r.Unexpected, r.Malformed)
+	}
+	if r.Leaves > 0 {
+		row("leaves", "%d (none expected)", r.Leaves)
 	}
 	if r.ServerErrors > 0 {
 		row("server errors", "%d, first: %s", r.ServerErrors, r.FirstServerError)
@@ -48,7 +54,7 @@ func (r *Result) WriteTable(w io.Writer) {
 	row("latency p50 / p95 / p99", "%s / %s / %s", roundDur(r.LatencyP50), roundDur(r.LatencyP95), roundDur(r.LatencyP99))
 	row("latency max / mean", "%s / %s", roundDur(r.LatencyMax), roundDur(r.LatencyMean))
 	if r.GatewaySampled {
-		row("gateway cpu", "%.2f s (%.3f µs/delivery)", r.GatewayCPUSeconds, r.CPUPerDeliveryMicros)
+		row("gateway cpu", "%.2f s (%.3f µs/delivery, %.3f µs/event)", r.GatewayCPUSeconds, r.CPUPerDeliveryMicros, r.CPUPerEventMicros)
 		row("gateway rss high-water", "%.1f MiB", float64(r.GatewayRSSHighWaterBytes)/(1<<20))
 	}
 	row("loadtest cpu", "%.2f s", r.LoadtestCPUSeconds)
@@ -82,6 +88,7 @@ type resultJSON struct {
 	Missing                  int64       `json:"missing"`
 	Unexpected               int64       `json:"unexpected"`
 	Malformed                int64       `json:"malformed"`
+	Leaves                   int64       `json:"leaves"`
 	ServerErrors             int64       `json:"server_errors"`
 	FirstServerError         string      `json:"first_server_error,omitempty"`
 	Disconnects              int         `json:"disconnects"`
@@ -98,8 +105,11 @@ type resultJSON struct {
 	GatewayCPUSeconds        *float64    `json:"gateway_cpu_seconds,omitempty"`
 	GatewayRSSHighWaterBytes *int64      `json:"gateway_rss_high_water_bytes,omitempty"`
 	CPUPerDeliveryMicros     *float64    `json:"cpu_per_delivery_micros,omitempty"`
+	CPUPerEventMicros        *float64    `json:"cpu_per_event_micros,omitempty"`
 	LoadtestCPUSeconds       float64     `json:"loadtest_cpu_seconds"`
 	PublishVia               string      `json:"publish_via,omitempty"`
+	Where                    string      `json:"where,omitempty"`
+	WhereDocs                int         `json:"where_docs,omitempty"`
 	PublishesAccepted        *int64      `json:"publishes_accepted,omitempty"`
 	PublishesPerSec          *float64    `json:"publishes_per_sec,omitempty"`
 	Resume                   *resumeJSON `json:"resume,omitempty"`
@@ -116,7 +126,7 @@ type resumeJSON struct {
 }
 
 // WriteJSON writes r as one JSON object with snake_case keys, then a newline.
-// The gateway_* and cpu_per_delivery_micros keys are present only when the
+// The gateway_* and cpu_per_* keys are present only when the
 // gateway was sampled, the publish_* keys only when the clients published
 // (publish_via ws or http), "resume" only when clients dropped and resumed, and
 // "churn" only in a churn run.
@@ -126,7 +136,8 @@ func (r *Result) WriteJSON(w io.Writer) error {
 		Clients: r.Clients, Events: r.Events, Size: r.Size, Rate: r.Rate,
 		Expected: r.Expected, Delivered: r.Delivered,
 		Gaps: r.Gaps, Duplicates: r.Duplicates, OutOfOrder: r.OutOfOrder, Missing: r.Missing,
-		Unexpected: r.Unexpected, Malformed: r.Malformed,
+		Unexpected: r.Unexpected, Malformed: r.Malformed, Leaves: r.Leaves,
+		Where: r.Where, WhereDocs: r.WhereDocs,
 		ServerErrors: r.ServerErrors, FirstServerError: r.FirstServerError,
 		Disconnects: r.Disconnects, FirstDisconnect: r.FirstDisconnect, TimedOut: r.TimedOut,
 		ElapsedSeconds:     r.Elapsed.Seconds(),
@@ -143,6 +154,7 @@ func (r *Result) WriteJSON(w io.Writer) error {
 		j.GatewayCPUSeconds = &r.GatewayCPUSeconds
 		j.GatewayRSSHighWaterBytes = &r.GatewayRSSHighWaterBytes
 		j.CPUPerDeliveryMicros = &r.CPUPerDeliveryMicros
+		j.CPUPerEventMicros = &r.CPUPerEventMicros
 	}
 	if r.PublishVia == PublishViaWS || r.PublishVia == PublishViaHTTP {
 		j.PublishVia, j.PublishesAccepted, j.PublishesPerSec = r.PublishVia, &r.PublishesAccepted, &r.PublishesPerSec

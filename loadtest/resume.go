@@ -2,7 +2,6 @@ package loadtest
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"time"
@@ -86,8 +85,7 @@ func Resume(ctx context.Context, cfg Config, behind int) (*ResumeResult, error) 
 	if gql {
 		err = gqlSubscribe(dctx, gc, cfg.Subject, cursor)
 	} else {
-		sub, _ := json.Marshal(map[string]string{"type": "subscribe", "id": subID, "subject": cfg.Subject, "from": cursor})
-		err = nc.Write(dctx, websocket.MessageText, sub)
+		err = writeSubscribe(dctx, nc, subscription{subject: cfg.Subject, from: cursor})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: resume: %w", err)
@@ -128,7 +126,7 @@ func subscribeOnce(ctx context.Context, cfg *Config, from string) (string, error
 		return "", err
 	}
 	defer conn.CloseNow()
-	cursor, _, err := handshake(ctx, conn, cfg.Subject, from)
+	cursor, _, err := handshake(ctx, conn, subscription{subject: cfg.Subject, from: from})
 	if err != nil {
 		return "", err
 	}

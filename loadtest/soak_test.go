@@ -82,6 +82,9 @@ func TestParseGauges(t *testing.T) {
 # TYPE go_goroutines gauge
 go_goroutines 231
 go_memstats_heap_inuse_bytes 1.1853824e+07
+go_memstats_next_gc_bytes 2.5e+07
+go_memstats_stack_inuse_bytes 1e+06
+go_gc_gogc_percent 100
 fanwire_connections 100
 fanwire_subscriptions{x="y"} 3
 fanwire_subscriptions 100 1764500000000
@@ -91,9 +94,17 @@ go_goroutines_other 7
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := gauges{goroutines: 231, heapInuse: 11853824, connections: 100, subscriptions: 100, hasConns: true, hasSubs: true}
+	want := gauges{goroutines: 231, heapInuse: 11853824, nextGC: 25_000_000, stackInuse: 1_000_000, gogc: 100,
+		connections: 100, subscriptions: 100, hasConns: true, hasSubs: true}
 	if g != want {
 		t.Fatalf("got %+v, want %+v", g, want)
+	}
+	if live := g.liveHeap(); live != 12_000_000 { // goal 25 MB = 2 × live + 1 MB of stacks
+		t.Errorf("live heap = %d, want 12000000", live)
+	}
+	g.gogc = 50
+	if live := g.liveHeap(); live != 16_333_333 { // 25 MB = 1.5 × live + 0.5 MB
+		t.Errorf("live heap at GOGC=50 = %d, want 16333333", live)
 	}
 	if _, err := parseGauges(strings.NewReader("fanwire_connections 1\n")); err == nil {
 		t.Fatal("a page without the Go collector parsed")

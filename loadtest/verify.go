@@ -4,7 +4,9 @@ package loadtest
 // 1..events. With several publishers (Config.PublishVia ws or http) the
 // sequence is split in per-publisher runs of events/publishers numbers
 // (publisher p sends p×per+1..(p+1)×per, in order), and gaps and order are
-// checked per publisher, the only order the gateway promises. A bitmap of arrived sequence numbers makes every count exact
+// checked per publisher, the only order the gateway promises. A view's
+// client (Config.Where) gets every stride-th event from offset+1 on: it
+// counts those as its own 1, 2, 3… and any other as alien. A bitmap of arrived sequence numbers makes every count exact
 // whatever the arrival order; it costs events/8 bytes per client (2.5 KB at
 // 20,000 events). A verifier is owned by one reader goroutine.
 type verifier struct {
@@ -12,6 +14,8 @@ type verifier struct {
 	per    uint64   // static after newVerifier: sequence numbers per publisher
 	seen   []uint64 // bit seq-1 is set once seq has arrived
 	lastBy []uint64 // highest sequence number seen per publisher; nil with one publisher
+	stride uint64   // static after newStrideVerifier: 0 or 1 for every event, else every stride-th
+	offset uint64   // static after newStrideVerifier: with stride, the events with seq-1 ≡ offset (mod stride) are ours
 
 	last      uint64 // highest sequence number seen
 	distinct  int64  // sequence numbers in 1..events seen at least once
@@ -36,8 +40,24 @@ func newMultiVerifier(publishers, per int) verifier {
 	return v
 }
 
+// newStrideVerifier checks the events offset+1, offset+1+stride, … (events
+// of them), one view's share of a run's events.
+func newStrideVerifier(events, stride, offset int) verifier {
+	v := newVerifier(events)
+	v.stride, v.offset = uint64(max(stride, 1)), uint64(offset)
+	return v
+}
+
 // observe records one received event.
 func (v *verifier) observe(seq uint64) {
+	if v.stride > 1 {
+		if seq == 0 || (seq-1)%v.stride != v.offset {
+			v.delivered++
+			v.alien++
+			return
+		}
+		seq = (seq-1)/v.stride + 1 // our own numbering: 1, 2, 3…
+	}
 	v.delivered++
 	if seq == 0 || seq > v.events {
 		v.alien++

@@ -118,3 +118,38 @@ func TestMultiVerifier(t *testing.T) {
 		})
 	}
 }
+
+// TestStrideVerifier checks a view's client (3 clients, client 1: events
+// 2, 5, 8, 11 of 12 are its 1-4): the others' events are alien, and gaps,
+// duplicates and order are counted in its own numbering.
+func TestStrideVerifier(t *testing.T) {
+	type counts struct{ delivered, gaps, dups, late, alien, missing int64 }
+	tests := []struct {
+		name     string
+		seqs     []uint64
+		want     counts
+		complete bool
+	}{
+		{"its events in order", []uint64{2, 5, 8, 11}, counts{4, 0, 0, 0, 0, 0}, true},
+		{"one skipped", []uint64{2, 8, 11}, counts{3, 1, 0, 0, 0, 1}, false},
+		{"swapped", []uint64{2, 8, 5, 11}, counts{4, 1, 0, 1, 0, 0}, true},
+		{"twice", []uint64{2, 5, 5, 8, 11}, counts{5, 0, 1, 0, 0, 0}, true},
+		{"another client's", []uint64{1, 2, 3, 5, 8, 11}, counts{6, 0, 0, 0, 2, 0}, true},
+		{"zero and past the end", []uint64{0, 2, 5, 8, 11, 14}, counts{6, 0, 0, 0, 2, 0}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := newStrideVerifier(4, 3, 1)
+			for _, s := range tt.seqs {
+				v.observe(s)
+			}
+			got := counts{v.delivered, v.gaps, v.dups, v.late, v.alien, v.missing()}
+			if got != tt.want {
+				t.Errorf("counts = %+v, want %+v", got, tt.want)
+			}
+			if v.complete() != tt.complete {
+				t.Errorf("complete = %v, want %v", v.complete(), tt.complete)
+			}
+		})
+	}
+}

@@ -35,11 +35,14 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 		spawn      bool
 		spawnRole  string
 		spawnFlags string
+		spawnBin   string
 		consumer   string
 		pid        int
 		asJSON     bool
 		idle       time.Duration
 		behind     int
+		latest     int
+		rounds     int
 		brokerKind string
 		cpuProfile string
 	)
@@ -62,6 +65,7 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 	fs.BoolVar(&spawn, "spawn", false, "start a gateway (see --spawn-role) on free ports as a child process and measure it")
 	fs.StringVar(&spawnRole, "spawn-role", "dev", "with --spawn: dev (gateway and embedded NATS in one measured process) or ws (the measured process is \"fanwire ws\"; NATS runs embedded in the loadtest process)")
 	fs.StringVar(&consumer, "consumer", "shared", "with --spawn --broker jetstream: the spawned gateway's consumer mode, shared or per-connection (a subscription consumer each)")
+	fs.StringVar(&spawnBin, "spawn-binary", "", "with --spawn: the fanwire binary to start (default: this one), e.g. an earlier commit's build to compare with, alternating runs; this binary still drives the load")
 	fs.StringVar(&spawnFlags, "spawn-flags", "", "extra flags for the spawned gateway, space-separated (e.g. \"--mailbox-messages 8192\")")
 	fs.IntVar(&pid, "pid", 0, "sample this existing gateway process's CPU and RSS from /proc")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of the table")
@@ -69,6 +73,8 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 	fs.IntVar(&cfg.ResumeDrops, "resume-drops", 1, "with --resume: how many times each resuming client drops")
 	fs.Uint64Var(&cfg.ResumeSeed, "resume-seed", 0, "with --resume: seed choosing the resuming clients and their drop points (0: a random one, printed with the result; give it to repeat a run)")
 	fs.IntVar(&behind, "resume-behind", 0, "instead of the fan-out test: a client leaves, this many events are published, and it resumes from its cursor; reports the catch-up rate (needs --broker jetstream on the gateway)")
+	fs.IntVar(&latest, "latest", 0, "instead of the fan-out test: publish this many documents, each once on a subject of its own, then read them into one new client at a time, alternately from \"latest\" (a snapshot; with --where eq or range, filtered by a where every document passes) and from the cursor before them (a replay of the same events), after one warm-up replay that is not counted; each read must get every document once, in order, then synced; reports documents/s from subscribe to synced and the gateway's CPU per document (needs --broker jetstream or redis; past 100,000 documents raise the gateway's --max-snapshot with --spawn-flags)")
+	fs.IntVar(&rounds, "latest-rounds", 3, "with --latest: how many reads of each kind, alternating (snapshot first, then replay first, ...)")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "fan-out test: write a CPU profile of this (the loadtest) process, from the first publish to the end of delivery, to this file (go tool pprof)")
 	fs.DurationVar(&cfg.Churn, "churn", 0, "churn soak: besides --clients (connected throughout, verified as usual), --churn-clients clients connect, subscribe, receive for up to half a second and leave (clean closes, TCP drops, resubscriptions on one connection, drops before subscribing), over and over, for this long (0: off); events flow at --rate throughout, and the gateway's goroutines and heap (from --metrics-url) must come back to their baseline")
 	fs.IntVar(&cfg.ChurnClients, "churn-clients", loadtest.DefaultChurnClients, "with --churn: concurrent churning clients")
@@ -76,7 +82,9 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 	fs.DurationVar(&cfg.ChurnSettle, "churn-settle", loadtest.DefaultChurnSettle, "with --churn: how long events keep flowing once the churners have left; the after figures are read over its last part, as long as the baseline's window (at least --churn-baseline)")
 	fs.Uint64Var(&cfg.ChurnSeed, "churn-seed", 0, "with --churn: seed drawing the sessions' kinds and lengths (0: a random one, printed with the result)")
 	fs.StringVar(&cfg.MetricsURL, "metrics-url", "", "with --churn: the gateway's Prometheus endpoint, which must carry the Go collector's go_goroutines and go_memstats_heap_inuse_bytes (default: --url's host, path /metrics; with --spawn, the spawned gateway's)")
-	fs.DurationVar(&idle, "idle", 0, "instead of publishing: connect --clients subscribed clients, wait this long, and report the gateway's RSS per idle connection")
+	fs.StringVar(&cfg.Where, "where", "", "views: the events are rows of a table (subject <subject>.<customer>.<row>, data {\"seq\",\"ts\",\"doc\":{\"customer_id\":k,\"total\":k.5},...}), customer k = event number mod --clients, and client i a view of customer i's rows, so each event goes to one client (--events at least --clients): eq (where \"doc.customer_id == i\", which the gateway indexes), range (where \"doc.total >= i && doc.total < i+1\", scanned) or subject (no where: client i subscribes to <subject>.i.*, the same deliveries routed by subject); each client must get exactly its events, in order, and no leave. With --idle the documents are published once after the first reading and a second reading gives the memory per held document")
+	fs.IntVar(&cfg.WhereDocs, "where-docs", loadtest.DefaultWhereDocs, "with --where: documents (rows, each a subject) per client; the events cycle over --clients × this many")
+	fs.DurationVar(&idle, "idle", 0, "instead of the fan-out test: connect --clients subscribed clients, wait this long, and report the gateway's RSS per idle connection; with --where, then publish every client's --where-docs documents once, wait this long again, and report the RSS (and heap in use, from the gateway's /metrics) per held document")
 	c.markSecret(secretNATSURL, "nats")
 	c.markSecret(secretURL, "redis")
 	c.run = func([]string) error {
@@ -118,12 +126,14 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 			if cfg.URL != "" || cfg.GraphQLURL != "" || cfg.NATSURL != "" || cfg.MetricsURL != "" || pid != 0 {
 				return errors.New("--spawn starts its own gateway: drop --url, --graphql-url, --nats, --metrics-url and --pid")
 			}
-			child, err := spawnGateway(ctx, spawnRole, extra)
+			child, err := spawnGateway(ctx, spawnBin, spawnRole, extra)
 			if err != nil {
 				return err
 			}
 			defer child.stop()
 			cfg.URL, cfg.NATSURL, pid = child.wsURL, child.natsURL, child.cmd.Process.Pid
+		} else if spawnBin != "" {
+			return errors.New("--spawn-binary applies to a gateway this run spawns (--spawn)")
 		} else if cfg.URL == "" || cfg.NATSURL == "" {
 			return errors.New("give --spawn, or both --url and --nats")
 		}
@@ -133,6 +143,26 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 		}
 		if cfg.Churn != 0 && (behind > 0 || idle > 0 || cfg.ResumeShare != 0) {
 			return errors.New("--churn is a test of its own: drop --resume, --resume-behind or --idle")
+		}
+		if latest > 0 {
+			if behind > 0 || idle > 0 || cfg.ResumeShare != 0 || cfg.Churn != 0 {
+				return errors.New("--latest is a test of its own: drop --resume, --resume-behind, --idle and --churn")
+			}
+			res, err := loadtest.Latest(ctx, cfg, latest, rounds)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+					return err
+				}
+			} else {
+				res.WriteTable(os.Stdout)
+			}
+			if !res.OK {
+				return exitCode(1)
+			}
+			return nil
 		}
 		if behind > 0 {
 			res, err := loadtest.Resume(ctx, cfg, behind)
@@ -200,12 +230,18 @@ type devChild struct {
 	natsURL string
 }
 
-// spawnGateway starts "fanwire dev" or "fanwire ws" (this binary) on free
-// ports with a fresh data directory and waits until /readyz says ready.
-func spawnGateway(ctx context.Context, role string, extra []string) (*devChild, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("spawn: %w", err)
+// spawnGateway starts "fanwire dev" or "fanwire ws" of the binary exe
+// ("": this one) on free ports with a fresh data directory and waits until
+// /readyz says ready.
+func spawnGateway(ctx context.Context, exe, role string, extra []string) (*devChild, error) {
+	if exe == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("spawn: %w", err)
+		}
+		exe = self
+	} else if _, err := exec.LookPath(exe); err != nil {
+		return nil, fmt.Errorf("--spawn-binary: %w", err)
 	}
 	httpPort, err := freePort()
 	if err != nil {

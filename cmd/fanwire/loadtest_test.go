@@ -22,6 +22,8 @@ func TestLoadtestChurnFlags(t *testing.T) {
 		{[]string{"--spawn", "--churn", "5s", "--metrics-url", "http://127.0.0.1:1/metrics"}, "drop --url, --graphql-url, --nats, --metrics-url and --pid"},
 		{append([]string{"--publish-via", "grpc"}, existing...), `--publish-via "grpc": want broker, ws or http`},
 		{append([]string{"--publish-via", "ws", "--rate", "100"}, existing...), "Rate paces the broker publisher"},
+		{append([]string{"--spawn-binary", "/bin/true"}, existing...), "--spawn-binary applies to a gateway this run spawns"},
+		{[]string{"--spawn", "--spawn-binary", "/nonexistent/fanwire"}, "--spawn-binary: exec: \"/nonexistent/fanwire\""},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(append([]string{"loadtest"}, tc.args...), &out, &errOut)
