@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"encoding/json"
+	"math"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 	"unsafe"
 )
@@ -200,4 +202,105 @@ func (p *jsonParser) num() (any, bool) {
 		return nil, false
 	}
 	return f, true
+}
+
+// valueKey is the canonical key of a scalar JSON value, equal for values
+// CEL's == holds equal (5, 5.0 and 5u are one number); ok is false for
+// values that are not scalars (and for NaN, equal to nothing).
+func valueKey(v any) (string, bool) {
+	switch x := v.(type) {
+	case nil:
+		return "n", true
+	case bool:
+		if x {
+			return "t", true
+		}
+		return "f", true
+	case string:
+		return "s" + x, true
+	case int64:
+		return "i" + strconv.FormatInt(x, 10), true
+	case float64:
+		if math.IsNaN(x) {
+			return "", false
+		}
+		if x == math.Trunc(x) && x >= -(1<<63) && x < 1<<63 {
+			return "i" + strconv.FormatInt(int64(x), 10), true
+		}
+		return "d" + strconv.FormatFloat(x, 'g', -1, 64), true
+	}
+	return "", false
+}
+
+// lookupPath is the value at path under v (JSON objects only), and
+// whether it is there.
+func lookupPath(v any, path []string) (any, bool) {
+	for _, p := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if v, ok = m[p]; !ok {
+			return nil, false
+		}
+	}
+	return v, true
+}
+
+// parsedData is an event's data as filters see it: parsed once per event
+// (Event.parsed), with JSON integers as int64 and other numbers as float64.
+type parsedData struct {
+	data     any
+	doc      any
+	op       string
+	valid    bool // the data parsed (events are valid JSON; a failure is an internal error)
+	delete   bool // an ingest delete: the document is gone
+	truncate bool // an ingest truncate: every document under the subject's prefix is gone
+}
+
+func parseData(subject string, b []byte) *parsedData {
+	v, ok := parseJSON(b)
+	if !ok {
+		return &parsedData{}
+	}
+	p := &parsedData{data: v, doc: v, valid: true}
+	if m, ok := v.(map[string]any); ok {
+		if d, ok := m["doc"]; ok {
+			p.doc = d
+		}
+		p.op, _ = m["op"].(string)
+	}
+	p.delete = p.op == "delete"
+	p.truncate = p.op == "truncate" && strings.HasSuffix(subject, "."+truncateToken)
+	return p
+}
+
+// truncateToken is the last token of the ingest's truncate events
+// (db.orders.%truncate).
+const truncateToken = "%truncate"
+
+// normalizeJSON turns json.Numbers into int64 (integers that fit) or
+// float64, in place.
+func normalizeJSON(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if i, err := strconv.ParseInt(string(x), 10, 64); err == nil {
+			return i
+		}
+		f, _ := strconv.ParseFloat(string(x), 64)
+		return f
+	case map[string]any:
+		for k, e := range x {
+			x[k] = normalizeJSON(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = normalizeJSON(e)
+		}
+	case float64: // claims decoded without UseNumber
+		if x == math.Trunc(x) && math.Abs(x) < 1<<53 {
+			return int64(x)
+		}
+	}
+	return v
 }
