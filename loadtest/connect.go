@@ -76,7 +76,11 @@ func dialClient(ctx context.Context, cfg *Config, id int) (*client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client %d: %w", id, err)
 	}
-	return &client{id: id, gql: cfg.Proto == ProtoGraphQL, conn: conn, subCursor: cursor, v: cfg.newClientVerifier(id)}, nil
+	c := &client{id: id, gql: cfg.Proto == ProtoGraphQL, conn: conn, subCursor: cursor, v: cfg.newClientVerifier(id)}
+	if cfg.PublishVia == PublishViaWS {
+		c.wantAcks = int64(cfg.Events) // its own events' "published" replies, read on this connection
+	}
+	return c, nil
 }
 
 // open dials a client connection in cfg.Proto and subscribes it to
