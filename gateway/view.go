@@ -18,7 +18,7 @@ import (
 // (client publishes, projections whose previous document the ingest does
 // not keep, tables without REPLICA IDENTITY FULL all work) and sends a
 // leave only to a client that holds the document, never telling a client
-// that a row it may not see changed. The cost is memory: about 150 bytes
+// that a row it may not see changed. The cost is memory: about 180 bytes
 // per document per filtered subscription (docs/benchmarks.md measures
 // it), bounded by Config.MaxSnapshot documents per subscription; a view
 // that outgrows it ends with view_too_large.
