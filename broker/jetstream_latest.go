@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 )
 
 // Latest reads the newest stored message of each subject on filters (see
@@ -55,14 +53,7 @@ func (b *JetStream) Latest(ctx context.Context, filters []string, h func([]Messa
 	if err != nil {
 		return "", fmt.Errorf("jetstream: latest consumer: %w", unsupported(err))
 	}
-	defer func() {
-		// As Replay's: best effort, detached from ctx.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := b.js.DeleteConsumer(dctx, b.cfg.Stream, cons.CachedInfo().Name); err != nil {
-			b.core.log.Debug("jetstream: delete latest consumer", zap.Error(err))
-		}
-	}()
+	defer b.deleteShortLived(ctx, cons.CachedInfo().Name, "latest")
 	if cons.CachedInfo().NumPending == 0 {
 		return through, nil // no subject on filters
 	}

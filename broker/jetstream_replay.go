@@ -11,6 +11,17 @@ import (
 	"go.uber.org/zap"
 )
 
+// deleteShortLived deletes a replay's or a snapshot's consumer (what
+// names it in the log), best effort and detached from ctx: a cancelled
+// read still cleans up, and the inactivity threshold covers a failure.
+func (b *JetStream) deleteShortLived(ctx context.Context, name, what string) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := b.js.DeleteConsumer(dctx, b.cfg.Stream, name); err != nil {
+		b.core.log.Debug("jetstream: delete "+what+" consumer", zap.Error(err))
+	}
+}
+
 // Replay reads the stream from the sequence after `after` up to `until`
 // (the watermark) through a short-lived consumer. On a server older than
 // 2.10, a replay on several filters reads every subject (see
@@ -55,15 +66,7 @@ func (b *JetStream) Replay(ctx context.Context, filters []string, after, until s
 	if err != nil {
 		return fmt.Errorf("jetstream: replay consumer: %w", unsupported(err))
 	}
-	defer func() {
-		// Best effort, detached from ctx (a cancelled resume still cleans
-		// up); the inactivity threshold covers a failure.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := b.js.DeleteConsumer(dctx, b.cfg.Stream, cons.CachedInfo().Name); err != nil {
-			b.core.log.Debug("jetstream: delete replay consumer", zap.Error(err))
-		}
-	}()
+	defer b.deleteShortLived(ctx, cons.CachedInfo().Name, "replay")
 	if cons.CachedInfo().NumPending == 0 {
 		return nil // nothing stored on filters after `after`
 	}
