@@ -177,8 +177,24 @@ func recreateStream(t *testing.T, js jetstream.JetStream, change func(*jetstream
 	if err := js.DeleteStream(ctx, "ORDER"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
+	// The publisher re-creates a stream it finds missing, so this create
+	// races its own. Whichever wins, the stream must end up with cfg:
+	// when the publisher's won, cfg is applied as an update. A create that
+	// meets the other one half-way fails in nats-server with "error
+	// creating store for stream" (10049) and is asked again.
+	for {
+		_, err := js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			_, err = js.UpdateStream(ctx, cfg)
+		}
+		if err == nil {
+			return
+		}
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != 10049 || ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		t.Logf("re-creating the stream raced the publisher's: %v; again", err)
 	}
 }
 
