@@ -24,6 +24,9 @@ const subID = "s1"
 // returns once all are subscribed. On the first failure it cancels the rest,
 // closes the clients already connected and returns that failure.
 func connectAll(ctx context.Context, cfg *Config) ([]*client, error) {
+	if err := checkFileLimit(cfg.Clients); err != nil {
+		return nil, err
+	}
 	dctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	clients := make([]*client, cfg.Clients)
@@ -52,6 +55,21 @@ dial:
 		return nil, context.Cause(dctx)
 	}
 	return clients, nil
+}
+
+// checkFileLimit fails at once when this process cannot open clients
+// sockets (RLIMIT_NOFILE, which the Go runtime has raised to its hard
+// limit), rather than after connecting most of them.
+func checkFileLimit(clients int) error {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur > 1<<40 {
+		return nil
+	}
+	const spare = 64 // the broker connection, the spawned gateway's pipes, /proc reads
+	if uint64(clients)+spare > rl.Cur {
+		return fmt.Errorf("%d clients need %d file descriptors, and this process may open %d (ulimit -n): raise the limit, or split the clients over several loadtest processes", clients, clients+spare, rl.Cur)
+	}
+	return nil
 }
 
 // closeAll closes every non-nil client's connection concurrently and waits.
@@ -121,7 +139,7 @@ func openAs(ctx context.Context, cfg *Config, sub subscription) (conn wireConn, 
 // run's socket options.
 func dialWS(ctx context.Context, cfg *Config) (*websocket.Conn, error) {
 	opts := &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled}
-	if cfg.RcvBuf > 0 {
+	if cfg.RcvBuf > 0 || cfg.SourceAddrs > 0 {
 		opts.HTTPClient = &http.Client{Transport: &http.Transport{DialContext: netDialer(cfg).DialContext}}
 	}
 	conn, _, err := websocket.Dial(ctx, cfg.URL, opts)
@@ -142,21 +160,43 @@ func dialGraphQL(ctx context.Context, cfg *Config) (*wsConn, error) {
 	return conn, nil
 }
 
-// netDialer dials TCP with the run's socket options (cfg.RcvBuf).
+// netDialer dials TCP with the run's socket options: cfg.RcvBuf, and with
+// cfg.SourceAddrs the next loopback source address in turn.
 func netDialer(cfg *Config) *net.Dialer {
-	if cfg.RcvBuf <= 0 {
-		return &net.Dialer{}
+	d := &net.Dialer{}
+	var ip net.IP
+	if cfg.SourceAddrs > 0 {
+		// 127.0.0.2, 127.0.0.3, ...: the whole of 127/8 is the loopback
+		// interface's, and each source address has its own ephemeral ports.
+		k := int(cfg.nextSource.Add(1)-1) % cfg.SourceAddrs
+		ip = net.IPv4(127, 0, byte(k/250), byte(2+k%250))
+		d.LocalAddr = &net.TCPAddr{IP: ip}
 	}
-	return &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+	if cfg.RcvBuf <= 0 && ip == nil {
+		return d
+	}
+	d.Control = func(_, _ string, rc syscall.RawConn) error {
 		var serr error
 		if err := rc.Control(func(fd uintptr) {
-			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, cfg.RcvBuf)
+			if cfg.RcvBuf > 0 {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, cfg.RcvBuf)
+			}
+			if ip != nil && serr == nil {
+				// Pick the port at connect, by the whole 4-tuple, not at
+				// bind: a bound port is not reused for other servers.
+				serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, ipBindAddressNoPort, 1)
+			}
 		}); err != nil {
 			return err
 		}
 		return serr
-	}}
+	}
+	return d
 }
+
+// ipBindAddressNoPort is Linux's IP_BIND_ADDRESS_NO_PORT (not in package
+// syscall).
+const ipBindAddressNoPort = 24
 
 // controlMsg is the union of the handshake messages a client may receive.
 type controlMsg struct {
@@ -186,18 +226,36 @@ func handshake(ctx context.Context, conn *websocket.Conn, s subscription) (curso
 	if err != nil {
 		return "", nil, fmt.Errorf("await subscribed: %w", err)
 	}
+	if s.own != "" {
+		// Nothing is published yet (clients subscribe before the run), so
+		// nothing but the reply can come before it.
+		if err := writeSubscribeAs(ctx, conn, ownSubID, subscription{subject: s.own}); err != nil {
+			return "", nil, fmt.Errorf("subscribe %s: %w", s.own, err)
+		}
+		if rest, err = await(ctx, conn, func(m *controlMsg) bool { return m.Type == "subscribed" && m.ID == ownSubID }); err != nil {
+			return "", nil, fmt.Errorf("await subscribed %s: %w", s.own, err)
+		}
+	}
 	return cursor, rest, nil
 }
 
+// ownSubID is the id of a client's own pattern (Config.OwnPattern).
+const ownSubID = "s2"
+
 // writeSubscribe sends the native subscribe for s, with id subID.
 func writeSubscribe(ctx context.Context, conn *websocket.Conn, s subscription) error {
+	return writeSubscribeAs(ctx, conn, subID, s)
+}
+
+// writeSubscribeAs sends the native subscribe for s, with id id.
+func writeSubscribeAs(ctx context.Context, conn *websocket.Conn, id string, s subscription) error {
 	msg, err := json.Marshal(struct {
 		Type    string `json:"type"`
 		ID      string `json:"id"`
 		Subject string `json:"subject"`
 		Where   string `json:"where,omitempty"`
 		From    string `json:"from,omitempty"`
-	}{"subscribe", subID, s.subject, s.where, s.from})
+	}{"subscribe", id, s.subject, s.where, s.from})
 	if err != nil {
 		return fmt.Errorf("encode subscribe: %w", err)
 	}

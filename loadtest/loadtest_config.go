@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -64,6 +66,18 @@ type Config struct {
 	// network don't see those, so the benchmarks use 4 MiB (see
 	// docs/benchmarks.md).
 	RcvBuf int
+	// SourceAddrs spreads the clients' connections over this many
+	// loopback source addresses, 127.0.0.2 on, in turn (0: the kernel's
+	// choice). One address to one server has about 28,000 ephemeral
+	// ports; 50,000 clients need two. URL must be a loopback address.
+	SourceAddrs int
+	// OwnPattern subscribes each client, beside the run's subject (id
+	// s1), to a pattern of its own too (id s2): <subject>.own.<client>.>,
+	// on which nothing is published. The gateway's index then holds a
+	// pattern per client, as it does when every user follows their own
+	// things.
+	OwnPattern bool
+	nextSource *atomic.Uint32 // the next source address (SourceAddrs)
 
 	// ResumeShare is the share of clients (0–1: round(share × Clients), at
 	// least 1 when above 0) that, while events flow, drop their connection
@@ -169,6 +183,9 @@ func (c *Config) setDefaults() error {
 	if c.Proto == "" {
 		c.Proto = ProtoNative
 	}
+	if c.nextSource == nil {
+		c.nextSource = new(atomic.Uint32)
+	}
 	if c.PublishVia == "" {
 		c.PublishVia = PublishViaBroker
 	}
@@ -244,6 +261,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: Rate %d is negative", ErrInvalidConfig, c.Rate)
 	case c.RcvBuf < 0:
 		return fmt.Errorf("%w: RcvBuf %d is negative", ErrInvalidConfig, c.RcvBuf)
+	case c.SourceAddrs < 0 || c.SourceAddrs > 250*250:
+		return fmt.Errorf("%w: SourceAddrs %d: want 0 to %d", ErrInvalidConfig, c.SourceAddrs, 250*250)
+	case c.OwnPattern && (c.Proto != ProtoNative || c.viewRun()):
+		return fmt.Errorf("%w: OwnPattern needs native clients of the plain fan-out (no Proto graphql, no Where)", ErrInvalidConfig)
 	case c.Timeout < 0:
 		return fmt.Errorf("%w: Timeout %v is negative", ErrInvalidConfig, c.Timeout)
 	case c.Proc.PID < 0:
@@ -273,6 +294,13 @@ func (c *Config) validate() error {
 	}
 	if err := checkWSURL("URL", c.URL); err != nil {
 		return err
+	}
+	if c.SourceAddrs > 0 {
+		if u, _ := url.Parse(c.URL); u != nil {
+			if ip := net.ParseIP(u.Hostname()); ip == nil || ip.To4() == nil || !ip.IsLoopback() {
+				return fmt.Errorf("%w: SourceAddrs needs an IPv4 loopback URL (127.0.0.1), not %q: the source addresses are loopback ones", ErrInvalidConfig, c.URL)
+			}
+		}
 	}
 	if c.Proto == ProtoGraphQL {
 		if c.GraphQLURL == "" {

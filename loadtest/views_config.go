@@ -41,6 +41,7 @@ type subscription struct {
 	subject string
 	from    string // "" live, "latest", "first" or a cursor
 	where   string // "" unfiltered
+	own     string // Config.OwnPattern: a second subscription's pattern (id ownSubID), live; "" none
 }
 
 // viewRun reports whether the run's clients are views (Config.Where).
@@ -56,7 +57,11 @@ func (c *Config) clientSub(i int) subscription {
 	case WhereSubject:
 		return subscription{subject: c.Subject + "." + strconv.Itoa(i) + ".*"}
 	}
-	return subscription{subject: c.Subject}
+	s := subscription{subject: c.Subject}
+	if c.OwnPattern {
+		s.own = c.Subject + ".own." + strconv.Itoa(i) + ".>"
+	}
+	return s
 }
 
 // docOf returns the customer and row of event seq's document (view runs).

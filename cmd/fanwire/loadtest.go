@@ -59,6 +59,8 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 	fs.StringVar(&cfg.Subject, "subject", "", "subject to publish on (default loadtest.<run id>.hot)")
 	fs.DurationVar(&cfg.Timeout, "timeout", loadtest.DefaultTimeout, "give up after this long without delivery progress")
 	fs.IntVar(&cfg.RcvBuf, "client-rcvbuf", 4<<20, "SO_RCVBUF of each client socket in bytes (0: kernel autotuning, which on loopback stalls 200-800 ms at zero windows)")
+	fs.IntVar(&cfg.SourceAddrs, "source-addrs", 0, "spread the clients over this many loopback source addresses, 127.0.0.2 on (0: the kernel's choice); one address reaches one server from about 28,000 ports, so 50,000 clients need 2 (--url must be 127.0.0.1)")
+	fs.BoolVar(&cfg.OwnPattern, "own-pattern", false, "subscribe each client to a pattern of its own too (<subject>.own.<client>.>, nothing published on it), beside the shared subject, so the gateway's index holds one pattern per client")
 	fs.StringVar(&brokerKind, "broker", "nats", "the gateway's broker: nats, jetstream (events are published to NATS either way) or redis (pipelined XADD to --redis); with --spawn the gateway is started on it")
 	fs.StringVar(&cfg.RedisURL, "redis", "redis://127.0.0.1:6379", "with --broker redis: the Redis server")
 	fs.StringVar(&cfg.Stream, "stream", "fanwire-loadtest", "with --broker redis: the stream key")

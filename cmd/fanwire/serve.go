@@ -319,6 +319,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	}
 	defer b.Close()
 
+	f.maxConnections, f.maxHandshakes = fitFileLimit(log, f.maxConnections, f.maxHandshakes)
 	srv, err := gateway.New(gateway.Config{
 		Broker:              b,
 		Subjects:            f.subjects,
