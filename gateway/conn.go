@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -56,6 +58,24 @@ type conn struct {
 	runCtx    context.Context    // static: cancelled when reading ends; resumes stop
 	cancelRun context.CancelFunc // static
 
+	// Parking (idlepark.go): an idle reader hands its socket to the
+	// node's idle poller and exits.
+	br      *bufio.Reader   // static: what the library reads from; parking needs it empty
+	rc      syscall.RawConn // static: the TCP socket; nil (TLS) never parks
+	prefix  *prefixConn     // static: not nil when frames came with the upgrade: no parking before they are read
+	parkID  uint64          // guarded by s.idle.mu: its id in the poller's set; 0 while not parked
+	parkGen uint64          // guarded by s.idle.mu: the poller's epoll set it was last added to
+	onEnd   func()          // static: run last when the connection has ended (the Server's bookkeeping)
+	// readGate orders a reader's look at br and the socket (parking,
+	// skimming pongs) before the close handshake, which reads them too.
+	readGate     sync.Mutex
+	readsClosing bool // guarded by readGate: the close handshake may read; no parking or skimming
+
+	// Pings (conn_writer.go ping): one at a time.
+	pingSeq     atomic.Uint64 // the last ping's number, its payload in decimal
+	pendingPing atomic.Uint64 // the ping waiting for its pong
+	pong        chan struct{} // static, buffered 1: the pending ping's pong came
+
 	// owned by serve (the reader)
 	rate     tokenBucket
 	errCount int
@@ -92,7 +112,7 @@ func (c *conn) requestCloseReason(code int, reason *string) bool {
 		c.closeReason.Store(reason) // before the code: the writer reads it once it sees the code
 	}
 	c.closeCode.Store(int32(code))
-	c.watchdog = time.AfterFunc(c.s.cfg.CloseTimeout, func() { _ = c.ws.CloseNow() })
+	c.watchdog = time.AfterFunc(c.s.cfg.CloseTimeout, func() { c.closeNow() })
 	c.mu.Unlock()
 	c.cl.signal()
 	return true
@@ -146,8 +166,61 @@ func (c *conn) serve() {
 		})
 		c.mu.Unlock()
 	}
-	err := c.readLoop()
+	c.read(true)
+}
 
+// read runs a reader: until it parks (a new one starts when the socket is
+// readable again) or the connection ends, which it then cleans up. With
+// parkFirst it may park before it reads anything.
+func (c *conn) read(parkFirst bool) {
+	err := c.readLoop(parkFirst)
+	if err == errParked {
+		return
+	}
+	c.end(err)
+}
+
+// woken is a reader the idle poller started: the socket is readable.
+// What is there may be only pongs (an idle client answering pings): they
+// are taken off the socket here and the reader parks again at once,
+// because the library's Read would take them and then wait, goroutine
+// and all, for a data message that may not come for hours.
+func (c *conn) woken() {
+	c.readGate.Lock()
+	skimmed := !c.readsClosing && c.closeCode.Load() == 0 && c.skimPongs()
+	c.readGate.Unlock()
+	if skimmed && c.tryPark() {
+		return
+	}
+	c.read(false)
+}
+
+// tryPark parks the reader if the library's reader is empty and the
+// connection is not closing; on true the caller returns at once.
+func (c *conn) tryPark() bool {
+	if c.br == nil {
+		return false
+	}
+	c.readGate.Lock()
+	defer c.readGate.Unlock()
+	if c.readsClosing || c.closeCode.Load() != 0 || c.br.Buffered() != 0 || c.prefix != nil && !c.prefix.reached.Load() {
+		return false
+	}
+	return c.s.idle.park(c)
+}
+
+// wakeReader starts a reader for c if it is parked: a closer calls it
+// after closing the socket, so that the connection ends and is cleaned up
+// as it would be by a reader that was blocked in a read.
+func (c *conn) wakeReader() {
+	if c.s.idle.unpark(c) {
+		go c.read(false)
+	}
+}
+
+// end stops the writer and pings, waits for them and unregisters
+// everything, once reading has ended with err.
+func (c *conn) end(err error) {
 	close(c.stop)
 	c.cancelRun()
 	c.mu.Lock()
@@ -197,6 +270,9 @@ func (c *conn) serve() {
 	if ce := c.s.log.Check(zap.DebugLevel, "connection closed"); ce != nil {
 		ce.Write(zap.String("conn", c.id), zap.String("reason", reason), zap.Error(err))
 	}
+	if c.onEnd != nil {
+		c.onEnd()
+	}
 }
 
 func (c *conn) disconnectReason(readErr error) string {
@@ -232,8 +308,14 @@ func (c *conn) disconnectReason(readErr error) string {
 	return "client"
 }
 
-func (c *conn) readLoop() error {
-	for {
+func (c *conn) readLoop(parkFirst bool) error {
+	for park := parkFirst; ; park = true {
+		// All the client sent is handled: park rather than wait in a read
+		// (idlepark.go). The library's reader must be empty: the poller
+		// sees only the socket. A reader woken by the poller reads first.
+		if park && c.tryPark() {
+			return errParked
+		}
 		typ, data, err := c.ws.Read(c.ctx)
 		if err != nil {
 			return err
@@ -283,7 +365,11 @@ func (c *conn) finish(code int) {
 		}
 	}
 	// Close does the handshake; the reader receives the peer's close frame.
+	c.readGate.Lock()
+	c.readsClosing = true
+	c.readGate.Unlock()
 	_ = c.ws.Close(websocket.StatusCode(code), reason)
+	c.wakeReader()
 }
 
 // closeWith asks the writer to close with code and reason; the reader
@@ -298,6 +384,12 @@ const maxCloseReason = 123
 
 // closeReason cuts reason to what a close frame carries, on a UTF-8
 // boundary.
+// closeNow cuts the socket and wakes a parked reader to end the connection.
+func (c *conn) closeNow() {
+	_ = c.ws.CloseNow()
+	c.wakeReader()
+}
+
 func closeReason(reason string) string {
 	if len(reason) > maxCloseReason {
 		reason = reason[:maxCloseReason]

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"runtime"
+	"strconv"
 	"sync"
 	"time"
 
@@ -130,7 +131,7 @@ func (c *conn) drain() bool {
 		b.release()
 		if err != nil {
 			c.writeErr.Store(true)
-			_ = c.ws.CloseNow() // ends the reader too
+			c.closeNow() // ends the reader too
 			return false
 		}
 		c.written.Add(uint64(n))
@@ -182,21 +183,76 @@ func (c *conn) writeFrame(b []byte) error {
 	return nil
 }
 
-// ping sends a ping and waits for the pong; an unanswered ping cuts the
-// connection (the reader then ends and serve cleans up).
+// ping sends a ping and waits for its pong; an unanswered ping cuts the
+// connection (the reader then ends and serve cleans up). The ping is
+// written between the library's frames (frameWriter.writePing) and its
+// pong recognised by its payload, whichever way it is read: by the
+// library (OnPongReceived) or, while the reader is parked, by the woken
+// reader before it hands the socket back to the library (skimPongs).
 func (c *conn) ping() bool {
-	ctx, cancel := context.WithTimeout(c.ctx, c.s.cfg.PingTimeout)
-	defer cancel()
-	if err := c.ws.Ping(ctx); err != nil {
+	seq := c.pingSeq.Add(1)
+	var payload [20]byte
+	p := strconv.AppendUint(payload[:0], seq, 10)
+	select { // a pong to an earlier ping that came late must not count
+	case <-c.pong:
+	default:
+	}
+	c.pendingPing.Store(seq)
+	// The timeout covers the write too: a write stuck on a full socket is
+	// cut with the rest. Whoever takes pendingPing from seq to 0 (the pong,
+	// the timeout, a failed write) decides.
+	fail := func() {
 		select {
 		case <-c.stop: // the connection was ending anyway
 		default:
 			c.pingFailed.Store(true)
 		}
-		_ = c.ws.CloseNow()
+		c.closeNow()
+	}
+	expired := make(chan struct{})
+	t := time.AfterFunc(c.s.cfg.PingTimeout, func() {
+		if c.pendingPing.CompareAndSwap(seq, 0) {
+			fail()
+		}
+		close(expired)
+	})
+	defer t.Stop()
+	ok, err := c.fw.writePing(p)
+	for tries := 0; !ok && err == nil && tries < 100 && c.closeCode.Load() == 0; tries++ {
+		runtime.Gosched() // a library frame (a pong, a close) is partway through
+		ok, err = c.fw.writePing(p)
+	}
+	switch {
+	case err != nil:
+		if c.pendingPing.CompareAndSwap(seq, 0) {
+			fail()
+		}
+		return false
+	case !ok: // closing (the close handshake takes over), or the socket busy with the library's frames: next time
+		c.pendingPing.CompareAndSwap(seq, 0)
+		return c.closeCode.Load() == 0
+	}
+	select {
+	case <-c.pong:
+		return true
+	case <-expired:
+		return false
+	case <-c.stop:
+		c.pendingPing.CompareAndSwap(seq, 0)
 		return false
 	}
-	return true
+}
+
+// onPong takes a pong: the one the pending ping waits for ends its wait.
+func (c *conn) onPong(payload []byte) {
+	seq, err := strconv.ParseUint(string(payload), 10, 64)
+	if err != nil || seq == 0 || !c.pendingPing.CompareAndSwap(seq, 0) {
+		return // unsolicited (RFC 6455 allows it) or late
+	}
+	select {
+	case c.pong <- struct{}{}:
+	default:
+	}
 }
 
 var frameBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}

@@ -8,6 +8,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // or per frame, never per delivery.
 type Metrics struct {
 	Connections         prometheus.Gauge
+	ReadersParked       prometheus.Gauge
 	ConnectionsAccepted prometheus.Counter
 	ConnectionsRejected *prometheus.CounterVec // reason: max_connections, max_connections_per_ip, shutting_down, bad_upgrade, bad_subprotocol, unauthorized, handshake_timeout
 	Disconnects         *prometheus.CounterVec // reason: client, slow_consumer, policy, shutdown, ping_timeout, write_error, read_limit, token_expired, invalid_utf8; GraphQL: init_timeout (4408), unauthorized (4403), protocol_error (4400, 4401, 4409, 4429)
@@ -36,6 +37,7 @@ type Metrics struct {
 func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 	m := &Metrics{
 		Connections:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_connections", Help: "Open WebSocket connections."}),
+		ReadersParked:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_connections_parked", Help: "Open connections whose reader is parked: their client has sent nothing since its last message was handled, and they hold no goroutine until it does (plain TCP; TLS connections keep theirs)."}),
 		ConnectionsAccepted: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_connections_accepted_total", Help: "WebSocket connections accepted."}),
 		ConnectionsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_connections_rejected_total", Help: "Upgrade requests refused, by reason."}, []string{"reason"}),
 		Disconnects:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_disconnects_total", Help: "Connections ended, by reason (slow_consumer counts 4008 closes)."}, []string{"reason"}),
@@ -61,7 +63,7 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 		GraphQLRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_graphql_refused_total", Help: "GraphQL requests and operations (HTTP and WebSocket) refused by a limit: the body, a query limit (before validation), the publishes of one HTTP request."}, []string{"limit"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Connections, m.ConnectionsAccepted, m.ConnectionsRejected, m.Disconnects, m.Subscriptions, m.SlowConsumers,
+		reg.MustRegister(m.Connections, m.ReadersParked, m.ConnectionsAccepted, m.ConnectionsRejected, m.Disconnects, m.Subscriptions, m.SlowConsumers,
 			m.ClientErrors, m.EventsReceived, m.EventsInvalid, m.EventsDropped, m.Deliveries, m.Frames, m.BytesSent,
 			m.DispatchLatency, m.DispatchPaced, m.PublishRequests, m.PublishedEvents, m.GraphQLRefused, m.FilterEvaluations, m.FilterErrors,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_broker_up", Help: "1 while the broker connection is up."}, func() float64 {

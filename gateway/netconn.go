@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,6 +30,23 @@ const connReadBuffer = 512
 type hijackWriter struct {
 	http.ResponseWriter
 	fw **frameWriter
+	br **bufio.Reader // if not nil, receives the reader the library reads from (parking checks it is empty)
+	nc *net.Conn      // if not nil, receives the hijacked connection
+	// if not nil, receives the connection the library reads after the
+	// bytes that came with the upgrade request; stays nil if none did
+	prefix **prefixConn
+}
+
+// prefixConn is the hijacked connection of an upgrade request that came
+// with frames behind it: it tells when the library has read past them.
+type prefixConn struct {
+	net.Conn
+	reached atomic.Bool // the library has read from the connection: the bytes before it are consumed
+}
+
+func (p *prefixConn) Read(b []byte) (int, error) {
+	p.reached.Store(true)
+	return p.Conn.Read(b)
 }
 
 func (w hijackWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
@@ -60,8 +78,24 @@ func (w hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		_, _ = br.Peek(n) // reads only the kept bytes: they come first and fit
 	}
 	fw := &frameWriter{c: nc}
+	if n > 0 {
+		// The library reads the kept bytes from a reader of its own ahead
+		// of the connection (see above), where parking cannot see them:
+		// until it reads from the connection itself, they may be there.
+		pc := &prefixConn{Conn: nc}
+		if w.prefix != nil {
+			*w.prefix = pc
+		}
+		nc = pc
+	}
 	if w.fw != nil {
 		*w.fw = fw
+	}
+	if w.br != nil {
+		*w.br = br
+	}
+	if w.nc != nil {
+		*w.nc = nc
 	}
 	return nc, bufio.NewReadWriter(br, bufio.NewWriterSize(fw, 16)), nil
 }
@@ -166,6 +200,18 @@ func (w *frameWriter) endBatch() error {
 	w.out, w.outp, w.err = nil, nil, nil
 	w.mu.Unlock()
 	return err
+}
+
+// writePing writes a ping frame with payload (at most 125 bytes) between
+// the library's frames. It reports false, writing nothing, after a close
+// frame or while a library frame is partway through.
+func (w *frameWriter) writePing(payload []byte) (bool, error) {
+	if !w.beginBatch() {
+		return false, nil
+	}
+	w.out = append(w.out, 0x89, byte(len(payload))) // FIN, ping
+	w.out = append(w.out, payload...)
+	return true, w.endBatch()
 }
 
 func (w *frameWriter) Write(p []byte) (int, error) {

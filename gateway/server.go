@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"embed"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/99designs/gqlgen/graphql/executor"
@@ -46,6 +48,7 @@ type Server struct {
 	ctx    context.Context // cancelled by Shutdown when its deadline passes
 	cancel context.CancelFunc
 
+	idle       idlePoller // parked readers (idlepark.go)
 	nconns     atomic.Int64
 	perIP      ipCounts
 	handshakes handshakes
@@ -96,6 +99,7 @@ func New(cfg Config) (*Server, error) {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.invalidLogs = rateLimiter{every: 10 * time.Second}
 	s.tooLargeLogs = rateLimiter{every: 10 * time.Second}
+	s.idle = idlePoller{epfd: -1, wakeFD: -1, parkedGauge: m.ReadersParked.Add}
 	s.handshakes = handshakes{timeout: cfg.HandshakeTimeout, max: cfg.MaxHandshakes, rejected: func(reason string) {
 		m.ConnectionsRejected.WithLabelValues(reason).Inc()
 	}}
@@ -369,6 +373,11 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		OriginPatterns:  s.cfg.AllowedOrigins,
 		CompressionMode: websocket.CompressionDisabled,
 		OnPingReceived:  func(ctx context.Context, p []byte) bool { return c != nil && c.onPing(ctx, p) },
+		OnPongReceived: func(_ context.Context, p []byte) {
+			if c != nil {
+				c.onPong(p)
+			}
+		},
 	}
 	if gql {
 		// Listed in order of preference: the library picks the first the
@@ -376,7 +385,10 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		opts.Subprotocols = []string{subprotoTransportWS, subprotoLegacy}
 	}
 	var fw *frameWriter
-	ws, err := websocket.Accept(hijackWriter{ResponseWriter: w, fw: &fw}, r, opts)
+	var br *bufio.Reader
+	var nc net.Conn
+	var prefix *prefixConn
+	ws, err := websocket.Accept(hijackWriter{ResponseWriter: w, fw: &fw, br: &br, nc: &nc, prefix: &prefix}, r, opts)
 	if err != nil {
 		s.metrics.ConnectionsRejected.WithLabelValues("bad_upgrade").Inc()
 		s.log.Debug("websocket upgrade failed", zap.Error(err), zap.String("remote", r.RemoteAddr))
@@ -402,6 +414,15 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		ctx:    s.ctx,
 		stop:   make(chan struct{}),
 		subs:   make(map[string]*subState),
+		br:     br,
+		prefix: prefix,
+		pong:   make(chan struct{}, 1),
+	}
+	if prefix != nil {
+		nc = prefix.Conn
+	}
+	if sc, ok := nc.(syscall.Conn); ok { // plain TCP; a TLS connection keeps its reader goroutine
+		c.rc, _ = sc.SyscallConn()
 	}
 	c.cl = newClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
 	if s.cfg.Authenticate != nil {
@@ -436,16 +457,18 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	// would otherwise stay alive as long as the WebSocket does, 3x the
 	// memory of an idle connection. The server's WaitGroup owns it.
 	served = true
-	go func() {
-		defer s.wg.Done()
-		defer s.nconns.Add(-1)
-		defer s.perIP.release(ip)
-		c.serve()
+	// The connection's last reader runs onEnd: the reader may park (no
+	// goroutine) and be restarted by the idle poller any number of times.
+	c.onEnd = func() {
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
 		s.metrics.Connections.Dec()
-	}()
+		s.perIP.release(ip)
+		s.nconns.Add(-1)
+		s.wg.Done()
+	}
+	go c.serve()
 }
 
 // Shutdown drains the server: new upgrades are refused, every connection
@@ -472,15 +495,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	select {
 	case <-done:
 		s.cancel()
+		s.idle.stop()
 		return nil
 	case <-ctx.Done():
 		s.cancel()
 		s.mu.Lock()
 		for c := range s.conns {
 			_ = c.ws.CloseNow()
+			c.wakeReader()
 		}
 		s.mu.Unlock()
 		<-done
+		s.idle.stop()
 		return fmt.Errorf("gateway shutdown: %w", ctx.Err())
 	}
 }
