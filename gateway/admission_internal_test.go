@@ -77,3 +77,18 @@ func queued(a *admission) int {
 	defer a.mu.Unlock()
 	return a.n
 }
+
+// BenchmarkAdmissionFree: an upgrade's way through the admission when a
+// token is free (the common case), from concurrent handlers.
+func BenchmarkAdmissionFree(b *testing.B) {
+	m := newMetrics(prometheus.NewRegistry(), func() bool { return true })
+	a := newAdmission(&Config{MaxConnectRate: 1 << 30, ConnectBurst: 1 << 30, ConnectQueue: 1, ConnectQueueWait: time.Second}, m)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := a.wait(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -40,7 +40,7 @@ type Config struct {
 	// a request past it waits in a FIFO queue of ConnectQueue for at most
 	// ConnectQueueWait, and is refused with 503 connect_rate when the
 	// queue is full or its turn would come later (admission.go). Default
-	// 2,000; negative: no limit (and no queue).
+	// 1,000; negative: no limit (and no queue).
 	MaxConnectRate int
 	// ConnectBurst is how many upgrades may be admitted at once after a
 	// quiet period (default MaxConnectRate: one second's worth).
@@ -243,7 +243,7 @@ func (c *Config) setDefaults() {
 
 // DefaultMaxConnectRate is Config.MaxConnectRate's default, upgrades per
 // second: see docs/operations.md ("Limits") for why this figure.
-const DefaultMaxConnectRate = 2000
+const DefaultMaxConnectRate = 1000
 
 // DefaultReservedSubjects is the ingest's subject space under its default
 // prefix ("db"): database changes, projections and their error events.
