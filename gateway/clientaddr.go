@@ -44,7 +44,7 @@ func ParseTrustedProxies(list []string) ([]netip.Prefix, error) {
 type trustedProxies []netip.Prefix // static after New
 
 func (t trustedProxies) contains(a netip.Addr) bool {
-	a = a.Unmap()
+	a = a.Unmap().WithZone("") // a link-local peer's zone names our interface, not the proxy
 	for _, p := range t {
 		if p.Contains(a) {
 			return true

@@ -8,7 +8,7 @@ import (
 )
 
 func TestClientAddr(t *testing.T) {
-	trusted, err := ParseTrustedProxies([]string{"10.0.0.0/8", " 192.0.2.7 ", "2001:db8::/32", ""})
+	trusted, err := ParseTrustedProxies([]string{"10.0.0.0/8", " 192.0.2.7 ", "2001:db8::/32", "fe80::/10", ""})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,6 +33,7 @@ func TestClientAddr(t *testing.T) {
 		{"IPv6", "[2001:db8::1]:5000", []string{"2001:db8:ffff::1, 2600::1"}, "2600::1"},
 		{"IPv6 bracketed", "[2001:db8::1]:5000", []string{"[2600::1]"}, "2600::1"},
 		{"IPv6 with a port", "[2001:db8::1]:5000", []string{"[2600::1]:443"}, "2600::1"},
+		{"link-local peer with a zone", "[fe80::1%eth0]:5000", []string{"203.0.113.9"}, "203.0.113.9"},
 		{"IPv4-mapped peer", "[::ffff:10.1.2.3]:5000", []string{"203.0.113.9"}, "203.0.113.9"},
 		{"IPv4-mapped entry", "10.1.2.3:5000", []string{"::ffff:203.0.113.9"}, "203.0.113.9"},
 		{"IPv4-mapped trusted entry", "10.1.2.3:5000", []string{"203.0.113.9, ::ffff:10.9.9.9"}, "203.0.113.9"},
