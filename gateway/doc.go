@@ -27,6 +27,11 @@
 //     reads on once the broker has the event or half of PingTimeout has
 //     passed: no goroutine per publish, one connection's publishes in order
 //     (clientpublish.go).
+//   - An upgrade request past Config.MaxConnectRate waits for admission
+//     on its own handler goroutine, in a bounded FIFO (admission.go): no
+//     goroutine of the admission's own; the head waiter sleeps until the
+//     next token and hands the head on. Shutdown, and the HTTPServer's
+//     Shutdown, refuse every waiter at once (503 shutting_down).
 //   - Serve Handler with HTTPServer: its header timeout (HandshakeTimeout)
 //     bounds a connection's time from accept to upgrade; after the upgrade
 //     pings and the mailbox bound govern it (httpserver.go).

@@ -33,6 +33,16 @@ const (
 	CodePublishDisabled = "publish_disabled" // no publish credential configured and no AllowAnonymousPublish: 403
 )
 
+// Refusals of an upgrade request (/ws, /graphql) before the upgrade: an
+// HTTP status with Retry-After and a JSON body {"error","code"}, counted in
+// fanwire_connections_rejected_total under the code.
+const (
+	CodeMaxConnections      = "max_connections"        // 503: the node has Config.MaxConnections
+	CodeMaxConnectionsPerIP = "max_connections_per_ip" // 429: the client address has Config.MaxConnectionsPerIP
+	CodeConnectRate         = "connect_rate"           // 503: over Config.MaxConnectRate with the queue full, or a wait past ConnectQueueWait
+	CodeShuttingDown        = "shutting_down"          // 503: the node drains (a request that was waiting for admission)
+)
+
 // CodeQueryLimit is the extensions.code of a GraphQL operation (HTTP or
 // WebSocket) refused before validation by a query limit (Config.GraphQLMax*:
 // bytes, tokens, depth, aliases, complexity); extensions.limit names which.

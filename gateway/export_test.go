@@ -1,6 +1,9 @@
 package gateway
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // ForceGraphQLExecutor makes s serve every GraphQL subscription through
 // gqlgen's executor, as it does the selections its fast path does not
@@ -53,4 +56,62 @@ func SetTokenKeysClock(a *JWTAuth, now func() time.Time) {
 	a.keys.mu.Lock()
 	defer a.keys.mu.Unlock()
 	a.keys.now = now
+}
+
+// AdmissionClock is the connect rate's clock in a test: it stands still
+// until Advance, so a test decides when the next token comes.
+type AdmissionClock struct {
+	mu     sync.Mutex
+	now    time.Time               // guarded by mu
+	timers map[*fakeTimer]struct{} // guarded by mu: not fired, not stopped
+}
+
+type fakeTimer struct {
+	at time.Time      // static
+	c  chan time.Time // buffered: one value
+}
+
+// FreezeAdmission gives s's connect rate a clock that stands still. Call it
+// before any upgrade request.
+func FreezeAdmission(s *Server) *AdmissionClock {
+	c := &AdmissionClock{now: time.Unix(1_000_000_000, 0), timers: make(map[*fakeTimer]struct{})}
+	s.admit.mu.Lock()
+	s.admit.clock = c
+	s.admit.mu.Unlock()
+	return c
+}
+
+// Advance moves the clock on by d and fires the timers due by then.
+func (c *AdmissionClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	for t := range c.timers {
+		if !t.at.After(c.now) {
+			t.c <- c.now
+			delete(c.timers, t)
+		}
+	}
+}
+
+func (c *AdmissionClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *AdmissionClock) Timer(at time.Time) (<-chan time.Time, func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &fakeTimer{at: at, c: make(chan time.Time, 1)}
+	if !at.After(c.now) {
+		t.c <- c.now
+		return t.c, func() {}
+	}
+	c.timers[t] = struct{}{}
+	return t.c, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(c.timers, t)
+	}
 }

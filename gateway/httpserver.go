@@ -40,8 +40,13 @@ const (
 //
 // There is no read or write timeout: an upgraded connection's lifetime is
 // governed by pings (PingInterval, PingTimeout) and its mailbox bounds.
+//
+// Its Shutdown refuses the upgrade requests waiting for admission (503
+// shutting_down), as Server.Shutdown does: net/http's Shutdown waits for
+// every request in a handler, and a waiting one would hold it up to
+// ConnectQueueWait.
 func (s *Server) HTTPServer() *http.Server {
-	return &http.Server{
+	hs := &http.Server{
 		Handler:           s.handshakes.handler(s.mux),
 		ReadHeaderTimeout: s.cfg.HandshakeTimeout,
 		IdleTimeout:       httpIdleTimeout,
@@ -50,6 +55,8 @@ func (s *Server) HTTPServer() *http.Server {
 		ConnState:         s.handshakes.connState,
 		ErrorLog:          zap.NewStdLog(s.log.Named("http")),
 	}
+	hs.RegisterOnShutdown(s.admit.close)
+	return hs
 }
 
 // handshakes tracks connections that have not yet had a request handled,

@@ -10,7 +10,9 @@ type Metrics struct {
 	Connections         prometheus.Gauge
 	ReadersParked       prometheus.Gauge
 	ConnectionsAccepted prometheus.Counter
-	ConnectionsRejected *prometheus.CounterVec // reason: max_connections, max_connections_per_ip, shutting_down, bad_upgrade, bad_subprotocol, unauthorized, handshake_timeout
+	ConnectionsRejected *prometheus.CounterVec // reason: max_connections, max_connections_per_ip, connect_rate, shutting_down, bad_upgrade, bad_subprotocol, unauthorized, handshake_timeout, max_handshakes
+	ConnectQueue        prometheus.Gauge       // upgrade requests waiting for admission (MaxConnectRate)
+	ConnectWait         prometheus.Histogram   // admitted upgrades' wait for admission
 	Disconnects         *prometheus.CounterVec // reason: client, slow_consumer, policy, shutdown, ping_timeout, write_error, read_limit, token_expired, invalid_utf8; GraphQL: init_timeout (4408), unauthorized (4403), protocol_error (4400, 4401, 4409, 4429)
 	Subscriptions       prometheus.Gauge
 	SlowConsumers       prometheus.Counter     // mailbox overflows found (each connection is then closed with 4008)
@@ -40,6 +42,8 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 		ReadersParked:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_connections_parked", Help: "Open connections whose reader is parked: their client has sent nothing since its last message was handled, and they hold no goroutine until it does (plain TCP; TLS connections keep theirs)."}),
 		ConnectionsAccepted: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_connections_accepted_total", Help: "WebSocket connections accepted."}),
 		ConnectionsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_connections_rejected_total", Help: "Upgrade requests refused, by reason."}, []string{"reason"}),
+		ConnectQueue:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_connect_queue", Help: "Upgrade requests waiting for admission under --max-connect-rate (at most --connect-queue)."}),
+		ConnectWait:         prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fanwire_connect_wait_seconds", Help: "How long admitted upgrade requests waited for admission under --max-connect-rate (0 when a token was free).", Buckets: []float64{0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30}}),
 		Disconnects:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_disconnects_total", Help: "Connections ended, by reason (slow_consumer counts 4008 closes)."}, []string{"reason"}),
 		SlowConsumers:       prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_slow_consumers_total", Help: "Connections whose mailbox overflowed; each is closed with 4008 (counted in fanwire_disconnects_total once the close completes)."}),
 		Subscriptions:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_subscriptions", Help: "Active client subscriptions."}),
@@ -63,7 +67,7 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 		GraphQLRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_graphql_refused_total", Help: "GraphQL requests and operations (HTTP and WebSocket) refused by a limit: the body, a query limit (before validation), the publishes of one HTTP request."}, []string{"limit"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Connections, m.ReadersParked, m.ConnectionsAccepted, m.ConnectionsRejected, m.Disconnects, m.Subscriptions, m.SlowConsumers,
+		reg.MustRegister(m.Connections, m.ReadersParked, m.ConnectionsAccepted, m.ConnectionsRejected, m.ConnectQueue, m.ConnectWait, m.Disconnects, m.Subscriptions, m.SlowConsumers,
 			m.ClientErrors, m.EventsReceived, m.EventsInvalid, m.EventsDropped, m.Deliveries, m.Frames, m.BytesSent,
 			m.DispatchLatency, m.DispatchPaced, m.PublishRequests, m.PublishedEvents, m.GraphQLRefused, m.FilterEvaluations, m.FilterErrors,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_broker_up", Help: "1 while the broker connection is up."}, func() float64 {

@@ -5,10 +5,12 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,6 +54,8 @@ type Server struct {
 	nconns     atomic.Int64
 	perIP      ipCounts
 	handshakes handshakes
+	admit      *admission     // static: the connect rate and its queue
+	proxies    trustedProxies // static: Config.TrustedProxies
 	consuming  atomic.Bool
 
 	mu       sync.Mutex
@@ -100,6 +104,8 @@ func New(cfg Config) (*Server, error) {
 	s.invalidLogs = rateLimiter{every: 10 * time.Second}
 	s.tooLargeLogs = rateLimiter{every: 10 * time.Second}
 	s.idle = idlePoller{epfd: -1, wakeFD: -1, parkedGauge: m.ReadersParked.Add}
+	s.admit = newAdmission(&s.cfg, m)
+	s.proxies = trustedProxies(cfg.TrustedProxies)
 	s.handshakes = handshakes{timeout: cfg.HandshakeTimeout, max: cfg.MaxHandshakes, rejected: func(reason string) {
 		m.ConnectionsRejected.WithLabelValues(reason).Inc()
 	}}
@@ -278,62 +284,23 @@ func (s *Server) notReady() []string {
 	return why
 }
 
-// ipCounts counts connections per client address.
-type ipCounts struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-// acquire counts a connection from ip unless it has max already (0: no cap).
-func (c *ipCounts) acquire(ip string, max int) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if max > 0 && c.n[ip] >= max {
-		return false
-	}
-	if c.n == nil {
-		c.n = make(map[string]int)
-	}
-	c.n[ip]++
-	return true
-}
-
-func (c *ipCounts) release(ip string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n[ip]--; c.n[ip] <= 0 {
-		delete(c.n, ip)
-	}
-}
-
-// clientIP is the connection's remote address without the port (behind a
-// proxy, the proxy's: a proxy should enforce its own per-client caps).
-func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
-
 func (s *Server) serveWS(w http.ResponseWriter, r *http.Request) { s.serveConn(w, r, false) }
 
 // serveConn upgrades and serves one connection: the native protocol, or
 // GraphQL over WebSocket.
 func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
+	// The caps first: a request they refuse costs nothing, and one that
+	// waits for admission below holds its place under them (one address
+	// cannot fill the queue past its own cap).
 	if n := s.nconns.Add(1); n > int64(s.cfg.MaxConnections) {
 		s.nconns.Add(-1)
-		s.metrics.ConnectionsRejected.WithLabelValues("max_connections").Inc()
-		w.Header().Set("Retry-After", "5")
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "too many connections", Code: "max_connections"})
+		s.refuseUpgrade(w, http.StatusServiceUnavailable, 5, "too many connections", CodeMaxConnections)
 		return
 	}
-	ip := clientIP(r)
+	ip := s.proxies.clientAddr(r)
 	if !s.perIP.acquire(ip, s.cfg.MaxConnectionsPerIP) {
 		s.nconns.Add(-1)
-		s.metrics.ConnectionsRejected.WithLabelValues("max_connections_per_ip").Inc()
-		w.Header().Set("Retry-After", "5")
-		writeJSON(w, http.StatusTooManyRequests, apiError{Error: "too many connections from this address", Code: "max_connections_per_ip"})
+		s.refuseUpgrade(w, http.StatusTooManyRequests, 5, "too many connections from this address", CodeMaxConnectionsPerIP)
 		return
 	}
 	served := false
@@ -355,6 +322,18 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		w.Header()["Connection"] = []string{"close", "Upgrade"}
 		writeJSON(w, http.StatusUpgradeRequired, apiError{Error: "this endpoint speaks WebSocket only: send an upgrade request", Code: "bad_upgrade"})
 		return
+	}
+	// The connect rate, before any authentication work (admission.go).
+	switch retry, err := s.admit.wait(r.Context()); {
+	case err == nil:
+	case errors.Is(err, errConnectRate):
+		s.refuseUpgrade(w, http.StatusServiceUnavailable, retry, "too many connection attempts: retry later", CodeConnectRate)
+		return
+	case errors.Is(err, errAdmissionClosed):
+		s.refuseUpgrade(w, http.StatusServiceUnavailable, 5, "server going away", CodeShuttingDown)
+		return
+	default:
+		return // the client went away while it waited
 	}
 	var grants *Grants
 	var refused error
@@ -391,7 +370,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	ws, err := websocket.Accept(hijackWriter{ResponseWriter: w, fw: &fw, br: &br, nc: &nc, prefix: &prefix}, r, opts)
 	if err != nil {
 		s.metrics.ConnectionsRejected.WithLabelValues("bad_upgrade").Inc()
-		s.log.Debug("websocket upgrade failed", zap.Error(err), zap.String("remote", r.RemoteAddr))
+		s.log.Debug("websocket upgrade failed", zap.Error(err), zap.String("remote", ip))
 		return // Accept wrote the HTTP error
 	}
 	ws.SetReadLimit(s.cfg.ReadLimit)
@@ -471,12 +450,24 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	go c.serve()
 }
 
+// refuseUpgrade answers an upgrade request with status, Retry-After and
+// the JSON error, counted under code, and closes the connection: kept
+// alive, each refused client of a storm would hold net/http's goroutine
+// and buffers for the idle timeout, outside every cap.
+func (s *Server) refuseUpgrade(w http.ResponseWriter, status, retryAfter int, msg, code string) {
+	s.metrics.ConnectionsRejected.WithLabelValues(code).Inc()
+	w.Header().Set("Connection", "close")
+	w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	writeJSON(w, status, apiError{Error: msg, Code: code})
+}
+
 // Shutdown drains the server: new upgrades are refused, every connection
 // gets what is queued for it and then a 1001 close (so clients reconnect
 // elsewhere), and Shutdown waits until every connection has ended. When ctx
 // expires first, remaining sockets are cut. Stop Run (cancel its context)
 // after Shutdown so no event is lost for connections still draining.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.admit.close()
 	s.mu.Lock()
 	s.draining = true
 	conns := make([]*conn, 0, len(s.conns))

@@ -3,6 +3,7 @@ package gateway
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
@@ -27,7 +28,32 @@ type Config struct {
 	// balancer every client has its address: cap there, or trust its
 	// header in a proxy of your own.
 	MaxConnectionsPerIP int
-	MaxSubscriptions    int // per connection (default 256)
+	// TrustedProxies are the peers (load balancers, reverse proxies of
+	// yours) whose X-Forwarded-For names the client: from one of them, the
+	// client is the first address of that header, read from the right, that
+	// is not a trusted proxy (clientaddr.go). From any other peer the header
+	// is ignored. The client address is what MaxConnectionsPerIP counts and
+	// what logs show. Parse flags with ParseTrustedProxies.
+	TrustedProxies []netip.Prefix
+	// MaxConnectRate admits at most this many upgrades per second on the
+	// node (GraphQL and native together), in bursts of up to ConnectBurst;
+	// a request past it waits in a FIFO queue of ConnectQueue for at most
+	// ConnectQueueWait, and is refused with 503 connect_rate when the
+	// queue is full or its turn would come later (admission.go). Default
+	// 1,000; negative: no limit (and no queue).
+	MaxConnectRate int
+	// ConnectBurst is how many upgrades may be admitted at once after a
+	// quiet period (default MaxConnectRate: one second's worth).
+	ConnectBurst int
+	// ConnectQueue caps the upgrade requests waiting for admission (default
+	// 1,024; negative: none wait, a request without a free token is
+	// refused). Each holds its connection, a goroutine and net/http's
+	// buffers while it waits: see docs/operations.md, "Limits".
+	ConnectQueue int
+	// ConnectQueueWait is the longest an upgrade request waits for
+	// admission (default 5s).
+	ConnectQueueWait time.Duration
+	MaxSubscriptions int // per connection (default 256)
 	// MaxSnapshot bounds a view: the documents a from:"latest" snapshot
 	// sends, and those a filtered subscription holds (view.go). Past it
 	// the subscription ends with view_too_large (default 100,000).
@@ -162,6 +188,16 @@ func (c *Config) setDefaults() {
 		c.Registry = prometheus.NewRegistry()
 	}
 	def(&c.MaxConnections, 100_000)
+	def(&c.MaxConnectRate, DefaultMaxConnectRate)
+	if c.MaxConnectRate < 0 {
+		c.MaxConnectRate = 0 // no limit
+	}
+	def(&c.ConnectBurst, c.MaxConnectRate)
+	def(&c.ConnectQueue, 1024)
+	if c.ConnectQueue < 0 {
+		c.ConnectQueue = 0
+	}
+	defDur(&c.ConnectQueueWait, 5*time.Second)
 	def(&c.MaxSubscriptions, 256)
 	def(&c.MaxSnapshot, 100_000)
 	def(&c.MaxFilterCost, 10_000)
@@ -205,6 +241,10 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// DefaultMaxConnectRate is Config.MaxConnectRate's default, upgrades per
+// second: see docs/operations.md ("Limits") for why this figure.
+const DefaultMaxConnectRate = 1000
+
 // DefaultReservedSubjects is the ingest's subject space under its default
 // prefix ("db"): database changes, projections and their error events.
 var DefaultReservedSubjects = []string{"db.>"}
@@ -241,6 +281,13 @@ func (c *Config) validate() error {
 		}
 	}
 	pos("MaxConnections", int64(c.MaxConnections))
+	pos("ConnectBurst", int64(c.ConnectBurst))
+	pos("ConnectQueueWait", int64(c.ConnectQueueWait))
+	for i, p := range c.TrustedProxies {
+		if !p.IsValid() {
+			errs = append(errs, fmt.Errorf("TrustedProxies[%d]: not a valid prefix", i))
+		}
+	}
 	pos("MaxSubscriptions", int64(c.MaxSubscriptions))
 	pos("MaxSnapshot", int64(c.MaxSnapshot))
 	pos("MaxFilterCost", int64(c.MaxFilterCost))

@@ -59,6 +59,7 @@ type wsFlags struct {
 	allowedOrigins   listFlag
 	maxConnections   int
 	maxConnsPerIP    int
+	connectLimits    connectLimitFlags
 	maxMessageRate   int
 	maxSubscriptions int
 	maxSnapshot      int
@@ -109,8 +110,9 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
 	fs.Var(&f.allowedOrigins, "allowed-origins", "browser origins allowed to connect besides same-origin, comma-separated host patterns (e.g. app.example.com,*.example.com)")
 	fs.IntVar(&f.maxConnections, "max-connections", 100_000, "connections over this get 503 with Retry-After; /readyz is not ready from 90% of it")
-	fs.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "connections from one client address over this get 429 with Retry-After (0: no cap; behind a load balancer every client has its address)")
-	fs.IntVar(&f.maxSubscriptions, "max-subscriptions", 256, "subscriptions per connection")
+	fs.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "connections from one client address over this get 429 with Retry-After (0: no cap; behind a load balancer every client has its address unless --trusted-proxies names it)")
+	f.connectLimits.register(fs)
+	fs.IntVar(&f.maxSubscriptions, "max-subscriptions", 256, "subscriptions per connection; past it a subscribe gets too_many_subscriptions")
 	fs.IntVar(&f.maxSnapshot, "max-snapshot", 100_000, "most documents a live view holds: a from:\"latest\" snapshot, or a filtered subscription's documents; past it the subscription ends with view_too_large")
 	fs.IntVar(&f.maxFilterCost, "max-filter-cost", 10_000, "CEL cost units one evaluation of a where or a grant's row filter may spend (about one per field, comparison or list element); past it the event does not pass")
 	fs.IntVar(&f.maxMessageRate, "max-message-rate", 100, "client messages (WebSocket pings included) per second per connection (burst twice that); over it a message is dropped with rate_limited, a ping gets no pong (GraphQL: close 1008); negative: no limit")
@@ -295,6 +297,10 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	if err != nil {
 		return err
 	}
+	limits, err := f.connectLimits.config()
+	if err != nil {
+		return err
+	}
 	reserved := []string(f.reservedSubjects)
 	if reserved == nil {
 		reserved = []string{} // --reserved-subjects "": none (nil would be the default)
@@ -327,6 +333,11 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		Registry:            reg,
 		MaxConnections:      f.maxConnections,
 		MaxConnectionsPerIP: f.maxConnsPerIP,
+		TrustedProxies:      limits.TrustedProxies,
+		MaxConnectRate:      limits.MaxConnectRate,
+		ConnectBurst:        limits.ConnectBurst,
+		ConnectQueue:        limits.ConnectQueue,
+		ConnectQueueWait:    limits.ConnectQueueWait,
 		MaxMessageRate:      f.maxMessageRate,
 		MaxSubscriptions:    f.maxSubscriptions,
 		MaxSnapshot:         f.maxSnapshot,

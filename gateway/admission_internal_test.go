@@ -1,0 +1,94 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// TestAdmissionFIFO: waiters are admitted one per token in arrival order;
+// those that leave (anywhere in the queue, the head included) are skipped
+// without losing a token, and the queue gauge returns to zero.
+func TestAdmissionFIFO(t *testing.T) {
+	m := newMetrics(prometheus.NewRegistry(), func() bool { return true })
+	a := newAdmission(&Config{MaxConnectRate: 10, ConnectBurst: 1, ConnectQueue: 100, ConnectQueueWait: time.Hour}, m)
+	clk := &AdmissionClock{now: time.Unix(1_000_000_000, 0), timers: make(map[*fakeTimer]struct{})}
+	a.clock = clk
+	if _, err := a.wait(context.Background()); err != nil {
+		t.Fatalf("the burst's token: %v", err)
+	}
+	const n = 30
+	leaves := map[int]bool{0: true, 7: true, 8: true, 29: true}
+	var wg sync.WaitGroup
+	order := make(chan int, n)
+	cancels := make([]context.CancelFunc, n)
+	for i := range n {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels[i] = cancel
+		wg.Go(func() {
+			_, err := a.wait(ctx)
+			switch {
+			case err == nil:
+				order <- i
+			case leaves[i] && errors.Is(err, context.Canceled):
+			default:
+				t.Errorf("waiter %d: %v", i, err)
+			}
+		})
+		untilQueued(t, a, i+1) // in line before the next comes: the order is the test's
+	}
+	for i := range leaves {
+		cancels[i]()
+	}
+	untilQueued(t, a, n-len(leaves))
+	for i := range n {
+		if leaves[i] {
+			continue
+		}
+		clk.Advance(100 * time.Millisecond) // one token at 10/s
+		if got := <-order; got != i {
+			t.Fatalf("admitted waiter %d, want %d", got, i)
+		}
+	}
+	wg.Wait()
+	for _, c := range cancels {
+		c()
+	}
+	if g := queued(a); g != 0 {
+		t.Fatalf("%d still queued", g)
+	}
+}
+
+func untilQueued(t *testing.T, a *admission, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); queued(a) != n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d queued, want %d", queued(a), n)
+		}
+	}
+}
+
+func queued(a *admission) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n
+}
+
+// BenchmarkAdmissionFree: an upgrade's way through the admission when a
+// token is free (the common case), from concurrent handlers.
+func BenchmarkAdmissionFree(b *testing.B) {
+	m := newMetrics(prometheus.NewRegistry(), func() bool { return true })
+	a := newAdmission(&Config{MaxConnectRate: 1 << 30, ConnectBurst: 1 << 30, ConnectQueue: 1, ConnectQueueWait: time.Second}, m)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := a.wait(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
