@@ -19,9 +19,13 @@
 //     state does not live as long as the WebSocket), owned by the server's
 //     WaitGroup; it reads and owns the connection's subscriptions. Its
 //     writer is started on demand when the mailbox is woken (ensureWriter)
-//     and exits after writerLinger with nothing to write (retire), so an
-//     idle connection holds one goroutine; the reader waits for it before
-//     the connection ends. Only the writer writes to the socket.
+//     and exits after writerLinger with nothing to write (retire). A reader
+//     that has handled all its client sent parks the socket with the
+//     server's idle poller (idlepark.go: one epoll set, one goroutine) and
+//     exits; the poller starts a new reader when the socket is readable, so
+//     an idle connection holds no goroutine. The last reader waits for the
+//     writer before the connection ends. Only the writer writes to the
+//     socket.
 //   - A client publish (the native publish message, the GraphQL publish
 //     mutation over WebSocket) runs on the connection's reader, which
 //     reads on once the broker has the event or half of PingTimeout has
