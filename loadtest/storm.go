@@ -63,7 +63,8 @@ type StormStats struct {
 	ClosedGoingAway, ClosedOther int
 
 	// Back counts clients subscribed again on node B, CaughtUp those that
-	// then held every event published before they left node A. AllBack
+	// then held every event published until they were back (the events
+	// they missed, replayed from their cursors). AllBack
 	// and AllCaughtUp are when the last one was; the medians are over
 	// the clients that were.
 	Back, CaughtUp                  int

@@ -24,8 +24,8 @@ type stormClient struct {
 	onA     bool      // connected to node A (the clients start there)
 
 	// Milestones, unix ns; 0 until reached. left: the connection to node
-	// A ended; back: subscribed again on node B; caught: holding every
-	// event published before leaving, on node B.
+	// A ended; back: subscribed again on node B; caught: holding, on node
+	// B, every event published until it was back.
 	left, back, caught int64
 	closeCode          websocket.StatusCode // how the connection to node A ended; -1: not a close frame
 
@@ -101,6 +101,9 @@ func (c *client) rejoin(stop context.Context, cause error) ([]byte, error) {
 				s.back = now.UnixNano()
 				s.storm.back.Add(1)
 			}
+			// Caught up means holding every event published until
+			// now, while it was away: those come by replay.
+			r.behindUntil = max(r.behindUntil, uint64(r.sent.Load()))
 			r.caughtUp(c.v.last, now.UnixNano())
 			return rest, nil
 		}
