@@ -145,7 +145,7 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client, sk *
 		wg.Go(func() { stormed <- st.run(ctx, sampling, &sent) })
 	}
 
-	m := monitor{cfg: cfg, clients: clients, start: start, soak: sk}
+	m := monitor{cfg: cfg, clients: clients, start: start, soak: sk, storm: st}
 	if err := m.wait(ctx, finished, published); err != nil {
 		return nil, err
 	}
