@@ -218,9 +218,23 @@ type controlMsg struct {
 // nothing is published on it, so nothing but its reply can come before
 // that reply, while events may follow the main subscription's at once.
 func handshake(ctx context.Context, conn *websocket.Conn, s subscription) (cursor string, rest []byte, err error) {
-	if _, err := await(ctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
-		return "", nil, fmt.Errorf("await ready: %w", err)
+	if err := awaitReady(ctx, conn); err != nil {
+		return "", nil, err
 	}
+	return subscribeAll(ctx, conn, s)
+}
+
+// awaitReady waits for the gateway's "ready".
+func awaitReady(ctx context.Context, conn *websocket.Conn) error {
+	if _, err := await(ctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
+		return fmt.Errorf("await ready: %w", err)
+	}
+	return nil
+}
+
+// subscribeAll is handshake after "ready": it subscribes s (and its own
+// pattern) and returns the reply's cursor and what followed it.
+func subscribeAll(ctx context.Context, conn *websocket.Conn, s subscription) (cursor string, rest []byte, err error) {
 	if s.own != "" {
 		if err := writeSubscribeAs(ctx, conn, ownSubID, subscription{subject: s.own}); err != nil {
 			return "", nil, fmt.Errorf("subscribe %s: %w", s.own, err)

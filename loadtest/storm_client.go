@@ -87,9 +87,7 @@ func (c *client) rejoin(stop context.Context, cause error) ([]byte, error) {
 			t.Stop()
 			return nil, stop.Err()
 		}
-		ctx, cancel := context.WithTimeout(stop, r.cfg.Timeout)
-		conn, _, rest, err := openAs(ctx, s.node, sub)
-		cancel()
+		conn, rest, err := s.open(stop, sub)
 		s.attempts++
 		if err == nil {
 			c.conn = conn
@@ -121,4 +119,29 @@ func (c *client) rejoin(stop context.Context, cause error) ([]byte, error) {
 			s.firstFailure = err.Error()
 		}
 	}
+}
+
+// open dials node B and subscribes sub, as fanwire.js does: the dial and
+// the gateway's "ready" get Config.Timeout (its connectTimeout), the
+// subscription as long as it takes: a resume's "subscribed" comes once its
+// replay has reached the live feed, which in a storm can take a while.
+// On failure the connection is closed.
+func (s *stormClient) open(stop context.Context, sub subscription) (wireConn, []byte, error) {
+	ctx, cancel := context.WithTimeout(stop, s.node.Timeout)
+	nc, err := dialWS(ctx, s.node)
+	if err == nil {
+		if err = awaitReady(ctx, nc); err != nil {
+			_ = nc.CloseNow()
+		}
+	}
+	cancel()
+	if err != nil {
+		return nil, nil, err
+	}
+	_, rest, err := subscribeAll(stop, nc, sub)
+	if err != nil {
+		_ = nc.CloseNow()
+		return nil, nil, err
+	}
+	return &nativeConn{Conn: nc}, rest, nil
 }
