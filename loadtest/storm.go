@@ -127,9 +127,12 @@ func (s *storm) run(ctx, sampling context.Context, sent *atomic.Int64) stormRun 
 		select {
 		case stopErr = <-drained:
 			stopped = true
-		case now := <-tick.C:
+		case <-tick.C:
 			if st.NodeSampled {
-				ns, err := sampleNode(s.cfg.Proc, now)
+				// Stamped when read, not when the tick was due: a busy
+				// machine delays the read, and the tick's time then
+				// makes the CPU rate too high.
+				ns, err := sampleNode(s.cfg.Proc, time.Now())
 				if err != nil {
 					wg.Wait()
 					return stormRun{err: err}
@@ -186,17 +189,25 @@ func sampleNode(p ProcSampler, at time.Time) (nodeSample, error) {
 }
 
 // peakCores is the highest CPU rate between two samples at least a second
-// apart (the closest such pair for each later sample), in cores; over a
-// window shorter than a second, the window's.
+// apart (for each sample, the latest earlier one that is), in cores; over
+// a window shorter than a second, the window's. Shorter spans would be
+// noise: CPU time comes in 10 ms ticks.
 func peakCores(samples []nodeSample) float64 {
+	if len(samples) < 2 {
+		return 0
+	}
+	first, last := samples[0], samples[len(samples)-1]
+	if d := last.at.Sub(first.at); d < time.Second {
+		return (last.cpu - first.cpu) / max(d.Seconds(), 1e-9)
+	}
 	var peak float64
-	j := 0
+	j := -1 // the latest sample at least a second before samples[i]
 	for i := 1; i < len(samples); i++ {
 		for j+1 < i && samples[i].at.Sub(samples[j+1].at) >= time.Second {
 			j++
 		}
-		if d := samples[i].at.Sub(samples[j].at); d >= time.Second || j == 0 {
-			peak = max(peak, (samples[i].cpu-samples[j].cpu)/d.Seconds())
+		if j >= 0 {
+			peak = max(peak, (samples[i].cpu-samples[j].cpu)/samples[i].at.Sub(samples[j].at).Seconds())
 		}
 	}
 	return peak

@@ -115,3 +115,31 @@ func TestBackoffPolicy(t *testing.T) {
 		t.Errorf("one seed and client drew different waits")
 	}
 }
+
+// TestPeakCores checks the busiest second of node B's samples: only spans
+// of a second or more count, and a window shorter than a second is taken
+// whole.
+func TestPeakCores(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	for _, tc := range []struct {
+		name    string
+		samples []nodeSample
+		want    float64
+	}{
+		{"none", nil, 0},
+		{"half a second", []nodeSample{{at: at(0), cpu: 1}, {at: at(500), cpu: 1.5}}, 1},
+		{"a short burst does not count alone", []nodeSample{
+			{at: at(0), cpu: 0}, {at: at(1000), cpu: 0.5}, {at: at(1100), cpu: 0.8}, {at: at(2000), cpu: 1.0},
+		}, 0.8 / 1.1}, // 0 to 1.1 s; 1 to 1.1 s alone would say 3 cores
+		{"the busiest of three seconds", []nodeSample{
+			{at: at(0), cpu: 0}, {at: at(1000), cpu: 0.2}, {at: at(2000), cpu: 1.9}, {at: at(3000), cpu: 2.0},
+		}, 1.7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := peakCores(tc.samples); got < tc.want-1e-9 || got > tc.want+1e-9 {
+				t.Errorf("peakCores = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
