@@ -8,7 +8,7 @@ func writeStorm(row func(name, format string, args ...any), s *StormStats) {
 	row("storm caught up", "%d / %d: all %s after SIGTERM (median %s)", s.CaughtUp, s.Clients, roundDur(s.AllCaughtUp), roundDur(s.CaughtUpMedian))
 	row("storm dials to node B", "%d: %d refused (503/429), %d failed otherwise", s.Attempts, s.Refusals, s.Failures)
 	if s.FirstFailure != "" {
-		row("storm first refusal", "%s", s.FirstFailure)
+		row("storm first failed dial", "%s", s.FirstFailure)
 	}
 	if s.NodeSampled {
 		row("node B over the storm", "%.2f s cpu in %s, busiest second %.2f cores", s.NodeCPUSeconds, roundDur(s.Window), s.NodePeakCores)
