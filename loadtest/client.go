@@ -21,7 +21,7 @@ type client struct {
 	gql       bool         // static after dialClient: speaks graphql-transport-ws, one message per frame (Config.Proto)
 	conn      wireConn     // read only by read, closed by read or its watcher; replaced by read when it drops (rc)
 	subCursor string       // static after Run's connectAll: the "subscribed" reply's cursor, or a resume run's primer's for GraphQL ("" on Core NATS)
-	rc        *reconnector // nil unless the client drops and resumes (Config.ResumeShare); set before read starts, then owned by it
+	rc        *reconnector // nil unless the client drops and resumes (Config.ResumeShare, Config.StormURL); set before read starts, then owned by it
 
 	// Owned by the reader goroutine; Run reads them only after it has exited.
 	v                verifier
@@ -93,9 +93,23 @@ func (c *client) read(ctx, stop context.Context, finished chan<- struct{}) {
 			frame, now = rest, time.Now().UnixNano()
 		} else {
 			msg, at, err := c.conn.ReadMessage()
-			if err != nil {
+			if err != nil && (c.rc == nil || c.rc.st == nil || stop.Err() != nil) {
 				end(fmt.Errorf("read: %w", err))
 				return
+			}
+			if err != nil {
+				// A storm's client (Config.StormURL): whatever ended
+				// the connection (node A's 1001, a 4008), it comes
+				// back on node B after fanwire.js's backoff.
+				unwatch()
+				unwatch = func() {}
+				rest, err := c.rejoin(stop, err)
+				if err != nil {
+					end(err)
+					return
+				}
+				unwatch = closeOnDone(ctx, stop, c.conn)
+				msg, at = rest, time.Now().UnixNano()
 			}
 			frame, now = msg, at
 		}
@@ -128,6 +142,7 @@ func splitFrame(frame []byte, gql bool) (msg, rest []byte, kind msgKind, seq uin
 // newline-separated messages, a GraphQL one (c.gql) exactly one.
 func (c *client) handleFrame(frame []byte, now int64) (drop bool) {
 	events := false
+	var lastEvent []byte // a storm client keeps its cursor
 	for len(frame) > 0 {
 		var msg []byte
 		var kind msgKind
@@ -139,6 +154,7 @@ func (c *client) handleFrame(frame []byte, now int64) (drop bool) {
 			c.v.observe(seq)
 			c.lat.record(now - ts)
 			events = true
+			lastEvent = msg
 			if c.rc != nil && c.rc.due(c.v.delivered) {
 				if c.gql {
 					c.rc.cursor = nextCursor(msg)
@@ -165,6 +181,11 @@ func (c *client) handleFrame(frame []byte, now int64) (drop bool) {
 		c.delivered.Store(c.v.delivered)
 		c.lastNanos.Store(now)
 		if c.rc != nil {
+			if c.rc.st != nil {
+				// Once per frame: the last event's cursor, copied into a
+				// buffer the client keeps (the frame's is reused).
+				c.rc.st.cursor = append(c.rc.st.cursor[:0], eventCursorBytes(lastEvent)...)
+			}
 			c.rc.caughtUp(c.v.last, now)
 		}
 	}

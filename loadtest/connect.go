@@ -142,8 +142,11 @@ func dialWS(ctx context.Context, cfg *Config) (*websocket.Conn, error) {
 	if cfg.RcvBuf > 0 || cfg.SourceAddrs > 0 {
 		opts.HTTPClient = &http.Client{Transport: &http.Transport{DialContext: netDialer(cfg).DialContext}}
 	}
-	conn, _, err := websocket.Dial(ctx, cfg.URL, opts)
+	conn, resp, err := websocket.Dial(ctx, cfg.URL, opts)
 	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			return nil, fmt.Errorf("dial %s: %w: %d %s", cfg.URL, ErrUpgradeRefused, resp.StatusCode, http.StatusText(resp.StatusCode))
+		}
 		return nil, fmt.Errorf("dial %s: %w", cfg.URL, err)
 	}
 	conn.SetReadLimit(readLimit)
@@ -211,10 +214,34 @@ type controlMsg struct {
 // handshake waits for "ready", subscribes and waits for "subscribed". It
 // returns the reply's cursor and the messages that followed the reply in
 // its frame: a subscription that resumes while events flow may get its
-// first events there.
+// first events there. A client's own pattern (s.own) is subscribed first:
+// nothing is published on it, so nothing but its reply can come before
+// that reply, while events may follow the main subscription's at once.
 func handshake(ctx context.Context, conn *websocket.Conn, s subscription) (cursor string, rest []byte, err error) {
+	if err := awaitReady(ctx, conn); err != nil {
+		return "", nil, err
+	}
+	return subscribeAll(ctx, conn, s)
+}
+
+// awaitReady waits for the gateway's "ready".
+func awaitReady(ctx context.Context, conn *websocket.Conn) error {
 	if _, err := await(ctx, conn, func(m *controlMsg) bool { return m.Type == "ready" }); err != nil {
-		return "", nil, fmt.Errorf("await ready: %w", err)
+		return fmt.Errorf("await ready: %w", err)
+	}
+	return nil
+}
+
+// subscribeAll is handshake after "ready": it subscribes s (and its own
+// pattern) and returns the reply's cursor and what followed it.
+func subscribeAll(ctx context.Context, conn *websocket.Conn, s subscription) (cursor string, rest []byte, err error) {
+	if s.own != "" {
+		if err := writeSubscribeAs(ctx, conn, ownSubID, subscription{subject: s.own}); err != nil {
+			return "", nil, fmt.Errorf("subscribe %s: %w", s.own, err)
+		}
+		if _, err := await(ctx, conn, func(m *controlMsg) bool { return m.Type == "subscribed" && m.ID == ownSubID }); err != nil {
+			return "", nil, fmt.Errorf("await subscribed %s: %w", s.own, err)
+		}
 	}
 	if err := writeSubscribe(ctx, conn, s); err != nil {
 		return "", nil, fmt.Errorf("subscribe: %w", err)
@@ -225,16 +252,6 @@ func handshake(ctx context.Context, conn *websocket.Conn, s subscription) (curso
 	})
 	if err != nil {
 		return "", nil, fmt.Errorf("await subscribed: %w", err)
-	}
-	if s.own != "" {
-		// Nothing is published yet (clients subscribe before the run), so
-		// nothing but the reply can come before it.
-		if err := writeSubscribeAs(ctx, conn, ownSubID, subscription{subject: s.own}); err != nil {
-			return "", nil, fmt.Errorf("subscribe %s: %w", s.own, err)
-		}
-		if rest, err = await(ctx, conn, func(m *controlMsg) bool { return m.Type == "subscribed" && m.ID == ownSubID }); err != nil {
-			return "", nil, fmt.Errorf("await subscribed %s: %w", s.own, err)
-		}
 	}
 	return cursor, rest, nil
 }

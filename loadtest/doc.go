@@ -2,7 +2,9 @@
 // many WebSocket clients to the gateway's native endpoint, subscribes them all
 // to one subject, publishes numbered, timestamped events straight into NATS and
 // checks that every client receives every event exactly once and in order,
-// also clients that drop their connection and resume from a cursor, or,
+// also clients that drop their connection and resume from a cursor, also
+// through a reconnect storm (storm.go), when a node drains and every client
+// comes back on another one, or,
 // with Config.Where, that each client, a filtered view of its own rows,
 // receives exactly its rows' events, in order (views_config.go), and,
 // in a churn soak, whether the gateway's goroutines and heap come back to
@@ -42,7 +44,14 @@
 //     the only goroutine that reads its current connection, and has a
 //     close watcher per connection like a client's. The soak waits for
 //     every churner before it reads the gateway's after figures, and Run
-//     waits for the soak.
+//     waits for the soak;
+//   - in a reconnect storm (Config.StormURL), one storm goroutine, which
+//     waits for Config.StormAfter events, calls Config.StormStop on a
+//     goroutine of its own and waits for it, and reads node B's /proc
+//     until every client is back and caught up or the run is over; each
+//     client's reader, when its connection ends, waits out its backoff
+//     and dials node B itself (stop ends the wait and the dial). Run
+//     waits for the storm goroutine.
 //
 // The monitor loop runs on the caller's goroutine: it reads per-client atomic
 // counters (stored once per frame), writes Config.Progress and decides when the

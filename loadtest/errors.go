@@ -19,4 +19,8 @@ var (
 	// http) was answered with something other than 200; the message
 	// carries the status and the answer.
 	ErrPublishRefused = errors.New("publish refused")
+	// ErrUpgradeRefused: the gateway answered a WebSocket upgrade with an
+	// HTTP status instead of 101, such as 503 (max_connections) or 429
+	// (max_connections_per_ip); the message carries the status.
+	ErrUpgradeRefused = errors.New("upgrade refused")
 )

@@ -87,27 +87,32 @@ func parseMessage(msg []byte) (kind msgKind, seq uint64, ts int64) {
 }
 
 // eventCursor returns the envelope's cursor of an event message, "" when it
-// has none (Core NATS). Only the envelope before "data" is searched, so a
-// "cursor" key inside the event's data is never taken for it. It allocates
-// the string: it runs once per planned drop, not per event.
-func eventCursor(msg []byte) string {
+// has none (Core NATS). It allocates the string: it runs once per planned
+// drop, not per event.
+func eventCursor(msg []byte) string { return string(eventCursorBytes(msg)) }
+
+// eventCursorBytes is eventCursor without the copy: the cursor's bytes
+// within msg, nil when there is none. Only the envelope before "data" is
+// searched, so a "cursor" key inside the event's data is never taken for
+// it.
+func eventCursorBytes(msg []byte) []byte {
 	if d := indexKey(msg, keyData); d >= 0 {
 		msg = msg[:d]
 	}
 	i := indexKey(msg, keyCur)
 	if i < 0 {
-		return ""
+		return nil
 	}
 	v, ok := bytes.CutPrefix(skipSpace(msg[i+len(keyCur):]), []byte{'"'})
 	if !ok {
-		return ""
+		return nil
 	}
 	// Cursors (js:<seq>, rs:<ms>-<seq>) contain no escapes.
 	end := bytes.IndexByte(v, '"')
 	if end < 0 {
-		return ""
+		return nil
 	}
-	return string(v[:end])
+	return v[:end]
 }
 
 // classify finds the message type the slow way.

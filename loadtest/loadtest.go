@@ -48,7 +48,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		sk = newSoak(&cfg, mr)
 	}
 	var primer string // a resume run's primer's cursor
-	if cfg.ResumeShare > 0 {
+	if cfg.ResumeShare > 0 || cfg.storm() {
 		if primer, err = checkDurable(ctx, &cfg, out); err != nil {
 			return nil, fmt.Errorf("loadtest: %w", err)
 		}
@@ -107,6 +107,10 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client, sk *
 			clients[i].rc = &reconnector{cfg: cfg, sent: &sent, points: points, cursor: clients[i].subCursor}
 		}
 	}
+	var st *storm
+	if cfg.storm() {
+		st = newStorm(cfg, clients, &sent)
+	}
 	finished := make(chan struct{}, len(clients)) // each reader sends once, so sends never block
 	for _, c := range clients {
 		wg.Go(func() { c.read(ctx, stopCtx, finished) })
@@ -134,7 +138,14 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client, sk *
 		wg.Go(func() { churned <- sk.run(ctx, stopCtx, start, &sent) })
 	}
 
-	m := monitor{cfg: cfg, clients: clients, start: start, soak: sk}
+	stormed := make(chan stormRun, 1)
+	sampling, stopSampling := context.WithCancel(stopCtx)
+	defer stopSampling()
+	if st != nil {
+		wg.Go(func() { stormed <- st.run(ctx, sampling, &sent) })
+	}
+
+	m := monitor{cfg: cfg, clients: clients, start: start, soak: sk, storm: st}
 	if err := m.wait(ctx, finished, published); err != nil {
 		return nil, err
 	}
@@ -166,6 +177,20 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client, sk *
 			return nil, ctx.Err()
 		}
 	}
+	var sr stormRun
+	if st != nil {
+		// Complete, every client is back and caught up on node B: the
+		// storm's window ends by itself. Otherwise it ends here.
+		stopSampling()
+		select {
+		case sr = <-stormed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if sr.err != nil {
+			return nil, sr.err
+		}
+	}
 	after, err := sampleUsage(cfg)
 	if err != nil {
 		return nil, err
@@ -177,5 +202,8 @@ func execute(ctx context.Context, cfg *Config, out sink, clients []*client, sk *
 	wg.Wait() // readers have exited: their tallies are ours to read
 	res := collect(cfg, clients, &m, before, after)
 	res.Churn = cs
+	if st != nil {
+		res.Storm = collectStorm(sr, clients)
+	}
 	return res, nil
 }

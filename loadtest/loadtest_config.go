@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
@@ -120,6 +121,28 @@ type Config struct {
 	// one listener).
 	MetricsURL string
 
+	// StormURL, when set, makes the run a reconnect storm (storm.go): the
+	// clients connect to URL (node A) and, once StormAfter events are
+	// published, StormStop stops node A gracefully; every client, closed
+	// with 1001, reconnects to StormURL (node B, on the same durable
+	// broker) under fanwire.js's backoff (backoff.go), 503 and 429
+	// included, and resumes from the cursor of the last event it
+	// processed. Verification does not change: every event once, in
+	// order, for every client. Proc then samples node B, the survivor.
+	// Needs Broker jetstream or redis and native clients; not with
+	// ResumeShare, Churn, PublishVia or Where.
+	StormURL string
+	// StormAfter is how many events are published before node A is
+	// stopped; default Events/4. Under 1 ≤ StormAfter < Events.
+	StormAfter int
+	// StormStop stops node A as SIGTERM does (drain, close every
+	// connection with 1001) and returns once it has exited; the time it
+	// takes is node A's drain time. Required with StormURL.
+	StormStop func(ctx context.Context) error
+	// StormSeed draws the clients' backoff jitter; 0 draws one
+	// (Result.Storm reports it).
+	StormSeed uint64
+
 	// PublishVia is who publishes the events: PublishViaBroker ("broker",
 	// the default) is one publisher writing Events events straight into
 	// the broker; PublishViaWS ("ws") and PublishViaHTTP ("http") make
@@ -197,6 +220,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.viewRun() && c.WhereDocs == 0 {
 		c.WhereDocs = DefaultWhereDocs
+	}
+	if c.storm() {
+		c.setStormDefaults()
 	}
 	if c.ResumeShare > 0 {
 		if c.ResumeDrops == 0 {
@@ -290,6 +316,9 @@ func (c *Config) validate() error {
 		return err
 	}
 	if err := c.validateChurn(); err != nil {
+		return err
+	}
+	if err := c.validateStorm(); err != nil {
 		return err
 	}
 	if err := checkWSURL("URL", c.URL); err != nil {

@@ -55,6 +55,19 @@ func TestRunInvalidConfig(t *testing.T) {
 		{"where with client publishes", func(c *Config) { c.Where, c.PublishVia = WhereRange, PublishViaWS }, "Where is a test of its own"},
 		{"where with fewer events than clients", func(c *Config) { c.Where, c.Clients, c.Events = WhereEq, 10, 9 }, "Events 9 with Where is fewer than Clients 10"},
 		{"negative where docs", func(c *Config) { c.Where, c.WhereDocs = WhereEq, -1 }, "WhereDocs"},
+		{"storm on core nats", func(c *Config) { c.StormURL, c.StormStop = "ws://127.0.0.1:2/ws", stopNothing }, "StormURL needs a durable broker"},
+		{"storm without a stop", func(c *Config) { c.Broker, c.StormURL = "jetstream", "ws://127.0.0.1:2/ws" }, "StormStop"},
+		{"storm to the same node", func(c *Config) { c.Broker, c.StormURL, c.StormStop = "jetstream", c.URL, stopNothing }, "node B must be another node"},
+		{"storm after the last event", func(c *Config) {
+			c.Broker, c.StormURL, c.StormStop, c.Events, c.StormAfter = "jetstream", "ws://127.0.0.1:2/ws", stopNothing, 10, 10
+		}, "StormAfter 10"},
+		{"storm with resumes", func(c *Config) {
+			c.Broker, c.StormURL, c.StormStop, c.ResumeShare = "jetstream", "ws://127.0.0.1:2/ws", stopNothing, 0.5
+		}, "StormURL is a test of its own"},
+		{"storm with graphql", func(c *Config) {
+			c.Broker, c.StormURL, c.StormStop, c.Proto = "jetstream", "ws://127.0.0.1:2/ws", stopNothing, ProtoGraphQL
+		}, "StormURL needs native clients"},
+		{"storm fields without a storm", func(c *Config) { c.StormAfter = 5 }, "StormAfter and StormStop need StormURL"},
 		{"huge bitmaps of client publishes", func(c *Config) { c.PublishVia, c.Clients, c.Events = PublishViaWS, 10_000, 1_000_000 }, "Clients×Events"},
 	}
 	for _, tt := range tests {
@@ -237,3 +250,6 @@ func TestRunCancelled(t *testing.T) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
 }
+
+// stopNothing is a StormStop for configurations that never get to run.
+func stopNothing(context.Context) error { return nil }

@@ -15,6 +15,7 @@ type monitor struct {
 	clients []*client // static
 	start   time.Time // first publish
 	soak    *soak     // static: a churn run's, for its progress; nil otherwise
+	storm   *storm    // static: a storm run's, for its progress; nil otherwise
 
 	published time.Duration // publish + flush time; 0 if the publisher had not finished
 	timedOut  bool          // stopped because delivery made no progress for cfg.Timeout
@@ -36,6 +37,7 @@ func (m *monitor) wait(ctx context.Context, finished <-chan struct{}, published 
 	if m.soak != nil {
 		p.churn = &m.soak.connects
 	}
+	p.storm = m.storm
 	var last int64
 	lastChange := m.start
 	for done := 0; done < len(m.clients); {
@@ -84,6 +86,7 @@ type progress struct {
 	at       time.Time     // time of the last line (or of the start)
 	n        int64         // delivered at the last line
 	churn    *atomic.Int64 // a churn run's sessions so far; nil otherwise
+	storm    *storm        // a storm run's; nil otherwise
 }
 
 func (p *progress) tick(now time.Time, n int64) {
@@ -110,6 +113,9 @@ func (p *progress) line(n int64, rate float64, unit string) {
 	churn := ""
 	if p.churn != nil {
 		churn = fmt.Sprintf(", churn connects %d", p.churn.Load())
+	}
+	if p.storm != nil {
+		churn = fmt.Sprintf(", on node B %d/%d, caught up %d", p.storm.back.Load(), p.storm.clients, p.storm.caught.Load())
 	}
 	_, _ = fmt.Fprintf(p.w, "delivered %d/%d (%.1f%%) %s%s%s\n", n, p.expected, pct, siRate(rate), unit, churn)
 }

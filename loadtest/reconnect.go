@@ -35,6 +35,8 @@ type reconnector struct {
 	catchUpTime   time.Duration // summed: drop → holding every event published before it (and resubscribed)
 	behindSince   int64         // unix ns of the drop that made the client fall behind; 0 when caught up
 	behindUntil   uint64        // the sequence number that catches it up
+
+	st *stormClient // a reconnect storm's client (Config.StormURL); nil otherwise
 }
 
 // planDrops picks round(ResumeShare × Clients) clients and, for each,
@@ -85,6 +87,9 @@ func (r *reconnector) caughtUp(last uint64, now int64) {
 	if r.behindSince != 0 && last >= r.behindUntil {
 		r.catchUpTime += time.Duration(now - r.behindSince)
 		r.behindSince = 0
+		if r.st != nil {
+			r.st.caughtUp(now)
+		}
 	}
 }
 

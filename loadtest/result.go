@@ -44,6 +44,11 @@ type Result struct {
 	// and the gateway's goroutines and heap around them. Its OK is part
 	// of Result.OK.
 	Churn *ChurnStats
+	// Storm is set for a reconnect storm (Config.StormURL) once node A
+	// was stopped: its drain, the clients' way back to node B and node
+	// B's figures. Its OK (every client back and caught up) is part of
+	// Result.OK; the gateway figures below are node B's.
+	Storm *StormStats
 
 	// Timing. Elapsed runs from the first publish to the last delivery.
 	Elapsed          time.Duration
@@ -73,10 +78,12 @@ type Result struct {
 // OK reports whether every client received every event exactly once, in
 // order, and nothing else went wrong on the wire; in a churn run, also
 // whether the churn was clean and the gateway came back to its baseline
-// (ChurnStats.OK).
+// (ChurnStats.OK); in a storm, whether every client came back on node B
+// and caught up (StormStats.OK).
 func (r *Result) OK() bool {
 	return r.Gaps == 0 && r.Duplicates == 0 && r.OutOfOrder == 0 && r.Missing == 0 &&
-		r.Unexpected == 0 && r.Malformed == 0 && r.Leaves == 0 && r.ServerErrors == 0 && (r.Churn == nil || r.Churn.OK())
+		r.Unexpected == 0 && r.Malformed == 0 && r.Leaves == 0 && r.ServerErrors == 0 && (r.Churn == nil || r.Churn.OK()) &&
+		(r.Storm == nil || r.Storm.OK())
 }
 
 // collect sums the clients' tallies once their readers have exited.

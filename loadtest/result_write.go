@@ -46,6 +46,9 @@ func (r *Result) WriteTable(w io.Writer) {
 	if c := r.Churn; c != nil {
 		writeChurn(row, c)
 	}
+	if st := r.Storm; st != nil {
+		writeStorm(row, st)
+	}
 	row("elapsed", "%s (publish %s)", roundDur(r.Elapsed), roundDur(r.PublishElapsed))
 	if r.PublishVia == PublishViaWS || r.PublishVia == PublishViaHTTP {
 		row("publishes accepted", "%d via %s, %s/s", r.PublishesAccepted, r.PublishVia, siRate(r.PublishesPerSec))
@@ -64,6 +67,8 @@ func (r *Result) WriteTable(w io.Writer) {
 		verdict = "FAIL (timed out: no delivery progress)"
 	case r.Churn != nil && !r.Churn.OK():
 		verdict = "FAIL (" + r.Churn.Problem() + ")"
+	case r.Storm != nil && !r.Storm.OK():
+		verdict = fmt.Sprintf("FAIL (%d of %d clients back on node B, %d caught up)", r.Storm.Back, r.Storm.Clients, r.Storm.CaughtUp)
 	case !r.OK():
 		verdict = "FAIL"
 	}
@@ -114,6 +119,7 @@ type resultJSON struct {
 	PublishesPerSec          *float64    `json:"publishes_per_sec,omitempty"`
 	Resume                   *resumeJSON `json:"resume,omitempty"`
 	Churn                    *churnJSON  `json:"churn,omitempty"`
+	Storm                    *stormJSON  `json:"storm,omitempty"`
 }
 
 type resumeJSON struct {
@@ -128,8 +134,8 @@ type resumeJSON struct {
 // WriteJSON writes r as one JSON object with snake_case keys, then a newline.
 // The gateway_* and cpu_per_* keys are present only when the
 // gateway was sampled, the publish_* keys only when the clients published
-// (publish_via ws or http), "resume" only when clients dropped and resumed, and
-// "churn" only in a churn run.
+// (publish_via ws or http), "resume" only when clients dropped and resumed,
+// "churn" only in a churn run and "storm" only in a reconnect storm.
 func (r *Result) WriteJSON(w io.Writer) error {
 	j := resultJSON{
 		OK: r.OK(), Subject: r.Subject,
@@ -164,6 +170,9 @@ func (r *Result) WriteJSON(w io.Writer) error {
 	}
 	if c := r.Churn; c != nil {
 		j.Churn = newChurnJSON(c)
+	}
+	if st := r.Storm; st != nil {
+		j.Storm = newStormJSON(st)
 	}
 	if err := json.NewEncoder(w).Encode(j); err != nil {
 		return fmt.Errorf("write result: %w", err)

@@ -5,19 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/loadtest"
-	"github.com/nats-io/nats-server/v2/server"
 )
 
 func loadtestCommand() *command {
@@ -29,7 +23,8 @@ from it (or given with --graphql-url), and a --resume run's primer check speaks 
 Exits 1 on any gap, duplicate, missing or unexpected delivery; with --churn also when a churning
 client's stream has a gap or a repeat, a churn session fails, or the gateway's goroutines, heap
 in use, connections or subscriptions do not come back to their baseline (the gateway's /metrics
-must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
+must carry the Go collector, as "fanwire ws" and "fanwire dev" do); with --storm also when a
+client does not come back on node B and catch up.`
 	var (
 		cfg        loadtest.Config
 		spawn      bool
@@ -45,6 +40,7 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 		rounds     int
 		brokerKind string
 		cpuProfile string
+		storm      bool
 	)
 	fs := c.fs
 	fs.IntVar(&cfg.Clients, "clients", loadtest.DefaultClients, "WebSocket clients, each subscribed to the hot subject")
@@ -78,6 +74,9 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 	fs.IntVar(&latest, "latest", 0, "instead of the fan-out test: publish this many documents, each once on a subject of its own, then read them into one new client at a time, alternately from \"latest\" (a snapshot; with --where eq or range, filtered by a where every document passes) and from the cursor before them (a replay of the same events), after one warm-up replay that is not counted; each read must get every document once, in order, then synced; reports documents/s from subscribe to synced and the gateway's CPU per document (needs --broker jetstream or redis; past 100,000 documents raise the gateway's --max-snapshot with --spawn-flags)")
 	fs.IntVar(&rounds, "latest-rounds", 3, "with --latest: how many reads of each kind, alternating (snapshot first, then replay first, ...)")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "fan-out test: write a CPU profile of this (the loadtest) process, from the first publish to the end of delivery, to this file (go tool pprof)")
+	fs.BoolVar(&storm, "storm", false, "reconnect storm (with --spawn --spawn-role ws and --broker jetstream or redis): spawn two \"fanwire ws\" nodes on one broker, connect --clients to node A, publish at --rate, SIGTERM node A after --storm-after events; every client, closed with 1001, comes back on node B with fanwire.js's backoff (full jitter from 500 ms, doubling, at most 30 s; 503 and 429 retried) and resumes from its last event's cursor, and must get every event once, in order; reports node A's drain, the time until all are back and caught up, dials and refusals, and node B's CPU and peak RSS (the gateway figures are node B's)")
+	fs.IntVar(&cfg.StormAfter, "storm-after", 0, "with --storm: events published before node A gets SIGTERM (0: a quarter of --events)")
+	fs.Uint64Var(&cfg.StormSeed, "storm-seed", 0, "with --storm: seed of the clients' backoff jitter (0: a random one, printed with the result)")
 	fs.DurationVar(&cfg.Churn, "churn", 0, "churn soak: besides --clients (connected throughout, verified as usual), --churn-clients clients connect, subscribe, receive for up to half a second and leave (clean closes, TCP drops, resubscriptions on one connection, drops before subscribing), over and over, for this long (0: off); events flow at --rate throughout, and the gateway's goroutines and heap (from --metrics-url) must come back to their baseline")
 	fs.IntVar(&cfg.ChurnClients, "churn-clients", loadtest.DefaultChurnClients, "with --churn: concurrent churning clients")
 	fs.DurationVar(&cfg.ChurnBaseline, "churn-baseline", loadtest.DefaultChurnBaseline, "with --churn: how long events flow to --clients alone before churn starts; the baseline is read over its second half")
@@ -124,10 +123,31 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 		default:
 			return fmt.Errorf("--publish-via %q: want broker, ws or http", cfg.PublishVia)
 		}
+		if storm {
+			if !spawn || spawnRole != "ws" || cfg.Broker == "" {
+				return errors.New("--storm spawns its two nodes: give --spawn --spawn-role ws and --broker jetstream or redis")
+			}
+			if behind > 0 || idle > 0 || latest > 0 || cfg.ResumeShare != 0 || cfg.Churn != 0 {
+				return errors.New("--storm is a test of its own: drop --resume, --resume-behind, --idle, --latest and --churn")
+			}
+		} else if cfg.StormAfter != 0 || cfg.StormSeed != 0 {
+			return errors.New("--storm-after and --storm-seed apply to --storm")
+		}
 		if spawn {
 			if cfg.URL != "" || cfg.GraphQLURL != "" || cfg.NATSURL != "" || cfg.MetricsURL != "" || pid != 0 {
 				return errors.New("--spawn starts its own gateway: drop --url, --graphql-url, --nats, --metrics-url and --pid")
 			}
+		}
+		if storm {
+			a, b, err := spawnStormPair(ctx, spawnBin, extra)
+			if err != nil {
+				return err
+			}
+			defer b.stop()
+			defer a.stop() // first: b owns the NATS server
+			cfg.URL, cfg.StormURL, cfg.NATSURL, pid = a.wsURL, b.wsURL, b.natsURL, b.cmd.Process.Pid
+			cfg.StormStop = a.terminate
+		} else if spawn {
 			child, err := spawnGateway(ctx, spawnBin, spawnRole, extra)
 			if err != nil {
 				return err
@@ -222,111 +242,4 @@ must carry the Go collector, as "fanwire ws" and "fanwire dev" do).`
 		return nil
 	}
 	return c
-}
-
-type devChild struct {
-	cmd     *exec.Cmd
-	dir     string
-	ns      *server.Server // role ws: the NATS server embedded here
-	wsURL   string
-	natsURL string
-}
-
-// spawnGateway starts "fanwire dev" or "fanwire ws" of the binary exe
-// ("": this one) on free ports with a fresh data directory and waits until
-// /readyz says ready.
-func spawnGateway(ctx context.Context, exe, role string, extra []string) (*devChild, error) {
-	if exe == "" {
-		self, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("spawn: %w", err)
-		}
-		exe = self
-	} else if _, err := exec.LookPath(exe); err != nil {
-		return nil, fmt.Errorf("--spawn-binary: %w", err)
-	}
-	httpPort, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "fanwire-loadtest-")
-	if err != nil {
-		return nil, fmt.Errorf("spawn: %w", err)
-	}
-	listen := "127.0.0.1:" + strconv.Itoa(httpPort)
-	ch := &devChild{dir: dir, wsURL: "ws://" + listen + "/ws"}
-	var args []string
-	switch role {
-	case "dev":
-		natsPort, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		ch.natsURL = "nats://127.0.0.1:" + strconv.Itoa(natsPort)
-		args = []string{"dev", "--nats-port", strconv.Itoa(natsPort), "--data-dir", dir}
-	case "ws":
-		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{JetStream: true, StoreDir: dir})
-		if err != nil {
-			return nil, fmt.Errorf("spawn: %w", err)
-		}
-		ch.ns, ch.natsURL = ns, ns.ClientURL()
-		args = []string{"ws", "--nats-url", ns.ClientURL(), "--allow-anonymous"}
-	default:
-		return nil, fmt.Errorf("--spawn-role %q: want dev or ws", role)
-	}
-	args = append(append(args, "--listen", listen, "--console=false", "--log-level", "warn"), extra...)
-	cmd := exec.Command(exe, args...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	ch.cmd = cmd
-	if err := cmd.Start(); err != nil {
-		ch.cmd = nil
-		ch.stop()
-		return nil, fmt.Errorf("spawn %s: %w", exe, err)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+listen+"/readyz", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return ch, nil
-			}
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			ch.stop()
-			return nil, fmt.Errorf("spawned gateway not ready at %s within 20s", listen)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// stop ends the child with SIGTERM (graceful), SIGKILL after 10 s, then
-// the embedded NATS server if there is one.
-func (c *devChild) stop() {
-	if c.cmd != nil {
-		_ = c.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = c.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = c.cmd.Process.Kill()
-			<-done
-		}
-	}
-	if c.ns != nil {
-		c.ns.Shutdown()
-		c.ns.WaitForShutdown()
-	}
-	os.RemoveAll(c.dir)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

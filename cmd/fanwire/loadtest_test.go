@@ -8,7 +8,8 @@ import (
 
 // TestLoadtestChurnFlags: a churn soak is a test of its own, its event
 // count is derived, and a spawned gateway's metrics URL is the loadtest's
-// to know; each misuse is refused before anything connects, naming it.
+// to know; a storm spawns its own two ws nodes on a durable broker; each
+// misuse is refused before anything connects, naming it.
 func TestLoadtestChurnFlags(t *testing.T) {
 	existing := []string{"--url", "ws://127.0.0.1:1/ws", "--nats", "nats://127.0.0.1:1"}
 	for _, tc := range []struct {
@@ -24,6 +25,12 @@ func TestLoadtestChurnFlags(t *testing.T) {
 		{append([]string{"--publish-via", "ws", "--rate", "100"}, existing...), "Rate paces the broker publisher"},
 		{append([]string{"--spawn-binary", "/bin/true"}, existing...), "--spawn-binary applies to a gateway this run spawns"},
 		{[]string{"--spawn", "--spawn-binary", "/nonexistent/fanwire"}, "--spawn-binary: exec: \"/nonexistent/fanwire\""},
+		{append([]string{"--storm"}, existing...), "--storm spawns its two nodes"},
+		{[]string{"--storm", "--spawn", "--spawn-role", "ws"}, "--storm spawns its two nodes"}, // Core NATS keeps no cursors
+		{[]string{"--storm", "--spawn", "--spawn-role", "dev", "--broker", "jetstream"}, "--storm spawns its two nodes"},
+		{[]string{"--storm", "--spawn", "--spawn-role", "ws", "--broker", "jetstream", "--idle", "1s"}, "--storm is a test of its own"},
+		{append([]string{"--storm-after", "5"}, existing...), "--storm-after and --storm-seed apply to --storm"},
+		{[]string{"--storm", "--spawn", "--spawn-role", "ws", "--broker", "jetstream", "--spawn-binary", "/nonexistent/fanwire"}, "--spawn-binary: exec: \"/nonexistent/fanwire\""},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(append([]string{"loadtest"}, tc.args...), &out, &errOut)
