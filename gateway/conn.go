@@ -39,8 +39,11 @@ type conn struct {
 	closeReason   atomic.Pointer[string] // set before closeCode when the winning close request has its own reason
 	writeErr      atomic.Bool            // the writer failed
 	pingFailed    atomic.Bool            // a ping went unanswered
-	writerRunning atomic.Bool            // a writer goroutine exists (see ensureWriter, retire)
+	writerRunning atomic.Bool            // the writer's role is taken: a writer goroutine exists or a flusher has its turn (see ensureWriter, retire, flushTurn)
 	written       atomic.Uint64          // items written to the socket (compare mailbox.pushes)
+	flush         *flushPool             // static: the flushers that write for the connection (nil: its own writer goroutine always; TLS, GraphQL)
+	queued        atomic.Bool            // on flush's ready queue
+	pendingItems  uint64                 // owned by the writer's role: items of the bytes a flusher left pending
 	stop          chan struct{}          // closed by serve when reading ended: writer and pings exit
 
 	mu       sync.Mutex

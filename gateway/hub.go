@@ -87,6 +87,7 @@ type hub struct {
 	keepRecent bool   // static
 
 	maxPace time.Duration // static
+	flush   *flushPool    // static: the shared flushers (flusher.go)
 
 	// Views (view.go); guarded like the index: changed under its write
 	// lock, or by the dispatcher under its read lock.
@@ -102,7 +103,7 @@ type hub struct {
 }
 
 func newHub(m *Metrics, maxPace time.Duration) *hub {
-	return &hub{idx: newIndex(), metrics: m, maxPace: maxPace}
+	return &hub{idx: newIndex(), metrics: m, maxPace: maxPace, flush: newFlushPool(runtime.GOMAXPROCS(0))}
 }
 
 // dispatch queues each event to every matching client and wakes each
@@ -186,12 +187,18 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 		h.tooLarge[i] = nil
 	}
 	h.tooLarge = h.tooLarge[:0]
-	for i, c := range h.wakeList {
-		c.wakePending = false
-		c.signal()
-		h.wakeList[i] = nil
+	if len(h.wakeList) > 0 {
+		// Connections served by flushers are queued on their shards and
+		// each flusher starts once, after the whole list.
+		h.flush.hold()
+		for i, c := range h.wakeList {
+			c.wakePending = false
+			c.signal()
+			h.wakeList[i] = nil
+		}
+		h.wakeList = h.wakeList[:0]
+		h.flush.release()
 	}
-	h.wakeList = h.wakeList[:0]
 	for i, c := range h.overflow {
 		c.onOverflow()
 		h.overflow[i] = nil
