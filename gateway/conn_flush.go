@@ -87,9 +87,10 @@ func (c *conn) flushNB() flushResult {
 
 // frameBatchNB frames the batch's items into the writer's batch buffer,
 // '\n'-separated in frames of at most MaxFrameBytes (a single larger item
-// gets a frame of its own), as writeBatch does through the library, writing
-// every batchLimit bytes without waiting. It ends the batch (endBatchNB)
-// and reports whether bytes are pending.
+// gets a frame of its own), as writeBatch does through the library,
+// writing without waiting whenever the next frame would not fit in the
+// buffer. It ends the batch (endBatchNB) and reports whether bytes are
+// pending.
 func (c *conn) frameBatchNB(bt *batch) (pending bool, err error) {
 	fw := c.fw
 	limit := c.s.cfg.MaxFrameBytes
@@ -118,6 +119,13 @@ func (c *conn) frameBatchNB(bt *batch) (pending bool, err error) {
 		if count == 0 {
 			break
 		}
+		if len(fw.out) > 0 && len(fw.out)+maxFrameHeader+n > cap(fw.out) {
+			// Write what is there rather than grow the pooled buffer: a
+			// reallocation per batch of a burst doubled its CPU.
+			if err = fw.tryFlush(); err != nil {
+				break
+			}
+		}
 		fw.appendHeader(n)
 		for k := 0; k < count; {
 			items := bt.used(s)
@@ -133,9 +141,6 @@ func (c *conn) frameBatchNB(bt *batch) (pending bool, err error) {
 			k++
 		}
 		frames, bytes = frames+1, bytes+n
-		if len(fw.out)-fw.sent >= batchLimit {
-			err = fw.tryFlush()
-		}
 	}
 	pending, eerr := fw.endBatchNB()
 	if err == nil {
@@ -145,6 +150,9 @@ func (c *conn) frameBatchNB(bt *batch) (pending bool, err error) {
 	c.s.metrics.BytesSent.Add(float64(bytes))
 	return pending, err
 }
+
+// maxFrameHeader is the longest header of a server's frame.
+const maxFrameHeader = 10
 
 // wireLen is the bytes item.appendTo adds for the native protocol.
 func wireLen(it item) int {
