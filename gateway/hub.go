@@ -19,6 +19,10 @@ type client struct {
 	// onWake, if set, runs after each wake signal (the transport starts a
 	// writer if none runs). Set before the client is registered.
 	onWake func()
+	// onBehind, if set, is called by the dispatcher when the mailbox is
+	// over half full (a shared flusher serves the connection sooner). Set
+	// before the client is registered.
+	onBehind func()
 	// encode, if set, builds the subscription list of a delivery from the
 	// ids of the client's matching subscriptions (GraphQL); nil: the
 	// native protocol's JSON array of ids. Set before the client subscribes.
@@ -208,6 +212,11 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 		h.metrics.Deliveries.Add(float64(n))
 		if !arrived.IsZero() {
 			h.metrics.DispatchLatency.Observe(time.Since(arrived).Seconds())
+		}
+	}
+	for _, c := range h.paceList {
+		if c.onBehind != nil {
+			c.onBehind()
 		}
 	}
 	if pressured > 0 && pressured*4 >= n {

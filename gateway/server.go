@@ -416,6 +416,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	c.cl.onWake = c.ensureWriter
 	if !gql && fw.nonBlocking() {
 		c.flush = s.hub.flush // its frames go out on the shared flushers
+		c.cl.onBehind = c.hurry
 	}
 	c.runCtx, c.cancelRun = context.WithCancel(c.ctx)
 
