@@ -41,8 +41,11 @@ type conn struct {
 	closeReason   atomic.Pointer[string] // set before closeCode when the winning close request has its own reason
 	writeErr      atomic.Bool            // the writer failed
 	pingFailed    atomic.Bool            // a ping went unanswered
-	writerRunning atomic.Bool            // a writer goroutine exists (see ensureWriter, retire)
+	writerRunning atomic.Bool            // the writer's role is taken: a writer goroutine exists or a flusher has its turn (see ensureWriter, retire, flushTurn)
 	written       atomic.Uint64          // items written to the socket (compare mailbox.pushes)
+	flush         *flushPool             // static: the flushers that write for the connection (nil: its own writer goroutine always; TLS, GraphQL)
+	queued        atomic.Bool            // on flush's ready queue
+	pendingItems  uint64                 // owned by the writer's role: items of the bytes a flusher left pending
 	stop          chan struct{}          // closed by serve when reading ended: writer and pings exit
 
 	mu       sync.Mutex
@@ -382,14 +385,14 @@ func (c *conn) closeWith(code int, reason string) {
 // maxCloseReason is the longest close reason a control frame can carry.
 const maxCloseReason = 123
 
-// closeReason cuts reason to what a close frame carries, on a UTF-8
-// boundary.
 // closeNow cuts the socket and wakes a parked reader to end the connection.
 func (c *conn) closeNow() {
 	_ = c.ws.CloseNow()
 	c.wakeReader()
 }
 
+// closeReason cuts reason to what a close frame carries, on a UTF-8
+// boundary.
 func closeReason(reason string) string {
 	if len(reason) > maxCloseReason {
 		reason = reason[:maxCloseReason]

@@ -18,9 +18,14 @@ import (
 const writerLinger = 2 * time.Second
 
 // ensureWriter is the client's wake hook, called after every wake signal:
-// it starts a writer if none is running. The fast path is one atomic load.
+// it starts a writer if none is running, or queues the connection on its
+// flusher (conn_flush.go). The fast path is one atomic load.
 func (c *conn) ensureWriter() {
 	if c.writerRunning.Load() {
+		return
+	}
+	if c.flush != nil {
+		c.flush.enqueue(c)
 		return
 	}
 	c.mu.Lock()

@@ -17,15 +17,21 @@
 //   - Each connection has a reader: a goroutine the server starts after the
 //     upgrade (the HTTP handler then returns, so net/http's per-request
 //     state does not live as long as the WebSocket), owned by the server's
-//     WaitGroup; it reads and owns the connection's subscriptions. Its
-//     writer is started on demand when the mailbox is woken (ensureWriter)
-//     and exits after writerLinger with nothing to write (retire). A reader
+//     WaitGroup; it reads and owns the connection's subscriptions. A reader
 //     that has handled all its client sent parks the socket with the
 //     server's idle poller (idlepark.go: one epoll set, one goroutine) and
 //     exits; the poller starts a new reader when the socket is readable, so
-//     an idle connection holds no goroutine. The last reader waits for the
-//     writer before the connection ends. Only the writer writes to the
-//     socket.
+//     an idle connection holds no goroutine. A plain-TCP native connection
+//     is written by the shared flushers (flusher.go: goroutines owned by the
+//     pool, running only while connections are queued; Shutdown waits for
+//     them), which never wait for a socket: one that would block hands its
+//     connection to a writer goroutine of its own until its mailbox is
+//     drained (conn_flush.go). A TLS or GraphQL connection's writer is
+//     started on demand when the mailbox is woken (ensureWriter) and exits
+//     after writerLinger with nothing to write (retire). The last reader
+//     waits for its writer, and for a flusher's turn on it, before the
+//     connection ends. Only the holder of the writer's role
+//     (conn.writerRunning) writes to the socket.
 //   - A client publish (the native publish message, the GraphQL publish
 //     mutation over WebSocket) runs on the connection's reader, which
 //     reads on once the broker has the event or half of PingTimeout has

@@ -217,8 +217,11 @@ func TestGraphQLDeliveryAllocs(t *testing.T) {
 // native protocol (events coalesced into frames) and GraphQL (one message
 // per event, corked into one write per batch), 256-byte events, batches of
 // 64, to a real socket.
+//
+// native-flusher is the native protocol as a shared flusher writes it
+// (conn_flush.go): framed by the gateway, written without blocking.
 func BenchmarkDeliveryWrite(b *testing.B) {
-	for _, proto := range []string{"native", "graphql"} {
+	for _, proto := range []string{"native", "native-flusher", "graphql"} {
 		b.Run("proto="+proto, func(b *testing.B) {
 			s := newTestServer(b)
 			ws, fw := rawWSPair(b)
@@ -245,6 +248,10 @@ func BenchmarkDeliveryWrite(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
+				if proto == "native-flusher" {
+					flushBench(b, c)
+					continue
+				}
 				bt := c.cl.mb.take()
 				if err := c.writeBatch(&bt); err != nil {
 					b.Fatal(err)
@@ -253,6 +260,19 @@ func BenchmarkDeliveryWrite(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/delivery")
 		})
+	}
+}
+
+// flushBench writes c's mailbox as a flusher's turn does; bytes the socket
+// did not take are then written as the connection's own writer would.
+func flushBench(tb testing.TB, c *conn) {
+	switch c.flushNB() {
+	case flushFailed:
+		tb.Fatal("write failed")
+	case flushHandOff:
+		if err := c.fw.flushPending(); err != nil {
+			tb.Fatal(err)
+		}
 	}
 }
 

@@ -19,6 +19,10 @@ type client struct {
 	// onWake, if set, runs after each wake signal (the transport starts a
 	// writer if none runs). Set before the client is registered.
 	onWake func()
+	// onBehind, if set, is called by the dispatcher when the mailbox is
+	// over half full (a shared flusher serves the connection sooner). Set
+	// before the client is registered.
+	onBehind func()
 	// encode, if set, builds the subscription list of a delivery from the
 	// ids of the client's matching subscriptions (GraphQL); nil: the
 	// native protocol's JSON array of ids. Set before the client subscribes.
@@ -87,6 +91,7 @@ type hub struct {
 	keepRecent bool   // static
 
 	maxPace time.Duration // static
+	flush   *flushPool    // static: the shared flushers (flusher.go)
 
 	// Views (view.go); guarded like the index: changed under its write
 	// lock, or by the dispatcher under its read lock.
@@ -102,7 +107,7 @@ type hub struct {
 }
 
 func newHub(m *Metrics, maxPace time.Duration) *hub {
-	return &hub{idx: newIndex(), metrics: m, maxPace: maxPace}
+	return &hub{idx: newIndex(), metrics: m, maxPace: maxPace, flush: newFlushPool(runtime.GOMAXPROCS(0))}
 }
 
 // dispatch queues each event to every matching client and wakes each
@@ -186,12 +191,18 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 		h.tooLarge[i] = nil
 	}
 	h.tooLarge = h.tooLarge[:0]
-	for i, c := range h.wakeList {
-		c.wakePending = false
-		c.signal()
-		h.wakeList[i] = nil
+	if len(h.wakeList) > 0 {
+		// Connections served by flushers are queued on their shards and
+		// each flusher starts once, after the whole list.
+		h.flush.hold()
+		for i, c := range h.wakeList {
+			c.wakePending = false
+			c.signal()
+			h.wakeList[i] = nil
+		}
+		h.wakeList = h.wakeList[:0]
+		h.flush.release()
 	}
-	h.wakeList = h.wakeList[:0]
 	for i, c := range h.overflow {
 		c.onOverflow()
 		h.overflow[i] = nil
@@ -201,6 +212,11 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 		h.metrics.Deliveries.Add(float64(n))
 		if !arrived.IsZero() {
 			h.metrics.DispatchLatency.Observe(time.Since(arrived).Seconds())
+		}
+	}
+	for _, c := range h.paceList {
+		if c.onBehind != nil {
+			c.onBehind()
 		}
 	}
 	if pressured > 0 && pressured*4 >= n {

@@ -26,6 +26,7 @@ type Metrics struct {
 	BytesSent       prometheus.Counter
 	DispatchLatency prometheus.Histogram
 	DispatchPaced   prometheus.Counter
+	WriterHandoffs  prometheus.Counter // a shared flusher handed a connection to a writer goroutine of its own (conn_flush.go)
 
 	PublishRequests *prometheus.CounterVec // result: ok, unauthorized, broker_error, or a refusal's code (bad_request, bad_subject, forbidden, forbidden_origin, too_large, body_timeout)
 	PublishedEvents prometheus.Counter
@@ -56,6 +57,7 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 		Frames:          prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_frames_total", Help: "WebSocket text frames written."}),
 		BytesSent:       prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_bytes_sent_total", Help: "Payload bytes written in frames."}),
 		DispatchPaced:   prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_dispatch_paced_seconds_total", Help: "Time the dispatcher waited because most clients' mailboxes were over half full (node saturated)."}),
+		WriterHandoffs:  prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_writer_handoffs_total", Help: "Times a shared flusher handed a connection to a writer goroutine of its own: its socket would have blocked (a client reading slower than it is sent to), the library was writing a control frame, or a close was due."}),
 		DispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fanwire_dispatch_latency_seconds", Help: "From a batch's arrival from the broker until all its deliveries are queued.", Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12)}),
 
 		PublishRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_publish_requests_total", Help: "POST /api/publish requests, by result."}, []string{"result"}),
@@ -69,7 +71,7 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.Connections, m.ReadersParked, m.ConnectionsAccepted, m.ConnectionsRejected, m.ConnectQueue, m.ConnectWait, m.Disconnects, m.Subscriptions, m.SlowConsumers,
 			m.ClientErrors, m.EventsReceived, m.EventsInvalid, m.EventsDropped, m.Deliveries, m.Frames, m.BytesSent,
-			m.DispatchLatency, m.DispatchPaced, m.PublishRequests, m.PublishedEvents, m.GraphQLRefused, m.FilterEvaluations, m.FilterErrors,
+			m.DispatchLatency, m.DispatchPaced, m.WriterHandoffs, m.PublishRequests, m.PublishedEvents, m.GraphQLRefused, m.FilterEvaluations, m.FilterErrors,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_broker_up", Help: "1 while the broker connection is up."}, func() float64 {
 				if brokerUp() {
 					return 1

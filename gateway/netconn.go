@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -78,6 +79,7 @@ func (w hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		_, _ = br.Peek(n) // reads only the kept bytes: they come first and fit
 	}
 	fw := &frameWriter{c: nc}
+	fw.initRaw()
 	if n > 0 {
 		// The library reads the kept bytes from a reader of its own ahead
 		// of the connection (see above), where parking cannot see them:
@@ -123,6 +125,16 @@ type frameWriter struct {
 	outp  *[]byte // the pooled buffer out came from
 	err   error   // guarded by mu: the batch's first write error
 
+	// Non-blocking batches (netconn_nonblock.go), for the flushers.
+	raw     syscall.RawConn       // static: the socket; nil when it cannot be written without blocking (TLS)
+	rawFn   func(fd uintptr) bool // static: rawWrite, bound once
+	rawP    []byte                // guarded by mu: what rawWrite writes
+	rawN    int                   // guarded by mu: what it wrote
+	rawErr  error                 // guarded by mu: its error (not EAGAIN)
+	sent    int                   // guarded by mu, with out: bytes of out already on the socket
+	blocked bool                  // guarded by mu, with out: a write would have blocked; nothing more is tried
+	pending bool                  // guarded by mu: out[sent:] must reach the socket before anything else
+
 	held [16]byte
 	nh   int   // bytes in held
 	need int64 // bytes of the current frame not yet received; 0 at a frame boundary
@@ -146,8 +158,9 @@ func (w *frameWriter) beginBatch() bool {
 		w.mu.Unlock()
 		return false
 	}
+	perr := w.flushPendingLocked()
 	w.outp = batchBufPool.Get().(*[]byte)
-	w.out, w.err = (*w.outp)[:0], nil
+	w.out, w.err = (*w.outp)[:0], perr
 	return true
 }
 
@@ -193,13 +206,19 @@ func (w *frameWriter) endBatch() error {
 		_, w.err = w.c.Write(w.out)
 	}
 	err := w.err
+	w.putOut()
+	w.mu.Unlock()
+	return err
+}
+
+// putOut returns the batch buffer; w.mu is held.
+func (w *frameWriter) putOut() {
 	if cap(w.out) <= 2*batchLimit { // else one huge message: let it go
 		*w.outp = w.out[:0]
 		batchBufPool.Put(w.outp)
 	}
 	w.out, w.outp, w.err = nil, nil, nil
-	w.mu.Unlock()
-	return err
+	w.sent, w.blocked = 0, false
 }
 
 // writePing writes a ping frame with payload (at most 125 bytes) between
@@ -217,6 +236,9 @@ func (w *frameWriter) writePing(payload []byte) (bool, error) {
 func (w *frameWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if err := w.flushPendingLocked(); err != nil {
+		return 0, err
+	}
 	total := len(p)
 	if w.nh > 0 && w.need == 0 {
 		// A partial header is held (never with a 16-byte bufio.Writer, whose

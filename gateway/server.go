@@ -414,6 +414,10 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	// Set before the connection is registered: Shutdown may wake its
 	// writer (a 1001 close) as soon as it is in s.conns.
 	c.cl.onWake = c.ensureWriter
+	if !gql && fw.nonBlocking() {
+		c.flush = s.hub.flush // its frames go out on the shared flushers
+		c.cl.onBehind = c.hurry
+	}
 	c.runCtx, c.cancelRun = context.WithCancel(c.ctx)
 
 	s.mu.Lock()
@@ -483,6 +487,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.wg.Wait()
 		close(done)
 	}()
+	defer s.hub.flush.stop() // once every connection has ended
 	select {
 	case <-done:
 		s.cancel()

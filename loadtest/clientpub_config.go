@@ -33,6 +33,13 @@ func (c *Config) validatePublishVia() error {
 	switch {
 	case c.PublishVia != PublishViaBroker && !c.clientsPublish():
 		return fmt.Errorf("%w: PublishVia %q: want broker, ws or http", ErrInvalidConfig, c.PublishVia)
+	case c.PublishBatch < 0:
+		return fmt.Errorf("%w: PublishBatch %d is negative", ErrInvalidConfig, c.PublishBatch)
+	case c.PublishBatch > 0 && c.clientsPublish():
+		return fmt.Errorf("%w: PublishBatch is the one publisher's (PublishVia broker), not PublishVia %s", ErrInvalidConfig, c.PublishVia)
+	case c.PublishBatch > 0 && c.HTTPURL == "":
+		_, err := publishURL(c.URL)
+		return fmt.Errorf("%w: no HTTPURL from URL %q: %w", ErrInvalidConfig, c.URL, err)
 	case !c.clientsPublish():
 		return nil
 	case c.PublishVia == PublishViaWS && c.Proto != ProtoNative:

@@ -156,9 +156,15 @@ type Config struct {
 	// (--max-message-rate). Not with Rate, ResumeShare or Churn; ws needs
 	// Proto native.
 	PublishVia string
-	// HTTPURL is the gateway's publish endpoint for PublishVia http;
-	// default URL's host with path /api/publish.
+	// HTTPURL is the gateway's publish endpoint for PublishVia http and
+	// PublishBatch; default URL's host with path /api/publish.
 	HTTPURL string
+	// PublishBatch, when above 0 (with PublishVia broker), makes the one
+	// publisher post its events to the gateway's POST /api/publish at
+	// HTTPURL, PublishBatch events per request (a JSON array), instead of
+	// writing them into the broker. With Rate each request goes out whole
+	// when its last event is due, its events stamped then (see httpSink).
+	PublishBatch int
 
 	// Where, when set, makes the clients views of a table's rows (see
 	// views_config.go): WhereEq ("eq") and WhereRange ("range") give each
@@ -212,7 +218,7 @@ func (c *Config) setDefaults() error {
 	if c.PublishVia == "" {
 		c.PublishVia = PublishViaBroker
 	}
-	if c.PublishVia == PublishViaHTTP && c.HTTPURL == "" && c.URL != "" {
+	if (c.PublishVia == PublishViaHTTP || c.PublishBatch > 0) && c.HTTPURL == "" && c.URL != "" {
 		c.HTTPURL, _ = publishURL(c.URL) // validate reports a URL it cannot derive from
 	}
 	if c.Proto == ProtoGraphQL && c.GraphQLURL == "" && c.URL != "" {

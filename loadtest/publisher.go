@@ -74,6 +74,9 @@ func publish(ctx context.Context, out sink, cfg *Config, count *atomic.Int64) er
 		if cfg.Rate > 0 {
 			// Event n (from 0) is due at n/Rate seconds.
 			due = min(cfg.Events, 1+int(time.Since(start).Seconds()*float64(cfg.Rate)))
+			if b := cfg.PublishBatch; b > 1 && due < cfg.Events {
+				due -= due % b // whole requests, stamped when they go out
+			}
 		}
 		for ; sent < due; sent++ {
 			if sent%ctxCheckEvery == 0 && ctx.Err() != nil {
@@ -129,8 +132,12 @@ type sink interface {
 	close()
 }
 
-// openSink connects the configured broker.
+// openSink connects the configured broker, or the gateway's publish
+// endpoint (PublishBatch).
 func openSink(ctx context.Context, cfg *Config) (sink, error) {
+	if cfg.PublishBatch > 0 {
+		return newHTTPSink(cfg), nil
+	}
 	if cfg.Broker == "redis" {
 		b, err := broker.DialRedis(ctx, broker.RedisConfig{URL: cfg.RedisURL, Stream: cfg.Stream})
 		if err != nil {

@@ -51,6 +51,7 @@ client does not come back on node B and catch up.`
 	fs.StringVar(&cfg.Proto, "proto", loadtest.ProtoNative, "what the clients speak: native (the gateway's protocol at --url) or graphql (a GraphQL events subscription over graphql-transport-ws at --graphql-url, one event per WebSocket message); deliveries are verified the same way")
 	fs.StringVar(&cfg.GraphQLURL, "graphql-url", "", "with --proto graphql: the gateway's GraphQL WebSocket URL (default: --url with its final /ws replaced by /graphql, e.g. ws://127.0.0.1:8080/graphql; with --spawn, the spawned gateway's)")
 	fs.StringVar(&cfg.PublishVia, "publish-via", loadtest.PublishViaBroker, "who publishes: broker (one publisher, --events events straight into the broker) or ws/http (every client also publishes --events numbered events of its own through the gateway: native publish messages on its connection, or one POST /api/publish each; every client must get all clients × --events, each publisher's in order; reports publishes accepted/s). With --spawn, ws also starts the gateway with --max-message-rate -1, and --spawn-role ws with --allow-anonymous-publish; an existing gateway must allow both")
+	fs.IntVar(&cfg.PublishBatch, "publish-batch", 0, "with --publish-via broker: post the events to the gateway's POST /api/publish, this many per request (a JSON array), instead of publishing them into NATS; with --rate each request goes out when its last event is due, its events stamped then. With --spawn --spawn-role ws the gateway gets --allow-anonymous-publish; an existing gateway must allow it")
 	fs.StringVar(&cfg.NATSURL, "nats", "", "NATS URL the gateway consumes; events are published there")
 	fs.StringVar(&cfg.Subject, "subject", "", "subject to publish on (default loadtest.<run id>.hot)")
 	fs.DurationVar(&cfg.Timeout, "timeout", loadtest.DefaultTimeout, "give up after this long without delivery progress")
@@ -111,6 +112,9 @@ client does not come back on node B and catch up.`
 		}
 		switch cfg.PublishVia {
 		case loadtest.PublishViaBroker:
+			if cfg.PublishBatch > 0 && spawnRole == "ws" {
+				extra = append([]string{"--allow-anonymous-publish"}, extra...)
+			}
 		case loadtest.PublishViaWS, loadtest.PublishViaHTTP:
 			// Flags the clients' publishing needs come first, so
 			// --spawn-flags can override them.

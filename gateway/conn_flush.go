@@ -1,0 +1,230 @@
+package gateway
+
+// A connection's turn on its shard's flusher (flusher.go), and the writer
+// goroutine it gets when its socket would block.
+//
+// conn.writerRunning is the writer's role: a flusher takes it for a turn
+// (one mailbox batch) and gives it back, or hands it, with the
+// connection's task slot, to catchUp. Giving it back follows retire's
+// protocol: a wake that raced with it is put back and queues the
+// connection again, so none is lost and two goroutines never write.
+
+// flushResult is how a flusher's turn ended.
+type flushResult int
+
+const (
+	flushDone    flushResult = iota // everything taken is on the socket
+	flushFailed                     // a write failed; the socket is cut
+	flushHandOff                    // the connection's own writer must go on
+)
+
+// flushTurn is the connection's turn on its flusher.
+func (c *conn) flushTurn() {
+	c.queued.Store(false) // from here a wake queues the connection again
+	if !c.writerRunning.CompareAndSwap(false, true) {
+		return // its writer goroutine runs and has the wake
+	}
+	c.mu.Lock()
+	if c.closed { // serve has ended, or waits for its tasks
+		c.mu.Unlock()
+		c.writerRunning.Store(false)
+		return
+	}
+	c.tasks.Add(1)
+	c.mu.Unlock()
+	switch c.flushNB() {
+	case flushDone:
+		c.writerRunning.Store(false)
+		select {
+		case <-c.cl.wake: // woken meanwhile: queue it again
+			c.cl.signal()
+		default:
+		}
+		c.tasks.Done()
+	case flushFailed: // the role stays taken: nothing writes again
+		c.tasks.Done()
+	case flushHandOff:
+		c.s.metrics.WriterHandoffs.Inc()
+		go c.catchUp() // owns the role and the task
+	}
+}
+
+// hurry is the client's onBehind hook: the mailbox is over half full, the
+// connection is falling behind. Unless a flusher's turn or a writer holds
+// the role, it gets a writer goroutine of its own (catchUp) until it has
+// caught up, as a socket that would block does. A queue served in order
+// had let a burst overflow a connection at its back that could keep up
+// (about 1 run in 7 at 200 clients on a loaded machine): a goroutine of its
+// own leaves it to the scheduler, as a writer per connection did.
+func (c *conn) hurry() {
+	if !c.writerRunning.CompareAndSwap(false, true) {
+		return
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		c.writerRunning.Store(false)
+		return
+	}
+	c.tasks.Add(1)
+	c.mu.Unlock()
+	c.s.metrics.WriterHandoffs.Inc()
+	go c.catchUp()
+}
+
+// flushNB writes one mailbox batch without waiting for the socket. A
+// close to perform, a socket the library is writing, or bytes the socket
+// did not take, hand the connection to its own writer.
+func (c *conn) flushNB() flushResult {
+	if c.closeCode.Load() != 0 {
+		return flushHandOff // the close handshake waits: not on a flusher
+	}
+	select { // this turn takes everything queued before the wake
+	case <-c.cl.wake:
+	default:
+	}
+	fw := c.fw
+	if !fw.tryBeginBatch() {
+		return flushHandOff
+	}
+	b := c.cl.mb.take()
+	if b.n == 0 {
+		_, _ = fw.endBatchNB()
+		return flushDone
+	}
+	pending, err := c.frameBatchNB(&b)
+	n := b.n
+	b.release()
+	if err != nil {
+		c.writeErr.Store(true)
+		c.closeNow() // ends the reader too
+		return flushFailed
+	}
+	if pending {
+		c.pendingItems = uint64(n)
+		return flushHandOff
+	}
+	c.written.Add(uint64(n))
+	return flushDone
+}
+
+// frameBatchNB frames the batch's items into the writer's batch buffer,
+// '\n'-separated in frames of at most MaxFrameBytes (a single larger item
+// gets a frame of its own), as writeBatch does through the library,
+// writing without waiting whenever the next frame would not fit in the
+// buffer. It ends the batch (endBatchNB) and reports whether bytes are
+// pending.
+func (c *conn) frameBatchNB(bt *batch) (pending bool, err error) {
+	fw := c.fw
+	limit := c.s.cfg.MaxFrameBytes
+	var frames, bytes int
+	s, i := bt.head, 0
+	for err == nil {
+		// Measure the frame first: its header carries its length.
+		n, count := 0, 0
+		for ms, mi := s, i; ms != nil; {
+			items := bt.used(ms)
+			if mi == len(items) {
+				ms, mi = bt.next(ms), 0
+				continue
+			}
+			size := wireLen(items[mi])
+			if count > 0 && n+1+size > limit {
+				break
+			}
+			if count > 0 {
+				n++
+			}
+			n += size
+			count++
+			mi++
+		}
+		if count == 0 {
+			break
+		}
+		if len(fw.out) > 0 && len(fw.out)+maxFrameHeader+n > cap(fw.out) {
+			// Write what is there rather than grow the pooled buffer: a
+			// reallocation per batch of a burst doubled its CPU.
+			if err = fw.tryFlush(); err != nil {
+				break
+			}
+		}
+		fw.appendHeader(n)
+		for k := 0; k < count; {
+			items := bt.used(s)
+			if i == len(items) {
+				s, i = bt.next(s), 0
+				continue
+			}
+			if k > 0 {
+				fw.out = append(fw.out, '\n')
+			}
+			fw.out = items[i].appendTo(fw.out)
+			i++
+			k++
+		}
+		frames, bytes = frames+1, bytes+n
+	}
+	pending, eerr := fw.endBatchNB()
+	if err == nil {
+		err = eerr
+	}
+	c.s.metrics.Frames.Add(float64(frames))
+	c.s.metrics.BytesSent.Add(float64(bytes))
+	return pending, err
+}
+
+// maxFrameHeader is the longest header of a server's frame.
+const maxFrameHeader = 10
+
+// wireLen is the bytes item.appendTo adds for the native protocol.
+func wireLen(it item) int {
+	if it.subs == nil {
+		return len(it.ev.buf)
+	}
+	return len(it.ev.buf) + len(it.subs.b)
+}
+
+// catchUp is the writer of a connection a flusher handed over: it writes
+// what the socket did not take, waiting as long as it takes, then drains the
+// mailbox as writeLoop does, and gives the connection back to the flushers
+// once nothing is queued. A close requested meanwhile is performed here.
+func (c *conn) catchUp() {
+	defer c.tasks.Done()
+	if err := c.fw.flushPending(); err != nil {
+		c.writeErr.Store(true)
+		c.closeNow()
+		return
+	}
+	if n := c.pendingItems; n > 0 {
+		c.pendingItems = 0
+		c.written.Add(n)
+	}
+	for {
+		if code := c.closeCode.Load(); code != 0 {
+			c.finish(int(code))
+			return
+		}
+		select {
+		case <-c.cl.wake:
+		default:
+		}
+		if !c.drain() {
+			return
+		}
+		if code := c.closeCode.Load(); code != 0 {
+			c.finish(int(code))
+			return
+		}
+		c.writerRunning.Store(false)
+		select {
+		case <-c.cl.wake:
+			if c.writerRunning.CompareAndSwap(false, true) {
+				continue // more came: go on here
+			}
+			c.cl.signal() // the flusher that took over gets it
+		default:
+		}
+		return
+	}
+}

@@ -1,0 +1,40 @@
+package gateway
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestFlusherDeliveryAllocs: a native delivery written by a shared
+// flusher's turn (queued in the mailbox, taken, framed by the gateway and
+// written without blocking to a real socket) allocates nothing.
+func TestFlusherDeliveryAllocs(t *testing.T) {
+	s := newTestServer(t)
+	ws, fw := rawWSPair(t)
+	if !fw.nonBlocking() {
+		t.Fatal("a plain TCP connection is not written without blocking")
+	}
+	c := &conn{s: s, ws: ws, fw: fw}
+	c.cl = newClient(4096, 4<<20, func() { t.Error("overflow") })
+	subs := c.cl.subsFor([]string{"1"})
+	ev, err := NewEvent("orders.42", "js:7", []byte(`{"id":42,"status":"paid","pad":"`+strings.Repeat("x", 200)+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const perRun = 64
+	run := func() {
+		for range perRun {
+			it := item{ev: ev, subs: subs}
+			if _, _, err := c.cl.mb.push(it, it.size()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		flushBench(t, c)
+	}
+	for range 10 { // warm the pools
+		run()
+	}
+	if a := testing.AllocsPerRun(200, run); a/perRun > 0.01 {
+		t.Errorf("%.2f allocations per %d deliveries, want 0", a, perRun)
+	}
+}
