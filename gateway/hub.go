@@ -35,7 +35,7 @@ type client struct {
 
 	// Pad to 128 bytes: the allocator places 128-byte objects on 128-byte
 	// boundaries, so the mailbox's hot fields share one cache line.
-	_ [24]byte
+	_ [16]byte
 }
 
 func newClient(maxItems, maxBytes int, onOverflow func()) *client {
