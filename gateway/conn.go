@@ -382,14 +382,14 @@ func (c *conn) closeWith(code int, reason string) {
 // maxCloseReason is the longest close reason a control frame can carry.
 const maxCloseReason = 123
 
-// closeReason cuts reason to what a close frame carries, on a UTF-8
-// boundary.
 // closeNow cuts the socket and wakes a parked reader to end the connection.
 func (c *conn) closeNow() {
 	_ = c.ws.CloseNow()
 	c.wakeReader()
 }
 
+// closeReason cuts reason to what a close frame carries, on a UTF-8
+// boundary.
 func closeReason(reason string) string {
 	if len(reason) > maxCloseReason {
 		reason = reason[:maxCloseReason]
