@@ -9,10 +9,9 @@ import (
 	"time"
 )
 
-// tcpPair returns both ends of a loopback TCP connection: the server's
-// with an 8 KiB send buffer, the peer's with a 4 KiB receive buffer, so
-// that a peer that does not read stalls the server's writes for certain.
-func tcpPair(t *testing.T) (srv, peer *net.TCPConn) {
+// loopbackPair returns both ends of a loopback TCP connection, closed
+// when the test ends.
+func loopbackPair(t *testing.T) (srv, peer *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -32,12 +31,21 @@ func tcpPair(t *testing.T) (srv, peer *net.TCPConn) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { p.Close() })
 	s, ok := <-accepted
 	if !ok {
 		t.Fatal("accept failed")
 	}
-	srv, peer = s.(*net.TCPConn), p.(*net.TCPConn)
-	t.Cleanup(func() { srv.Close(); peer.Close() })
+	t.Cleanup(func() { s.Close() })
+	return s.(*net.TCPConn), p.(*net.TCPConn)
+}
+
+// tcpPair returns both ends of a loopback TCP connection: the server's
+// with an 8 KiB send buffer, the peer's with a 4 KiB receive buffer, so
+// that a peer that does not read stalls the server's writes for certain.
+func tcpPair(t *testing.T) (srv, peer *net.TCPConn) {
+	t.Helper()
+	srv, peer = loopbackPair(t)
 	if err := srv.SetWriteBuffer(8 << 10); err != nil {
 		t.Fatal(err)
 	}

@@ -273,30 +273,7 @@ func (c *tcpConn) Write(p []byte) (int, error) {
 // are written with Write; every longer frame goes out in a single writev.
 func TestFrameWriterTCP(t *testing.T) {
 	frames := testFrames()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(accepted)
-			return
-		}
-		accepted <- c
-	}()
-	peer, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { peer.Close() })
-	srv, ok := <-accepted
-	if !ok {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { srv.Close() })
+	srv, peer := loopbackPair(t)
 	deadline := time.Now().Add(10 * time.Second)
 	peer.SetDeadline(deadline)
 	srv.SetDeadline(deadline)
@@ -306,7 +283,7 @@ func TestFrameWriterTCP(t *testing.T) {
 		b, _ := io.ReadAll(peer)
 		received <- b
 	}()
-	tc := &tcpConn{TCPConn: srv.(*net.TCPConn)}
+	tc := &tcpConn{TCPConn: srv}
 	writeFramesLikeWebsocket(t, bufio.NewWriterSize(&frameWriter{c: tc}, 16), frames, true)
 	srv.Close()
 	got := <-received

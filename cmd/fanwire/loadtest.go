@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -178,45 +179,21 @@ client does not come back on node B and catch up.`
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
-					return err
-				}
-			} else {
-				res.WriteTable(os.Stdout)
-			}
-			if !res.OK {
-				return exitCode(1)
-			}
-			return nil
+			return report(res, res.OK, asJSON)
 		}
 		if behind > 0 {
 			res, err := loadtest.Resume(ctx, cfg, behind)
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
-					return err
-				}
-			} else {
-				res.WriteTable(os.Stdout)
-			}
-			if !res.OK {
-				return exitCode(1)
-			}
-			return nil
+			return report(res, res.OK, asJSON)
 		}
 		if idle > 0 {
 			res, err := loadtest.Idle(ctx, cfg, idle)
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return json.NewEncoder(os.Stdout).Encode(res)
-			}
-			res.WriteTable(os.Stdout)
-			return nil
+			return report(res, true, asJSON)
 		}
 		if !asJSON {
 			cfg.Progress = os.Stderr
@@ -246,4 +223,20 @@ client does not come back on node B and catch up.`
 		return nil
 	}
 	return c
+}
+
+// report prints a test's result on stdout, as JSON or as its table, and
+// fails the run (exit code 1) when it is not ok.
+func report(res interface{ WriteTable(io.Writer) }, ok, asJSON bool) error {
+	if asJSON {
+		if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+			return err
+		}
+	} else {
+		res.WriteTable(os.Stdout)
+	}
+	if !ok {
+		return exitCode(1)
+	}
+	return nil
 }
