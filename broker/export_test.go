@@ -19,3 +19,11 @@ func SetLatestHooks(b *JetStream, afterThrough func()) { b.latest.afterThrough =
 func SetRedisLatestHooks(b *Redis, afterThrough, afterScan func()) {
 	b.latest.afterThrough, b.latest.afterScan = afterThrough, afterScan
 }
+
+// PublishFinds is how many of b's fast-batch Publishes had to search the
+// stream for their messages' sequences (others' messages came between).
+func PublishFinds(b *JetStream) int64 { return b.pubFinds.Load() }
+
+// SetPublishHooks makes b's fast-batch Publish call afterFirst once it
+// has sent a batch's first message, before the second.
+func SetPublishHooks(b *JetStream, afterFirst func()) { b.pubHooks.afterFirst = afterFirst }

@@ -50,6 +50,11 @@ type JetStream struct {
 	fastSub   *nats.Subscription
 	fastMu    sync.Mutex
 	fastCalls map[string]*fastCall // guarded by fastMu
+
+	// pubFinds counts the fast-batch Publishes whose messages were not
+	// stored contiguously (findTagged): for tests.
+	pubFinds atomic.Int64
+	pubHooks struct{ afterFirst func() } // static: tests' hooks into Publish
 }
 
 // DialJetStream connects and creates or updates the stream. A stream that

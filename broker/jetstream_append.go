@@ -81,13 +81,13 @@ func (b *JetStream) Append(ctx context.Context, msgs []Outgoing, opts AppendOpti
 			_, err := b.Publish(ctx, msgs)
 			return err
 		}
-		r := b.appendBatch(ctx, msgs)
+		r := b.appendBatch(ctx, msgs, "")
 		msgs = msgs[r.stored:]
 		switch r.next {
 		case fastDone:
 			return nil
 		case fastFailed:
-			return r.err
+			return fmt.Errorf("jetstream append: %w", r.err)
 		case fastSwitched:
 			continue // to Publish
 		case fastEach:
@@ -138,10 +138,15 @@ type fastResult struct {
 	next   fastNext
 	err    error
 	why    string // for fastAgain, what happened
+	// last is the stream sequence of the last stored message, when the
+	// server's final answer said it (0: unknown).
+	last uint64
 }
 
-// appendBatch sends msgs as one fast batch and waits for its end.
-func (b *JetStream) appendBatch(ctx context.Context, msgs []Outgoing) fastResult {
+// appendBatch sends msgs as one fast batch and waits for its end. With a
+// tag, each message carries it in pubTagHeader, followed by its place in
+// msgs ("<tag>.1" for the first): Publish finds its messages by it.
+func (b *JetStream) appendBatch(ctx context.Context, msgs []Outgoing, tag string) fastResult {
 	nc := b.core.nc
 	c := &fastCall{flow: make(chan struct{}, 1), end: make(chan fastAnswer, 1)}
 	id := rand.Text() // 26 characters; the server takes up to 64
@@ -163,7 +168,7 @@ func (b *JetStream) appendBatch(ctx context.Context, msgs []Outgoing) fastResult
 	unknown := func(why string, err error) fastResult {
 		stored := min(int(c.acked.Load()), len(msgs))
 		if slices.ContainsFunc(msgs[stored:], func(m Outgoing) bool { return m.ID == "" }) {
-			return fastResult{stored: stored, next: fastFailed, err: fmt.Errorf("jetstream append: %s, and messages without ids may be stored: not sending them again: %w", why, err)}
+			return fastResult{stored: stored, next: fastFailed, err: fmt.Errorf("%s, and messages without ids may be stored: not sending them again: %w", why, err)}
 		}
 		return fastResult{stored: stored, next: fastAgain, why: why}
 	}
@@ -175,6 +180,14 @@ func (b *JetStream) appendBatch(ctx context.Context, msgs []Outgoing) fastResult
 	reply = fmt.Appendf(reply, "%s.%s.%d.%s.", b.fastInbox, id, fastFlow, "fail")
 	prefix := len(reply)
 	hdr := nats.Header{jetstream.MsgIDHeader: []string{""}}
+	var tagged nats.Header
+	var tagBuf []byte
+	tagLen := len(tag) + 1
+	if tag != "" {
+		tagged = nats.Header{pubTagHeader: []string{""}}
+		tagBuf = append(make([]byte, 0, tagLen+8), tag...)
+		tagBuf = append(tagBuf, '.')
+	}
 	msg := &nats.Msg{}
 	last := len(msgs) - 1
 	for i, m := range msgs {
@@ -193,16 +206,28 @@ func (b *JetStream) appendBatch(ctx context.Context, msgs []Outgoing) fastResult
 		// PublishMsg returned.
 		msg.Reply = unsafe.String(unsafe.SliceData(reply), len(reply))
 		msg.Header = nil
-		if m.ID != "" {
+		switch {
+		case tag != "":
+			// Publish tags messages without ids only. The string shares
+			// tagBuf's bytes, which change only after PublishMsg returned.
+			tagBuf = strconv.AppendUint(tagBuf[:tagLen], uint64(i+1), 10)
+			tagged[pubTagHeader][0] = unsafe.String(unsafe.SliceData(tagBuf), len(tagBuf))
+			msg.Header = tagged
+		case m.ID != "":
 			hdr[jetstream.MsgIDHeader][0] = m.ID
 			msg.Header = hdr
 		}
 		err := nc.PublishMsg(msg)
 		msg.Reply = ""
+		if i == 0 && tag != "" && b.pubHooks.afterFirst != nil && err == nil {
+			if err = nc.Flush(); err == nil {
+				b.pubHooks.afterFirst()
+			}
+		}
 		if err != nil {
 			switch {
 			case errors.Is(err, nats.ErrConnectionClosed):
-				return fastResult{next: fastFailed, err: fmt.Errorf("jetstream append %q: %w", m.Subject, err)}
+				return fastResult{next: fastFailed, err: fmt.Errorf("%q: %w", m.Subject, err)}
 			case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadSubject):
 				// This message can never go: end the batch before it, and
 				// once the server says how far it got, fail.
@@ -237,7 +262,7 @@ func (b *JetStream) appendBatch(ctx context.Context, msgs []Outgoing) fastResult
 // endBefore ends the batch before msgs[i], which cannot be sent, and
 // returns err once the server said how many messages it stored.
 func (b *JetStream) endBefore(ctx context.Context, c *fastCall, id string, i int, m Outgoing, err error, lost <-chan nats.Status, idle *time.Timer, unknown func(string, error) fastResult) fastResult {
-	failed := fastResult{stored: i, next: fastFailed, err: fmt.Errorf("jetstream append %q: %w", m.Subject, err)}
+	failed := fastResult{stored: i, next: fastFailed, err: fmt.Errorf("%q: %w", m.Subject, err)}
 	if i == 0 {
 		return failed // no batch yet
 	}
@@ -264,7 +289,7 @@ func (b *JetStream) waitEnd(ctx context.Context, c *fastCall, n int, msgs []Outg
 		case msgs != nil:
 			return b.batchEnded(*a, c.acked.Load(), msgs, unknown)
 		case a.ack.Error == nil && a.ack.Batch != "" && a.ack.Count == n:
-			return fastResult{stored: n, next: fastDone}
+			return fastResult{stored: n, next: fastDone, last: a.ack.Seq}
 		default:
 			return fastResult{stored: min(int(c.acked.Load()), n), next: fastEach}
 		}
@@ -288,7 +313,7 @@ func waitAnswer(ctx context.Context, c *fastCall, n int, lost <-chan nats.Status
 	case <-idle.C:
 		r = unknown(silent, jetstream.ErrAsyncPublishTimeout)
 	case <-ctx.Done():
-		r = fastResult{stored: min(int(c.acked.Load()), n), next: fastFailed, err: fmt.Errorf("jetstream append: waiting for the server: %w", ctx.Err())}
+		r = fastResult{stored: min(int(c.acked.Load()), n), next: fastFailed, err: fmt.Errorf("waiting for the server: %w", ctx.Err())}
 	}
 	return nil, &r
 }
@@ -304,16 +329,16 @@ func (b *JetStream) batchEnded(a fastAnswer, acked uint64, msgs []Outgoing, unkn
 	case ack.Error == nil && ack.Duplicate:
 		// The first message is stored already; the server dropped the
 		// batch (the others were refused as of an unknown batch).
-		return fastResult{stored: 1, next: fastEach}
+		return fastResult{stored: 1, next: fastEach, last: ack.Seq}
 	case ack.Error == nil && ack.Batch != "":
 		if ack.Count >= len(msgs) {
-			return fastResult{stored: len(msgs), next: fastDone}
+			return fastResult{stored: len(msgs), next: fastDone, last: ack.Seq}
 		}
 		// A message was refused, or went missing: the batch ended before
 		// it, and the rest goes one at a time until it is past it.
-		return fastResult{stored: ack.Count, next: fastEach}
+		return fastResult{stored: ack.Count, next: fastEach, last: ack.Seq}
 	case ack.Error == nil:
-		return fastResult{next: fastFailed, err: fmt.Errorf("jetstream append: unexpected answer %+v", ack)}
+		return fastResult{next: fastFailed, err: fmt.Errorf("unexpected answer %+v", ack)}
 	}
 	e := ack.Error
 	switch {

@@ -20,6 +20,11 @@ import (
 // duplicate window drops a repeat and acks it with the original sequence)
 // and returns when every one is stored.
 //
+// Messages without ids, on a stream that takes fast batches (NATS 2.14+),
+// go as fast batches, and their cursors are read from the stream (see
+// publishFast): the same order, at the cost of the file stream's own
+// writes only. The rest is the atomic path that follows.
+//
 // It sends them in windows of up to publishWindow, each one an atomic batch
 // (NATS 2.12+: Nats-Batch-Id and Nats-Batch-Sequence headers, the last
 // message with Nats-Batch-Commit, and only that one waits for an answer).
@@ -75,7 +80,20 @@ import (
 // error rather than risk storing it twice.
 func (b *JetStream) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	cursors := make([]string, len(msgs))
-	for start := 0; start < len(msgs); {
+	start := 0
+	if b.fast.Load() && !slices.ContainsFunc(msgs, func(m Outgoing) bool { return m.ID != "" }) {
+		done, err := b.publishFast(ctx, msgs, cursors)
+		switch {
+		case err != nil:
+			return nil, err
+		case done:
+			return cursors, nil
+		}
+		// The stream stopped taking fast batches: the rest goes as atomic
+		// batches.
+		start = slices.Index(cursors, "")
+	}
+	for start < len(msgs) {
 		n := min(len(msgs)-start, int(b.batchMax.Load()))
 		err := b.publishWindow(ctx, msgs[start:start+n], cursors[start:start+n])
 		if errors.Is(err, errBatchTooLarge) {

@@ -1,0 +1,332 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest"
+)
+
+// TestJetStreamPublishCursorsAmongOtherPublishers publishes batches
+// without ids (fast batches) from four goroutines on one broker and from
+// a second broker, while a plain client publishes single messages on the
+// same stream: messages of others come between a batch's. Every cursor
+// Publish returns must name the message it published, and some batches
+// must have needed the search (the test tested interleaving).
+func TestJetStreamPublishCursorsAmongOtherPublishers(t *testing.T) {
+	ns := brokertest.NATS(t)
+	cfg := broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"app.>"}}, Stream: "CUR"}
+	b1, b2 := dialJS(t, cfg), dialJS(t, cfg)
+	js := brokertest.JetStream(t, ns.ClientURL())
+	ctx := t.Context()
+
+	stop := make(chan struct{})
+	var noise sync.WaitGroup
+	noise.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := js.Publish(ctx, "app.noise", fmt.Appendf(nil, "noise-%d", i)); err != nil {
+				t.Errorf("noise: %v", err)
+				return
+			}
+		}
+	})
+
+	type result struct {
+		data    []string
+		cursors []string
+	}
+	var mu sync.Mutex
+	var results []result
+	var pubs sync.WaitGroup
+	for g := range 5 {
+		b := b1
+		if g == 4 {
+			b = b2
+		}
+		pubs.Go(func() {
+			for batch := range 20 {
+				out := make([]broker.Outgoing, 50)
+				data := make([]string, len(out))
+				for i := range out {
+					data[i] = fmt.Sprintf("g%d-b%d-m%d", g, batch, i)
+					out[i] = broker.Outgoing{Subject: fmt.Sprintf("app.g%d", g), Data: []byte(data[i])}
+				}
+				cursors, err := b.Publish(ctx, out)
+				if err != nil {
+					t.Errorf("publisher %d batch %d: %v", g, batch, err)
+					return
+				}
+				mu.Lock()
+				results = append(results, result{data, cursors})
+				mu.Unlock()
+			}
+		})
+	}
+	pubs.Wait()
+	close(stop)
+	noise.Wait()
+
+	s, err := js.Stream(ctx, "CUR")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range results {
+		for i, c := range r.cursors {
+			if seen[c] {
+				t.Fatalf("cursor %s returned twice", c)
+			}
+			seen[c] = true
+			seq, err := broker.ParseJSCursor(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := s.GetMsg(ctx, seq)
+			if err != nil {
+				t.Fatalf("%s: %v", c, err)
+			}
+			if string(m.Data) != r.data[i] {
+				t.Fatalf("cursor %s of %q names %q", c, r.data[i], m.Data)
+			}
+		}
+	}
+	if len(seen) != 5*20*50 {
+		t.Fatalf("%d cursors, want %d", len(seen), 5*20*50)
+	}
+	t.Logf("%d of 100 batches searched for their sequences", broker.PublishFinds(b1)+broker.PublishFinds(b2))
+}
+
+// TestJetStreamPublishCursorsAroundAnotherMessage makes certain that
+// another publisher's message is stored between a fast batch's first and
+// second: Publish must search for its messages, and its cursors skip the
+// other one.
+func TestJetStreamPublishCursorsAroundAnotherMessage(t *testing.T) {
+	ns := brokertest.NATS(t)
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"app.>"}}, Stream: "CUR"})
+	js := brokertest.JetStream(t, ns.ClientURL())
+	ctx := t.Context()
+	s, err := js.Stream(ctx, "CUR")
+	if err != nil {
+		t.Fatal(err)
+	}
+	broker.SetPublishHooks(b, func() {
+		// The batch's first message is sent: once it is stored, another
+		// publisher's goes next.
+		for {
+			if _, err := s.GetLastMsgForSubject(ctx, "app.batch"); err == nil {
+				break
+			}
+		}
+		if _, err := js.Publish(ctx, "app.other", []byte("other")); err != nil {
+			t.Error(err)
+		}
+	})
+	out := []broker.Outgoing{{Subject: "app.batch", Data: []byte("0")}, {Subject: "app.batch", Data: []byte("1")}, {Subject: "app.batch", Data: []byte("2")}}
+	cursors, err := b.Publish(ctx, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"js:1", "js:3", "js:4"}; !slices.Equal(cursors, want) {
+		t.Fatalf("cursors %v, want %v (the other message at js:2)", cursors, want)
+	}
+	if n := broker.PublishFinds(b); n != 1 {
+		t.Fatalf("%d searches, want 1", n)
+	}
+}
+
+// TestJetStreamPublishCursorsOfRemovedMessages publishes a batch larger
+// than the stream keeps (max_bytes): its first messages are removed before
+// Publish reads them back. The cursors of those still there name them; the
+// others are below the stream's first sequence, in order (expired, as
+// their messages are).
+func TestJetStreamPublishCursorsOfRemovedMessages(t *testing.T) {
+	ns := brokertest.NATS(t)
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"x.>"}}, Stream: "SMALL", MaxBytes: 64 << 10})
+	ctx := t.Context()
+	pad := strings.Repeat("p", 200)
+	out := make([]broker.Outgoing, 500)
+	for i := range out {
+		out[i] = broker.Outgoing{Subject: "x.y", Data: fmt.Appendf(nil, `{"i":%d,"pad":%q}`, i, pad)}
+	}
+	cursors, err := b.Publish(ctx, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := brokertest.JetStream(t, ns.ClientURL())
+	s, err := js.Stream(ctx, "SMALL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.FirstSeq <= 1 {
+		t.Fatalf("first sequence %d: nothing was removed, the test did not test removal", info.State.FirstSeq)
+	}
+	var prev uint64
+	present := 0
+	for i, c := range cursors {
+		seq, err := broker.ParseJSCursor(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seq <= prev {
+			t.Fatalf("cursor %d (%s) not after the one before (%d)", i, c, prev)
+		}
+		prev = seq
+		if seq < info.State.FirstSeq {
+			continue
+		}
+		present++
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(m.Data) != string(out[i].Data) {
+			t.Fatalf("cursor %s of message %d names %q", c, i, m.Data)
+		}
+	}
+	if present == 0 || uint64(present) != info.State.Msgs {
+		t.Fatalf("%d cursors name stored messages, the stream holds %d", present, info.State.Msgs)
+	}
+}
+
+// TestJetStreamPublishWithoutIDsKeepsOrderThroughFailures publishes
+// batches of events without ids (fast batches) while the broker fails in
+// the middle, with another publisher adding events meanwhile. A batch
+// whose outcome the failure made unknown fails (it cannot be sent again
+// without risking a repeat); the next ones go on. The stream must then
+// hold, of each batch, a prefix (all of it when Publish returned its
+// cursors), in publish order: never event k+1 without k. Each cursor
+// returned names its event.
+func TestJetStreamPublishWithoutIDsKeepsOrderThroughFailures(t *testing.T) {
+	const batches, size = 40, 150
+	for _, tc := range []struct {
+		name string
+		fail func(t *testing.T, ns *server.Server) *server.Server
+	}{
+		{"server restart", func(t *testing.T, ns *server.Server) *server.Server { return brokertest.RestartNATS(t, ns) }},
+		{"connection closed by the server", func(t *testing.T, ns *server.Server) *server.Server {
+			kickClient(t, ns, "publisher")
+			return ns
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := brokertest.NATS(t)
+			url := ns.ClientURL()
+			b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"db.>", "app.>"}, Name: "publisher", Logger: zaptest.NewLogger(t)}, Stream: "ORDER"})
+			other := startOtherPublisher(t, url)
+			js := brokertest.JetStream(t, url)
+			ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+			defer cancel()
+			cursors := make([][]string, batches)
+			failed := 0
+			published := make(chan struct{})
+			go func() {
+				defer close(published)
+				for k := range batches {
+					out := make([]broker.Outgoing, size)
+					for i := range out {
+						out[i] = broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i%7), Data: []byte(fmt.Sprint(k*size + i))}
+					}
+					c, err := b.Publish(ctx, out)
+					if err != nil {
+						failed++
+						t.Logf("batch %d: %v", k, err)
+						continue
+					}
+					cursors[k] = c
+				}
+			}()
+			// Fail it in the middle: a batch is in flight nearly all the time.
+			waitStored(t, js, batches*size/2)
+			ns = tc.fail(t, ns)
+			<-published
+			other.stop(t)
+			js = brokertest.JetStream(t, ns.ClientURL())
+			stored := storedData(t, js)
+			prev, batch, next := -1, -1, 0 // the last event seen, its batch, and the batch's next place
+			for _, s := range stored {
+				e, _ := strconv.Atoi(s.data)
+				if e <= prev {
+					t.Fatalf("event %d stored after %d", e, prev)
+				}
+				k, place := e/size, e%size
+				if k != batch {
+					if batch >= 0 && cursors[batch] != nil && next != size {
+						t.Fatalf("batch %d acknowledged, but only %d of its events stored", batch, next)
+					}
+					batch, next = k, 0
+				}
+				if place != next {
+					t.Fatalf("event %d stored after event %d of its batch: a gap", e, k*size+next-1)
+				}
+				next++
+				prev = e
+				if cursors[k] != nil && cursors[k][place] != broker.FormatJSCursor(s.seq) {
+					t.Fatalf("event %d at %s, its cursor %s", e, broker.FormatJSCursor(s.seq), cursors[k][place])
+				}
+			}
+			if batch >= 0 && cursors[batch] != nil && next != size {
+				t.Fatalf("batch %d acknowledged, but only %d of its events stored", batch, next)
+			}
+			for k, c := range cursors {
+				if c != nil && !slices.ContainsFunc(stored, func(s storedMsg) bool { return s.data == fmt.Sprint(k*size) }) {
+					t.Fatalf("batch %d acknowledged, not stored", k)
+				}
+			}
+			t.Logf("%d events stored, %d of %d batches failed", len(stored), failed, batches)
+		})
+	}
+}
+
+type storedMsg struct {
+	seq  uint64
+	data string
+}
+
+// storedData reads the ORDER stream's events on db.>, in order.
+func storedData(t *testing.T, js jetstream.JetStream) []storedMsg {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, "ORDER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []storedMsg
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(m.Subject, "db.") {
+			out = append(out, storedMsg{seq, string(m.Data)})
+		}
+	}
+	return out
+}
