@@ -117,7 +117,7 @@ func (noRetryCmd) NoRetry() bool { return true }
 // server runs nothing else meanwhile (about a millisecond for 256 XADDs).
 const appendScriptMax = 256
 
-// appendOnceSrc is publishOnceSrc for many messages of one writer: each
+// appendOnceSrc is publishManySrc for the messages of one writer: each
 // is appended unless its publish id was seen within the window (and, when
 // appended, recorded as its subject's newest entry in the index), and the
 // writer's high-water mark is set once, to the publish id of the last

@@ -16,24 +16,25 @@ import (
 )
 
 // TestRedisPublishRetryKeepsOrder loses the server's replies to a Publish
-// (the connection drops once the server has run the pipeline, or part of
-// it). With ids, go-redis sends the whole pipeline again on a new
-// connection and the repeats are recognized: each message stored once, in
-// order, with its cursor. With messages without an id among them, a plain
-// XADD run again would append its message twice, after the later ones
-// (750 entries for 500 messages, before): Publish returns the error, and
-// the stream holds a prefix of the messages, each once.
+// (the connection drops once the server has run a script call: one per
+// 1,000 messages, so the last run's 2,500 take three). With ids, go-redis
+// sends the call again on a new connection and the repeats are
+// recognized: each message stored once, in order, with its cursor. With
+// messages without an id among them, an XADD run again would append its
+// message twice, after the later ones (750 entries for 500 messages, when
+// Publish sent plain XADDs): Publish returns the error, and the stream
+// holds a prefix of the messages, each once.
 func TestRedisPublishRetryKeepsOrder(t *testing.T) {
 	for _, allIDs := range []bool{true, false} {
 		for run := range 3 {
 			t.Run(fmt.Sprint("ids=", allIDs, "/", run), func(t *testing.T) {
 				addr := brokertest.Redis(t)
-				// A bulk string: an XADD's (or the script's) entry id, not
-				// the connection's handshake.
-				p := startCuttingProxy(t, addr, func(chunk []byte) bool { return chunk[0] == '$' })
+				// An array: the script's entry ids, not the connection's
+				// handshake (a map, and simple strings).
+				p := startCuttingProxy(t, addr, func(chunk []byte) bool { return chunk[0] == '*' })
 				b := dialRedis(t, broker.RedisConfig{URL: "redis://" + p.addr, Stream: "retry"})
 				var out []broker.Outgoing
-				for i := range 200 + 300*run {
+				for i := range []int{200, 500, 2500}[run] {
 					m := broker.Outgoing{Subject: "db.t", Data: []byte(fmt.Sprint(i))}
 					if allIDs || i%2 == 1 {
 						m.ID = fmt.Sprint("id-", i)
