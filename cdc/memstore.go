@@ -86,7 +86,7 @@ func (s *memStore) load(st *memState) (pglogrepl.LSN, error) {
 				continue
 			}
 			if err := b.ForEach(func(k, v []byte) error {
-				t.insert(string(k), bytes.Clone(v)) // bbolt's bytes live only as long as its transaction
+				t.insert(k, v) // a copy: bbolt's bytes live only as long as its transaction
 				return nil
 			}); err != nil {
 				return err
@@ -114,13 +114,24 @@ func (s *memStore) writeAll(st *memState, lsn pglogrepl.LSN) error {
 				return err
 			}
 			b.FillPercent = 0.9 // written in key order: pages fill up
-			keys := make([]string, 0, len(t.rows))
-			for k := range t.rows {
-				keys = append(keys, k)
+			// In key order: the rows' keys in one buffer, sorted by
+			// reference.
+			type keyed struct {
+				id         uint32
+				start, end int
 			}
-			slices.Sort(keys)
+			var kb []byte
+			keys := make([]keyed, 0, t.n)
+			for id := uint32(1); id < uint32(len(t.slots)); id++ {
+				if row, ok := t.rowAt(id); ok {
+					start := len(kb)
+					kb = t.appendKey(kb, row)
+					keys = append(keys, keyed{id, start, len(kb)})
+				}
+			}
+			slices.SortFunc(keys, func(a, b keyed) int { return bytes.Compare(kb[a.start:a.end], kb[b.start:b.end]) })
 			for _, k := range keys {
-				if err := b.Put([]byte(k), t.rows[k]); err != nil {
+				if err := b.Put(kb[k.start:k.end:k.end], t.row(k.id)); err != nil {
 					return err
 				}
 			}
