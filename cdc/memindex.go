@@ -5,13 +5,14 @@ import "bytes"
 // memIndex finds a table's rows by the values of some columns (a tuple,
 // as appendTuple writes it). The rows with one tuple are a circular doubly
 // linked list of row ids, in the order they were linked; heads maps the
-// tuple's hash to the list's first row. Tuples whose hashes collide share
-// one list, so walking a list (next) checks each row's tuple (match).
+// tuple to the list's first row. Tuples heads finds by hash share a list
+// when their hashes collide: walking such a list (next) checks each row's
+// tuple (match).
 type memIndex struct {
 	t     *memTable
 	cols  []int
 	oids  []uint32 // the columns' types
-	heads map[uint64]uint32
+	heads memKeyMap
 	links []memLink // by row id; next 0: the row is in no list (a NULL)
 	tup   []byte    // scratch: a row's tuple
 }
@@ -41,10 +42,9 @@ func (ix *memIndex) link(id uint32, row []byte) {
 	if n := len(ix.t.slots); len(ix.links) < n {
 		ix.links = append(ix.links, make([]memLink, max(n, 2*len(ix.links))-len(ix.links))...)
 	}
-	h := ix.t.hash(ix.tup)
-	head := ix.heads[h]
+	head, _ := ix.heads.get(ix.tup)
 	if head == 0 {
-		ix.heads[h] = id
+		ix.heads.set(ix.tup, id)
 		ix.links[id] = memLink{prev: id, next: id}
 		return
 	}
@@ -63,20 +63,21 @@ func (ix *memIndex) unlink(id uint32, row []byte) {
 	ix.links[id] = memLink{}
 	if l.next == id { // alone in its list
 		ix.tup, _ = ix.appendTuple(ix.tup[:0], row)
-		delete(ix.heads, ix.t.hash(ix.tup))
+		ix.heads.del(ix.tup)
 		return
 	}
 	ix.links[l.prev].next = l.next
 	ix.links[l.next].prev = l.prev
 	ix.tup, _ = ix.appendTuple(ix.tup[:0], row)
-	if h := ix.t.hash(ix.tup); ix.heads[h] == id {
-		ix.heads[h] = l.next
+	if head, _ := ix.heads.get(ix.tup); head == id {
+		ix.heads.set(ix.tup, l.next)
 	}
 }
 
 // first returns the first row id of the list tuple tk is in (0: none).
-// Walk on with next; the rows whose tuple is tk are those match accepts.
-func (ix *memIndex) first(tk []byte) uint32 { return ix.heads[ix.t.hash(tk)] }
+// Walk on with next; the rows whose tuple is tk are those match accepts,
+// or all of them when exact.
+func (ix *memIndex) first(tk []byte) (id uint32, exact bool) { return ix.heads.get(tk) }
 
 // next returns the row id after id in the list that starts at head (0:
 // the end).
@@ -96,9 +97,9 @@ func (ix *memIndex) match(row, tk []byte) bool {
 
 // appendRows appends the rows whose tuple is tk to dst, in list order.
 func (ix *memIndex) appendRows(dst [][]byte, tk []byte) [][]byte {
-	head := ix.first(tk)
+	head, exact := ix.first(tk)
 	for id := head; id != 0; id = ix.next(head, id) {
-		if row := ix.t.row(id); ix.match(row, tk) {
+		if row := ix.t.row(id); exact || ix.match(row, tk) {
 			dst = append(dst, row)
 		}
 	}

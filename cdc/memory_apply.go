@@ -99,10 +99,9 @@ func (s *memState) memApply(d *docChanges, rel *table, c *change, delta *memTxDe
 			// The key kept: the row is replaced in place (what removing
 			// and inserting it does, without rebuilding its keys), and
 			// persisted by one put, which overwrites it.
-			k := string(s.key)
 			s.memAffected(d, t, old)
 			row := t.replace(oldID, old, enc)
-			delta.add(memOp{table: t.nameKey, key: k, row: row})
+			delta.add(t.nameKey, s.key, row, false)
 			s.memAffected(d, t, row)
 			return nil
 		}
@@ -110,7 +109,7 @@ func (s *memState) memApply(d *docChanges, rel *table, c *change, delta *memTxDe
 	if old != nil {
 		s.memAffected(d, t, old)
 		t.remove(oldID, s.key)
-		delta.add(memOp{table: t.nameKey, key: string(s.key)})
+		delta.add(t.nameKey, s.key, nil, false)
 	}
 	if c.kind == 'I' || c.kind == 'U' {
 		enc, err := t.rowFrom(rel, c.newRow, old)
@@ -123,7 +122,7 @@ func (s *memState) memApply(d *docChanges, rel *table, c *change, delta *memTxDe
 			t.remove(prev, s.key)
 		}
 		row := t.insert(s.key, enc)
-		delta.add(memOp{table: t.nameKey, key: string(s.key), row: row})
+		delta.add(t.nameKey, s.key, row, false)
 		s.memAffected(d, t, row)
 	}
 	return nil
@@ -142,7 +141,7 @@ func (s *memState) memTruncate(d *docChanges, rel *table, delta *memTxDelta) {
 		}
 	}
 	t.reset()
-	delta.add(memOp{table: t.nameKey, clear: true})
+	delta.add(t.nameKey, nil, nil, true)
 }
 
 // memAffected records the documents row (of table t) is part of, in every
@@ -182,9 +181,9 @@ func (s *memState) memUp(d *docChanges, n *docNode, row []byte, depth int) {
 	}
 	s.upKeys[depth] = tk
 	ix := info.parentIx
-	head := ix.first(tk)
+	head, exact := ix.first(tk)
 	for id := head; id != 0; id = ix.next(head, id) {
-		if prow := ix.t.row(id); ix.match(prow, tk) {
+		if prow := ix.t.row(id); exact || ix.match(prow, tk) {
 			s.memUp(d, n.parent, prow, depth+1)
 		}
 	}

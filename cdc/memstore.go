@@ -176,25 +176,27 @@ func (s *memStore) persist(st *memState, acked pglogrepl.LSN) error {
 	end := max(acked, s.stored)
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		for _, d := range st.deltas[:n] {
-			for _, op := range d.ops {
-				name := []byte(op.table)
-				if op.clear {
-					if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+			for _, chunk := range d.ops {
+				for _, op := range chunk {
+					name := []byte(op.table)
+					if op.clear {
+						if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+							return err
+						}
+						continue
+					}
+					b, err := tx.CreateBucketIfNotExists(name)
+					if err != nil {
 						return err
 					}
-					continue
-				}
-				b, err := tx.CreateBucketIfNotExists(name)
-				if err != nil {
-					return err
-				}
-				if op.row == nil {
-					err = b.Delete([]byte(op.key))
-				} else {
-					err = b.Put([]byte(op.key), op.row)
-				}
-				if err != nil {
-					return err
+					if op.row == nil {
+						err = b.Delete(op.key)
+					} else {
+						err = b.Put(op.key, op.row)
+					}
+					if err != nil {
+						return err
+					}
 				}
 			}
 		}

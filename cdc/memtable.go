@@ -2,17 +2,15 @@ package cdc
 
 import (
 	"bytes"
-	"hash/maphash"
 	"slices"
 )
 
 // memTable is one table's rows: the columns any projection needs of it,
 // keyed by primary key. A row is a flat encoded record in the table's
 // arena, named by a row id (an index into slots, from 1); it is found by
-// key through a map from the key's hash to a row id, and by join columns
-// through the table's indexes (memindex.go). Maps of integers to integers
-// and slices of integers hold no pointers: the garbage collector neither
-// scans them nor the rows.
+// key through a memKeyMap, and by join columns through the table's indexes
+// (memindex.go). Maps of integers to integers and slices of integers hold
+// no pointers: the garbage collector scans neither them nor the rows.
 type memTable struct {
 	st      *memState
 	nameKey string
@@ -22,26 +20,33 @@ type memTable struct {
 	indexes []*memIndex
 
 	arena memArena
-	slots []memSlot         // by row id; slots[0] is never used
-	free  []uint32          // row ids of removed rows, to reuse
-	byKey map[uint64]uint32 // hash of a row key (appendKey) → the first row id of its chain (memSlot.next)
-	n     int               // rows held
-	kbuf  []byte            // scratch: a stored row's key, compared with the one looked up
+	slots []memSlot // by row id; slots[0] is never used
+	free  []uint32  // row ids of removed rows, to reuse
+	byKey memKeyMap // row key (appendKey) → the first row id of its chain (memSlot.next)
+	n     int       // rows held
+	kbuf  []byte    // scratch: a stored row's key, compared with the one looked up
 }
 
 // memSlot is a row id's row.
 type memSlot struct {
 	ref  memRef // where the row is in the arena
 	n    uint32 // the row's length + 1; 0: the id is free
-	next uint32 // the next row whose key has the same hash (0: none)
+	next uint32 // the next row whose key has the same hash (0: none; memKeyMap)
 }
 
-func newMemTable(st *memState, name string) *memTable {
-	return &memTable{st: st, nameKey: name, colIdx: make(map[string]int), slots: make([]memSlot, 1), byKey: make(map[uint64]uint32)}
+// newMemTable makes the table name keeping cols of ct, its catalog entry.
+func newMemTable(st *memState, name string, cols []string, ct *catalogTable) *memTable {
+	t := &memTable{st: st, nameKey: name, colIdx: make(map[string]int), slots: make([]memSlot, 1)}
+	for _, c := range cols {
+		t.colIdx[c] = len(t.cols)
+		t.cols = append(t.cols, mkCol(c, ct.cols[c]))
+	}
+	for _, c := range ct.pkey {
+		t.pk = append(t.pk, t.colIdx[c])
+	}
+	t.byKey = newMemKeyMap(st.seed, len(t.pk) == 1 && isIntOID(t.cols[t.pk[0]].ctype.OID))
+	return t
 }
-
-// hash is the hash of a row key or an index tuple.
-func (t *memTable) hash(b []byte) uint64 { return maphash.Bytes(t.st.seed, b) }
 
 // row returns the row of id.
 func (t *memTable) row(id uint32) []byte {
@@ -68,7 +73,11 @@ func (t *memTable) appendKey(dst, row []byte) []byte {
 
 // find returns the id of the row with key (0: none).
 func (t *memTable) find(key []byte) uint32 {
-	for id := t.byKey[t.hash(key)]; id != 0; id = t.slots[id].next {
+	id, exact := t.byKey.get(key)
+	if exact {
+		return id
+	}
+	for ; id != 0; id = t.slots[id].next {
 		t.kbuf = t.appendKey(t.kbuf[:0], t.row(id))
 		if bytes.Equal(t.kbuf, key) {
 			return id
@@ -89,9 +98,9 @@ func (t *memTable) insert(key, enc []byte) []byte {
 		id = uint32(len(t.slots))
 		t.slots = append(t.slots, memSlot{})
 	}
-	h := t.hash(key)
-	t.slots[id] = memSlot{ref: ref, n: uint32(len(row)) + 1, next: t.byKey[h]}
-	t.byKey[h] = id
+	head, _ := t.byKey.get(key)
+	t.slots[id] = memSlot{ref: ref, n: uint32(len(row)) + 1, next: head}
+	t.byKey.set(key, id)
 	t.n++
 	t.st.rows.Add(1)
 	t.st.bytes.Add(int64(len(row)))
@@ -116,12 +125,11 @@ func (t *memTable) remove(id uint32, key []byte) {
 	for _, ix := range t.indexes {
 		ix.unlink(id, row)
 	}
-	h := t.hash(key)
-	if head := t.byKey[h]; head == id {
+	if head, _ := t.byKey.get(key); head == id {
 		if next := t.slots[id].next; next != 0 {
-			t.byKey[h] = next
+			t.byKey.set(key, next)
 		} else {
-			delete(t.byKey, h)
+			t.byKey.del(key)
 		}
 	} else {
 		prev := head
@@ -189,10 +197,10 @@ func (t *memTable) reset() {
 	t.arena = memArena{}
 	t.slots = make([]memSlot, 1)
 	t.free = nil
-	t.byKey = make(map[uint64]uint32)
+	t.byKey = newMemKeyMap(t.st.seed, t.byKey.ints)
 	t.n = 0
 	for _, ix := range t.indexes {
-		ix.heads = make(map[uint64]uint32)
+		ix.heads = newMemKeyMap(t.st.seed, ix.heads.ints)
 		ix.links = nil
 	}
 }
@@ -208,10 +216,11 @@ func (t *memTable) index(cols []string) *memIndex {
 			return ix
 		}
 	}
-	ix := &memIndex{t: t, cols: idx, heads: make(map[uint64]uint32)}
+	ix := &memIndex{t: t, cols: idx}
 	for _, c := range idx {
 		ix.oids = append(ix.oids, t.cols[c].ctype.OID)
 	}
+	ix.heads = newMemKeyMap(t.st.seed, len(idx) == 1 && isIntOID(ix.oids[0]))
 	t.indexes = append(t.indexes, ix)
 	for id := uint32(1); id < uint32(len(t.slots)); id++ {
 		if row, ok := t.rowAt(id); ok {

@@ -35,7 +35,7 @@ func newDocChanges() *docChanges {
 }
 
 func (d *docChanges) empty() bool {
-	return len(d.keys) == 0 && len(d.pending) == 0 && len(d.delta.ops) == 0 && len(d.trunc) == 0
+	return len(d.keys) == 0 && len(d.pending) == 0 && d.delta.n == 0 && len(d.trunc) == 0
 }
 
 // merge adds o's documents and lookups to d (o's delta is already
