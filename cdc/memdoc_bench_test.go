@@ -164,6 +164,26 @@ func BenchmarkMemDocuments(b *testing.B) {
 	})
 }
 
+// BenchmarkMemStateHeap: the Go heap the memory state of the data set
+// (410,000 rows) takes beyond its values' bytes, per row (HeapAlloc after
+// a GC, around building it), and how many objects the GC finds in it.
+func BenchmarkMemStateHeap(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		var m0, m1 runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m0)
+		e, _ := memBenchEngine(b, memBenchOrders)
+		runtime.GC()
+		runtime.ReadMemStats(&m1)
+		rows, values := e.mem.stats()
+		b.ReportMetric(float64(int64(m1.HeapAlloc-m0.HeapAlloc)-values)/float64(rows), "heap-beyond-values-B/row")
+		b.ReportMetric(float64(values)/float64(rows), "value-B/row")
+		b.ReportMetric(float64(m1.HeapObjects-m0.HeapObjects), "heap-objects")
+		runtime.KeepAlive(e)
+	}
+}
+
 // startAllocs returns the count of heap allocations so far.
 func startAllocs(b *testing.B) uint64 {
 	b.ReportAllocs()
