@@ -1,9 +1,15 @@
 package cdc
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/fanwire/fanwire/cdc/pgtest"
@@ -48,20 +54,25 @@ func BenchmarkComposeQueries(b *testing.B) {
 	for i := range keys {
 		keys[i] = []byte(strconv.Itoa(i + 1))
 	}
-	composed := `SELECT o.id::text, json_build_object('id', o.id, 'status', o.status, 'total', o.total, 'customer_id', o.customer_id, 'updated_at', o.updated_at,
+	composed := `SELECT o.id::text, json_build_object('id', o.id, 'status', o.status, 'total', o.total, 'customer_id', o.customer_id, 'created_at', o.created_at,
 		'items', coalesce((SELECT json_agg(json_build_object('id', i.id, 'order_id', i.order_id, 'sku', i.sku, 'qty', i.qty, 'price', i.price) ORDER BY i.id) FROM order_items i WHERE i.order_id = o.id), '[]'),
 		'customer', (SELECT json_build_object('id', c.id, 'name', c.name, 'email', c.email) FROM customers c WHERE c.id = o.customer_id))::text
 		FROM orders o WHERE o.id = ANY($1::text[]::int4[])`
 	b.Run("per-level", func(b *testing.B) {
 		docs := make([][]byte, n)
+		b.ReportAllocs()
+		cpu := startCPU(b)
 		for b.Loop() {
 			if err := e.sqlCompose(ctx, projs[0], keys, docs, make([]error, len(keys))); err != nil {
 				b.Fatal(err)
 			}
 		}
 		b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "docs/s")
+		cpu.report(b, n*b.N)
 	})
 	b.Run("composed", func(b *testing.B) {
+		b.ReportAllocs()
+		cpu := startCPU(b)
 		for b.Loop() {
 			g, gctx := errgroup.WithContext(ctx)
 			g.SetLimit(docWorkers)
@@ -87,5 +98,65 @@ func BenchmarkComposeQueries(b *testing.B) {
 			}
 		}
 		b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "docs/s")
+		cpu.report(b, n*b.N)
 	})
+}
+
+// benchCPU is the CPU time of this process and of the PostgreSQL
+// processes it started (their backends: the queries' side) at a start.
+type benchCPU struct{ self, pg time.Duration }
+
+func startCPU(tb testing.TB) benchCPU {
+	tb.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return benchCPU{self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), pg: postgresCPU()}
+}
+
+// report reports the CPU per document of both since the start.
+func (c benchCPU) report(b *testing.B, docs int) {
+	now := startCPU(b)
+	b.ReportMetric(float64((now.self-c.self).Nanoseconds())/1e3/float64(docs), "self-cpu-µs/doc")
+	b.ReportMetric(float64((now.pg-c.pg).Nanoseconds())/1e3/float64(docs), "pg-cpu-µs/doc")
+}
+
+// postgresCPU is the CPU time of the processes named postgres that this
+// process started, and their children.
+func postgresCPU() time.Duration {
+	type proc struct {
+		ppid  int
+		ticks int64
+		comm  string
+	}
+	procs := make(map[int]proc)
+	paths, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue // gone
+		}
+		lp, rp := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+		if lp < 0 || rp < lp {
+			continue
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b[:lp])))
+		f := strings.Fields(string(b[rp+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		procs[pid] = proc{ppid: ppid, ticks: ut + st, comm: string(b[lp+1 : rp])}
+	}
+	me := os.Getpid()
+	var ticks int64
+	for _, p := range procs {
+		if p.comm == "postgres" && (p.ppid == me || procs[p.ppid].ppid == me && procs[p.ppid].comm == "postgres") {
+			ticks += p.ticks
+		}
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ
 }
