@@ -800,7 +800,7 @@ func deployedProjectionUpdate(b *testing.B, bin, natsBin, mode string, ds dataSe
 	if base != float64(ds.orders) {
 		b.Fatalf("bootstrap published %v documents, want %d", base, ds.orders)
 	}
-	readyHWM, readyRSS := in.status("VmHWM"), in.status("VmRSS")
+	readyHWM, readyRSS, readyAnon := in.status("VmHWM"), in.status("VmRSS"), in.status("RssAnon")
 	stateRows, stateBytes := in.metric("fanwire_projection_memory_rows"), in.metric("fanwire_projection_memory_value_bytes")
 	cpu0 := in.cpuSeconds()
 	conn, err := pgx.Connect(context.Background(), pg.DSN("postgres"))
@@ -841,6 +841,7 @@ func deployedProjectionUpdate(b *testing.B, bin, natsBin, mode string, ds dataSe
 	b.ReportMetric(float64((backends1-backends0).Microseconds())/float64(ds.orders), "pg-backends-cpu-µs/doc")
 	b.ReportMetric(readyHWM, "ready-VmHWM-MiB")
 	b.ReportMetric(readyRSS, "ready-VmRSS-MiB")
+	b.ReportMetric(readyAnon, "ready-RssAnon-MiB") // without the files mapped (the memory state's bbolt file)
 	b.ReportMetric(hwm, "ingest-VmHWM-MiB")
 	if stateRows > 0 { // the memory mode's state: its rows, and its values' bytes per row
 		b.ReportMetric(stateRows, "state-rows")
