@@ -45,9 +45,11 @@ type memState struct {
 }
 
 // memTxDelta is what one transaction changed in the state: its ops in
-// chunks of memOpChunk, their keys in chunks of memKeyChunk bytes. One
-// slice grown by copying, and a string per key, were two fifths of
-// applying a 100,000-row UPDATE (BenchmarkMemDocuments/apply).
+// chunks of up to memOpChunk, their keys in buffers of up to memKeyChunk
+// bytes, each twice the last (a one-row transaction's delta stays small:
+// many of them wait for the broker's acknowledgement at once). One slice
+// grown by copying, and a string per key, were two fifths of applying a
+// 100,000-row UPDATE (BenchmarkMemDocuments/apply).
 type memTxDelta struct {
 	end   pglogrepl.LSN
 	ops   [][]memOp
@@ -67,11 +69,15 @@ const memOpMem = int64(unsafe.Sizeof(memOp{}))
 // add records that key of table was set to row (nil: deleted), or with
 // clear that table was truncated. The delta keeps a copy of key, and row.
 func (d *memTxDelta) add(table string, key, row []byte, clear bool) {
-	if len(d.ops) == 0 || len(d.ops[len(d.ops)-1]) == memOpChunk {
-		d.ops = append(d.ops, make([]memOp, 0, memOpChunk))
+	if n := len(d.ops); n == 0 || len(d.ops[n-1]) == cap(d.ops[n-1]) {
+		size := 4
+		if n > 0 {
+			size = min(memOpChunk, 2*cap(d.ops[n-1]))
+		}
+		d.ops = append(d.ops, make([]memOp, 0, size))
 	}
 	if cap(d.keys)-len(d.keys) < len(key) {
-		d.keys = make([]byte, 0, max(memKeyChunk, len(key)))
+		d.keys = make([]byte, 0, max(min(memKeyChunk, 2*cap(d.keys)), 64, len(key)))
 	}
 	start := len(d.keys)
 	d.keys = append(d.keys, key...)

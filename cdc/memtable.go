@@ -144,6 +144,7 @@ func (t *memTable) remove(id uint32, key []byte) {
 	t.n--
 	t.st.rows.Add(-1)
 	t.st.bytes.Add(-int64(len(row)))
+	t.compactIfGarbage()
 }
 
 // replace replaces the row of id, old, by a copy of enc (an encoded row
@@ -172,7 +173,8 @@ func (t *memTable) replace(id uint32, old, enc []byte) []byte {
 // compactIfGarbage copies the live rows into fresh chunks when the
 // garbage of replaced and removed rows outgrows them (memArena.garbage).
 // Rows handed out before stay valid: they are in the old chunks, which
-// the garbage collector frees once nothing holds them.
+// the garbage collector frees once nothing holds them (the deltas not yet
+// persisted hold theirs until the broker acknowledges their transactions).
 func (t *memTable) compactIfGarbage() {
 	if !t.arena.garbage() {
 		return
