@@ -20,7 +20,7 @@ import (
 
 // BenchmarkComposeQueries compares the sql mode's two ways of re-reading
 // documents, on the ingest issue's data set (orders 100k, items 300k,
-// customers 10k), 128 keys per query, 8 queries at a time: one query per
+// customers 10k), docChunk keys per query, 8 queries at a time: one query per
 // relation level (what the engine does: values come back as text and are
 // encoded like change values), and one composed query per chunk
 // (json_build_object and json_agg: PostgreSQL's JSON, whose values differ
