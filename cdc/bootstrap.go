@@ -358,8 +358,7 @@ func (in *Ingest) bootstrapMem(ctx context.Context, tx pgx.Tx, docs *docEngine) 
 			return fmt.Errorf("postgres: bootstrap the memory state of %s: %w", name, err)
 		}
 		for rows.Next() {
-			row := encodeRow(rows.RawValues())
-			t.insert(t.key(row), row)
+			t.insertVals(rows.RawValues())
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {

@@ -800,7 +800,8 @@ func deployedProjectionUpdate(b *testing.B, bin, natsBin, mode string, ds dataSe
 	if base != float64(ds.orders) {
 		b.Fatalf("bootstrap published %v documents, want %d", base, ds.orders)
 	}
-	readyHWM := in.status("VmHWM")
+	readyHWM, readyRSS, readyAnon := in.status("VmHWM"), in.status("VmRSS"), in.status("RssAnon")
+	stateRows, stateBytes := in.metric("fanwire_projection_memory_rows"), in.metric("fanwire_projection_memory_value_bytes")
 	cpu0 := in.cpuSeconds()
 	conn, err := pgx.Connect(context.Background(), pg.DSN("postgres"))
 	if err != nil {
@@ -815,11 +816,16 @@ func deployedProjectionUpdate(b *testing.B, bin, natsBin, mode string, ds dataSe
 		b.Fatal(err)
 	}
 	start := time.Now() // from the commit, as BenchmarkProjectionUpdate: not PostgreSQL's own time to update
+	_, wal0, backends0 := cpuTimes(b)
 	r := &benchRig{tb: b, pg: pg}
 	endpos := r.lsn()
 	end := in.waitPublished(2*ds.orders, 10*time.Minute)
 	took := end.Sub(start)
 	cpu := in.cpuSeconds() - cpu0
+	// PostgreSQL's side from the commit: decoding (its walsenders), and its
+	// other processes: the backends of the sql mode's queries (and the
+	// cluster's background work, which the memory mode's figure shows).
+	_, wal1, backends1 := cpuTimes(b)
 	hwm := in.status("VmHWM")
 	time.Sleep(200 * time.Millisecond) // any event too many
 	if got := in.metric("fanwire_ingest_events_published_total"); got != float64(2*ds.orders) {
@@ -831,8 +837,16 @@ func deployedProjectionUpdate(b *testing.B, bin, natsBin, mode string, ds dataSe
 	b.ReportMetric(100*ref.Seconds()/took.Seconds(), "%-of-ref")
 	b.ReportMetric(float64(ds.orders)/took.Seconds(), "docs/s")
 	b.ReportMetric(cpu*1e6/float64(ds.orders), "ingest-cpu-µs/doc")
+	b.ReportMetric(float64((wal1-wal0).Microseconds())/float64(ds.orders), "walsender-cpu-µs/doc")
+	b.ReportMetric(float64((backends1-backends0).Microseconds())/float64(ds.orders), "pg-backends-cpu-µs/doc")
 	b.ReportMetric(readyHWM, "ready-VmHWM-MiB")
+	b.ReportMetric(readyRSS, "ready-VmRSS-MiB")
+	b.ReportMetric(readyAnon, "ready-RssAnon-MiB") // without the files mapped (the memory state's bbolt file)
 	b.ReportMetric(hwm, "ingest-VmHWM-MiB")
+	if stateRows > 0 { // the memory mode's state: its rows, and its values' bytes per row
+		b.ReportMetric(stateRows, "state-rows")
+		b.ReportMetric(stateBytes/stateRows, "state-value-B/row")
+	}
 }
 
 // scaledOrdersDataSet is pgtest.OrdersDataSet with ds's sizes.

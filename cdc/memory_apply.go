@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -13,9 +14,10 @@ import (
 // the row was and is part of are found by walking up the joins in the
 // state (memAffected).
 
-// rowFrom builds the kept columns of table t (a memTable) from a change's
-// tuple as rel (the relation) describes it; a column not sent (unchanged
-// TOAST) is taken from old, the row's stored version.
+// rowFrom encodes the kept columns of table t (a memTable) from a
+// change's tuple as rel (the relation) describes it, into scratch space
+// valid until the next call; a column not sent (unchanged TOAST) is taken
+// from old, the row's stored version.
 func (t *memTable) rowFrom(rel *table, tuple *pglogrepl.TupleData, old []byte) ([]byte, error) {
 	vals := append(t.st.vals[:0], make([][]byte, len(t.cols))...)
 	defer func() { clear(vals); t.st.vals = vals }()
@@ -40,7 +42,8 @@ func (t *memTable) rowFrom(rel *table, tuple *pglogrepl.TupleData, old []byte) (
 			return nil, fmt.Errorf("table %s column %s: tuple data type %q", t.nameKey, c.name, col.DataType)
 		}
 	}
-	return encodeRow(vals), nil
+	t.st.enc = appendEncoded(t.st.enc[:0], vals)
+	return t.st.enc, nil
 }
 
 // keyFrom is the row key of a change's tuple (the key columns are always
@@ -83,41 +86,43 @@ func (s *memState) memApply(d *docChanges, rel *table, c *change, delta *memTxDe
 	} else if c.newRow != nil && c.kind == 'U' {
 		s.key, oldOK = t.appendKeyFrom(s.key[:0], rel, c.newRow) // the key did not change
 	}
+	var oldID uint32
 	var old []byte
 	if oldOK {
-		old = t.rows[string(s.key)]
+		if oldID = t.find(s.key); oldID != 0 {
+			old = t.row(oldID)
+		}
 	}
 	if old != nil && c.kind == 'U' {
-		row, err := t.rowFrom(rel, c.newRow, old)
-		if s.key = t.appendKey(s.key[:0], row); err == nil && string(s.key) == string(t.appendKey(s.ixOld[:0], old)) {
+		enc, err := t.rowFrom(rel, c.newRow, old)
+		if s.ixOld = t.appendKey(s.ixOld[:0], enc); err == nil && bytes.Equal(s.ixOld, s.key) {
 			// The key kept: the row is replaced in place (what removing
 			// and inserting it does, without rebuilding its keys), and
 			// persisted by one put, which overwrites it.
-			k := string(s.key)
 			s.memAffected(d, t, old)
-			t.replace(k, old, row)
-			delta.add(memOp{table: t.nameKey, key: k, row: row})
+			row := t.replace(oldID, old, enc)
+			delta.add(t.nameKey, s.key, row, false)
 			s.memAffected(d, t, row)
 			return nil
 		}
 	}
 	if old != nil {
-		oldKey := t.key(old)
 		s.memAffected(d, t, old)
-		t.remove(oldKey)
-		delta.add(memOp{table: t.nameKey, key: oldKey})
+		t.remove(oldID, s.key)
+		delta.add(t.nameKey, s.key, nil, false)
 	}
 	if c.kind == 'I' || c.kind == 'U' {
-		row, err := t.rowFrom(rel, c.newRow, old)
+		enc, err := t.rowFrom(rel, c.newRow, old)
 		if err != nil {
 			return err
 		}
-		k := t.key(row)
-		if prev := t.remove(k); prev != nil { // an insert over a row the state has (a re-read transaction)
-			s.memAffected(d, t, prev)
+		s.key = t.appendKey(s.key[:0], enc)
+		if prev := t.find(s.key); prev != 0 { // an insert over a row the state has (a re-read transaction)
+			s.memAffected(d, t, t.row(prev))
+			t.remove(prev, s.key)
 		}
-		t.insert(k, row)
-		delta.add(memOp{table: t.nameKey, key: k, row: row})
+		row := t.insert(s.key, enc)
+		delta.add(t.nameKey, s.key, row, false)
 		s.memAffected(d, t, row)
 	}
 	return nil
@@ -130,22 +135,26 @@ func (s *memState) memTruncate(d *docChanges, rel *table, delta *memTxDelta) {
 	if t == nil {
 		return
 	}
-	for _, row := range t.rows {
-		s.memAffected(d, t, row)
+	for id := uint32(1); id < uint32(len(t.slots)); id++ {
+		if row, ok := t.rowAt(id); ok {
+			s.memAffected(d, t, row)
+		}
 	}
 	t.reset()
-	delta.add(memOp{table: t.nameKey, clear: true})
+	delta.add(t.nameKey, nil, nil, true)
 }
 
 // memAffected records the documents row (of table t) is part of, in every
 // memory-mode projection, by walking up the joins in the state.
 func (s *memState) memAffected(d *docChanges, t *memTable, row []byte) {
 	for _, n := range s.byTable[t.nameKey] {
-		s.memUp(d, n, row)
+		s.memUp(d, n, row, 0)
 	}
 }
 
-func (s *memState) memUp(d *docChanges, n *docNode, row []byte) {
+// memUp records the documents row (of node n) is part of; depth is how
+// many joins it walked up, and names its scratch tuple.
+func (s *memState) memUp(d *docChanges, n *docNode, row []byte, depth int) {
 	info := n.mem
 	if n.parent == nil {
 		if k := rowField(row, info.t.colIdx[n.proj.key.name]); k != nil {
@@ -159,17 +168,24 @@ func (s *memState) memUp(d *docChanges, n *docNode, row []byte) {
 		}
 		return
 	}
-	st := info.t.st
-	st.key = st.key[:0]
+	for len(s.upKeys) <= depth {
+		s.upKeys = append(s.upKeys, nil)
+	}
+	tk := s.upKeys[depth][:0]
 	for i, j := range n.on {
 		v := rowField(row, info.t.colIdx[j.child.name])
 		if v == nil {
 			return
 		}
-		st.key = appendTupleValue(st.key, joinText(info.parentIx.oids[i], v))
+		tk = appendTupleValue(tk, joinText(info.parentIx.oids[i], v))
 	}
-	for _, prow := range info.parentIx.m[string(st.key)] {
-		s.memUp(d, n.parent, prow)
+	s.upKeys[depth] = tk
+	ix := info.parentIx
+	head, exact := ix.first(tk)
+	for id := head; id != 0; id = ix.next(head, id) {
+		if prow := ix.t.row(id); exact || ix.match(prow, tk) {
+			s.memUp(d, n.parent, prow, depth+1)
+		}
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"math/big"
 	"slices"
@@ -68,10 +67,12 @@ func (s *memState) appendMemDoc(b []byte, p *docProjection, key []byte) (_ []byt
 	root := p.root
 	sc := &s.scratch
 	sc.key = appendTupleValue(sc.key[:0], key)
-	row := root.mem.t.rows[string(sc.key)]
-	if row == nil {
+	t := root.mem.t
+	id := t.find(sc.key)
+	if id == 0 {
 		return b, false, nil
 	}
+	row := t.row(id)
 	out, err := sc.appendRow(b, root, row, 0)
 	if err != nil {
 		return b, true, err
@@ -122,8 +123,8 @@ func (sc *memScratch) appendRow(b []byte, n *docNode, row []byte, depth int) ([]
 			}
 			sc.key = appendTupleValue(sc.key, joinText(child.mem.onOID[i], v))
 		}
-		if joined { // a copy: sorting it must not reorder the index
-			kids = append(kids, child.mem.byJoin.m[string(sc.key)]...)
+		if joined {
+			kids = child.mem.byJoin.appendRows(kids, sc.key)
 		}
 		lv.kids = kids
 		if !child.many {
@@ -159,23 +160,6 @@ func (sc *memScratch) appendRow(b []byte, n *docNode, row []byte, depth int) ([]
 		b = append(b, ']')
 	}
 	return append(b, '}'), nil
-}
-
-// rowFields appends the values of an encoded row (nil for NULL) to dst.
-func rowFields(dst [][]byte, row []byte) [][]byte {
-	for len(row) > 0 {
-		flag := row[0]
-		row = row[1:]
-		if flag == 0 {
-			dst = append(dst, nil)
-			continue
-		}
-		l, n := binary.Uvarint(row)
-		row = row[n:]
-		dst = append(dst, row[:l:l])
-		row = row[l:]
-	}
-	return dst
 }
 
 // compareText orders two values of a type as PostgreSQL's ORDER BY does for
@@ -269,9 +253,11 @@ func infinityRank(s []byte) int {
 func (s *memState) memKeys(p *docProjection) [][]byte {
 	t := p.root.mem.t
 	kc := t.colIdx[p.key.name]
-	keys := make([][]byte, 0, len(t.rows))
-	for _, row := range t.rows {
-		keys = append(keys, rowField(row, kc))
+	keys := make([][]byte, 0, t.n)
+	for id := uint32(1); id < uint32(len(t.slots)); id++ {
+		if row, ok := t.rowAt(id); ok {
+			keys = append(keys, rowField(row, kc))
+		}
 	}
 	slices.SortFunc(keys, func(a, b []byte) int { return compareText(p.key.ctype.OID, a, b) })
 	return keys

@@ -86,7 +86,7 @@ func (s *memStore) load(st *memState) (pglogrepl.LSN, error) {
 				continue
 			}
 			if err := b.ForEach(func(k, v []byte) error {
-				t.insert(string(k), bytes.Clone(v)) // bbolt's bytes live only as long as its transaction
+				t.insert(k, v) // a copy: bbolt's bytes live only as long as its transaction
 				return nil
 			}); err != nil {
 				return err
@@ -114,13 +114,24 @@ func (s *memStore) writeAll(st *memState, lsn pglogrepl.LSN) error {
 				return err
 			}
 			b.FillPercent = 0.9 // written in key order: pages fill up
-			keys := make([]string, 0, len(t.rows))
-			for k := range t.rows {
-				keys = append(keys, k)
+			// In key order: the rows' keys in one buffer, sorted by
+			// reference.
+			type keyed struct {
+				id         uint32
+				start, end int
 			}
-			slices.Sort(keys)
+			var kb []byte
+			keys := make([]keyed, 0, t.n)
+			for id := uint32(1); id < uint32(len(t.slots)); id++ {
+				if row, ok := t.rowAt(id); ok {
+					start := len(kb)
+					kb = t.appendKey(kb, row)
+					keys = append(keys, keyed{id, start, len(kb)})
+				}
+			}
+			slices.SortFunc(keys, func(a, b keyed) int { return bytes.Compare(kb[a.start:a.end], kb[b.start:b.end]) })
 			for _, k := range keys {
-				if err := b.Put([]byte(k), t.rows[k]); err != nil {
+				if err := b.Put(kb[k.start:k.end:k.end], t.row(k.id)); err != nil {
 					return err
 				}
 			}
@@ -165,25 +176,27 @@ func (s *memStore) persist(st *memState, acked pglogrepl.LSN) error {
 	end := max(acked, s.stored)
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		for _, d := range st.deltas[:n] {
-			for _, op := range d.ops {
-				name := []byte(op.table)
-				if op.clear {
-					if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+			for _, chunk := range d.ops {
+				for _, op := range chunk {
+					name := []byte(op.table)
+					if op.clear {
+						if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+							return err
+						}
+						continue
+					}
+					b, err := tx.CreateBucketIfNotExists(name)
+					if err != nil {
 						return err
 					}
-					continue
-				}
-				b, err := tx.CreateBucketIfNotExists(name)
-				if err != nil {
-					return err
-				}
-				if op.row == nil {
-					err = b.Delete([]byte(op.key))
-				} else {
-					err = b.Put([]byte(op.key), op.row)
-				}
-				if err != nil {
-					return err
+					if op.row == nil {
+						err = b.Delete(op.key)
+					} else {
+						err = b.Put(op.key, op.row)
+					}
+					if err != nil {
+						return err
+					}
 				}
 			}
 		}

@@ -266,7 +266,7 @@ func (e *docEngine) commitMem(d *docChanges, end pglogrepl.LSN) {
 		return
 	}
 	e.mem.lsn = end
-	if len(d.delta.ops) > 0 {
+	if d.delta.n > 0 {
 		d.delta.end = end
 		e.mem.deltas = append(e.mem.deltas, d.delta)
 		e.mem.deltaBytes += d.delta.bytes

@@ -35,7 +35,7 @@ func newDocChanges() *docChanges {
 }
 
 func (d *docChanges) empty() bool {
-	return len(d.keys) == 0 && len(d.pending) == 0 && len(d.delta.ops) == 0 && len(d.trunc) == 0
+	return len(d.keys) == 0 && len(d.pending) == 0 && d.delta.n == 0 && len(d.trunc) == 0
 }
 
 // merge adds o's documents and lookups to d (o's delta is already
@@ -125,11 +125,18 @@ func appendTupleValue(b, v []byte) []byte {
 	return append(append(b, "\x00V"...), v...)
 }
 
+// cloneAll copies vals (nil: NULL), their bytes in one allocation.
 func cloneAll(vals [][]byte) [][]byte {
+	n := 0
+	for _, v := range vals {
+		n += len(v)
+	}
+	buf := make([]byte, 0, n)
 	out := make([][]byte, len(vals))
 	for i, v := range vals {
 		if v != nil {
-			out[i] = bytes.Clone(v)
+			buf = append(buf, v...)
+			out[i] = buf[len(buf)-len(v) : len(buf) : len(buf)]
 		}
 	}
 	return out
