@@ -45,6 +45,7 @@ type reader struct {
 	held      int64           // what the changes of cur and streamed take in memory (heldSize); MaxTxnMemory bounds it
 	enc       eventEncoder    // builds the table events of the transaction being committed
 	recv      changeDecoder   // checks each change as it is received
+	pacer     *pacer          // the replication connection's, for pace (ingest_pace.go)
 	dec       changeDecoder   // decodes the held changes of the transaction being committed
 
 	walEnd     pglogrepl.LSN // the server's WAL end, last reported
@@ -88,6 +89,7 @@ func (r *reader) run(ctx context.Context) error {
 		}
 	}()
 	var readDeadline time.Time // as last set on nc
+	r.pacer = newPacer(nc)
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -122,6 +124,7 @@ func (r *reader) run(ctx context.Context) error {
 				continue
 			}
 		}
+		r.pace()
 		raw, err := r.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if pgconn.Timeout(err) {
