@@ -101,7 +101,7 @@ func TestEventEncoderMatchesRowEvent(t *testing.T) {
 }
 
 // TestParseChangeMatchesPglogrepl: changeDecoder makes of Insert, Update and
-// Delete messages, streamed or not, the changes pglogrepl's ParseV2 makes
+// Delete messages (and its check finds in them), streamed or not, the changes pglogrepl's ParseV2 makes
 // (every column kind, empty and NULL values, old keys and rows), and
 // refuses what pglogrepl cannot parse: every truncation of them, and
 // unknown tuple types.
@@ -168,9 +168,13 @@ func TestParseChangeMatchesPglogrepl(t *testing.T) {
 				continue
 			}
 			var got change
+			rel, checkXid, checkErr := dec.check(msg, inStream)
 			c, gotXid, gotErr := dec.decode(msg, inStream)
 			if gotErr == nil {
 				got = *c
+			}
+			if (checkErr != nil) != (gotErr != nil) || gotErr == nil && (rel != got.rel || checkXid != gotXid) {
+				t.Fatalf("%q (stream %v): check gave relation %d, xid %d, error %v; decode %+v, xid %d, error %v", msg, inStream, rel, checkXid, checkErr, got, gotXid, gotErr)
 			}
 			want, wantXid, wantErr := viaPglogrepl(msg, inStream)
 			if (gotErr != nil) != (wantErr != nil) {

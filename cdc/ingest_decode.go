@@ -30,6 +30,24 @@ type changeDecoder struct {
 // otherwise). The values point into data (capped: nothing appends to
 // them). A malformed message is an error.
 func (cd *changeDecoder) decode(data []byte, inStream bool) (_ *change, xid uint32, err error) {
+	return cd.parse(data, inStream, true)
+}
+
+// check is decode without the tuples: it walks the message as decode
+// does, with the same errors, and returns its relation and
+// (sub)transaction, storing no column (the receipt's check of a change:
+// no pointer written, so no GC write barrier, per column).
+func (cd *changeDecoder) check(data []byte, inStream bool) (rel, xid uint32, err error) {
+	c, xid, err := cd.parse(data, inStream, false)
+	if err != nil {
+		return 0, 0, err
+	}
+	return c.rel, xid, nil
+}
+
+// parse is decode, and check when store is false: the change's tuples are
+// then left as they were.
+func (cd *changeDecoder) parse(data []byte, inStream, store bool) (_ *change, xid uint32, err error) {
 	d := decoder{b: data[1:]}
 	// pglogrepl's least lengths, kept: an insert of no columns is refused.
 	least := 4 // 'D'
@@ -55,15 +73,15 @@ func (cd *changeDecoder) decode(data []byte, inStream bool) (_ *change, xid uint
 		if tt != 'N' && !d.err {
 			return nil, 0, fmt.Errorf("InsertMessage: invalid TupleType: expected N, got %q", tt)
 		}
-		c.newRow = cd.tuple(&d, 0)
+		c.newRow = cd.tuple(&d, 0, store)
 	case c.kind == 'U':
 		switch tt {
 		case 'K', 'O':
-			c.oldKind, c.oldRow = tt, cd.tuple(&d, 1)
+			c.oldKind, c.oldRow = tt, cd.tuple(&d, 1, store)
 			d.byte() // the new tuple's 'N'
 			fallthrough
 		case 'N':
-			c.newRow = cd.tuple(&d, 0)
+			c.newRow = cd.tuple(&d, 0, store)
 		default:
 			if !d.err {
 				return nil, 0, fmt.Errorf("UpdateMessage: invalid Tuple: expected K/O/N, got %q", tt)
@@ -73,7 +91,7 @@ func (cd *changeDecoder) decode(data []byte, inStream bool) (_ *change, xid uint
 		if tt != 'K' && tt != 'O' && !d.err {
 			return nil, 0, fmt.Errorf("DeleteMessage: invalid OldTupleType: expected K/O, got %q", tt)
 		}
-		c.oldKind, c.oldRow = tt, cd.tuple(&d, 1)
+		c.oldKind, c.oldRow = tt, cd.tuple(&d, 1, store)
 	}
 	if d.err {
 		return nil, 0, fmt.Errorf("malformed message (%d bytes, truncated)", len(data))
@@ -85,13 +103,31 @@ func (cd *changeDecoder) decode(data []byte, inStream bool) (_ *change, xid uint
 // old), as pglogrepl's TupleData.Decode does: a text or binary column has
 // its length and value; any other (null, unchanged TOAST, an unknown kind)
 // its kind only. The columns' structs and the pointers to them are reused:
-// they grow to the widest tuple seen and stay.
-func (cd *changeDecoder) tuple(d *decoder, i int) *pglogrepl.TupleData {
+// they grow to the widest tuple seen and stay. Without store, it only
+// walks the tuple.
+func (cd *changeDecoder) tuple(d *decoder, i int, store bool) *pglogrepl.TupleData {
 	n := int(d.uint16())
 	if d.err {
 		return nil
 	}
 	t := &cd.rows[i]
+	if !store {
+		if n > len(d.b) {
+			d.err = true
+			return nil
+		}
+		for range n {
+			if k := d.byte(); k == pglogrepl.TupleDataTypeText || k == pglogrepl.TupleDataTypeBinary {
+				l := d.uint32()
+				if d.err || uint64(l) > uint64(len(d.b)) {
+					d.err = true
+					return nil
+				}
+				d.b = d.b[l:]
+			}
+		}
+		return t
+	}
 	*t = pglogrepl.TupleData{ColumnNum: uint16(n)}
 	if n == 0 {
 		return t

@@ -256,12 +256,12 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 	kind := metrics.Kind(data[0])
 	switch data[0] {
 	case 'I', 'U', 'D': // row changes: checked now, held as they came (hold.go)
-		c, xid, err := r.recv.decode(data, r.inStream)
+		rel, xid, err := r.recv.check(data, r.inStream)
 		if err != nil {
 			r.in.wal.Observe(kind, metrics.RouteSkip)
 			return fmt.Errorf("postgres: decode pgoutput message %q: %w", data[0], err)
 		}
-		return r.add(heldChange{msg: data, tbl: r.rels.byID[c.rel], xid: xid, stream: r.inStream})
+		return r.add(heldChange{msg: data, tbl: r.rels.byID[rel], xid: xid, stream: r.inStream})
 	}
 	m, err := decode(data, r.inStream)
 	if err != nil {
