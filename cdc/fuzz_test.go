@@ -167,8 +167,8 @@ func jsonValid(b []byte) bool { return json.Valid(b) }
 // FuzzChangeDecoder: the reader's own parser of Insert, Update and Delete
 // messages (changeDecoder, which a held change goes through twice: checked
 // at receipt and decoded at its commit) agrees with pglogrepl's on any
-// input, streamed or not: the same change, or an error where pglogrepl
-// fails (or panics); and its check agrees with its decoding.
+// input, streamed or not: what it decodes, pglogrepl decodes the same
+// way; and its check agrees with its decoding.
 // One decoder is reused across inputs, as the reader reuses its own.
 func FuzzChangeDecoder(f *testing.F) {
 	f.Add(pgInsert(16384, "1", "x"), false)
@@ -184,15 +184,20 @@ func FuzzChangeDecoder(f *testing.F) {
 		}
 		rel, checkXid, checkErr := dec.check(msg, inStream)
 		c, xid, err := dec.decode(msg, inStream)
-		m, perr := decode(msg, inStream)
 		if (checkErr != nil) != (err != nil) || err == nil && (rel != c.rel || checkXid != xid) {
 			t.Fatalf("%q (stream %v): check says relation %d, xid %d, error %v; decode %+v, xid %d, error %v", msg, inStream, rel, checkXid, checkErr, c, xid, err)
 		}
-		if (err != nil) != (perr != nil) {
-			t.Fatalf("%q (stream %v): error %v, pglogrepl's %v", msg, inStream, err, perr)
-		}
 		if err != nil {
+			// pglogrepl is not asked: it allocates a column's declared
+			// length before it finds the message shorter (4 GiB for
+			// "t\xff\xff\xff\xff"), which kills the fuzzing process.
+			// TestParseChangeMatchesPglogrepl compares the errors on
+			// messages whose lengths are small.
 			return
+		}
+		m, perr := decode(msg, inStream)
+		if perr != nil {
+			t.Fatalf("%q (stream %v): decoded, but pglogrepl's error is %v", msg, inStream, perr)
 		}
 		var want change
 		var wantXid uint32
