@@ -44,9 +44,14 @@ func heldSize(h *heldChange) int64 {
 	return heldMem + int64(len(h.msg)) + 8*int64(len(h.truncs))
 }
 
-// arenaBlock is the size of the blocks a transaction's messages are
-// copied into; a bigger message (a large value) takes a block of its own.
-const arenaBlock = 64 << 10
+// A transaction's messages are copied into blocks that double from
+// arenaFirst to arenaBlock bytes; a bigger message (a large value) takes a
+// block of its own. (64 KiB from the first change: 40,000 single-row
+// transactions then allocated and cleared 2.6 GB, 58 µs of CPU a change.)
+const (
+	arenaFirst = 512
+	arenaBlock = 64 << 10
+)
 
 // msgArena holds the messages of one transaction's changes: they are
 // copied into shared blocks, which the GC frees with the last change
@@ -56,7 +61,8 @@ type msgArena struct{ block []byte }
 // keep copies msg into the arena and returns the copy.
 func (a *msgArena) keep(msg []byte) []byte {
 	if cap(a.block)-len(a.block) < len(msg) {
-		a.block = make([]byte, 0, max(arenaBlock, len(msg)))
+		n := min(arenaBlock, max(arenaFirst, 2*cap(a.block)))
+		a.block = make([]byte, 0, max(n, len(msg)))
 	}
 	start := len(a.block)
 	a.block = append(a.block, msg...)

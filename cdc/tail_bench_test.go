@@ -37,7 +37,13 @@ func pgTime(t time.Time) uint64 {
 // queue and drops. allocs/change and B/change count every allocation;
 // cpu-ns/change is the process's CPU time (the drain's included), less
 // skewed than wall-clock time by other work on the machine.
-func BenchmarkTailChanges(b *testing.B) { benchTailChanges(b, 10_000, 0, false) }
+func BenchmarkTailChanges(b *testing.B) { benchTailChanges(b, 1, 10_000, 0, false) }
+
+// BenchmarkTailChangesSmallTxns is BenchmarkTailChanges with 10,000 transactions
+// of one change each, as in BenchmarkDeployed's tail-smalltxns: what a
+// transaction costs beyond its changes (its begin and commit, its
+// hand-over to the publisher, its held changes' first memory).
+func BenchmarkTailChangesSmallTxns(b *testing.B) { benchTailChanges(b, 10_000, 1, 0, false) }
 
 // BenchmarkTailChangesBig is BenchmarkTailChanges with one transaction of
 // 100,000 changes, as in BenchmarkDeployed's tail-update, under the
@@ -46,7 +52,7 @@ func BenchmarkTailChanges(b *testing.B) { benchTailChanges(b, 10_000, 0, false) 
 // 64 MiB) meanwhile.
 func BenchmarkTailChangesBig(b *testing.B) {
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(64 << 20))
-	benchTailChanges(b, 100_000, 0, false)
+	benchTailChanges(b, 1, 100_000, 0, false)
 }
 
 // BenchmarkTailChangesSpilled is BenchmarkTailChangesBig with a
@@ -54,12 +60,13 @@ func BenchmarkTailChangesBig(b *testing.B) {
 // commit.
 func BenchmarkTailChangesSpilled(b *testing.B) {
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(64 << 20))
-	benchTailChanges(b, 100_000, 4<<20, true)
+	benchTailChanges(b, 1, 100_000, 4<<20, true)
 }
 
-// benchTailChanges: see BenchmarkTailChanges; maxTxn is MaxTxnMemory (0:
-// the default), spills whether the transaction of n changes must spill.
-func benchTailChanges(b *testing.B, n int, maxTxn int64, spills bool) {
+// benchTailChanges: see BenchmarkTailChanges; one op is txns transactions
+// of n changes; maxTxn is MaxTxnMemory (0: the default), spills whether
+// the transactions must spill.
+func benchTailChanges(b *testing.B, txns, n int, maxTxn int64, spills bool) {
 	const rel = 16384
 	cols := []string{"id", "customer_id", "status", "total", "created_at"}
 	oids := []uint32{23, 23, 25, 1700, 1184}
@@ -119,18 +126,20 @@ func benchTailChanges(b *testing.B, n int, maxTxn int64, spills bool) {
 		return r.handle(ctx, buf)
 	}
 	for b.Loop() {
-		if err := recv(begin); err != nil {
-			b.Fatal(err)
-		}
-		for _, m := range ups {
-			if err := recv(m); err != nil {
+		for range txns {
+			if err := recv(begin); err != nil {
 				b.Fatal(err)
 			}
+			for _, m := range ups {
+				if err := recv(m); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := recv(com); err != nil {
+				b.Fatal(err)
+			}
+			changes += n
 		}
-		if err := recv(com); err != nil {
-			b.Fatal(err)
-		}
-		changes += n
 	}
 	if spilled := in.spilled.Load() > 0; spilled != spills {
 		b.Fatalf("spilled: %v, want %v", spilled, spills)
