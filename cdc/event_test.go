@@ -186,3 +186,12 @@ func TestParseChangeMatchesPglogrepl(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendLSN: appendLSN formats as pglogrepl's LSN.String does.
+func TestAppendLSN(t *testing.T) {
+	for _, lsn := range []pglogrepl.LSN{0, 1, 0xF, 0x10, 0x1_6B37_48A0, 0xFFFFFFFF, 0x1_0000_0000, 0xABCDEF01_23456789, ^pglogrepl.LSN(0)} {
+		if got, want := string(appendLSN([]byte("x"), lsn)), "x"+lsn.String(); got != want {
+			t.Errorf("appendLSN(%d) = %q, want %q", uint64(lsn), got, want)
+		}
+	}
+}

@@ -49,7 +49,7 @@ func heldSize(h *heldChange) int64 {
 // block of its own. (64 KiB from the first change: 40,000 single-row
 // transactions then allocated and cleared 2.6 GB, 58 µs of CPU a change.)
 const (
-	arenaFirst = 512
+	arenaFirst = 256
 	arenaBlock = 64 << 10
 )
 
