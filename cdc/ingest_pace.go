@@ -18,7 +18,10 @@ import (
 // kernel holds less than a read's worth, it pauses for paceSleep before
 // it reads. A small transaction is read as it comes (its latency is the
 // point); a big one's commit waits at most paceSleep more, after the
-// paceChanges changes that made it big.
+// paceChanges changes that made it big. (Tried instead: the socket's
+// SO_RCVLOWAT at 16 KiB with a 2 ms read deadline. A non-blocking read
+// still takes whatever little has arrived, so reads stayed small: 3.4
+// against 2.9 µs of CPU a change, alternated on the same UPDATE.)
 const (
 	paceChanges  = 1000                   // changes held by the transaction being received before its reads are paced
 	paceBuffered = 512                    // bytes in pgconn's buffer under which a read is near
