@@ -14,9 +14,9 @@ import (
 // changeDecoder decodes Insert, Update and Delete messages into a change,
 // tuples and columns it reuses: what decode returns points into the
 // message and into the decoder, and is valid until its next decode. The
-// reader decodes each change twice this way, with no allocation: at
-// receipt, to check it and find its table, and at its commit, to encode
-// its event (a held change is its message's bytes only: hold.go).
+// reader checks each change at receipt (check: that it parses, and its
+// table) and decodes it at its commit, to encode its event, with no
+// allocation either time (a held change is its message's bytes: hold.go).
 type changeDecoder struct {
 	c    change
 	rows [2]pglogrepl.TupleData // new, old
