@@ -150,7 +150,8 @@ func (r *reader) spill(t *txn) error {
 	return nil
 }
 
-// abortSub drops the changes of t's rolled-back subtransaction xid.
+// abortSub drops the changes of t's rolled-back subtransaction xid. (Their
+// messages stay in t's arena blocks, no longer counted, until t ends.)
 func (r *reader) abortSub(t *txn, xid uint32) {
 	r.in.log.Debug("ingest: a streamed transaction's subtransaction rolled back; its changes are dropped",
 		zap.Uint32("xid", t.xid), zap.Uint32("subxid", xid), zap.Bool("spilled", t.spill != nil))
@@ -173,6 +174,7 @@ func (r *reader) abortSub(t *txn, xid uint32) {
 func (r *reader) release(t *txn) {
 	r.held -= t.mem
 	t.mem = 0
+	t.arena = msgArena{} // nothing more is added; its held changes keep the blocks they point into
 }
 
 // done removes t's spill file, if any, and, when no transaction is held
