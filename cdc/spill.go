@@ -16,8 +16,8 @@ import (
 // order at its commit, and the file is removed after (or on abort, or
 // when the reader ends). It is owned by the reader.
 //
-// A record is a held change (hold.go), prefixed with its length: a flag
-// (the message is a streamed one), its xid, the generation of its table's
+// A record is a held change (hold.go), prefixed with its length: flags
+// (the message is a streamed one; a truncate), its xid, the generation of its table's
 // definition, the generations of truncated tables, then the pgoutput
 // message as received, undecoded. Read back, a change finds the table as
 // it was when it arrived (relations.generations keeps them while a
@@ -71,7 +71,10 @@ func (s *spillFile) write(h *heldChange) (int, error) {
 	b := s.rec[:0]
 	var flags byte
 	if h.stream {
-		flags = 1
+		flags |= spillStream
+	}
+	if h.msg == nil {
+		flags |= spillTruncate
 	}
 	b = append(b, flags)
 	b = binary.AppendUvarint(b, uint64(h.xid))
@@ -152,11 +155,18 @@ func (s *spillFile) replay(def func(uint64) *table, fn func(*heldChange) error) 
 
 var errBadRecord = errors.New("malformed record")
 
+// A record's flags.
+const (
+	spillStream   = 1 // the message is a streamed transaction's
+	spillTruncate = 2 // a truncate: no message, the truncated tables
+)
+
 // decodeHeld decodes a record written by write into h (its message points
 // into b); def gives a table definition by its generation.
 func decodeHeld(b []byte, h *heldChange, def func(uint64) *table) error {
 	d := decoder{b: b}
-	h.stream = d.byte() == 1
+	flags := d.byte()
+	h.stream = flags&spillStream != 0
 	h.xid = uint32(d.uvarint())
 	h.tbl = def(d.uvarint())
 	if n := d.uvarint(); n > 0 && n <= uint64(len(d.b)) {
@@ -167,10 +177,11 @@ func decodeHeld(b []byte, h *heldChange, def func(uint64) *table) error {
 	} else if n > 0 {
 		d.err = true
 	}
-	if d.err || len(d.b) == 0 && h.truncs == nil {
+	truncate := flags&spillTruncate != 0
+	if d.err || truncate != (len(d.b) == 0) {
 		return errBadRecord
 	}
-	if len(d.b) > 0 {
+	if !truncate {
 		h.msg = d.b
 	}
 	return nil
