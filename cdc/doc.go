@@ -12,10 +12,15 @@
 //	    decodes pgoutput messages, assembles transactions (buffering streamed
 //	    ones per xid until their stream commit, dropping aborted ones and
 //	    aborted subtransactions) and hands each committed transaction's
-//	    changes to the projection stage. Open transactions hold at most
-//	    Config.MaxTxnMemory together; past it the largest spills to a file
-//	    under Config.StateDir, read back at its commit (hold.go, spill.go).
-//	    The reader removes its spill files when it ends.
+//	    changes to the projection stage. A held change is its pgoutput
+//	    message as received (checked, copied into its transaction's arena),
+//	    decoded into reused memory only at its commit, straight into its
+//	    event: a change's decoded values live only while it is applied.
+//	    Open transactions hold at most Config.MaxTxnMemory together; past
+//	    it the largest spills to a file under Config.StateDir, read back at
+//	    its commit (hold.go, spill.go). While a big transaction arrives,
+//	    its reads are paced so that each takes many messages
+//	    (ingest_pace.go). The reader removes its spill files when it ends.
 //	  - Between the reader and the publisher at most Config.QueueEvents
 //	    events and Config.QueueBytes bytes wait (budget.go), counting those
 //	    being published: the reader blocks at the bound, nothing is dropped.

@@ -100,8 +100,8 @@ func TestEventEncoderMatchesRowEvent(t *testing.T) {
 	}
 }
 
-// TestParseChangeMatchesPglogrepl: parseChange makes of Insert, Update and
-// Delete messages, streamed or not, the changes pglogrepl's ParseV2 makes
+// TestParseChangeMatchesPglogrepl: changeDecoder makes of Insert, Update and
+// Delete messages (and its check finds in them), streamed or not, the changes pglogrepl's ParseV2 makes
 // (every column kind, empty and NULL values, old keys and rows), and
 // refuses what pglogrepl cannot parse: every truncation of them, and
 // unknown tuple types.
@@ -137,6 +137,7 @@ func TestParseChangeMatchesPglogrepl(t *testing.T) {
 		}
 		return change{}, 0, fmt.Errorf("%T", m)
 	}
+	var dec changeDecoder // reused, as the reader reuses its own
 	for i := range 5000 {
 		inStream := i%2 == 1
 		kind := "IUD"[rng.IntN(3)]
@@ -166,7 +167,15 @@ func TestParseChangeMatchesPglogrepl(t *testing.T) {
 			if n == 0 {
 				continue
 			}
-			got, gotXid, gotErr := parseChange(msg, inStream)
+			var got change
+			rel, checkXid, checkErr := dec.check(msg, inStream)
+			c, gotXid, gotErr := dec.decode(msg, inStream)
+			if gotErr == nil {
+				got = *c
+			}
+			if (checkErr != nil) != (gotErr != nil) || gotErr == nil && (rel != got.rel || checkXid != gotXid) {
+				t.Fatalf("%q (stream %v): check gave relation %d, xid %d, error %v; decode %+v, xid %d, error %v", msg, inStream, rel, checkXid, checkErr, got, gotXid, gotErr)
+			}
 			want, wantXid, wantErr := viaPglogrepl(msg, inStream)
 			if (gotErr != nil) != (wantErr != nil) {
 				t.Fatalf("%q (stream %v): error %v, pglogrepl's %v", msg, inStream, gotErr, wantErr)
@@ -174,6 +183,15 @@ func TestParseChangeMatchesPglogrepl(t *testing.T) {
 			if gotErr == nil && (gotXid != wantXid || !reflect.DeepEqual(got, want)) {
 				t.Fatalf("%q (stream %v):\n got %+v xid %d\nwant %+v xid %d", msg, inStream, got, gotXid, want, wantXid)
 			}
+		}
+	}
+}
+
+// TestAppendLSN: appendLSN formats as pglogrepl's LSN.String does.
+func TestAppendLSN(t *testing.T) {
+	for _, lsn := range []pglogrepl.LSN{0, 1, 0xF, 0x10, 0x1_6B37_48A0, 0xFFFFFFFF, 0x1_0000_0000, 0xABCDEF01_23456789, ^pglogrepl.LSN(0)} {
+		if got, want := string(appendLSN([]byte("x"), lsn)), "x"+lsn.String(); got != want {
+			t.Errorf("appendLSN(%d) = %q, want %q", uint64(lsn), got, want)
 		}
 	}
 }

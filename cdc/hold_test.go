@@ -1,36 +1,32 @@
 package cdc
 
 import (
-	"github.com/fanwire/fanwire/cdc/pgjson"
+	"bytes"
+	"context"
 	"path/filepath"
 	"reflect"
 	"testing"
 
-	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
+
+	"github.com/fanwire/fanwire/cdc/pgjson"
 )
 
-func tuple(cols ...*pglogrepl.TupleDataColumn) *pglogrepl.TupleData {
-	return &pglogrepl.TupleData{ColumnNum: uint16(len(cols)), Columns: cols}
-}
-
-func text(s string) *pglogrepl.TupleDataColumn {
-	return &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Length: uint32(len(s)), Data: []byte(s)}
-}
-
 // TestHoldingASmallTransactionAllocatesNothing: a transaction under
-// MaxTxnMemory costs its changes' slice and nothing of the spill
-// machinery: no allocation per change, no file.
+// MaxTxnMemory costs its changes' slice, its messages' arena block and
+// nothing of the spill machinery: no allocation per change, no file.
 func TestHoldingASmallTransactionAllocatesNothing(t *testing.T) {
 	cfg := Config{StateDir: t.TempDir()}
 	cfg.setDefaults()
 	r := &reader{in: &Ingest{cfg: cfg, log: zap.NewNop()}, streamed: make(map[uint32]*txn), rels: newRelations("db", nil, 0, pgjson.NewTypeCache(), nil)}
-	row := tuple(text("42"), text("a value"), &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull})
-	r.cur = &txn{xid: 7, changes: changeList{first: make([]change, 0, 64)}}
+	msg := pgUpdate(1, "42", "a value")
+	block := make([]byte, 0, arenaBlock) // the arena's, reused from run to run (release lets it go)
+	r.cur = &txn{xid: 7, changes: changeList{first: make([]heldChange, 0, 64)}}
 	allocs := testing.AllocsPerRun(100, func() {
 		r.cur.changes.first = r.cur.changes.first[:0]
+		r.cur.arena.block = block[:0]
 		for range 64 {
-			if err := r.add(7, change{kind: 'U', rel: 1, newRow: row, oldRow: row, oldKind: 'O'}); err != nil {
+			if err := r.handle(context.Background(), msg); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -39,11 +35,40 @@ func TestHoldingASmallTransactionAllocatesNothing(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("%v allocations per 64 changes held", allocs)
 	}
-	if r.cur.spill != nil || r.held != 0 {
-		t.Errorf("spilled %v, held %d bytes after release", r.cur.spill != nil, r.held)
+	if r.cur.spill != nil || r.held != 0 || r.cur.changes.len() != 64 {
+		t.Errorf("spilled %v, held %d bytes after release, %d changes", r.cur.spill != nil, r.held, r.cur.changes.len())
 	}
 	if m, _ := filepath.Glob(filepath.Join(cfg.StateDir, "*")); len(m) > 0 {
 		t.Errorf("files in the state dir: %v", m)
+	}
+}
+
+// TestHeldChangeIsACopy: a held change keeps its message's bytes after the
+// receive buffer it came in is written over, and is decoded at its commit
+// as it was received.
+func TestHeldChangeIsACopy(t *testing.T) {
+	cfg := Config{StateDir: t.TempDir()}
+	cfg.setDefaults()
+	r := &reader{in: &Ingest{cfg: cfg, log: zap.NewNop()}, streamed: make(map[uint32]*txn), rels: newRelations("db", nil, 0, pgjson.NewTypeCache(), nil)}
+	r.cur = &txn{xid: 7}
+	buf := pgUpdate(1, "42", "a value")
+	want := bytes.Clone(buf)
+	if err := r.handle(context.Background(), buf); err != nil {
+		t.Fatal(err)
+	}
+	for i := range buf {
+		buf[i] = 0xff
+	}
+	h := r.cur.changes.at(0)
+	if !bytes.Equal(h.msg, want) {
+		t.Fatalf("held %q, want %q", h.msg, want)
+	}
+	c, err := r.decodeHeld(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.kind != 'U' || c.rel != 1 || len(c.newRow.Columns) != 2 || string(c.newRow.Columns[1].Data) != "a value" {
+		t.Fatalf("decoded %+v", c)
 	}
 }
 
@@ -52,20 +77,22 @@ func TestHoldingASmallTransactionAllocatesNothing(t *testing.T) {
 // removed.
 func TestSpillFileRoundTrip(t *testing.T) {
 	dir := t.TempDir()
-	toast := &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeToast}
-	null := &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull}
-	empty := &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: []byte{}}
 	// Two definitions of one table (a DDL between its changes), and
 	// another table: each change comes back with its own.
 	t1, t1b, t2 := &table{nameKey: "public.a", gen: 1}, &table{nameKey: "public.a", gen: 3}, &table{nameKey: "public.b", gen: 2}
 	defs := map[uint64]*table{1: t1, 2: t2, 3: t1b}
-	in := []change{
-		{kind: 'I', xid: 10, rel: 16384, tbl: t1, newRow: tuple(text("1"), text("x"), null)},
-		{kind: 'U', xid: 11, rel: 16384, tbl: t1, newRow: tuple(text("2"), toast, empty), oldRow: tuple(text("2"), text("old"), null), oldKind: 'O'},
-		{kind: 'D', xid: 10, rel: 16385, tbl: t2, oldRow: tuple(text("3"), null), oldKind: 'K'},
-		{kind: 'T', xid: 12, truncs: []*table{t1, t2, t1b}},
-		{kind: 'I', xid: 11, rel: 16384, tbl: t1b, newRow: tuple(text("rolled back"))},
-		{kind: 'U', xid: 10, rel: 16384, tbl: t1b, newRow: tuple()},
+	toastUpdate := []byte{'U', 0, 0, 0x40, 0, 'O', 0, 3, 't', 0, 0, 0, 1, '2', 't', 0, 0, 0, 3, 'o', 'l', 'd', 'n', 'N', 0, 3, 't', 0, 0, 0, 1, '2', 'u', 't', 0, 0, 0, 0}
+	del := []byte{'D', 0, 0, 0x40, 1, 'K', 0, 2, 't', 0, 0, 0, 1, '3', 'n'}
+	in := []heldChange{
+		{msg: pgInsert(16384, "1", "x"), tbl: t1},
+		{msg: pgStreamInsert(11, 16384, "2", "y"), xid: 11, stream: true, tbl: t1},
+		{msg: toastUpdate, xid: 10, tbl: t1},
+		{msg: del, xid: 10, tbl: t2},
+		{truncs: []*table{t1, t2, t1b}, xid: 12},
+		{truncs: []*table{}, xid: 12}, // of no table (pgoutput sends none such; it reads back all the same)
+		{msg: pgStreamInsert(11, 16384, "rolled back"), xid: 11, stream: true, tbl: t1b},
+		{msg: pgUpdate(16384, "4"), xid: 10, tbl: t1b},
+		{msg: pgInsert(16390, "no relation"), xid: 10},
 	}
 	f, err := newSpillFile(dir, "fanwire", 10)
 	if err != nil {
@@ -77,11 +104,17 @@ func TestSpillFileRoundTrip(t *testing.T) {
 		}
 	}
 	f.abort(11)
-	var out []change
-	if err := f.replay(func(gen uint64) *table { return defs[gen] }, func(c *change) error { out = append(out, *c); return nil }); err != nil {
+	var out []heldChange
+	if err := f.replay(func(gen uint64) *table { return defs[gen] }, func(h *heldChange) error {
+		c := *h
+		c.msg = bytes.Clone(h.msg) // the record's buffer is reused
+		out = append(out, c)
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
-	want := []change{in[0], in[2], in[3], in[5]}
+	want := []heldChange{in[0], in[2], in[3], in[4], in[5], in[7], in[8]}
+	want[4].truncs = nil // read back: none
 	if len(out) != len(want) {
 		t.Fatalf("read back %d changes, want %d", len(out), len(want))
 	}
@@ -110,10 +143,10 @@ func TestChangeListKeepsOrder(t *testing.T) {
 			t.Fatalf("%s: len %d, want %d", step, l.len(), len(want))
 		}
 		var got []uint32
-		_ = l.each(func(c *change) error { got = append(got, c.rel); return nil })
+		_ = l.each(func(c *heldChange) error { got = append(got, c.xid); return nil })
 		for i := range want {
-			if l.at(i).rel != want[i] {
-				t.Fatalf("%s: at(%d) = %d, want %d", step, i, l.at(i).rel, want[i])
+			if l.at(i).xid != want[i] {
+				t.Fatalf("%s: at(%d) = %d, want %d", step, i, l.at(i).xid, want[i])
 			}
 		}
 		if !reflect.DeepEqual(got, want) && len(want) > 0 {
@@ -122,12 +155,12 @@ func TestChangeListKeepsOrder(t *testing.T) {
 	}
 	add := func(from, to int) {
 		for i := from; i < to; i++ {
-			l.add(change{rel: uint32(i), xid: uint32(i % 3)})
+			l.add(heldChange{xid: uint32(i)})
 			want = append(want, uint32(i))
 		}
 	}
 	filter := func(drop uint32) {
-		l.filter(func(c *change) bool { return c.xid != drop })
+		l.filter(func(c *heldChange) bool { return c.xid%3 != drop })
 		kept := want[:0]
 		for _, v := range want {
 			if v%3 != drop {
@@ -148,9 +181,9 @@ func TestChangeListKeepsOrder(t *testing.T) {
 	add(0, 3*changeChunk)
 	check("added to an empty list")
 	n := 0
-	if err := l.consume(func(c *change) error {
-		if c.rel != want[n] {
-			t.Fatalf("consume: change %d is %d, want %d", n, c.rel, want[n])
+	if err := l.consume(func(c *heldChange) error {
+		if c.xid != want[n] {
+			t.Fatalf("consume: change %d is %d, want %d", n, c.xid, want[n])
 		}
 		n++
 		return nil

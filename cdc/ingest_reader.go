@@ -1,7 +1,6 @@
 package cdc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -43,8 +42,11 @@ type reader struct {
 	inStream  bool
 	streamXid uint32
 	streamed  map[uint32]*txn // streamed transactions' changes so far, by top-level xid
-	held      int64           // what the changes of cur and streamed take in memory (changeSize); MaxTxnMemory bounds it
+	held      int64           // what the changes of cur and streamed take in memory (heldSize); MaxTxnMemory bounds it
 	enc       eventEncoder    // builds the table events of the transaction being committed
+	recv      changeDecoder   // checks each change as it is received
+	pacer     *pacer          // the replication connection's, for pace (ingest_pace.go)
+	dec       changeDecoder   // decodes the held changes of the transaction being committed
 
 	walEnd     pglogrepl.LSN // the server's WAL end, last reported
 	received   pglogrepl.LSN // end of the last commit handed to the publisher
@@ -87,6 +89,7 @@ func (r *reader) run(ctx context.Context) error {
 		}
 	}()
 	var readDeadline time.Time // as last set on nc
+	r.pacer = newPacer(nc)
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -121,6 +124,7 @@ func (r *reader) run(ctx context.Context) error {
 				continue
 			}
 		}
+		r.pace()
 		raw, err := r.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if pgconn.Timeout(err) {
@@ -156,10 +160,9 @@ func (r *reader) run(ctx context.Context) error {
 				}
 				r.seeWALEnd(xld.ServerWALEnd)
 				// pgconn's Receive returns a message valid only until the next
-				// call (its buffers go back to a pool), and a change's values
-				// point into it (parseChange): a change is kept until its
-				// transaction commits, so it needs bytes of its own.
-				if err := r.handle(ctx, bytes.Clone(xld.WALData)); err != nil {
+				// call (its buffers go back to a pool): handle copies what it
+				// keeps.
+				if err := r.handle(ctx, xld.WALData); err != nil {
 					return err
 				}
 			}
@@ -244,20 +247,21 @@ func (r *reader) heartbeat(ctx context.Context) error {
 	return nil
 }
 
-// handle decodes one pgoutput message.
+// handle decodes one pgoutput message. data is valid only during the
+// call (the receive buffer): a change held until its commit is copied.
 func (r *reader) handle(ctx context.Context, data []byte) error {
 	if len(data) == 0 {
 		return errors.New("postgres: empty pgoutput message")
 	}
 	kind := metrics.Kind(data[0])
 	switch data[0] {
-	case 'I', 'U', 'D': // row changes, decoded in place (parseChange)
-		c, xid, err := parseChange(data, r.inStream)
+	case 'I', 'U', 'D': // row changes: checked now, held as they came (hold.go)
+		rel, xid, err := r.recv.check(data, r.inStream)
 		if err != nil {
 			r.in.wal.Observe(kind, metrics.RouteSkip)
 			return fmt.Errorf("postgres: decode pgoutput message %q: %w", data[0], err)
 		}
-		return r.add(xid, c)
+		return r.add(heldChange{msg: data, tbl: r.rels.byID[rel], xid: xid, stream: r.inStream})
 	}
 	m, err := decode(data, r.inStream)
 	if err != nil {
@@ -285,6 +289,7 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 			r.done(r.cur)
 		}
 		r.cur = &txn{xid: m.Xid, commitLSN: m.FinalLSN, commitTime: m.CommitTime}
+		r.lastData = time.Now() // (not per change: a clock read each was 4% of the tail's CPU)
 	case *pglogrepl.CommitMessage:
 		t := r.cur
 		r.cur = nil
@@ -293,22 +298,17 @@ func (r *reader) handle(ctx context.Context, data []byte) error {
 		}
 		t.commitLSN, t.endLSN, t.commitTime = m.CommitLSN, m.TransactionEndLSN, m.CommitTime
 		return r.commit(ctx, t)
-	case *pglogrepl.InsertMessageV2:
-		return r.add(m.Xid, change{kind: 'I', rel: m.RelationID, newRow: m.Tuple})
-	case *pglogrepl.UpdateMessageV2:
-		return r.add(m.Xid, change{kind: 'U', rel: m.RelationID, newRow: m.NewTuple, oldRow: m.OldTuple, oldKind: m.OldTupleType})
-	case *pglogrepl.DeleteMessageV2:
-		return r.add(m.Xid, change{kind: 'D', rel: m.RelationID, oldRow: m.OldTuple, oldKind: m.OldTupleType})
 	case *pglogrepl.TruncateMessageV2:
-		c := change{kind: 'T', truncs: make([]*table, len(m.RelationIDs))}
+		h := heldChange{truncs: make([]*table, len(m.RelationIDs)), xid: m.Xid}
 		for i, rel := range m.RelationIDs {
-			if c.truncs[i] = r.rels.byID[rel]; c.truncs[i] == nil {
+			if h.truncs[i] = r.rels.byID[rel]; h.truncs[i] == nil {
 				return fmt.Errorf("postgres: truncate of relation %d before its Relation message", rel)
 			}
 		}
-		return r.add(m.Xid, c)
+		return r.add(h)
 	case *pglogrepl.StreamStartMessageV2:
 		r.inStream, r.streamXid = true, m.Xid
+		r.lastData = time.Now()
 	case *pglogrepl.StreamStopMessageV2:
 		r.inStream = false
 	case *pglogrepl.StreamCommitMessageV2:
@@ -383,8 +383,11 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	// rows, events and one batch at the same time. A spilled one is read
 	// back a change at a time.
 	left := t.changes.len() // held changes not yet applied (a spilled transaction's others are not counted)
-	each := func(c *change) error {
-		var err error
+	each := func(h *heldChange) error {
+		c, err := r.decodeHeld(h)
+		if err != nil {
+			return err
+		}
 		if evs, err = flush(evs); err != nil {
 			return err
 		}
@@ -406,8 +409,8 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 			return err
 		}
 	}
-	if err := t.changes.consume(func(c *change) error {
-		err := each(c)
+	if err := t.changes.consume(func(h *heldChange) error {
+		err := each(h)
 		left--
 		return err
 	}); err != nil {
@@ -454,6 +457,22 @@ func (r *reader) commit(ctx context.Context, t *txn) error {
 	r.in.oldest.CompareAndSwap(0, t.commitTime.UnixNano())
 	r.in.wal.Publish() // counters readable by scrapes, once per commit
 	return r.pub.add(ctx, evs, t.endLSN, t.commitTime)
+}
+
+// decodeHeld decodes held change h of the transaction being committed,
+// into memory reused from change to change (r.dec): the change is valid
+// until the next one's decoding.
+func (r *reader) decodeHeld(h *heldChange) (*change, error) {
+	if h.msg == nil {
+		r.dec.c = change{kind: 'T', xid: h.xid, truncs: h.truncs}
+		return &r.dec.c, nil
+	}
+	c, _, err := r.dec.decode(h.msg, h.stream)
+	if err != nil { // checked when received: a spill file's record went bad
+		return nil, fmt.Errorf("postgres: decode a held %q message: %w", h.msg[0], err)
+	}
+	c.tbl, c.xid = h.tbl, h.xid
+	return c, nil
 }
 
 // apply adds the events of one change of committed transaction t to evs,

@@ -9,8 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-
-	"github.com/jackc/pglogrepl"
 )
 
 // spillFile holds the changes of one open transaction that outgrew
@@ -18,16 +16,17 @@ import (
 // order at its commit, and the file is removed after (or on abort, or
 // when the reader ends). It is owned by the reader.
 //
-// A record is a change (kind, xid, relation, the generation of its table's
-// definition, old tuple kind, its tuples' columns with their data types,
-// the generations of truncated tables), prefixed with its length: read
-// back, a change finds the table as it was when it arrived
-// (relations.generations keeps them while a transaction is open). Read back, each change gets a buffer of its own, which its
-// tuples point into, as a change received from the WAL does.
+// A record is a held change (hold.go), prefixed with its length: flags
+// (the message is a streamed one; a truncate), its xid, the generation of its table's
+// definition, the generations of truncated tables, then the pgoutput
+// message as received, undecoded. Read back, a change finds the table as
+// it was when it arrived (relations.generations keeps them while a
+// transaction is open), and its message is decoded as a held one is.
 type spillFile struct {
 	f       *os.File
 	w       *bufio.Writer
-	rec     []byte              // the record being encoded, reused
+	rec     []byte              // the record's header being encoded, reused
+	lenBuf  []byte              // its length, encoded, reused
 	size    int64               // bytes written
 	aborted map[uint32]struct{} // rolled-back subtransactions (streamed transactions): their changes are skipped
 }
@@ -67,47 +66,39 @@ func removeSpillFiles(dir, slot string) (int, error) {
 	return len(names), nil
 }
 
-// write appends c and returns the bytes it took.
-func (s *spillFile) write(c *change) (int, error) {
+// write appends h and returns the bytes it took.
+func (s *spillFile) write(h *heldChange) (int, error) {
 	b := s.rec[:0]
-	b = append(b, c.kind, c.oldKind)
-	b = binary.AppendUvarint(b, uint64(c.xid))
-	b = binary.AppendUvarint(b, uint64(c.rel))
-	b = binary.AppendUvarint(b, c.tbl.generation())
-	b = appendTuple(b, c.newRow)
-	b = appendTuple(b, c.oldRow)
-	b = binary.AppendUvarint(b, uint64(len(c.truncs)))
-	for _, t := range c.truncs {
+	var flags byte
+	if h.stream {
+		flags |= spillStream
+	}
+	if h.msg == nil {
+		flags |= spillTruncate
+	}
+	b = append(b, flags)
+	b = binary.AppendUvarint(b, uint64(h.xid))
+	b = binary.AppendUvarint(b, h.tbl.generation())
+	b = binary.AppendUvarint(b, uint64(len(h.truncs)))
+	for _, t := range h.truncs {
 		b = binary.AppendUvarint(b, t.generation())
 	}
-	s.rec = b
-	var l [binary.MaxVarintLen64]byte
-	n := binary.PutUvarint(l[:], uint64(len(b)))
-	if _, err := s.w.Write(l[:n]); err != nil {
+	// The record's length first: it is the header's (in s.rec, after the
+	// length's room) and the message's, which is written as it is.
+	l := binary.AppendUvarint(s.lenBuf[:0], uint64(len(b)+len(h.msg)))
+	s.rec, s.lenBuf = b, l
+	if _, err := s.w.Write(l); err != nil {
 		return 0, fmt.Errorf("spill %s: %w", s.f.Name(), err)
 	}
 	if _, err := s.w.Write(b); err != nil {
 		return 0, fmt.Errorf("spill %s: %w", s.f.Name(), err)
 	}
-	s.size += int64(n + len(b))
-	return n + len(b), nil
-}
-
-// appendTuple appends a tuple: its column count plus one (0: none), then
-// each column's data type and, for a value, its length and bytes.
-func appendTuple(b []byte, t *pglogrepl.TupleData) []byte {
-	if t == nil {
-		return append(b, 0)
+	if _, err := s.w.Write(h.msg); err != nil {
+		return 0, fmt.Errorf("spill %s: %w", s.f.Name(), err)
 	}
-	b = binary.AppendUvarint(b, uint64(len(t.Columns))+1)
-	for _, col := range t.Columns {
-		b = append(b, col.DataType)
-		if col.DataType == pglogrepl.TupleDataTypeText || col.DataType == pglogrepl.TupleDataTypeBinary {
-			b = binary.AppendUvarint(b, uint64(len(col.Data)))
-			b = append(b, col.Data...)
-		}
-	}
-	return b
+	size := len(l) + len(b) + len(h.msg)
+	s.size += int64(size)
+	return size, nil
 }
 
 // abort drops the changes of rolled-back subtransaction xid: replay skips
@@ -121,11 +112,16 @@ func (s *spillFile) abort(xid uint32) {
 
 // replay calls fn with each change written, in order, but those of
 // aborted subtransactions; def gives a table definition by its generation.
-func (s *spillFile) replay(def func(uint64) *table, fn func(*change) error) error {
+// The change fn gets, and its message, are valid until fn returns: records
+// are read into one buffer (and a record's header encoded into one: 2
+// allocations per change less).
+func (s *spillFile) replay(def func(uint64) *table, fn func(*heldChange) error) error {
 	if err := s.w.Flush(); err != nil {
 		return fmt.Errorf("spill %s: %w", s.f.Name(), err)
 	}
 	r := bufio.NewReaderSize(io.NewSectionReader(s.f, 0, s.size), 64<<10)
+	var rec []byte
+	var h heldChange // one for every record: fn is done with it when it returns
 	for {
 		n, err := binary.ReadUvarint(r)
 		if err == io.EOF {
@@ -137,18 +133,21 @@ func (s *spillFile) replay(def func(uint64) *table, fn func(*change) error) erro
 		if n > uint64(s.size) {
 			return fmt.Errorf("spill %s: a record of %d bytes in a file of %d", s.f.Name(), n, s.size)
 		}
-		rec := make([]byte, n) // the change's own: its tuples point into it
+		if uint64(cap(rec)) < n {
+			rec = make([]byte, n, max(n, 4<<10))
+		}
+		rec = rec[:n]
 		if _, err := io.ReadFull(r, rec); err != nil {
 			return fmt.Errorf("spill %s: read: %w", s.f.Name(), err)
 		}
-		var c change
-		if err := decodeChange(rec, &c, def); err != nil {
+		h = heldChange{}
+		if err := decodeHeld(rec, &h, def); err != nil {
 			return fmt.Errorf("spill %s: %w", s.f.Name(), err)
 		}
-		if _, skip := s.aborted[c.xid]; skip {
+		if _, skip := s.aborted[h.xid]; skip {
 			continue
 		}
-		if err := fn(&c); err != nil {
+		if err := fn(&h); err != nil {
 			return err
 		}
 	}
@@ -156,31 +155,41 @@ func (s *spillFile) replay(def func(uint64) *table, fn func(*change) error) erro
 
 var errBadRecord = errors.New("malformed record")
 
-// decodeChange decodes a record written by write into c; def gives a
-// table definition by its generation.
-func decodeChange(b []byte, c *change, def func(uint64) *table) error {
+// A record's flags.
+const (
+	spillStream   = 1 // the message is a streamed transaction's
+	spillTruncate = 2 // a truncate: no message, the truncated tables
+)
+
+// decodeHeld decodes a record written by write into h (its message points
+// into b); def gives a table definition by its generation.
+func decodeHeld(b []byte, h *heldChange, def func(uint64) *table) error {
 	d := decoder{b: b}
-	c.kind, c.oldKind = d.byte(), d.byte()
-	c.xid, c.rel = uint32(d.uvarint()), uint32(d.uvarint())
-	c.tbl = def(d.uvarint())
-	c.newRow, c.oldRow = d.tuple(), d.tuple()
+	flags := d.byte()
+	h.stream = flags&spillStream != 0
+	h.xid = uint32(d.uvarint())
+	h.tbl = def(d.uvarint())
 	if n := d.uvarint(); n > 0 && n <= uint64(len(d.b)) {
-		c.truncs = make([]*table, n)
-		for i := range c.truncs {
-			c.truncs[i] = def(d.uvarint())
+		h.truncs = make([]*table, n)
+		for i := range h.truncs {
+			h.truncs[i] = def(d.uvarint())
 		}
 	} else if n > 0 {
 		d.err = true
 	}
-	if d.err || len(d.b) != 0 {
+	truncate := flags&spillTruncate != 0
+	if d.err || truncate != (len(d.b) == 0) {
 		return errBadRecord
+	}
+	if !truncate {
+		h.msg = d.b
 	}
 	return nil
 }
 
 // decoder reads a spill record, or a pgoutput change message
-// (parseChange, with its uint16, uint32 and pgTuple); a read past its end
-// sets err.
+// (changeDecoder, with its uint16 and uint32); a read past its end sets
+// err.
 type decoder struct {
 	b   []byte
 	err bool
@@ -204,38 +213,6 @@ func (d *decoder) uvarint() uint64 {
 	}
 	d.b = d.b[n:]
 	return v
-}
-
-func (d *decoder) tuple() *pglogrepl.TupleData {
-	n := d.uvarint()
-	if n == 0 || d.err {
-		return nil
-	}
-	n--
-	if n > uint64(len(d.b)) || n >= 1<<16 { // a column takes a byte at least
-		d.err = true
-		return nil
-	}
-	if n == 0 {
-		return &pglogrepl.TupleData{}
-	}
-	cols := make([]pglogrepl.TupleDataColumn, n)
-	t := &pglogrepl.TupleData{ColumnNum: uint16(n), Columns: make([]*pglogrepl.TupleDataColumn, n)}
-	for i := range cols {
-		col := &cols[i]
-		col.DataType = d.byte()
-		if col.DataType == pglogrepl.TupleDataTypeText || col.DataType == pglogrepl.TupleDataTypeBinary {
-			l := d.uvarint()
-			if l > uint64(len(d.b)) {
-				d.err = true
-				return nil
-			}
-			col.Length, col.Data = uint32(l), d.b[:l:l]
-			d.b = d.b[l:]
-		}
-		t.Columns[i] = col
-	}
-	return t
 }
 
 // remove closes and removes the file; a nil file is none.

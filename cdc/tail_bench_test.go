@@ -31,27 +31,42 @@ func pgTime(t time.Time) uint64 {
 // PostgreSQL or a broker: one op is one transaction of 10,000 UPDATEs of
 // an orders row (the data set of the tail benchmarks: id, customer_id,
 // status, total, created_at; the new row only, as REPLICA IDENTITY DEFAULT
-// sends it), its pgoutput messages (prebuilt) each copied as the reader's
-// receive loop copies them, then decoded, held and committed through
-// reader.handle into events, which a drain takes from the publisher's
+// sends it), its pgoutput messages (prebuilt) each copied into one receive
+// buffer, as pgconn reuses its own, then checked, held and committed
+// through reader.handle into events, which a drain takes from the publisher's
 // queue and drops. allocs/change and B/change count every allocation;
 // cpu-ns/change is the process's CPU time (the drain's included), less
 // skewed than wall-clock time by other work on the machine.
-func BenchmarkTailChanges(b *testing.B) { benchTailChanges(b, 10_000, false) }
+func BenchmarkTailChanges(b *testing.B) { benchTailChanges(b, 1, 10_000, 0, false) }
 
-// BenchmarkTailChangesSpilled is BenchmarkTailChanges with one transaction
-// of 100,000 changes, as in BenchmarkDeployed's tail-update: it outgrows
-// the default MaxTxnMemory (32 MiB), spills, and is read back at its
-// commit; the Go heap's soft limit is the ingest command's default
-// (--memory-limit 64 MiB) meanwhile.
-func BenchmarkTailChangesSpilled(b *testing.B) {
+// BenchmarkTailChangesSmallTxns is BenchmarkTailChanges with 10,000 transactions
+// of one change each, as in BenchmarkDeployed's tail-smalltxns: what a
+// transaction costs beyond its changes (its begin and commit, its
+// hand-over to the publisher, its held changes' first memory).
+func BenchmarkTailChangesSmallTxns(b *testing.B) { benchTailChanges(b, 10_000, 1, 0, false) }
+
+// BenchmarkTailChangesBig is BenchmarkTailChanges with one transaction of
+// 100,000 changes, as in BenchmarkDeployed's tail-update, under the
+// default MaxTxnMemory (32 MiB), which its held messages (~14 MB) fit;
+// the Go heap's soft limit is the ingest command's default (--memory-limit
+// 64 MiB) meanwhile.
+func BenchmarkTailChangesBig(b *testing.B) {
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(64 << 20))
-	benchTailChanges(b, 100_000, true)
+	benchTailChanges(b, 1, 100_000, 0, false)
 }
 
-// benchTailChanges: see BenchmarkTailChanges; spills says whether the
-// transaction of n changes must spill.
-func benchTailChanges(b *testing.B, n int, spills bool) {
+// BenchmarkTailChangesSpilled is BenchmarkTailChangesBig with a
+// MaxTxnMemory of 4 MiB: the transaction spills, and is read back at its
+// commit.
+func BenchmarkTailChangesSpilled(b *testing.B) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(64 << 20))
+	benchTailChanges(b, 1, 100_000, 4<<20, true)
+}
+
+// benchTailChanges: see BenchmarkTailChanges; one op is txns transactions
+// of n changes; maxTxn is MaxTxnMemory (0: the default), spills whether
+// the transactions must spill.
+func benchTailChanges(b *testing.B, txns, n int, maxTxn int64, spills bool) {
 	const rel = 16384
 	cols := []string{"id", "customer_id", "status", "total", "created_at"}
 	oids := []uint32{23, 23, 25, 1700, 1184}
@@ -73,7 +88,7 @@ func benchTailChanges(b *testing.B, n int, spills bool) {
 	com = binary.BigEndian.AppendUint64(com, end)
 	com = binary.BigEndian.AppendUint64(com, pgTime(commit))
 
-	cfg := Config{StateDir: b.TempDir()}
+	cfg := Config{StateDir: b.TempDir(), MaxTxnMemory: maxTxn}
 	cfg.setDefaults()
 	in := &Ingest{cfg: cfg, log: zap.NewNop()}
 	pub := newPublisher(in, nil, nil, "", nil)
@@ -105,19 +120,26 @@ func benchTailChanges(b *testing.B, n int, spills bool) {
 	runtime.ReadMemStats(&before)
 	cpu0 := cpuTime(b)
 	changes := 0
+	var buf []byte // the receive buffer, reused as pgconn reuses its own
+	recv := func(m []byte) error {
+		buf = append(buf[:0], m...)
+		return r.handle(ctx, buf)
+	}
 	for b.Loop() {
-		if err := r.handle(ctx, bytes.Clone(begin)); err != nil {
-			b.Fatal(err)
-		}
-		for _, m := range ups {
-			if err := r.handle(ctx, bytes.Clone(m)); err != nil {
+		for range txns {
+			if err := recv(begin); err != nil {
 				b.Fatal(err)
 			}
+			for _, m := range ups {
+				if err := recv(m); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := recv(com); err != nil {
+				b.Fatal(err)
+			}
+			changes += n
 		}
-		if err := r.handle(ctx, bytes.Clone(com)); err != nil {
-			b.Fatal(err)
-		}
-		changes += n
 	}
 	if spilled := in.spilled.Load() > 0; spilled != spills {
 		b.Fatalf("spilled: %v, want %v", spilled, spills)
