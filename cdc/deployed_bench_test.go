@@ -379,12 +379,6 @@ func withPrefix(evs []ceilingEvent, prefix string) []broker.Outgoing {
 	return out
 }
 
-// appender is the broker's pipelined publish without cursors, where the
-// broker has it (the ingest uses it then).
-type appender interface {
-	Append(ctx context.Context, msgs []broker.Outgoing) error
-}
-
 // ceiling is what measureCeiling measured, in events/s.
 type ceiling struct {
 	raw, broker float64
@@ -496,13 +490,13 @@ func measureCeiling(tb testing.TB, url string, evs []ceilingEvent, prefix, prefi
 		if err != nil {
 			tb.Fatal(err)
 		}
-		ap, ok := any(br).(appender)
+		ap, ok := any(br).(broker.Appender) // as the ingest does
 		c.appended = ok
 		start := time.Now()
 		for s := 0; s < len(msgs); s += 1000 {
 			part := msgs[s:min(s+1000, len(msgs))]
 			if ok {
-				err = ap.Append(ctx, part)
+				err = ap.Append(ctx, part, broker.AppendOptions{})
 			} else {
 				_, err = br.Publish(ctx, part)
 			}
