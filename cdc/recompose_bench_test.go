@@ -12,7 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"strconv"
@@ -129,44 +128,13 @@ func cpuTimes(tb testing.TB) (self, walsenders, others time.Duration) {
 		tb.Fatal(err)
 	}
 	self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	type proc struct {
-		ppid  int
-		ticks int64
-		comm  string
-	}
-	procs := make(map[int]proc)
-	dirs, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, d := range dirs {
-		b, err := os.ReadFile(d)
-		if err != nil {
-			continue // gone
-		}
-		// pid (comm) state ppid … utime(14) stime(15)
-		lp, rp := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
-		if lp < 0 || rp < lp {
-			continue
-		}
-		pid, _ := strconv.Atoi(strings.TrimSpace(string(b[:lp])))
-		f := strings.Fields(string(b[rp+1:]))
-		if len(f) < 13 {
-			continue
-		}
-		ppid, _ := strconv.Atoi(f[1])
-		ut, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		procs[pid] = proc{ppid: ppid, ticks: ut + st, comm: string(b[lp+1 : rp])}
-	}
-	me := os.Getpid()
 	var ws, rest int64
-	for pid, p := range procs {
-		if p.comm != "postgres" || !(p.ppid == me || procs[p.ppid].ppid == me && procs[p.ppid].comm == "postgres") {
-			continue
-		}
+	for pid, ticks := range cdc.PostgresCPU() {
 		title, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)) // "postgres: walsender …"
 		if bytes.Contains(title, []byte("walsender")) {
-			ws += p.ticks
+			ws += ticks
 		} else {
-			rest += p.ticks
+			rest += ticks
 		}
 	}
 	tick := time.Second / 100 // USER_HZ

@@ -56,18 +56,7 @@ func TestProjectionCompositeJoinsAgree(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	exec := func(sqls ...string) {
-		t.Helper()
-		b := &pgx.Batch{}
-		b.Queue("BEGIN")
-		for _, q := range sqls {
-			b.Queue(q)
-		}
-		b.Queue("COMMIT")
-		if err := conn.SendBatch(ctx, b).Close(); err != nil {
-			t.Fatalf("%v: %v", sqls, err)
-		}
-	}
+	exec := txExec(t, ctx, conn)
 	orders := 12
 	for step := range 250 {
 		if step == 125 {

@@ -62,18 +62,7 @@ func TestProjectionModesAgree(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	exec := func(sqls ...string) {
-		t.Helper()
-		b := &pgx.Batch{}
-		b.Queue("BEGIN")
-		for _, q := range sqls {
-			b.Queue(q)
-		}
-		b.Queue("COMMIT")
-		if err := conn.SendBatch(ctx, b).Close(); err != nil {
-			t.Fatalf("%v: %v", sqls, err)
-		}
-	}
+	exec := txExec(t, ctx, conn)
 	nextItem, nextOrder := 1, 16
 	for range 300 {
 		var stmts []string
@@ -216,6 +205,23 @@ func TestProjectionModesAgree(t *testing.T) {
 		}
 		if n["osql"] != n["omem"] && testing.Verbose() {
 			t.Logf("order %s: %v", k, l)
+		}
+	}
+}
+
+// txExec returns a function that runs its statements in one transaction on
+// conn, failing t on an error.
+func txExec(t *testing.T, ctx context.Context, conn *pgx.Conn) func(sqls ...string) {
+	return func(sqls ...string) {
+		t.Helper()
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		for _, q := range sqls {
+			b.Queue(q)
+		}
+		b.Queue("COMMIT")
+		if err := conn.SendBatch(ctx, b).Close(); err != nil {
+			t.Fatalf("%v: %v", sqls, err)
 		}
 	}
 }
