@@ -13,7 +13,6 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 )
@@ -210,28 +209,49 @@ func TestJetStreamPublishCursorsOfRemovedMessages(t *testing.T) {
 
 // TestJetStreamPublishWithoutIDsKeepsOrderThroughFailures publishes
 // batches of events without ids (fast batches) while the broker fails in
-// the middle, with another publisher adding events meanwhile. A batch
-// whose outcome the failure made unknown fails (it cannot be sent again
-// without risking a repeat); the next ones go on. The stream must then
-// hold, of each batch, a prefix (all of it when Publish returned its
-// cursors), in publish order: never event k+1 without k. Each cursor
-// returned names its event.
+// the middle: the server restarts, the connection is cut, or the leader of
+// an R3 stream on a 3-node cluster steps down. Another publisher adds
+// events meanwhile. A batch whose outcome the failure made unknown fails
+// (it cannot be sent again without risking a repeat); the next ones go on.
+// The stream must then hold, of each batch, a prefix (all of it when
+// Publish returned its cursors), in publish order: never event k+1 without
+// k. Each cursor returned names its event.
 func TestJetStreamPublishWithoutIDsKeepsOrderThroughFailures(t *testing.T) {
 	const batches, size = 40, 150
 	for _, tc := range []struct {
-		name string
-		fail func(t *testing.T, ns *server.Server) *server.Server
+		name     string
+		replicas int
+		// setup starts the servers; fail fails them and returns a URL to
+		// read the stream at afterwards.
+		setup func(t *testing.T) (url string, fail func() string)
 	}{
-		{"server restart", func(t *testing.T, ns *server.Server) *server.Server { return brokertest.RestartNATS(t, ns) }},
-		{"connection closed by the server", func(t *testing.T, ns *server.Server) *server.Server {
-			kickClient(t, ns, "publisher")
-			return ns
+		{"server restart", 1, func(t *testing.T) (string, func() string) {
+			ns := brokertest.NATS(t)
+			return ns.ClientURL(), func() string { return brokertest.RestartNATS(t, ns).ClientURL() }
+		}},
+		{"connection closed by the server", 1, func(t *testing.T) (string, func() string) {
+			ns := brokertest.NATS(t)
+			return ns.ClientURL(), func() string {
+				kickClient(t, ns, "publisher")
+				return ns.ClientURL()
+			}
+		}},
+		{"stream leader change", 3, func(t *testing.T) (string, func() string) {
+			nodes := brokertest.NATSCluster(t, 3)
+			url := nodes[0].ClientURL() + "," + nodes[1].ClientURL() + "," + nodes[2].ClientURL()
+			return url, func() string {
+				resp, err := brokertest.JetStream(t, url).Conn().Request("$JS.API.STREAM.LEADER.STEPDOWN.ORDER", nil, 5*time.Second)
+				if err != nil {
+					t.Fatalf("step down: %v", err)
+				}
+				t.Logf("stepped down: %s", resp.Data)
+				return url
+			}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ns := brokertest.NATS(t)
-			url := ns.ClientURL()
-			b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"db.>", "app.>"}, Name: "publisher", Logger: zaptest.NewLogger(t)}, Stream: "ORDER"})
+			url, fail := tc.setup(t)
+			b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"db.>", "app.>"}, Name: "publisher", Logger: zaptest.NewLogger(t)}, Stream: "ORDER", Replicas: tc.replicas})
 			other := startOtherPublisher(t, url)
 			js := brokertest.JetStream(t, url)
 			ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
@@ -257,43 +277,50 @@ func TestJetStreamPublishWithoutIDsKeepsOrderThroughFailures(t *testing.T) {
 			}()
 			// Fail it in the middle: a batch is in flight nearly all the time.
 			waitStored(t, js, batches*size/2)
-			ns = tc.fail(t, ns)
+			after := fail()
 			<-published
 			other.stop(t)
-			js = brokertest.JetStream(t, ns.ClientURL())
-			stored := storedData(t, js)
-			prev, batch, next := -1, -1, 0 // the last event seen, its batch, and the batch's next place
-			for _, s := range stored {
-				e, _ := strconv.Atoi(s.data)
-				if e <= prev {
-					t.Fatalf("event %d stored after %d", e, prev)
-				}
-				k, place := e/size, e%size
-				if k != batch {
-					if batch >= 0 && cursors[batch] != nil && next != size {
-						t.Fatalf("batch %d acknowledged, but only %d of its events stored", batch, next)
-					}
-					batch, next = k, 0
-				}
-				if place != next {
-					t.Fatalf("event %d stored after event %d of its batch: a gap", e, k*size+next-1)
-				}
-				next++
-				prev = e
-				if cursors[k] != nil && cursors[k][place] != broker.FormatJSCursor(s.seq) {
-					t.Fatalf("event %d at %s, its cursor %s", e, broker.FormatJSCursor(s.seq), cursors[k][place])
-				}
-			}
+			stored := storedData(t, brokertest.JetStream(t, after))
+			checkBatchPrefixes(t, stored, cursors, size)
+			t.Logf("%d events stored, %d of %d batches failed", len(stored), failed, batches)
+		})
+	}
+}
+
+// checkBatchPrefixes checks the events stored (numbered from 0, size to a
+// batch) against the batches' cursors (nil: the batch failed): in order,
+// of each batch a prefix, all of an acknowledged one, each at its cursor.
+func checkBatchPrefixes(t *testing.T, stored []storedMsg, cursors [][]string, size int) {
+	t.Helper()
+	prev, batch, next := -1, -1, 0 // the last event seen, its batch, and the batch's next place
+	for _, s := range stored {
+		e, _ := strconv.Atoi(s.data)
+		if e <= prev {
+			t.Fatalf("event %d stored after %d", e, prev)
+		}
+		k, place := e/size, e%size
+		if k != batch {
 			if batch >= 0 && cursors[batch] != nil && next != size {
 				t.Fatalf("batch %d acknowledged, but only %d of its events stored", batch, next)
 			}
-			for k, c := range cursors {
-				if c != nil && !slices.ContainsFunc(stored, func(s storedMsg) bool { return s.data == fmt.Sprint(k*size) }) {
-					t.Fatalf("batch %d acknowledged, not stored", k)
-				}
-			}
-			t.Logf("%d events stored, %d of %d batches failed", len(stored), failed, batches)
-		})
+			batch, next = k, 0
+		}
+		if place != next {
+			t.Fatalf("event %d stored after event %d of its batch: a gap", e, k*size+next-1)
+		}
+		next++
+		prev = e
+		if cursors[k] != nil && cursors[k][place] != broker.FormatJSCursor(s.seq) {
+			t.Fatalf("event %d at %s, its cursor %s", e, broker.FormatJSCursor(s.seq), cursors[k][place])
+		}
+	}
+	if batch >= 0 && cursors[batch] != nil && next != size {
+		t.Fatalf("batch %d acknowledged, but only %d of its events stored", batch, next)
+	}
+	for k, c := range cursors {
+		if c != nil && !slices.ContainsFunc(stored, func(s storedMsg) bool { return s.data == fmt.Sprint(k*size) }) {
+			t.Fatalf("batch %d acknowledged, not stored", k)
+		}
 	}
 }
 
