@@ -150,23 +150,19 @@ func (r *reader) spill(t *txn) error {
 	return nil
 }
 
-// abortSub drops the changes of t's rolled-back subtransaction xid. (Their
-// messages stay in t's arena blocks, no longer counted, until t ends.)
+// abortSub drops the changes of t's rolled-back subtransaction xid. Their
+// messages stay in t's arena blocks, and their places in its change list,
+// until t ends or is spilled: so they stay counted in t.mem and r.held
+// (MaxTxnMemory), which spilling t frees. Uncounted, a streamed
+// transaction whose subtransactions roll back over and over would grow
+// past the bound unseen.
 func (r *reader) abortSub(t *txn, xid uint32) {
 	r.in.log.Debug("ingest: a streamed transaction's subtransaction rolled back; its changes are dropped",
 		zap.Uint32("xid", t.xid), zap.Uint32("subxid", xid), zap.Bool("spilled", t.spill != nil))
 	if t.spill != nil {
 		t.spill.abort(xid)
 	}
-	t.changes.filter(func(h *heldChange) bool {
-		if h.xid != xid {
-			return true
-		}
-		n := heldSize(h)
-		t.mem -= n
-		r.held -= n
-		return false
-	})
+	t.changes.filter(func(h *heldChange) bool { return h.xid != xid })
 }
 
 // release lets t's changes go: it is committed (its changes are being

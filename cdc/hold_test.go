@@ -191,3 +191,42 @@ func TestChangeListKeepsOrder(t *testing.T) {
 		t.Fatalf("consume: %v, %d changes of %d, %d left", err, n, len(want), l.len())
 	}
 }
+
+// TestAbortedSubtransactionStaysCounted: the messages of a streamed
+// transaction's rolled-back subtransaction stay in its arena until it ends,
+// so they stay counted against MaxTxnMemory; past it, the transaction
+// spills, which frees them, and what it writes is only the changes kept.
+func TestAbortedSubtransactionStaysCounted(t *testing.T) {
+	cfg := Config{StateDir: t.TempDir()}
+	cfg.setDefaults()
+	r := &reader{in: &Ingest{cfg: cfg, log: zap.NewNop()}, streamed: make(map[uint32]*txn), rels: newRelations("db", nil, 0, pgjson.NewTypeCache(), nil)}
+	msg := pgUpdate(1, "42", "a value")
+	r.inStream, r.streamXid = true, 9
+	for i := range 100 {
+		if err := r.add(heldChange{msg: msg, xid: uint32(10 + i%2)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx := r.streamed[9]
+	held := r.held
+	if held == 0 || tx.mem != held {
+		t.Fatalf("held %d bytes, the transaction %d", held, tx.mem)
+	}
+	r.abortSub(tx, 11)
+	if tx.changes.len() != 50 {
+		t.Fatalf("%d changes after the rollback, want 50", tx.changes.len())
+	}
+	if r.held != held || tx.mem != held {
+		t.Fatalf("held %d, the transaction %d after the rollback, want %d: its messages are still in the arena", r.held, tx.mem, held)
+	}
+	// Past the bound, the transaction spills: its memory is free, and the
+	// spill file holds the 50 changes kept.
+	r.in.cfg.MaxTxnMemory = held
+	if err := r.add(heldChange{msg: msg, xid: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if tx.spill == nil || r.held != 0 || tx.mem != 0 {
+		t.Fatalf("spilled %v, held %d, the transaction %d", tx.spill != nil, r.held, tx.mem)
+	}
+	r.close()
+}
