@@ -36,15 +36,27 @@ func (b *JetStream) LastID(ctx context.Context, writer string, subjects []string
 // lastOn returns the sequence and Nats-Msg-Id of the stream's last message
 // on subj (0 and "" when there is none).
 func (b *JetStream) lastOn(ctx context.Context, subj string) (uint64, string, error) {
-	req, err := json.Marshal(struct {
+	seq, hdr, err := b.msgGet(ctx, struct {
 		LastFor string `json:"last_by_subj"`
 	}{subj})
 	if err != nil {
-		return 0, "", err
-	}
-	resp, err := b.core.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+b.cfg.Stream, req)
-	if err != nil {
 		return 0, "", fmt.Errorf("jetstream: last message on %q: %w", subj, err)
+	}
+	return seq, hdr.Get(jetstream.MsgIDHeader), nil
+}
+
+// msgGet asks the stream's leader for one message (the API's message get,
+// not a direct get, which a replica that has not stored it yet may answer)
+// and returns its sequence and headers: 0 and none when there is no such
+// message.
+func (b *JetStream) msgGet(ctx context.Context, req any) (uint64, nats.Header, error) {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := b.core.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+b.cfg.Stream, data)
+	if err != nil {
+		return 0, nil, err
 	}
 	var r struct {
 		Message *struct {
@@ -54,26 +66,23 @@ func (b *JetStream) lastOn(ctx context.Context, subj string) (uint64, string, er
 		Error *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(resp.Data, &r); err != nil {
-		return 0, "", fmt.Errorf("jetstream: last message on %q: %w", subj, err)
+		return 0, nil, err
 	}
-	if r.Error != nil {
-		if r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
-			return 0, "", nil
-		}
-		return 0, "", fmt.Errorf("jetstream: last message on %q: %w", subj, r.Error)
+	switch {
+	case r.Error != nil && r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return 0, nil, nil
+	case r.Error != nil:
+		return 0, nil, r.Error
+	case r.Message == nil:
+		return 0, nil, errors.New("an answer without a message")
+	case len(r.Message.Headers) == 0:
+		return r.Message.Seq, nil, nil
 	}
-	if r.Message == nil {
-		return 0, "", fmt.Errorf("jetstream: last message on %q: an answer without a message", subj)
+	hdr, err := nats.DecodeHeadersMsg(r.Message.Headers)
+	if err != nil {
+		return 0, nil, fmt.Errorf("headers: %w", err)
 	}
-	var id string
-	if len(r.Message.Headers) > 0 {
-		h, err := nats.DecodeHeadersMsg(r.Message.Headers)
-		if err != nil {
-			return 0, "", fmt.Errorf("jetstream: last message on %q: headers: %w", subj, err)
-		}
-		id = h.Get(jetstream.MsgIDHeader)
-	}
-	return r.Message.Seq, id, nil
+	return r.Message.Seq, hdr, nil
 }
 
 // registryBucket is the key-value bucket that holds the registry

@@ -4,13 +4,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 )
 
@@ -209,47 +207,16 @@ func (b *JetStream) findTagged(ctx context.Context, tag string, n int, last uint
 }
 
 // storedTag returns the pubTagHeader of the message stored at seq ("" when
-// it has none, or there is no message there: deleted, or expired). It asks
-// the stream's leader (the API's message get, not a direct get, which a
-// replica that has not stored seq yet may answer).
+// it has none, or there is no message there: deleted, or expired), as the
+// stream's leader has it (msgGet).
 func (b *JetStream) storedTag(ctx context.Context, seq uint64) (string, error) {
-	req, _ := json.Marshal(struct {
-		Seq uint64 `json:"seq"`
-	}{seq})
 	rctx, cancel := context.WithTimeout(ctx, publishAckTimeout)
 	defer cancel()
-	resp, err := b.core.nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET."+b.cfg.Stream, req)
+	_, hdr, err := b.msgGet(rctx, struct {
+		Seq uint64 `json:"seq"`
+	}{seq})
 	if err != nil {
-		return "", err
-	}
-	var r struct {
-		Message *struct {
-			Header []byte `json:"hdrs"`
-		} `json:"message"`
-		Error *jetstream.APIError `json:"error"`
-	}
-	if err := json.Unmarshal(resp.Data, &r); err != nil {
 		return "", fmt.Errorf("message get %d: %w", seq, err)
 	}
-	switch {
-	case r.Error != nil && r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
-		return "", nil
-	case r.Error != nil:
-		return "", fmt.Errorf("message get %d: %w", seq, r.Error)
-	case r.Message == nil || len(r.Message.Header) == 0:
-		return "", nil
-	}
-	return headerValue(r.Message.Header, pubTagHeader), nil
-}
-
-// headerValue returns the value of key in a NATS header block
-// ("NATS/1.0\r\nKey: value\r\n...\r\n\r\n"), "" when it has none.
-func headerValue(block []byte, key string) string {
-	for line := range bytes.SplitSeq(block, []byte("\r\n")) {
-		k, v, ok := bytes.Cut(line, []byte(":"))
-		if ok && string(bytes.TrimSpace(k)) == key {
-			return string(bytes.TrimSpace(v))
-		}
-	}
-	return ""
+	return hdr.Get(pubTagHeader), nil
 }
