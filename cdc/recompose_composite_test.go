@@ -130,25 +130,10 @@ func TestProjectionCompositeJoinsAgree(t *testing.T) {
 		}
 		last[proj][key] = canon(e.Doc)
 	}
-	want := map[string]string{}
-	rows, err := conn.Query(ctx, `SELECT o.code, json_build_object('code', o.code, 'tenant', o.tenant, 'cust', o.cust,
+	want := dbDocs(t, ctx, conn, canon, `SELECT o.code, json_build_object('code', o.code, 'tenant', o.tenant, 'cust', o.cust,
 		'items', coalesce((SELECT json_agg(json_build_object('tenant', i.tenant, 'order_code', i.order_code, 'n', i.n, 'qty', i.qty) ORDER BY i.n)
 			FROM items i WHERE i.tenant = o.tenant AND i.order_code = o.code), '[]'),
 		'customer', (SELECT json_build_object('tenant', c.tenant, 'id', c.id, 'name', c.name) FROM customers c WHERE c.tenant = o.tenant AND c.id = o.cust))::text FROM orders o`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var k, j string
-		if err := rows.Scan(&k, &j); err != nil {
-			t.Fatal(err)
-		}
-		want[k] = canon([]byte(j))
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
 	for id := 1; id <= orders; id++ {
 		k := fmt.Sprintf("o-%d", id)
 		w, ok := want[k]

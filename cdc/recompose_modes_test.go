@@ -170,21 +170,9 @@ func TestProjectionModesAgree(t *testing.T) {
 		last[proj][key] = canon(e.Doc)
 	}
 	// The database's documents.
-	want := map[string]string{}
-	rows, err := conn.Query(ctx, `SELECT o.id::text, json_build_object('customer_id', o.customer_id, 'total', o.total,
+	want := dbDocs(t, ctx, conn, canon, `SELECT o.id::text, json_build_object('customer_id', o.customer_id, 'total', o.total,
 		'items', coalesce((SELECT json_agg(json_build_object('id', i.id, 'qty', i.qty) ORDER BY i.id) FROM items i WHERE i.order_id = o.id), '[]'),
 		'customer', (SELECT json_build_object('id', c.id, 'name', c.name) FROM customers c WHERE c.id = o.customer_id))::text FROM orders o`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var k, j string
-		if err := rows.Scan(&k, &j); err != nil {
-			t.Fatal(err)
-		}
-		want[k] = canon([]byte(j))
-	}
-	rows.Close()
 	for id := 1; id < nextOrder; id++ {
 		k := fmt.Sprint(id)
 		w, ok := want[k]
@@ -224,4 +212,27 @@ func txExec(t *testing.T, ctx context.Context, conn *pgx.Conn) func(sqls ...stri
 			t.Fatalf("%v: %v", sqls, err)
 		}
 	}
+}
+
+// dbDocs runs query, whose rows are a key and a JSON document, and returns
+// the documents by key, as canon writes them.
+func dbDocs(t *testing.T, ctx context.Context, conn *pgx.Conn, canon func([]byte) string, query string) map[string]string {
+	t.Helper()
+	rows, err := conn.Query(ctx, query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	docs := map[string]string{}
+	for rows.Next() {
+		var k, j string
+		if err := rows.Scan(&k, &j); err != nil {
+			t.Fatal(err)
+		}
+		docs[k] = canon([]byte(j))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return docs
 }
