@@ -110,12 +110,10 @@ func (b *JetStream) Append(ctx context.Context, msgs []Outgoing, opts AppendOpti
 			b.core.log.Warn("jetstream append not acknowledged (failover?); sending again", zap.Int("messages", len(msgs)), zap.String("reason", r.why))
 		}
 		attempt++
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("jetstream append: %d messages not acknowledged: %w", len(msgs), ctx.Err())
-		case <-time.After(wait):
+		var err error
+		if wait, err = publishBackoff(ctx, wait); err != nil {
+			return fmt.Errorf("jetstream append: %d messages not acknowledged: %w", len(msgs), err)
 		}
-		wait = min(2*wait, publishRetryMax)
 	}
 	return nil
 }

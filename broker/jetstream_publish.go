@@ -129,12 +129,9 @@ func (b *JetStream) publishWindow(ctx context.Context, msgs []Outgoing, cursors 
 		if attempt == 0 {
 			b.core.log.Warn("jetstream publish not acknowledged (failover?); sending again", zap.Int("messages", len(msgs)))
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("jetstream publish: %d messages not acknowledged: %w", len(msgs), ctx.Err())
-		case <-time.After(wait):
+		if wait, err = publishBackoff(ctx, wait); err != nil {
+			return fmt.Errorf("jetstream publish: %d messages not acknowledged: %w", len(msgs), err)
 		}
-		wait = min(2*wait, publishRetryMax)
 	}
 }
 
@@ -330,6 +327,20 @@ func publishRetryable(err error, hasID bool) bool {
 		return hasID
 	}
 	return false
+}
+
+// publishBackoff waits wait before a publish is sent again, or until ctx
+// is done (its error), and returns the next wait: twice as long, at most
+// publishRetryMax.
+func publishBackoff(ctx context.Context, wait time.Duration) (time.Duration, error) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return wait, ctx.Err()
+	case <-t.C:
+	}
+	return min(2*wait, publishRetryMax), nil
 }
 
 // publishNoRetry turns off the library's own retry on "no responders":

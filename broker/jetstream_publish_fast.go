@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"time"
 
 	"go.uber.org/zap"
 )
@@ -101,12 +100,9 @@ func (b *JetStream) publishFast(ctx context.Context, msgs []Outgoing, cursors []
 			b.core.log.Warn("jetstream publish not acknowledged (failover?); sending again", zap.Int("messages", len(msgs)-start), zap.String("reason", r.why))
 		}
 		attempt++
-		select {
-		case <-ctx.Done():
-			return true, fmt.Errorf("jetstream publish: %d messages not acknowledged: %w", len(msgs)-start, ctx.Err())
-		case <-time.After(wait):
+		if wait, err = publishBackoff(ctx, wait); err != nil {
+			return true, fmt.Errorf("jetstream publish: %d messages not acknowledged: %w", len(msgs)-start, err)
 		}
-		wait = min(2*wait, publishRetryMax)
 	}
 	return true, nil
 }
