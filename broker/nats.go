@@ -217,13 +217,18 @@ func (b *NATS) Consume(ctx context.Context, h Handler, started func(start string
 		case <-b.closed:
 			return ErrClosed
 		}
+		if isBusSubject(m.Subject) { // the nodes' own bus (bus.go), which ">" matches
+			continue
+		}
 		arrived := time.Now()
 		batch = append(batch[:0], Message{Subject: m.Subject, Data: m.Data})
 	fill:
 		for len(batch) < maxBatch {
 			select {
 			case m = <-ch:
-				batch = append(batch, Message{Subject: m.Subject, Data: m.Data})
+				if !isBusSubject(m.Subject) {
+					batch = append(batch, Message{Subject: m.Subject, Data: m.Data})
+				}
 			default:
 				break fill
 			}

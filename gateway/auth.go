@@ -29,8 +29,11 @@ type Grants struct {
 	// (filter.go).
 	SubscribeWhere []string
 	// Claims are the token's claims, as row filters see them ("claims").
-	Claims    map[string]any
-	Publish   []string
+	Claims  map[string]any
+	Publish []string
+	// Presence are the subjects (patterns) where the connection may track
+	// itself as a member (the token's presence claim, as publish's).
+	Presence  []string
 	Expires   time.Time
 	Subject   string // the token's sub, for logs
 	Anonymous bool   // admitted without a token
@@ -180,6 +183,7 @@ func (a *JWTAuth) Grant(ctx context.Context, r *http.Request, payload json.RawMe
 	g.Subscribe, g.SubscribeWhere = subscribeGrants(claims)
 	g.Claims = normalizeJSON(map[string]any(claims)).(map[string]any)
 	g.Publish, g.PublishAsWritten = claimPatterns(claims, "publish")
+	g.Presence, _ = claimPatterns(claims, "presence")
 	return g, nil
 }
 

@@ -81,6 +81,7 @@ type conn struct {
 
 	// owned by serve (the reader)
 	rate     tokenBucket
+	presRate tokenBucket // track and untrack (Config.PresenceRate)
 	errCount int
 	errSince time.Time
 }
@@ -267,6 +268,7 @@ func (c *conn) end(err error) {
 		}
 		cancel()
 	}
+	c.s.pres.leaveAll(c) // its memberships and presence watches
 	c.cl.mb.close()
 	reason := c.disconnectReason(err)
 	c.s.metrics.Disconnects.WithLabelValues(reason).Inc()

@@ -23,7 +23,7 @@ func (c *conn) handle(data []byte) {
 	}
 	switch f.Type {
 	case "subscribe":
-		c.subscribe(*f.ID, *f.Subject, f.From, f.Durable, f.Where)
+		c.subscribe(*f.ID, *f.Subject, f.From, f.Durable, f.Where, f.Presence != nil && *f.Presence)
 	case "unsubscribe":
 		c.unsubscribe(*f.ID)
 	case "ping":
@@ -32,6 +32,12 @@ func (c *conn) handle(data []byte) {
 		c.refresh(deref(f.ID), *f.Token)
 	case "publish":
 		c.publish(*f.ID, *f.Subject, f.Data)
+	case "track":
+		c.track(*f.ID, *f.Subject, f.State)
+	case "untrack":
+		c.untrack(*f.ID, *f.Subject)
+	case "members":
+		c.members(*f.ID, *f.Subject, f.After, f.Limit)
 	}
 }
 
@@ -65,6 +71,7 @@ func (c *conn) refresh(id, token string) {
 		return
 	}
 	c.revokeUncovered(grants)
+	c.revokePresence(grants)
 	c.grants = grants
 	c.armExpiry()
 	var exp time.Time
@@ -178,7 +185,7 @@ func (c *conn) armExpiry() {
 	})
 }
 
-func (c *conn) subscribe(id, pattern string, from, durable, where *string) {
+func (c *conn) subscribe(id, pattern string, from, durable, where *string, presence bool) {
 	c.subsMu.Lock()
 	_, dup := c.subs[id]
 	n := len(c.subs)
@@ -218,20 +225,24 @@ func (c *conn) subscribe(id, pattern string, from, durable, where *string) {
 		return
 	}
 	if f != nil {
-		c.startLiveView(id, pattern, f)
+		c.startLiveView(id, pattern, f, presence)
 		return
 	}
-	st := &subState{pattern: pattern, live: true}
+	st := &subState{pattern: pattern, live: true, presence: presence}
 	c.subsMu.Lock()
 	c.subs[id] = st
 	c.subsMu.Unlock()
 	// The reply is queued while the index is held: no event for the
 	// subscription can precede it, the client cannot see it before the
 	// subscription is live, and the cursor it carries (durable brokers) is
-	// exactly the last event dispatched before it.
+	// exactly the last event dispatched before it. Its presence watch
+	// starts after the reply, so no presence message precedes it either.
 	var wake bool
 	c.s.hub.idx.addThen(c.cl, id, pattern, func() {
 		wake = c.queue(c.subscribedMsg(id, c.s.hub.lastCursor()))
+		if presence {
+			c.s.pres.watch(c, id, pattern)
+		}
 	})
 	if wake {
 		c.cl.signal()
@@ -273,9 +284,9 @@ func (c *conn) subscriptionFilter(pattern string, where *string) (*filter, strin
 // startLiveView starts a filtered subscription without history: it holds
 // nothing yet, and gets the events its filter accepts from now on (and a
 // leave for each document it was sent that stops passing).
-func (c *conn) startLiveView(id, pattern string, f *filter) {
+func (c *conn) startLiveView(id, pattern string, f *filter, presence bool) {
 	vs := c.newViewSub(id, pattern, f)
-	st := &subState{pattern: pattern, live: true, view: vs}
+	st := &subState{pattern: pattern, live: true, view: vs, presence: presence}
 	c.subsMu.Lock()
 	c.subs[id] = st
 	c.subsMu.Unlock()
@@ -284,6 +295,9 @@ func (c *conn) startLiveView(id, pattern string, f *filter) {
 	c.s.hub.idx.mu.Lock()
 	c.s.hub.addViewLocked(vs)
 	wake = c.queue(c.subscribedMsg(id, c.s.hub.lastCursor()))
+	if presence {
+		c.s.pres.watch(c, id, pattern)
+	}
 	c.s.hub.idx.mu.Unlock()
 	if wake {
 		c.cl.signal()
@@ -306,6 +320,9 @@ func (c *conn) viewTooLarge(id string, st *subState) {
 	}
 	delete(c.subs, id)
 	c.subsMu.Unlock()
+	if st.presence {
+		c.s.pres.unwatch(c, id)
+	}
 	var wake bool
 	if c.s.hub.removeView(st.view, func() { wake = c.queue(c.errorMsg(id, CodeViewTooLarge, c.s.viewTooLargeText(id))) }) {
 		c.s.metrics.Subscriptions.Dec()
@@ -346,6 +363,10 @@ func (c *conn) endSubscription(id string, st *subState, revoked bool, reply func
 	if revoked && c.subs[id] != st {
 		c.subsMu.Unlock()
 		return false
+	}
+	if st.presence {
+		// Before the reply: no presence message queued after it lists id.
+		c.s.pres.unwatch(c, id)
 	}
 	delete(c.subs, id)
 	live := st.live

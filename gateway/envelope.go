@@ -78,6 +78,7 @@ const (
 	kindEvent uint8 = iota
 	kindLeave
 	kindSynced
+	kindPresence // a subject's presence changes (presence.go): data is its body from "count" on
 )
 
 // kindJSON is the GraphQL EventKind of e.

@@ -115,3 +115,15 @@ func (c *AdmissionClock) Timer(at time.Time) (<-chan time.Time, func()) {
 		delete(c.timers, t)
 	}
 }
+
+// SilencePresence makes s send nothing more on the presence bus, as a
+// node that died: the others learn it only from its missing heart-beats.
+func SilencePresence(s *Server) { s.pres.silent.Store(true) }
+
+// FlushPresence delivers s's coalesced presence changes now, as its
+// interval's tick does.
+func FlushPresence(s *Server) {
+	s.pres.mu.Lock()
+	s.pres.flushLocked()
+	s.pres.unlock()
+}

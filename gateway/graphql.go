@@ -307,7 +307,7 @@ func (c *conn) gqlSubscribe(id string, p *gqlSubscribePayload) {
 	g.opsMu.Lock()
 	g.ops[id] = op
 	g.opsMu.Unlock()
-	c.subscribe(id, subject, from, durable, where)
+	c.subscribe(id, subject, from, durable, where, false)
 }
 
 // gqlComplete ends operation id at the client's request (no reply).

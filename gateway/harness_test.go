@@ -62,10 +62,20 @@ func newEnvJS(t testing.TB, kind string, jsMutate func(*broker.JetStreamConfig),
 // stream), as another node behind a load balancer.
 func (e *env) sibling(mutate func(*gateway.Config)) *env {
 	e.t.Helper()
+	if e.redis != nil {
+		return startEnvRedis(e.t, e.ns, e.kind, e.jsMutate, mutate, e.redis)
+	}
 	return startEnv(e.t, e.ns, e.kind, e.jsMutate, mutate)
 }
 
 func startEnv(t testing.TB, ns *server.Server, kind string, jsMutate func(*broker.JetStreamConfig), mutate func(*gateway.Config)) *env {
+	t.Helper()
+	return startEnvRedis(t, ns, kind, jsMutate, mutate, nil)
+}
+
+// startEnvRedis is startEnv whose "redis" kind uses shared (nil: a
+// redis-server of its own).
+func startEnvRedis(t testing.TB, ns *server.Server, kind string, jsMutate func(*broker.JetStreamConfig), mutate func(*gateway.Config), shared *brokertest.RedisServer) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -84,7 +94,10 @@ func startEnv(t testing.TB, ns *server.Server, kind string, jsMutate func(*broke
 		}
 		b, err = broker.DialJetStream(ctx, jcfg)
 	case "redis":
-		rs = brokertest.StartRedis(t, t.TempDir(), 0)
+		rs = shared
+		if rs == nil {
+			rs = brokertest.StartRedis(t, t.TempDir(), 0)
+		}
 		b, err = broker.DialRedis(ctx, broker.RedisConfig{URL: "redis://" + rs.Addr(), Stream: "{fanwire}"})
 	case "redis-cluster":
 		addrs := brokertest.RedisCluster(t, 3)
@@ -182,6 +195,7 @@ type client struct {
 	// the live-view tests, which set it, read the markers in order.
 	synced     []map[string]any
 	keepSynced bool
+	id         string // the connection's id, from its ready (dial)
 }
 
 func (e *env) dial() *client {
@@ -199,6 +213,7 @@ func (e *env) dial() *client {
 	if ready["type"] != "ready" || ready["connection_id"] == "" {
 		e.t.Fatalf("first message %v, want ready with a connection_id", ready)
 	}
+	cl.id, _ = ready["connection_id"].(string)
 	return cl
 }
 

@@ -27,14 +27,102 @@ type clientFrame struct {
 	Durable *string         `json:"durable"` // subscribe: bind (or create) the named durable consumer
 	Token   *string         `json:"token"`   // refresh: a new connection token
 	Data    json.RawMessage `json:"data"`    // publish: the event's data, any JSON value
+
+	// Presence (presence.go).
+	Presence *bool           `json:"presence"` // subscribe: also the presence changes of the subjects it matches
+	State    json.RawMessage `json:"state"`    // track: the member's state, any JSON value
+	After    *string         `json:"after"`    // members: the page starts after this member's key
+	Limit    *int            `json:"limit"`    // members: the page's size (1 to maxMembersPage)
 }
+
+// presenceFields reports which of the presence fields f holds, by name.
+func (f *clientFrame) presenceFields() []string {
+	var names []string
+	if f.Presence != nil {
+		names = append(names, "presence")
+	}
+	if f.State != nil {
+		names = append(names, "state")
+	}
+	if f.After != nil {
+		names = append(names, "after")
+	}
+	if f.Limit != nil {
+		names = append(names, "limit")
+	}
+	return names
+}
+
+// only checks that f holds no field beyond allowed, among all of them.
+func (f *clientFrame) only(allowed ...string) error {
+	present := f.presenceFields()
+	for _, kv := range []struct {
+		name string
+		set  bool
+	}{{"id", f.ID != nil}, {"subject", f.Subject != nil}, {"from", f.From != nil}, {"where", f.Where != nil},
+		{"durable", f.Durable != nil}, {"token", f.Token != nil}, {"data", f.Data != nil}} {
+		if kv.set {
+			present = append(present, kv.name)
+		}
+	}
+	for _, name := range present {
+		if !slices.Contains(allowed, name) {
+			return fmt.Errorf("%w: %s takes only %s, not %q", ErrBadFrame, f.Type, strings.Join(quoteAll(allowed), ", "), name)
+		}
+	}
+	return nil
+}
+
+func quoteAll(s []string) []string {
+	out := make([]string, len(s))
+	for i, v := range s {
+		out[i] = strconv.Quote(v)
+	}
+	return out
+}
+
+// maxMembersPage bounds a members page; defaultMembersPage is its size
+// when the request gives none.
+const (
+	maxMembersPage     = 1000
+	defaultMembersPage = 100
+)
 
 // parseClientFrame decodes and validates one client frame. Every error wraps
 // ErrBadFrame or ErrUnknownType and says what is wrong.
 func parseClientFrame(data []byte) (clientFrame, error) {
 	var f clientFrame
-	if err := decodeObject(data, &f, "type", "id", "subject", "from", "where", "durable", "token", "data"); err != nil {
+	if err := decodeObject(data, &f, "type", "id", "subject", "from", "where", "durable", "token", "data", "presence", "state", "after", "limit"); err != nil {
 		return f, fmt.Errorf("%w: %s", ErrBadFrame, err.Error())
+	}
+	switch f.Type {
+	case "track", "untrack", "members":
+		if err := checkID(f.ID); err != nil {
+			return f, err
+		}
+		if f.Subject == nil {
+			return f, fmt.Errorf("%w: %s needs \"subject\"", ErrBadFrame, f.Type)
+		}
+		allowed := []string{"id", "subject"}
+		switch f.Type {
+		case "track":
+			allowed = append(allowed, "state")
+		case "members":
+			allowed = append(allowed, "after", "limit")
+			if f.Limit != nil && (*f.Limit < 1 || *f.Limit > maxMembersPage) {
+				return f, fmt.Errorf("%w: \"limit\" must be 1 to %d", ErrBadFrame, maxMembersPage)
+			}
+		}
+		if err := f.only(allowed...); err != nil {
+			return f, err
+		}
+		return f, nil
+	}
+	if f.Type != "subscribe" && f.Presence != nil {
+		return f, fmt.Errorf("%w: \"presence\" belongs in a subscribe", ErrBadFrame)
+	}
+	if names := f.presenceFields(); len(names) > 0 && (f.Type != "subscribe" || len(names) > 1 || names[0] != "presence") {
+		return f, fmt.Errorf("%w: %q does not take %q", ErrBadFrame, f.Type, names[len(names)-1])
 	}
 	switch f.Type {
 	case "subscribe":
@@ -55,6 +143,9 @@ func parseClientFrame(data []byte) (clientFrame, error) {
 		}
 		if f.Data != nil {
 			return f, fmt.Errorf("%w: \"data\" belongs in a publish", ErrBadFrame)
+		}
+		if f.Presence != nil && *f.Presence && (f.From != nil || f.Durable != nil) {
+			return f, fmt.Errorf("%w: presence starts live: a subscribe with \"presence\" takes no \"from\" nor \"durable\" (subscribe to the presence apart, and ask for the members)", ErrBadFrame)
 		}
 	case "publish":
 		if err := checkID(f.ID); err != nil {

@@ -38,6 +38,7 @@ type Server struct {
 	consumers    broker.Consumers // static: the broker, if it keeps per-subscription consumers (JetStream)
 	replayEvents *eventCache      // events shared by replays and feeds; nil without history
 	hub          *hub             // static
+	pres         *presence        // static: presence (presence.go)
 	metrics      *Metrics         // static
 	log          *zap.Logger
 	mux          *http.ServeMux
@@ -91,6 +92,8 @@ func New(cfg Config) (*Server, error) {
 	s.durable, _ = cfg.Broker.(broker.Durable)
 	s.snapshots, _ = cfg.Broker.(broker.Snapshots)
 	s.exprs = newExprCache(uint64(cfg.MaxFilterCost))
+	bus, _ := cfg.Broker.(broker.Bus)
+	s.pres = newPresence(s, bus)
 	if cfg.Registry != nil {
 		cfg.Registry.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_views", Help: "Filtered subscriptions (a where or a row filter) live in the dispatcher's view index."}, func() float64 { return float64(s.hub.views.Load()) }),
@@ -159,6 +162,17 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // fails; it returns nil on a clean stop. Run one at a time.
 func (s *Server) Run(ctx context.Context) error {
 	defer s.consuming.Store(false)
+	// Presence runs beside the consumer and stops with it (after its bye).
+	pctx, stop := context.WithCancel(ctx)
+	presDone := make(chan struct{})
+	go func() {
+		defer close(presDone)
+		s.pres.run(pctx)
+	}()
+	defer func() {
+		stop()
+		<-presDone
+	}()
 	err := s.cfg.Broker.Consume(ctx, s.dispatch, func(start string) {
 		s.hub.setStart(start)
 		s.consuming.Store(true)

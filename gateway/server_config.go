@@ -105,6 +105,19 @@ type Config struct {
 	// Publishing is closed by default: without it, APIKeys or
 	// PublishTokens, POST /api/publish answers 403 publish_disabled.
 	AllowAnonymousPublish bool
+
+	// Presence (presence.go). A token tracks where its presence claim
+	// matches; AllowAnonymousPresence lets connections without a token
+	// (and gateways without authentication) track where they may
+	// subscribe.
+	AllowAnonymousPresence bool
+	MaxPresenceState       int           // a member's state, compacted JSON bytes (default 1,024)
+	MaxPresenceTracks      int           // subjects one connection tracks at once (default 16)
+	PresenceRate           int           // track and untrack messages per second per connection, burst twice that (default 5; negative: no limit)
+	PresenceListLimit      int           // over this many members a subject's changes are coalesced per PresenceInterval (default 100)
+	PresenceInterval       time.Duration // the coalescing interval of big subjects (default 1s)
+	PresenceHeartbeat      time.Duration // how often a node tells the others it lives (default 2s)
+	PresenceTimeout        time.Duration // a node silent this long is dead: its members leave (default 10s)
 	// ReservedSubjects are the patterns no publish through the gateway may
 	// write to (nil: DefaultReservedSubjects; empty, not nil: none), unless
 	// the credential names them explicitly: one of its publish patterns
@@ -239,6 +252,16 @@ func (c *Config) setDefaults() {
 	if c.ReservedSubjects == nil {
 		c.ReservedSubjects = DefaultReservedSubjects
 	}
+	def(&c.MaxPresenceState, 1024)
+	def(&c.MaxPresenceTracks, 16)
+	def(&c.PresenceRate, 5)
+	if c.PresenceRate < 0 {
+		c.PresenceRate = 0 // no limit
+	}
+	def(&c.PresenceListLimit, 100)
+	defDur(&c.PresenceInterval, time.Second)
+	defDur(&c.PresenceHeartbeat, 2*time.Second)
+	defDur(&c.PresenceTimeout, 10*time.Second)
 }
 
 // DefaultMaxConnectRate is Config.MaxConnectRate's default, upgrades per
@@ -253,6 +276,9 @@ func (c *Config) validate() error {
 	var errs []error
 	if c.Broker == nil {
 		errs = append(errs, errors.New("Broker is required"))
+	}
+	if c.PresenceTimeout < 2*c.PresenceHeartbeat {
+		errs = append(errs, fmt.Errorf("PresenceTimeout (%s) must be at least twice PresenceHeartbeat (%s): a node would be declared dead between two heart-beats", c.PresenceTimeout, c.PresenceHeartbeat))
 	}
 	for _, s := range c.Subjects {
 		if err := ValidatePattern(s); err != nil {

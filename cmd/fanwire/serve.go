@@ -52,6 +52,7 @@ type wsFlags struct {
 	tlsKey           string
 	apiKey           string
 	allowAnonPublish bool
+	presence         presenceFlags
 	reservedSubjects listFlag
 	allowSystem      listFlag
 	maxPublishBytes  int64
@@ -106,6 +107,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	f.reservedSubjects = listFlag(gateway.DefaultReservedSubjects)
 	fs.Var(&f.reservedSubjects, "reserved-subjects", "subject patterns no publish through the gateway may write to, comma-separated (the ingest's events), unless a key's or token's publish pattern that matches the subject lies inside one of them; empty: none")
 	fs.Var(&f.allowSystem, "allow-system-subjects", "system subject patterns to open, comma-separated, e.g. $KV.config.>: subjects whose first token starts with $ or is _INBOX (the NATS server's APIs, advisories and request replies) are closed to publishing and subscribing; even opened, only a publish pattern or a subscription that writes the first token out reaches them, never > or *.>")
+	f.presence.register(fs, dev)
 	fs.Int64Var(&f.maxPublishBytes, "max-publish-bytes", 1<<20, "largest POST /api/publish body, and largest data of a client publish (WebSocket message, GraphQL mutation): over it, too_large")
 	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
 	fs.Var(&f.allowedOrigins, "allowed-origins", "browser origins allowed to connect besides same-origin, comma-separated host patterns (e.g. app.example.com,*.example.com)")
@@ -370,11 +372,19 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		Authenticate:         authenticate,
 		APIKeys:              apiKeys,
 
-		PublishTokens:         f.jwtSecretFile != "" || f.jwtJWKSFile != "",
-		AllowAnonymousPublish: f.allowAnonPublish,
-		ReservedSubjects:      reserved,
-		AllowSystemSubjects:   f.allowSystem,
-		MetricsApart:          f.metricsListen != "",
+		PublishTokens:          f.jwtSecretFile != "" || f.jwtJWKSFile != "",
+		AllowAnonymousPublish:  f.allowAnonPublish,
+		AllowAnonymousPresence: f.presence.allowAnonymous,
+		MaxPresenceState:       f.presence.maxState,
+		MaxPresenceTracks:      f.presence.maxTracks,
+		PresenceRate:           f.presence.rate,
+		PresenceListLimit:      f.presence.listLimit,
+		PresenceInterval:       f.presence.interval,
+		PresenceHeartbeat:      f.presence.heartbeat,
+		PresenceTimeout:        f.presence.timeout,
+		ReservedSubjects:       reserved,
+		AllowSystemSubjects:    f.allowSystem,
+		MetricsApart:           f.metricsListen != "",
 	})
 	if err != nil {
 		return err

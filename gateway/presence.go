@@ -1,0 +1,603 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fanwire/fanwire/broker"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Presence: who is here, on a subject, across every node.
+//
+// A connection tracks itself on a concrete subject with a small state
+// (track); it is then a member of that subject until it untracks or its
+// connection ends, for any reason. A member is its connection's id (its
+// key), its token's sub and its state: the server sets the first two, the
+// client only the state.
+//
+// Every node keeps a replica of every subject's members: its own
+// connections' (the authority for them), and every other node's, learnt
+// over the broker's bus (presence_bus.go). A subscription with "presence"
+// gets the changes of the subjects its pattern matches, as "presence"
+// messages in order with its events; "members" pages through a subject's
+// members with their count.
+//
+// Big rooms: a subject with more than Config.PresenceListLimit members
+// has its changes coalesced per Config.PresenceInterval into one message
+// per subscription (a member that joins and leaves within it appears in
+// neither), so a join costs each watcher a few bytes at the next tick,
+// never a list.
+//
+// Lock order: the hub's index lock, then presence.mu (a subscription
+// starts watching while its reply is queued under the index); presence.mu
+// is never held while taking the index.
+type presence struct {
+	s         *Server     // static
+	self      string      // static: this node's id, new at each start
+	bus       broker.Bus  // static: nil when the broker has none (the node is alone)
+	listLimit int         // static: Config.PresenceListLimit
+	m         presMetrics // static
+
+	mu      sync.Mutex
+	rooms   map[string]*room              // guarded by mu: subject → members
+	local   map[*conn]map[string]struct{} // guarded by mu: the subjects each local connection tracks
+	exact   map[string][]*presenceWatch   // guarded by mu: watches of a concrete subject
+	wild    []*presenceWatch              // guarded by mu: watches of patterns with wildcards
+	watches map[*conn][]*presenceWatch    // guarded by mu: each connection's watches
+	dirty   map[*room]struct{}            // guarded by mu: rooms with coalesced changes to deliver
+	peers   map[string]*peer              // guarded by mu: the other nodes heard from
+	gone    map[string]time.Time          // guarded by mu: nodes that said bye, ignored until then
+	out     []busChange                   // guarded by mu: local changes not yet sent on the bus
+	ctrl    []busMsg                      // guarded by mu: sync requests to send
+	snap    bool                          // guarded by mu: a node asked for this node's members
+	seq     uint64                        // guarded by mu: the last delta's number
+	wake    chan struct{}                 // static, capacity 1: the sender has work
+	silent  atomic.Bool                   // tests: send nothing on the bus, as a dead node (SilencePresence)
+	closed  bool                          // guarded by mu: Run ended: local changes are not sent
+	ovf     []*conn                       // guarded by mu: connections whose mailbox overflowed, for after unlock
+	wakes   []*conn                       // guarded by mu: connections to wake after unlock
+	scratch map[*conn][]*presenceWatch    // guarded by mu: deliver's grouping, reused
+}
+
+// room is one subject's members.
+type room struct {
+	subject string
+	members map[string]*member // by connection id
+	sorted  []string           // members' keys in order, for pages; nil when stale
+	pend    map[string]pendingChange
+}
+
+// member is one connection's presence on a subject.
+type member struct {
+	node string // the node holding its connection (presence.self: this one)
+	sub  string
+	enc  []byte // {"conn":…[,"sub":…],"state":…}: what pages and changes carry
+	st   []byte // the state as in enc (compacted JSON; "null" when none)
+}
+
+// pendingChange is a member's coalesced change since a room's last
+// delivery.
+type pendingChange struct {
+	op  byte   // opJoin, opUpdate, opLeave
+	enc []byte // the member (a leave: {"conn":…[,"sub":…]})
+}
+
+const (
+	opJoin   = 'j'
+	opUpdate = 'u'
+	opLeave  = 'l'
+)
+
+// presenceWatch is a subscription with "presence": it gets the changes of
+// the subjects pattern matches.
+type presenceWatch struct {
+	c       *conn
+	id      string
+	pattern string
+	subs    *subsList // its id alone, encoded for its connection
+}
+
+type presMetrics struct {
+	members   prometheus.Gauge
+	local     prometheus.Gauge
+	nodes     prometheus.Gauge
+	changes   *prometheus.CounterVec
+	delivered prometheus.Counter
+	syncs     prometheus.Counter
+	expired   prometheus.Counter
+	lost      prometheus.Counter
+}
+
+func newPresence(s *Server, bus broker.Bus) *presence {
+	p := &presence{
+		s: s, self: newConnID(), bus: bus, listLimit: s.cfg.PresenceListLimit,
+		rooms: make(map[string]*room), local: make(map[*conn]map[string]struct{}),
+		exact: make(map[string][]*presenceWatch), watches: make(map[*conn][]*presenceWatch),
+		dirty: make(map[*room]struct{}), peers: make(map[string]*peer), gone: make(map[string]time.Time),
+		wake: make(chan struct{}, 1), scratch: make(map[*conn][]*presenceWatch),
+	}
+	p.m = presMetrics{
+		members:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_presence_members", Help: "Presence members this node knows, on every node (its replica)."}),
+		local:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_presence_local_members", Help: "Presence members of this node's connections."}),
+		nodes:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_presence_nodes", Help: "Other ws nodes this node hears on the presence bus."}),
+		changes:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_presence_changes_total", Help: "Presence changes applied to this node's replica, by origin (local: its connections; remote: another node's, from the bus; expired: a node that stopped heart-beating)."}, []string{"origin"}),
+		delivered: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_presence_messages_delivered_total", Help: "Presence messages queued to subscriptions."}),
+		syncs:     prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_presence_syncs_total", Help: "Full member lists this node took from another (a node met, or a gap in its messages)."}),
+		expired:   prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_presence_nodes_expired_total", Help: "Nodes whose members were removed after they missed heart-beats for --presence-timeout."}),
+		lost:      prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_presence_bus_errors_total", Help: "Bus messages this node failed to send or could not read."}),
+	}
+	s.cfg.Registry.MustRegister(p.m.members, p.m.local, p.m.nodes, p.m.changes, p.m.delivered, p.m.syncs, p.m.expired, p.m.lost)
+	return p
+}
+
+// memberJSON encodes a member: its key, its sub (omitted when anonymous)
+// and, unless leave, its state.
+func memberJSON(conn, sub string, state []byte, leave bool) []byte {
+	b := make([]byte, 0, 32+len(conn)+len(sub)+len(state))
+	b = append(b, `{"conn":`...)
+	b = appendJSONString(b, conn)
+	if sub != "" {
+		b = append(b, `,"sub":`...)
+		b = appendJSONString(b, sub)
+	}
+	if !leave {
+		b = append(b, `,"state":`...)
+		b = append(b, state...)
+	}
+	return append(b, '}')
+}
+
+// setLocked makes (conn, sub, state) a member of subject held by node: a
+// join, an update when its state changed, nothing when it did not. It
+// reports whether anything changed.
+func (p *presence) setLocked(subject, node, conn, sub string, state []byte, origin string) bool {
+	r := p.rooms[subject]
+	if r == nil {
+		r = &room{subject: subject, members: make(map[string]*member)}
+		p.rooms[subject] = r
+	}
+	if len(state) == 0 {
+		state = nullJSON
+	}
+	old := r.members[conn]
+	if old != nil && old.node == node && old.sub == sub && bytes.Equal(old.st, state) {
+		return false
+	}
+	enc := memberJSON(conn, sub, state, false)
+	m := &member{node: node, sub: sub, enc: enc, st: enc[len(enc)-1-len(state) : len(enc)-1]}
+	r.members[conn] = m
+	op := byte(opUpdate)
+	if old == nil {
+		op = opJoin
+		r.sorted = nil
+		p.m.members.Inc()
+	} else if old.node != node {
+		if pr := p.peers[old.node]; pr != nil {
+			delete(pr.members, memberRef{subject, conn})
+		}
+	}
+	if node != p.self {
+		if pr := p.peers[node]; pr != nil {
+			pr.members[memberRef{subject, conn}] = struct{}{}
+		}
+	}
+	p.m.changes.WithLabelValues(origin).Inc()
+	p.emitLocked(r, conn, op, enc)
+	return true
+}
+
+// removeLocked removes conn from subject's members if node holds it; it
+// reports whether it did.
+func (p *presence) removeLocked(subject, node, conn, origin string) bool {
+	r := p.rooms[subject]
+	if r == nil {
+		return false
+	}
+	m := r.members[conn]
+	if m == nil || m.node != node {
+		return false
+	}
+	delete(r.members, conn)
+	r.sorted = nil
+	p.m.members.Dec()
+	p.m.changes.WithLabelValues(origin).Inc()
+	p.emitLocked(r, conn, opLeave, memberJSON(conn, m.sub, nil, true))
+	if len(r.members) == 0 && len(r.pend) == 0 {
+		delete(p.rooms, subject)
+	}
+	return true
+}
+
+// emitLocked delivers a member's change to the room's watchers: at once
+// in a small room, at the next tick (coalesced) in a big one or one with
+// changes already waiting (they keep their order).
+func (p *presence) emitLocked(r *room, conn string, op byte, enc []byte) {
+	if len(r.pend) == 0 && len(r.members) <= p.listLimit {
+		p.deliverLocked(r, []pendingChange{{op: op, enc: enc}})
+		return
+	}
+	if r.pend == nil {
+		r.pend = make(map[string]pendingChange)
+	}
+	prev, had := r.pend[conn]
+	switch {
+	case !had:
+		r.pend[conn] = pendingChange{op: op, enc: enc}
+	case prev.op == opJoin && op == opLeave:
+		delete(r.pend, conn) // came and went within the interval
+	case prev.op == opJoin:
+		r.pend[conn] = pendingChange{op: opJoin, enc: enc}
+	case prev.op == opLeave && op == opJoin:
+		r.pend[conn] = pendingChange{op: opUpdate, enc: enc}
+	default:
+		r.pend[conn] = pendingChange{op: op, enc: enc}
+	}
+	p.dirty[r] = struct{}{}
+}
+
+// flushLocked delivers every room's coalesced changes.
+func (p *presence) flushLocked() {
+	for r := range p.dirty {
+		delete(p.dirty, r)
+		if len(r.pend) == 0 {
+			continue
+		}
+		keys := make([]string, 0, len(r.pend))
+		for k := range r.pend {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		changes := make([]pendingChange, len(keys))
+		for i, k := range keys {
+			changes[i] = r.pend[k]
+		}
+		r.pend = nil
+		p.deliverLocked(r, changes)
+		if len(r.members) == 0 {
+			delete(p.rooms, r.subject)
+		}
+	}
+}
+
+// presenceEvent builds the shared message of changes to r:
+//
+//	{"type":"presence","subject":…,"subs":[…],"count":N[,"joins":[…]][,"leaves":[…]][,"updates":[…]]}
+//
+// Its data (what GraphQL splices) is the part after "subs", from "count"
+// on, without the closing brace.
+func presenceEvent(subject string, count int, changes []pendingChange) *Event {
+	n := len(presencePrefix) + jsonStringLen(subject) + len(subsField) + 48
+	for _, c := range changes {
+		n += len(c.enc) + 1
+	}
+	buf := make([]byte, 0, n)
+	buf = append(buf, presencePrefix...)
+	buf = appendJSONString(buf, subject)
+	subjEnd := len(buf)
+	buf = append(buf, subsField...)
+	split := len(buf)
+	buf = append(buf, `,"count":`...)
+	dataStart := len(buf) - len(`"count":`)
+	buf = strconv.AppendInt(buf, int64(count), 10)
+	for _, kind := range []struct {
+		op   byte
+		name string
+	}{{opJoin, `,"joins":[`}, {opLeave, `,"leaves":[`}, {opUpdate, `,"updates":[`}} {
+		first := true
+		for _, c := range changes {
+			if c.op != kind.op {
+				continue
+			}
+			if first {
+				buf = append(buf, kind.name...)
+				first = false
+			} else {
+				buf = append(buf, ',')
+			}
+			buf = append(buf, c.enc...)
+		}
+		if !first {
+			buf = append(buf, ']')
+		}
+	}
+	buf = append(buf, '}')
+	return &Event{Subject: subject, buf: buf, split: split, subjEnd: int32(subjEnd), kind: kindPresence, data: buf[dataStart : len(buf)-1 : len(buf)-1]}
+}
+
+const presencePrefix = `{"type":"presence","subject":`
+
+// deliverLocked queues changes to r to every subscription watching it.
+func (p *presence) deliverLocked(r *room, changes []pendingChange) {
+	group := p.scratch
+	for _, w := range p.exact[r.subject] {
+		group[w.c] = append(group[w.c], w)
+	}
+	for _, w := range p.wild {
+		if MatchSubject(w.pattern, r.subject) {
+			group[w.c] = append(group[w.c], w)
+		}
+	}
+	if len(group) == 0 {
+		return
+	}
+	ev := presenceEvent(r.subject, len(r.members), changes)
+	for c, ws := range group {
+		subs := ws[0].subs
+		if len(ws) > 1 {
+			ids := make([]string, len(ws))
+			for i, w := range ws {
+				ids[i] = w.id
+			}
+			slices.Sort(ids)
+			ids = slices.Compact(ids)
+			subs = c.cl.subsFor(ids)
+		}
+		clear(ws)
+		delete(group, c)
+		n := len(ev.buf) + subs.size
+		wasEmpty, _, err := c.cl.mb.push(item{ev: ev, subs: subs}, n)
+		if err != nil {
+			if !c.cl.neverFits(n) && c.cl.overflowed.CompareAndSwap(false, true) {
+				p.ovf = append(p.ovf, c)
+			}
+			continue
+		}
+		p.m.delivered.Inc()
+		if wasEmpty {
+			p.wakes = append(p.wakes, c)
+		}
+	}
+}
+
+// unlock releases mu, then wakes the writers of the connections it
+// queued to and closes those that overflowed.
+func (p *presence) unlock() {
+	wakes, ovf := p.wakes, p.ovf
+	p.wakes, p.ovf = nil, nil
+	p.mu.Unlock()
+	for _, c := range wakes {
+		c.cl.signal()
+	}
+	for _, c := range ovf {
+		c.cl.onOverflow()
+	}
+}
+
+// track makes c a member of subject with state (compacted JSON), or
+// updates its state. It reports whether c is over max tracked subjects.
+func (p *presence) track(c *conn, subject string, state []byte, max int) (tooMany bool) {
+	p.mu.Lock()
+	defer p.unlock()
+	subjects := p.local[c]
+	if _, ok := subjects[subject]; !ok {
+		if len(subjects) >= max {
+			return true
+		}
+		if subjects == nil {
+			subjects = make(map[string]struct{})
+			p.local[c] = subjects
+		}
+		subjects[subject] = struct{}{}
+		p.m.local.Inc()
+	}
+	sub := ""
+	if c.grants != nil && !c.grants.Anonymous {
+		sub = c.grants.Subject
+	}
+	if len(state) == 0 {
+		state = nullJSON
+	}
+	if p.setLocked(subject, p.self, c.id, sub, state, "local") {
+		p.sendLocked(busChange{Op: string(rune(opJoin)), Subject: subject, Conn: c.id, Sub: sub, State: state})
+	}
+	return false
+}
+
+// untrack ends c's membership of subject; it reports whether c was a
+// member.
+func (p *presence) untrack(c *conn, subject string) bool {
+	p.mu.Lock()
+	defer p.unlock()
+	subjects := p.local[c]
+	if _, ok := subjects[subject]; !ok {
+		return false
+	}
+	delete(subjects, subject)
+	if len(subjects) == 0 {
+		delete(p.local, c)
+	}
+	p.m.local.Dec()
+	if p.removeLocked(subject, p.self, c.id, "local") {
+		p.sendLocked(busChange{Op: string(rune(opLeave)), Subject: subject, Conn: c.id})
+	}
+	return true
+}
+
+// leaveAll ends every membership and watch of c (its connection ended).
+func (p *presence) leaveAll(c *conn) {
+	p.mu.Lock()
+	defer p.unlock()
+	for _, w := range p.watches[c] {
+		p.unwatchLocked(w)
+	}
+	delete(p.watches, c)
+	subjects := p.local[c]
+	delete(p.local, c)
+	names := make([]string, 0, len(subjects))
+	for s := range subjects {
+		names = append(names, s)
+	}
+	slices.Sort(names)
+	for _, subject := range names {
+		p.m.local.Dec()
+		if p.removeLocked(subject, p.self, c.id, "local") {
+			p.sendLocked(busChange{Op: string(rune(opLeave)), Subject: subject, Conn: c.id})
+		}
+	}
+}
+
+// tracked is the subjects c tracks, in order.
+func (p *presence) tracked(c *conn) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]string, 0, len(p.local[c]))
+	for s := range p.local[c] {
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// watchLocked makes subscription id of c (on pattern) get presence
+// changes. The caller holds mu.
+func (p *presence) watchLocked(c *conn, id, pattern string) {
+	w := &presenceWatch{c: c, id: id, pattern: pattern, subs: c.cl.subsFor([]string{id})}
+	p.watches[c] = append(p.watches[c], w)
+	if isConcrete(pattern) {
+		p.exact[pattern] = append(p.exact[pattern], w)
+	} else {
+		p.wild = append(p.wild, w)
+	}
+}
+
+// watch is watchLocked taking mu.
+func (p *presence) watch(c *conn, id, pattern string) {
+	p.mu.Lock()
+	p.watchLocked(c, id, pattern)
+	p.mu.Unlock()
+}
+
+// unwatch stops subscription id of c getting presence changes: no
+// message queued after it returns lists id.
+func (p *presence) unwatch(c *conn, id string) {
+	p.mu.Lock()
+	ws := p.watches[c]
+	for i, w := range ws {
+		if w.id == id {
+			p.unwatchLocked(w)
+			ws = slices.Delete(ws, i, i+1)
+			break
+		}
+	}
+	if len(ws) == 0 {
+		delete(p.watches, c)
+	} else {
+		p.watches[c] = ws
+	}
+	p.mu.Unlock()
+}
+
+func (p *presence) unwatchLocked(w *presenceWatch) {
+	if isConcrete(w.pattern) {
+		ws := p.exact[w.pattern]
+		if i := slices.Index(ws, w); i >= 0 {
+			ws = slices.Delete(ws, i, i+1)
+		}
+		if len(ws) == 0 {
+			delete(p.exact, w.pattern)
+		} else {
+			p.exact[w.pattern] = ws
+		}
+		return
+	}
+	if i := slices.Index(p.wild, w); i >= 0 {
+		p.wild = slices.Delete(p.wild, i, i+1)
+	}
+}
+
+// isConcrete reports whether a valid pattern has no wildcard.
+func isConcrete(pattern string) bool {
+	for i := 0; i < len(pattern); i++ {
+		if (pattern[i] == '*' || pattern[i] == '>') && (i == 0 || pattern[i-1] == '.') && (i+1 == len(pattern) || pattern[i+1] == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// page is one page of subject's members in key order, after the key
+// after ("" from the first), at most limit of them: the members' JSON,
+// the count of all, and the key to ask after next ("" at the end).
+func (p *presence) page(subject, after string, limit int) (members [][]byte, count int, next string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.rooms[subject]
+	if r == nil {
+		return nil, 0, ""
+	}
+	if r.sorted == nil {
+		r.sorted = make([]string, 0, len(r.members))
+		for k := range r.members {
+			r.sorted = append(r.sorted, k)
+		}
+		sort.Strings(r.sorted)
+	}
+	i := 0
+	if after != "" {
+		i = sort.SearchStrings(r.sorted, after)
+		if i < len(r.sorted) && r.sorted[i] == after {
+			i++
+		}
+	}
+	end := min(i+limit, len(r.sorted))
+	members = make([][]byte, 0, end-i)
+	for _, k := range r.sorted[i:end] {
+		members = append(members, r.members[k].enc)
+	}
+	if end < len(r.sorted) {
+		next = r.sorted[end-1]
+	}
+	return members, len(r.members), next
+}
+
+// membersMessage is the reply to a members request.
+func membersMessage(id, subject string, members [][]byte, count int, next string) []byte {
+	n := 64 + len(id) + len(subject)
+	for _, m := range members {
+		n += len(m) + 1
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `{"type":"members","id":`...)
+	b = appendJSONString(b, id)
+	b = append(b, `,"subject":`...)
+	b = appendJSONString(b, subject)
+	b = append(b, `,"count":`...)
+	b = strconv.AppendInt(b, int64(count), 10)
+	b = append(b, `,"members":[`...)
+	for i, m := range members {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, m...)
+	}
+	b = append(b, ']')
+	if next != "" {
+		b = append(b, `,"next":`...)
+		b = appendJSONString(b, next)
+	}
+	return append(b, '}')
+}
+
+// compactState checks a member's state: any JSON value, compacted, at
+// most max bytes.
+func compactState(raw json.RawMessage, max int) ([]byte, error) {
+	if raw == nil {
+		return nullJSON, nil
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return nil, err
+	}
+	b := buf.Bytes()
+	if len(b) > max {
+		return nil, errStateTooLarge
+	}
+	return fixUTF8IfNeeded(b), nil
+}

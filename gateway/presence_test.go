@@ -1,0 +1,384 @@
+package gateway_test
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fanwire/fanwire/gateway"
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// presenceCfg makes presence quick to test: heart-beats every 200 ms, a
+// node dead after 3 s of silence (15 missed beats: a loaded machine does
+// not lose a live node), and anonymous members.
+func presenceCfg(mutate func(*gateway.Config)) func(*gateway.Config) {
+	return func(c *gateway.Config) {
+		c.AllowAnonymousPresence = true
+		c.PresenceHeartbeat = 200 * time.Millisecond
+		c.PresenceTimeout = 3 * time.Second
+		c.PresenceInterval = 100 * time.Millisecond
+		if mutate != nil {
+			mutate(c)
+		}
+	}
+}
+
+// presenceLog is what a watcher saw of a subject's members: the members
+// it holds (joins and updates minus leaves) and every leave, by key.
+type presenceLog struct {
+	members map[string]map[string]any
+	leaves  []string
+	count   float64
+}
+
+// watch reads cl's messages until cond holds of what it saw, applying its
+// presence messages to l.
+func (l *presenceLog) watch(cl *client, cond func(*presenceLog) bool) {
+	cl.t.Helper()
+	if l.members == nil {
+		l.members = map[string]map[string]any{}
+	}
+	for !cond(l) {
+		m := cl.nextWithin(15 * time.Second)
+		if m["type"] != "presence" {
+			cl.t.Fatalf("watcher got %v, want presence messages", m)
+		}
+		for _, kind := range []string{"joins", "updates"} {
+			list, _ := m[kind].([]any)
+			for _, v := range list {
+				mem := v.(map[string]any)
+				l.members[mem["conn"].(string)] = mem
+			}
+		}
+		list, _ := m["leaves"].([]any)
+		for _, v := range list {
+			k := v.(map[string]any)["conn"].(string)
+			delete(l.members, k)
+			l.leaves = append(l.leaves, k)
+		}
+		l.count = m["count"].(float64)
+	}
+}
+
+// members asks cl's node for every member of subject, a page at a time,
+// and returns their keys and the count.
+func members(cl *client, subject string, page int) (keys []string, count float64) {
+	cl.t.Helper()
+	after := ""
+	for i := 0; ; i++ {
+		req := `{"type":"members","id":"m` + strconv.Itoa(i) + `","subject":"` + subject + `","limit":` + strconv.Itoa(page)
+		if after != "" {
+			req += `,"after":"` + after + `"`
+		}
+		cl.send(req + "}")
+		m := cl.expect(map[string]any{"type": "members", "id": "m" + strconv.Itoa(i), "subject": subject})
+		count = m["count"].(float64)
+		for _, v := range m["members"].([]any) {
+			keys = append(keys, v.(map[string]any)["conn"].(string))
+		}
+		next, _ := m["next"].(string)
+		if next == "" {
+			return keys, count
+		}
+		after = next
+	}
+}
+
+// TestPresenceProtocol: track, update, untrack and a closed connection
+// each reach a watcher, in order with the subject's events; members pages
+// through a subject's members with their count; bad requests get their
+// codes with their ids and change nothing.
+func TestPresenceProtocol(t *testing.T) {
+	e := newEnv(t, presenceCfg(func(c *gateway.Config) { c.PresenceRate = 1000 }))
+	w := e.dial()
+	w.send(`{"type":"subscribe","id":"w","subject":"room.1","presence":true}`)
+	w.expect(map[string]any{"type": "subscribed", "id": "w"})
+
+	a, b := e.dial(), e.dial()
+	a.send(`{"type":"track","id":"t1","subject":"room.1","state":{ "name" : "ann" }}`)
+	a.expect(map[string]any{"type": "tracked", "id": "t1"})
+	w.expect(map[string]any{"type": "presence", "subject": "room.1", "subs": []any{"w"}, "count": 1,
+		"joins": []any{map[string]any{"conn": a.id, "state": map[string]any{"name": "ann"}}}})
+	e.publish("room.1", `{"text":"hi"}`)
+	w.expect(map[string]any{"type": "event", "subject": "room.1", "data": map[string]any{"text": "hi"}})
+	b.send(`{"type":"track","id":"t2","subject":"room.1"}`)
+	b.expect(map[string]any{"type": "tracked", "id": "t2"})
+	w.expect(map[string]any{"type": "presence", "count": 2, "joins": []any{map[string]any{"conn": b.id, "state": nil}}})
+	a.send(`{"type":"track","id":"t3","subject":"room.1","state":{"name":"ann","typing":true}}`)
+	a.expect(map[string]any{"type": "tracked", "id": "t3"})
+	w.expect(map[string]any{"type": "presence", "count": 2, "updates": []any{map[string]any{"conn": a.id, "state": map[string]any{"name": "ann", "typing": true}}}})
+	// The same state again (compacted, byte for byte) changes nothing: no message.
+	a.send(`{"type":"track","id":"t4","subject":"room.1","state":{"name": "ann","typing":true}}`)
+	a.expect(map[string]any{"type": "tracked", "id": "t4"})
+
+	keys, count := members(w, "room.1", 1)
+	want := []string{a.id, b.id}
+	slices.Sort(want)
+	if count != 2 || !slices.Equal(keys, want) {
+		t.Fatalf("members: %v (count %v), want %v", keys, count, want)
+	}
+
+	b.send(`{"type":"untrack","id":"u1","subject":"room.1"}`)
+	b.expect(map[string]any{"type": "untracked", "id": "u1"})
+	w.expect(map[string]any{"type": "presence", "count": 1, "leaves": []any{map[string]any{"conn": b.id}}})
+	b.send(`{"type":"untrack","id":"u2","subject":"room.1"}`) // not a member: the same answer, no message
+	b.expect(map[string]any{"type": "untracked", "id": "u2"})
+	_ = a.c.CloseNow()
+	w.expect(map[string]any{"type": "presence", "count": 0, "leaves": []any{map[string]any{"conn": a.id}}})
+	w.quiet()
+
+	// Bad requests.
+	c := e.dial()
+	for _, tc := range []struct{ frame, code, id string }{
+		{`{"type":"track","id":"x1","subject":"room.*"}`, "bad_subject", "x1"},
+		{`{"type":"track","id":"x2","subject":"room.1","state":{},"sub":"admin"}`, "bad_frame", ""},
+		{`{"type":"track","id":"x3","subject":"room.1","data":{}}`, "bad_frame", "x3"},
+		{`{"type":"track","id":"x4","subject":"$SYS.x"}`, "forbidden", "x4"},
+		{`{"type":"members","id":"x5","subject":"room.1","limit":0}`, "bad_frame", "x5"},
+		{`{"type":"members","id":"x6","subject":"room.>"}`, "bad_subject", "x6"},
+		{`{"type":"subscribe","id":"x7","subject":"room.1","presence":true,"from":"first"}`, "bad_frame", "x7"},
+		{`{"type":"publish","id":"x8","subject":"room.1","data":{},"state":{}}`, "bad_frame", "x8"},
+		{`{"type":"untrack","id":"x9"}`, "bad_frame", "x9"},
+		{`{"type":"track","id":"x10","subject":"room.1","state":{"big":"` + fmt.Sprintf("%01100d", 0) + `"}}`, "too_large", "x10"},
+		{`{"type":"track","id":"x11","subject":"room.1","state":{]}`, "bad_frame", ""},
+	} {
+		c.send(tc.frame)
+		m := c.next()
+		if m["type"] != "error" || m["code"] != tc.code || (tc.id != "" && m["id"] != tc.id) {
+			t.Errorf("%s: got %v, want error %s with id %q", tc.frame, m, tc.code, tc.id)
+		}
+	}
+	if keys, count := members(c, "room.1", 100); count != 0 || len(keys) != 0 {
+		t.Fatalf("after refused tracks: members %v, count %v", keys, count)
+	}
+	w.quiet()
+}
+
+// TestPresenceLimits: a connection's tracks are capped, and track and
+// untrack are rate-limited, with the message's id.
+func TestPresenceLimits(t *testing.T) {
+	e := newEnv(t, presenceCfg(func(c *gateway.Config) {
+		c.MaxPresenceTracks = 2
+		c.PresenceRate = 2 // burst 4
+	}))
+	c := e.dial()
+	c.send(`{"type":"track","id":"a","subject":"room.1"}`)
+	c.expect(map[string]any{"type": "tracked", "id": "a"})
+	c.send(`{"type":"track","id":"b","subject":"room.2"}`)
+	c.expect(map[string]any{"type": "tracked", "id": "b"})
+	c.send(`{"type":"track","id":"c","subject":"room.3"}`)
+	c.expect(map[string]any{"type": "error", "id": "c", "code": "too_many_tracks"})
+	c.send(`{"type":"track","id":"d","subject":"room.1","state":1}`)
+	c.expect(map[string]any{"type": "tracked", "id": "d"})
+	c.send(`{"type":"track","id":"e","subject":"room.1","state":2}`)
+	c.expect(map[string]any{"type": "error", "id": "e", "code": "rate_limited"})
+	keys, _ := members(c, "room.1", 10)
+	if !slices.Equal(keys, []string{c.id}) {
+		t.Fatalf("members %v", keys)
+	}
+}
+
+// TestPresenceGrants: a token tracks only where its presence claim
+// matches, as its own sub (a client cannot claim another identity: the
+// frame has no such field); members and presence watches need a
+// subscribe grant; an anonymous connection tracks only with
+// AllowAnonymousPresence; a refreshed token that drops the claim ends
+// the membership.
+func TestPresenceGrants(t *testing.T) {
+	e, token := publishTokens(t, nil)
+	w := e.dialToken(token(jwt.MapClaims{"sub": "watcher", "subscribe": []any{"room.{tenant}.*"}}))
+	w.send(`{"type":"subscribe","id":"w","subject":"room.acme.*","presence":true}`)
+	w.expect(map[string]any{"type": "subscribed", "id": "w"})
+
+	u := e.dialToken(token(jwt.MapClaims{"sub": "u7", "presence": []any{"room.{tenant}.*"}}))
+	u.send(`{"type":"track","id":"t","subject":"room.acme.1","state":{"sub":"admin"}}`)
+	u.expect(map[string]any{"type": "tracked", "id": "t"})
+	m := w.expect(map[string]any{"type": "presence", "subject": "room.acme.1", "count": 1})
+	got := m["joins"].([]any)[0].(map[string]any)
+	if got["sub"] != "u7" || got["conn"] == "" {
+		t.Fatalf("member %v: want the token's sub u7 and the connection's id", got)
+	}
+	u.send(`{"type":"track","id":"t2","subject":"room.other.1"}`)
+	u.expect(map[string]any{"type": "error", "id": "t2", "code": "forbidden"})
+
+	none := e.dialToken(token(nil))
+	none.send(`{"type":"track","id":"t3","subject":"room.acme.1"}`)
+	none.expect(map[string]any{"type": "error", "id": "t3", "code": "forbidden"})
+	anon := e.dialToken("")
+	anon.send(`{"type":"track","id":"t4","subject":"room.acme.1"}`)
+	anon.expect(map[string]any{"type": "error", "id": "t4", "code": "forbidden"})
+	outsider := e.dialToken(token(jwt.MapClaims{"subscribe": []any{"other.>"}}))
+	outsider.send(`{"type":"members","id":"m","subject":"room.acme.1"}`)
+	outsider.expect(map[string]any{"type": "error", "id": "m", "code": "forbidden"})
+	outsider.send(`{"type":"subscribe","id":"s","subject":"room.acme.1","presence":true}`)
+	outsider.expect(map[string]any{"type": "error", "id": "s", "code": "forbidden"})
+
+	// A refresh without the claim ends the membership.
+	u.send(`{"type":"refresh","id":"r","token":"` + token(jwt.MapClaims{"sub": "u7"}) + `"}`)
+	u.expect(map[string]any{"type": "error", "code": "revoked"})
+	u.expect(map[string]any{"type": "refreshed", "id": "r"})
+	w.expect(map[string]any{"type": "presence", "subject": "room.acme.1", "count": 0})
+}
+
+// TestPresenceBigRoom: over PresenceListLimit members a subject's changes
+// are coalesced into one message per interval (a member that joins and
+// leaves within it is in neither list), with the count.
+func TestPresenceBigRoom(t *testing.T) {
+	e := newEnv(t, presenceCfg(func(c *gateway.Config) {
+		c.PresenceListLimit = 2
+		c.PresenceInterval = time.Hour // flushed by the test
+		c.PresenceRate = 1000
+	}))
+	w := e.dial()
+	w.send(`{"type":"subscribe","id":"w","subject":"room.1","presence":true}`)
+	w.expect(map[string]any{"type": "subscribed", "id": "w"})
+	var cs []*client
+	for i := range 6 {
+		c := e.dial()
+		c.send(`{"type":"track","id":"t","subject":"room.1","state":` + strconv.Itoa(i) + `}`)
+		c.expect(map[string]any{"type": "tracked", "id": "t"})
+		cs = append(cs, c)
+	}
+	// The first two, at once.
+	w.expect(map[string]any{"type": "presence", "count": 1})
+	w.expect(map[string]any{"type": "presence", "count": 2})
+	// A member that comes and goes within the interval.
+	x := e.dial()
+	x.send(`{"type":"track","id":"t","subject":"room.1"}`)
+	x.expect(map[string]any{"type": "tracked", "id": "t"})
+	x.send(`{"type":"untrack","id":"u","subject":"room.1"}`)
+	x.expect(map[string]any{"type": "untracked", "id": "u"})
+	cs[0].send(`{"type":"untrack","id":"u","subject":"room.1"}`)
+	cs[0].expect(map[string]any{"type": "untracked", "id": "u"})
+	gateway.FlushPresence(e.srv)
+	m := w.expect(map[string]any{"type": "presence", "count": 5})
+	joins, leaves := m["joins"].([]any), m["leaves"].([]any)
+	if len(joins) != 4 || len(leaves) != 1 || leaves[0].(map[string]any)["conn"] != cs[0].id || m["updates"] != nil {
+		t.Fatalf("coalesced message %v: want the 4 later joins and the first member's leave", m)
+	}
+	w.quiet()
+}
+
+// presenceNodes starts n gateways sharing one broker of kind.
+func presenceNodes(t *testing.T, kind string, n int) []*env {
+	first := newEnvOn(t, kind, presenceCfg(nil))
+	nodes := []*env{first}
+	for len(nodes) < n {
+		nodes = append(nodes, first.sibling(presenceCfg(nil)))
+	}
+	return nodes
+}
+
+// kill stops e as a dead node would for the others: its bus goes silent
+// first (no heart-beat, leave or bye reaches them), then its connections
+// close. (cmd/fanwire's TestPresenceSIGKILL kills a real process.)
+func (e *env) kill() {
+	gateway.SilencePresence(e.srv)
+	e.stop()
+}
+
+// TestPresenceAcrossNodes: on each broker, members on three nodes are
+// seen by watchers on every node, and each node's members page agrees;
+// when a node dies, the others see exactly its members leave, once.
+func TestPresenceAcrossNodes(t *testing.T) {
+	for _, kind := range []string{"nats", "jetstream", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			nodes := presenceNodes(t, kind, 3)
+			var watchers []*client
+			for i, n := range nodes[:2] {
+				w := n.dial()
+				w.send(`{"type":"subscribe","id":"w","subject":"app.room","presence":true}`)
+				w.expect(map[string]any{"type": "subscribed", "id": "w"})
+				watchers = append(watchers, w)
+				_ = i
+			}
+			byNode := map[int][]string{}
+			for i, n := range nodes {
+				for j := range 3 {
+					c := n.dial()
+					c.send(`{"type":"track","id":"t","subject":"app.room","state":{"node":` + strconv.Itoa(i) + `,"i":` + strconv.Itoa(j) + `}}`)
+					c.expect(map[string]any{"type": "tracked", "id": "t"})
+					byNode[i] = append(byNode[i], c.id)
+				}
+			}
+			logs := make([]*presenceLog, len(watchers))
+			for i, w := range watchers {
+				logs[i] = &presenceLog{}
+				logs[i].watch(w, func(l *presenceLog) bool { return len(l.members) == 9 })
+				if len(logs[i].leaves) != 0 {
+					t.Fatalf("watcher %d saw leaves %v while members joined", i, logs[i].leaves)
+				}
+			}
+			for i, n := range nodes {
+				if keys, count := members(n.dial(), "app.room", 4); count != 9 || len(keys) != 9 {
+					t.Fatalf("node %d lists %d members (count %v), want 9", i, len(keys), count)
+				}
+			}
+
+			nodes[2].kill()
+			dead := slices.Clone(byNode[2])
+			slices.Sort(dead)
+			for i, w := range watchers {
+				l := logs[i]
+				l.watch(w, func(l *presenceLog) bool { return len(l.members) == 6 })
+				got := slices.Clone(l.leaves)
+				slices.Sort(got)
+				if !slices.Equal(got, dead) {
+					t.Fatalf("watcher %d saw leaves %v, want exactly the dead node's %v", i, got, dead)
+				}
+				if l.count != 6 {
+					t.Fatalf("watcher %d: count %v after the leaves, want 6", i, l.count)
+				}
+				w.quiet() // once: nothing more
+			}
+			for i, n := range nodes[:2] {
+				if _, count := members(n.dial(), "app.room", 100); count != 6 {
+					t.Fatalf("node %d counts %v members after the kill, want 6", i, count)
+				}
+			}
+		})
+	}
+}
+
+// TestPresenceLateNode: a node that starts after members joined learns
+// them from the others (without any of them changing), and a node that
+// stops gracefully has its members leave at once everywhere.
+func TestPresenceLateNode(t *testing.T) {
+	a := newEnv(t, presenceCfg(func(c *gateway.Config) { c.PresenceTimeout = time.Hour }))
+	var keys []string
+	for range 3 {
+		c := a.dial()
+		c.send(`{"type":"track","id":"t","subject":"room.1"}`)
+		c.expect(map[string]any{"type": "tracked", "id": "t"})
+		keys = append(keys, c.id)
+	}
+	wa := a.dial()
+	wa.send(`{"type":"subscribe","id":"w","subject":"room.1","presence":true}`)
+	wa.expect(map[string]any{"type": "subscribed", "id": "w"})
+
+	b := a.sibling(presenceCfg(func(c *gateway.Config) { c.PresenceTimeout = time.Hour }))
+	cb := b.dial()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if _, count := members(cb, "room.1", 100); count == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the late node never listed the 3 members")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	wa.quiet() // the sync changed nothing on the first node
+
+	// b's member, then b stops: its member leaves at once, though no
+	// node would time it out.
+	cb.send(`{"type":"track","id":"t","subject":"room.1"}`)
+	cb.expect(map[string]any{"type": "tracked", "id": "t"})
+	wa.expect(map[string]any{"type": "presence", "count": 4})
+	b.stop()
+	wa.expect(map[string]any{"type": "presence", "count": 3, "leaves": []any{map[string]any{"conn": cb.id}}})
+	wa.quiet()
+}
