@@ -120,6 +120,10 @@ func (c *AdmissionClock) Timer(at time.Time) (<-chan time.Time, func()) {
 // node that died: the others learn it only from its missing heart-beats.
 func SilencePresence(s *Server) { s.pres.silent.Store(true) }
 
+// DropPresenceSends makes s lose its next n messages on the presence bus
+// (at most once: as a broker may lose them).
+func DropPresenceSends(s *Server, n int) { s.pres.drop.Store(int32(n)) }
+
 // FlushPresence delivers s's coalesced presence changes now, as its
 // interval's tick does.
 func FlushPresence(s *Server) {

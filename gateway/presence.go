@@ -60,6 +60,7 @@ type presence struct {
 	seq     uint64                        // guarded by mu: the last delta's number
 	wake    chan struct{}                 // static, capacity 1: the sender has work
 	silent  atomic.Bool                   // tests: send nothing on the bus, as a dead node (SilencePresence)
+	drop    atomic.Int32                  // tests: the next messages to lose on the bus (DropPresenceSends)
 	closed  bool                          // guarded by mu: Run ended: local changes are not sent
 	ovf     []*conn                       // guarded by mu: connections whose mailbox overflowed, for after unlock
 	wakes   []*conn                       // guarded by mu: connections to wake after unlock

@@ -231,6 +231,9 @@ func (p *presence) sendPending(ctx context.Context, beat bool) {
 		return
 	}
 	for _, b := range msgs {
+		if p.drop.Load() > 0 && p.drop.Add(-1) >= 0 {
+			continue // lost, as the bus may lose it
+		}
 		sctx, cancel := context.WithTimeout(ctx, busSendTimeout)
 		err := p.bus.BusSend(sctx, b)
 		cancel()

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/golang-jwt/jwt/v5"
 )
@@ -381,4 +382,101 @@ func TestPresenceLateNode(t *testing.T) {
 	b.stop()
 	wa.expect(map[string]any{"type": "presence", "count": 3, "leaves": []any{map[string]any{"conn": cb.id}}})
 	wa.quiet()
+}
+
+// TestPresenceNATSCluster: three ws nodes, each on its own server of a
+// 3-node NATS cluster (an R3 stream). One host dies (its NATS server and
+// its ws node): the others see exactly its members leave. Another node's
+// NATS server dies while the node lives: its connection fails over to a
+// surviving server within the timeout, and none of its members flaps.
+func TestPresenceNATSCluster(t *testing.T) {
+	servers := brokertest.NATSCluster(t, 3)
+	cfg := presenceCfg(func(c *gateway.Config) {
+		c.Subjects = []string{"orders.>", "app.>"}
+		c.PresenceTimeout = 8 * time.Second // a fail-over (reconnect wait 250 ms to 1 s) fits many times
+	})
+	var nodes []*env
+	for _, ns := range servers {
+		nodes = append(nodes, startEnv(t, ns, "jetstream", r3, cfg))
+	}
+	w := nodes[0].dial()
+	w.send(`{"type":"subscribe","id":"w","subject":"app.room","presence":true}`)
+	w.expect(map[string]any{"type": "subscribed", "id": "w"})
+	byNode := map[int][]string{}
+	for i, n := range nodes {
+		for range 2 {
+			c := n.dial()
+			c.send(`{"type":"track","id":"t","subject":"app.room"}`)
+			c.expect(map[string]any{"type": "tracked", "id": "t"})
+			byNode[i] = append(byNode[i], c.id)
+		}
+	}
+	l := &presenceLog{}
+	l.watch(w, func(l *presenceLog) bool { return len(l.members) == 6 })
+
+	// Node 1's server dies; node 1 lives and fails over.
+	servers[1].Shutdown()
+	servers[1].WaitForShutdown()
+	// Node 2's host dies: its server and its ws node.
+	gateway.SilencePresence(nodes[2].srv)
+	servers[2].Shutdown()
+	servers[2].WaitForShutdown()
+	nodes[2].stop()
+
+	l.watch(w, func(l *presenceLog) bool { return len(l.members) == 4 })
+	got, dead := slices.Clone(l.leaves), slices.Clone(byNode[2])
+	slices.Sort(got)
+	slices.Sort(dead)
+	if !slices.Equal(got, dead) {
+		t.Fatalf("leaves %v, want exactly the dead host's members %v", got, dead)
+	}
+	// Node 1's members stayed, and a member tracked on it now reaches
+	// node 0 through the surviving server.
+	c := nodes[1].dial()
+	c.send(`{"type":"track","id":"t","subject":"app.room"}`)
+	c.expect(map[string]any{"type": "tracked", "id": "t"})
+	l.watch(w, func(l *presenceLog) bool { return len(l.members) == 5 })
+	if len(l.leaves) != 2 {
+		t.Fatalf("leaves %v: a member of the node whose server failed over flapped", l.leaves)
+	}
+	for _, k := range byNode[1] {
+		if l.members[k] == nil {
+			t.Fatalf("member %s of the node that failed over is gone", k)
+		}
+	}
+}
+
+// TestPresenceLostDelta: a change lost on the bus is repaired: the next
+// heart-beat tells the other node it missed one, and it asks for the
+// sender's members.
+func TestPresenceLostDelta(t *testing.T) {
+	for _, kind := range []string{"nats", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			nodes := presenceNodes(t, kind, 2)
+			w := nodes[0].dial()
+			w.send(`{"type":"subscribe","id":"w","subject":"app.room","presence":true}`)
+			w.expect(map[string]any{"type": "subscribed", "id": "w"})
+			// Both nodes know each other once a change of one reaches the other.
+			first := nodes[1].dial()
+			first.send(`{"type":"track","id":"t","subject":"app.room"}`)
+			first.expect(map[string]any{"type": "tracked", "id": "t"})
+			l := &presenceLog{}
+			l.watch(w, func(l *presenceLog) bool { return len(l.members) == 1 })
+
+			gateway.DropPresenceSends(nodes[1].srv, 1)
+			c := nodes[1].dial()
+			c.send(`{"type":"track","id":"t","subject":"app.room","state":"lost"}`)
+			c.expect(map[string]any{"type": "tracked", "id": "t"})
+			l.watch(w, func(l *presenceLog) bool { return len(l.members) == 2 })
+			if got := l.members[c.id]["state"]; got != "lost" {
+				t.Fatalf("repaired member %v", l.members[c.id])
+			}
+			if n := nodes[0].metric("fanwire_presence_syncs_total", nil); n < 1 {
+				t.Fatalf("fanwire_presence_syncs_total %v: the repair should be a sync", n)
+			}
+			if len(l.leaves) != 0 {
+				t.Fatalf("leaves %v during the repair", l.leaves)
+			}
+		})
+	}
 }
