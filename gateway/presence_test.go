@@ -1,12 +1,15 @@
 package gateway_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/golang-jwt/jwt/v5"
@@ -476,6 +479,100 @@ func TestPresenceLostDelta(t *testing.T) {
 			}
 			if len(l.leaves) != 0 {
 				t.Fatalf("leaves %v during the repair", l.leaves)
+			}
+		})
+	}
+}
+
+// TestPresenceChurnCountsAgree: members joining, changing and leaving
+// at once on two nodes; when the churn stops, both nodes list exactly the
+// members that remain, and a watcher on each holds the same set.
+func TestPresenceChurnCountsAgree(t *testing.T) {
+	for _, kind := range []string{"nats", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			nodes := presenceNodes(t, kind, 2)
+			var watchers []*client
+			for _, n := range nodes {
+				w := n.dial()
+				w.send(`{"type":"subscribe","id":"w","subject":"app.room","presence":true}`)
+				w.expect(map[string]any{"type": "subscribed", "id": "w"})
+				watchers = append(watchers, w)
+			}
+			const perNode = 20
+			type result struct {
+				id   string
+				stay bool
+			}
+			results := make(chan result, 10*perNode)
+			for i, n := range nodes {
+				for j := range perNode {
+					c := n.dial()
+					go func() {
+						// Join, change, and (every third) leave or close.
+						// (Not c.send: a failed write is the test's, reported below.)
+						send := func(s string) {
+							ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+							defer cancel()
+							if err := c.c.Write(ctx, websocket.MessageText, []byte(s)); err != nil {
+								results <- result{id: "write failed: " + err.Error()}
+							}
+						}
+						for k := range 3 {
+							send(`{"type":"track","id":"t` + strconv.Itoa(k) + `","subject":"app.room","state":` + strconv.Itoa(k) + `}`)
+						}
+						stay := (i+j)%3 != 0
+						if !stay {
+							if j%2 == 0 {
+								send(`{"type":"untrack","id":"u","subject":"app.room"}`)
+							} else {
+								_ = c.c.CloseNow()
+							}
+						}
+						results <- result{c.id, stay}
+					}()
+				}
+			}
+			var want []string
+			for range 2 * perNode {
+				r := <-results
+				if strings.HasPrefix(r.id, "write failed") {
+					t.Fatal(r.id)
+				}
+				if r.stay {
+					want = append(want, r.id)
+				}
+			}
+			slices.Sort(want)
+			for i, n := range nodes {
+				cl := n.dial()
+				deadline := time.Now().Add(15 * time.Second)
+				for {
+					keys, count := members(cl, "app.room", 7)
+					if slices.Equal(keys, want) && int(count) == len(want) {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("node %d lists %v (count %v), want %v", i, keys, count, want)
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+			for i, w := range watchers {
+				l := &presenceLog{}
+				l.watch(w, func(l *presenceLog) bool {
+					if len(l.members) != len(want) {
+						return false
+					}
+					for _, k := range want {
+						if l.members[k] == nil || l.members[k]["state"] != float64(2) {
+							return false
+						}
+					}
+					return true
+				})
+				if int(l.count) != len(want) {
+					t.Fatalf("watcher %d: count %v, want %d", i, l.count, len(want))
+				}
 			}
 		})
 	}
