@@ -33,7 +33,7 @@ func (c *conn) handle(data []byte) {
 	case "publish":
 		c.publish(*f.ID, *f.Subject, f.Data)
 	case "track":
-		c.track(*f.ID, *f.Subject, f.State)
+		c.track(*f.ID, *f.Subject, f.State, deref(f.Resume))
 	case "untrack":
 		c.untrack(*f.ID, *f.Subject)
 	case "members":

@@ -17,7 +17,7 @@ const (
 )
 
 // track makes the connection a member of subject, or updates its state.
-func (c *conn) track(id, subject string, state json.RawMessage) {
+func (c *conn) track(id, subject string, state json.RawMessage, resume string) {
 	if !c.presenceRateOK(id) {
 		return
 	}
@@ -38,11 +38,14 @@ func (c *conn) track(id, subject string, state json.RawMessage) {
 		c.clientError(id, CodeBadFrame, "track: \"state\": "+err.Error())
 		return
 	}
-	if c.s.pres.track(c, subject, st, c.s.cfg.MaxPresenceTracks) {
+	key, secret, tooMany := c.s.pres.track(c, subject, st, resume, c.s.cfg.MaxPresenceTracks)
+	if tooMany {
 		c.clientError(id, CodeTooManyTracks, "this connection tracks "+strconv.Itoa(c.s.cfg.MaxPresenceTracks)+" subjects already (--max-presence-tracks): untrack one first")
 		return
 	}
-	c.send(c.presenceReply("tracked", id))
+	if c.gql == nil {
+		c.send(trackedMessage(id, key, secret))
+	}
 }
 
 // untrack ends the connection's membership of subject. Untracking a
@@ -72,6 +75,17 @@ func (c *conn) members(id, subject string, after *string, limit *int) {
 	}
 	ms, count, next := c.s.pres.page(subject, deref(after), n)
 	c.send(membersMessage(id, subject, ms, count, next))
+}
+
+// trackedMessage is the reply to a track: the member's key, and the
+// secret that resumes it from another connection.
+func trackedMessage(id, key, secret string) []byte {
+	b := append([]byte(`{"type":"tracked","id":`), appendJSONString(nil, id)...)
+	b = append(b, `,"member":`...)
+	b = appendJSONString(b, key)
+	b = append(b, `,"resume":`...)
+	b = appendJSONString(b, secret)
+	return append(b, '}')
 }
 
 // presenceReply is track's or untrack's reply (none in GraphQL, whose

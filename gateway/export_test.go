@@ -124,6 +124,9 @@ func SilencePresence(s *Server) { s.pres.silent.Store(true) }
 // (at most once: as a broker may lose them).
 func DropPresenceSends(s *Server, n int) { s.pres.drop.Store(int32(n)) }
 
+// SweepPresence runs s's sweep of dead nodes and ended graces as at now.
+func SweepPresence(s *Server, now time.Time) { s.pres.sweep(now) }
+
 // FlushPresence delivers s's coalesced presence changes now, as its
 // interval's tick does.
 func FlushPresence(s *Server) {

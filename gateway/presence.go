@@ -46,41 +46,49 @@ type presence struct {
 	m         presMetrics // static
 
 	mu      sync.Mutex
-	rooms   map[string]*room              // guarded by mu: subject → members
-	local   map[*conn]map[string]struct{} // guarded by mu: the subjects each local connection tracks
-	exact   map[string][]*presenceWatch   // guarded by mu: watches of a concrete subject
-	wild    []*presenceWatch              // guarded by mu: watches of patterns with wildcards
-	watches map[*conn][]*presenceWatch    // guarded by mu: each connection's watches
-	dirty   map[*room]struct{}            // guarded by mu: rooms with coalesced changes to deliver
-	peers   map[string]*peer              // guarded by mu: the other nodes heard from
-	gone    map[string]time.Time          // guarded by mu: nodes that said bye, ignored until then
-	out     []busChange                   // guarded by mu: local changes not yet sent on the bus
-	ctrl    []busMsg                      // guarded by mu: sync requests to send
-	snap    bool                          // guarded by mu: a node asked for this node's members
-	seq     uint64                        // guarded by mu: the last delta's number
-	wake    chan struct{}                 // static, capacity 1: the sender has work
-	silent  atomic.Bool                   // tests: send nothing on the bus, as a dead node (SilencePresence)
-	drop    atomic.Int32                  // tests: the next messages to lose on the bus (DropPresenceSends)
-	closed  bool                          // guarded by mu: Run ended: local changes are not sent
-	ovf     []*conn                       // guarded by mu: connections whose mailbox overflowed, for after unlock
-	wakes   []*conn                       // guarded by mu: connections to wake after unlock
-	scratch map[*conn][]*presenceWatch    // guarded by mu: deliver's grouping, reused
+	rooms   map[string]*room            // guarded by mu: subject → members
+	local   map[*conn]map[string]string // guarded by mu: the subjects each local connection tracks, and its member's key on each
+	exact   map[string][]*presenceWatch // guarded by mu: watches of a concrete subject
+	wild    []*presenceWatch            // guarded by mu: watches of patterns with wildcards
+	watches map[*conn][]*presenceWatch  // guarded by mu: each connection's watches
+	dirty   map[*room]struct{}          // guarded by mu: rooms with coalesced changes to deliver
+	leaving map[memberRef]time.Time     // guarded by mu: members of stopped nodes, until their grace ends (unless resumed)
+	drained bool                        // guarded by mu: this node stops: its members stay elsewhere, for their clients to resume
+	peers   map[string]*peer            // guarded by mu: the other nodes heard from
+	gone    map[string]time.Time        // guarded by mu: nodes that said bye, ignored until then
+	out     []busChange                 // guarded by mu: local changes not yet sent on the bus
+	ctrl    []busMsg                    // guarded by mu: sync requests to send
+	snap    bool                        // guarded by mu: a node asked for this node's members
+	seq     uint64                      // guarded by mu: the last delta's number
+	wake    chan struct{}               // static, capacity 1: the sender has work
+	silent  atomic.Bool                 // tests: send nothing on the bus, as a dead node (SilencePresence)
+	drop    atomic.Int32                // tests: the next messages to lose on the bus (DropPresenceSends)
+	closed  bool                        // guarded by mu: Run ended: local changes are not sent
+	ovf     []*conn                     // guarded by mu: connections whose mailbox overflowed, for after unlock
+	wakes   []*conn                     // guarded by mu: connections to wake after unlock
+	scratch map[*conn][]*presenceWatch  // guarded by mu: deliver's grouping, reused
 }
 
 // room is one subject's members.
 type room struct {
-	subject string
-	members map[string]*member // by connection id
-	sorted  []string           // members' keys in order, for pages; nil when stale
-	pend    map[string]pendingChange
+	subject  string
+	members  map[string]*member // by key
+	byResume map[string]string  // resume secret → key
+	sorted   []string           // members' keys in order, for pages; nil when stale
+	pend     map[string]pendingChange
 }
 
-// member is one connection's presence on a subject.
+// member is one connection's presence on a subject. Its key is the id of
+// the connection that first tracked it; a client that resumes it from
+// another connection (its resume secret) keeps the key, and nobody sees
+// it leave and join.
 type member struct {
-	node string // the node holding its connection (presence.self: this one)
-	sub  string
-	enc  []byte // {"conn":…[,"sub":…],"state":…}: what pages and changes carry
-	st   []byte // the state as in enc (compacted JSON; "null" when none)
+	node   string // the node holding its connection (presence.self: this one)
+	owner  *conn  // that connection, when it is this node's
+	sub    string
+	resume string // the secret that resumes it, known to its client and the nodes only
+	enc    []byte // {"conn":<key>[,"sub":…],"state":…}: what pages and changes carry
+	st     []byte // the state as in enc (compacted JSON; "null" when none)
 }
 
 // pendingChange is a member's coalesced change since a room's last
@@ -119,7 +127,7 @@ type presMetrics struct {
 func newPresence(s *Server, bus broker.Bus) *presence {
 	p := &presence{
 		s: s, self: newConnID(), bus: bus, listLimit: s.cfg.PresenceListLimit,
-		rooms: make(map[string]*room), local: make(map[*conn]map[string]struct{}),
+		rooms: make(map[string]*room), local: make(map[*conn]map[string]string), leaving: make(map[memberRef]time.Time),
 		exact: make(map[string][]*presenceWatch), watches: make(map[*conn][]*presenceWatch),
 		dirty: make(map[*room]struct{}), peers: make(map[string]*peer), gone: make(map[string]time.Time),
 		wake: make(chan struct{}, 1), scratch: make(map[*conn][]*presenceWatch),
@@ -155,61 +163,95 @@ func memberJSON(conn, sub string, state []byte, leave bool) []byte {
 	return append(b, '}')
 }
 
-// setLocked makes (conn, sub, state) a member of subject held by node: a
-// join, an update when its state changed, nothing when it did not. It
-// reports whether anything changed.
-func (p *presence) setLocked(subject, node, conn, sub string, state []byte, origin string) bool {
+// setLocked makes key a member of subject with sub and state, held by
+// node (owner: its connection when node is this one), resumed with the
+// secret resume: a join, or an update when its state changed. A member
+// that only moved (another node or connection holds it now: a resume)
+// changes nothing its watchers see. It reports whether watchers were told
+// (visible) and whether the member moved.
+func (p *presence) setLocked(subject, node string, owner *conn, key, sub, resume string, state []byte, origin string) (visible, moved bool) {
 	r := p.rooms[subject]
 	if r == nil {
-		r = &room{subject: subject, members: make(map[string]*member)}
+		r = &room{subject: subject, members: make(map[string]*member), byResume: make(map[string]string)}
 		p.rooms[subject] = r
 	}
 	if len(state) == 0 {
 		state = nullJSON
 	}
-	old := r.members[conn]
-	if old != nil && old.node == node && old.sub == sub && bytes.Equal(old.st, state) {
-		return false
+	ref := memberRef{subject, key}
+	old := r.members[key]
+	if old != nil {
+		if old.node != node || old.owner != owner {
+			moved = true
+			p.releaseLocked(ref, old)
+		}
+		if old.resume != resume {
+			delete(r.byResume, old.resume)
+		}
+		delete(p.leaving, ref)
 	}
-	enc := memberJSON(conn, sub, state, false)
-	m := &member{node: node, sub: sub, enc: enc, st: enc[len(enc)-1-len(state) : len(enc)-1]}
-	r.members[conn] = m
+	if node != p.self {
+		if pr := p.peers[node]; pr != nil {
+			pr.members[ref] = struct{}{}
+		}
+	}
+	if resume != "" {
+		r.byResume[resume] = key
+	}
+	if old != nil && old.sub == sub && bytes.Equal(old.st, state) {
+		old.node, old.owner, old.resume = node, owner, resume
+		return false, moved
+	}
+	enc := memberJSON(key, sub, state, false)
+	m := &member{node: node, owner: owner, sub: sub, resume: resume, enc: enc, st: enc[len(enc)-1-len(state) : len(enc)-1]}
+	r.members[key] = m
 	op := byte(opUpdate)
 	if old == nil {
 		op = opJoin
 		r.sorted = nil
 		p.m.members.Inc()
-	} else if old.node != node {
-		if pr := p.peers[old.node]; pr != nil {
-			delete(pr.members, memberRef{subject, conn})
-		}
-	}
-	if node != p.self {
-		if pr := p.peers[node]; pr != nil {
-			pr.members[memberRef{subject, conn}] = struct{}{}
-		}
 	}
 	p.m.changes.WithLabelValues(origin).Inc()
-	p.emitLocked(r, conn, op, enc)
-	return true
+	p.emitLocked(r, key, op, enc)
+	return true, moved
 }
 
-// removeLocked removes conn from subject's members if node holds it; it
-// reports whether it did.
-func (p *presence) removeLocked(subject, node, conn, origin string) bool {
+// releaseLocked forgets who held m (ref) before it moved: its node's list,
+// or its connection's subjects on this node.
+func (p *presence) releaseLocked(ref memberRef, m *member) {
+	if m.node != p.self {
+		if pr := p.peers[m.node]; pr != nil {
+			delete(pr.members, ref)
+		}
+		return
+	}
+	if subjects := p.local[m.owner]; subjects != nil && subjects[ref.subject] == ref.conn {
+		delete(subjects, ref.subject)
+		if len(subjects) == 0 {
+			delete(p.local, m.owner)
+		}
+		p.m.local.Dec()
+	}
+}
+
+// removeLocked removes key from subject's members if node (and, on this
+// node, owner) holds it; it reports whether it did.
+func (p *presence) removeLocked(subject, node string, owner *conn, key, origin string) bool {
 	r := p.rooms[subject]
 	if r == nil {
 		return false
 	}
-	m := r.members[conn]
-	if m == nil || m.node != node {
+	m := r.members[key]
+	if m == nil || m.node != node || (node == p.self && m.owner != owner) {
 		return false
 	}
-	delete(r.members, conn)
+	delete(r.members, key)
+	delete(r.byResume, m.resume)
+	delete(p.leaving, memberRef{subject, key})
 	r.sorted = nil
 	p.m.members.Dec()
 	p.m.changes.WithLabelValues(origin).Inc()
-	p.emitLocked(r, conn, opLeave, memberJSON(conn, m.sub, nil, true))
+	p.emitLocked(r, key, opLeave, memberJSON(key, m.sub, nil, true))
 	if len(r.members) == 0 && len(r.pend) == 0 {
 		delete(p.rooms, subject)
 	}
@@ -372,34 +414,53 @@ func (p *presence) unlock() {
 }
 
 // track makes c a member of subject with state (compacted JSON), or
-// updates its state. It reports whether c is over max tracked subjects.
-func (p *presence) track(c *conn, subject string, state []byte, max int) (tooMany bool) {
+// updates its state. resume, when it is the secret of a member of subject
+// with c's sub (on any node, its connection gone or going), makes c that
+// member again: same key, no leave, no join. It returns the member's key
+// and secret, or tooMany when c tracks max subjects already.
+func (p *presence) track(c *conn, subject string, state []byte, resume string, max int) (key, secret string, tooMany bool) {
 	p.mu.Lock()
 	defer p.unlock()
-	subjects := p.local[c]
-	if _, ok := subjects[subject]; !ok {
-		if len(subjects) >= max {
-			return true
-		}
-		if subjects == nil {
-			subjects = make(map[string]struct{})
-			p.local[c] = subjects
-		}
-		subjects[subject] = struct{}{}
-		p.m.local.Inc()
-	}
 	sub := ""
 	if c.grants != nil && !c.grants.Anonymous {
 		sub = c.grants.Subject
 	}
+	subjects := p.local[c]
+	key, ok := subjects[subject]
+	if ok {
+		secret = p.rooms[subject].members[key].resume
+	} else {
+		if len(subjects) >= max {
+			return "", "", true
+		}
+		key = c.id
+		if r := p.rooms[subject]; r != nil && resume != "" {
+			if k, found := r.byResume[resume]; found && r.members[k].sub == sub {
+				key, secret = k, resume
+			}
+		}
+		if secret == "" {
+			secret = newResumeSecret()
+		}
+		if subjects == nil {
+			subjects = make(map[string]string)
+			p.local[c] = subjects
+		}
+		subjects[subject] = key
+		p.m.local.Inc()
+	}
 	if len(state) == 0 {
 		state = nullJSON
 	}
-	if p.setLocked(subject, p.self, c.id, sub, state, "local") {
-		p.sendLocked(busChange{Op: string(rune(opJoin)), Subject: subject, Conn: c.id, Sub: sub, State: state})
+	visible, moved := p.setLocked(subject, p.self, c, key, sub, secret, state, "local")
+	if visible || moved {
+		p.sendLocked(busChange{Op: string(rune(opJoin)), Subject: subject, Conn: key, Sub: sub, State: state, Resume: secret})
 	}
-	return false
+	return key, secret, false
 }
+
+// newResumeSecret is a member's resume secret: 128 random bits.
+func newResumeSecret() string { return newConnID() + newConnID() }
 
 // untrack ends c's membership of subject; it reports whether c was a
 // member.
@@ -407,7 +468,8 @@ func (p *presence) untrack(c *conn, subject string) bool {
 	p.mu.Lock()
 	defer p.unlock()
 	subjects := p.local[c]
-	if _, ok := subjects[subject]; !ok {
+	key, ok := subjects[subject]
+	if !ok {
 		return false
 	}
 	delete(subjects, subject)
@@ -415,13 +477,16 @@ func (p *presence) untrack(c *conn, subject string) bool {
 		delete(p.local, c)
 	}
 	p.m.local.Dec()
-	if p.removeLocked(subject, p.self, c.id, "local") {
-		p.sendLocked(busChange{Op: string(rune(opLeave)), Subject: subject, Conn: c.id})
+	if p.removeLocked(subject, p.self, c, key, "local") {
+		p.sendLocked(busChange{Op: string(rune(opLeave)), Subject: subject, Conn: key})
 	}
 	return true
 }
 
 // leaveAll ends every membership and watch of c (its connection ended).
+// On a node that stops (drain), its members are left to the other nodes,
+// which keep them for their clients to resume elsewhere until the grace
+// ends (presence_bus.go).
 func (p *presence) leaveAll(c *conn) {
 	p.mu.Lock()
 	defer p.unlock()
@@ -438,8 +503,9 @@ func (p *presence) leaveAll(c *conn) {
 	slices.Sort(names)
 	for _, subject := range names {
 		p.m.local.Dec()
-		if p.removeLocked(subject, p.self, c.id, "local") {
-			p.sendLocked(busChange{Op: string(rune(opLeave)), Subject: subject, Conn: c.id})
+		key := subjects[subject]
+		if p.removeLocked(subject, p.self, c, key, "local") && !p.drained {
+			p.sendLocked(busChange{Op: string(rune(opLeave)), Subject: subject, Conn: key})
 		}
 	}
 }

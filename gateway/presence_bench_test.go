@@ -34,7 +34,7 @@ func BenchmarkPresenceMemberMemory(b *testing.B) {
 		runtime.ReadMemStats(&before)
 		p.mu.Lock()
 		for i, k := range keys {
-			p.setLocked("room.1", "node-b", k, "user-"+strconv.Itoa(i), state, "remote")
+			p.setLocked("room.1", "node-b", nil, k, "user-"+strconv.Itoa(i), k+k, state, "remote")
 		}
 		p.mu.Unlock()
 		runtime.GC()
@@ -53,15 +53,15 @@ func BenchmarkPresenceChange(b *testing.B) {
 	state := []byte(`{"name":"member-name","typing":false}`)
 	p.mu.Lock()
 	for i := range 10_000 {
-		p.setLocked("room.1", "node-b", newConnID(), "u"+strconv.Itoa(i), state, "remote")
+		p.setLocked("room.1", "node-b", nil, newConnID(), "u"+strconv.Itoa(i), newResumeSecret(), state, "remote")
 	}
 	p.mu.Unlock()
 	key := newConnID()
 	b.ReportAllocs()
 	for b.Loop() {
 		p.mu.Lock()
-		p.setLocked("room.1", "node-b", key, "u", state, "remote")
-		p.removeLocked("room.1", "node-b", key, "remote")
+		p.setLocked("room.1", "node-b", nil, key, "u", key+key, state, "remote")
+		p.removeLocked("room.1", "node-b", nil, key, "remote")
 		p.flushLocked()
 		p.mu.Unlock()
 	}

@@ -62,6 +62,7 @@ type busChange struct {
 	Conn    string          `json:"k"`
 	Sub     string          `json:"u,omitempty"`
 	State   json.RawMessage `json:"st,omitempty"`
+	Resume  string          `json:"rs,omitempty"` // the member's resume secret (nodes only, never clients)
 }
 
 // memberRef names a member across rooms.
@@ -177,6 +178,20 @@ func (p *presence) loop(ctx context.Context) {
 	}
 }
 
+// drain starts the node's stop (Server.Shutdown): it says bye now, and
+// its connections' ends no longer make their members leave: the other
+// nodes keep them for the grace, for their clients to resume elsewhere.
+func (p *presence) drain() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drained || p.bus == nil {
+		return
+	}
+	p.drained = true
+	p.ctrl = append(p.ctrl, busMsg{T: "bye", N: p.self})
+	p.signal()
+}
+
 // stop says bye (the node's members leave everywhere at once) and sends
 // nothing after it.
 func (p *presence) stop() {
@@ -252,13 +267,13 @@ func (p *presence) sendPending(ctx context.Context, beat bool) {
 func (p *presence) snapshotLocked(limit int) [][]byte {
 	var all []busChange
 	for c, subjects := range p.local {
-		for subject := range subjects {
+		for subject, key := range subjects {
 			r := p.rooms[subject]
 			if r == nil {
 				continue
 			}
-			if m := r.members[c.id]; m != nil && m.node == p.self {
-				all = append(all, busChange{Subject: subject, Conn: c.id, Sub: m.sub, State: m.st})
+			if m := r.members[key]; m != nil && m.node == p.self && m.owner == c {
+				all = append(all, busChange{Subject: subject, Conn: key, Sub: m.sub, State: m.st, Resume: m.resume})
 			}
 		}
 	}
@@ -306,7 +321,14 @@ func (p *presence) receive(data []byte) {
 	pr := p.peers[m.N]
 	if m.T == "bye" {
 		if pr != nil {
-			p.dropPeerLocked(pr, "remote")
+			// Its members stay for the grace (the timeout), for their
+			// clients to resume them on another node; those not resumed
+			// leave then (sweep).
+			for ref := range pr.members {
+				p.leaving[ref] = now.Add(p.s.cfg.PresenceTimeout)
+			}
+			delete(p.peers, pr.id)
+			p.m.nodes.Set(float64(len(p.peers)))
 		}
 		p.gone[m.N] = now.Add(goneFor)
 		return
@@ -384,9 +406,9 @@ func (p *presence) applyDeltaLocked(pr *peer, m busMsg) {
 	for _, c := range m.C {
 		switch c.Op {
 		case "j", "u":
-			p.setLocked(c.Subject, pr.id, c.Conn, c.Sub, c.State, "remote")
+			p.setLocked(c.Subject, pr.id, nil, c.Conn, c.Sub, c.Resume, c.State, "remote")
 		case "l":
-			if p.removeLocked(c.Subject, pr.id, c.Conn, "remote") {
+			if p.removeLocked(c.Subject, pr.id, nil, c.Conn, "remote") {
 				delete(pr.members, memberRef{c.Subject, c.Conn})
 			}
 		}
@@ -420,18 +442,13 @@ func (p *presence) snapPartLocked(pr *peer, m busMsg, now time.Time) {
 			gone = append(gone, ref)
 		}
 	}
-	slices.SortFunc(gone, func(a, b memberRef) int {
-		if a.subject != b.subject {
-			return cmpString(a.subject, b.subject)
-		}
-		return cmpString(a.conn, b.conn)
-	})
+	sortRefs(gone)
 	for _, ref := range gone {
-		p.removeLocked(ref.subject, pr.id, ref.conn, "remote")
+		p.removeLocked(ref.subject, pr.id, nil, ref.conn, "remote")
 		delete(pr.members, ref)
 	}
 	for _, c := range pr.parts {
-		p.setLocked(c.Subject, pr.id, c.Conn, c.Sub, c.State, "remote")
+		p.setLocked(c.Subject, pr.id, nil, c.Conn, c.Sub, c.Resume, c.State, "remote")
 	}
 	pr.parts, pr.partN = nil, -1
 	pr.seq = m.S
@@ -446,6 +463,16 @@ func (p *presence) snapPartLocked(pr *peer, m busMsg, now time.Time) {
 		}
 		p.deltaLocked(pr, d, now)
 	}
+}
+
+// sortRefs orders members by subject, then key.
+func sortRefs(refs []memberRef) {
+	slices.SortFunc(refs, func(a, b memberRef) int {
+		if a.subject != b.subject {
+			return cmpString(a.subject, b.subject)
+		}
+		return cmpString(a.conn, b.conn)
+	})
 }
 
 func cmpString(a, b string) int {
@@ -489,6 +516,21 @@ func (p *presence) sweep(now time.Time) {
 			delete(p.gone, id)
 		}
 	}
+	var due []memberRef
+	for ref, until := range p.leaving {
+		if now.After(until) {
+			due = append(due, ref)
+		}
+	}
+	sortRefs(due)
+	for _, ref := range due {
+		if r := p.rooms[ref.subject]; r != nil {
+			if m := r.members[ref.conn]; m != nil {
+				p.removeLocked(ref.subject, m.node, m.owner, ref.conn, "expired")
+			}
+		}
+		delete(p.leaving, ref)
+	}
 }
 
 // dropPeerLocked removes pr and its members.
@@ -497,14 +539,9 @@ func (p *presence) dropPeerLocked(pr *peer, origin string) {
 	for ref := range pr.members {
 		refs = append(refs, ref)
 	}
-	slices.SortFunc(refs, func(a, b memberRef) int {
-		if a.subject != b.subject {
-			return cmpString(a.subject, b.subject)
-		}
-		return cmpString(a.conn, b.conn)
-	})
+	sortRefs(refs)
 	for _, ref := range refs {
-		p.removeLocked(ref.subject, pr.id, ref.conn, origin)
+		p.removeLocked(ref.subject, pr.id, nil, ref.conn, origin)
 	}
 	delete(p.peers, pr.id)
 	p.m.nodes.Set(float64(len(p.peers)))

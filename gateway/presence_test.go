@@ -24,6 +24,7 @@ func presenceCfg(mutate func(*gateway.Config)) func(*gateway.Config) {
 		c.PresenceHeartbeat = 200 * time.Millisecond
 		c.PresenceTimeout = 3 * time.Second
 		c.PresenceInterval = 100 * time.Millisecond
+		c.CloseTimeout = 300 * time.Millisecond // the test clients do not answer a 1001: a stopping node cuts them soon
 		if mutate != nil {
 			mutate(c)
 		}
@@ -266,6 +267,19 @@ func TestPresenceBigRoom(t *testing.T) {
 	w.quiet()
 }
 
+// answerClose reads cl's messages on a goroutine of its own from now on,
+// dropping them, so that the client answers a server's close at once (a
+// stopping node waits for the answer, up to its close timeout).
+func (cl *client) answerClose() {
+	go func() {
+		for {
+			if _, _, err := cl.c.Read(context.Background()); err != nil {
+				return
+			}
+		}
+	}()
+}
+
 // presenceNodes starts n gateways sharing one broker of kind.
 func presenceNodes(t *testing.T, kind string, n int) []*env {
 	first := newEnvOn(t, kind, presenceCfg(nil))
@@ -348,8 +362,7 @@ func TestPresenceAcrossNodes(t *testing.T) {
 }
 
 // TestPresenceLateNode: a node that starts after members joined learns
-// them from the others (without any of them changing), and a node that
-// stops gracefully has its members leave at once everywhere.
+// them from the others, without any of them changing.
 func TestPresenceLateNode(t *testing.T) {
 	a := newEnv(t, presenceCfg(func(c *gateway.Config) { c.PresenceTimeout = time.Hour }))
 	var keys []string
@@ -376,15 +389,6 @@ func TestPresenceLateNode(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	wa.quiet() // the sync changed nothing on the first node
-
-	// b's member, then b stops: its member leaves at once, though no
-	// node would time it out.
-	cb.send(`{"type":"track","id":"t","subject":"room.1"}`)
-	cb.expect(map[string]any{"type": "tracked", "id": "t"})
-	wa.expect(map[string]any{"type": "presence", "count": 4})
-	b.stop()
-	wa.expect(map[string]any{"type": "presence", "count": 3, "leaves": []any{map[string]any{"conn": cb.id}}})
-	wa.quiet()
 }
 
 // TestPresenceNATSCluster: three ws nodes, each on its own server of a
@@ -396,7 +400,7 @@ func TestPresenceNATSCluster(t *testing.T) {
 	servers := brokertest.NATSCluster(t, 3)
 	cfg := presenceCfg(func(c *gateway.Config) {
 		c.Subjects = []string{"orders.>", "app.>"}
-		c.PresenceTimeout = 8 * time.Second // a fail-over (reconnect wait 250 ms to 1 s) fits many times
+		c.PresenceTimeout = 5 * time.Second // a fail-over (reconnect wait 250 ms to 1 s) fits many times
 	})
 	var nodes []*env
 	for _, ns := range servers {
@@ -576,4 +580,70 @@ func TestPresenceChurnCountsAgree(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPresenceResume: a node stops (a deploy). Its members stay on the
+// other nodes for the grace; a client that tracks again elsewhere with its
+// resume secret is the same member (same key, no leave, no join; a new
+// state is an update), and one that does not come back leaves when the
+// grace ends. A secret of another sub resumes nothing.
+func TestPresenceResume(t *testing.T) {
+	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := presenceCfg(func(c *gateway.Config) {
+		c.Authenticate = a.Grant
+		c.PresenceTimeout = time.Hour // the grace ends when the test sweeps
+	})
+	token := func(sub string) string {
+		return sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", jwt.MapClaims{"sub": sub, "exp": time.Now().Add(time.Hour).Unix(),
+			"subscribe": []any{">"}, "presence": []any{"room.*"}})
+	}
+	stay := newEnv(t, cfg)
+	going := stay.sibling(cfg)
+	w := stay.dialToken(token("watcher"))
+	w.send(`{"type":"subscribe","id":"w","subject":"room.1","presence":true}`)
+	w.expect(map[string]any{"type": "subscribed", "id": "w"})
+
+	track := func(cl *client, extra string) map[string]any {
+		cl.send(`{"type":"track","id":"t","subject":"room.1","state":"s"` + extra + `}`)
+		return cl.expect(map[string]any{"type": "tracked", "id": "t"})
+	}
+	ann, bob := going.dialToken(token("ann")), going.dialToken(token("bob"))
+	annT, bobT := track(ann, ""), track(bob, "")
+	if annT["member"] == "" || annT["resume"] == "" || annT["member"] == bobT["member"] {
+		t.Fatalf("tracked replies %v, %v: want each member's key and secret", annT, bobT)
+	}
+	l := &presenceLog{}
+	l.watch(w, func(l *presenceLog) bool { return len(l.members) == 2 })
+
+	ann.answerClose()
+	bob.answerClose()
+	going.stop()
+	waitFor(t, "the stopping node's bye", func() bool { return stay.metric("fanwire_presence_nodes", nil) == 0 })
+	if _, count := members(w, "room.1", 10); count != 2 {
+		t.Fatalf("count %v during the grace, want 2", count)
+	}
+	// Bob's secret under Ann's token resumes nothing: a new member.
+	mallory := stay.dialToken(token("ann"))
+	if m := track(mallory, `,"resume":"`+bobT["resume"].(string)+`"`); m["member"] == bobT["member"] {
+		t.Fatalf("another sub resumed bob's member: %v", m)
+	}
+	l.watch(w, func(l *presenceLog) bool { return len(l.members) == 3 })
+	// Ann comes back on the node that stays, with a new state.
+	ann2 := stay.dialToken(token("ann"))
+	ann2.send(`{"type":"track","id":"t","subject":"room.1","state":"back","resume":"` + annT["resume"].(string) + `"}`)
+	ann2.expect(map[string]any{"type": "tracked", "id": "t", "member": annT["member"], "resume": annT["resume"]})
+	m := w.expect(map[string]any{"type": "presence", "count": 3})
+	if up, _ := m["updates"].([]any); len(up) != 1 || m["joins"] != nil || m["leaves"] != nil || up[0].(map[string]any)["conn"] != annT["member"] {
+		t.Fatalf("resumed member: %v, want one update of ann's member", m)
+	}
+	// The grace ends: bob, who did not come back, leaves; ann stays.
+	gateway.SweepPresence(stay.srv, time.Now().Add(2*time.Hour))
+	w.expect(map[string]any{"type": "presence", "count": 2, "leaves": []any{map[string]any{"conn": bobT["member"], "sub": "bob"}}})
+	w.quiet()
+	// Ann's resumed member is hers on this node now: her connection's end is its leave.
+	_ = ann2.c.CloseNow()
+	w.expect(map[string]any{"type": "presence", "count": 1, "leaves": []any{map[string]any{"conn": annT["member"], "sub": "ann"}}})
 }

@@ -31,6 +31,7 @@ type clientFrame struct {
 	// Presence (presence.go).
 	Presence *bool           `json:"presence"` // subscribe: also the presence changes of the subjects it matches
 	State    json.RawMessage `json:"state"`    // track: the member's state, any JSON value
+	Resume   *string         `json:"resume"`   // track: the secret of a member to resume
 	After    *string         `json:"after"`    // members: the page starts after this member's key
 	Limit    *int            `json:"limit"`    // members: the page's size (1 to maxMembersPage)
 }
@@ -49,6 +50,9 @@ func (f *clientFrame) presenceFields() []string {
 	}
 	if f.Limit != nil {
 		names = append(names, "limit")
+	}
+	if f.Resume != nil {
+		names = append(names, "resume")
 	}
 	return names
 }
@@ -92,7 +96,7 @@ const (
 // ErrBadFrame or ErrUnknownType and says what is wrong.
 func parseClientFrame(data []byte) (clientFrame, error) {
 	var f clientFrame
-	if err := decodeObject(data, &f, "type", "id", "subject", "from", "where", "durable", "token", "data", "presence", "state", "after", "limit"); err != nil {
+	if err := decodeObject(data, &f, "type", "id", "subject", "from", "where", "durable", "token", "data", "presence", "state", "after", "limit", "resume"); err != nil {
 		return f, fmt.Errorf("%w: %s", ErrBadFrame, err.Error())
 	}
 	switch f.Type {
@@ -106,7 +110,7 @@ func parseClientFrame(data []byte) (clientFrame, error) {
 		allowed := []string{"id", "subject"}
 		switch f.Type {
 		case "track":
-			allowed = append(allowed, "state")
+			allowed = append(allowed, "state", "resume")
 		case "members":
 			allowed = append(allowed, "after", "limit")
 			if f.Limit != nil && (*f.Limit < 1 || *f.Limit > maxMembersPage) {

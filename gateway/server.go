@@ -485,6 +485,10 @@ func (s *Server) refuseUpgrade(w http.ResponseWriter, status, retryAfter int, ms
 // expires first, remaining sockets are cut. Stop Run (cancel its context)
 // after Shutdown so no event is lost for connections still draining.
 func (s *Server) Shutdown(ctx context.Context) error {
+	// Presence first: this node's members stay on the other nodes for
+	// their clients to resume there, instead of leaving as each
+	// connection closes.
+	s.pres.drain()
 	s.admit.close()
 	s.mu.Lock()
 	s.draining = true
