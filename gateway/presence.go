@@ -74,7 +74,7 @@ type room struct {
 	subject  string
 	members  map[string]*member // by key
 	byResume map[string]string  // resume secret → key
-	sorted   []string           // members' keys in order, for pages; nil when stale
+	sorted   []string           // members' keys in order, for pages: built by the first page, then kept (nil until then)
 	pend     map[string]pendingChange
 }
 
@@ -208,7 +208,10 @@ func (p *presence) setLocked(subject, node string, owner *conn, key, sub, resume
 	op := byte(opUpdate)
 	if old == nil {
 		op = opJoin
-		r.sorted = nil
+		if r.sorted != nil {
+			i, _ := slices.BinarySearch(r.sorted, key)
+			r.sorted = slices.Insert(r.sorted, i, key)
+		}
 		p.m.members.Inc()
 	}
 	p.m.changes.WithLabelValues(origin).Inc()
@@ -248,7 +251,9 @@ func (p *presence) removeLocked(subject, node string, owner *conn, key, origin s
 	delete(r.members, key)
 	delete(r.byResume, m.resume)
 	delete(p.leaving, memberRef{subject, key})
-	r.sorted = nil
+	if i, found := slices.BinarySearch(r.sorted, key); found {
+		r.sorted = slices.Delete(r.sorted, i, i+1)
+	}
 	p.m.members.Dec()
 	p.m.changes.WithLabelValues(origin).Inc()
 	p.emitLocked(r, key, opLeave, memberJSON(key, m.sub, nil, true))
