@@ -87,6 +87,7 @@ type member struct {
 	owner  *conn  // that connection, when it is this node's
 	sub    string
 	resume string // the secret that resumes it, known to its client and the nodes only
+	gen    uint32 // its holders so far, less one: each resume adds one
 	enc    []byte // {"conn":<key>[,"sub":…],"state":…}: what pages and changes carry
 	st     []byte // the state as in enc (compacted JSON; "null" when none)
 }
@@ -169,7 +170,11 @@ func memberJSON(conn, sub string, state []byte, leave bool) []byte {
 // that only moved (another node or connection holds it now: a resume)
 // changes nothing its watchers see. It reports whether watchers were told
 // (visible) and whether the member moved.
-func (p *presence) setLocked(subject, node string, owner *conn, key, sub, resume string, state []byte, origin string) (visible, moved bool) {
+//
+// gen orders a member's holders: each resume makes it one more. A change
+// from a holder older than the member's (a node that had not yet heard
+// of the resume: its delta or its list) is stale, and ignored.
+func (p *presence) setLocked(subject, node string, owner *conn, key, sub, resume string, gen uint32, state []byte, origin string) (visible, moved bool) {
 	r := p.rooms[subject]
 	if r == nil {
 		r = &room{subject: subject, members: make(map[string]*member), byResume: make(map[string]string)}
@@ -180,6 +185,9 @@ func (p *presence) setLocked(subject, node string, owner *conn, key, sub, resume
 	}
 	ref := memberRef{subject, key}
 	old := r.members[key]
+	if old != nil && gen < old.gen {
+		return false, false
+	}
 	if old != nil {
 		if old.node != node || old.owner != owner {
 			moved = true
@@ -199,11 +207,11 @@ func (p *presence) setLocked(subject, node string, owner *conn, key, sub, resume
 		r.byResume[resume] = key
 	}
 	if old != nil && old.sub == sub && bytes.Equal(old.st, state) {
-		old.node, old.owner, old.resume = node, owner, resume
+		old.node, old.owner, old.resume, old.gen = node, owner, resume, gen
 		return false, moved
 	}
 	enc := memberJSON(key, sub, state, false)
-	m := &member{node: node, owner: owner, sub: sub, resume: resume, enc: enc, st: enc[len(enc)-1-len(state) : len(enc)-1]}
+	m := &member{node: node, owner: owner, sub: sub, resume: resume, gen: gen, enc: enc, st: enc[len(enc)-1-len(state) : len(enc)-1]}
 	r.members[key] = m
 	op := byte(opUpdate)
 	if old == nil {
@@ -432,8 +440,10 @@ func (p *presence) track(c *conn, subject string, state []byte, resume string, m
 	}
 	subjects := p.local[c]
 	key, ok := subjects[subject]
+	var gen uint32
 	if ok {
-		secret = p.rooms[subject].members[key].resume
+		m := p.rooms[subject].members[key]
+		secret, gen = m.resume, m.gen
 	} else {
 		if len(subjects) >= max {
 			return "", "", true
@@ -441,7 +451,7 @@ func (p *presence) track(c *conn, subject string, state []byte, resume string, m
 		key = c.id
 		if r := p.rooms[subject]; r != nil && resume != "" {
 			if k, found := r.byResume[resume]; found && r.members[k].sub == sub {
-				key, secret = k, resume
+				key, secret, gen = k, resume, r.members[k].gen+1
 			}
 		}
 		if secret == "" {
@@ -457,9 +467,9 @@ func (p *presence) track(c *conn, subject string, state []byte, resume string, m
 	if len(state) == 0 {
 		state = nullJSON
 	}
-	visible, moved := p.setLocked(subject, p.self, c, key, sub, secret, state, "local")
+	visible, moved := p.setLocked(subject, p.self, c, key, sub, secret, gen, state, "local")
 	if visible || moved {
-		p.sendLocked(busChange{Op: string(rune(opJoin)), Subject: subject, Conn: key, Sub: sub, State: state, Resume: secret})
+		p.sendLocked(busChange{Op: string(rune(opJoin)), Subject: subject, Conn: key, Sub: sub, State: state, Resume: secret, Gen: gen})
 	}
 	return key, secret, false
 }

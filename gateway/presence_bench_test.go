@@ -34,7 +34,7 @@ func BenchmarkPresenceMemberMemory(b *testing.B) {
 		runtime.ReadMemStats(&before)
 		p.mu.Lock()
 		for i, k := range keys {
-			p.setLocked("room.1", "node-b", nil, k, "user-"+strconv.Itoa(i), k+k, state, "remote")
+			p.setLocked("room.1", "node-b", nil, k, "user-"+strconv.Itoa(i), k+k, 0, state, "remote")
 		}
 		p.mu.Unlock()
 		runtime.GC()
@@ -53,14 +53,14 @@ func BenchmarkPresenceChange(b *testing.B) {
 	state := []byte(`{"name":"member-name","typing":false}`)
 	p.mu.Lock()
 	for i := range 10_000 {
-		p.setLocked("room.1", "node-b", nil, newConnID(), "u"+strconv.Itoa(i), newResumeSecret(), state, "remote")
+		p.setLocked("room.1", "node-b", nil, newConnID(), "u"+strconv.Itoa(i), newResumeSecret(), 0, state, "remote")
 	}
 	p.mu.Unlock()
 	key := newConnID()
 	b.ReportAllocs()
 	for b.Loop() {
 		p.mu.Lock()
-		p.setLocked("room.1", "node-b", nil, key, "u", key+key, state, "remote")
+		p.setLocked("room.1", "node-b", nil, key, "u", key+key, 0, state, "remote")
 		p.removeLocked("room.1", "node-b", nil, key, "remote")
 		p.flushLocked()
 		p.mu.Unlock()

@@ -63,6 +63,7 @@ type busChange struct {
 	Sub     string          `json:"u,omitempty"`
 	State   json.RawMessage `json:"st,omitempty"`
 	Resume  string          `json:"rs,omitempty"` // the member's resume secret (nodes only, never clients)
+	Gen     uint32          `json:"g,omitempty"`  // the member's holder generation (setLocked)
 }
 
 // memberRef names a member across rooms.
@@ -273,7 +274,7 @@ func (p *presence) snapshotLocked(limit int) [][]byte {
 				continue
 			}
 			if m := r.members[key]; m != nil && m.node == p.self && m.owner == c {
-				all = append(all, busChange{Subject: subject, Conn: key, Sub: m.sub, State: m.st, Resume: m.resume})
+				all = append(all, busChange{Subject: subject, Conn: key, Sub: m.sub, State: m.st, Resume: m.resume, Gen: m.gen})
 			}
 		}
 	}
@@ -406,7 +407,7 @@ func (p *presence) applyDeltaLocked(pr *peer, m busMsg) {
 	for _, c := range m.C {
 		switch c.Op {
 		case "j", "u":
-			p.setLocked(c.Subject, pr.id, nil, c.Conn, c.Sub, c.Resume, c.State, "remote")
+			p.setLocked(c.Subject, pr.id, nil, c.Conn, c.Sub, c.Resume, c.Gen, c.State, "remote")
 		case "l":
 			if p.removeLocked(c.Subject, pr.id, nil, c.Conn, "remote") {
 				delete(pr.members, memberRef{c.Subject, c.Conn})
@@ -448,7 +449,7 @@ func (p *presence) snapPartLocked(pr *peer, m busMsg, now time.Time) {
 		delete(pr.members, ref)
 	}
 	for _, c := range pr.parts {
-		p.setLocked(c.Subject, pr.id, nil, c.Conn, c.Sub, c.Resume, c.State, "remote")
+		p.setLocked(c.Subject, pr.id, nil, c.Conn, c.Sub, c.Resume, c.Gen, c.State, "remote")
 	}
 	pr.parts, pr.partN = nil, -1
 	pr.seq = m.S
