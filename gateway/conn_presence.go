@@ -13,7 +13,8 @@ import (
 
 // Presence error codes.
 const (
-	CodeTooManyTracks = "too_many_tracks" // track: the connection tracks Config.MaxPresenceTracks subjects already
+	CodeTooManyTracks  = "too_many_tracks"  // track: the connection tracks Config.MaxPresenceTracks subjects already
+	CodeTooManyMembers = "too_many_members" // track: the node's replica holds Config.MaxPresenceMembers members (every node's)
 )
 
 // track makes the connection a member of subject, or updates its state.
@@ -38,9 +39,13 @@ func (c *conn) track(id, subject string, state json.RawMessage, resume string) {
 		c.clientError(id, CodeBadFrame, "track: \"state\": "+err.Error())
 		return
 	}
-	key, secret, tooMany := c.s.pres.track(c, subject, st, resume, c.s.cfg.MaxPresenceTracks)
-	if tooMany {
-		c.clientError(id, CodeTooManyTracks, "this connection tracks "+strconv.Itoa(c.s.cfg.MaxPresenceTracks)+" subjects already (--max-presence-tracks): untrack one first")
+	key, secret, refused := c.s.pres.track(c, subject, st, resume, c.s.cfg.MaxPresenceTracks)
+	switch refused {
+	case CodeTooManyTracks:
+		c.clientError(id, refused, "this connection tracks "+strconv.Itoa(c.s.cfg.MaxPresenceTracks)+" subjects already (--max-presence-tracks): untrack one first")
+		return
+	case CodeTooManyMembers:
+		c.clientError(id, refused, "the gateway holds "+strconv.Itoa(c.s.cfg.MaxPresenceMembers)+" presence members, on all its nodes (--max-presence-members): try again later")
 		return
 	}
 	if c.gql == nil {

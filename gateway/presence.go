@@ -60,6 +60,7 @@ type presence struct {
 	ctrl    []busMsg                    // guarded by mu: sync requests to send
 	snap    bool                        // guarded by mu: a node asked for this node's members
 	seq     uint64                      // guarded by mu: the last delta's number
+	total   int                         // guarded by mu: members in the replica, every room\'s
 	wake    chan struct{}               // static, capacity 1: the sender has work
 	silent  atomic.Bool                 // tests: send nothing on the bus, as a dead node (SilencePresence)
 	drop    atomic.Int32                // tests: the next messages to lose on the bus (DropPresenceSends)
@@ -221,6 +222,7 @@ func (p *presence) setLocked(subject, node string, owner *conn, key, sub, resume
 			r.sorted = slices.Insert(r.sorted, i, key)
 		}
 		p.m.members.Inc()
+		p.total++
 	}
 	p.m.changes.WithLabelValues(origin).Inc()
 	p.emitLocked(r, key, op, enc)
@@ -263,6 +265,7 @@ func (p *presence) removeLocked(subject, node string, owner *conn, key, origin s
 		r.sorted = slices.Delete(r.sorted, i, i+1)
 	}
 	p.m.members.Dec()
+	p.total--
 	p.m.changes.WithLabelValues(origin).Inc()
 	p.emitLocked(r, key, opLeave, memberJSON(key, m.sub, nil, true))
 	if len(r.members) == 0 && len(r.pend) == 0 {
@@ -430,8 +433,10 @@ func (p *presence) unlock() {
 // updates its state. resume, when it is the secret of a member of subject
 // with c's sub (on any node, its connection gone or going), makes c that
 // member again: same key, no leave, no join. It returns the member's key
-// and secret, or tooMany when c tracks max subjects already.
-func (p *presence) track(c *conn, subject string, state []byte, resume string, max int) (key, secret string, tooMany bool) {
+// and secret, or why it refused: CodeTooManyTracks when c tracks max
+// subjects already, CodeTooManyMembers when the node's replica holds
+// Config.MaxPresenceMembers.
+func (p *presence) track(c *conn, subject string, state []byte, resume string, max int) (key, secret, refused string) {
 	p.mu.Lock()
 	defer p.unlock()
 	sub := ""
@@ -446,7 +451,10 @@ func (p *presence) track(c *conn, subject string, state []byte, resume string, m
 		secret, gen = m.resume, m.gen
 	} else {
 		if len(subjects) >= max {
-			return "", "", true
+			return "", "", CodeTooManyTracks
+		}
+		if p.total >= p.s.cfg.MaxPresenceMembers {
+			return "", "", CodeTooManyMembers
 		}
 		key = c.id
 		if r := p.rooms[subject]; r != nil && resume != "" {
@@ -471,7 +479,7 @@ func (p *presence) track(c *conn, subject string, state []byte, resume string, m
 	if visible || moved {
 		p.sendLocked(busChange{Op: string(rune(opJoin)), Subject: subject, Conn: key, Sub: sub, State: state, Resume: secret, Gen: gen})
 	}
-	return key, secret, false
+	return key, secret, ""
 }
 
 // newResumeSecret is a member's resume secret: 128 random bits.

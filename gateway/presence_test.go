@@ -167,6 +167,7 @@ func TestPresenceProtocol(t *testing.T) {
 func TestPresenceLimits(t *testing.T) {
 	e := newEnv(t, presenceCfg(func(c *gateway.Config) {
 		c.MaxPresenceTracks = 2
+		c.MaxPresenceMembers = 3
 		c.PresenceRate = 2 // burst 4
 	}))
 	c := e.dial()
@@ -184,6 +185,14 @@ func TestPresenceLimits(t *testing.T) {
 	if !slices.Equal(keys, []string{c.id}) {
 		t.Fatalf("members %v", keys)
 	}
+	// The node holds 2 members; a third, then no more (an update still goes).
+	d, f := e.dial(), e.dial()
+	d.send(`{"type":"track","id":"a","subject":"room.1"}`)
+	d.expect(map[string]any{"type": "tracked", "id": "a"})
+	f.send(`{"type":"track","id":"a","subject":"room.1"}`)
+	f.expect(map[string]any{"type": "error", "id": "a", "code": "too_many_members"})
+	d.send(`{"type":"track","id":"b","subject":"room.1","state":1}`)
+	d.expect(map[string]any{"type": "tracked", "id": "b"})
 }
 
 // TestPresenceGrants: a token tracks only where its presence claim

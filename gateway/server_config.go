@@ -113,6 +113,7 @@ type Config struct {
 	AllowAnonymousPresence bool
 	MaxPresenceState       int           // a member's state, compacted JSON bytes (default 1,024)
 	MaxPresenceTracks      int           // subjects one connection tracks at once (default 16)
+	MaxPresenceMembers     int           // members a node's replica holds, every node's: over it a new member is refused (default 1,000,000)
 	PresenceRate           int           // track and untrack messages per second per connection, burst twice that (default 5; negative: no limit)
 	PresenceListLimit      int           // over this many members a subject's changes are coalesced per PresenceInterval (default 100)
 	PresenceInterval       time.Duration // the coalescing interval of big subjects (default 1s)
@@ -254,6 +255,7 @@ func (c *Config) setDefaults() {
 	}
 	def(&c.MaxPresenceState, 1024)
 	def(&c.MaxPresenceTracks, 16)
+	def(&c.MaxPresenceMembers, 1_000_000)
 	def(&c.PresenceRate, 5)
 	if c.PresenceRate < 0 {
 		c.PresenceRate = 0 // no limit

@@ -377,6 +377,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		AllowAnonymousPresence: f.presence.allowAnonymous,
 		MaxPresenceState:       f.presence.maxState,
 		MaxPresenceTracks:      f.presence.maxTracks,
+		MaxPresenceMembers:     f.presence.maxMembers,
 		PresenceRate:           f.presence.rate,
 		PresenceListLimit:      f.presence.listLimit,
 		PresenceInterval:       f.presence.interval,
