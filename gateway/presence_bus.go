@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -456,7 +457,7 @@ func (p *presence) snapPartLocked(pr *peer, m busMsg, now time.Time) {
 	pr.syncing = false
 	held := pr.held
 	pr.held = nil
-	slices.SortFunc(held, func(a, b busMsg) int { return cmpUint(a.S, b.S) })
+	slices.SortFunc(held, func(a, b busMsg) int { return cmp.Compare(a.S, b.S) })
 	for _, d := range held {
 		if pr.syncing {
 			pr.held = append(pr.held, d)
@@ -470,30 +471,10 @@ func (p *presence) snapPartLocked(pr *peer, m busMsg, now time.Time) {
 func sortRefs(refs []memberRef) {
 	slices.SortFunc(refs, func(a, b memberRef) int {
 		if a.subject != b.subject {
-			return cmpString(a.subject, b.subject)
+			return cmp.Compare(a.subject, b.subject)
 		}
-		return cmpString(a.conn, b.conn)
+		return cmp.Compare(a.conn, b.conn)
 	})
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // sweep removes the members of peers not heard from for the timeout, and
