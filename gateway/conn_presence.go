@@ -101,7 +101,7 @@ func (s *Server) membersPage(g *Grants, subject string, after *string, limit *in
 		return memberPage{}, &presenceRefused{code, msg}
 	}
 	if !g.Allows(subject) {
-		return memberPage{}, &presenceRefused{CodeForbidden, "this connection's token does not grant " + strconv.Quote(subject) + ": members needs a subscribe grant"}
+		return memberPage{}, &presenceRefused{CodeForbidden, "members needs a subscribe grant, and this credential has none for " + strconv.Quote(subject)}
 	}
 	n := defaultMembersPage
 	if limit != nil {
