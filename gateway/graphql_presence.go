@@ -19,10 +19,6 @@ import (
 // encoded once for every GraphQL watcher (presParts), then each operation
 // splices those bytes into its own template.
 
-// CodeWebSocketRequired is the extensions.code of track and untrack over
-// HTTP: a member is a WebSocket connection, which leaves when it closes.
-const CodeWebSocketRequired = "websocket_required"
-
 // presParts is a presence change's values as GraphQL writes them, built
 // once per change (presence.deliverLocked) when a GraphQL connection
 // watches its subject, and shared read-only by every delivery.
