@@ -226,9 +226,6 @@ func newFastPresenceOp(opCtx *graphql.OperationContext, id string, legacy bool, 
 		default:
 			return nil
 		}
-		if len(f.Selections) > 0 && shape == nil {
-			return nil
-		}
 		if i > 0 {
 			cur = append(cur, ',')
 		}
