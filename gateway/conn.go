@@ -249,6 +249,7 @@ func (c *conn) end(err error) {
 	for id, st := range c.subs {
 		if st.live {
 			switch {
+			case st.watchOnly: // pres.leaveAll below unwatches it
 			case st.view != nil:
 				c.s.hub.removeView(st.view, nil)
 			case st.feed == nil:

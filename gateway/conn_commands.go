@@ -121,7 +121,7 @@ func (c *conn) revokeUncovered(grants *Grants) {
 	c.subsMu.Lock()
 	var ids []string
 	for id, st := range c.subs {
-		if !grants.Allows(st.pattern) || c.grantChanged(st, grants) {
+		if !grants.Allows(st.pattern) || !st.watchOnly && c.grantChanged(st, grants) {
 			ids = append(ids, id)
 		}
 	}
@@ -185,29 +185,40 @@ func (c *conn) armExpiry() {
 	})
 }
 
-func (c *conn) subscribe(id, pattern string, from, durable, where *string, presence bool) {
+// admitSubscription checks a new subscription id to pattern (a native
+// subscribe, a GraphQL events or presence subscription): a new id, under
+// MaxSubscriptions, a valid pattern in the subject space that the grants
+// allow. A refusal is answered with a client error.
+func (c *conn) admitSubscription(id, pattern string) bool {
 	c.subsMu.Lock()
 	_, dup := c.subs[id]
 	n := len(c.subs)
 	c.subsMu.Unlock()
 	if dup {
 		c.clientError(id, CodeDuplicateID, "subscription id "+id+" is already active")
-		return
+		return false
 	}
 	if n >= c.s.cfg.MaxSubscriptions {
 		c.clientError(id, CodeTooManySubscriptions, "at most "+strconv.Itoa(c.s.cfg.MaxSubscriptions)+" subscriptions per connection")
-		return
+		return false
 	}
 	if err := c.s.checkPattern(pattern); err != nil {
 		c.clientError(id, CodeBadPattern, err.Error())
-		return
+		return false
 	}
 	if !c.grants.Allows(pattern) {
 		c.clientError(id, CodeForbidden, "this connection's token does not grant "+strconv.Quote(pattern))
-		return
+		return false
 	}
 	if err := c.s.checkSystemPattern(pattern, c.grants); err != nil {
 		c.clientError(id, CodeForbidden, err.Error())
+		return false
+	}
+	return true
+}
+
+func (c *conn) subscribe(id, pattern string, from, durable, where *string, presence bool) {
+	if !c.admitSubscription(id, pattern) {
 		return
 	}
 	f, code, err := c.subscriptionFilter(pattern, where)
@@ -379,6 +390,9 @@ func (c *conn) endSubscription(id string, st *subState, revoked bool, reply func
 		if live {
 			c.s.metrics.Subscriptions.Dec()
 		}
+		wake = c.queue(reply())
+	} else if live && st.watchOnly {
+		c.s.metrics.Subscriptions.Dec()
 		wake = c.queue(reply())
 	} else if live && st.view != nil {
 		c.s.hub.removeView(st.view, func() { wake = c.queue(reply()) })

@@ -17,69 +17,109 @@ const (
 	CodeTooManyMembers = "too_many_members" // track: the node's replica holds Config.MaxPresenceMembers members (every node's)
 )
 
+// presenceRefused is a presence command's refusal: the error code and the
+// message both protocols send (native: an error message with the
+// command's id; GraphQL: the field's error, code in extensions.code).
+type presenceRefused struct{ code, msg string }
+
 // track makes the connection a member of subject, or updates its state.
 func (c *conn) track(id, subject string, state json.RawMessage, resume string) {
-	if !c.presenceRateOK(id) {
+	key, secret, r := c.trackRefused(subject, state, resume)
+	if r != nil {
+		c.clientError(id, r.code, r.msg)
 		return
 	}
-	if code, msg := c.s.checkPresenceSubject(subject); code != "" {
-		c.clientError(id, code, msg)
-		return
-	}
-	if !c.s.presenceAllowed(c.grants, subject) {
-		c.clientError(id, CodeForbidden, c.s.presenceRefusal(c.grants, subject))
-		return
-	}
-	st, err := compactState(state, c.s.cfg.MaxPresenceState)
-	switch {
-	case errors.Is(err, errStateTooLarge):
-		c.clientError(id, CodeTooLarge, "track: \"state\" is over "+strconv.Itoa(c.s.cfg.MaxPresenceState)+" bytes compacted (--max-presence-state)")
-		return
-	case err != nil:
-		c.clientError(id, CodeBadFrame, "track: \"state\": "+err.Error())
-		return
-	}
-	key, secret, refused := c.s.pres.track(c, subject, st, resume, c.s.cfg.MaxPresenceTracks)
-	switch refused {
-	case CodeTooManyTracks:
-		c.clientError(id, refused, "this connection tracks "+strconv.Itoa(c.s.cfg.MaxPresenceTracks)+" subjects already (--max-presence-tracks): untrack one first")
-		return
-	case CodeTooManyMembers:
-		c.clientError(id, refused, "the gateway holds "+strconv.Itoa(c.s.cfg.MaxPresenceMembers)+" presence members, on all its nodes (--max-presence-members): try again later")
-		return
-	}
-	if c.gql == nil {
-		c.send(trackedMessage(id, key, secret))
-	}
+	c.send(trackedMessage(id, key, secret))
 }
 
 // untrack ends the connection's membership of subject. Untracking a
 // subject the connection does not track changes nothing and is answered
 // the same way: the member is gone either way.
 func (c *conn) untrack(id, subject string) {
-	if !c.presenceRateOK(id) {
+	if r := c.untrackRefused(subject); r != nil {
+		c.clientError(id, r.code, r.msg)
 		return
 	}
-	c.s.pres.untrack(c, subject)
-	c.send(c.presenceReply("untracked", id))
+	c.send(replyMessage("untracked", id))
 }
 
 // members answers one page of subject's members.
 func (c *conn) members(id, subject string, after *string, limit *int) {
-	if code, msg := c.s.checkPresenceSubject(subject); code != "" {
-		c.clientError(id, code, msg)
+	pg, r := c.s.membersPage(c.grants, subject, after, limit)
+	if r != nil {
+		c.clientError(id, r.code, r.msg)
 		return
 	}
-	if !c.grants.Allows(subject) {
-		c.clientError(id, CodeForbidden, "this connection's token does not grant "+strconv.Quote(subject)+": members needs a subscribe grant")
-		return
+	c.send(membersMessage(id, subject, pg.members, pg.count, pg.next))
+}
+
+// trackRefused runs a track (the native message or the GraphQL mutation)
+// of the connection, resuming the member whose secret is resume (""
+// none): it returns the member's key and secret, or why not.
+func (c *conn) trackRefused(subject string, state json.RawMessage, resume string) (key, secret string, r *presenceRefused) {
+	if r := c.presenceRate(); r != nil {
+		return "", "", r
+	}
+	if code, msg := c.s.checkPresenceSubject(subject); code != "" {
+		return "", "", &presenceRefused{code, msg}
+	}
+	if !c.s.presenceAllowed(c.grants, subject) {
+		return "", "", &presenceRefused{CodeForbidden, c.s.presenceRefusal(c.grants, subject)}
+	}
+	st, err := compactState(state, c.s.cfg.MaxPresenceState)
+	switch {
+	case errors.Is(err, errStateTooLarge):
+		return "", "", &presenceRefused{CodeTooLarge, "track: \"state\" is over " + strconv.Itoa(c.s.cfg.MaxPresenceState) + " bytes compacted (--max-presence-state)"}
+	case err != nil:
+		return "", "", &presenceRefused{CodeBadFrame, "track: \"state\": " + err.Error()}
+	}
+	key, secret, refused := c.s.pres.track(c, subject, st, resume, c.s.cfg.MaxPresenceTracks)
+	switch refused {
+	case CodeTooManyTracks:
+		return "", "", &presenceRefused{refused, "this connection tracks " + strconv.Itoa(c.s.cfg.MaxPresenceTracks) + " subjects already (--max-presence-tracks): untrack one first"}
+	case CodeTooManyMembers:
+		return "", "", &presenceRefused{refused, "the gateway holds " + strconv.Itoa(c.s.cfg.MaxPresenceMembers) + " presence members, on all its nodes (--max-presence-members): try again later"}
+	}
+	return key, secret, nil
+}
+
+// untrackRefused runs an untrack of the connection, or says why not (its
+// rate only).
+func (c *conn) untrackRefused(subject string) *presenceRefused {
+	if r := c.presenceRate(); r != nil {
+		return r
+	}
+	c.s.pres.untrack(c, subject)
+	return nil
+}
+
+// memberPage is one page of a subject's members (presence.page).
+type memberPage struct {
+	members [][]byte
+	count   int
+	next    string
+}
+
+// membersPage is one page of subject's members for grants (a
+// connection's, or an HTTP request's), after the key after, at most limit
+// (nil: defaultMembersPage), or why not.
+func (s *Server) membersPage(g *Grants, subject string, after *string, limit *int) (memberPage, *presenceRefused) {
+	if code, msg := s.checkPresenceSubject(subject); code != "" {
+		return memberPage{}, &presenceRefused{code, msg}
+	}
+	if !g.Allows(subject) {
+		return memberPage{}, &presenceRefused{CodeForbidden, "members needs a subscribe grant, and this credential has none for " + strconv.Quote(subject)}
 	}
 	n := defaultMembersPage
 	if limit != nil {
 		n = *limit
 	}
-	ms, count, next := c.s.pres.page(subject, deref(after), n)
-	c.send(membersMessage(id, subject, ms, count, next))
+	if n < 1 || n > maxMembersPage {
+		return memberPage{}, &presenceRefused{CodeBadFrame, "members: \"limit\" must be 1 to " + strconv.Itoa(maxMembersPage)}
+	}
+	var pg memberPage
+	pg.members, pg.count, pg.next = s.pres.page(subject, deref(after), n)
+	return pg, nil
 }
 
 // trackedMessage is the reply to a track: the member's key, and the
@@ -93,23 +133,13 @@ func trackedMessage(id, key, secret string) []byte {
 	return append(b, '}')
 }
 
-// presenceReply is track's or untrack's reply (none in GraphQL, whose
-// mutations answer themselves).
-func (c *conn) presenceReply(typ, id string) []byte {
-	if c.gql != nil {
+// presenceRate takes a token of the connection's presence rate
+// (Config.PresenceRate), or refuses with rate_limited.
+func (c *conn) presenceRate() *presenceRefused {
+	if c.presRate.allow(time.Now(), c.s.cfg.PresenceRate) {
 		return nil
 	}
-	return replyMessage(typ, id)
-}
-
-// presenceRateOK takes a token of the connection's presence rate
-// (Config.PresenceRate) or answers rate_limited.
-func (c *conn) presenceRateOK(id string) bool {
-	if c.presRate.allow(time.Now(), c.s.cfg.PresenceRate) {
-		return true
-	}
-	c.clientError(id, CodeRateLimited, "presence: over "+strconv.Itoa(c.s.cfg.PresenceRate)+" track and untrack messages per second (--presence-rate): dropped; send the newest state again in a second")
-	return false
+	return &presenceRefused{CodeRateLimited, "presence: over " + strconv.Itoa(c.s.cfg.PresenceRate) + " track and untrack messages per second (--presence-rate): dropped; send the newest state again in a second"}
 }
 
 // checkPresenceSubject checks a track's or a members request's subject:

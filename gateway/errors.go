@@ -43,6 +43,11 @@ const (
 	CodeShuttingDown        = "shutting_down"          // 503: the node drains (a request that was waiting for admission)
 )
 
+// CodeWebSocketRequired is the extensions.code of the GraphQL track and
+// untrack mutations over HTTP: a member is a WebSocket connection, which
+// leaves when it closes.
+const CodeWebSocketRequired = "websocket_required"
+
 // CodeQueryLimit is the extensions.code of a GraphQL operation (HTTP or
 // WebSocket) refused before validation by a query limit (Config.GraphQLMax*:
 // bytes, tokens, depth, aliases, complexity); extensions.limit names which.

@@ -22,6 +22,8 @@ import (
 // event's shared bytes into a next-frame template computed when it
 // subscribed (gqlOp), with no resolver and no marshalling per delivery.
 // Anything else runs through gqlgen's executor, which gives the same bytes.
+// A presence subscription is a presence watch of the connection, served
+// the same way (graphql_presence.go).
 //
 // gqlgen's own WebSocket transport is not used: it marshals per subscriber
 // per event, writes without a deadline under one mutex per connection, and
@@ -278,8 +280,12 @@ func (c *conn) gqlSubscribe(id string, p *gqlSubscribePayload) {
 		return
 	}
 	root := graphql.CollectFields(opCtx, opCtx.Operation.SelectionSet, []string{"Subscription"})
-	if len(root) != 1 || root[0].Name != "events" {
-		c.gqlOperationErrors(id, gqlerror.List{gqlerror.Errorf("subscribe to exactly one field: events")})
+	if len(root) != 1 || root[0].Name != "events" && root[0].Name != "presence" {
+		c.gqlOperationErrors(id, gqlerror.List{gqlerror.Errorf("subscribe to exactly one field: events or presence")})
+		return
+	}
+	if root[0].Name == "presence" {
+		c.gqlWatchPresence(ctx, id, opCtx, root[0])
 		return
 	}
 	args := root[0].ArgumentMap(opCtx.Variables)

@@ -65,10 +65,41 @@ type (
 	gqlRequestKey struct{}
 )
 
-// gqlConnOp is a WebSocket operation run on the connection's reader.
+// gqlConnOp is a WebSocket operation run on the connection's reader,
+// which waits for it. A query's fields may run concurrently (gqlgen
+// resolves a query's root fields in goroutines): what they share of the
+// connection's reader state (its message rate, its client errors) is
+// taken under mu.
 type gqlConnOp struct {
-	c         *conn
-	publishes int // owned by the reader (which waits for the operation)
+	c *conn
+
+	mu     sync.Mutex
+	fields int // guarded by mu: the rate-counted fields so far (publish, members)
+}
+
+// overRate counts one more rate-counted field of the operation: every one
+// after its first counts against MaxMessageRate like a message of its
+// own, so one message with 1,000 aliased fields is limited as 1,000
+// messages would be. It returns the refusal when over.
+func (op *gqlConnOp) overRate(s *Server) *presenceRefused {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	if op.fields++; op.fields > 1 && !op.c.rate.allow(time.Now(), s.cfg.MaxMessageRate) {
+		return &presenceRefused{CodeRateLimited, "over " + strconv.Itoa(s.cfg.MaxMessageRate) + " messages per second (--max-message-rate; each publish or members field counts as one): this field was dropped"}
+	}
+	return nil
+}
+
+// refused counts r (nil: none) as a client error of the connection and
+// returns it as the field's error.
+func (op *gqlConnOp) refused(r *presenceRefused, subject string) error {
+	if r == nil {
+		return nil
+	}
+	op.mu.Lock()
+	op.c.countClientError(r.code)
+	op.mu.Unlock()
+	return r.gqlError(subject)
 }
 
 // gqlHTTPRequest is a GraphQL request over HTTP: its publisher is found
@@ -79,6 +110,22 @@ type gqlHTTPRequest struct {
 	once sync.Once
 	pub  publisher
 	aerr *apiError
+
+	grantsOnce sync.Once
+	g          *Grants
+	gerr       error
+}
+
+// grants are the request's grants (members): Config.Authenticate with the
+// request and no payload, as the native protocol's upgrade; nil (every
+// subject) without authentication.
+func (q *gqlHTTPRequest) grants(s *Server) (*Grants, error) {
+	q.grantsOnce.Do(func() {
+		if auth := s.cfg.Authenticate; auth != nil {
+			q.g, q.gerr = auth(q.r.Context(), q.r, nil)
+		}
+	})
+	return q.g, q.gerr
 }
 
 func (q *gqlHTTPRequest) publisher(s *Server) (publisher, *apiError) {
@@ -106,13 +153,9 @@ func (b gqlBackend) Publish(ctx context.Context, subject string, data schema.JSO
 	case ctx.Value(gqlConnKey{}) != nil:
 		op := ctx.Value(gqlConnKey{}).(*gqlConnOp)
 		c := op.c
-		count = c.countClientError
-		if op.publishes++; op.publishes > 1 && !c.rate.allow(time.Now(), s.cfg.MaxMessageRate) {
-			count(CodeRateLimited)
-			return nil, &gqlerror.Error{
-				Message:    "over " + strconv.Itoa(s.cfg.MaxMessageRate) + " messages per second (--max-message-rate; each publish counts as one): this publish was dropped",
-				Extensions: map[string]any{"code": CodeRateLimited, "subject": subject},
-			}
+		count = c.countClientError // a mutation's fields run one at a time
+		if r := op.overRate(s); r != nil {
+			return nil, op.refused(r, subject)
 		}
 		pub, allowed = s.grantsPublisher(c.grants)
 	case ctx.Value(gqlRequestKey{}) != nil:

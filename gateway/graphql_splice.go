@@ -23,6 +23,12 @@ const (
 	fieldTypename
 	fieldKind
 	fieldKeys
+	// A presence subscription's PresenceChange (graphql_presence.go).
+	fieldCount
+	fieldJoins // fieldJoins+i: the i-th of presParts.lists
+	fieldLeaves
+	fieldUpdates
+	fieldPresenceTypename
 )
 
 // gqlOp is one GraphQL subscription of a connection. It is immutable after
@@ -32,13 +38,15 @@ type gqlOp struct {
 	// Fast path: pieces[0], value kinds[0], pieces[1], ..., pieces[len(kinds)].
 	pieces [][]byte
 	kinds  []uint8
+	shapes []*memberShape // a presence op's: parallel to kinds, the member lists' selections (nil for other fields)
 	// Executor path (fast == false): the executor's response stream, fed one
 	// event at a time through ch by the writer.
 	fast bool
 	next graphql.ResponseHandler
 	ctx  context.Context
-	ch   chan *schema.Event
-	head []byte // {"id":...,"type":"next","payload":
+	ch   chan *schema.Event          // events
+	pch  chan *schema.PresenceChange // presence
+	head []byte                      // {"id":...,"type":"next","payload":
 
 	overhead int // bytes a delivery adds to the event's (mailbox accounting); fast path: the pieces' total length
 	done     atomic.Bool
@@ -72,6 +80,12 @@ func (op *gqlOp) appendNext(dst []byte, ev *Event) []byte {
 			dst = append(dst, ev.kindJSON()...)
 		case fieldKeys:
 			dst = append(dst, ev.keysJSON()...)
+		case fieldCount:
+			dst = append(dst, ev.pres.count...)
+		case fieldJoins, fieldLeaves, fieldUpdates:
+			dst = op.shapes[i].appendList(dst, ev.pres.lists[k-fieldJoins])
+		case fieldPresenceTypename:
+			dst = append(dst, `"PresenceChange"`...)
 		}
 	}
 	return append(dst, op.pieces[len(op.kinds)]...)
@@ -81,7 +95,7 @@ func (op *gqlOp) appendNext(dst []byte, ev *Event) []byte {
 // can be framed before it is built.
 func (op *gqlOp) nextLen(ev *Event) int {
 	n := op.overhead
-	for _, k := range op.kinds {
+	for i, k := range op.kinds {
 		switch k {
 		case fieldSubject:
 			n += len(ev.subjectJSON())
@@ -99,6 +113,12 @@ func (op *gqlOp) nextLen(ev *Event) int {
 			n += len(ev.kindJSON())
 		case fieldKeys:
 			n += len(ev.keysJSON())
+		case fieldCount:
+			n += len(ev.pres.count)
+		case fieldJoins, fieldLeaves, fieldUpdates:
+			n += op.shapes[i].listLen(ev.pres.lists[k-fieldJoins])
+		case fieldPresenceTypename:
+			n += len(`"PresenceChange"`)
 		}
 	}
 	return n
@@ -110,6 +130,39 @@ func (op *gqlOp) nextLen(ev *Event) int {
 // response does), so what is left is taken back after every response: the
 // channel is empty again for the next delivery, whose send never blocks.
 func (op *gqlOp) appendExecuted(dst []byte, ev *Event) []byte {
+	var resp *graphql.Response
+	if op.pch != nil {
+		resp = offerExecuted(op, op.pch, gqlPresenceChange(ev))
+	} else {
+		resp = offerExecuted(op, op.ch, gqlEvent(ev))
+	}
+	if resp == nil { // the operation is over
+		return dst
+	}
+	dst = append(dst, op.head...)
+	dst = appendResponse(dst, resp)
+	return append(dst, '}')
+}
+
+// offerExecuted hands v to the operation's response stream through ch
+// (empty: the writer is its only sender) and returns the response it
+// gives, nil when it is over; ch is empty again after it.
+func offerExecuted[T any](op *gqlOp, ch chan T, v T) *graphql.Response {
+	select {
+	case ch <- v:
+	default: // not reached: the writer is the only sender and empties it
+		return nil
+	}
+	resp := op.next(op.ctx)
+	select {
+	case <-ch: // not taken
+	default:
+	}
+	return resp
+}
+
+// gqlEvent is ev as the executor's Event.
+func gqlEvent(ev *Event) *schema.Event {
 	e := &schema.Event{Kind: schema.EventKindEvent, Subject: ev.Subject}
 	switch ev.kind {
 	case kindLeave:
@@ -123,22 +176,7 @@ func (op *gqlOp) appendExecuted(dst []byte, ev *Event) []byte {
 		c := ev.Cursor
 		e.Cursor = &c
 	}
-	select {
-	case op.ch <- e:
-	default: // not reached: the writer is the only sender and empties it
-		return dst
-	}
-	resp := op.next(op.ctx)
-	select {
-	case <-op.ch: // not taken
-	default:
-	}
-	if resp == nil { // the operation is over
-		return dst
-	}
-	dst = append(dst, op.head...)
-	dst = appendResponse(dst, resp)
-	return append(dst, '}')
+	return e
 }
 
 // appendResponse appends a GraphQL response as JSON, with no HTML escaping

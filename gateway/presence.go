@@ -387,6 +387,12 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 		return
 	}
 	ev := presenceEvent(r.subject, len(r.members), changes)
+	for c := range group {
+		if c.gql != nil { // encoded once for every GraphQL watcher
+			ev.pres = newPresParts(len(r.members), changes)
+			break
+		}
+	}
 	for c, ws := range group {
 		subs := ws[0].subs
 		if len(ws) > 1 {

@@ -13,13 +13,14 @@ import (
 
 // subState is one subscription of a connection.
 type subState struct {
-	pattern  string
-	view     *viewSub   // a filtered subscription: in the view index once live, not the index
-	grant    string     // the grant's row filter it was admitted with (and its claims), to re-check on refresh
-	live     bool       // in the index, or its feed is running; guarded by conn.subsMu
-	task     *taskState // the goroutine of a resume or a feed; static after creation
-	feed     *feedState // set when the subscription has its own consumer; static after creation
-	presence bool       // it watches presence too (presence.go); static
+	pattern   string
+	view      *viewSub   // a filtered subscription: in the view index once live, not the index
+	grant     string     // the grant's row filter it was admitted with (and its claims), to re-check on refresh
+	live      bool       // in the index, its feed is running, or (watchOnly) it watches; guarded by conn.subsMu
+	task      *taskState // the goroutine of a resume or a feed; static after creation
+	feed      *feedState // set when the subscription has its own consumer; static after creation
+	presence  bool       // it watches presence too (presence.go); static
+	watchOnly bool       // a GraphQL presence subscription: a presence watch, in no index (graphql_presence.go); static
 }
 
 // filter is the subscription's filter (nil: none).

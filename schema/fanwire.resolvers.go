@@ -14,6 +14,16 @@ func (r *mutationResolver) Publish(ctx context.Context, subject string, data JSO
 	return r.Backend.Publish(ctx, subject, data)
 }
 
+// Track is the resolver for the track field.
+func (r *mutationResolver) Track(ctx context.Context, subject string, state JSON) (bool, error) {
+	return r.Backend.Track(ctx, subject, state)
+}
+
+// Untrack is the resolver for the untrack field.
+func (r *mutationResolver) Untrack(ctx context.Context, subject string) (bool, error) {
+	return r.Backend.Untrack(ctx, subject)
+}
+
 // Health is the resolver for the health field.
 func (r *queryResolver) Health(ctx context.Context) (*Health, error) {
 	return r.Backend.Health(ctx), nil
@@ -24,9 +34,19 @@ func (r *queryResolver) Subscribable(ctx context.Context) (*Subscribable, error)
 	return r.Backend.Subscribable(ctx), nil
 }
 
+// Members is the resolver for the members field.
+func (r *queryResolver) Members(ctx context.Context, subject string, after *string, limit *int) (*MemberPage, error) {
+	return r.Backend.Members(ctx, subject, after, limit)
+}
+
 // Events is the resolver for the events field.
 func (r *subscriptionResolver) Events(ctx context.Context, subject string, from *string, durable *string, where *string) (<-chan *Event, error) {
 	return r.Backend.Events(ctx, subject, from, durable, where)
+}
+
+// Presence is the resolver for the presence field.
+func (r *subscriptionResolver) Presence(ctx context.Context, subject string) (<-chan *PresenceChange, error) {
+	return r.Backend.Presence(ctx, subject)
 }
 
 // Mutation returns MutationResolver implementation.

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -51,8 +52,31 @@ type ComplexityRoot struct {
 		Status      func(childComplexity int) int
 	}
 
+	Member struct {
+		Conn  func(childComplexity int) int
+		State func(childComplexity int) int
+		Sub   func(childComplexity int) int
+	}
+
+	MemberPage struct {
+		Count   func(childComplexity int) int
+		Members func(childComplexity int) int
+		Next    func(childComplexity int) int
+		Subject func(childComplexity int) int
+	}
+
 	Mutation struct {
 		Publish func(childComplexity int, subject string, data JSON) int
+		Track   func(childComplexity int, subject string, state JSON) int
+		Untrack func(childComplexity int, subject string) int
+	}
+
+	PresenceChange struct {
+		Count   func(childComplexity int) int
+		Joins   func(childComplexity int) int
+		Leaves  func(childComplexity int) int
+		Subject func(childComplexity int) int
+		Updates func(childComplexity int) int
 	}
 
 	Published struct {
@@ -62,6 +86,7 @@ type ComplexityRoot struct {
 
 	Query struct {
 		Health       func(childComplexity int) int
+		Members      func(childComplexity int, subject string, after *string, limit *int) int
 		Subscribable func(childComplexity int) int
 	}
 
@@ -74,7 +99,8 @@ type ComplexityRoot struct {
 	}
 
 	Subscription struct {
-		Events func(childComplexity int, subject string, from *string, durable *string, where *string) int
+		Events   func(childComplexity int, subject string, from *string, durable *string, where *string) int
+		Presence func(childComplexity int, subject string) int
 	}
 }
 
@@ -84,13 +110,17 @@ type ComplexityRoot struct {
 
 type MutationResolver interface {
 	Publish(ctx context.Context, subject string, data JSON) (*Published, error)
+	Track(ctx context.Context, subject string, state JSON) (bool, error)
+	Untrack(ctx context.Context, subject string) (bool, error)
 }
 type QueryResolver interface {
 	Health(ctx context.Context) (*Health, error)
 	Subscribable(ctx context.Context) (*Subscribable, error)
+	Members(ctx context.Context, subject string, after *string, limit *int) (*MemberPage, error)
 }
 type SubscriptionResolver interface {
 	Events(ctx context.Context, subject string, from *string, durable *string, where *string) (<-chan *Event, error)
+	Presence(ctx context.Context, subject string) (<-chan *PresenceChange, error)
 }
 
 // endregion ************************** generated!.gotpl **************************
@@ -167,6 +197,50 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Health.Status(childComplexity), true
 
+	case "Member.conn":
+		if e.ComplexityRoot.Member.Conn == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Member.Conn(childComplexity), true
+	case "Member.state":
+		if e.ComplexityRoot.Member.State == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Member.State(childComplexity), true
+	case "Member.sub":
+		if e.ComplexityRoot.Member.Sub == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Member.Sub(childComplexity), true
+
+	case "MemberPage.count":
+		if e.ComplexityRoot.MemberPage.Count == nil {
+			break
+		}
+
+		return e.ComplexityRoot.MemberPage.Count(childComplexity), true
+	case "MemberPage.members":
+		if e.ComplexityRoot.MemberPage.Members == nil {
+			break
+		}
+
+		return e.ComplexityRoot.MemberPage.Members(childComplexity), true
+	case "MemberPage.next":
+		if e.ComplexityRoot.MemberPage.Next == nil {
+			break
+		}
+
+		return e.ComplexityRoot.MemberPage.Next(childComplexity), true
+	case "MemberPage.subject":
+		if e.ComplexityRoot.MemberPage.Subject == nil {
+			break
+		}
+
+		return e.ComplexityRoot.MemberPage.Subject(childComplexity), true
+
 	case "Mutation.publish":
 		if e.ComplexityRoot.Mutation.Publish == nil {
 			break
@@ -178,6 +252,59 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.Publish(childComplexity, args["subject"].(string), args["data"].(JSON)), true
+	case "Mutation.track":
+		if e.ComplexityRoot.Mutation.Track == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_track_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.Track(childComplexity, args["subject"].(string), args["state"].(JSON)), true
+	case "Mutation.untrack":
+		if e.ComplexityRoot.Mutation.Untrack == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_untrack_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.Untrack(childComplexity, args["subject"].(string)), true
+
+	case "PresenceChange.count":
+		if e.ComplexityRoot.PresenceChange.Count == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PresenceChange.Count(childComplexity), true
+	case "PresenceChange.joins":
+		if e.ComplexityRoot.PresenceChange.Joins == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PresenceChange.Joins(childComplexity), true
+	case "PresenceChange.leaves":
+		if e.ComplexityRoot.PresenceChange.Leaves == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PresenceChange.Leaves(childComplexity), true
+	case "PresenceChange.subject":
+		if e.ComplexityRoot.PresenceChange.Subject == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PresenceChange.Subject(childComplexity), true
+	case "PresenceChange.updates":
+		if e.ComplexityRoot.PresenceChange.Updates == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PresenceChange.Updates(childComplexity), true
 
 	case "Published.cursor":
 		if e.ComplexityRoot.Published.Cursor == nil {
@@ -199,6 +326,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Query.Health(childComplexity), true
 
+	case "Query.members":
+		if e.ComplexityRoot.Query.Members == nil {
+			break
+		}
+
+		args, err := ec.field_Query_members_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Members(childComplexity, args["subject"].(string), args["after"].(*string), args["limit"].(*int)), true
 	case "Query.subscribable":
 		if e.ComplexityRoot.Query.Subscribable == nil {
 			break
@@ -248,6 +386,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Subscription.Events(childComplexity, args["subject"].(string), args["from"].(*string), args["durable"].(*string), args["where"].(*string)), true
+	case "Subscription.presence":
+		if e.ComplexityRoot.Subscription.Presence == nil {
+			break
+		}
+
+		args, err := ec.field_Subscription_presence_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Subscription.Presence(childComplexity, args["subject"].(string)), true
 
 	}
 	return 0, false
@@ -397,6 +546,48 @@ func (ec *executionContext) childFields_Health(ctx context.Context, field graphq
 		return ec.fieldContext_Health_connections(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Health", field.Name)
+}
+
+func (ec *executionContext) childFields_Member(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "conn":
+		return ec.fieldContext_Member_conn(ctx, field)
+	case "sub":
+		return ec.fieldContext_Member_sub(ctx, field)
+	case "state":
+		return ec.fieldContext_Member_state(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Member", field.Name)
+}
+
+func (ec *executionContext) childFields_MemberPage(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "subject":
+		return ec.fieldContext_MemberPage_subject(ctx, field)
+	case "count":
+		return ec.fieldContext_MemberPage_count(ctx, field)
+	case "members":
+		return ec.fieldContext_MemberPage_members(ctx, field)
+	case "next":
+		return ec.fieldContext_MemberPage_next(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type MemberPage", field.Name)
+}
+
+func (ec *executionContext) childFields_PresenceChange(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "subject":
+		return ec.fieldContext_PresenceChange_subject(ctx, field)
+	case "count":
+		return ec.fieldContext_PresenceChange_count(ctx, field)
+	case "joins":
+		return ec.fieldContext_PresenceChange_joins(ctx, field)
+	case "leaves":
+		return ec.fieldContext_PresenceChange_leaves(ctx, field)
+	case "updates":
+		return ec.fieldContext_PresenceChange_updates(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type PresenceChange", field.Name)
 }
 
 func (ec *executionContext) childFields_Published(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -563,6 +754,42 @@ func (ec *executionContext) field_Mutation_publish_args(ctx context.Context, raw
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_track_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "subject",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["subject"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "state",
+		func(ctx context.Context, v any) (JSON, error) {
+			return ec.unmarshalOJSON2githubᚗcomᚋfanwireᚋfanwireᚋschemaᚐJSON(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["state"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_untrack_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "subject",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["subject"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Query___type_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -574,6 +801,36 @@ func (ec *executionContext) field_Query___type_args(ctx context.Context, rawArgs
 		return nil, err
 	}
 	args["name"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_members_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "subject",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["subject"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["limit"] = arg2
 	return args, nil
 }
 
@@ -612,6 +869,20 @@ func (ec *executionContext) field_Subscription_events_args(ctx context.Context, 
 		return nil, err
 	}
 	args["where"] = arg3
+	return args, nil
+}
+
+func (ec *executionContext) field_Subscription_presence_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "subject",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["subject"] = arg0
 	return args, nil
 }
 
@@ -896,6 +1167,176 @@ func (ec *executionContext) fieldContext_Health_connections(_ context.Context, f
 	return graphql.NewScalarFieldContext("Health", field, false, false, "Int")
 }
 
+func (ec *executionContext) _Member_conn(ctx context.Context, field graphql.CollectedField, obj *Member) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Member_conn(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Conn, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Member_conn(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Member", field, false, false, "String")
+}
+
+func (ec *executionContext) _Member_sub(ctx context.Context, field graphql.CollectedField, obj *Member) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Member_sub(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Sub, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Member_sub(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Member", field, false, false, "String")
+}
+
+func (ec *executionContext) _Member_state(ctx context.Context, field graphql.CollectedField, obj *Member) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Member_state(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.State, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v JSON) graphql.Marshaler {
+			return ec.marshalOJSON2githubᚗcomᚋfanwireᚋfanwireᚋschemaᚐJSON(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Member_state(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Member", field, false, false, "JSON")
+}
+
+func (ec *executionContext) _MemberPage_subject(ctx context.Context, field graphql.CollectedField, obj *MemberPage) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_MemberPage_subject(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Subject, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_MemberPage_subject(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("MemberPage", field, false, false, "String")
+}
+
+func (ec *executionContext) _MemberPage_count(ctx context.Context, field graphql.CollectedField, obj *MemberPage) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_MemberPage_count(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Count, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_MemberPage_count(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("MemberPage", field, false, false, "Int")
+}
+
+func (ec *executionContext) _MemberPage_members(ctx context.Context, field graphql.CollectedField, obj *MemberPage) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_MemberPage_members(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Members, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []Member) graphql.Marshaler {
+			return ec.marshalNMember2ᚕgithubᚗcomᚋfanwireᚋfanwireᚋschemaᚐMemberᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_MemberPage_members(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "MemberPage",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Member(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _MemberPage_next(ctx context.Context, field graphql.CollectedField, obj *MemberPage) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_MemberPage_next(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Next, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_MemberPage_next(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("MemberPage", field, false, false, "String")
+}
+
 func (ec *executionContext) _Mutation_publish(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -936,6 +1377,236 @@ func (ec *executionContext) fieldContext_Mutation_publish(ctx context.Context, f
 	if fc.Args, err = ec.field_Mutation_publish_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_track(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_track(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().Track(ctx, fc.Args["subject"].(string), fc.Args["state"].(JSON))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_track(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return nil, errors.New("field of type Boolean does not have child fields")
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_track_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_untrack(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_untrack(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().Untrack(ctx, fc.Args["subject"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_untrack(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return nil, errors.New("field of type Boolean does not have child fields")
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_untrack_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _PresenceChange_subject(ctx context.Context, field graphql.CollectedField, obj *PresenceChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PresenceChange_subject(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Subject, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PresenceChange_subject(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PresenceChange", field, false, false, "String")
+}
+
+func (ec *executionContext) _PresenceChange_count(ctx context.Context, field graphql.CollectedField, obj *PresenceChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PresenceChange_count(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Count, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PresenceChange_count(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PresenceChange", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PresenceChange_joins(ctx context.Context, field graphql.CollectedField, obj *PresenceChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PresenceChange_joins(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Joins, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []Member) graphql.Marshaler {
+			return ec.marshalNMember2ᚕgithubᚗcomᚋfanwireᚋfanwireᚋschemaᚐMemberᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PresenceChange_joins(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "PresenceChange",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Member(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _PresenceChange_leaves(ctx context.Context, field graphql.CollectedField, obj *PresenceChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PresenceChange_leaves(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Leaves, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []Member) graphql.Marshaler {
+			return ec.marshalNMember2ᚕgithubᚗcomᚋfanwireᚋfanwireᚋschemaᚐMemberᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PresenceChange_leaves(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "PresenceChange",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Member(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _PresenceChange_updates(ctx context.Context, field graphql.CollectedField, obj *PresenceChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PresenceChange_updates(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Updates, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []Member) graphql.Marshaler {
+			return ec.marshalNMember2ᚕgithubᚗcomᚋfanwireᚋfanwireᚋschemaᚐMemberᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PresenceChange_updates(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "PresenceChange",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Member(ctx, field)
+		},
 	}
 	return fc, nil
 }
@@ -1046,6 +1717,50 @@ func (ec *executionContext) fieldContext_Query_subscribable(_ context.Context, f
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_Subscribable(ctx, field)
 		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_members(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_members(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Members(ctx, fc.Args["subject"].(string), fc.Args["after"].(*string), fc.Args["limit"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *MemberPage) graphql.Marshaler {
+			return ec.marshalNMemberPage2ᚖgithubᚗcomᚋfanwireᚋfanwireᚋschemaᚐMemberPage(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_members(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_MemberPage(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_members_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
 	}
 	return fc, nil
 }
@@ -1279,6 +1994,50 @@ func (ec *executionContext) fieldContext_Subscription_events(ctx context.Context
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Subscription_events_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Subscription_presence(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
+	return graphql.ResolveFieldStream(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Subscription_presence(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Subscription().Presence(ctx, fc.Args["subject"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *PresenceChange) graphql.Marshaler {
+			return ec.marshalNPresenceChange2ᚖgithubᚗcomᚋfanwireᚋfanwireᚋschemaᚐPresenceChange(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Subscription_presence(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Subscription",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PresenceChange(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Subscription_presence_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -2467,6 +3226,97 @@ func (ec *executionContext) _Health(ctx context.Context, sel ast.SelectionSet, o
 	return out
 }
 
+var memberImplementors = []string{"Member"}
+
+func (ec *executionContext) _Member(ctx context.Context, sel ast.SelectionSet, obj *Member) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, memberImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Member")
+		case "conn":
+			out.Values[i] = ec._Member_conn(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "sub":
+			out.Values[i] = ec._Member_sub(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "state":
+			out.Values[i] = ec._Member_state(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var memberPageImplementors = []string{"MemberPage"}
+
+func (ec *executionContext) _MemberPage(ctx context.Context, sel ast.SelectionSet, obj *MemberPage) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, memberPageImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("MemberPage")
+		case "subject":
+			out.Values[i] = ec._MemberPage_subject(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "count":
+			out.Values[i] = ec._MemberPage_count(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "members":
+			out.Values[i] = ec._MemberPage_members(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "next":
+			out.Values[i] = ec._MemberPage_next(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var mutationImplementors = []string{"Mutation"}
 
 func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet) graphql.Marshaler {
@@ -2490,6 +3340,73 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_publish(ctx, field)
 			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "track":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_track(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "untrack":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_untrack(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var presenceChangeImplementors = []string{"PresenceChange"}
+
+func (ec *executionContext) _PresenceChange(ctx context.Context, sel ast.SelectionSet, obj *PresenceChange) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, presenceChangeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("PresenceChange")
+		case "subject":
+			out.Values[i] = ec._PresenceChange_subject(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "count":
+			out.Values[i] = ec._PresenceChange_count(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "joins":
+			out.Values[i] = ec._PresenceChange_joins(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "leaves":
+			out.Values[i] = ec._PresenceChange_leaves(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "updates":
+			out.Values[i] = ec._PresenceChange_updates(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -2578,6 +3495,12 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				true, true,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_subscribable(ctx, field)
+				})
+		case "members":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_members(ctx, field)
 				})
 		case "__type":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
@@ -2678,6 +3601,8 @@ func (ec *executionContext) _Subscription(ctx context.Context, sel ast.Selection
 	switch fields[0].Name {
 	case "events":
 		return ec._Subscription_events(ctx, fields[0])
+	case "presence":
+		return ec._Subscription_presence(ctx, fields[0])
 	default:
 		panic("unknown field " + strconv.Quote(fields[0].Name))
 	}
@@ -3113,6 +4038,42 @@ func (ec *executionContext) marshalNJSON2githubᚗcomᚋfanwireᚋfanwireᚋsche
 	return v
 }
 
+func (ec *executionContext) marshalNMember2githubᚗcomᚋfanwireᚋfanwireᚋschemaᚐMember(ctx context.Context, sel ast.SelectionSet, v Member) graphql.Marshaler {
+	return ec._Member(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNMember2ᚕgithubᚗcomᚋfanwireᚋfanwireᚋschemaᚐMemberᚄ(ctx context.Context, sel ast.SelectionSet, v []Member) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNMember2githubᚗcomᚋfanwireᚋfanwireᚋschemaᚐMember(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNMemberPage2ᚖgithubᚗcomᚋfanwireᚋfanwireᚋschemaᚐMemberPage(ctx context.Context, sel ast.SelectionSet, v *MemberPage) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "MemberPage!")
+		return graphql.Null
+	}
+	return ec._MemberPage(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNPresenceChange2ᚖgithubᚗcomᚋfanwireᚋfanwireᚋschemaᚐPresenceChange(ctx context.Context, sel ast.SelectionSet, v *PresenceChange) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "PresenceChange!")
+		return graphql.Null
+	}
+	return ec._PresenceChange(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalNPublished2ᚖgithubᚗcomᚋfanwireᚋfanwireᚋschemaᚐPublished(ctx context.Context, sel ast.SelectionSet, v *Published) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "Published!")
@@ -3341,6 +4302,24 @@ func (ec *executionContext) marshalOBoolean2ᚖbool(ctx context.Context, sel ast
 	_ = sel
 	_ = ctx
 	res := graphql.MarshalBoolean(*v)
+	return res
+}
+
+func (ec *executionContext) unmarshalOInt2ᚖint(ctx context.Context, v any) (*int, error) {
+	if v == nil {
+		return nil, nil
+	}
+	res, err := graphql.UnmarshalInt(v)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOInt2ᚖint(ctx context.Context, sel ast.SelectionSet, v *int) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	_ = sel
+	_ = ctx
+	res := graphql.MarshalInt(*v)
 	return res
 }
 

@@ -36,7 +36,45 @@ type Health struct {
 	Connections int `json:"connections"`
 }
 
+// A connection present on a subject: it tracked itself there (track) and
+// has not untracked nor disconnected.
+type Member struct {
+	// The member's key: its connection's id, unique across nodes.
+	Conn string `json:"conn"`
+	// The sub of the connection's token (null for an anonymous connection).
+	Sub *string `json:"sub,omitempty"`
+	// The state it tracked with, compacted JSON (a GraphQL client's is
+	// re-encoded from its decoded value: object keys sorted); null in leaves.
+	State JSON `json:"state,omitempty"`
+}
+
+// One page of a subject's members, in key (conn) order.
+type MemberPage struct {
+	// The subject listed.
+	Subject string `json:"subject"`
+	// How many members the subject has (all pages).
+	Count int `json:"count"`
+	// This page's members.
+	Members []Member `json:"members"`
+	// The key to ask after for the next page; null on the last page.
+	Next *string `json:"next,omitempty"`
+}
+
 type Mutation struct {
+}
+
+// One subject's presence changes, in the order they happened.
+type PresenceChange struct {
+	// The concrete subject whose members changed.
+	Subject string `json:"subject"`
+	// How many members the subject has after the change.
+	Count int `json:"count"`
+	// Members that joined.
+	Joins []Member `json:"joins"`
+	// Members that left (state null).
+	Leaves []Member `json:"leaves"`
+	// Members whose state changed: their new state.
+	Updates []Member `json:"updates"`
 }
 
 // A publish the broker has.

@@ -15,6 +15,15 @@ type Backend interface {
 	// Publish publishes one event with the credential of the connection
 	// or request the operation came from.
 	Publish(ctx context.Context, subject string, data JSON) (*Published, error)
+	// Presence returns the stream of a presence subscription the executor
+	// serves, as Events does.
+	Presence(ctx context.Context, subject string) (<-chan *PresenceChange, error)
+	// Track and Untrack change the presence of the WebSocket connection
+	// the operation came from; Members lists a subject's members with the
+	// grants of the connection or request.
+	Track(ctx context.Context, subject string, state JSON) (bool, error)
+	Untrack(ctx context.Context, subject string) (bool, error)
+	Members(ctx context.Context, subject string, after *string, limit *int) (*MemberPage, error)
 }
 
 // Resolver is the root resolver; Backend answers every field.
