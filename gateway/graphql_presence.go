@@ -329,17 +329,20 @@ func (b gqlBackend) Presence(ctx context.Context, subject string) (<-chan *schem
 
 // Track is the track mutation: the WebSocket connection it runs on joins
 // subject, as a native track (conn.trackRefused).
-func (b gqlBackend) Track(ctx context.Context, subject string, state schema.JSON) (bool, error) {
+func (b gqlBackend) Track(ctx context.Context, subject string, state schema.JSON, resume *string) (*schema.Tracked, error) {
 	op, ok := ctx.Value(gqlConnKey{}).(*gqlConnOp)
 	if !ok {
-		return false, webSocketRequired("track")
+		return nil, webSocketRequired("track")
 	}
 	var raw json.RawMessage
 	if state != nil {
 		raw = json.RawMessage(state)
 	}
-	_, _, r := op.c.trackRefused(subject, raw, "")
-	return true, op.refused(r, subject)
+	key, secret, r := op.c.trackRefused(subject, raw, deref(resume))
+	if err := op.refused(r, subject); err != nil {
+		return nil, err
+	}
+	return &schema.Tracked{Member: key, Resume: secret}, nil
 }
 
 // Untrack is the untrack mutation (conn.untrackRefused).

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/golang-jwt/jwt/v5"
@@ -92,12 +93,18 @@ func gqlErrorCodes(t *testing.T, payload string) (codes []string, data any) {
 func (cl *client) gqlTrack(id, subject, state string) {
 	cl.t.Helper()
 	vars := map[string]any{"s": subject}
-	q := `mutation($s: String!) { track(subject: $s) }`
+	q := `mutation($s: String!) { track(subject: $s) { member resume } }`
 	if state != "" {
 		vars["st"] = json.RawMessage(state)
-		q = `mutation($s: String!, $st: JSON) { track(subject: $s, state: $st) }`
+		q = `mutation($s: String!, $st: JSON) { track(subject: $s, state: $st) { member resume } }`
 	}
-	if got := cl.gqlResult(id, q, vars); got != `{"data":{"track":true}}` {
+	got := cl.gqlResult(id, q, vars)
+	var r struct {
+		Data struct {
+			Track struct{ Member, Resume string }
+		}
+	}
+	if err := json.Unmarshal([]byte(got), &r); err != nil || r.Data.Track.Member == "" || len(r.Data.Track.Resume) != 32 {
 		cl.t.Fatalf("track %s: %s", subject, got)
 	}
 }
@@ -282,24 +289,25 @@ func TestGraphQLPresenceErrors(t *testing.T) {
 			t.Fatalf("%s: codes %v, want %v (%s)", what, codes, want, payload)
 		}
 	}
-	const trackQ = `mutation($s: String!, $st: JSON) { track(subject: $s, state: $st) }`
+	const trackQ = `mutation($s: String!, $st: JSON) { track(subject: $s, state: $st) { member } }`
 
 	u := e.initGQLToken(token(jwt.MapClaims{"sub": "u7", "presence": []any{"room.{tenant}.*"}, "subscribe": []any{"room.{tenant}.*"}}))
 	check("a subject outside the claim", u.gqlResult("f1", trackQ, map[string]any{"s": "room.other.1"}), "forbidden")
 	check("a wildcard", u.gqlResult("f2", trackQ, map[string]any{"s": "room.acme.*"}), "bad_subject")
 	check("state over --max-presence-state", u.gqlResult("f3", trackQ, map[string]any{"s": "room.acme.1", "st": strings.Repeat("x", 80)}), "too_large")
 	// Three tracks in one operation, over the cap of two.
-	check("over --max-presence-tracks", u.gqlResult("f4", `mutation { a: track(subject: "room.acme.1") b: track(subject: "room.acme.2") c: track(subject: "room.acme.3") }`, nil), "too_many_tracks")
+	check("over --max-presence-tracks", u.gqlResult("f4", `mutation { a: track(subject: "room.acme.1") { member } b: track(subject: "room.acme.2") { member } c: track(subject: "room.acme.3") { member } }`, nil), "too_many_tracks")
 	// Ten in one operation on a connection of its own: past the burst (6)
 	// and what a second refills (3), tracks and untracks alike are dropped.
 	r := e.initGQLToken(token(jwt.MapClaims{"sub": "u8", "presence": []any{"room.>"}}))
 	var ops strings.Builder
 	for i := range 10 {
 		op := "track"
+		sel := "{ member }"
 		if i%2 == 1 {
-			op = "untrack"
+			op, sel = "untrack", ""
 		}
-		fmt.Fprintf(&ops, `f%d: %s(subject: "room.acme.9") `, i, op)
+		fmt.Fprintf(&ops, `f%d: %s(subject: "room.acme.9") %s `, i, op, sel)
 	}
 	codes, _ := gqlErrorCodes(t, r.gqlResult("f5", "mutation { "+ops.String()+"}", nil))
 	if len(codes) == 0 || slices.ContainsFunc(codes, func(c string) bool { return c != "rate_limited" }) {
@@ -330,7 +338,7 @@ func TestGraphQLPresenceErrors(t *testing.T) {
 	outsider.gqlQuiet()
 
 	// Over HTTP: members with the request's token; track and untrack refused.
-	check("track over HTTP", postGraphQL(t, e, "", `{"query":"mutation { track(subject: \"room.acme.1\") }"}`), "websocket_required")
+	check("track over HTTP", postGraphQL(t, e, "", `{"query":"mutation { track(subject: \"room.acme.1\") { member } }"}`), "websocket_required")
 	check("untrack over HTTP", postGraphQL(t, e, "", `{"query":"mutation { untrack(subject: \"room.acme.1\") }"}`), "websocket_required")
 	okTok := token(jwt.MapClaims{"sub": "h", "subscribe": []any{"room.>"}})
 	if got := postGraphQL(t, e, okTok, `{"query":"{ members(subject: \"room.acme.1\") { subject count members { sub } next } }"}`); got != `{"data":{"members":{"subject":"room.acme.1","count":1,"members":[{"sub":"u7"}],"next":null}}}` {
@@ -386,4 +394,46 @@ func TestGraphQLNodePresence(t *testing.T) {
 	nc.send(map[string]any{"cmd": "unsubscribe", "key": "p"})
 	nc.expect(`{"unsubscribed":"p"}`)
 	e.waitSubscriptions(0)
+}
+
+// TestGraphQLPresenceResume: a GraphQL client whose node stops tracks
+// again on another node with the secret its track returned: the same
+// member, which the watchers see change its state, never leave.
+func TestGraphQLPresenceResume(t *testing.T) {
+	stay := newEnv(t, presenceCfg(func(c *gateway.Config) { c.PresenceTimeout = time.Hour }))
+	going := stay.sibling(presenceCfg(func(c *gateway.Config) { c.PresenceTimeout = time.Hour }))
+	w := stay.dial()
+	w.send(`{"type":"subscribe","id":"w","subject":"room.1","presence":true}`)
+	w.expect(map[string]any{"type": "subscribed", "id": "w"})
+
+	track := func(cl *client, id, extra string) (member, resume string) {
+		t.Helper()
+		got := cl.gqlResult(id, `mutation { track(subject: "room.1", state: "s"`+extra+`) { member resume } }`, nil)
+		var r struct {
+			Data struct {
+				Track struct{ Member, Resume string }
+			}
+		}
+		if err := json.Unmarshal([]byte(got), &r); err != nil || r.Data.Track.Member == "" {
+			t.Fatalf("track: %s", got)
+		}
+		return r.Data.Track.Member, r.Data.Track.Resume
+	}
+	old := going.initGQL()
+	member, secret := track(old, "t1", "")
+	w.expect(map[string]any{"type": "presence", "count": 1, "joins": []any{map[string]any{"conn": member, "state": "s"}}})
+	old.answerClose()
+	going.stop()
+	waitFor(t, "the stopping node's bye", func() bool { return stay.metric("fanwire_presence_nodes", nil) == 0 })
+
+	again := stay.initGQL()
+	if m, s := track(again, "t2", `, resume: "`+secret+`"`); m != member || s != secret {
+		t.Fatalf("resumed as %s (%s), want member %s", m, s, member)
+	}
+	w.quiet() // the same state: nothing to tell
+	gateway.SweepPresence(stay.srv, time.Now().Add(2*time.Hour))
+	w.quiet() // the grace's end removes nothing: the member moved
+	if keys, count := members(w, "room.1", 10); count != 1 || keys[0] != member {
+		t.Fatalf("members %v (%v), want the resumed %s", keys, count, member)
+	}
 }

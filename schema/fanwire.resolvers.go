@@ -15,8 +15,8 @@ func (r *mutationResolver) Publish(ctx context.Context, subject string, data JSO
 }
 
 // Track is the resolver for the track field.
-func (r *mutationResolver) Track(ctx context.Context, subject string, state JSON) (bool, error) {
-	return r.Backend.Track(ctx, subject, state)
+func (r *mutationResolver) Track(ctx context.Context, subject string, state JSON, resume *string) (*Tracked, error) {
+	return r.Backend.Track(ctx, subject, state, resume)
 }
 
 // Untrack is the resolver for the untrack field.

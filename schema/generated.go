@@ -67,7 +67,7 @@ type ComplexityRoot struct {
 
 	Mutation struct {
 		Publish func(childComplexity int, subject string, data JSON) int
-		Track   func(childComplexity int, subject string, state JSON) int
+		Track   func(childComplexity int, subject string, state JSON, resume *string) int
 		Untrack func(childComplexity int, subject string) int
 	}
 
@@ -102,6 +102,11 @@ type ComplexityRoot struct {
 		Events   func(childComplexity int, subject string, from *string, durable *string, where *string) int
 		Presence func(childComplexity int, subject string) int
 	}
+
+	Tracked struct {
+		Member func(childComplexity int) int
+		Resume func(childComplexity int) int
+	}
 }
 
 // endregion ***************************** api!.gotpl *****************************
@@ -110,7 +115,7 @@ type ComplexityRoot struct {
 
 type MutationResolver interface {
 	Publish(ctx context.Context, subject string, data JSON) (*Published, error)
-	Track(ctx context.Context, subject string, state JSON) (bool, error)
+	Track(ctx context.Context, subject string, state JSON, resume *string) (*Tracked, error)
 	Untrack(ctx context.Context, subject string) (bool, error)
 }
 type QueryResolver interface {
@@ -262,7 +267,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Mutation.Track(childComplexity, args["subject"].(string), args["state"].(JSON)), true
+		return e.ComplexityRoot.Mutation.Track(childComplexity, args["subject"].(string), args["state"].(JSON), args["resume"].(*string)), true
 	case "Mutation.untrack":
 		if e.ComplexityRoot.Mutation.Untrack == nil {
 			break
@@ -397,6 +402,19 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Subscription.Presence(childComplexity, args["subject"].(string)), true
+
+	case "Tracked.member":
+		if e.ComplexityRoot.Tracked.Member == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Tracked.Member(childComplexity), true
+	case "Tracked.resume":
+		if e.ComplexityRoot.Tracked.Resume == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Tracked.Resume(childComplexity), true
 
 	}
 	return 0, false
@@ -616,6 +634,16 @@ func (ec *executionContext) childFields_Subscribable(ctx context.Context, field 
 	return nil, fmt.Errorf("no field named %q was found under type Subscribable", field.Name)
 }
 
+func (ec *executionContext) childFields_Tracked(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "member":
+		return ec.fieldContext_Tracked_member(ctx, field)
+	case "resume":
+		return ec.fieldContext_Tracked_resume(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Tracked", field.Name)
+}
+
 func (ec *executionContext) childFields___Directive(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "name":
@@ -773,6 +801,14 @@ func (ec *executionContext) field_Mutation_track_args(ctx context.Context, rawAr
 		return nil, err
 	}
 	args["state"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "resume",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["resume"] = arg2
 	return args, nil
 }
 
@@ -1391,11 +1427,11 @@ func (ec *executionContext) _Mutation_track(ctx context.Context, field graphql.C
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Mutation().Track(ctx, fc.Args["subject"].(string), fc.Args["state"].(JSON))
+			return ec.Resolvers.Mutation().Track(ctx, fc.Args["subject"].(string), fc.Args["state"].(JSON), fc.Args["resume"].(*string))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
-			return ec.marshalNBoolean2bool(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *Tracked) graphql.Marshaler {
+			return ec.marshalNTracked2ᚖgithubᚗcomᚋfanwireᚋfanwireᚋschemaᚐTracked(ctx, selections, v)
 		},
 		true,
 		true,
@@ -1408,7 +1444,7 @@ func (ec *executionContext) fieldContext_Mutation_track(ctx context.Context, fie
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return nil, errors.New("field of type Boolean does not have child fields")
+			return ec.childFields_Tracked(ctx, field)
 		},
 	}
 	defer func() {
@@ -2042,6 +2078,52 @@ func (ec *executionContext) fieldContext_Subscription_presence(ctx context.Conte
 		return fc, err
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _Tracked_member(ctx context.Context, field graphql.CollectedField, obj *Tracked) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Tracked_member(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Member, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Tracked_member(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Tracked", field, false, false, "String")
+}
+
+func (ec *executionContext) _Tracked_resume(ctx context.Context, field graphql.CollectedField, obj *Tracked) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Tracked_resume(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Resume, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Tracked_resume(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Tracked", field, false, false, "String")
 }
 
 func (ec *executionContext) ___Directive_name(ctx context.Context, field graphql.CollectedField, obj *introspection.Directive) (ret graphql.Marshaler) {
@@ -3608,6 +3690,44 @@ func (ec *executionContext) _Subscription(ctx context.Context, sel ast.Selection
 	}
 }
 
+var trackedImplementors = []string{"Tracked"}
+
+func (ec *executionContext) _Tracked(ctx context.Context, sel ast.SelectionSet, obj *Tracked) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, trackedImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Tracked")
+		case "member":
+			out.Values[i] = ec._Tracked_member(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "resume":
+			out.Values[i] = ec._Tracked_resume(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var __DirectiveImplementors = []string{"__Directive"}
 
 func (ec *executionContext) ___Directive(ctx context.Context, sel ast.SelectionSet, obj *introspection.Directive) graphql.Marshaler {
@@ -4131,6 +4251,14 @@ func (ec *executionContext) marshalNSubscribable2ᚖgithubᚗcomᚋfanwireᚋfan
 		return graphql.Null
 	}
 	return ec._Subscribable(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNTracked2ᚖgithubᚗcomᚋfanwireᚋfanwireᚋschemaᚐTracked(ctx context.Context, sel ast.SelectionSet, v *Tracked) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "Tracked!")
+		return graphql.Null
+	}
+	return ec._Tracked(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalN__Directive2githubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚋintrospectionᚐDirective(ctx context.Context, sel ast.SelectionSet, v introspection.Directive) graphql.Marshaler {

@@ -39,7 +39,9 @@ type Health struct {
 // A connection present on a subject: it tracked itself there (track) and
 // has not untracked nor disconnected.
 type Member struct {
-	// The member's key: its connection's id, unique across nodes.
+	// The member's key: the id of the connection that tracked it first
+	// (unique across nodes; a membership resumed from another connection
+	// keeps it).
 	Conn string `json:"conn"`
 	// The sub of the connection's token (null for an anonymous connection).
 	Sub *string `json:"sub,omitempty"`
@@ -103,6 +105,16 @@ type Subscribable struct {
 }
 
 type Subscription struct {
+}
+
+// A track's result: the member, and the secret that resumes it.
+type Tracked struct {
+	// The member's key (Member.conn).
+	Member string `json:"member"`
+	// The secret that resumes this membership from another connection (track's
+	// resume argument) after a reconnect, on any node, while the gateway still
+	// holds it: keep it, show it to no one.
+	Resume string `json:"resume"`
 }
 
 // What an Event delivery is. Subscriptions without where and from get EVENTs

@@ -21,7 +21,7 @@ type Backend interface {
 	// Track and Untrack change the presence of the WebSocket connection
 	// the operation came from; Members lists a subject's members with the
 	// grants of the connection or request.
-	Track(ctx context.Context, subject string, state JSON) (bool, error)
+	Track(ctx context.Context, subject string, state JSON, resume *string) (*Tracked, error)
 	Untrack(ctx context.Context, subject string) (bool, error)
 	Members(ctx context.Context, subject string, after *string, limit *int) (*MemberPage, error)
 }
