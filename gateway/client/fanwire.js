@@ -8,6 +8,8 @@
 //	for await (const event of sub) console.log(event.subject, event.data);
 //	const open = client.view("db.orders.*", {where: "doc.status == 'open'"});
 //	await open.ready(); // open.docs: subject -> document, kept up to date
+//	await client.track("room.1", {name: "ann"}); // a member, again after every reconnect
+//	const room = client.presence("room.1", {onChange}); // room.members: conn -> member
 //
 // The client reconnects by itself (exponential backoff with full jitter,
 // which starts again only once a connection has stayed up), subscribes
@@ -16,10 +18,13 @@
 // where events may have been missed (Core NATS, an expired cursor), paces
 // everything it sends under the limits the gateway announces (resending in
 // order what the gateway dropped), checks sizes before sending, and
-// refreshes tokens before they expire, by the gateway's clock. It holds
-// nothing without a bound: one record per subscription, per publish not yet
-// answered (at most maxQueued) and per event an iterator has not taken yet
-// (at most its buffer). The protocol, the reconnect policy and the
+// refreshes tokens before they expire, by the gateway's clock. Presence:
+// what it tracks it tracks again on every new connection (the newest state,
+// a second after a rate_limited), and a room lists the members again after
+// every reconnect and tells the difference. It holds nothing without a
+// bound: one record per subscription and per tracked subject, per publish
+// and members request not yet answered (at most maxQueued each) and per
+// event an iterator has not taken yet (at most its buffer). The protocol, the reconnect policy and the
 // guarantees per broker are in the repository's docs/client.md and
 // docs/protocol.md.
 
