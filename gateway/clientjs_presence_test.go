@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
 )
 
@@ -199,6 +201,30 @@ func TestClientJSPresence(t *testing.T) {
 		}
 		if n := count(v.all(), "room_synced", ""); n != 2 {
 			t.Fatalf("v's room listed %d times, want twice (once per connection):\n%s", n, v.summary())
+		}
+	})
+
+	t.Run("a node is killed", func(t *testing.T) {
+		// fanwire ws processes, so that one can die with SIGKILL: no
+		// bye, its members leave the other node after --presence-timeout.
+		bin := buildFanwire(t)
+		url := brokertest.NATS(t).ClientURL()
+		args := jsNodeArgs(url, "PRESKILL", "--allow-anonymous-presence", "--presence-heartbeat", "200ms", "--presence-timeout", "3s")
+		n1, n2 := startGateway(t, bin, args...), startGateway(t, bin, args...)
+		a := runClient(t, node, map[string]any{"urls": []string{n1.wsURL(), n2.wsURL()}, "options": map[string]any{"backoff": map[string]any{"initial": 100, "max": 500}}}, nil)
+		a1 := connID(t, a, 1)
+		a.send(map[string]any{"cmd": "track", "name": "ta", "subject": "app.room.1", "state": map[string]any{"name": "ann"}})
+		w := runClient(t, node, map[string]any{"urls": []string{n2.wsURL()}}, nil)
+		w.send(map[string]any{"cmd": "room", "name": "r", "subject": "app.room.1"})
+		waitRoom(t, w, "r", map[string]string{a1: `{"name":"ann"}`})
+		from := len(w.all())
+
+		n1.stop(syscall.SIGKILL)
+		a2 := connID(t, a, 2)
+		waitRoom(t, w, "r", map[string]string{a2: `{"name":"ann"}`})
+		got := strings.Join(roomChanges(w.all(), "r", from), " | ")
+		if strings.Count(got, a1) != 1 || strings.Count(got, a2) != 1 {
+			t.Fatalf("w's room changes after the kill: %s; want a1 %s to leave once (after --presence-timeout) and a2 %s to join once", got, a1, a2)
 		}
 	})
 
