@@ -151,53 +151,65 @@ func TestClientJSPresence(t *testing.T) {
 		e2 := e1.sibling(presenceCfg(nil))
 		fast := map[string]any{"backoff": map[string]any{"initial": 100, "max": 500}}
 		both := []string{e1.wsURL(), e2.wsURL()}
+		// a moves to e2 and resumes its membership; c knows only e1, so
+		// its member is not resumed and leaves when the grace ends (the
+		// same sweep that would remove a's, had a not resumed it).
 		b := runClient(t, node, map[string]any{"urls": []string{e2.wsURL()}}, nil)
 		a := runClient(t, node, map[string]any{"urls": both, "options": fast}, nil)
-		bConn, a1 := connID(t, b, 1), connID(t, a, 1)
-		b.send(map[string]any{"cmd": "track", "name": "tb", "subject": "room.1", "state": map[string]any{"name": "bob"}})
-		a.send(map[string]any{"cmd": "track", "name": "ta", "subject": "room.1", "state": map[string]any{"name": "ann"}})
-		apiWait(a, "ta tracked", func(l []jsLine) bool { return has(l, "tracked", "ta") || has(l, "track_error", "ta") })
-		apiWait(b, "tb tracked", func(l []jsLine) bool { return has(l, "tracked", "tb") || has(l, "track_error", "tb") })
+		c := runClient(t, node, map[string]any{"urls": []string{e1.wsURL()}, "options": fast}, nil)
+		bKey, aKey, cKey := connID(t, b, 1), connID(t, a, 1), connID(t, c, 1)
+		for _, x := range []struct {
+			r    *nodeRun
+			name string
+		}{{a, "ann"}, {b, "bob"}, {c, "cat"}} {
+			x.r.send(map[string]any{"cmd": "track", "name": "t", "subject": "room.1", "state": map[string]any{"name": x.name}})
+			apiWait(x.r, x.name+" tracked", func(l []jsLine) bool { return has(l, "tracked", "t") || has(l, "track_error", "t") })
+		}
+		if _, l := find(a.all(), "tracked", "t"); l.Conn != aKey {
+			t.Fatalf("a's track resolved with key %q, want its connection id %s", l.Conn, aKey)
+		}
 
 		// w watches from the node that stays; v from the one that stops,
 		// and moves to the other with a.
 		w := runClient(t, node, map[string]any{"urls": []string{e2.wsURL()}}, nil)
 		v := runClient(t, node, map[string]any{"urls": both, "options": fast}, nil)
-		before := map[string]string{a1: `{"name":"ann"}`, bConn: `{"name":"bob"}`}
-		for _, c := range []*nodeRun{w, v} {
-			c.send(map[string]any{"cmd": "room", "name": "r", "subject": "room.1"})
-			waitRoom(t, c, "r", before)
+		before := map[string]string{aKey: `{"name":"ann"}`, bKey: `{"name":"bob"}`, cKey: `{"name":"cat"}`}
+		for _, r := range []*nodeRun{w, v} {
+			r.send(map[string]any{"cmd": "room", "name": "r", "subject": "room.1"})
+			waitRoom(t, r, "r", before)
 		}
 		connID(t, v, 1)
+		fromW := len(w.all())
 
-		e1.stop() // graceful: its clients get 1001, its members leave at once
-		a2 := connID(t, a, 2)
-		after := map[string]string{a2: `{"name":"ann"}`, bConn: `{"name":"bob"}`}
+		e1.stop() // graceful: its clients get 1001, its members stay for the grace
+		if a2 := connID(t, a, 2); a2 == aKey {
+			t.Fatalf("a's second connection has the first one's id %s", aKey)
+		}
+		connID(t, v, 2)
+		waitRoom(t, w, "r", map[string]string{aKey: `{"name":"ann"}`, bKey: `{"name":"bob"}`}) // c's grace is over
+		// A barrier: a's update reaches w after anything e2 sent before it.
+		a.send(map[string]any{"cmd": "track", "name": "t2", "subject": "room.1", "state": map[string]any{"name": "ann", "back": true}})
+		after := map[string]string{aKey: `{"back":true,"name":"ann"}`, bKey: `{"name":"bob"}`}
 		waitRoom(t, w, "r", after)
 		waitRoom(t, v, "r", after)
-		if a2 == a1 {
-			t.Fatalf("a's second connection has the first one's id %s", a1)
-		}
-		if n := count(a.all(), "tracked", ""); n != 1 {
-			t.Fatalf("a's track was confirmed to the app %d times, want once (tracking again is the client's):\n%s", n, a.summary())
-		}
 
-		// w saw a1 leave and a2 join, once each; v, after its reconnect,
-		// listed again and told the difference: a1 gone (a2 with it when
-		// a had tracked again by then), b unchanged in either.
-		for _, c := range []struct {
-			name string
-			r    *nodeRun
-			from int
-		}{{"w", w, lastIndex(w.all(), "room_synced", "")}, {"v", v, lastIndex(v.all(), "state", "connected")}} {
-			got := roomChanges(c.r.all(), "r", c.from)
-			all := strings.Join(got, " | ")
-			if strings.Count(all, a1) != 1 || strings.Count(all, a2) != 1 || (c.name == "v" && strings.Contains(all, bConn)) {
-				t.Fatalf("%s's room changes since the stop: %q, want a1 %s to leave once, a2 %s to join once, b %s unchanged", c.name, got, a1, a2, bConn)
-			}
-			if c.name == "v" && !strings.Contains(got[0], "leaves ["+a1+"]") {
-				t.Fatalf("v's first change after its reconnect: %q, want the difference with a1 %s leaving", got[0], a1)
-			}
+		// w saw c leave and a change its state: a's member was never gone.
+		want := []string{
+			"joins [] leaves [" + cKey + "] updates [] count 2",
+			"joins [] leaves [] updates [" + aKey + "] count 2",
+		}
+		if got := roomChanges(w.all(), "r", fromW); !slices.Equal(got, want) {
+			t.Fatalf("w's room changes since the stop:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+		}
+		apiWait(a, "t2 tracked", func(l []jsLine) bool { return has(l, "tracked", "t2") || has(l, "track_error", "t2") })
+		if _, l := find(a.all(), "tracked", "t2"); l.Conn != aKey {
+			t.Fatalf("a's track on its second connection resolved with key %q, want %s (resumed)", l.Conn, aKey)
+		}
+		// v listed again after its reconnect: a (resumed) and b the same,
+		// so the difference is at most c's leave, then a's update.
+		got := strings.Join(roomChanges(v.all(), "r", lastIndex(v.all(), "state", "connected")), " | ")
+		if strings.Count(got, cKey) != 1 || strings.Contains(got, bKey) || strings.Contains(got, "joins ["+aKey) || strings.Contains(got, "leaves ["+aKey) {
+			t.Fatalf("v's room changes after its reconnect: %s; want c %s to leave once, b %s unchanged, a %s updated only", got, cKey, bKey, aKey)
 		}
 		if n := count(v.all(), "room_synced", ""); n != 2 {
 			t.Fatalf("v's room listed %d times, want twice (once per connection):\n%s", n, v.summary())
@@ -205,26 +217,35 @@ func TestClientJSPresence(t *testing.T) {
 	})
 
 	t.Run("a node is killed", func(t *testing.T) {
-		// fanwire ws processes, so that one can die with SIGKILL: no
-		// bye, its members leave the other node after --presence-timeout.
+		// fanwire ws processes, so that one can die with SIGKILL: no bye;
+		// the other node keeps its members until --presence-timeout, and
+		// a resumes its own through the other node.
 		bin := buildFanwire(t)
 		url := brokertest.NATS(t).ClientURL()
 		args := jsNodeArgs(url, "PRESKILL", "--allow-anonymous-presence", "--presence-heartbeat", "200ms", "--presence-timeout", "3s")
 		n1, n2 := startGateway(t, bin, args...), startGateway(t, bin, args...)
-		a := runClient(t, node, map[string]any{"urls": []string{n1.wsURL(), n2.wsURL()}, "options": map[string]any{"backoff": map[string]any{"initial": 100, "max": 500}}}, nil)
-		a1 := connID(t, a, 1)
-		a.send(map[string]any{"cmd": "track", "name": "ta", "subject": "app.room.1", "state": map[string]any{"name": "ann"}})
+		fast := map[string]any{"backoff": map[string]any{"initial": 100, "max": 500}}
+		a := runClient(t, node, map[string]any{"urls": []string{n1.wsURL(), n2.wsURL()}, "options": fast}, nil)
+		c := runClient(t, node, map[string]any{"urls": []string{n1.wsURL()}, "options": fast}, nil)
+		aKey, cKey := connID(t, a, 1), connID(t, c, 1)
+		a.send(map[string]any{"cmd": "track", "name": "t", "subject": "app.room.1", "state": map[string]any{"name": "ann"}})
+		c.send(map[string]any{"cmd": "track", "name": "t", "subject": "app.room.1", "state": map[string]any{"name": "cat"}})
 		w := runClient(t, node, map[string]any{"urls": []string{n2.wsURL()}}, nil)
 		w.send(map[string]any{"cmd": "room", "name": "r", "subject": "app.room.1"})
-		waitRoom(t, w, "r", map[string]string{a1: `{"name":"ann"}`})
+		waitRoom(t, w, "r", map[string]string{aKey: `{"name":"ann"}`, cKey: `{"name":"cat"}`})
 		from := len(w.all())
 
 		n1.stop(syscall.SIGKILL)
-		a2 := connID(t, a, 2)
-		waitRoom(t, w, "r", map[string]string{a2: `{"name":"ann"}`})
-		got := strings.Join(roomChanges(w.all(), "r", from), " | ")
-		if strings.Count(got, a1) != 1 || strings.Count(got, a2) != 1 {
-			t.Fatalf("w's room changes after the kill: %s; want a1 %s to leave once (after --presence-timeout) and a2 %s to join once", got, a1, a2)
+		connID(t, a, 2)
+		waitRoom(t, w, "r", map[string]string{aKey: `{"name":"ann"}`}) // n1's timeout is over
+		a.send(map[string]any{"cmd": "track", "name": "t2", "subject": "app.room.1", "state": map[string]any{"name": "ann", "back": true}})
+		waitRoom(t, w, "r", map[string]string{aKey: `{"back":true,"name":"ann"}`})
+		want := []string{
+			"joins [] leaves [" + cKey + "] updates [] count 1",
+			"joins [] leaves [] updates [" + aKey + "] count 1",
+		}
+		if got := roomChanges(w.all(), "r", from); !slices.Equal(got, want) {
+			t.Fatalf("w's room changes since the kill:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
 		}
 	})
 

@@ -427,10 +427,11 @@ export declare class Client {
   /** Resolves with the event's cursor (undefined on Core NATS). */
   publish(subject: string, data: unknown, options?: PublishOptions): Promise<string | undefined>;
   /** Makes the connection a member of subject with state (or updates it),
-   * and again on every new connection; resolves once the gateway confirmed
-   * it (or a newer state). */
-  track(subject: string, state?: unknown): Promise<void>;
-  /** Ends the membership and forgets it. */
+   * and resumes the membership on every new connection (the same key, no
+   * leave and no join); resolves with the member's key (its conn) once the
+   * gateway confirmed this state or a newer one. */
+  track(subject: string, state?: unknown): Promise<string>;
+  /** Ends the membership and forgets it (and its resume secret). */
   untrack(subject: string): Promise<void>;
   /** One page of subject's members. */
   members<S = unknown>(subject: string, options?: MembersOptions): Promise<MembersPage<S>>;

@@ -8,7 +8,7 @@
 //	for await (const event of sub) console.log(event.subject, event.data);
 //	const open = client.view("db.orders.*", {where: "doc.status == 'open'"});
 //	await open.ready(); // open.docs: subject -> document, kept up to date
-//	await client.track("room.1", {name: "ann"}); // a member, again after every reconnect
+//	await client.track("room.1", {name: "ann"}); // a member, resumed after every reconnect
 //	const room = client.presence("room.1", {onChange}); // room.members: conn -> member
 //
 // The client reconnects by itself (exponential backoff with full jitter,
@@ -19,9 +19,9 @@
 // everything it sends under the limits the gateway announces (resending in
 // order what the gateway dropped), checks sizes before sending, and
 // refreshes tokens before they expire, by the gateway's clock. Presence:
-// what it tracks it tracks again on every new connection (the newest state,
-// a second after a rate_limited), and a room lists the members again after
-// every reconnect and tells the difference. It holds nothing without a
+// what it tracks it resumes on every new connection (the same member, the
+// newest state; after a rate_limited, a second later), and a room lists the
+// members again after every reconnect and tells the difference. It holds nothing without a
 // bound: one record per subscription and per tracked subject, per publish
 // and members request not yet answered (at most maxQueued each) and per
 // event an iterator has not taken yet (at most its buffer). The protocol, the reconnect policy and the
@@ -115,7 +115,7 @@ export class Client {
   #pausedUntil = 0;
   #generation = 0; // counts sockets, so late callbacks of an old one are ignored
   // Presence (track, untrack, members): see track.
-  #tracks = new Map(); // subject -> presence record {subject, want, json, ver, done, good, member, inflight, queued, waiters}
+  #tracks = new Map(); // subject -> presence record {subject, want, json, ver, done, good, member, key, secret, inflight, queued, waiters}
   #presIds = new Map(); // id of a track or untrack sent on this connection -> its record
   #presPausedUntil = 0; // no track or untrack is sent before (a rate_limited came)
   #presTimer = null;
@@ -282,14 +282,18 @@ export class Client {
   /**
    * track makes this connection a member of subject (a concrete subject)
    * with state (any JSON value, or none), or updates its state. It
-   * resolves once the gateway confirms ("tracked") this state or a newer
+   * resolves with the member's key (its conn in members and presence
+   * messages) once the gateway confirms ("tracked") this state or a newer
    * one, and rejects with the gateway's code (forbidden, too_large,
    * too_many_tracks, bad_subject, ...), "bad_message" (state is not JSON),
    * "aborted" (untracked before it was confirmed) or "closed".
    *
-   * The client keeps the newest state of each subject it tracks and tracks
-   * it again on every new connection (a new connection is a new member,
-   * with a new connection id). At most one track per subject is on its
+   * The client keeps the newest state of each subject it tracks and the
+   * member's resume secret, and tracks it again on every new connection
+   * with the secret: the gateway hands the membership over (same key, no
+   * leave and no join; an update if the state changed meanwhile), or,
+   * when the secret has expired, makes a new member. At most one track per
+   * subject is on its
    * way: states given meanwhile are coalesced into the newest. After a
    * rate_limited, the newest state is sent again once a second has passed.
    * A refused state leaves the last accepted one (or none) as what is
@@ -309,7 +313,7 @@ export class Client {
     subject = String(subject);
     let rec = this.#tracks.get(subject);
     if (!rec) {
-      rec = { subject, want: "track", json, ver: 0, done: 0, good: NO_STATE, member: false, inflight: null, queued: false, waiters: [] };
+      rec = { subject, want: "track", json, ver: 0, done: 0, good: NO_STATE, member: false, key: undefined, secret: undefined, inflight: null, queued: false, waiters: [] };
       this.#tracks.set(subject, rec);
     }
     if (rec.want === "untrack") {
@@ -327,10 +331,12 @@ export class Client {
 
   /**
    * untrack ends this connection's membership of subject, and the client
-   * forgets its state (nothing is tracked again after a reconnect). It
-   * resolves once the gateway confirms ("untracked"), at once when the
-   * current connection is not a member; a track of subject not confirmed
-   * yet rejects with "aborted".
+   * forgets its state and secret (nothing is tracked again after a
+   * reconnect). It resolves once the gateway confirms ("untracked"), at
+   * once when the current connection is not a member (while disconnected:
+   * the membership the last connection held then leaves when the gateway's
+   * grace for it ends); a track of subject not confirmed yet rejects with
+   * "aborted".
    */
   untrack(subject) {
     if (this.#state === "closed") return Promise.reject(closedError());
@@ -811,7 +817,7 @@ export class Client {
         return;
       case "tracked":
       case "untracked":
-        this.#presAnswered(m.id, null);
+        this.#presAnswered(m.id, null, m);
         return;
       case "members": {
         const r = this.#members.get(m.id);
@@ -1255,7 +1261,12 @@ export class Client {
     }
     if (rec.done === rec.ver) return null; // confirmed on this connection already
     const id = "t" + this.#nextMsg++;
-    const f = '{"type":"track","id":"' + id + '","subject":' + JSON.stringify(rec.subject) + (rec.json === undefined ? "" : ',"state":' + rec.json) + "}";
+    // The first track on a connection takes the membership over (its key,
+    // no leave and no join) wherever it still is: on this connection's
+    // predecessor, a stopped node (for the grace) or a dead one (until its
+    // timeout).
+    const resume = !rec.member && rec.secret !== undefined ? ',"resume":' + JSON.stringify(rec.secret) : "";
+    const f = '{"type":"track","id":"' + id + '","subject":' + JSON.stringify(rec.subject) + (rec.json === undefined ? "" : ',"state":' + rec.json) + resume + "}";
     const n = this.#bytes(f);
     if (n > this.#limits.frame) {
       // Sent, it would close the connection (1009). Told from a microtask:
@@ -1274,7 +1285,7 @@ export class Client {
 
   // #presAnswered handles the answer (tracked, untracked; err: an error)
   // to the track or untrack with id.
-  #presAnswered(id, err) {
+  #presAnswered(id, err, m) {
     const rec = this.#presIds.get(id);
     if (!rec) return;
     this.#presIds.delete(id);
@@ -1289,11 +1300,12 @@ export class Client {
       this.#presPause();
       return;
     }
-    this.#presResult(rec, f, err);
+    this.#presResult(rec, f, err, m);
   }
 
-  // #presResult applies the gateway's answer to f, rec's track or untrack.
-  #presResult(rec, f, err) {
+  // #presResult applies the gateway's answer to f, rec's track or untrack
+  // (m: the tracked message, with the member's key and resume secret).
+  #presResult(rec, f, err, m) {
     if (f.kind === "untrack") {
       if (err) {
         settleRec(rec, f.ver, err);
@@ -1308,7 +1320,9 @@ export class Client {
       rec.member = true;
       rec.good = f.json;
       rec.done = Math.max(rec.done, f.ver);
-      if (rec.want === "track") settleRec(rec, f.ver, null);
+      if (m && typeof m.member === "string") rec.key = m.member;
+      if (m && typeof m.resume === "string") rec.secret = m.resume;
+      if (rec.want === "track") settleRec(rec, f.ver, null, rec.key);
       this.#presNext(rec);
       return;
     }
@@ -2138,12 +2152,12 @@ function presKey(subject) {
 
 // settleRec settles the waiters of rec's wishes up to version ver: resolved,
 // or rejected with err.
-function settleRec(rec, ver, err) {
+function settleRec(rec, ver, err, value) {
   const keep = [];
   for (const w of rec.waiters) {
     if (w.ver > ver) keep.push(w);
     else if (err) w.reject(err);
-    else w.resolve();
+    else w.resolve(value);
   }
   rec.waiters = keep;
 }

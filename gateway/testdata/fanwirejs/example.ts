@@ -157,7 +157,8 @@ interface Who {
 
 async function presence(): Promise<void> {
   const c = connect("ws://node-a:8080/ws", {WebSocket});
-  await c.track("room.1", {name: "ann"} satisfies Who);
+  const me: string = await c.track("room.1", {name: "ann"} satisfies Who);
+  console.log("my key", me);
   await c.track("room.2");
   try {
     await c.track("room.1", {name: "ann", typing: true});

@@ -2,7 +2,7 @@
 // API (track, untrack, members, the room helper), for fanwire's Go tests
 // (gateway/clientjs_presence_test.go). Commands (JSON, one per line on
 // stdin); the lines printed carry the command's name as "sub":
-//   {"cmd":"track","name","subject","state"?}  -> tracked {sub, data.n: ms} | track_error {sub, code, message, subject}
+//   {"cmd":"track","name","subject","state"?}  -> tracked {sub, conn: the member's key, data.n: ms} | track_error {sub, code, message, subject}
 //   {"cmd":"untrack","name","subject"}         -> untracked {sub} | untrack_error {sub, code}
 //   {"cmd":"members","name","subject","after"?,"limit"?}
 //                                              -> members {sub, count, members, next} | members_error {sub, code}
@@ -26,8 +26,8 @@ export async function handlePresence(client, c, out) {
     case "track": {
       const start = performance.now();
       try {
-        await (Object.hasOwn(c, "state") ? client.track(c.subject, c.state) : client.track(c.subject));
-        out({k: "tracked", sub: name, subject: c.subject, data: {n: Math.round(performance.now() - start)}});
+        const key = await (Object.hasOwn(c, "state") ? client.track(c.subject, c.state) : client.track(c.subject));
+        out({k: "tracked", sub: name, subject: c.subject, conn: key, data: {n: Math.round(performance.now() - start)}});
       } catch (e) {
         out({k: "track_error", sub: name, subject: c.subject, code: e.code, message: e.message});
       }
