@@ -20,13 +20,13 @@
 // order what the gateway dropped), checks sizes before sending, and
 // refreshes tokens before they expire, by the gateway's clock. Presence:
 // what it tracks it resumes on every new connection (the same member, the
-// newest state; after a rate_limited, a second later), and a room lists the
-// members again after every reconnect and tells the difference. It holds nothing without a
-// bound: one record per subscription and per tracked subject, per publish
-// and members request not yet answered (at most maxQueued each) and per
-// event an iterator has not taken yet (at most its buffer). The protocol, the reconnect policy and the
-// guarantees per broker are in the repository's docs/client.md and
-// docs/protocol.md.
+// newest state; after a rate_limited, a second later), and a room lists
+// the members again after every reconnect and tells the difference. It
+// holds nothing without a bound: one record per subscription and per
+// tracked subject, per publish and members request not yet answered (at
+// most maxQueued each) and per event an iterator has not taken yet (at
+// most its buffer). The protocol, the reconnect policy and the guarantees
+// per broker are in the repository's docs/client.md and docs/protocol.md.
 
 /** The default reconnect backoff: the n-th retry in a row waits a random
  * time in [0, min(max, initial * 2^n)] ms ("full jitter"). */
@@ -293,11 +293,10 @@ export class Client {
    * with the secret: the gateway hands the membership over (same key, no
    * leave and no join; an update if the state changed meanwhile), or,
    * when the secret has expired, makes a new member. At most one track per
-   * subject is on its
-   * way: states given meanwhile are coalesced into the newest. After a
-   * rate_limited, the newest state is sent again once a second has passed.
-   * A refused state leaves the last accepted one (or none) as what is
-   * tracked again.
+   * subject is on its way: states given meanwhile are coalesced into the
+   * newest. After a rate_limited, the newest state is sent again once a
+   * second has passed. A refused state leaves the last accepted one (or
+   * none) as what is tracked again.
    */
   track(subject, state) {
     if (this.#state === "closed") return Promise.reject(closedError());
