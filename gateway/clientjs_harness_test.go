@@ -303,7 +303,22 @@ type jsLine struct {
 	Data     struct {
 		N int `json:"n"`
 	} `json:"data"`
-	at time.Time
+	// Presence (presence.mjs): a state line's connection id, a page's or
+	// a room's members and count, a room change's conns, a page's next.
+	Conn    string     `json:"conn"`
+	Count   int        `json:"count"`
+	Members []jsMember `json:"members"`
+	Joins   []string   `json:"joins"`
+	Leaves  []string   `json:"leaves"`
+	Updates []string   `json:"updates"`
+	Next    string     `json:"next"`
+	at      time.Time
+}
+
+// jsMember is a member as presence.mjs prints it: its state as JSON text.
+type jsMember struct {
+	Conn  string `json:"conn"`
+	State string `json:"state"`
 }
 
 // nodeRun is one `node run.mjs` process: one fanwire.js client.

@@ -541,3 +541,54 @@ func (p *browserPage) fatal(err error) {
 	}
 	p.t.Fatalf("%v\n--- page ---\n%s", err, state)
 }
+
+// TestConsolePresence: the console's Presence shows the members of a
+// subject, live: a member tracked by another connection appears with its
+// state, changes in place, and disappears when it untracks or its
+// connection closes.
+func TestConsolePresence(t *testing.T) {
+	e := newEnv(t, presenceCfg(nil))
+	browser := newBrowser(t) // closed before the gateway: cleanups run last-in first-out
+	p := openConsole(t, browser, e.http.URL)
+	p.typeInto("#pres-subject", "room.1")
+	p.do(chromedp.Click(chromedp.ID("show-members")))
+	p.waitVisible(`#pres-status[data-state="synced"]`)
+	p.waitVisible(`#pres-empty`)
+	if got := p.text("#pres-count"); got != "0" {
+		t.Fatalf("member count reads %q before anyone tracks, want 0", got)
+	}
+
+	a, b := e.dial(), e.dial()
+	a.send(`{"type":"track","id":"t1","subject":"room.1","state":{"name":"ann"}}`)
+	a.expect(map[string]any{"type": "tracked", "id": "t1"})
+	row := func(c *client) string { return `#pres-body tr[data-conn="` + c.id + `"]` }
+	p.waitVisible(row(a))
+	if got := p.text(row(a)); !strings.Contains(got, a.id) || !strings.Contains(got, "(anonymous)") || !strings.Contains(got, `{"name":"ann"}`) {
+		t.Fatalf("a's row reads %q, want its conn %s, (anonymous) and its state", got, a.id)
+	}
+	a.send(`{"type":"track","id":"t2","subject":"room.1","state":{"name":"ann","typing":true}}`)
+	a.expect(map[string]any{"type": "tracked", "id": "t2"})
+	p.waitVisible(row(a) + `[data-state='{"name":"ann","typing":true}']`)
+	if got := p.text(row(a) + " td.state"); got != `{"name":"ann","typing":true}` {
+		t.Fatalf("a's state reads %q after its update", got)
+	}
+	b.send(`{"type":"track","id":"t3","subject":"room.1"}`)
+	b.expect(map[string]any{"type": "tracked", "id": "t3"})
+	p.waitVisible(row(b))
+	if got := p.text("#pres-count"); got != "2" {
+		t.Fatalf("member count reads %q with a and b, want 2", got)
+	}
+
+	a.send(`{"type":"untrack","id":"u1","subject":"room.1"}`)
+	a.expect(map[string]any{"type": "untracked", "id": "u1"})
+	p.do(chromedp.WaitNotPresent(chromedp.CSS(row(a))))
+	if got := p.text("#pres-count"); got != "1" {
+		t.Fatalf("member count reads %q after a untracked, want 1", got)
+	}
+	_ = b.c.CloseNow() // a closed connection leaves
+	p.do(chromedp.WaitNotPresent(chromedp.CSS(row(b))))
+	p.waitVisible(`#pres-empty`)
+	if got := p.text("#pres-count"); got != "0" {
+		t.Fatalf("member count reads %q after everyone left, want 0", got)
+	}
+}

@@ -95,6 +95,11 @@ export interface SubscribeOptions {
   /** Aborting it unsubscribes; ready() then rejects with "aborted" if the
    * subscription had not been confirmed yet. */
   signal?: AbortSignal;
+  /** Also the presence changes of every subject the pattern matches, to
+   * the subscription's "presence" listeners. Presence starts live: it
+   * takes no from and no durable, and after a reconnect the subscription
+   * starts live again (a "gap" with reason "reconnect"). */
+  presence?: boolean;
   /** Events the async iterator holds at most before it pauses the
    * subscription (unsubscribed on the gateway) until the app has read half
    * of them; default 1000. */
@@ -179,6 +184,8 @@ export type GatewayErrorCode =
   | "rate_limited"
   | "bad_subject"
   | "too_large"
+  /** track: the connection tracks --max-presence-tracks subjects already */
+  | "too_many_tracks"
   /** where is not a valid filter; the message names the position */
   | "bad_filter"
   /** a view's snapshot, or the view, passed the gateway's --max-snapshot
@@ -206,6 +213,9 @@ export declare class FanwireError extends Error {
   readonly retrying?: boolean;
   /** what an app callback threw ("handler") */
   readonly cause?: unknown;
+  /** the subject of a refused track (also one sent again after a
+   * reconnect, told to the client's "error" listeners) */
+  readonly subject?: string;
 }
 
 /** One subscription of a Client (see Client.subscribe); an async iterable
@@ -218,6 +228,8 @@ export declare class Subscription<T = unknown> implements AsyncIterable<FanwireE
   readonly durable: string | undefined;
   /** the filter (options.where), if any */
   readonly where: string | undefined;
+  /** options.presence: it also gets presence changes */
+  readonly presence: boolean;
   /** The cursor of the last event, leave or synced delivered, or where the
    * subscription started (durable brokers). */
   readonly cursor: string | undefined;
@@ -240,6 +252,8 @@ export declare class Subscription<T = unknown> implements AsyncIterable<FanwireE
    * the stream is empty). keys, on the resume of a filtered subscription,
    * lists every subject in its view now. */
   on(name: "synced", fn: (cursor: string | undefined, keys: string[] | undefined) => void): () => void;
+  /** A subscription with presence: the members of subject changed. */
+  on(name: "presence", fn: (change: PresenceMessage<any>) => void): () => void;
   /** Ends the subscription: no event is delivered after it. */
   unsubscribe(): void;
   /** The events in order, across reconnects. The iterator holds at most
@@ -299,6 +313,98 @@ export declare class View<T = unknown> {
   close(): void;
 }
 
+/** A member of a subject: a connection that tracks it. */
+export interface Member<S = unknown> {
+  /** the member's connection id (the ready message's connection_id): its key */
+  conn: string;
+  /** the connection's token's sub; absent for an anonymous connection */
+  sub?: string;
+  /** the state it tracks (null when it gave none) */
+  state: S;
+}
+
+/** A member that left: its key and sub. */
+export interface MemberLeave {
+  conn: string;
+  sub?: string;
+}
+
+/** A presence message, as a subscription with presence gets it. */
+export interface PresenceMessage<S = unknown> {
+  subject: string;
+  /** the subject's members after the change */
+  count: number;
+  joins: Member<S>[];
+  leaves: MemberLeave[];
+  updates: Member<S>[];
+}
+
+/** One page of a subject's members (Client.members). */
+export interface MembersPage<S = unknown> {
+  subject: string;
+  /** the subject's members, all pages together */
+  count: number;
+  /** in key (conn) order */
+  members: Member<S>[];
+  /** the after of the next page; undefined on the last */
+  next?: string;
+}
+
+export interface MembersOptions {
+  /** the previous page's next */
+  after?: string | null;
+  /** 1 to 1000; default (the gateway's): 100 */
+  limit?: number;
+}
+
+/** One change of a room's members. */
+export interface PresenceChange<S = unknown> {
+  /** members that came (after a reconnect: that the room did not hold) */
+  joins: Member<S>[];
+  /** members that left, as the room held them */
+  leaves: Member<S>[];
+  /** members whose state changed */
+  updates: Member<S>[];
+  /** the members now */
+  count: number;
+}
+
+export interface PresenceOptions<S = unknown> {
+  /** told of every change: the first listing (all joins), each live
+   * presence message, and the difference after each reconnect */
+  onChange?: (change: PresenceChange<S>) => void;
+  /** members per page while listing, 1 to 1000; default 100 */
+  pageSize?: number;
+  /** Aborting it closes the room. */
+  signal?: AbortSignal;
+}
+
+/** The members of one subject, kept up to date across reconnects
+ * (Client.presence). */
+export declare class PresenceRoom<S = unknown> {
+  private constructor();
+  readonly subject: string;
+  /** conn -> member; complete after each "synced" */
+  readonly members: ReadonlyMap<string, Member<S>>;
+  /** how many members */
+  readonly count: number;
+  /** the subscription (with presence) it reads; its "event" listeners get
+   * the subject's events; close the room, not it */
+  readonly subscription: Subscription;
+  /** true once closed, aborted or ended by an error */
+  readonly closed: boolean;
+  /** Resolves with the room once its first listing is complete; rejects
+   * with the error that ended it, "closed", "aborted", or "timeout". */
+  ready(timeout?: number): Promise<this>;
+  on(name: "change", fn: (change: PresenceChange<S>) => void): () => void;
+  /** members is complete: the first time, and after each reconnect's listing */
+  on(name: "synced", fn: (room: this) => void): () => void;
+  /** The error that ended the room: forbidden, bad_subject, ... */
+  on(name: "error", fn: (err: FanwireError) => void): () => void;
+  /** Ends the room; members keeps what it held. */
+  close(): void;
+}
+
 /** A connection to fanwire that stays up: see connect. */
 export declare class Client {
   constructor(urls: string | string[], options?: ConnectOptions);
@@ -320,6 +426,17 @@ export declare class Client {
   view<T = unknown>(pattern: string, options?: ViewOptions): View<T>;
   /** Resolves with the event's cursor (undefined on Core NATS). */
   publish(subject: string, data: unknown, options?: PublishOptions): Promise<string | undefined>;
+  /** Makes the connection a member of subject with state (or updates it),
+   * and resumes the membership on every new connection (the same key, no
+   * leave and no join); resolves with the member's key (its conn) once the
+   * gateway confirmed this state or a newer one. */
+  track(subject: string, state?: unknown): Promise<string>;
+  /** Ends the membership and forgets it (and its resume secret). */
+  untrack(subject: string): Promise<void>;
+  /** One page of subject's members. */
+  members<S = unknown>(subject: string, options?: MembersOptions): Promise<MembersPage<S>>;
+  /** The members of subject, kept up to date. */
+  presence<S = unknown>(subject: string, options?: PresenceOptions<S>): PresenceRoom<S>;
   /** Drops the connection, if any, and connects again at once. */
   reconnect(): void;
   close(): Promise<void>;

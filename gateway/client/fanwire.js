@@ -8,6 +8,8 @@
 //	for await (const event of sub) console.log(event.subject, event.data);
 //	const open = client.view("db.orders.*", {where: "doc.status == 'open'"});
 //	await open.ready(); // open.docs: subject -> document, kept up to date
+//	await client.track("room.1", {name: "ann"}); // a member, resumed after every reconnect
+//	const room = client.presence("room.1", {onChange}); // room.members: conn -> member
 //
 // The client reconnects by itself (exponential backoff with full jitter,
 // which starts again only once a connection has stayed up), subscribes
@@ -16,12 +18,15 @@
 // where events may have been missed (Core NATS, an expired cursor), paces
 // everything it sends under the limits the gateway announces (resending in
 // order what the gateway dropped), checks sizes before sending, and
-// refreshes tokens before they expire, by the gateway's clock. It holds
-// nothing without a bound: one record per subscription, per publish not yet
-// answered (at most maxQueued) and per event an iterator has not taken yet
-// (at most its buffer). The protocol, the reconnect policy and the
-// guarantees per broker are in the repository's docs/client.md and
-// docs/protocol.md.
+// refreshes tokens before they expire, by the gateway's clock. Presence:
+// what it tracks it resumes on every new connection (the same member, the
+// newest state; after a rate_limited, a second later), and a room lists
+// the members again after every reconnect and tells the difference. It
+// holds nothing without a bound: one record per subscription and per
+// tracked subject, per publish and members request not yet answered (at
+// most maxQueued each) and per event an iterator has not taken yet (at
+// most its buffer). The protocol, the reconnect policy and the guarantees
+// per broker are in the repository's docs/client.md and docs/protocol.md.
 
 /** The default reconnect backoff: the n-th retry in a row waits a random
  * time in [0, min(max, initial * 2^n)] ms ("full jitter"). */
@@ -109,6 +114,13 @@ export class Client {
   #tokensAt = 0;
   #pausedUntil = 0;
   #generation = 0; // counts sockets, so late callbacks of an old one are ignored
+  // Presence (track, untrack, members): see track.
+  #tracks = new Map(); // subject -> presence record {subject, want, json, ver, done, good, member, key, secret, inflight, queued, waiters}
+  #presIds = new Map(); // id of a track or untrack sent on this connection -> its record
+  #presPausedUntil = 0; // no track or untrack is sent before (a rate_limited came)
+  #presTimer = null;
+  #presWaiting = new Set(); // records to send once the pause is over
+  #members = new Map(); // id -> members request not answered yet
 
   constructor(urls, options) {
     this.#urls = (Array.isArray(urls) ? urls : [urls]).map(String);
@@ -188,6 +200,9 @@ export class Client {
     if (o.where !== undefined && o.where !== null && typeof o.where !== "string") {
       throw new TypeError("fanwire: where is a string (a CEL expression)");
     }
+    if (o.presence && ((o.from !== undefined && o.from !== null) || (o.durable !== undefined && o.durable !== null))) {
+      throw new TypeError("fanwire: a presence subscription starts live: it takes no from and no durable");
+    }
     const sub = new Subscription(this, "s" + this.#nextSub++, String(pattern), o, onEvent || null);
     if (o.signal && o.signal.aborted) {
       sub._end(new FanwireError("aborted", "fanwire: the subscription's signal was aborted"));
@@ -262,6 +277,137 @@ export class Client {
       this.#pubs.set(id, p);
       this.#enqueue("pub", id);
     });
+  }
+
+  /**
+   * track makes this connection a member of subject (a concrete subject)
+   * with state (any JSON value, or none), or updates its state. It
+   * resolves with the member's key (its conn in members and presence
+   * messages) once the gateway confirms ("tracked") this state or a newer
+   * one, and rejects with the gateway's code (forbidden, too_large,
+   * too_many_tracks, bad_subject, ...), "bad_message" (state is not JSON),
+   * "aborted" (untracked before it was confirmed) or "closed".
+   *
+   * The client keeps the newest state of each subject it tracks and the
+   * member's resume secret, and tracks it again on every new connection
+   * with the secret: the gateway hands the membership over (same key, no
+   * leave and no join; an update if the state changed meanwhile), or,
+   * when the secret has expired, makes a new member. At most one track per
+   * subject is on its way: states given meanwhile are coalesced into the
+   * newest. After a rate_limited, the newest state is sent again once a
+   * second has passed. A refused state leaves the last accepted one (or
+   * none) as what is tracked again.
+   */
+  track(subject, state) {
+    if (this.#state === "closed") return Promise.reject(closedError());
+    let json;
+    if (state !== undefined) {
+      try {
+        json = JSON.stringify(state);
+      } catch (e) {
+        return Promise.reject(new FanwireError("bad_message", "fanwire: state is not JSON: " + errText(e)));
+      }
+      if (json === undefined) return Promise.reject(new FanwireError("bad_message", "fanwire: state must be a JSON value"));
+    }
+    subject = String(subject);
+    let rec = this.#tracks.get(subject);
+    if (!rec) {
+      rec = { subject, want: "track", json, ver: 0, done: 0, good: NO_STATE, member: false, key: undefined, secret: undefined, inflight: null, queued: false, waiters: [] };
+      this.#tracks.set(subject, rec);
+    }
+    if (rec.want === "untrack") {
+      // The untrack is superseded: the member stays (or comes back).
+      settleRec(rec, rec.ver, null);
+      rec.want = "track";
+    }
+    rec.json = json;
+    rec.ver++;
+    return new Promise((resolve, reject) => {
+      rec.waiters.push({ ver: rec.ver, resolve, reject });
+      this.#presSend(rec);
+    });
+  }
+
+  /**
+   * untrack ends this connection's membership of subject, and the client
+   * forgets its state and secret (nothing is tracked again after a
+   * reconnect). It resolves once the gateway confirms ("untracked"), at
+   * once when the current connection is not a member (while disconnected:
+   * the membership the last connection held then leaves when the gateway's
+   * grace for it ends); a track of subject not confirmed yet rejects with
+   * "aborted".
+   */
+  untrack(subject) {
+    if (this.#state === "closed") return Promise.reject(closedError());
+    subject = String(subject);
+    const rec = this.#tracks.get(subject);
+    if (!rec) return Promise.resolve();
+    if (rec.want === "track") {
+      settleRec(rec, rec.ver, new FanwireError("aborted", "fanwire: untracked before the track was confirmed"));
+      rec.want = "untrack";
+      rec.json = undefined;
+      rec.ver++;
+    }
+    if (!this.#ready || (!rec.member && rec.inflight === null)) {
+      // The gateway holds no member of this connection (a new connection
+      // tracks only what the client remembers).
+      this.#tracks.delete(subject);
+      this.#unqueue(presKey(subject));
+      settleRec(rec, rec.ver, null);
+      return Promise.resolve();
+    }
+    return new Promise((resolve, reject) => {
+      rec.waiters.push({ ver: rec.ver, resolve, reject });
+      this.#presSend(rec);
+    });
+  }
+
+  /**
+   * members asks for one page of subject's members (a concrete subject;
+   * the connection needs a subscribe grant on it), in the order of their
+   * keys (conn): options.after, the previous page's next; options.limit,
+   * 1 to 1000 (the gateway's default: 100). It resolves with {count, members:
+   * [{conn, sub, state}], next} (next undefined on the last page) and
+   * rejects with the gateway's code, "disconnected" (the connection ended
+   * before the answer: ask again), "queue_full" or "closed". While
+   * disconnected, it waits for the next connection.
+   */
+  members(subject, options) {
+    if (this.#state === "closed") return Promise.reject(closedError());
+    const o = options || {};
+    if (o.limit !== undefined && o.limit !== null && !(Number.isInteger(o.limit) && o.limit >= 1 && o.limit <= 1000)) {
+      return Promise.reject(new TypeError("fanwire: members' limit is an integer from 1 to 1000"));
+    }
+    if (this.#members.size >= this.#opts.maxQueued) {
+      return Promise.reject(new FanwireError("queue_full", "fanwire: " + this.#opts.maxQueued + " members requests are already waiting (maxQueued)"));
+    }
+    const id = "m" + this.#nextMsg++;
+    const m = { type: "members", id, subject: String(subject) };
+    if (o.after !== undefined && o.after !== null && o.after !== "") m.after = String(o.after);
+    if (o.limit !== undefined && o.limit !== null) m.limit = o.limit;
+    const frame = JSON.stringify(m);
+    return new Promise((resolve, reject) => {
+      this.#members.set(id, { frame, resolve, reject, sent: false, seq: 0 });
+      this.#enqueue("members", id);
+    });
+  }
+
+  /**
+   * presence keeps room.members, a Map of conn -> member ({conn, sub,
+   * state}), equal to subject's members, across reconnects: see
+   * PresenceRoom. options: onChange (fn({joins, leaves, updates, count})),
+   * pageSize (members per page while listing, 1 to 1000, default 100),
+   * signal (an AbortSignal that closes the room).
+   */
+  presence(subject, options) {
+    if (this.#state === "closed") throw closedError();
+    const o = options || {};
+    if (o.onChange !== undefined && o.onChange !== null && typeof o.onChange !== "function") {
+      throw new TypeError("fanwire: presence's onChange must be a function");
+    }
+    const size = o.pageSize ?? 100;
+    if (!(Number.isInteger(size) && size >= 1 && size <= 1000)) throw new TypeError("fanwire: pageSize is an integer from 1 to 1000");
+    return new PresenceRoom(this, String(subject), { ...o, pageSize: size });
   }
 
   /** close ends the client: no reconnect, pending publishes reject with
@@ -409,6 +555,16 @@ export class Client {
     this.#outbox = [];
     this.#inflight.clear();
     this.#refreshing = null;
+    // A closed connection left every subject: the next one tracks again.
+    this.#presIds.clear();
+    this.#presWaiting.clear();
+    this.#presPausedUntil = 0;
+    for (const rec of this.#tracks.values()) {
+      rec.member = false;
+      rec.inflight = null;
+      rec.queued = false;
+      rec.done = 0;
+    }
   }
 
   // #drop abandons the current socket without waiting for its close
@@ -431,6 +587,11 @@ export class Client {
       this.#pubs.delete(id);
       p.done();
       p.reject(new FanwireError("disconnected", "fanwire: the connection closed (" + code + ") before the publish was answered: it may or may not have been published", { id }));
+    }
+    for (const [id, r] of this.#members) {
+      if (!r.sent) continue;
+      this.#members.delete(id);
+      r.reject(new FanwireError("disconnected", "fanwire: the connection closed (" + code + ") before members was answered", { id }));
     }
     for (const [id, u] of this.#unsubs) {
       // The gateway forgets a connection's subscriptions, but not the
@@ -484,6 +645,12 @@ export class Client {
       p.reject(err);
     }
     this.#unsubs.clear();
+    for (const [id, r] of this.#members) {
+      this.#members.delete(id);
+      r.reject(err);
+    }
+    for (const rec of this.#tracks.values()) settleRec(rec, rec.ver, err);
+    this.#tracks.clear();
     this.#setState("closed", detail);
     settle(this.#readyWaiters, err);
     for (const sub of [...this.#subs.values()]) sub._end(err);
@@ -518,7 +685,8 @@ export class Client {
     clearTimeout(this.#pongTimer);
     clearTimeout(this.#refreshTimer);
     clearTimeout(this.#sendTimer);
-    this.#connectTimer = this.#pingTimer = this.#pongTimer = this.#refreshTimer = this.#sendTimer = null;
+    clearTimeout(this.#presTimer);
+    this.#connectTimer = this.#pingTimer = this.#pongTimer = this.#refreshTimer = this.#sendTimer = this.#presTimer = null;
   }
 
   #setState(state, detail) {
@@ -643,6 +811,21 @@ export class Client {
         }
         return;
       }
+      case "presence":
+        this.#onPresence(m);
+        return;
+      case "tracked":
+      case "untracked":
+        this.#presAnswered(m.id, null, m);
+        return;
+      case "members": {
+        const r = this.#members.get(m.id);
+        if (r) {
+          this.#members.delete(m.id);
+          r.resolve({ subject: m.subject, count: m.count, members: Array.isArray(m.members) ? m.members : [], next: m.next || undefined });
+        }
+        return;
+      }
       case "refreshed":
         this.#refreshing = null;
         this.#refreshFails = 0;
@@ -662,6 +845,19 @@ export class Client {
     for (let i = 0; i < subs.length; i++) {
       const sub = this.#subs.get(subs[i]);
       if (sub) sub._deliver(event);
+    }
+  }
+
+  // #onPresence: changes of m.subject's members, for each of m.subs
+  // (subscriptions with presence).
+  #onPresence(m) {
+    const subs = m.subs;
+    if (!Array.isArray(subs)) return;
+    const list = (v) => (Array.isArray(v) ? v : []);
+    const change = { subject: m.subject, count: m.count, joins: list(m.joins), leaves: list(m.leaves), updates: list(m.updates) };
+    for (let i = 0; i < subs.length; i++) {
+      const sub = this.#subs.get(subs[i]);
+      if (sub) sub._presence(change);
     }
   }
 
@@ -707,7 +903,18 @@ export class Client {
     // waited.
     this.#outbox = [];
     for (const sub of this.#subs.values()) if (sub._wanted()) this.#push("sub", sub.id);
+    for (const rec of [...this.#tracks.values()]) {
+      if (rec.want === "untrack") {
+        // This connection is no member: nothing to untrack.
+        this.#tracks.delete(rec.subject);
+        settleRec(rec, rec.ver, null);
+        continue;
+      }
+      rec.queued = true;
+      this.#push("pres", presKey(rec.subject));
+    }
     for (const [id, u] of this.#unsubs) if (u.deferred) this.#push("unsub", id);
+    for (const [id, r] of this.#members) if (!r.sent) this.#push("members", id);
     for (const [id, p] of this.#pubs) if (!p.sent) this.#push("pub", id);
     this.#setState("connected", { url: this.url, connectionId: m.connection_id });
     if (gen === this.#generation) this.#flush();
@@ -719,6 +926,21 @@ export class Client {
     if (id === undefined) {
       if (err.code === "rate_limited") this.#rateLimited(); // a ping
       else this.#emitError(err);
+      return;
+    }
+    if (this.#presIds.has(id)) {
+      this.#presAnswered(id, err);
+      return;
+    }
+    const r = this.#members.get(id);
+    if (r) {
+      if (err.code === "rate_limited") {
+        r.sent = false;
+        this.#requeue("members", id, r.seq);
+        return;
+      }
+      this.#members.delete(id);
+      r.reject(err);
       return;
     }
     const p = this.#pubs.get(id);
@@ -861,6 +1083,7 @@ export class Client {
     if (kind === "pub") this.#pubs.get(id).seq = seq;
     else if (kind === "sub") this.#subs.get(id)._seq = seq;
     else if (kind === "unsub") this.#unsubs.get(id).seq = seq;
+    else if (kind === "members") this.#members.get(id).seq = seq;
   }
 
   // #requeue puts back a message the gateway dropped (rate_limited) in its
@@ -989,8 +1212,173 @@ export class Client {
         const r = this.#refreshing;
         return r && r.id === e.id ? [r.frame] : null;
       }
+      case "members": {
+        const r = this.#members.get(e.id);
+        if (!r || r.sent) return null;
+        r.sent = true;
+        return [r.frame];
+      }
+      case "pres":
+        return this.#presFrame(this.#tracks.get(e.id.slice(PRES_PREFIX.length)));
     }
     return null;
+  }
+
+  // ---- presence ---------------------------------------------------------------
+
+  // #presSend sends rec's wish (its newest state, or its untrack) unless
+  // one of its messages is on its way (the answer sends the next), it is
+  // queued already (what is sent is built when it leaves the queue: the
+  // newest), or presence messages are paused after a rate_limited.
+  #presSend(rec) {
+    if (!this.#ready || rec.inflight !== null || rec.queued) return;
+    if (Date.now() < this.#presPausedUntil) {
+      this.#presWaiting.add(rec);
+      return;
+    }
+    rec.queued = true;
+    this.#enqueue("pres", presKey(rec.subject));
+  }
+
+  // #presFrame is what to send for rec when it leaves the queue.
+  #presFrame(rec) {
+    if (!rec || !rec.queued) return null;
+    rec.queued = false;
+    if (Date.now() < this.#presPausedUntil) {
+      this.#presWaiting.add(rec);
+      return null;
+    }
+    if (rec.want === "untrack") {
+      if (!rec.member) {
+        this.#presNext(rec);
+        return null;
+      }
+      const id = "u" + this.#nextMsg++;
+      rec.inflight = { id, kind: "untrack", ver: rec.ver, json: undefined };
+      this.#presIds.set(id, rec);
+      return ['{"type":"untrack","id":"' + id + '","subject":' + JSON.stringify(rec.subject) + "}"];
+    }
+    if (rec.done === rec.ver) return null; // confirmed on this connection already
+    const id = "t" + this.#nextMsg++;
+    // The first track on a connection takes the membership over (its key,
+    // no leave and no join) wherever it still is: on this connection's
+    // predecessor, a stopped node (for the grace) or a dead one (until its
+    // timeout).
+    const resume = !rec.member && rec.secret !== undefined ? ',"resume":' + JSON.stringify(rec.secret) : "";
+    const f = '{"type":"track","id":"' + id + '","subject":' + JSON.stringify(rec.subject) + (rec.json === undefined ? "" : ',"state":' + rec.json) + resume + "}";
+    const n = this.#bytes(f);
+    if (n > this.#limits.frame) {
+      // Sent, it would close the connection (1009). Told from a microtask:
+      // this may run inside track().
+      const err = new FanwireError("too_large", "fanwire: the track is " + n + " bytes, over the gateway's " + this.#limits.frame + " (--read-limit): not sent", { subject: rec.subject });
+      const refused = { id, kind: "track", ver: rec.ver, json: rec.json };
+      queueMicrotask(() => {
+        if (this.#tracks.get(rec.subject) === rec) this.#presResult(rec, refused, err);
+      });
+      return null;
+    }
+    rec.inflight = { id, kind: "track", ver: rec.ver, json: rec.json };
+    this.#presIds.set(id, rec);
+    return [f];
+  }
+
+  // #presAnswered handles the answer (tracked, untracked; err: an error)
+  // to the track or untrack with id.
+  #presAnswered(id, err, m) {
+    const rec = this.#presIds.get(id);
+    if (!rec) return;
+    this.#presIds.delete(id);
+    const f = rec.inflight;
+    if (f === null || f.id !== id) return;
+    rec.inflight = null;
+    if (err && err.code === "rate_limited") {
+      // Dropped: the newest wish goes once the gateway takes presence
+      // messages again (a second), and no other before it: one message
+      // per subject then, never one per state given meanwhile.
+      this.#presWaiting.add(rec);
+      this.#presPause();
+      return;
+    }
+    this.#presResult(rec, f, err, m);
+  }
+
+  // #presResult applies the gateway's answer to f, rec's track or untrack
+  // (m: the tracked message, with the member's key and resume secret).
+  #presResult(rec, f, err, m) {
+    if (f.kind === "untrack") {
+      if (err) {
+        settleRec(rec, f.ver, err);
+        if (this.#tracks.get(rec.subject) === rec && rec.want === "untrack") this.#tracks.delete(rec.subject);
+        return;
+      }
+      rec.member = false;
+      this.#presNext(rec);
+      return;
+    }
+    if (!err) {
+      rec.member = true;
+      rec.good = f.json;
+      rec.done = Math.max(rec.done, f.ver);
+      if (m && typeof m.member === "string") rec.key = m.member;
+      if (m && typeof m.resume === "string") rec.secret = m.resume;
+      if (rec.want === "track") settleRec(rec, f.ver, null, rec.key);
+      this.#presNext(rec);
+      return;
+    }
+    // Refused (forbidden, too_large, too_many_tracks, bad_subject, ...).
+    err.subject = rec.subject;
+    const told = rec.want === "track" && rec.waiters.some((w) => w.ver <= f.ver);
+    if (rec.want === "track") settleRec(rec, f.ver, err);
+    if (!told) this.#emitError(err); // a track again after a reconnect: the app asked for none now
+    if (this.#tracks.get(rec.subject) !== rec) return;
+    if (rec.want === "track" && rec.ver === f.ver) {
+      if (!rec.member || rec.good === NO_STATE) {
+        // Not a member on this connection: nothing to track again.
+        this.#tracks.delete(rec.subject);
+        return;
+      }
+      rec.json = rec.good; // the state the gateway holds
+      rec.done = rec.ver;
+      return;
+    }
+    this.#presNext(rec);
+  }
+
+  // #presNext goes on with rec after an answer: its newer state, its
+  // untrack, or, untracked, its end.
+  #presNext(rec) {
+    if (this.#tracks.get(rec.subject) !== rec || rec.inflight !== null) return;
+    if (rec.want === "track") {
+      if (rec.done !== rec.ver) this.#presSend(rec);
+      return;
+    }
+    if (rec.member) {
+      this.#presSend(rec);
+      return;
+    }
+    this.#tracks.delete(rec.subject);
+    settleRec(rec, rec.ver, null);
+  }
+
+  // #presPause holds track and untrack messages for RATE_PAUSE ms, then
+  // sends what waits (each record's newest wish).
+  #presPause() {
+    this.#presPausedUntil = Date.now() + RATE_PAUSE;
+    if (this.#presTimer !== null) return;
+    const gen = this.#generation;
+    const wake = () => {
+      this.#presTimer = null;
+      if (gen !== this.#generation) return;
+      const left = this.#presPausedUntil - Date.now();
+      if (left > 0) {
+        this.#presTimer = setTimeout(wake, left);
+        return;
+      }
+      const recs = [...this.#presWaiting];
+      this.#presWaiting.clear();
+      for (const rec of recs) if (this.#tracks.get(rec.subject) === rec) this.#presSend(rec);
+    };
+    this.#presTimer = setTimeout(wake, RATE_PAUSE);
   }
 
   #tooLarge(p) {
@@ -1100,7 +1488,7 @@ export class Subscription {
   #cursor;
   #acked = false; // a subscribe of it was confirmed at least once
   #gapReason = "";
-  #listeners = { event: new Set(), subscribed: new Set(), gap: new Set(), error: new Set(), leave: new Set(), synced: new Set() };
+  #listeners = { event: new Set(), subscribed: new Set(), gap: new Set(), error: new Set(), leave: new Set(), synced: new Set(), presence: new Set() };
   #readyWaiters = new Set();
   #error = null; // the error that ended it
   #onEnd = null; // a View's: told when the subscription ends
@@ -1125,6 +1513,8 @@ export class Subscription {
     this.#from = options.from === undefined || options.from === null ? undefined : String(options.from);
     this.durable = options.durable === undefined || options.durable === null ? undefined : String(options.durable);
     this.where = options.where === undefined || options.where === null || options.where === "" ? undefined : options.where;
+    /** the subscription also gets the presence changes of the subjects it matches (live only) */
+    this.presence = options.presence === true;
     this.#resync = options.resync || "live";
     this.#bufferMax = Math.max(2, options.buffer ?? 1000);
     if (!onEvent) this.#buffer = [];
@@ -1147,8 +1537,9 @@ export class Subscription {
    * "leave" (fn(subject, cursor): the document at subject left a filtered
    * subscription's view) or "synced" (fn(cursor, keys): a subscription
    * with from has caught up and goes live; keys, on a filtered resume,
-   * lists every subject in its view). It returns a function that removes
-   * it. */
+   * lists every subject in its view) or "presence" (fn(change): a
+   * subscription with presence: {subject, count, joins, leaves, updates}
+   * of a subject it matches). It returns a function that removes it. */
   on(name, fn) {
     const off = addListener(this.#listeners, name, fn);
     // Events go to listeners: an iterator that nobody started does not
@@ -1213,7 +1604,7 @@ export class Subscription {
 
   #unpause() {
     this.#paused = false;
-    if (!this.#client._history()) this.#gapReason = "overflow";
+    if (!this.#client._history() || this.presence) this.#gapReason = "overflow";
     this.#client._resume(this);
   }
 
@@ -1265,7 +1656,12 @@ export class Subscription {
   _frame(history) {
     const m = { type: "subscribe", id: this.id, subject: this.pattern };
     if (this.where !== undefined) m.where = this.where; // every time: the gateway keeps no filter across connections
-    if (!this.#acked) {
+    if (this.presence) {
+      // Presence starts live (the gateway refuses it with from): events
+      // of the time away are missed, whatever the broker keeps.
+      m.presence = true;
+      if (this.#acked && this.#gapReason === "") this.#gapReason = "reconnect";
+    } else if (!this.#acked) {
       if (this.#from !== undefined) m.from = this.#from;
     } else if (this.#cursor !== undefined) {
       m.from = this.#cursor; // no gap, no duplicate
@@ -1329,6 +1725,12 @@ export class Subscription {
     if (this.closed || this.#paused) return;
     if (cursor !== undefined) this.#cursor = cursor;
     for (const fn of this.#listeners.leave) this.#client._call(fn, subject, cursor);
+  }
+
+  // _presence: change is a presence message for this subscription.
+  _presence(change) {
+    if (this.closed || this.#paused) return;
+    for (const fn of this.#listeners.presence) this.#client._call(fn, change);
   }
 
   // _synced: a subscribe with from has caught up (the snapshot or replay is
@@ -1540,9 +1942,224 @@ export class View {
   }
 }
 
+/** The members of one subject, kept up to date (Client.presence):
+ * members is a Map of conn -> {conn, sub, state}; count is how many.
+ *
+ * It subscribes to the subject with presence (live), and on every
+ * "subscribed" (the first, and after each reconnect: a new connection
+ * starts live, so the room starts over) lists every page of members,
+ * holding the presence messages that arrive meanwhile, then applies them in
+ * order to the list (a join of a member already there is an update), and
+ * tells the difference from what it held as one change. From then on each
+ * presence message is a change. While disconnected, members keeps what it
+ * held. */
+export class PresenceRoom {
+  #client;
+  #sub;
+  #pageSize;
+  #listeners = { change: new Set(), synced: new Set(), error: new Set() };
+  #readyWaiters = new Set();
+  #synced = false; // a listing completed
+  #epoch = 0; // counts listings: a late page of an earlier one is ignored
+  #held = null; // presence messages held while listing, in order; null when not listing
+  #error = null;
+  #signal = null;
+  #onAbort = null;
+
+  constructor(client, subject, options) {
+    this.#client = client;
+    this.subject = subject;
+    /** conn -> member; the app reads it, the room writes it */
+    this.members = new Map();
+    this.count = 0;
+    this.closed = false;
+    this.#pageSize = options.pageSize;
+    if (options.onChange) this.#listeners.change.add(options.onChange);
+    // Events of the subject come too: the app may listen to
+    // room.subscription's "event".
+    const sub = client.subscribe(subject, { presence: true }, noop);
+    this.#sub = sub;
+    sub._watchEnd((err) => this.#ended(err));
+    sub.on("presence", (change) => this.#onPresence(change));
+    sub.on("subscribed", () => {
+      this.#list().catch((e) => this.#client._handlerError(e));
+    });
+    if (options.signal) {
+      if (options.signal.aborted) {
+        this.#close(new FanwireError("aborted", "fanwire: the room's signal was aborted"));
+        return;
+      }
+      this.#signal = options.signal;
+      this.#onAbort = () => this.#close(new FanwireError("aborted", "fanwire: the room's signal was aborted"));
+      this.#signal.addEventListener("abort", this.#onAbort, { once: true });
+    }
+  }
+
+  /** The subscription the room reads (with presence): its "event"
+   * listeners get the subject's events. Close the room, not it. */
+  get subscription() {
+    return this.#sub;
+  }
+
+  /** on registers fn for the room's "change" (fn({joins, leaves, updates,
+   * count})), "synced" (fn(room): members is complete, after the first
+   * listing and after each reconnect's) or "error" (fn(err): the error
+   * that ended it). It returns a function that removes it. */
+  on(name, fn) {
+    return addListener(this.#listeners, name, fn);
+  }
+
+  /** ready resolves with the room once its first listing is complete,
+   * and rejects with the error that ended it (forbidden, bad_subject,
+   * ...), "closed", "aborted", or "timeout" after timeout ms. */
+  ready(timeout) {
+    if (this.#synced) return Promise.resolve(this);
+    if (this.closed) return Promise.reject(this.#error || new FanwireError("closed", "fanwire: the room has ended"));
+    return waitFor(this.#readyWaiters, timeout, "synced").then(() => this);
+  }
+
+  /** close ends the room (its subscription is unsubscribed); members
+   * keeps what it held. */
+  close() {
+    this.#close(null);
+  }
+
+  #close(err) {
+    if (this.closed) return;
+    this.#error = err;
+    this.#sub.unsubscribe(); // #ended
+  }
+
+  #ended(err) {
+    if (this.closed) return;
+    this.closed = true;
+    this.#held = null;
+    if (err !== null) this.#error = err;
+    if (this.#signal) this.#signal.removeEventListener("abort", this.#onAbort);
+    settle(this.#readyWaiters, this.#error || new FanwireError("closed", "fanwire: the room was closed before it was synced"));
+    const e = this.#error;
+    if (e && !normalEnd(e)) for (const fn of this.#listeners.error) this.#client._call(fn, e);
+  }
+
+  // #list lists every member after a "subscribed", then applies what came
+  // meanwhile, and tells the difference from what the room held.
+  async #list() {
+    const epoch = ++this.#epoch;
+    this.#held = [];
+    const fresh = new Map();
+    let after;
+    for (;;) {
+      let page;
+      try {
+        page = await this.#client.members(this.subject, after === undefined ? { limit: this.#pageSize } : { after, limit: this.#pageSize });
+      } catch (err) {
+        if (epoch !== this.#epoch || this.closed) return;
+        this.#held = null;
+        // The connection ended: the next "subscribed" starts over.
+        if (err.code === "disconnected" || err.code === "closed") return;
+        this.#close(err); // forbidden, bad_subject, ...
+        return;
+      }
+      if (epoch !== this.#epoch || this.closed) return;
+      for (const m of page.members) if (m && typeof m.conn === "string") fresh.set(m.conn, m);
+      if (!page.next) break;
+      after = page.next;
+    }
+    const held = this.#held;
+    this.#held = null;
+    for (const change of held) applyPresence(fresh, change);
+    const joins = [];
+    const leaves = [];
+    const updates = [];
+    for (const [conn, m] of this.members) {
+      if (!fresh.has(conn)) {
+        this.members.delete(conn);
+        leaves.push(m);
+      }
+    }
+    for (const [conn, m] of fresh) {
+      const old = this.members.get(conn);
+      if (old === undefined) joins.push(m);
+      else if (old.sub !== m.sub || JSON.stringify(old.state) !== JSON.stringify(m.state)) updates.push(m);
+      else continue;
+      this.members.set(conn, m);
+    }
+    this.count = this.members.size;
+    const first = !this.#synced;
+    this.#synced = true;
+    settle(this.#readyWaiters);
+    if (first || joins.length + leaves.length + updates.length > 0) this.#change({ joins, leaves, updates, count: this.count });
+    if (this.closed) return;
+    for (const fn of this.#listeners.synced) this.#client._call(fn, this);
+  }
+
+  #onPresence(change) {
+    if (this.closed) return;
+    if (this.#held !== null) {
+      this.#held.push(change);
+      return;
+    }
+    const c = applyPresence(this.members, change);
+    const before = this.count;
+    this.count = typeof change.count === "number" ? change.count : this.members.size;
+    if (c.joins.length + c.leaves.length + c.updates.length > 0 || this.count !== before) {
+      this.#change({ joins: c.joins, leaves: c.leaves, updates: c.updates, count: this.count });
+    }
+  }
+
+  #change(change) {
+    for (const fn of this.#listeners.change) this.#client._call(fn, change);
+  }
+}
+
+// applyPresence applies a presence message's changes to members (conn ->
+// member) and returns them as they changed members: a join or update of a
+// member not there is a join, of one there an update; a leave of one not
+// there is nothing (and a leave carries the member as it was).
+function applyPresence(members, change) {
+  const joins = [];
+  const updates = [];
+  const leaves = [];
+  for (const list of [change.joins, change.updates]) {
+    for (const m of list) {
+      if (!m || typeof m.conn !== "string") continue;
+      (members.has(m.conn) ? updates : joins).push(m);
+      members.set(m.conn, m);
+    }
+  }
+  for (const l of change.leaves) {
+    const old = l ? members.get(l.conn) : undefined;
+    if (old === undefined) continue;
+    members.delete(l.conn);
+    leaves.push(old);
+  }
+  return { joins, updates, leaves };
+}
+
 // ---- helpers ------------------------------------------------------------------
 
 function noop() {}
+
+// Presence records: the state not confirmed yet (good before any), and
+// the outbox key of a subject's record (no other id has a colon).
+const NO_STATE = Symbol("no state");
+const PRES_PREFIX = "t:";
+
+function presKey(subject) {
+  return PRES_PREFIX + subject;
+}
+
+// settleRec settles the waiters of rec's wishes up to version ver: resolved,
+// or rejected with err.
+function settleRec(rec, ver, err, value) {
+  const keep = [];
+  for (const w of rec.waiters) {
+    if (w.ver > ver) keep.push(w);
+    else if (err) w.reject(err);
+    else w.resolve(value);
+  }
+  rec.waiters = keep;
+}
 
 // normalEnd: an iterator ends without throwing when its subscription was
 // unsubscribed, aborted or its client closed.

@@ -1,6 +1,6 @@
 // example.ts: type-checked with tsc --noEmit against fanwire.d.ts by
 // fanwire's Go tests (gateway/clientjs_test.go); it is never run.
-import {Client, connect, DEFAULT_BACKOFF, FanwireError, Subscription, View, type FanwireErrorCode, type FanwireEvent, type Gap, type GapReason, type State, type ViewChange} from "../../client/fanwire.js";
+import {Client, connect, DEFAULT_BACKOFF, FanwireError, PresenceRoom, Subscription, View, type FanwireErrorCode, type Member, type MembersPage, type PresenceChange, type PresenceMessage, type FanwireEvent, type Gap, type GapReason, type State, type ViewChange} from "../../client/fanwire.js";
 import {WebSocket} from "ws";
 
 interface Order {
@@ -148,3 +148,51 @@ async function views(): Promise<void> {
   await c.close();
 }
 void views();
+
+// Presence: a member with a state, its room, and the raw messages.
+interface Who {
+  name: string;
+  typing?: boolean;
+}
+
+async function presence(): Promise<void> {
+  const c = connect("ws://node-a:8080/ws", {WebSocket});
+  const me: string = await c.track("room.1", {name: "ann"} satisfies Who);
+  console.log("my key", me);
+  await c.track("room.2");
+  try {
+    await c.track("room.1", {name: "ann", typing: true});
+  } catch (e) {
+    if (e instanceof FanwireError && (e.code === "too_large" || e.code === "too_many_tracks" || e.code === "rate_limited")) console.error(e.subject, e.message);
+  }
+  const page: MembersPage<Who> = await c.members<Who>("room.1", {limit: 50});
+  const next: string | undefined = page.next;
+  if (next !== undefined) await c.members("room.1", {after: next, limit: 50});
+  for (const m of page.members) console.log(m.conn, m.sub ?? "anonymous", m.state.name, page.count);
+
+  const abort = new AbortController();
+  const room = c.presence<Who>("room.1", {
+    onChange: (change: PresenceChange<Who>) => {
+      for (const m of change.joins) console.log("joined", m.conn, m.state.name);
+      for (const m of change.leaves) console.log("left", m.conn);
+      for (const m of change.updates) console.log("typing", m.state.typing === true);
+      console.log(change.count, "here");
+    },
+    pageSize: 200,
+    signal: abort.signal,
+  });
+  if (room instanceof PresenceRoom) console.log(room.subject, room.count, room.closed, room.subscription.presence);
+  const same: PresenceRoom<Who> = await room.ready(5000);
+  const ann: Member<Who> | undefined = same.members.get("conn-id");
+  console.log(ann?.state.name);
+  room.on("synced", (r) => console.log(r.members.size));
+  room.on("error", (err) => console.error(err.code));
+  room.subscription.on("event", (ev) => console.log(ev.data));
+  room.close();
+
+  const watch = c.subscribe("room.*", {presence: true}, () => {});
+  watch.on("presence", (m: PresenceMessage) => console.log(m.subject, m.count, m.joins.length, m.leaves.map((l) => l.conn), m.updates.length));
+  await c.untrack("room.1");
+  await c.close();
+}
+void presence();

@@ -12,9 +12,11 @@
 // on stdin. stdin takes one JSON command per line: {"cmd":"token","token"},
 // {"cmd":"close"} (and exit; with "stay": true, go on), and api.mjs's
 // ({"cmd":"publish","subject","data"}, and those of the promise and
-// iterator API). A command that throws prints {"k":"cmd_error"}.
+// iterator API) and presence.mjs's (track, untrack, members, room). A
+// command that throws prints {"k":"cmd_error"}.
 import {connect} from "../../client/fanwire.js";
 import {handle} from "./api.mjs";
+import {handlePresence} from "./presence.mjs";
 import {WebSocket} from "ws";
 import {createInterface} from "node:readline";
 import {existsSync} from "node:fs";
@@ -36,8 +38,8 @@ if (cfg.getToken) {
   });
 }
 const client = connect(cfg.urls, options);
-client.on("state", (state, d) => out({k: "state", state, code: d.code, reason: d.reason, url: d.url}));
-client.on("error", (e) => out({k: "error", code: e.code, message: e.message, sub: e.subscription ? e.subscription.id : undefined, retrying: e.retrying}));
+client.on("state", (state, d) => out({k: "state", state, code: d.code, reason: d.reason, url: d.url, conn: d.connectionId}));
+client.on("error", (e) => out({k: "error", code: e.code, message: e.message, sub: e.subscription ? e.subscription.id : undefined, subject: e.subject, retrying: e.retrying}));
 client.on("subscribed", (s) => out({k: "subscribed", sub: s.id}));
 client.on("gap", (g) => out({k: "gap", sub: g.subscription.id, reason: g.reason, cursor: g.cursor}));
 for (const s of cfg.subs || []) {
@@ -68,7 +70,7 @@ createInterface({input: process.stdin}).on("line", async (line) => {
         if (!c.stay) process.exit(0);
         break;
       default:
-        if (!(await handle(client, c, out))) out({k: "cmd_error", message: "unknown command " + line});
+        if (!(await handle(client, c, out)) && !(await handlePresence(client, c, out))) out({k: "cmd_error", message: "unknown command " + line});
     }
   } catch (e) {
     out({k: "cmd_error", message: String(e && e.stack ? e.stack : e)});
