@@ -186,6 +186,8 @@ export type GatewayErrorCode =
   | "too_large"
   /** track: the connection tracks --max-presence-tracks subjects already */
   | "too_many_tracks"
+  /** track: the gateway holds --max-presence-members members (every node's) */
+  | "too_many_members"
   /** where is not a valid filter; the message names the position */
   | "bad_filter"
   /** a view's snapshot, or the view, passed the gateway's --max-snapshot
