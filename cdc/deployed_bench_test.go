@@ -42,6 +42,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/cdc"
 	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/fanwire/fanwire/cdc/pgtest"
@@ -130,40 +131,8 @@ func BenchmarkDeployed(b *testing.B) {
 }
 
 // natsServerBinary is FANWIRE_BENCH_NATS_BIN, or nats-server built from
-// the version of github.com/nats-io/nats-server/v2 in go.mod, cached
-// under the user's cache directory (or a temp dir without one).
-func natsServerBinary(tb testing.TB) string {
-	tb.Helper()
-	if bin := os.Getenv("FANWIRE_BENCH_NATS_BIN"); bin != "" {
-		return bin
-	}
-	const mod = "github.com/nats-io/nats-server/v2"
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", mod).Output()
-	if err != nil {
-		tb.Fatalf("go list -m %s: %v", mod, err)
-	}
-	version := strings.TrimSpace(string(out))
-	dir, err := os.UserCacheDir()
-	if err != nil {
-		dir = os.TempDir()
-	}
-	dir = filepath.Join(dir, "fanwire-bench")
-	bin := filepath.Join(dir, "nats-server-"+version)
-	if _, err := os.Stat(bin); err == nil {
-		return bin
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	tmp := fmt.Sprintf("%s.%d.tmp", bin, os.Getpid())
-	if out, err := exec.Command("go", "build", "-o", tmp, mod).CombinedOutput(); err != nil {
-		tb.Fatalf("go build %s: %v\n%s", mod, err, out)
-	}
-	if err := os.Rename(tmp, bin); err != nil {
-		tb.Fatal(err)
-	}
-	return bin
-}
+// the version in go.mod (brokertest.NATSServerBinary).
+func natsServerBinary(tb testing.TB) string { return brokertest.NATSServerBinary(tb) }
 
 // natsServerProcess starts bin with JetStream (file store in a fresh temp
 // dir) on a free port and returns its URL once it answers; it is stopped

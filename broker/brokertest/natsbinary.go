@@ -2,10 +2,12 @@ package brokertest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +27,14 @@ const DebianNATS = "/usr/sbin/nats-server"
 // fanwire against a server as a distribution ships it rather than the
 // embedded one. A missing binary fails the test, saying how to install it.
 func NATSBinary(t testing.TB, path string) string {
+	t.Helper()
+	url, _ := NATSProcess(t, path)
+	return url
+}
+
+// NATSProcess is NATSBinary, also returning the server's process id (to
+// read its CPU time and memory in /proc).
+func NATSProcess(t testing.TB, path string) (url string, pid int) {
 	t.Helper()
 	if _, err := os.Stat(path); err != nil {
 		t.Fatalf("brokertest: nats-server binary %s: %v (run `make deps`, which installs Debian's nats-server package, or apt-get install nats-server)", path, err)
@@ -50,12 +60,12 @@ func NATSBinary(t testing.TB, path string) string {
 			<-exited
 		}
 	})
-	url := "nats://127.0.0.1:" + strconv.Itoa(port)
+	url = "nats://127.0.0.1:" + strconv.Itoa(port)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		err := jetStreamAnswersAt(url)
 		if err == nil {
-			return url
+			return url, cmd.Process.Pid
 		}
 		select {
 		case <-exited:
@@ -86,4 +96,42 @@ func jetStreamAnswersAt(url string) error {
 	defer cancel()
 	_, err = js.AccountInfo(ctx)
 	return err
+}
+
+// NATSServerBinary is FANWIRE_BENCH_NATS_BIN, or nats-server built from
+// the version of github.com/nats-io/nats-server/v2 in go.mod (the server
+// fanwire embeds, newer than Debian's), cached under the user's cache
+// directory (or a temp dir without one): benchmarks measure the broker
+// users run beside fanwire.
+func NATSServerBinary(tb testing.TB) string {
+	tb.Helper()
+	if bin := os.Getenv("FANWIRE_BENCH_NATS_BIN"); bin != "" {
+		return bin
+	}
+	const mod = "github.com/nats-io/nats-server/v2"
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", mod).Output()
+	if err != nil {
+		tb.Fatalf("go list -m %s: %v", mod, err)
+	}
+	version := strings.TrimSpace(string(out))
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		dir = os.TempDir()
+	}
+	dir = filepath.Join(dir, "fanwire-bench")
+	bin := filepath.Join(dir, "nats-server-"+version)
+	if _, err := os.Stat(bin); err == nil {
+		return bin
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	tmp := fmt.Sprintf("%s.%d.tmp", bin, os.Getpid())
+	if out, err := exec.Command("go", "build", "-o", tmp, mod).CombinedOutput(); err != nil {
+		tb.Fatalf("go build %s: %v\n%s", mod, err, out)
+	}
+	if err := os.Rename(tmp, bin); err != nil {
+		tb.Fatal(err)
+	}
+	return bin
 }

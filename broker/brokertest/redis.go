@@ -54,6 +54,15 @@ func StartRedis(t testing.TB, dir string, port int) *RedisServer {
 // Addr is the server's host:port.
 func (r *RedisServer) Addr() string { return "127.0.0.1:" + strconv.Itoa(r.Port) }
 
+// PID is the running server's process id.
+func (r *RedisServer) PID() int {
+	r.t.Helper()
+	if r.cmd == nil {
+		r.t.Fatal("brokertest: redis-server is not running")
+	}
+	return r.cmd.Process.Pid
+}
+
 // Kill kills the server with SIGKILL, as a crash, and waits for it to exit.
 func (r *RedisServer) Kill() {
 	r.t.Helper()
