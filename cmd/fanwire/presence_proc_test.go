@@ -406,12 +406,10 @@ func (pc *presClient) untrack(subject string) error {
 }
 
 // watch subscribes to pattern with presence.
-func (pc *presClient) watch(pattern string) {
-	pc.tb.Helper()
+func (pc *presClient) watch(pattern string) error {
 	id := nextReqID("s")
-	if _, err := pc.request(id, `{"type":"subscribe","id":"`+id+`","subject":"`+pattern+`","presence":true}`); err != nil {
-		pc.tb.Fatal(err)
-	}
+	_, err := pc.request(id, `{"type":"subscribe","id":"`+id+`","subject":"`+pattern+`","presence":true}`)
+	return err
 }
 
 // membersCount asks the client's node for subject's member count.

@@ -41,7 +41,9 @@ func testPresenceSIGKILL(t *testing.T, bin string, br presenceBroker) {
 
 	watchers := []*presClient{mustDialPres(t, a.url()), mustDialPres(t, b.url())}
 	for _, w := range watchers {
-		w.watch("room.*")
+		if err := w.watch("room.*"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// One client per node asks for the members count.
 	askers := []*presClient{watchers[0], watchers[1], mustDialPres(t, c.url())}
