@@ -35,8 +35,11 @@ package main
 // under its file descriptor limit (20,000 here).
 
 import (
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -126,14 +129,51 @@ func presenceDeployedRun(b *testing.B, bin string, br presenceBroker, cfg presen
 	args := append(slices.Clone(br.args), "--allow-anonymous", "--allow-anonymous-presence",
 		"--max-connect-rate", "20000", "--max-connections", "12000")
 	args = append(args, strings.Fields(os.Getenv("FANWIRE_BENCH_WS_ARGS"))...)
-	nodes := []*wsProc{startWSProc(b, bin, args...), startWSProc(b, bin, args...)}
-	rss := func(i int) float64 { return procStatus(b, nodes[i].pid(), "VmRSS") }
-	heap := func(i int) float64 { return nodes[i].metric("go_memstats_heap_inuse_bytes") / (1 << 20) }
+	// Each node serves /debug/pprof: the heap is read after a GC (a heap
+	// profile with gc=1), and FANWIRE_BENCH_PRESENCE_PPROF names a
+	// directory for node 0's profiles: its heap after the joins, its CPU
+	// during the churn.
+	var debug []string
+	procs := make([]*wsProc, 2)
+	for i := range procs {
+		port, err := freePort()
+		if err != nil {
+			b.Fatal(err)
+		}
+		debug = append(debug, "127.0.0.1:"+strconv.Itoa(port))
+		procs[i] = startWSProc(b, bin, append(slices.Clone(args), "--debug-listen", debug[i])...)
+	}
+	pprofDir := os.Getenv("FANWIRE_BENCH_PRESENCE_PPROF")
+	profile := func(i int, path, file string) {
+		b.Helper()
+		resp, err := http.Get("http://" + debug[i] + path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		w := io.Discard
+		if file != "" && pprofDir != "" {
+			f, err := os.Create(filepath.Join(pprofDir, b.Name()[strings.LastIndexByte(b.Name(), '/')+1:]+"-"+file))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer f.Close()
+			w = f
+		}
+		if _, err := io.Copy(w, resp.Body); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rss := func(i int) float64 { return procStatus(b, procs[i].pid(), "VmRSS") }
+	heap := func(i int, file string) float64 {
+		profile(i, "/debug/pprof/heap?gc=1", file)
+		return procs[i].metric("go_memstats_heap_alloc_bytes") / (1 << 20)
+	}
 
 	// 1. Watchers, members, and every member tracks.
 	watchers := make([]*presClient, 2*cfg.watchers)
 	parallel(b, len(watchers), func(i int) error {
-		pc, err := dialPres(b, nodes[i%2].url())
+		pc, err := dialPres(b, procs[i%2].url())
 		if err != nil {
 			return err
 		}
@@ -142,7 +182,7 @@ func presenceDeployedRun(b *testing.B, bin string, br presenceBroker, cfg presen
 	})
 	members := make([]*benchMember, cfg.members)
 	parallel(b, cfg.members, func(i int) error {
-		pc, err := dialPres(b, nodes[i%2].url())
+		pc, err := dialPres(b, procs[i%2].url())
 		if err != nil {
 			return err
 		}
@@ -161,7 +201,7 @@ func presenceDeployedRun(b *testing.B, bin string, br presenceBroker, cfg presen
 		}
 	}
 	rss0 := []float64{rss(0), rss(1)}
-	heap0 := []float64{heap(0), heap(1)}
+	heap0 := []float64{heap(0, ""), heap(1, "")}
 	start := time.Now()
 	parallel(b, cfg.members, func(i int) error {
 		members[i].in = true
@@ -185,10 +225,8 @@ func presenceDeployedRun(b *testing.B, bin string, br presenceBroker, cfg presen
 		}
 	}
 	converge(watchers, truth(-1), time.Minute, "every watcher holds every member")
-	// The heap settles after the joins' garbage is collected.
-	time.Sleep(3 * time.Second)
+	heap1 := []float64{heap(0, "heap.pprof"), heap(1, "")}
 	rss1 := []float64{rss(0), rss(1)}
-	heap1 := []float64{heap(0), heap(1)}
 
 	// 2. Churn: 1% of the members per second leave or join, alternately.
 	// A join is of the member that left longest ago: 2 s' worth of
@@ -222,8 +260,16 @@ func presenceDeployedRun(b *testing.B, bin string, br presenceBroker, cfg presen
 			}
 		}
 	}
+	var cpuProfile sync.WaitGroup
+	if pprofDir != "" {
+		cpuProfile.Add(1)
+		go func() {
+			defer cpuProfile.Done()
+			profile(0, "/debug/pprof/profile?seconds="+strconv.Itoa(cfg.seconds), "cpu.pprof")
+		}()
+	}
 	changes0, msgs0 := watcherTotals(watchers)
-	cpu0 := []float64{procCPU(b, nodes[0].pid()), procCPU(b, nodes[1].pid()), procCPU(b, br.pid)}
+	cpu0 := []float64{procCPU(b, procs[0].pid()), procCPU(b, procs[1].pid()), procCPU(b, br.pid)}
 	start = time.Now()
 	var wg sync.WaitGroup
 	var opErr error
@@ -264,10 +310,11 @@ func presenceDeployedRun(b *testing.B, bin string, br presenceBroker, cfg presen
 	}
 	wg.Wait()
 	churn := time.Since(start)
+	cpuProfile.Wait()
 	if opErr != nil {
 		b.Fatal(opErr)
 	}
-	cpu1 := []float64{procCPU(b, nodes[0].pid()), procCPU(b, nodes[1].pid()), procCPU(b, br.pid)}
+	cpu1 := []float64{procCPU(b, procs[0].pid()), procCPU(b, procs[1].pid()), procCPU(b, br.pid)}
 	rssChurn := []float64{rss(0), rss(1)}
 	end := time.Now()
 	want := truth(-1)
@@ -332,7 +379,7 @@ func presenceDeployedRun(b *testing.B, bin string, br presenceBroker, cfg presen
 	}
 	want = truth(0)
 	gone := truth(1)
-	nodes[1].kill()
+	procs[1].kill()
 	start = time.Now()
 	converge(on0, want, time.Minute, "node 0's watchers see node 1's members leave")
 	var killToLeave time.Duration
