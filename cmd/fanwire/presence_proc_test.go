@@ -488,11 +488,17 @@ func (pc *presClient) viewIs(want map[string]bool) bool {
 // waitUntil polls cond every 5 ms until it holds, or fails after d.
 func waitUntil(tb testing.TB, d time.Duration, what string, cond func() bool) {
 	tb.Helper()
+	waitEvery(tb, d, 5*time.Millisecond, what, cond)
+}
+
+// waitEvery polls cond every every until it holds, or fails after d.
+func waitEvery(tb testing.TB, d, every time.Duration, what string, cond func() bool) {
+	tb.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			tb.Fatalf("%s: not within %v", what, d)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(every)
 	}
 }
