@@ -218,6 +218,7 @@ type presView struct {
 	leaves  map[string]int
 	msgs    int       // presence messages
 	changes int       // joins, leaves and updates in them
+	updates int       // updates in them
 	count   int       // the last message's count
 	last    time.Time // when the last message arrived
 }
@@ -352,6 +353,7 @@ func (pc *presClient) applyPresence(line []byte, now time.Time) {
 	}
 	v.msgs++
 	v.changes += len(m.Joins) + len(m.Leaves) + len(m.Updates)
+	v.updates += len(m.Updates)
 	v.count = m.Count
 	v.last = now
 }
@@ -393,9 +395,28 @@ func nextReqID(prefix string) string { return prefix + strconv.FormatInt(reqSeq.
 
 // track makes the client a member of subject with state.
 func (pc *presClient) track(subject, state string) error {
-	id := nextReqID("t")
-	_, err := pc.request(id, `{"type":"track","id":"`+id+`","subject":"`+subject+`","state":`+state+`}`)
+	_, _, err := pc.trackResume(subject, state, "")
 	return err
+}
+
+// trackResume tracks subject with state, taking over the membership of
+// the secret resume ("": none); it returns the member's key and secret.
+func (pc *presClient) trackResume(subject, state, resume string) (member, secret string, err error) {
+	id := nextReqID("t")
+	msg := `{"type":"track","id":"` + id + `","subject":"` + subject + `","state":` + state
+	if resume != "" {
+		msg += `,"resume":"` + resume + `"`
+	}
+	m, err := pc.request(id, msg+"}")
+	if err != nil {
+		return "", "", err
+	}
+	member, _ = m["member"].(string)
+	secret, _ = m["resume"].(string)
+	if member == "" || secret == "" {
+		return "", "", fmt.Errorf("tracked without member or resume: %v", m)
+	}
+	return member, secret, nil
 }
 
 // untrack ends the client's membership of subject.

@@ -16,7 +16,10 @@ import (
 // leave, once, after --presence-timeout, and both nodes count the same
 // members. Then the node is started again (a new process: a new node),
 // its clients connect again and track again: the watchers see them join,
-// and no other member leaves or joins again.
+// and no other member leaves or joins again. Last, the restarted node is
+// killed again and its clients connect to the first node at once and
+// resume their memberships with their secrets, within the timeout:
+// nobody sees them leave or join, then or once the timeout has passed.
 func TestPresenceSIGKILL(t *testing.T) {
 	bin := buildFanwire(t)
 	for _, kind := range []string{"nats", "redis"} {
@@ -107,13 +110,19 @@ func testPresenceSIGKILL(t *testing.T, bin string, br presenceBroker) {
 	}
 	c.start()
 	back := map[string]bool{}
+	secrets := map[string]string{} // the returning members' resume secrets
 	askers[2] = mustDialPres(t, c.url())
 	for j := range perNode {
 		m := mustDialPres(t, c.url())
-		if err := m.track(subject, `{"node":2,"n":`+strconv.Itoa(j)+`}`); err != nil {
+		key, secret, err := m.trackResume(subject, `{"node":2,"n":`+strconv.Itoa(j)+`}`, "")
+		if err != nil {
 			t.Fatal(err)
 		}
+		if key != m.id {
+			t.Fatalf("a new member's key is %s, want its connection's id %s", key, m.id)
+		}
 		back[m.id] = true
+		secrets[m.id] = secret
 	}
 	now := maps.Clone(survivors)
 	maps.Copy(now, back)
@@ -165,6 +174,63 @@ func testPresenceSIGKILL(t *testing.T, bin string, br presenceBroker) {
 	for _, n := range []*wsProc{a, b} {
 		if got := n.metric("fanwire_presence_nodes_expired_total"); got != 1 {
 			t.Errorf("node %s expired %v nodes, want 1", n.listen, got)
+		}
+	}
+	if t.Failed() {
+		return
+	}
+
+	// SIGKILL the restarted node; its clients resume on the first node.
+	before := make([]presView, len(watchers))
+	for i, w := range watchers {
+		before[i], _ = w.snapshot()
+	}
+	c.kill()
+	killed2 := time.Now()
+	for key, secret := range secrets {
+		m := mustDialPres(t, a.url())
+		got, again, err := m.trackResume(subject, `{"node":2,"n":"resumed"}`, secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != key || again != secret {
+			t.Fatalf("resumed member %s (secret %s), want %s (secret %s)", got, again, key, secret)
+		}
+	}
+	if took := time.Since(killed2); took > timeout/2 {
+		t.Fatalf("the clients took %v to resume: too close to the %v timeout for this test", took, timeout)
+	}
+	// Past the dead node's timeout and its sweep: its members were resumed,
+	// so nothing leaves.
+	waitEvery(t, 4*timeout+5*time.Second, 100*time.Millisecond, "the survivors expire the killed node", func() bool {
+		return a.metric("fanwire_presence_nodes_expired_total") == 2 && b.metric("fanwire_presence_nodes_expired_total") == 2
+	})
+	for _, w := range watchers {
+		waitUntil(t, 10*time.Second, "the watchers see the resumed members' new state", func() bool {
+			v, _ := w.snapshot()
+			return v.updates >= len(secrets)
+		})
+	}
+	waitUntil(t, 10*time.Second, "the survivors count the same members", countsAre(askers[:2], len(now)))
+	for i, w := range watchers {
+		v, errs := w.snapshot()
+		if len(errs) > 0 {
+			t.Fatalf("watcher %d: errors: %v", i, errs)
+		}
+		if !maps.Equal(v.members, now) || v.count != len(now) {
+			t.Fatalf("watcher %d holds %v (count %d) after the resumes, want %v", i, v.members, v.count, now)
+		}
+		if !maps.Equal(v.joins, before[i].joins) || !maps.Equal(v.leaves, before[i].leaves) {
+			t.Errorf("watcher %d saw joins or leaves across the resumes: joins %v → %v, leaves %v → %v",
+				i, before[i].joins, v.joins, before[i].leaves, v.leaves)
+		}
+		if v.updates-before[i].updates != len(secrets) {
+			t.Errorf("watcher %d saw %d updates across the resumes, want %d (one new state each)", i, v.updates-before[i].updates, len(secrets))
+		}
+	}
+	for _, a := range askers[:2] {
+		if got := a.memberKeys(subject); !maps.Equal(got, now) {
+			t.Fatalf("members after the resumes: %v, want %v", got, now)
 		}
 	}
 }
