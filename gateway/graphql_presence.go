@@ -175,11 +175,7 @@ func newMemberShape(fields []graphql.CollectedField) *memberShape {
 		default:
 			return nil
 		}
-		if i > 0 {
-			cur = append(cur, ',')
-		}
-		cur = appendJSONString(cur, f.Alias)
-		cur = append(cur, ':')
+		cur = aliasPiece(cur, i, f.Alias)
 		m.pieces = append(m.pieces, cur)
 		m.kinds = append(m.kinds, k)
 		m.fixed += len(cur)
@@ -226,11 +222,7 @@ func newFastPresenceOp(opCtx *graphql.OperationContext, id string, legacy bool, 
 		default:
 			return nil
 		}
-		if i > 0 {
-			cur = append(cur, ',')
-		}
-		cur = appendJSONString(cur, f.Alias)
-		cur = append(cur, ':')
+		cur = aliasPiece(cur, i, f.Alias)
 		op.pieces = append(op.pieces, cur)
 		op.kinds = append(op.kinds, k)
 		op.shapes = append(op.shapes, shape)

@@ -231,11 +231,7 @@ func newFastOp(id string, legacy bool, rootAlias string, fields []graphql.Collec
 		default:
 			return nil
 		}
-		if i > 0 {
-			cur = append(cur, ',')
-		}
-		cur = appendJSONString(cur, f.Alias)
-		cur = append(cur, ':')
+		cur = aliasPiece(cur, i, f.Alias)
 		op.pieces = append(op.pieces, cur)
 		op.kinds = append(op.kinds, k)
 		op.overhead += len(cur)
@@ -245,6 +241,16 @@ func newFastOp(id string, legacy bool, rootAlias string, fields []graphql.Collec
 	op.pieces = append(op.pieces, cur)
 	op.overhead += len(cur)
 	return op
+}
+
+// aliasPiece appends to a template piece what precedes the i-th selected
+// field's value: a comma after the first, then its alias as a key.
+func aliasPiece(cur []byte, i int, alias string) []byte {
+	if i > 0 {
+		cur = append(cur, ',')
+	}
+	cur = appendJSONString(cur, alias)
+	return append(cur, ':')
 }
 
 // newGQLOp builds the operation serving the events subscription root of
