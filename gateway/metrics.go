@@ -25,6 +25,7 @@ type Metrics struct {
 	Frames          prometheus.Counter
 	BytesSent       prometheus.Counter
 	DispatchLatency prometheus.Histogram
+	CommitLag       prometheus.Histogram // an ingest event's commit → its dispatch (commitlag.go)
 	DispatchPaced   prometheus.Counter
 	WriterHandoffs  prometheus.Counter // a shared flusher handed a connection to a writer goroutine of its own (conn_flush.go)
 
@@ -58,6 +59,7 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 		BytesSent:       prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_bytes_sent_total", Help: "Payload bytes written in frames."}),
 		DispatchPaced:   prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_dispatch_paced_seconds_total", Help: "Time the dispatcher waited because most clients' mailboxes were over half full (node saturated)."}),
 		WriterHandoffs:  prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_writer_handoffs_total", Help: "Times a shared flusher handed a connection to a writer goroutine of its own: its socket would have blocked (a client reading slower than it is sent to), the library was writing a control frame, or a close was due."}),
+		CommitLag:       prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fanwire_commit_to_dispatch_seconds", Help: "From an ingest event's commit in PostgreSQL (its commit_time) until this node dispatched it to its connections' queues: what a user waits for a change, but for the last hop. Measured on events on --reserved-subjects; the database host's and this node's clocks must agree.", Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}}),
 		DispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fanwire_dispatch_latency_seconds", Help: "From a batch's arrival from the broker until all its deliveries are queued.", Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12)}),
 
 		PublishRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_publish_requests_total", Help: "POST /api/publish requests, by result."}, []string{"result"}),
@@ -71,7 +73,7 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.Connections, m.ReadersParked, m.ConnectionsAccepted, m.ConnectionsRejected, m.ConnectQueue, m.ConnectWait, m.Disconnects, m.Subscriptions, m.SlowConsumers,
 			m.ClientErrors, m.EventsReceived, m.EventsInvalid, m.EventsDropped, m.Deliveries, m.Frames, m.BytesSent,
-			m.DispatchLatency, m.DispatchPaced, m.WriterHandoffs, m.PublishRequests, m.PublishedEvents, m.GraphQLRefused, m.FilterEvaluations, m.FilterErrors,
+			m.DispatchLatency, m.CommitLag, m.DispatchPaced, m.WriterHandoffs, m.PublishRequests, m.PublishedEvents, m.GraphQLRefused, m.FilterEvaluations, m.FilterErrors,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_broker_up", Help: "1 while the broker connection is up."}, func() float64 {
 				if brokerUp() {
 					return 1

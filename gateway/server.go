@@ -224,6 +224,7 @@ func (s *Server) dispatch(batch []broker.Message, arrived time.Time) {
 	if len(batch) > 0 {
 		s.hub.batchLast = batch[len(batch)-1].Cursor
 	}
+	s.observeCommitLag(evs) // before: a client that has an event finds it counted
 	s.hub.dispatch(evs, arrived)
 	clear(evs)
 	s.events = evs
