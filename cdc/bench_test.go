@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -282,16 +283,19 @@ func BenchmarkLatency(b *testing.B) {
 	for _, w := range windows {
 		b.Run("window="+w.String(), func(b *testing.B) {
 			var lat []time.Duration
+			var nodeLag lagShares
 			for range b.N {
 				b.StopTimer()
 				r := newBenchRig(b)
 				r.pg.Exec("postgres", "CREATE TABLE lat (id int PRIMARY KEY, n int)")
 				in, _ := r.ingest(w)
 				waitFor(b, "ready", time.Minute, in.Ready)
-				gw := gatewaytest.Start(b, gateway.Config{Broker: r.b, Subjects: []string{"db.>"}})
+				reg := prometheus.NewRegistry()
+				gw := gatewaytest.Start(b, gateway.Config{Broker: r.b, Subjects: []string{"db.>"}, Registry: reg})
 				b.StartTimer()
 				lat = append(lat, latencyRun(b, r, gw.WSURL(), rate, seconds)...)
 				b.StopTimer()
+				nodeLag.add(b, reg)
 				gw.Close()
 			}
 			slices.Sort(lat)
@@ -300,8 +304,50 @@ func BenchmarkLatency(b *testing.B) {
 			b.ReportMetric(q(0.95), "p95-ms")
 			b.ReportMetric(q(0.99), "p99-ms")
 			b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1000, "max-ms")
+			nodeLag.report(b)
 		})
 	}
+}
+
+// lagShares sums the gateway's fanwire_commit_to_dispatch_seconds over
+// runs: what an operator's dashboard shows of the same traffic.
+type lagShares struct {
+	count, le5ms, le25ms uint64
+	sum                  float64
+}
+
+func (l *lagShares) add(b *testing.B, reg *prometheus.Registry) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "fanwire_commit_to_dispatch_seconds" {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		l.count += h.GetSampleCount()
+		l.sum += h.GetSampleSum()
+		for _, bk := range h.GetBucket() {
+			switch bk.GetUpperBound() {
+			case 0.005:
+				l.le5ms += bk.GetCumulativeCount()
+			case 0.025:
+				l.le25ms += bk.GetCumulativeCount()
+			}
+		}
+	}
+}
+
+// report adds the node's own view: the mean commit → dispatch and the
+// shares of events dispatched within 5 and 25 ms of their commit.
+func (l *lagShares) report(b *testing.B) {
+	if l.count == 0 {
+		b.Fatal("the gateway observed no commit → dispatch lag")
+	}
+	b.ReportMetric(l.sum/float64(l.count)*1000, "node-lag-mean-ms")
+	b.ReportMetric(float64(l.le5ms)/float64(l.count), "node-lag-le5ms")
+	b.ReportMetric(float64(l.le25ms)/float64(l.count), "node-lag-le25ms")
 }
 
 func latencyRun(b *testing.B, r *benchRig, wsURL string, rate, seconds int) []time.Duration {
