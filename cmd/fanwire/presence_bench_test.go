@@ -71,7 +71,7 @@ func BenchmarkPresenceDeployed(b *testing.B) {
 		watchers: envInt(b, "FANWIRE_BENCH_PRESENCE_WATCHERS", 100),
 		seconds:  envInt(b, "FANWIRE_BENCH_PRESENCE_SECONDS", 30),
 	}
-	bin := buildFanwire(b)
+	bin := buildBinary(b)
 	natsBin := brokertest.NATSServerBinary(b)
 	for _, kind := range []string{"nats", "redis"} {
 		b.Run(kind, func(b *testing.B) {

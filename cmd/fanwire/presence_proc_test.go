@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,16 +25,6 @@ import (
 // broker in a process of its own (nats-server, redis-server), and
 // WebSocket clients in the test's process. TestPresenceSIGKILL and
 // BenchmarkPresenceDeployed share these helpers.
-
-// buildFanwire builds this command into a temporary directory of tb.
-func buildFanwire(tb testing.TB) string {
-	tb.Helper()
-	bin := filepath.Join(tb.TempDir(), "fanwire")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		tb.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
 
 // presenceBroker is the flags of a `fanwire ws` on a broker process.
 type presenceBroker struct {

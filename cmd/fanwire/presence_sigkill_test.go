@@ -21,7 +21,7 @@ import (
 // and the restarted node is killed: nobody sees them leave or join, then
 // or once the timeout has passed.
 func TestPresenceSIGKILL(t *testing.T) {
-	bin := buildFanwire(t)
+	bin := buildBinary(t)
 	for _, kind := range []string{"nats", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			br := startPresenceBroker(t, kind, brokertest.DebianNATS)
