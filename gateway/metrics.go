@@ -70,6 +70,19 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 
 		GraphQLRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_graphql_refused_total", Help: "GraphQL requests and operations (HTTP and WebSocket) refused by a limit: the body, a query limit (before validation), the publishes of one HTTP request."}, []string{"limit"}),
 	}
+	// Every reason of the counters by reason is exported from the start, at
+	// 0: a dashboard's rate or an alert's increase then has a series to
+	// read before the first drop or refusal, and tells "none" from "not
+	// scraped".
+	for _, r := range []string{"broker_slow_consumer", "removed_before_read", dropTooLarge, dropSystemSubject} {
+		m.EventsDropped.WithLabelValues(r)
+	}
+	for _, r := range []string{CodeMaxConnections, CodeMaxConnectionsPerIP, CodeConnectRate, CodeShuttingDown, "bad_upgrade", "bad_subprotocol", "unauthorized", "handshake_timeout", "max_handshakes"} {
+		m.ConnectionsRejected.WithLabelValues(r)
+	}
+	for _, r := range []string{"client", "slow_consumer", "policy", "shutdown", "ping_timeout", "write_error", "read_limit", "invalid_utf8", "token_expired", "init_timeout", "unauthorized", "protocol_error"} {
+		m.Disconnects.WithLabelValues(r)
+	}
 	if reg != nil {
 		reg.MustRegister(m.Connections, m.ReadersParked, m.ConnectionsAccepted, m.ConnectionsRejected, m.ConnectQueue, m.ConnectWait, m.Disconnects, m.Subscriptions, m.SlowConsumers,
 			m.ClientErrors, m.EventsReceived, m.EventsInvalid, m.EventsDropped, m.Deliveries, m.Frames, m.BytesSent,
