@@ -36,6 +36,12 @@ type conn struct {
 	req    *http.Request // static: the upgrade request (authentication)
 	grants *Grants       // what the connection may subscribe to (nil: everything); set before reading (GraphQL: by connection_init)
 	fw     *frameWriter  // static: the socket's writer (GraphQL frames its messages into it in batches)
+	remote string        // static: the client's address, as logs show it (trusted-proxy aware)
+	since  time.Time     // static: when the connection was accepted
+
+	// sub is the token's sub ("" without a token), stored whenever grants
+	// are set: the inspector (admin.go) reads it from another goroutine.
+	sub atomic.Pointer[string]
 
 	closeCode     atomic.Int32           // requested close code; 0 while open. Set once, under mu.
 	closeReason   atomic.Pointer[string] // set before closeCode when the winning close request has its own reason
@@ -43,6 +49,8 @@ type conn struct {
 	pingFailed    atomic.Bool            // a ping went unanswered
 	writerRunning atomic.Bool            // the writer's role is taken: a writer goroutine exists or a flusher has its turn (see ensureWriter, retire, flushTurn)
 	written       atomic.Uint64          // items written to the socket (compare mailbox.pushes)
+	sent          atomic.Uint64          // payload bytes written in frames: added by the writer's role once per frame or batch, never per delivery (the inspector's bytes_sent)
+	adminCode     atomic.Int32           // the close code an operator asked for (admin.go); 0: none
 	flush         *flushPool             // static: the flushers that write for the connection (nil: its own writer goroutine always; TLS, GraphQL)
 	queued        atomic.Bool            // on flush's ready queue
 	pendingItems  uint64                 // owned by the writer's role: items of the bytes a flusher left pending
@@ -120,6 +128,17 @@ func (c *conn) requestCloseReason(code int, reason *string) bool {
 	c.mu.Unlock()
 	c.cl.signal()
 	return true
+}
+
+// setGrants sets what the connection may do, and its sub for the
+// inspector. Called by the reader (or before the connection reads).
+func (c *conn) setGrants(g *Grants) {
+	c.grants = g
+	sub := ""
+	if g != nil && !g.Anonymous {
+		sub = g.Subject
+	}
+	c.sub.Store(&sub)
 }
 
 // overflow is the hub's callback when this connection's mailbox is full.
@@ -282,6 +301,9 @@ func (c *conn) end(err error) {
 }
 
 func (c *conn) disconnectReason(readErr error) string {
+	if code := c.closeCode.Load(); code != 0 && code == c.adminCode.Load() {
+		return "admin"
+	}
 	switch c.closeCode.Load() {
 	case CloseGoingAway:
 		return "shutdown"

@@ -72,7 +72,7 @@ func (c *conn) refresh(id, token string) {
 	}
 	c.revokeUncovered(grants)
 	c.revokePresence(grants)
-	c.grants = grants
+	c.setGrants(grants)
 	c.armExpiry()
 	var exp time.Time
 	if grants != nil {

@@ -171,6 +171,7 @@ func (c *conn) frameBatchNB(bt *batch) (pending bool, err error) {
 	}
 	c.s.metrics.Frames.Add(float64(frames))
 	c.s.metrics.BytesSent.Add(float64(bytes))
+	c.sent.Add(uint64(bytes))
 	return pending, err
 }
 

@@ -185,6 +185,7 @@ func (c *conn) writeFrame(b []byte) error {
 	}
 	c.s.metrics.Frames.Inc()
 	c.s.metrics.BytesSent.Add(float64(len(b)))
+	c.sent.Add(uint64(len(b)))
 	return nil
 }
 

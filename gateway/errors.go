@@ -43,6 +43,13 @@ const (
 	CodeShuttingDown        = "shutting_down"          // 503: the node drains (a request that was waiting for admission)
 )
 
+// Answers of the admin API (the inspector, admin.go) besides
+// unauthorized (401, a missing or wrong admin key).
+const (
+	CodeBadRequest = "bad_request" // 400: a malformed query or body, a close code an operator may not use
+	CodeNotFound   = "not_found"   // 404: no admin API on this node (no Config.AdminKey), no such endpoint, or no connection with that id
+)
+
 // CodeWebSocketRequired is the extensions.code of the GraphQL track and
 // untrack mutations over HTTP: a member is a WebSocket connection, which
 // leaves when it closes.

@@ -234,7 +234,7 @@ func (c *conn) gqlInit(payload json.RawMessage) {
 			c.closeWith(CloseForbidden, "Forbidden")
 			return
 		}
-		c.grants = grants // the reader's: subscribes run after it
+		c.setGrants(grants) // the reader's: subscribes run after it
 		c.armExpiry()
 	}
 	g.ctx = c.runCtx

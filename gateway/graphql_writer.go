@@ -71,5 +71,6 @@ items:
 	}
 	c.s.metrics.Frames.Add(float64(frames))
 	c.s.metrics.BytesSent.Add(float64(bytes))
+	c.sent.Add(uint64(bytes))
 	return err
 }

@@ -194,6 +194,13 @@ func (m *mailbox) close() {
 	b.release()
 }
 
+// depth is what is queued: items and bytes (the inspector's).
+func (m *mailbox) depth() (items, bytes int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return int(m.n), m.bytes
+}
+
 // len is the number of queued items (for tests and metrics).
 func (m *mailbox) len() int {
 	m.mu.Lock()

@@ -13,7 +13,7 @@ type Metrics struct {
 	ConnectionsRejected *prometheus.CounterVec // reason: max_connections, max_connections_per_ip, connect_rate, shutting_down, bad_upgrade, bad_subprotocol, unauthorized, handshake_timeout, max_handshakes
 	ConnectQueue        prometheus.Gauge       // upgrade requests waiting for admission (MaxConnectRate)
 	ConnectWait         prometheus.Histogram   // admitted upgrades' wait for admission
-	Disconnects         *prometheus.CounterVec // reason: client, slow_consumer, policy, shutdown, ping_timeout, write_error, read_limit, token_expired, invalid_utf8; GraphQL: init_timeout (4408), unauthorized (4403), protocol_error (4400, 4401, 4409, 4429)
+	Disconnects         *prometheus.CounterVec // reason: client, slow_consumer, policy, shutdown, ping_timeout, write_error, read_limit, token_expired, invalid_utf8, admin (closed through the inspector); GraphQL: init_timeout (4408), unauthorized (4403), protocol_error (4400, 4401, 4409, 4429)
 	Subscriptions       prometheus.Gauge
 	SlowConsumers       prometheus.Counter     // mailbox overflows found (each connection is then closed with 4008)
 	ClientErrors        *prometheus.CounterVec // code: the protocol error code
@@ -36,6 +36,8 @@ type Metrics struct {
 
 	FilterEvaluations prometheus.Counter // live views: distinct filters evaluated by the dispatcher (once per event per filter)
 	FilterErrors      prometheus.Counter // of those, evaluations that were errors: rejections a filter may not mean
+
+	AdminRefused prometheus.Counter // inspector requests refused for a missing or wrong admin key (admin.go)
 }
 
 func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
@@ -68,6 +70,8 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 		FilterEvaluations: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_filter_evaluations_total", Help: "Filter evaluations by the dispatcher (where and row filters; once per event per distinct filter)."}),
 		FilterErrors:      prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_filter_errors_total", Help: "Filter evaluations that were errors (a missing field, a type mismatch such as a numeric column's string against a number, the cost limit): each is a rejection."}),
 
+		AdminRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_admin_refused_total", Help: "Requests to the admin API (the inspector, --admin-key) refused for a missing or wrong key."}),
+
 		GraphQLRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_graphql_refused_total", Help: "GraphQL requests and operations (HTTP and WebSocket) refused by a limit: the body, a query limit (before validation), the publishes of one HTTP request."}, []string{"limit"}),
 	}
 	// Every reason of the counters by reason is exported from the start, at
@@ -80,13 +84,13 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 	for _, r := range []string{CodeMaxConnections, CodeMaxConnectionsPerIP, CodeConnectRate, CodeShuttingDown, "bad_upgrade", "bad_subprotocol", "unauthorized", "handshake_timeout", "max_handshakes"} {
 		m.ConnectionsRejected.WithLabelValues(r)
 	}
-	for _, r := range []string{"client", "slow_consumer", "policy", "shutdown", "ping_timeout", "write_error", "read_limit", "invalid_utf8", "token_expired", "init_timeout", "unauthorized", "protocol_error"} {
+	for _, r := range []string{"client", "slow_consumer", "policy", "shutdown", "ping_timeout", "write_error", "read_limit", "invalid_utf8", "token_expired", "admin", "init_timeout", "unauthorized", "protocol_error"} {
 		m.Disconnects.WithLabelValues(r)
 	}
 	if reg != nil {
 		reg.MustRegister(m.Connections, m.ReadersParked, m.ConnectionsAccepted, m.ConnectionsRejected, m.ConnectQueue, m.ConnectWait, m.Disconnects, m.Subscriptions, m.SlowConsumers,
 			m.ClientErrors, m.EventsReceived, m.EventsInvalid, m.EventsDropped, m.Deliveries, m.Frames, m.BytesSent,
-			m.DispatchLatency, m.CommitLag, m.DispatchPaced, m.WriterHandoffs, m.PublishRequests, m.PublishedEvents, m.GraphQLRefused, m.FilterEvaluations, m.FilterErrors,
+			m.DispatchLatency, m.CommitLag, m.DispatchPaced, m.WriterHandoffs, m.PublishRequests, m.PublishedEvents, m.GraphQLRefused, m.FilterEvaluations, m.FilterErrors, m.AdminRefused,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_broker_up", Help: "1 while the broker connection is up."}, func() float64 {
 				if brokerUp() {
 					return 1

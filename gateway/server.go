@@ -56,6 +56,7 @@ type Server struct {
 	perIP      ipCounts
 	handshakes handshakes
 	admit      *admission     // static: the connect rate and its queue
+	admin      *adminAuth     // static: nil without Config.AdminKey (admin.go)
 	proxies    trustedProxies // static: Config.TrustedProxies
 	consuming  atomic.Bool
 
@@ -128,6 +129,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	mux.HandleFunc("GET /fanwire.js", clientFileHandler(clientJS, "text/javascript; charset=utf-8"))
 	mux.HandleFunc("GET /fanwire.d.ts", clientFileHandler(clientDTS, "application/typescript; charset=utf-8"))
+	s.routeAdmin(mux)
 	if cfg.Console {
 		sub, _ := fs.Sub(consoleFS, "console")
 		mux.Handle("GET /", http.FileServerFS(sub))
@@ -403,7 +405,8 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		s:      s,
 		ws:     ws,
 		fw:     fw,
-		grants: grants,
+		remote: ip,
+		since:  time.Now(),
 		id:     newConnID(),
 		ctx:    s.ctx,
 		stop:   make(chan struct{}),
@@ -412,6 +415,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		prefix: prefix,
 		pong:   make(chan struct{}, 1),
 	}
+	c.setGrants(grants)
 	if prefix != nil {
 		nc = prefix.Conn
 	}

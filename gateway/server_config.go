@@ -133,6 +133,12 @@ type Config struct {
 	// them; > and *.> never do (system.go).
 	AllowSystemSubjects []string
 
+	// AdminKey, when set, serves the inspector (admin.go): GET
+	// /admin/connections and POST /admin/connections/close, each request
+	// with "Authorization: Bearer <AdminKey>". Empty: /admin/ is not
+	// served (404).
+	AdminKey string
+
 	AllowedOrigins []string // browser origins allowed besides same-origin (host patterns, e.g. "*.example.com")
 	Console        bool     // serve the live console page at /
 
