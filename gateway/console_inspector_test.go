@@ -1,0 +1,101 @@
+package gateway_test
+
+import (
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/fanwire/fanwire/gateway"
+)
+
+// TestConsoleInspector: the console's Inspector in headless Chromium, on a
+// gateway with an admin key and token authentication. A wrong key is
+// refused and shows nothing; the right one lists the connections with
+// their subs and subscriptions, filters them by sub, and closes one with
+// the chosen code, which the client sees. The key stays in the page's
+// memory: not in the field, the page's markup or storage.
+func TestConsoleInspector(t *testing.T) {
+	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, func(c *gateway.Config) { c.Authenticate = a.Grant; c.AdminKey = testAdminKey })
+	// The page as served holds no key.
+	resp, err := http.Get(e.http.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || strings.Contains(string(page), testAdminKey) {
+		t.Fatalf("GET /: %d, or the page holds the admin key", resp.StatusCode)
+	}
+
+	mallory := e.dialAs(adminTokenFor(t, "mallory"))
+	mallory.subscribe("m1", "orders.*")
+	other := e.dialAs(adminTokenFor(t, "trent"))
+
+	browser := newBrowser(t)
+	p := openTab(t, browser, consoleState)
+	p.do(chromedp.Navigate(e.http.URL + "/?token=" + url.QueryEscape(adminTokenFor(t, "operator"))))
+	p.waitVisible(`#status[data-state="connected"]`)
+
+	p.typeInto("#admin-key", "not-the-key")
+	p.do(chromedp.Click(chromedp.ID("admin-open")))
+	p.waitVisible("#admin-error")
+	if got := p.text("#admin-error"); !strings.HasPrefix(got, "401") {
+		t.Fatalf("wrong key: the page says %q, want 401", got)
+	}
+	if hidden, err := chromedp.Run(p.ctx, chromedp.Evaluate[bool](`document.getElementById("insp-panel").hidden`)); err != nil || !hidden {
+		t.Fatalf("wrong key: inspector panel hidden=%v (%v), want hidden", hidden, err)
+	}
+
+	p.typeInto("#admin-key", testAdminKey)
+	p.do(chromedp.Click(chromedp.ID("admin-open")))
+	row := `#insp-body tr[data-id="` + mallory.id + `"]`
+	p.waitVisible(row)
+	if got := p.text(row); !strings.Contains(got, "mallory") || !strings.Contains(got, "orders.*") || !strings.Contains(got, "127.0.0.1") || !strings.Contains(got, "native") {
+		t.Fatalf("mallory's row reads %q, want her sub, subscription, address and protocol", got)
+	}
+	p.waitVisible(`#insp-body tr[data-sub="operator"]`) // the console's own connection
+	leak, err := chromedp.Run(p.ctx, chromedp.Evaluate[bool](`document.documentElement.outerHTML.includes(`+jsString(testAdminKey)+`) ||
+		document.getElementById("admin-key").value !== "" || localStorage.length > 0 || sessionStorage.length > 0 || location.href.includes("admin")`))
+	if err != nil || leak {
+		t.Fatalf("the admin key is in the page, its field, storage or URL (%v)", err)
+	}
+
+	// Filter by sub: mallory's connection only.
+	p.typeInto("#insp-sub", "mallory")
+	p.do(chromedp.Click(chromedp.ID("insp-apply")))
+	p.do(chromedp.PollFunction[chromedp.Void](`() => document.querySelectorAll("#insp-body tr").length === 1`,
+		chromedp.WithPollingMutation(), chromedp.WithPollingTimeout(0)))
+	if got := p.text("#insp-count"); got != "1" {
+		t.Fatalf("filtered by sub mallory: %s listed", got)
+	}
+
+	// Close her connection with 4003.
+	p.do(chromedp.Evaluate[chromedp.Void](`document.getElementById("insp-code").value = "4003"`))
+	p.do(chromedp.Click(chromedp.CSS(row + " button.close")))
+	p.waitVisible(`#insp-result[data-ok="true"]`)
+	if got := p.text("#insp-result"); got != "connection "+mallory.id+": closed 1 with 4003" {
+		t.Fatalf("close result reads %q", got)
+	}
+	if got := mallory.closeStatus(5 * time.Second); got != 4003 {
+		t.Fatalf("mallory's connection closed with %d, want 4003", got)
+	}
+	// The other connection is untouched.
+	other.send(`{"type":"subscribe","id":"t","subject":"orders.1"}`)
+	other.expect(map[string]any{"type": "subscribed", "id": "t"})
+}
+
+func jsString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	b.WriteString(strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s))
+	b.WriteByte('"')
+	return b.String()
+}
