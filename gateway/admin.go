@@ -121,7 +121,7 @@ type adminConn struct {
 type adminSub struct {
 	ID       string `json:"id"`
 	Pattern  string `json:"pattern"`
-	Kind     string `json:"kind"` // live, view, resume, feed, durable, presence
+	Kind     string `json:"kind"` // live, view (a where, or from "latest" while it holds a snapshot), resume (from a cursor), feed, durable, presence
 	Live     bool   `json:"live"` // receiving live events (false while a resume replays)
 	Presence bool   `json:"presence"`
 	Filtered bool   `json:"filtered"`
@@ -136,10 +136,10 @@ func (st *subState) kind() string {
 		return "durable"
 	case st.feed != nil:
 		return "feed"
-	case st.task != nil:
-		return "resume"
 	case st.view != nil:
 		return "view"
+	case st.task != nil:
+		return "resume"
 	}
 	return "live"
 }
