@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"sync"
 	"time"
@@ -24,7 +25,9 @@ const DefaultCertCheckInterval = 2 * time.Second
 // logged and counted (fanwire_file_reloads_total{file="tls_certificate",
 // result="failed"}), the previous certificate kept, and it is tried again
 // at every check until it loads (reload.go says why). Connections already
-// open keep the certificate they shook hands with. Safe for concurrent use.
+// open keep the certificate they shook hands with. The served
+// certificate's expiry is exported for alerting
+// (fanwire_tls_certificate_expiry_timestamp_seconds). Safe for concurrent use.
 type CertFiles struct {
 	certFile, keyFile string        // static
 	every             time.Duration // static
@@ -33,6 +36,7 @@ type CertFiles struct {
 
 	mu      sync.Mutex
 	cert    *tls.Certificate // guarded by mu: served
+	expiry  time.Time        // guarded by mu: cert's leaf's notAfter
 	loaded  []fileStamp      // guarded by mu: the files as they were when cert was loaded
 	failed  string           // guarded by mu: the last failure logged ("": the files load)
 	checked time.Time        // guarded by mu: last look at the files
@@ -51,7 +55,7 @@ func NewCertFiles(certFile, keyFile string, every time.Duration, log *zap.Logger
 	c := &CertFiles{certFile: certFile, keyFile: keyFile, every: every, log: log}
 	stamps, err := c.stamps()
 	if err == nil {
-		c.cert, err = c.load()
+		c.cert, c.expiry, err = c.load()
 	}
 	if err != nil {
 		return nil, err
@@ -61,10 +65,39 @@ func NewCertFiles(certFile, keyFile string, every time.Duration, log *zap.Logger
 }
 
 // Collector exports the reloads' outcomes,
-// fanwire_file_reloads_total{file="tls_certificate",result}: register it
-// on the role's registry.
+// fanwire_file_reloads_total{file="tls_certificate",result}, and the served
+// certificate's expiry, fanwire_tls_certificate_expiry_timestamp_seconds:
+// register it on the role's registry.
 func (c *CertFiles) Collector() prometheus.Collector {
-	return newReloadCollector("tls_certificate", &c.counts)
+	return &certCollector{c: c, reloads: newReloadCollector("tls_certificate", &c.counts)}
+}
+
+var descCertExpiry = prometheus.NewDesc("fanwire_tls_certificate_expiry_timestamp_seconds",
+	"When the certificate served on --listen expires: its notAfter, in Unix seconds. "+
+		"A scrape checks the files first, as a handshake does, so a renewal shows before a client connects.", nil, nil)
+
+// certCollector exports a CertFiles' reloads and its certificate's expiry.
+type certCollector struct {
+	c       *CertFiles           // static
+	reloads prometheus.Collector // static
+}
+
+func (cc *certCollector) Describe(ch chan<- *prometheus.Desc) {
+	cc.reloads.Describe(ch)
+	ch <- descCertExpiry
+}
+
+// Collect runs the periodic check first: without it, a node that no
+// client connected to since its certificate was renewed on disk would
+// report the old expiry, and page, though its next handshake serves the
+// new one.
+func (cc *certCollector) Collect(ch chan<- prometheus.Metric) {
+	cc.c.mu.Lock()
+	cc.c.checkLocked()
+	expiry := cc.c.expiry
+	cc.c.mu.Unlock()
+	cc.reloads.Collect(ch)
+	ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(expiry.Unix()))
 }
 
 // TLSConfig is the listener's configuration: TLS 1.2 or later, the
@@ -84,11 +117,17 @@ func (c *CertFiles) TLSConfig() *tls.Config {
 func (c *CertFiles) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.checkLocked()
+	return c.cert, nil
+}
+
+// checkLocked looks at the files if the check interval has passed since
+// the last look.
+func (c *CertFiles) checkLocked() {
 	if now := time.Now(); now.Sub(c.checked) >= c.every {
 		c.checked = now
 		c.reloadLocked()
 	}
-	return c.cert, nil
 }
 
 // reloadLocked loads the files if they differ from the pair last loaded;
@@ -101,8 +140,9 @@ func (c *CertFiles) reloadLocked() {
 		return
 	}
 	var cert *tls.Certificate
+	var expiry time.Time
 	if err == nil {
-		cert, err = c.load()
+		cert, expiry, err = c.load()
 	}
 	if err != nil {
 		c.counts.failed.Add(1)
@@ -112,13 +152,9 @@ func (c *CertFiles) reloadLocked() {
 		}
 		return
 	}
-	c.cert, c.loaded, c.failed = cert, stamps, ""
+	c.cert, c.expiry, c.loaded, c.failed = cert, expiry, stamps, ""
 	c.counts.ok.Add(1)
-	fields := []zap.Field{zap.String("cert", c.certFile)}
-	if cert.Leaf != nil { // LoadX509KeyPair parses it since Go 1.23
-		fields = append(fields, zap.String("subject", cert.Leaf.Subject.String()), zap.Time("not_after", cert.Leaf.NotAfter))
-	}
-	c.log.Info("tls certificate reloaded", fields...)
+	c.log.Info("tls certificate reloaded", zap.String("cert", c.certFile), zap.String("subject", cert.Leaf.Subject.String()), zap.Time("not_after", expiry))
 }
 
 func (c *CertFiles) stamps() ([]fileStamp, error) {
@@ -129,10 +165,14 @@ func (c *CertFiles) stamps() ([]fileStamp, error) {
 	return s, nil
 }
 
-func (c *CertFiles) load() (*tls.Certificate, error) {
+// load reads the pair and returns it with its leaf's notAfter.
+func (c *CertFiles) load() (*tls.Certificate, time.Time, error) {
 	cert, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("tls: certificate %s, key %s: %w", c.certFile, c.keyFile, err)
+	if err == nil && cert.Leaf == nil { // LoadX509KeyPair parses it since Go 1.23, unless GODEBUG x509keypairleaf=0
+		cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0])
 	}
-	return &cert, nil
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("tls: certificate %s, key %s: %w", c.certFile, c.keyFile, err)
+	}
+	return &cert, cert.Leaf.NotAfter, nil
 }

@@ -118,3 +118,59 @@ func tlsServer(t *testing.T, tc *tls.Config, ca *brokertest.CA) (served func() s
 		return c.(*tls.Conn).ConnectionState().PeerCertificates[0].Subject.CommonName
 	}
 }
+
+// TestCertExpiryGauge: fanwire_tls_certificate_expiry_timestamp_seconds is
+// the served certificate's notAfter; a scrape checks the files as a
+// handshake does, so a renewal on disk shows before any client connects;
+// a pair that does not load leaves the served certificate's expiry.
+func TestCertExpiryGauge(t *testing.T) {
+	ca := brokertest.NewCA(t)
+	dir := t.TempDir()
+	first := time.Now().Add(30 * 24 * time.Hour).Truncate(time.Second)
+	certFile, keyFile := ca.IssueUntil(t, dir, "first", first)
+	// A check at every scrape and handshake.
+	certs, err := gateway.NewCertFiles(certFile, keyFile, time.Nanosecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(certs.Collector())
+	expiry := func() time.Time {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "fanwire_tls_certificate_expiry_timestamp_seconds" {
+				return time.Unix(int64(mf.GetMetric()[0].GetGauge().GetValue()), 0)
+			}
+		}
+		t.Fatal("no fanwire_tls_certificate_expiry_timestamp_seconds")
+		return time.Time{}
+	}
+	if got := expiry(); !got.Equal(first) {
+		t.Fatalf("expiry %v, want the certificate's notAfter %v", got, first)
+	}
+
+	renewed := first.Add(60 * 24 * time.Hour)
+	newCert, newKey := ca.IssueUntil(t, t.TempDir(), "renewed", renewed)
+	replace(t, newCert, certFile)
+	replace(t, newKey, keyFile)
+	if got := expiry(); !got.Equal(renewed) { // no handshake in between
+		t.Fatalf("after a renewal, expiry %v, want %v", got, renewed)
+	}
+	served := tlsServer(t, certs.TLSConfig(), ca)
+	if got := served(); got != "renewed" {
+		t.Fatalf("handshakes see %q, want renewed", got)
+	}
+
+	_, otherKey := ca.IssueUntil(t, t.TempDir(), "other", renewed.Add(time.Hour))
+	replace(t, otherKey, keyFile)
+	if got := expiry(); !got.Equal(renewed) {
+		t.Fatalf("with a key that does not match, expiry %v, want the served certificate's %v", got, renewed)
+	}
+	if got := served(); got != "renewed" {
+		t.Fatalf("with a key that does not match, handshakes see %q, want renewed", got)
+	}
+}

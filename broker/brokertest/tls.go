@@ -61,8 +61,15 @@ func NewCA(t testing.TB) *CA {
 // Issue signs a certificate named name (its common name) for 127.0.0.1,
 // ::1 and localhost, good for a server and a client, and writes it and its
 // key as PEM to dir/name.pem and dir/name-key.pem, replacing any there
-// (each by a rename, so a reader never sees half a file).
+// (each by a rename, so a reader never sees half a file). It is valid
+// for a day.
 func (ca *CA) Issue(t testing.TB, dir, name string) (certFile, keyFile string) {
+	t.Helper()
+	return ca.IssueUntil(t, dir, name, time.Now().Add(24*time.Hour))
+}
+
+// IssueUntil is Issue with the certificate's notAfter.
+func (ca *CA) IssueUntil(t testing.TB, dir, name string, notAfter time.Time) (certFile, keyFile string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -73,7 +80,7 @@ func (ca *CA) Issue(t testing.TB, dir, name string) (certFile, keyFile string) {
 		SerialNumber: big.NewInt(ca.serial),
 		Subject:      pkix.Name{CommonName: name},
 		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
+		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		DNSNames:     []string{"localhost"},
