@@ -8,16 +8,17 @@ PKGS     := ./...
 
 # Debian packages the tests need: real servers (and Debian's own
 # nats-server, older than the embedded one, as its users run it), a real
-# browser, Node and npm (real third-party GraphQL clients).
-APT_PKGS := redis-server nats-server postgresql chromium nodejs npm
+# browser, Node and npm (real third-party GraphQL clients), and Prometheus
+# for its promtool (the alert rules' unit tests).
+APT_PKGS := redis-server nats-server postgresql chromium nodejs npm prometheus
 
 # The npm fixtures the tests run, each pinned by its package-lock.json: the
 # GraphQL clients, and what the JavaScript client's tests run with.
 NPM_FIXTURES := gateway/testdata/graphqlws gateway/testdata/fanwirejs
 
-.PHONY: test deps vet fmt-check generate-check unit fuzz fuzz-short security bench build loadtest
+.PHONY: test deps vet fmt-check generate-check rules-check unit fuzz fuzz-short security bench build loadtest
 
-test: deps vet fmt-check generate-check unit fuzz-short
+test: deps vet fmt-check generate-check rules-check unit fuzz-short
 
 # deps installs missing system packages with apt-get (as root, or with sudo),
 # then each npm fixture's node_modules with npm ci when it is missing
@@ -30,6 +31,7 @@ deps:
 	command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 		if ! command -v apt-get >/dev/null 2>&1; then \
 			echo "make deps: missing$$missing and no apt-get here: install them with your package manager" >&2; exit 1; \
@@ -60,6 +62,13 @@ generate-check:
 	@before=$$($(SCHEMA_SUM)); $(GO) generate ./schema || exit 1; \
 	if [ "$$before" != "$$($(SCHEMA_SUM))" ]; then \
 		echo "schema: the generated code was stale; 'go generate ./schema' has updated it: review and commit it" >&2; exit 1; fi
+
+# rules-check checks the Prometheus alert rules users load as they are and
+# runs their unit tests: each alert firing and not firing.
+RULES := deploy/prometheus/fanwire-alerts.yml
+rules-check:
+	promtool check rules $(RULES)
+	cd $(dir $(RULES)) && promtool test rules $(notdir $(RULES:.yml=.test.yml))
 
 unit:
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
