@@ -9,7 +9,8 @@ PKGS     := ./...
 # Debian packages the tests need: real servers (and Debian's own
 # nats-server, older than the embedded one, as its users run it), a real
 # browser, Node and npm (real third-party GraphQL clients), and Prometheus
-# for its promtool (the alert rules' unit tests).
+# (its promtool runs the alert rules' unit tests; the dashboard's test
+# starts the server).
 APT_PKGS := redis-server nats-server postgresql chromium nodejs npm prometheus
 
 # The npm fixtures the tests run, each pinned by its package-lock.json: the
@@ -31,7 +32,7 @@ deps:
 	command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
-	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 		if ! command -v apt-get >/dev/null 2>&1; then \
 			echo "make deps: missing$$missing and no apt-get here: install them with your package manager" >&2; exit 1; \
