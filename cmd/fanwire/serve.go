@@ -51,8 +51,7 @@ type wsFlags struct {
 	tlsCert          string
 	tlsKey           string
 	apiKey           string
-	adminKey         string
-	adminKeyFile     string
+	admin            adminFlags
 	allowAnonPublish bool
 	presence         presenceFlags
 	reservedSubjects listFlag
@@ -105,8 +104,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.Var(&f.anonymousGrants, "anonymous-grants", "subject patterns anonymous connections may subscribe to, comma-separated (default: none with a JWT key, every subject without one)")
 	fs.StringVar(&f.apiKeysFile, "api-keys-file", "", "file of POST /api/publish keys, one per line: name key [patterns,comma-separated] (none: publish anywhere); # starts a comment")
 	fs.StringVar(&f.apiKey, "api-key", "", "a POST /api/publish key: requests need Authorization: Bearer <key>, and may publish anywhere but --reserved-subjects")
-	fs.StringVar(&f.adminKey, "admin-key", "", "serve the inspector (GET /admin/connections, POST /admin/connections/close: this node's connections) to requests with Authorization: Bearer <key>; without it or --admin-key-file /admin/ is not served")
-	fs.StringVar(&f.adminKeyFile, "admin-key-file", "", "file holding the --admin-key (its first line, spaces trimmed)")
+	f.admin.register(fs)
 	fs.BoolVar(&f.allowAnonPublish, "allow-anonymous-publish", dev, "let publishers without a credential publish anywhere but --reserved-subjects: POST /api/publish without Authorization, and connections without a token; without it, --api-key, --api-keys-file or a JWT key, POST /api/publish answers 403 (publishing is off)")
 	f.reservedSubjects = listFlag(gateway.DefaultReservedSubjects)
 	fs.Var(&f.reservedSubjects, "reserved-subjects", "subject patterns no publish through the gateway may write to, comma-separated (the ingest's events), unless a key's or token's publish pattern that matches the subject lies inside one of them; empty: none")
@@ -294,7 +292,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	if err != nil {
 		return err
 	}
-	adminKey, err := f.loadAdminKey()
+	adminKey, err := f.admin.load()
 	if err != nil {
 		return err
 	}
@@ -511,27 +509,6 @@ func logPublishing(log *zap.Logger, srv *gateway.Server, f *wsFlags, keys int, r
 	if f.allowAnonPublish {
 		log.Warn("anonymous publishing is on (--allow-anonymous-publish): anyone who reaches this gateway may publish outside --reserved-subjects")
 	}
-}
-
-// loadAdminKey is --admin-key, or the first line of --admin-key-file
-// (not both); "" when neither is given.
-func (f *wsFlags) loadAdminKey() (string, error) {
-	if f.adminKeyFile == "" {
-		return f.adminKey, nil
-	}
-	if f.adminKey != "" {
-		return "", errors.New("--admin-key and --admin-key-file: give one")
-	}
-	b, err := os.ReadFile(f.adminKeyFile)
-	if err != nil {
-		return "", fmt.Errorf("--admin-key-file: %w", err)
-	}
-	key, _, _ := strings.Cut(string(b), "\n")
-	key = strings.TrimSpace(key)
-	if key == "" {
-		return "", fmt.Errorf("--admin-key-file %s: the first line is empty", f.adminKeyFile)
-	}
-	return key, nil
 }
 
 // loadAPIKeys reads an --api-keys-file: one key per line, "name key

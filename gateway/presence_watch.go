@@ -1,0 +1,261 @@
+package gateway
+
+import (
+	"slices"
+	"strconv"
+)
+
+// Presence delivery: the subscriptions that watch presence ("presence":
+// true), and how a subject's changes reach them, at once in a small
+// subject, coalesced per interval in a big one (presence.go has the
+// replica they come from).
+
+// pendingChange is a member's coalesced change since a room's last
+// delivery.
+type pendingChange struct {
+	op  byte   // opJoin, opUpdate, opLeave
+	enc []byte // the member (a leave: {"conn":…[,"sub":…]})
+}
+
+const (
+	opJoin   = 'j'
+	opUpdate = 'u'
+	opLeave  = 'l'
+)
+
+// presenceWatch is a subscription with "presence": it gets the changes of
+// the subjects pattern matches.
+type presenceWatch struct {
+	c       *conn
+	id      string
+	pattern string
+	subs    *subsList // its id alone, encoded for its connection
+}
+
+// emitLocked delivers a member's change to the room's watchers: at once
+// in a small room, at the next tick (coalesced) in a big one or one with
+// changes already waiting (they keep their order).
+func (p *presence) emitLocked(r *room, conn string, op byte, enc []byte) {
+	if len(r.pend) == 0 && len(r.members) <= p.listLimit {
+		p.deliverLocked(r, []pendingChange{{op: op, enc: enc}})
+		return
+	}
+	if r.pend == nil {
+		r.pend = make(map[string]pendingChange)
+	}
+	prev, had := r.pend[conn]
+	switch {
+	case !had:
+		r.pend[conn] = pendingChange{op: op, enc: enc}
+	case prev.op == opJoin && op == opLeave:
+		delete(r.pend, conn) // came and went within the interval
+	case prev.op == opJoin:
+		r.pend[conn] = pendingChange{op: opJoin, enc: enc}
+	case prev.op == opLeave && op == opJoin:
+		r.pend[conn] = pendingChange{op: opUpdate, enc: enc}
+	default:
+		r.pend[conn] = pendingChange{op: op, enc: enc}
+	}
+	p.dirty[r] = struct{}{}
+}
+
+// flushLocked delivers every room's coalesced changes.
+func (p *presence) flushLocked() {
+	for r := range p.dirty {
+		delete(p.dirty, r)
+		if len(r.pend) == 0 {
+			continue
+		}
+		keys := make([]string, 0, len(r.pend))
+		for k := range r.pend {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		changes := make([]pendingChange, len(keys))
+		for i, k := range keys {
+			changes[i] = r.pend[k]
+		}
+		r.pend = nil
+		p.deliverLocked(r, changes)
+		if len(r.members) == 0 {
+			delete(p.rooms, r.subject)
+		}
+	}
+}
+
+// presenceEvent builds the shared message of changes to r:
+//
+//	{"type":"presence","subject":…,"subs":[…],"count":N[,"joins":[…]][,"leaves":[…]][,"updates":[…]]}
+//
+// Its data (what GraphQL splices) is the part after "subs", from "count"
+// on, without the closing brace.
+func presenceEvent(subject string, count int, changes []pendingChange) *Event {
+	n := len(presencePrefix) + jsonStringLen(subject) + len(subsField) + 48
+	for _, c := range changes {
+		n += len(c.enc) + 1
+	}
+	buf := make([]byte, 0, n)
+	buf = append(buf, presencePrefix...)
+	buf = appendJSONString(buf, subject)
+	subjEnd := len(buf)
+	buf = append(buf, subsField...)
+	split := len(buf)
+	buf = append(buf, `,"count":`...)
+	dataStart := len(buf) - len(`"count":`)
+	buf = strconv.AppendInt(buf, int64(count), 10)
+	for _, kind := range []struct {
+		op   byte
+		name string
+	}{{opJoin, `,"joins":[`}, {opLeave, `,"leaves":[`}, {opUpdate, `,"updates":[`}} {
+		first := true
+		for _, c := range changes {
+			if c.op != kind.op {
+				continue
+			}
+			if first {
+				buf = append(buf, kind.name...)
+				first = false
+			} else {
+				buf = append(buf, ',')
+			}
+			buf = append(buf, c.enc...)
+		}
+		if !first {
+			buf = append(buf, ']')
+		}
+	}
+	buf = append(buf, '}')
+	return &Event{Subject: subject, buf: buf, split: split, subjEnd: int32(subjEnd), kind: kindPresence, data: buf[dataStart : len(buf)-1 : len(buf)-1]}
+}
+
+const presencePrefix = `{"type":"presence","subject":`
+
+// deliverLocked queues changes to r to every subscription watching it.
+func (p *presence) deliverLocked(r *room, changes []pendingChange) {
+	group := p.scratch
+	for _, w := range p.exact[r.subject] {
+		group[w.c] = append(group[w.c], w)
+	}
+	for _, w := range p.wild {
+		if MatchSubject(w.pattern, r.subject) {
+			group[w.c] = append(group[w.c], w)
+		}
+	}
+	if len(group) == 0 {
+		return
+	}
+	ev := presenceEvent(r.subject, len(r.members), changes)
+	for c := range group {
+		if c.gql != nil { // encoded once for every GraphQL watcher
+			ev.pres = newPresParts(len(r.members), changes)
+			break
+		}
+	}
+	for c, ws := range group {
+		subs := ws[0].subs
+		if len(ws) > 1 {
+			ids := make([]string, len(ws))
+			for i, w := range ws {
+				ids[i] = w.id
+			}
+			slices.Sort(ids)
+			ids = slices.Compact(ids)
+			subs = c.cl.subsFor(ids)
+		}
+		clear(ws)
+		delete(group, c)
+		n := len(ev.buf) + subs.size
+		wasEmpty, _, err := c.cl.mb.push(item{ev: ev, subs: subs}, n)
+		if err != nil {
+			if !c.cl.neverFits(n) && c.cl.overflowed.CompareAndSwap(false, true) {
+				p.ovf = append(p.ovf, c)
+			}
+			continue
+		}
+		p.m.delivered.Inc()
+		if wasEmpty {
+			p.wakes = append(p.wakes, c)
+		}
+	}
+}
+
+// unlock releases mu, then wakes the writers of the connections it
+// queued to and closes those that overflowed.
+func (p *presence) unlock() {
+	wakes, ovf := p.wakes, p.ovf
+	p.wakes, p.ovf = nil, nil
+	p.mu.Unlock()
+	for _, c := range wakes {
+		c.cl.signal()
+	}
+	for _, c := range ovf {
+		c.cl.onOverflow()
+	}
+}
+
+// watchLocked makes subscription id of c (on pattern) get presence
+// changes. The caller holds mu.
+func (p *presence) watchLocked(c *conn, id, pattern string) {
+	w := &presenceWatch{c: c, id: id, pattern: pattern, subs: c.cl.subsFor([]string{id})}
+	p.watches[c] = append(p.watches[c], w)
+	if isConcrete(pattern) {
+		p.exact[pattern] = append(p.exact[pattern], w)
+	} else {
+		p.wild = append(p.wild, w)
+	}
+}
+
+// watch is watchLocked taking mu.
+func (p *presence) watch(c *conn, id, pattern string) {
+	p.mu.Lock()
+	p.watchLocked(c, id, pattern)
+	p.mu.Unlock()
+}
+
+// unwatch stops subscription id of c getting presence changes: no
+// message queued after it returns lists id.
+func (p *presence) unwatch(c *conn, id string) {
+	p.mu.Lock()
+	ws := p.watches[c]
+	for i, w := range ws {
+		if w.id == id {
+			p.unwatchLocked(w)
+			ws = slices.Delete(ws, i, i+1)
+			break
+		}
+	}
+	if len(ws) == 0 {
+		delete(p.watches, c)
+	} else {
+		p.watches[c] = ws
+	}
+	p.mu.Unlock()
+}
+
+func (p *presence) unwatchLocked(w *presenceWatch) {
+	if isConcrete(w.pattern) {
+		ws := p.exact[w.pattern]
+		if i := slices.Index(ws, w); i >= 0 {
+			ws = slices.Delete(ws, i, i+1)
+		}
+		if len(ws) == 0 {
+			delete(p.exact, w.pattern)
+		} else {
+			p.exact[w.pattern] = ws
+		}
+		return
+	}
+	if i := slices.Index(p.wild, w); i >= 0 {
+		p.wild = slices.Delete(p.wild, i, i+1)
+	}
+}
+
+// isConcrete reports whether a valid pattern has no wildcard.
+func isConcrete(pattern string) bool {
+	for i := 0; i < len(pattern); i++ {
+		if (pattern[i] == '*' || pattern[i] == '>') && (i == 0 || pattern[i-1] == '.') && (i+1 == len(pattern) || pattern[i+1] == '.') {
+			return false
+		}
+	}
+	return true
+}
