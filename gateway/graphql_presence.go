@@ -190,10 +190,7 @@ func newMemberShape(fields []graphql.CollectedField) *memberShape {
 // subscription, as newFastOp does for events; nil when the selection
 // needs the executor.
 func newFastPresenceOp(opCtx *graphql.OperationContext, id string, legacy bool, root graphql.CollectedField) *gqlOp {
-	op := &gqlOp{id: id, fast: true}
-	cur := append(nextHead(id, legacy), `{"data":{`...)
-	cur = appendJSONString(cur, root.Alias)
-	cur = append(cur, ":{"...)
+	op, cur := newTemplateOp(id, legacy, root.Alias)
 	for i, f := range graphql.CollectFields(opCtx, root.Selections, []string{"PresenceChange"}) {
 		if len(f.Deferrables) > 0 {
 			return nil
@@ -222,16 +219,11 @@ func newFastPresenceOp(opCtx *graphql.OperationContext, id string, legacy bool, 
 		default:
 			return nil
 		}
-		cur = aliasPiece(cur, i, f.Alias)
-		op.pieces = append(op.pieces, cur)
-		op.kinds = append(op.kinds, k)
+		op.addPiece(aliasPiece(cur, i, f.Alias), k)
 		op.shapes = append(op.shapes, shape)
-		op.overhead += len(cur)
 		cur = nil
 	}
-	cur = append(cur, "}}}}"...)
-	op.pieces = append(op.pieces, cur)
-	op.overhead += len(cur)
+	op.endTemplate(cur)
 	return op
 }
 

@@ -205,10 +205,7 @@ func appendResponse(dst []byte, resp *graphql.Response) []byte {
 // applied, in the executor's order) is made of Event's own fields. It
 // returns nil when the selection needs the executor.
 func newFastOp(id string, legacy bool, rootAlias string, fields []graphql.CollectedField) *gqlOp {
-	op := &gqlOp{id: id, fast: true}
-	cur := append(nextHead(id, legacy), `{"data":{`...)
-	cur = appendJSONString(cur, rootAlias)
-	cur = append(cur, ":{"...)
+	op, cur := newTemplateOp(id, legacy, rootAlias)
 	for i, f := range fields {
 		if len(f.Deferrables) > 0 || len(f.Selections) > 0 {
 			return nil
@@ -231,16 +228,37 @@ func newFastOp(id string, legacy bool, rootAlias string, fields []graphql.Collec
 		default:
 			return nil
 		}
-		cur = aliasPiece(cur, i, f.Alias)
-		op.pieces = append(op.pieces, cur)
-		op.kinds = append(op.kinds, k)
-		op.overhead += len(cur)
+		op.addPiece(aliasPiece(cur, i, f.Alias), k)
 		cur = nil
 	}
+	op.endTemplate(cur)
+	return op
+}
+
+// newTemplateOp starts the next-message template of a subscription
+// served by splicing: the frame's head up to its root field's object.
+// The caller adds a piece per selected field (addPiece), then ends it
+// (endTemplate).
+func newTemplateOp(id string, legacy bool, rootAlias string) (*gqlOp, []byte) {
+	cur := append(nextHead(id, legacy), `{"data":{`...)
+	cur = appendJSONString(cur, rootAlias)
+	return &gqlOp{id: id, fast: true}, append(cur, ":{"...)
+}
+
+// addPiece adds the template piece before a field's value, and the
+// field's kind.
+func (op *gqlOp) addPiece(piece []byte, k uint8) {
+	op.pieces = append(op.pieces, piece)
+	op.kinds = append(op.kinds, k)
+	op.overhead += len(piece)
+}
+
+// endTemplate adds the last piece: cur (what is left of the template
+// after the last value, if anything) and the closing braces.
+func (op *gqlOp) endTemplate(cur []byte) {
 	cur = append(cur, "}}}}"...)
 	op.pieces = append(op.pieces, cur)
 	op.overhead += len(cur)
-	return op
 }
 
 // aliasPiece appends to a template piece what precedes the i-th selected
