@@ -191,6 +191,14 @@ func TestGraphQLDeliveryAllocs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	gqlWriteAllocFree(t, c, ev, subs)
+}
+
+// gqlWriteAllocFree checks that writing ev to the GraphQL connection c,
+// for subs, in batches of 64 allocates nothing once the pools and the
+// cork buffer are warm.
+func gqlWriteAllocFree(t *testing.T, c *conn, ev *Event, subs *subsList) {
+	t.Helper()
 	const perRun = 64
 	run := func() {
 		for range perRun {
@@ -205,7 +213,7 @@ func TestGraphQLDeliveryAllocs(t *testing.T) {
 		}
 		b.release()
 	}
-	for range 10 { // warm the pools and the cork buffer
+	for range 10 {
 		run()
 	}
 	if a := testing.AllocsPerRun(200, run); a/perRun > 0.01 {

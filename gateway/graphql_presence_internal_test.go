@@ -92,27 +92,7 @@ func TestGraphQLPresenceFastPathMatchesExecutor(t *testing.T) {
 func TestGraphQLPresenceDeliveryAllocs(t *testing.T) {
 	s := newTestServer(t)
 	c, subs := presenceBenchConn(t, s)
-	ev := benchPresenceEvent()
-	const perRun = 64
-	run := func() {
-		for range perRun {
-			it := item{ev: ev, subs: subs}
-			if _, _, err := c.cl.mb.push(it, it.size()); err != nil {
-				t.Fatal(err)
-			}
-		}
-		b := c.cl.mb.take()
-		if err := c.writeBatchGQL(&b); err != nil {
-			t.Fatal(err)
-		}
-		b.release()
-	}
-	for range 10 {
-		run()
-	}
-	if a := testing.AllocsPerRun(200, run); a/perRun > 0.01 {
-		t.Errorf("%.2f allocations per %d deliveries, want 0", a, perRun)
-	}
+	gqlWriteAllocFree(t, c, benchPresenceEvent(), subs)
 }
 
 func presenceBenchConn(tb testing.TB, s *Server) (*conn, *subsList) {

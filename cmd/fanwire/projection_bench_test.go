@@ -76,19 +76,7 @@ func BenchmarkProjectionProcessRSS(b *testing.B) {
 			}
 			return -1
 		}
-		status := func(field string) float64 {
-			data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
-			if err != nil {
-				return 0
-			}
-			for _, l := range strings.Split(string(data), "\n") {
-				if v, ok := strings.CutPrefix(l, field+":"); ok {
-					kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-					return kb / 1024
-				}
-			}
-			return 0
-		}
+		status := func(field string) float64 { return procStatus(b, cmd.Process.Pid, field) }
 		wait := func(what string, cond func() bool) {
 			deadline := time.Now().Add(5 * time.Minute)
 			for !cond() {

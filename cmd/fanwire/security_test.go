@@ -8,7 +8,6 @@ package main
 // client, publisher or token can and cannot do to a node.
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -57,23 +56,7 @@ func startSecNode(t testing.TB, bin string, args ...string) *secNode {
 // rss is the process's resident set in bytes (VmRSS).
 func (n *secNode) rss(t testing.TB) int64 {
 	t.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", n.cmd.Process.Pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
+	return int64(procStatus(t, n.cmd.Process.Pid, "VmRSS") * (1 << 20))
 }
 
 // secToken signs a token with claims (sub, subscribe, publish, …), valid
