@@ -90,6 +90,7 @@ type conn struct {
 	// owned by serve (the reader)
 	rate     tokenBucket
 	presRate tokenBucket // track and untrack (Config.PresenceRate)
+	compiles costBucket  // filter texts compiled for it (Config.FilterCompileRate)
 	errCount int
 	errSince time.Time
 }

@@ -265,31 +265,83 @@ func (c *conn) subscribe(id, pattern string, from, durable, where *string, prese
 // grant's row filter (grantFilterText) and its own where, both of which
 // must accept an event; nil when neither filters. A where that does not
 // compile is bad_filter, naming the position; a grant's filter that does
-// not is forbidden (the token grants nothing it could check).
+// not is forbidden (the token grants nothing it could check). A where the
+// node does not hold yet is compiled within the connection's
+// FilterCompileRate (rate_limited past it), and the compiled programs the
+// connection's subscriptions hold stay under maxConnExprBytes
+// (filter_too_costly past it, as while the connection's filters are past
+// Config.FilterCostRate).
 func (c *conn) subscriptionFilter(pattern string, where *string) (*filter, string, error) {
 	var grant, own *compiledExpr
 	if text := grantFilterText(c.grants, pattern); text != "" {
-		ce, err := c.s.exprs.compile(text)
+		ce, err := c.s.exprs.compile(text) // the operator's text, in a signed token
 		if err != nil {
 			return nil, CodeForbidden, fmt.Errorf("the token's row filter for %q does not compile (%v): it grants nothing", pattern, err)
 		}
 		grant = ce
 	}
 	if where != nil {
-		ce, err := c.s.exprs.compile(*where)
-		if err != nil {
-			return nil, CodeBadFilter, fmt.Errorf("where: %w", err)
+		own = c.s.exprs.lookup(*where)
+		if own == nil {
+			rate := c.s.cfg.FilterCompileRate
+			if !c.compiles.take(time.Now(), float64(rate), float64(max(rate, c.s.cfg.MaxSubscriptions)), 1, false) {
+				return nil, CodeRateLimited, errCompileRate{rate}
+			}
+			ce, err := c.s.exprs.compile(*where)
+			if err != nil {
+				return nil, CodeBadFilter, fmt.Errorf("where: %w", err)
+			}
+			own = ce
 		}
-		own = ce
 	}
 	if grant == nil && own == nil {
 		return nil, "", nil
+	}
+	if w := c.cl.filters.owed(time.Now()); w > 0 {
+		return nil, CodeFilterTooCostly, fmt.Errorf("this connection's filters spent more than --filter-cost-rate (%d cost units a second) allows: subscribe with a filter again in %s", c.s.cfg.FilterCostRate, w.Round(time.Millisecond))
+	}
+	if n := c.exprBytes(grant, own); n > maxConnExprBytes {
+		return nil, CodeFilterTooCostly, fmt.Errorf("where: this connection's filters would hold about %d KiB of compiled programs, over %d KiB: unsubscribe some, or share texts (equal filters cost one)", n>>10, maxConnExprBytes>>10)
 	}
 	var claims map[string]any
 	if c.grants != nil {
 		claims = c.grants.Claims
 	}
-	return newFilter(grant, own, claims), "", nil
+	return c.s.filters.get(grant, own, claims), "", nil
+}
+
+// maxConnExprBytes bounds the compiled expressions one connection's
+// subscriptions hold (estimated sizes, each distinct expression once):
+// 256 typical filters (about 10 KiB each) fit; 256 of the largest (2 KiB
+// of text, about 100 KiB compiled) would hold 25 MiB.
+const maxConnExprBytes = 8 << 20
+
+// exprBytes is the estimated memory of the distinct expressions the
+// connection's subscriptions hold, with more added.
+func (c *conn) exprBytes(more ...*compiledExpr) int {
+	seen := make(map[*compiledExpr]struct{})
+	n := 0
+	add := func(ce *compiledExpr) {
+		if ce == nil {
+			return
+		}
+		if _, ok := seen[ce]; !ok {
+			seen[ce] = struct{}{}
+			n += ce.size
+		}
+	}
+	for _, ce := range more {
+		add(ce)
+	}
+	c.subsMu.Lock()
+	for _, st := range c.subs {
+		if f := st.filter(); f != nil {
+			add(f.grant)
+			add(f.where)
+		}
+	}
+	c.subsMu.Unlock()
+	return n
 }
 
 // startLiveView starts a filtered subscription without history: it holds
@@ -301,7 +353,7 @@ func (c *conn) startLiveView(id, pattern string, f *filter, presence bool) {
 	c.subsMu.Lock()
 	c.subs[id] = st
 	c.subsMu.Unlock()
-	vs.onTooLarge = func() { c.viewTooLarge(id, st) }
+	vs.onEnd = func(code string) { c.viewEnded(id, st, code) }
 	var wake bool
 	c.s.hub.idx.mu.Lock()
 	c.s.hub.addViewLocked(vs)
@@ -321,9 +373,10 @@ func (c *conn) newViewSub(id, pattern string, f *filter) *viewSub {
 		max: c.s.cfg.MaxSnapshot, held: make(map[string]struct{})}
 }
 
-// viewTooLarge ends a live view that outgrew Config.MaxSnapshot (the
-// dispatcher's call, outside the index lock).
-func (c *conn) viewTooLarge(id string, st *subState) {
+// viewEnded ends a live view that passed a bound (the dispatcher's call,
+// outside the index lock): Config.MaxSnapshot documents (view_too_large),
+// or its connection's Config.MaxFilterCostPerEvent (filter_too_costly).
+func (c *conn) viewEnded(id string, st *subState, code string) {
 	c.subsMu.Lock()
 	if c.subs[id] != st {
 		c.subsMu.Unlock()
@@ -334,11 +387,15 @@ func (c *conn) viewTooLarge(id string, st *subState) {
 	if st.presence {
 		c.s.pres.unwatch(c, id)
 	}
+	msg := c.s.viewTooLargeText(id)
+	if code == CodeFilterTooCostly {
+		msg = c.s.filterTooCostlyText(id)
+	}
 	var wake bool
-	if c.s.hub.removeView(st.view, func() { wake = c.queue(c.errorMsg(id, CodeViewTooLarge, c.s.viewTooLargeText(id))) }) {
+	if c.s.hub.removeView(st.view, func() { wake = c.queue(c.errorMsg(id, code, msg)) }) {
 		c.s.metrics.Subscriptions.Dec()
 	}
-	c.s.metrics.ClientErrors.WithLabelValues(CodeViewTooLarge).Inc()
+	c.s.metrics.ClientErrors.WithLabelValues(code).Inc()
 	if wake {
 		c.cl.signal()
 	}
@@ -346,6 +403,10 @@ func (c *conn) viewTooLarge(id string, st *subState) {
 
 func (s *Server) viewTooLargeText(id string) string {
 	return "subscription " + strconv.Quote(id) + ": its view passed " + strconv.Itoa(s.cfg.MaxSnapshot) + " documents (--max-snapshot): narrow its subject or where"
+}
+
+func (s *Server) filterTooCostlyText(id string) string {
+	return "subscription " + strconv.Quote(id) + " ended: its filter took this connection's filters past " + strconv.Itoa(s.cfg.MaxFilterCostPerEvent) + " cost units for one event (--max-filter-cost-per-event): simplify its where, or hold fewer filtered subscriptions (equal filters are evaluated once)"
 }
 
 func (c *conn) unsubscribe(id string) {

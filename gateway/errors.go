@@ -24,6 +24,7 @@ const (
 	CodeBadSubject           = "bad_subject"            // publish: invalid subject, a wildcard, or outside the subject space
 	CodeBadFilter            = "bad_filter"             // subscribe: "where" does not compile (the message names the position), or the grant's filter does not
 	CodeViewTooLarge         = "view_too_large"         // a snapshot or a filtered subscription's view passed Config.MaxSnapshot documents: it has ended
+	CodeFilterTooCostly      = "filter_too_costly"      // a filtered subscription whose evaluation took the connection's filters past Config.MaxFilterCostPerEvent for one event: it has ended; or a subscribe whose filters would hold more than maxConnExprBytes of compiled programs
 	CodeTooLarge             = "too_large"              // publish: data over Config.MaxPublishBytes or the broker's message limit, or an event over Config.MailboxBytes
 )
 

@@ -14,6 +14,7 @@ import (
 	"cel.dev/cel-go/common/ast"
 	"cel.dev/cel-go/common/cost"
 	"cel.dev/cel-go/common/operators"
+	"cel.dev/cel-go/common/overloads"
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
 	"cel.dev/cel-go/interpreter"
@@ -72,6 +73,12 @@ type compiledExpr struct {
 	prog   cel.Program
 	eqs    []eqTerm // its top-level equalities of a doc field to a constant (indexable)
 	claims bool     // it names claims: its results depend on the connection
+	// tracked: its cost is tracked at run time (and limited); else every
+	// evaluation is charged cost, its static bound.
+	tracked bool
+	cost    uint64
+	limit   uint64 // the cost limit of a tracked expression
+	size    int    // the memory it holds, estimated (bytes)
 	// claimNames are the claims it reads (claims.x, claims["x"]);
 	// allClaims: it reads them otherwise (the whole map, a computed key).
 	claimNames []string
@@ -84,43 +91,6 @@ type eqTerm struct {
 	path  []string
 	key   string   // the constant's canonical key (valueKey); "" when claim says where it comes from
 	claim []string // the claims path of a constant taken from the claims
-}
-
-// exprCache compiles each distinct text once. It is bounded: past
-// maxCachedExprs distinct texts it starts over (subscriptions keep the
-// expressions they hold).
-type exprCache struct {
-	mu      sync.Mutex
-	m       map[string]*compiledExpr
-	maxCost uint64
-}
-
-const maxCachedExprs = 4096
-
-func newExprCache(maxCost uint64) *exprCache {
-	return &exprCache{m: make(map[string]*compiledExpr), maxCost: maxCost}
-}
-
-// compile returns text's compiled expression, or an error wrapping
-// ErrBadFilter that says what and where.
-func (ec *exprCache) compile(text string) (*compiledExpr, error) {
-	ec.mu.Lock()
-	ce := ec.m[text]
-	ec.mu.Unlock()
-	if ce != nil {
-		return ce, nil
-	}
-	ce, err := compileExpr(text, ec.maxCost)
-	if err != nil {
-		return nil, err
-	}
-	ec.mu.Lock()
-	if len(ec.m) >= maxCachedExprs {
-		ec.m = make(map[string]*compiledExpr)
-	}
-	ec.m[text] = ce
-	ec.mu.Unlock()
-	return ce, nil
 }
 
 func compileExpr(text string, maxCost uint64) (*compiledExpr, error) {
@@ -141,28 +111,56 @@ func compileExpr(text string, maxCost uint64) (*compiledExpr, error) {
 	if t := checked.OutputType(); !t.IsExactType(types.BoolType) && !t.IsExactType(types.DynType) {
 		return nil, fmt.Errorf("%w: the expression is a %s, not a bool", ErrBadFilter, t)
 	}
-	// The runtime cost limit is only needed where the static estimate
-	// cannot bound the cost: tracking it halves the speed of a plain
-	// comparison (docs/benchmarks.md, "Live views"). The estimate assumes
-	// no string or list in an event is larger than maxEventBytes, which
-	// no delivered event can be.
-	opts := []cel.ProgramOption{cel.EvalOptions(cel.OptOptimize)}
-	if est, err := env.EstimateCost(checked, sizeBound{}); err != nil || est.Max > maxCost {
-		opts = append(opts, cel.CostLimit(maxCost))
+	nat := checked.NativeRep()
+	insts, track, err := inspectExpr(nat.Expr())
+	if err != nil {
+		return nil, err
+	}
+	ce := &compiledExpr{text: text}
+	// Runtime cost tracking is only needed where the static estimate
+	// cannot bound the cost: tracking halves the speed of a plain
+	// comparison (docs/benchmarks.md, "Live views"). A cheap expression is
+	// charged its estimate. The estimate assumes no string or list in an
+	// event is larger than maxEventBytes, which no delivered event can be.
+	opts := []cel.ProgramOption{cel.EvalOptions(cel.OptOptimize), cel.OptimizeRegex(regexCall(maxCost)...)}
+	est, err := env.EstimateCost(checked, sizeBound{})
+	if err != nil || track || est.Max > cheapFilterCost {
+		ce.tracked, ce.limit = true, maxCost
+		opts = append(opts, cel.CostLimit(maxCost), cel.CostTracking(callPricer{insts: insts, maxCost: maxCost}))
+	} else {
+		ce.cost = max(est.Max, 1)
 	}
 	prog, err := env.Program(checked, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadFilter, err)
 	}
-	ce := &compiledExpr{text: text, prog: prog}
-	nat := checked.NativeRep()
+	ce.prog = prog
 	ce.claims = namesVar(nat.Expr(), varClaims)
 	if ce.claims {
 		ce.claimNames, ce.allClaims = claimUses(nat.Expr())
 	}
 	ce.eqs = conjunctEqualities(nat.Expr(), nil)
+	n := 0
+	for _, i := range insts {
+		n += i
+	}
+	ce.size = exprBaseBytes + exprTextBytes*len(text) + exprInstBytes*n
 	return ce, nil
 }
+
+// cheapFilterCost: an expression whose static estimate is at most this
+// is charged its estimate, without tracking its cost.
+const cheapFilterCost = 64
+
+// The memory a compiled expression holds, estimated (its AST, checked
+// types, interpretable plan and regex programs), as measured by
+// BenchmarkCompiledExprMemory: 4-9 KiB for a short expression, 60-90 KiB
+// for one of 2,000 bytes, about 40 bytes per RE2 instruction.
+const (
+	exprBaseBytes = 8 << 10
+	exprTextBytes = 48
+	exprInstBytes = 48
+)
 
 // maxEventBytes bounds the size of any value in an event's data (a
 // string's bytes, a list's or map's elements), for cost estimates: events
@@ -174,7 +172,14 @@ const maxEventBytes = 64 << 20
 // larger than maxEventBytes.
 type sizeBound struct{}
 
-func (sizeBound) EstimateCallCost(string, string, *cost.AstNode, []cost.AstNode) *cost.CallEstimate {
+// EstimateCallCost bounds the calls callPricer prices otherwise than CEL.
+func (sizeBound) EstimateCallCost(_, overloadID string, _ *cost.AstNode, _ []cost.AstNode) *cost.CallEstimate {
+	switch overloadID {
+	case overloads.SizeString, overloads.SizeStringInst:
+		return &cost.CallEstimate{CostEstimate: cost.CostEstimate{Min: 1, Max: 1 + maxEventBytes/stringBytesPerUnit}}
+	case overloads.Matches, overloads.MatchesString:
+		return &cost.CallEstimate{CostEstimate: cost.CostEstimate{Min: 1, Max: regexCost(maxEventBytes, maxFilterRegexInsts)}}
+	}
 	return nil
 }
 
@@ -407,10 +412,21 @@ func (v *evalVars) ResolveName(name string) (any, bool) {
 func (v *evalVars) Parent() interpreter.Activation { return nil }
 
 // accepts evaluates ce; an evaluation error (a missing field, a wrong
-// type, the cost limit) is a rejection, reported by errored.
-func (ce *compiledExpr) accepts(vars *evalVars) (ok, errored bool) {
-	out, _, err := ce.prog.Eval(vars)
-	return err == nil && out == types.True, err != nil
+// type, the cost limit) is a rejection, reported by errored. cost is what
+// the evaluation spent (its static bound, for an untracked expression; the
+// limit, for one stopped by it).
+func (ce *compiledExpr) accepts(vars *evalVars) (ok, errored bool, cost uint64) {
+	out, det, err := ce.prog.Eval(vars)
+	cost = ce.cost
+	if ce.tracked {
+		cost = ce.limit // stopped by it, if CEL reports nothing
+		if det != nil {
+			if c := det.ActualCost(); c != nil {
+				cost = *c
+			}
+		}
+	}
+	return err == nil && out == types.True, err != nil, cost
 }
 
 // filter is a subscription's effective filter: its grant's and its own
@@ -439,27 +455,15 @@ type indexTerm struct {
 }
 
 // newFilter combines a grant's and a subscription's expressions (either
-// may be nil) under the connection's claims.
+// may be nil) under the connection's claims. Server.filter interns it.
 func newFilter(grant, where *compiledExpr, claims map[string]any) *filter {
-	f := &filter{grant: grant, where: where}
-	var b strings.Builder
-	for _, ce := range []*compiledExpr{grant, where} {
-		if ce != nil {
-			b.WriteString(strconv.Itoa(len(ce.text)))
-			b.WriteByte(':')
-			b.WriteString(ce.text)
-		}
-		b.WriteByte(0)
-	}
+	f := &filter{key: filterKey(grant, where, claims), grant: grant, where: where}
 	if (grant != nil && grant.claims) || (where != nil && where.claims) {
 		f.claims = claims
-		cj, _ := json.Marshal(claims) // sorted keys: equal claims, equal text
-		b.Write(cj)
 	}
 	if f.claims == nil {
 		f.claims = noClaims
 	}
-	f.key = b.String()
 	for _, ce := range []*compiledExpr{grant, where} {
 		if ce == nil || f.index != nil {
 			continue
@@ -482,35 +486,74 @@ func newFilter(grant, where *compiledExpr, claims map[string]any) *filter {
 	return f
 }
 
+// filterKey identifies what a filter accepts: its texts and the values of
+// the claims they read (all of them, for an expression that reads the
+// whole map). Two connections whose tokens differ only in claims the
+// filter does not read (exp, iat) share one filter.
+func filterKey(grant, where *compiledExpr, claims map[string]any) string {
+	var b strings.Builder
+	var names []string
+	all := false
+	for _, ce := range []*compiledExpr{grant, where} {
+		if ce != nil {
+			b.WriteString(strconv.Itoa(len(ce.text)))
+			b.WriteByte(':')
+			b.WriteString(ce.text)
+			if ce.claims {
+				names = append(names, ce.claimNames...)
+				all = all || ce.allClaims
+			}
+		}
+		b.WriteByte(0)
+	}
+	if all {
+		cj, _ := json.Marshal(claims) // sorted keys: equal claims, equal text
+		b.Write(cj)
+	} else if len(names) > 0 {
+		sub := make(map[string]any, len(names))
+		for _, n := range names {
+			if v, ok := claims[n]; ok {
+				sub[n] = v
+			}
+		}
+		cj, _ := json.Marshal(sub)
+		b.Write(cj)
+	}
+	return b.String()
+}
+
 var noClaims = map[string]any{}
 
-// accepts evaluates the filter on one event, without the shared result.
-func (f *filter) accepts(subject string, p *parsedData) bool {
+// accepts evaluates the filter on one event, without the shared result,
+// and says what that cost.
+func (f *filter) accepts(subject string, p *parsedData) (ok bool, cost uint64) {
 	if f == nil {
-		return true
+		return true, 0
 	}
 	if !p.valid {
-		return false
+		return false, 0
 	}
-	ok, _ := f.eval(subject, p)
-	return ok
+	ok, _, cost = f.eval(subject, p)
+	return ok, cost
 }
 
 // eval is accepts, and whether a rejection was an evaluation error.
-func (f *filter) eval(subject string, p *parsedData) (ok, errored bool) {
+func (f *filter) eval(subject string, p *parsedData) (ok, errored bool, cost uint64) {
 	if !p.valid {
-		return false, true
+		return false, true, 0
 	}
 	vars := evalVars{subject: subject, p: p, claims: f.claims}
 	for _, ce := range [2]*compiledExpr{f.grant, f.where} {
 		if ce == nil {
 			continue
 		}
-		if ok, errored := ce.accepts(&vars); !ok {
-			return false, errored
+		ok, errored, c := ce.accepts(&vars)
+		cost += c
+		if !ok {
+			return false, errored, cost
 		}
 	}
-	return true, false
+	return true, false, cost
 }
 
 // grantFilterText is the filter of the grants covering pattern: "" when

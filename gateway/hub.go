@@ -33,9 +33,13 @@ type client struct {
 	wakePending bool // owned by the dispatcher: already on this batch's wake list
 	pacePending bool // owned by the dispatcher: already on this batch's pace list
 
+	// filters is what the connection's filters may spend (nil: no
+	// bound); static after newClient's caller sets it.
+	filters *filterBudget
+
 	// Pad to 128 bytes: the allocator places 128-byte objects on 128-byte
 	// boundaries, so the mailbox's hot fields share one cache line.
-	_ [16]byte
+	_ [8]byte
 }
 
 func newClient(maxItems, maxBytes int, onOverflow func()) *client {
@@ -98,12 +102,19 @@ type hub struct {
 	holders  map[string][]*viewSub // subject → the filtered subscriptions holding it
 	vseq     uint64                // dispatcher: the event being dispatched to views
 	vscratch []*vnode              // dispatcher
-	tooLarge []*viewSub            // dispatcher: views past their bound in this batch
+	ending   []*viewSub            // dispatcher: views past a bound in this batch (endView)
 	views    viewCount             // filtered subscriptions in the index
 	held     atomic.Int64          // documents they hold
-	// dispatcher: filter evaluations of this batch, and those that were
-	// errors (a missing field, a wrong type, the cost limit)
+	// dispatcher: filter evaluations of this batch, those that were
+	// errors (a missing field, a wrong type, the cost limit), and the cost
+	// units they spent
 	filterEvals, filterErrors int
+	filterCost                uint64
+	// maxConnCost is what one connection's filters may spend on one
+	// event (Config.MaxFilterCostPerEvent; 0: no bound); static after
+	// newHub.
+	maxConnCost uint64
+	now         time.Time // dispatcher: when the batch started
 }
 
 func newHub(m *Metrics, maxPace time.Duration) *hub {
@@ -128,6 +139,9 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 	var vst viewStats
 	h.idx.mu.RLock()
 	views := h.idx.vsize > 0
+	if views {
+		h.now = time.Now()
+	}
 	for _, ev := range evs {
 		if h.keepRecent {
 			h.recent.add(ev)
@@ -184,13 +198,14 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 	if h.filterEvals > 0 && h.metrics != nil {
 		h.metrics.FilterEvaluations.Add(float64(h.filterEvals))
 		h.metrics.FilterErrors.Add(float64(h.filterErrors))
+		h.metrics.FilterCost.Add(float64(h.filterCost))
 	}
-	h.filterEvals, h.filterErrors = 0, 0
-	for i, vs := range h.tooLarge {
-		vs.onTooLarge()
-		h.tooLarge[i] = nil
+	h.filterEvals, h.filterErrors, h.filterCost = 0, 0, 0
+	for i, vs := range h.ending {
+		vs.onEnd(vs.endCode)
+		h.ending[i] = nil
 	}
-	h.tooLarge = h.tooLarge[:0]
+	h.ending = h.ending[:0]
 	if len(h.wakeList) > 0 {
 		// Connections served by flushers are queued on their shards and
 		// each flusher starts once, after the whole list.

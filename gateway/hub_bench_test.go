@@ -146,7 +146,7 @@ func BenchmarkDispatchViews(b *testing.B) {
 					b.Fatal(err)
 				}
 				vs := &viewSub{c: clients[i], id: "v", pattern: "db.orders.*", f: newFilter(nil, ce, nil),
-					subs: encodeSubsList([]string{"v"}), max: 1 << 20, held: map[string]struct{}{}, onTooLarge: func() {}}
+					subs: encodeSubsList([]string{"v"}), max: 1 << 20, held: map[string]struct{}{}, onEnd: func(string) {}}
 				h.idx.mu.Lock()
 				h.addViewLocked(vs)
 				h.idx.mu.Unlock()

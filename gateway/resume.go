@@ -139,11 +139,20 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 		}
 		return c.queue(c.subscribedMsg(id, cursor))
 	}
-	// enqueue queues one event for this subscription; a full mailbox closes
-	// the connection with 4008.
-	enqueue := func(ev *Event) (wasEmpty bool, err error) {
+	// enqueue queues one event for this subscription, whose filter's
+	// result (nil: evaluate it) is ok; a full mailbox closes the
+	// connection with 4008.
+	enqueue := func(ev *Event, p *parsedData, ok *bool) (wasEmpty bool, err error) {
 		if vs != nil {
-			deliver, leave, tooLarge := vs.offer(ev.Subject, viewParse(vs, ev))
+			if p == nil {
+				p = viewParse(vs, ev)
+			}
+			var deliver, leave, tooLarge bool
+			if ok != nil {
+				deliver, leave, tooLarge = vs.apply(ev.Subject, p, *ok)
+			} else {
+				deliver, leave, tooLarge, _ = vs.offer(ev.Subject, p)
+			}
 			switch {
 			case tooLarge:
 				return false, errViewTooLarge
@@ -213,7 +222,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 	pos := after
 	validated := false
 	if vs != nil && vs.f != nil {
-		vs.onTooLarge = func() { c.viewTooLarge(id, st) }
+		vs.onEnd = func(code string) { c.viewEnded(id, st, code) }
 	}
 	if r.latest {
 		// The snapshot: each subject's newest event (at or before
@@ -237,8 +246,12 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 					if err != nil {
 						continue
 					}
-					if _, _, tooLarge := vs.offer(ev.Subject, viewParse(vs, ev)); tooLarge {
+					_, _, tooLarge, cost := vs.offer(ev.Subject, viewParse(vs, ev))
+					if tooLarge {
 						return errViewTooLarge
+					}
+					if err := c.spendFilterCost(ctx, cost); err != nil {
+						return err
 					}
 				}
 				ms = ms[:k]
@@ -316,6 +329,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 		// hub's recent ring, after the reply, before the subscription goes
 		// live. Only if the ring no longer reaches back to w, replay again.
 		var wake, tooLarge bool
+		var spent uint64 // filter cost the hand-over spent under the lock
 		added := c.s.hub.handover(
 			func() bool {
 				if ctx.Err() != nil {
@@ -337,9 +351,35 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 				if len(matching) > c.cl.mb.room()/2 {
 					return false // too big to queue at once: replay it with flow control
 				}
+				// A filtered view's results first, with nothing queued
+				// yet: past the connection's share of one event
+				// (MaxFilterCostPerEvent), the lock is not held longer:
+				// those events are replayed outside it, and the next
+				// hand-over's gap is what was dispatched meanwhile.
+				var ps []*parsedData
+				var oks []bool
+				if vs != nil && vs.f != nil {
+					ps, oks = make([]*parsedData, len(matching)), make([]bool, len(matching))
+					for i, ev := range matching {
+						ps[i] = viewParse(vs, ev)
+						if ps[i].truncate {
+							continue
+						}
+						var cost uint64
+						oks[i], cost = vs.f.accepts(ev.Subject, ps[i])
+						if spent += cost; c.s.hub.maxConnCost > 0 && spent > c.s.hub.maxConnCost {
+							return false
+						}
+					}
+				}
 				wake = reply() || wake
-				for _, ev := range matching {
-					wasEmpty, err := enqueue(ev)
+				for i, ev := range matching {
+					var p *parsedData
+					var ok *bool
+					if ps != nil {
+						p, ok = ps[i], &oks[i]
+					}
+					wasEmpty, err := enqueue(ev, p, ok)
 					if errors.Is(err, errViewTooLarge) {
 						tooLarge = true
 						return false
@@ -371,6 +411,9 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 			c.failSubscribe(id, errViewTooLarge)
 			return
 		}
+		if c.spendFilterCost(ctx, spent) != nil {
+			return // the connection is ending, or the subscription
+		}
 		if added {
 			c.subsMu.Lock()
 			st.live = true
@@ -379,7 +422,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 			}
 			c.subsMu.Unlock()
 			if vs != nil && vs.f != nil {
-				vs.onTooLarge = func() { c.viewTooLarge(id, st) }
+				vs.onEnd = func(code string) { c.viewEnded(id, st, code) }
 			}
 			c.s.metrics.Subscriptions.Inc()
 			return
@@ -421,7 +464,10 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern str
 			continue
 		}
 		if vs != nil {
-			deliver, leave, tooLarge := vs.offer(ev.Subject, viewParse(vs, ev))
+			deliver, leave, tooLarge, cost := vs.offer(ev.Subject, viewParse(vs, ev))
+			if err := c.spendFilterCost(ctx, cost); err != nil {
+				return err
+			}
 			switch {
 			case tooLarge:
 				return errViewTooLarge

@@ -35,6 +35,7 @@ type Server struct {
 	durable      broker.Durable   // static: the broker, if it keeps history (nil for Core NATS)
 	snapshots    broker.Snapshots // static: the broker, if it reads each subject's newest message (from: "latest")
 	exprs        *exprCache       // static: compiled filters
+	filters      *filterSet       // static: the filters subscriptions hold, one per distinct filter
 	consumers    broker.Consumers // static: the broker, if it keeps per-subscription consumers (JetStream)
 	replayEvents *eventCache      // events shared by replays and feeds; nil without history
 	hub          *hub             // static
@@ -93,12 +94,17 @@ func New(cfg Config) (*Server, error) {
 	s.durable, _ = cfg.Broker.(broker.Durable)
 	s.snapshots, _ = cfg.Broker.(broker.Snapshots)
 	s.exprs = newExprCache(uint64(cfg.MaxFilterCost))
+	s.exprs.onCompile = m.FilterCompiles.Inc
+	s.filters = newFilterSet()
+	s.hub.maxConnCost = uint64(cfg.MaxFilterCostPerEvent)
 	bus, _ := cfg.Broker.(broker.Bus)
 	s.pres = newPresence(s, bus)
 	if cfg.Registry != nil {
 		cfg.Registry.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_views", Help: "Filtered subscriptions (a where or a row filter) live in the dispatcher's view index."}, func() float64 { return float64(s.hub.views.Load()) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_view_documents", Help: "Documents those subscriptions hold (each costs a set entry: see docs/benchmarks.md, \"Live views\")."}, func() float64 { return float64(s.hub.held.Load()) }))
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_view_documents", Help: "Documents those subscriptions hold (each costs a set entry: see docs/benchmarks.md, \"Live views\")."}, func() float64 { return float64(s.hub.held.Load()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_filters", Help: "Distinct filters the node's subscriptions hold (equal filters are one, evaluated once per event)."}, func() float64 { return float64(s.filters.size()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_filter_programs_bytes", Help: "Estimated memory of the compiled filter expressions alive: those subscriptions hold, and the recently used ones kept for reuse (at most 8 MiB of those)."}, func() float64 { return float64(s.exprs.live.Load()) }))
 	}
 	if s.durable != nil {
 		s.replayEvents = new(eventCache)
@@ -423,6 +429,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		c.rc, _ = sc.SyscallConn()
 	}
 	c.cl = newClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
+	c.cl.filters = newFilterBudget(s.cfg.FilterCostRate)
 	if s.cfg.Authenticate != nil {
 		c.req = r // refresh and connection_init authenticate with it
 	}

@@ -62,18 +62,35 @@ type Config struct {
 	// in CEL's cost units (about one per field access, comparison or
 	// list element visited); over it the event does not pass (default
 	// 10,000).
-	MaxFilterCost   int
-	MailboxMessages int           // per-connection queue bound in messages (default 4096)
-	MailboxBytes    int           // per-connection queue bound in bytes (default 4 MiB); at least the largest publish (MaxPublishBytes, or the broker's limit when smaller); a bigger event is delivered to no one
-	ReadLimit       int64         // largest client frame; over it: close 1009 (default 64 KiB)
-	MaxFrameBytes   int           // the writer starts a new frame past this size (default 64 KiB)
-	MaxPace         time.Duration // longest dispatcher wait per batch when most clients are behind (default 50ms; negative: never wait)
-	PingInterval    time.Duration // server ping period (default 30s)
-	PingTimeout     time.Duration // a ping not answered in this time closes the connection (default 10s)
-	CloseTimeout    time.Duration // how long a close (1001, 4008, 1008) may take before the socket is cut (default 5s)
-	MaxClientErrors int           // protocol errors per ErrorWindow before close 1008 (default 100)
-	MaxMessageRate  int           // client messages (WebSocket pings included) per second per connection, burst twice that; over it a message is dropped with rate_limited, a ping gets no pong (GraphQL: close 1008) (default 100; negative: no limit)
-	ErrorWindow     time.Duration // default 10s
+	MaxFilterCost int
+	// MaxFilterCostPerEvent caps what one connection's filters together
+	// may spend on one event in the dispatcher, in the same units: the
+	// subscription whose filter passes it ends with filter_too_costly, as
+	// does each of the connection's others that would evaluate a filter for
+	// that event (view.go). It bounds how long one connection can hold up
+	// every other's delivery (default 20,000).
+	MaxFilterCostPerEvent int
+	// FilterCostRate caps the cost units per second one connection's
+	// filters spend outside the dispatcher: snapshots, replays and feeds
+	// of filtered subscriptions, which wait when it is spent (default
+	// 2,000,000, in bursts of a second's worth).
+	FilterCostRate int
+	// FilterCompileRate caps the filter texts one connection has compiled
+	// per second (a text the node holds costs nothing), in bursts of
+	// MaxSubscriptions; over it a subscribe is refused with rate_limited
+	// (default 32).
+	FilterCompileRate int
+	MailboxMessages   int           // per-connection queue bound in messages (default 4096)
+	MailboxBytes      int           // per-connection queue bound in bytes (default 4 MiB); at least the largest publish (MaxPublishBytes, or the broker's limit when smaller); a bigger event is delivered to no one
+	ReadLimit         int64         // largest client frame; over it: close 1009 (default 64 KiB)
+	MaxFrameBytes     int           // the writer starts a new frame past this size (default 64 KiB)
+	MaxPace           time.Duration // longest dispatcher wait per batch when most clients are behind (default 50ms; negative: never wait)
+	PingInterval      time.Duration // server ping period (default 30s)
+	PingTimeout       time.Duration // a ping not answered in this time closes the connection (default 10s)
+	CloseTimeout      time.Duration // how long a close (1001, 4008, 1008) may take before the socket is cut (default 5s)
+	MaxClientErrors   int           // protocol errors per ErrorWindow before close 1008 (default 100)
+	MaxMessageRate    int           // client messages (WebSocket pings included) per second per connection, burst twice that; over it a message is dropped with rate_limited, a ping gets no pong (GraphQL: close 1008) (default 100; negative: no limit)
+	ErrorWindow       time.Duration // default 10s
 	// HandshakeTimeout bounds the time from a TCP accept to the end of its
 	// first request's headers (for /ws, to the WebSocket upgrade); later
 	// requests on a keep-alive connection get as long for their headers.
@@ -221,6 +238,9 @@ func (c *Config) setDefaults() {
 	def(&c.MaxSubscriptions, 256)
 	def(&c.MaxSnapshot, 100_000)
 	def(&c.MaxFilterCost, 10_000)
+	def(&c.MaxFilterCostPerEvent, 2*c.MaxFilterCost)
+	def(&c.FilterCostRate, 2_000_000)
+	def(&c.FilterCompileRate, 32)
 	def(&c.MailboxMessages, 4096)
 	def(&c.MailboxBytes, 4<<20)
 	if c.ReadLimit == 0 {
@@ -325,6 +345,9 @@ func (c *Config) validate() error {
 	pos("MaxSubscriptions", int64(c.MaxSubscriptions))
 	pos("MaxSnapshot", int64(c.MaxSnapshot))
 	pos("MaxFilterCost", int64(c.MaxFilterCost))
+	pos("MaxFilterCostPerEvent", int64(c.MaxFilterCostPerEvent))
+	pos("FilterCostRate", int64(c.FilterCostRate))
+	pos("FilterCompileRate", int64(c.FilterCompileRate))
 	pos("MailboxMessages", int64(c.MailboxMessages))
 	pos("MailboxBytes", int64(c.MailboxBytes))
 	pos("ReadLimit", c.ReadLimit)

@@ -41,25 +41,39 @@ type viewSub struct {
 
 	// Dispatcher-owned.
 	matched uint64 // seq of the last event delivered to it
-	ended   bool   // over max: delivers nothing more
-	// onTooLarge ends the subscription (view_too_large); called once, by
-	// the dispatcher outside the index lock.
-	onTooLarge func()
+	ended   bool   // over a bound: delivers nothing more
+	endCode string // which bound: view_too_large, filter_too_costly
+	// onEnd ends the subscription with an error code (view_too_large,
+	// filter_too_costly); called once, by the dispatcher outside the index
+	// lock.
+	onEnd func(code string)
 }
 
 // offer applies one event to a view outside the index (a snapshot, a
 // replay, a hand-over), as the dispatcher does in it: deliver reports
 // that the event goes to the client, leave that a leave does; tooLarge
-// that the view outgrew max. p is the event's parsed data (nil: not
-// needed, the view is unfiltered and the event not an ingest delete or
-// truncate, which the caller checks with needsParse).
-func (vs *viewSub) offer(subject string, p *parsedData) (deliver, leave, tooLarge bool) {
+// that the view outgrew max; cost what its filter spent. p is the
+// event's parsed data (nil: not needed, the view is unfiltered and the
+// event not an ingest delete or truncate, which the caller checks with
+// needsParse).
+func (vs *viewSub) offer(subject string, p *parsedData) (deliver, leave, tooLarge bool, cost uint64) {
+	ok := true
+	if p == nil || !p.truncate {
+		ok, cost = vs.f.accepts(subject, p)
+	}
+	deliver, leave, tooLarge = vs.apply(subject, p, ok)
+	return deliver, leave, tooLarge, cost
+}
+
+// apply is offer with the filter's result known: ok, whether it accepts
+// the event.
+func (vs *viewSub) apply(subject string, p *parsedData, ok bool) (deliver, leave, tooLarge bool) {
 	_, holds := vs.held[subject]
 	switch {
 	case p != nil && p.truncate:
 		vs.dropPrefix(subject)
 		return true, false, false
-	case vs.f.accepts(subject, p):
+	case ok:
 		if p != nil && p.delete {
 			delete(vs.held, subject)
 			return holds || vs.f != nil, false, false
@@ -386,37 +400,71 @@ func (h *hub) dispatchView(ev *Event, st *viewStats) {
 }
 
 // viewOffer delivers ev to vs if its filter accepts it, and files the
-// subject as held.
+// subject as held. A filter is evaluated once per event, by the first view
+// that holds it (the others read its result); the evaluation is charged to
+// that view's connection (filterBudget), whose filters together may spend
+// hub.maxConnCost for one event and Config.FilterCostRate over time: the
+// view whose evaluation passes either gets this event's result, then ends
+// (filter_too_costly), as does each later one of that connection that
+// would evaluate a filter while it is past them. So no connection holds
+// up the dispatcher for much more than maxConnCost per event, however
+// many filters it holds.
 func (h *hub) viewOffer(vs *viewSub, ev *Event, p *parsedData, seq uint64, st *viewStats) {
 	if vs.ended || vs.matched == seq {
 		return
 	}
+	over := false
 	if f := vs.f; f.seq != seq {
+		fb := vs.c.filters
+		if fb != nil {
+			if fb.seq != seq {
+				fb.seq, fb.event = seq, 0
+			}
+			if h.maxConnCost > 0 && fb.event > h.maxConnCost || fb.owed(h.now) > 0 {
+				h.endView(vs, CodeFilterTooCostly)
+				return
+			}
+		}
 		var errored bool
-		f.ok, errored = f.eval(ev.Subject, p)
+		var cost uint64
+		f.ok, errored, cost = f.eval(ev.Subject, p)
 		f.seq = seq
 		h.filterEvals++
+		h.filterCost += cost
 		if errored {
 			h.filterErrors++
 		}
-	}
-	if !vs.f.ok {
-		return
-	}
-	vs.matched = seq
-	if !p.delete {
-		if _, ok := vs.held[ev.Subject]; !ok {
-			if len(vs.held) >= vs.max {
-				vs.ended = true
-				h.tooLarge = append(h.tooLarge, vs)
-				return
-			}
-			vs.held[ev.Subject] = struct{}{}
-			h.held.Add(1)
-			h.holders[ev.Subject] = append(h.holders[ev.Subject], vs)
+		if fb != nil {
+			fb.event += cost
+			over = h.maxConnCost > 0 && fb.event > h.maxConnCost || fb.charge(h.now, cost) > 0
 		}
 	}
-	h.viewPush(vs, item{ev: ev, subs: vs.subs}, st)
+	if vs.f.ok {
+		vs.matched = seq
+		if !p.delete {
+			if _, ok := vs.held[ev.Subject]; !ok {
+				if len(vs.held) >= vs.max {
+					h.endView(vs, CodeViewTooLarge)
+					return
+				}
+				vs.held[ev.Subject] = struct{}{}
+				h.held.Add(1)
+				h.holders[ev.Subject] = append(h.holders[ev.Subject], vs)
+			}
+		}
+		h.viewPush(vs, item{ev: ev, subs: vs.subs}, st)
+	}
+	if over {
+		h.endView(vs, CodeFilterTooCostly)
+	}
+}
+
+// endView marks vs ended for code: it gets nothing more, and its
+// connection ends the subscription after the batch, outside the index lock.
+func (h *hub) endView(vs *viewSub, code string) {
+	vs.ended = true
+	vs.endCode = code
+	h.ending = append(h.ending, vs)
 }
 
 // viewTruncate sends a truncate to vs (it carries no row) and forgets the

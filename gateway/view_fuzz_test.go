@@ -276,7 +276,7 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 		c := clients[r.IntN(len(clients))]
 		id := "s" + strconv.Itoa(i)
 		rs.vs = &viewSub{c: c, id: id, pattern: patterns[r.IntN(len(patterns))], f: newFilter(g, w, rs.claims),
-			subs: encodeSubsList([]string{id}), max: 1 << 20, held: map[string]struct{}{}, onTooLarge: func() { t.Fatal("too large") }}
+			subs: encodeSubsList([]string{id}), max: 1 << 20, held: map[string]struct{}{}, onEnd: func(code string) { t.Fatal(code) }}
 		h.idx.mu.Lock()
 		h.addViewLocked(rs.vs)
 		h.idx.mu.Unlock()
@@ -316,7 +316,7 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 			if !matchEvent(rs.vs.pattern, subject) {
 				continue
 			}
-			switch deliver, leave, _ := rs.replay.offer(subject, ev.parsed()); {
+			switch deliver, leave, _, _ := rs.replay.offer(subject, ev.parsed()); {
 			case deliver:
 				rs.rgot = append(rs.rgot, fmt.Sprintf("event %s %d", subject, n))
 			case leave:

@@ -1,0 +1,73 @@
+package gateway
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// filterBudget is what one connection's filters may spend, in CEL cost
+// units as filter_cost.go prices them: per event in the dispatcher
+// (Config.MaxFilterCostPerEvent), and over time wherever they are
+// evaluated (Config.FilterCostRate, in bursts of a second's worth). The
+// dispatcher, which may not wait, ends a view whose connection is past
+// either (filter_too_costly); a snapshot, replay or feed, on the
+// connection's own goroutine, waits until the rate has paid for what it
+// spent. An evaluation is charged what it cost, however far past the
+// limits: one operation over a big event can cost more than the limit it
+// is stopped at (an equality of two large lists compares them first), and
+// the connection pays that debt before its filters run again.
+type filterBudget struct {
+	// Owned by the dispatcher: what the connection's views spent on event
+	// seq.
+	seq, event uint64
+
+	rate float64 // static: units per second, and the burst
+
+	mu sync.Mutex
+	b  costBucket // guarded by mu
+}
+
+func newFilterBudget(rate int) *filterBudget {
+	return &filterBudget{rate: float64(rate)}
+}
+
+// charge takes cost units at now, in debt if need be, and says how long
+// until the debt is paid (0: none).
+func (fb *filterBudget) charge(now time.Time, cost uint64) time.Duration {
+	if fb == nil || fb.rate <= 0 {
+		return 0
+	}
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	fb.b.take(now, fb.rate, fb.rate, float64(cost), true)
+	return fb.b.wait(fb.rate)
+}
+
+// owed is how long until past spending is paid for (0: it is).
+func (fb *filterBudget) owed(now time.Time) time.Duration {
+	return fb.charge(now, 0)
+}
+
+// spendFilterCost charges cost units a filter spent outside the dispatcher
+// (a snapshot, a replay, a feed, a hand-over) to the connection's budget,
+// and waits while it is in debt: those run on the connection's own
+// goroutines, so an expensive filter over a big snapshot slows that
+// snapshot, not the node.
+func (c *conn) spendFilterCost(ctx context.Context, cost uint64) error {
+	if cost == 0 {
+		return nil
+	}
+	wait := c.cl.filters.charge(time.Now(), cost)
+	if wait == 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
