@@ -315,7 +315,8 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		return
 	}
 	ip := s.proxies.clientAddr(r)
-	if !s.perIP.acquire(ip, s.cfg.MaxConnectionsPerIP) {
+	group := ipGroup(ip, s.cfg.IPLimitIPv6Prefix)
+	if !s.perIP.acquire(group, s.cfg.MaxConnectionsPerIP) {
 		s.nconns.Add(-1)
 		s.refuseUpgrade(w, http.StatusTooManyRequests, 5, "too many connections from this address", CodeMaxConnectionsPerIP)
 		return
@@ -324,7 +325,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	defer func() {
 		if !served {
 			s.nconns.Add(-1)
-			s.perIP.release(ip)
+			s.perIP.release(group)
 		}
 	}()
 
@@ -466,7 +467,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		delete(s.conns, c)
 		s.mu.Unlock()
 		s.metrics.Connections.Dec()
-		s.perIP.release(ip)
+		s.perIP.release(group)
 		s.nconns.Add(-1)
 		s.wg.Done()
 	}
