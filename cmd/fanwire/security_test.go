@@ -392,4 +392,50 @@ func TestSecurity(t *testing.T) {
 			t.Errorf("/debug/pprof/cmdline shows the API key: %q", body)
 		}
 	})
+
+	t.Run("one IPv6 /64 is one client address for --max-connections-per-ip", func(t *testing.T) {
+		// A host picks any of its /64's 2^64 source addresses. The test
+		// presents them as a trusted proxy's X-Forwarded-For: this machine
+		// has only ::1.
+		limited := []string{"--broker", "nats", "--nats-url", coreURL, "--allow-anonymous", "--trusted-proxies", "127.0.0.1", "--max-connections-per-ip", "2"}
+		dial := func(n *secNode, client string) int {
+			t.Helper()
+			c, resp, err := websocket.Dial(ctx, "ws://"+n.addr+"/ws", &websocket.DialOptions{HTTPHeader: http.Header{"X-Forwarded-For": {client}}})
+			if err == nil {
+				t.Cleanup(func() { c.CloseNow() })
+				return http.StatusSwitchingProtocols
+			}
+			if resp == nil {
+				t.Fatalf("dial as %s: %v", client, err)
+			}
+			return resp.StatusCode
+		}
+		n := startSecNode(t, bin, limited...)
+		for _, a := range []struct {
+			client string
+			want   int
+		}{
+			{"2001:db8:7:1::1", http.StatusSwitchingProtocols},
+			{"2001:db8:7:1::2", http.StatusSwitchingProtocols},
+			{"2001:db8:7:1:8000::3", http.StatusTooManyRequests},
+			{"2001:db8:7:1:ffff:ffff:ffff:ffff", http.StatusTooManyRequests},
+			{"2001:db8:7:2::1", http.StatusSwitchingProtocols}, // the next /64
+			{"198.51.100.1", http.StatusSwitchingProtocols},    // IPv4: per address
+			{"198.51.100.2", http.StatusSwitchingProtocols},
+			{"::ffff:198.51.100.2", http.StatusSwitchingProtocols}, // mapped: 198.51.100.2's second
+			{"198.51.100.2", http.StatusTooManyRequests},
+		} {
+			if got := dial(n, a.client); got != a.want {
+				t.Errorf("as %s: %d, want %d", a.client, got, a.want)
+			}
+		}
+		// FANWIRE_IP_LIMIT_IPV6_PREFIX=128 counts exact addresses again.
+		t.Setenv("FANWIRE_IP_LIMIT_IPV6_PREFIX", "128")
+		exact := startSecNode(t, bin, limited...)
+		for _, a := range []string{"2001:db8:7:1::1", "2001:db8:7:1::2", "2001:db8:7:1::3"} {
+			if got := dial(exact, a); got != http.StatusSwitchingProtocols {
+				t.Errorf("prefix 128, as %s: %d, want admitted", a, got)
+			}
+		}
+	})
 }

@@ -114,7 +114,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
 	fs.Var(&f.allowedOrigins, "allowed-origins", "browser origins allowed to connect besides same-origin, comma-separated host patterns (e.g. app.example.com,*.example.com)")
 	fs.IntVar(&f.maxConnections, "max-connections", 100_000, "connections over this get 503 with Retry-After; /readyz is not ready from 90% of it")
-	fs.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "connections from one client address over this get 429 with Retry-After (0: no cap; behind a load balancer every client has its address unless --trusted-proxies names it)")
+	fs.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "connections from one client address (IPv6: one --ip-limit-ipv6-prefix, a /64) over this get 429 with Retry-After (0: no cap; behind a load balancer every client has its address unless --trusted-proxies names it)")
 	f.connectLimits.register(fs)
 	fs.IntVar(&f.maxSubscriptions, "max-subscriptions", 256, "subscriptions per connection; past it a subscribe gets too_many_subscriptions")
 	fs.IntVar(&f.maxSnapshot, "max-snapshot", 100_000, "most documents a live view holds: a from:\"latest\" snapshot, or a filtered subscription's documents; past it the subscription ends with view_too_large")
@@ -343,6 +343,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		MaxConnections:      f.maxConnections,
 		MaxConnectionsPerIP: f.maxConnsPerIP,
 		TrustedProxies:      limits.TrustedProxies,
+		IPLimitIPv6Prefix:   limits.IPLimitIPv6Prefix,
 		MaxConnectRate:      limits.MaxConnectRate,
 		ConnectBurst:        limits.ConnectBurst,
 		ConnectQueue:        limits.ConnectQueue,
