@@ -30,6 +30,11 @@ import (
 // and counters the writer already keeps. It adds nothing to the dispatch
 // path.
 
+// MinAdminKeyLen is the shortest Config.AdminKey, in characters: the key
+// closes anyone's connection, so it must not be guessable (32 random
+// hexadecimal digits are 128 bits).
+const MinAdminKeyLen = 32
+
 // Inspector limits.
 const (
 	adminDefaultLimit = 100  // connections per page without ?limit

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/prometheus/client_golang/prometheus"
@@ -142,7 +143,7 @@ type Config struct {
 	// AdminKey, when set, serves the inspector (admin.go): GET
 	// /admin/connections and POST /admin/connections/close, each request
 	// with "Authorization: Bearer <AdminKey>". Empty: /admin/ is not
-	// served (404).
+	// served (404). At least MinAdminKeyLen characters.
 	AdminKey string
 
 	AllowedOrigins []string // browser origins allowed besides same-origin (host patterns, e.g. "*.example.com")
@@ -365,6 +366,9 @@ func (c *Config) validate() error {
 		}
 	}
 	errs = append(errs, validateAllowSystem(c.AllowSystemSubjects)...)
+	if n := utf8.RuneCountInString(c.AdminKey); c.AdminKey != "" && n < MinAdminKeyLen {
+		errs = append(errs, fmt.Errorf("AdminKey has %d characters, want at least %d", n, MinAdminKeyLen))
+	}
 	if c.PublishTokens && c.Authenticate == nil {
 		errs = append(errs, errors.New("PublishTokens needs Authenticate (a token verifier such as JWTAuth.Grant)"))
 	}
