@@ -57,6 +57,7 @@ type Server struct {
 	handshakes handshakes
 	admit      *admission     // static: the connect rate and its queue
 	admin      *adminAuth     // static: nil without Config.AdminKey (admin.go)
+	adminMux   *http.ServeMux // static: the inspector's own handler; nil unless Config.AdminApart (admin_listener.go)
 	proxies    trustedProxies // static: Config.TrustedProxies
 	consuming  atomic.Bool
 

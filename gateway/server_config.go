@@ -145,6 +145,12 @@ type Config struct {
 	// with "Authorization: Bearer <AdminKey>". Empty: /admin/ is not
 	// served (404). At least MinAdminKeyLen characters.
 	AdminKey string
+	// AdminApart leaves the inspector out of Handler (/admin/ answers 404
+	// there, as without AdminKey): AdminHandler serves it, with the
+	// console's Inspector page, on a listener of its own (fanwire's
+	// --admin-listen), which may be bound to a private interface. Needs
+	// AdminKey.
+	AdminApart bool
 
 	AllowedOrigins []string // browser origins allowed besides same-origin (host patterns, e.g. "*.example.com")
 	Console        bool     // serve the live console page at /
@@ -368,6 +374,9 @@ func (c *Config) validate() error {
 	errs = append(errs, validateAllowSystem(c.AllowSystemSubjects)...)
 	if n := utf8.RuneCountInString(c.AdminKey); c.AdminKey != "" && n < MinAdminKeyLen {
 		errs = append(errs, fmt.Errorf("AdminKey has %d characters, want at least %d", n, MinAdminKeyLen))
+	}
+	if c.AdminApart && c.AdminKey == "" {
+		errs = append(errs, errors.New("AdminApart needs AdminKey: there is no inspector to serve apart"))
 	}
 	if c.PublishTokens && c.Authenticate == nil {
 		errs = append(errs, errors.New("PublishTokens needs Authenticate (a token verifier such as JWTAuth.Grant)"))
