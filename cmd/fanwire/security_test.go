@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -390,6 +392,57 @@ func TestSecurity(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodGet, "http://"+debug+"/debug/pprof/cmdline", nil)
 		if _, body := secDo(t, req); strings.Contains(body, "k3y-s3cret") {
 			t.Errorf("/debug/pprof/cmdline shows the API key: %q", body)
+		}
+	})
+
+	t.Run("the inspector on --admin-listen is not on the client listener", func(t *testing.T) {
+		const key = "inspector-key-0123456789abcdef-0123"
+		admin := listenAddr(t)
+		n := startSecNode(t, bin, "--broker", "nats", "--nats-url", coreURL, "--allow-anonymous", "--admin-key", key, "--admin-listen", admin)
+		get := func(base, path, bearer string) int {
+			req, _ := http.NewRequest(http.MethodGet, "http://"+base+path, nil)
+			if bearer != "" {
+				req.Header.Set("Authorization", "Bearer "+bearer)
+			}
+			code, _ := secDo(t, req)
+			return code
+		}
+		if code := get(n.addr, "/admin/connections", key); code != http.StatusNotFound {
+			t.Errorf("client listener, with the key: %d, want 404", code)
+		}
+		if code := get(admin, "/admin/connections", ""); code != http.StatusUnauthorized {
+			t.Errorf("admin listener, no key: %d, want 401", code)
+		}
+		if code := get(admin, "/admin/connections", key); code != http.StatusOK {
+			t.Errorf("admin listener, with the key: %d, want 200", code)
+		}
+		if code := get(admin, "/ws", ""); code != http.StatusNotFound {
+			t.Errorf("admin listener /ws: %d, want 404", code)
+		}
+		// SIGTERM stops the admin listener with the node, which exits 0.
+		if err := n.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.cmd.Wait(); err != nil {
+			t.Fatalf("after SIGTERM: %v\n%s", err, n.logs.dump())
+		}
+		if c, err := net.Dial("tcp", admin); err == nil {
+			c.Close()
+			t.Error("the admin listener still accepts after the node stopped")
+		}
+	})
+
+	t.Run("a short admin key refuses the start", func(t *testing.T) {
+		keyFile := filepath.Join(t.TempDir(), "admin-key")
+		if err := os.WriteFile(keyFile, []byte("short-admin-k3y\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{{"--admin-key", "short-admin-k3y"}, {"--admin-key-file", keyFile}} {
+			cmd := exec.CommandContext(ctx, bin, append([]string{"ws", "--broker", "nats", "--nats-url", coreURL, "--allow-anonymous", "--listen", listenAddr(t)}, args...)...)
+			out, err := cmd.CombinedOutput()
+			if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "the key has 15 characters, the inspector needs at least 32") || strings.Contains(string(out), "k3y") {
+				t.Errorf("%v: %v, output %q: want exit 1 naming the length, not the key", args[0], err, out)
+			}
 		}
 	})
 

@@ -363,6 +363,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		PingTimeout:         f.pingTimeout,
 		APIKey:              f.apiKey,
 		AdminKey:            adminKey,
+		AdminApart:          f.admin.listen != "",
 		MaxPublishBytes:     f.maxPublishBytes,
 		AllowedOrigins:      f.allowedOrigins,
 		Console:             f.console,
@@ -412,6 +413,11 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		return err
 	}
 	defer stopMetrics()
+	stopAdmin, err := startAdmin(f.admin.listen, srv, log)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stopAdmin(context.Background()) }() // a no-op after the shutdown below
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -444,7 +450,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		zap.String("publish", httpScheme+"://"+addr+"/api/publish"),
 		zap.String("metrics", metricsURL))
 	logPublishing(log, srv, f, len(apiKeys), reserved)
-	if adminKey != "" {
+	if adminKey != "" && f.admin.listen == "" {
 		log.Info("the inspector is on (--admin-key): /admin/connections lists and closes this node's connections; keep /admin behind your network",
 			zap.String("inspector", httpScheme+"://"+addr+"/admin/connections"))
 	}
@@ -461,8 +467,13 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	sctx, scancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
 	defer scancel()
 	var errs []error
+	adminStopped := make(chan error, 1) // the admin listener stops beside the client one, not after its last request
+	go func() { adminStopped <- stopAdmin(sctx) }()
 	if err := hs.Shutdown(sctx); err != nil {
 		errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+	}
+	if err := <-adminStopped; err != nil {
+		errs = append(errs, err)
 	}
 	if err := srv.Shutdown(sctx); err != nil {
 		errs = append(errs, err)
