@@ -30,6 +30,11 @@ import (
 // and counters the writer already keeps. It adds nothing to the dispatch
 // path.
 
+// MinAdminKeyLen is the shortest Config.AdminKey, in characters: the key
+// closes anyone's connection, so it must not be guessable (32 random
+// hexadecimal digits are 128 bits).
+const MinAdminKeyLen = 32
+
 // Inspector limits.
 const (
 	adminDefaultLimit = 100  // connections per page without ?limit
@@ -55,18 +60,26 @@ func (a *adminAuth) check(r *http.Request) bool {
 	return subtle.ConstantTimeCompare(got[:], a.sum[:]) == 1
 }
 
-// routeAdmin adds the inspector's endpoints to mux, or, without a key, a
-// 404 for GET and POST under /admin/ (the console's file server would
-// answer those paths otherwise). Patterns name their methods: a pattern
-// for every method would conflict with the console's "GET /".
+// routeAdmin adds the inspector's endpoints to mux, or, without a key or
+// with the inspector apart (Config.AdminApart: on adminMux, see
+// admin_listener.go), a 404 for GET and POST under /admin/ (the console's
+// file server would answer those paths otherwise), the same in both cases:
+// the client listener does not tell whether an inspector runs elsewhere.
+// Patterns name their methods: a pattern for every method would conflict
+// with the console's "GET /".
 func (s *Server) routeAdmin(mux *http.ServeMux) {
-	if s.cfg.AdminKey == "" {
+	if s.cfg.AdminKey == "" || s.cfg.AdminApart {
 		notServed := func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, http.StatusNotFound, apiError{Error: "the admin API is not served: start the node with --admin-key", Code: CodeNotFound})
+			writeJSON(w, http.StatusNotFound, apiError{Error: "the admin API is not served here: it needs --admin-key, and with --admin-listen it is served on that address only", Code: CodeNotFound})
 		}
 		mux.HandleFunc("GET /admin/", notServed)
 		mux.HandleFunc("POST /admin/", notServed)
-		return
+		if s.cfg.AdminKey == "" {
+			return
+		}
+		mux = http.NewServeMux()
+		mux.HandleFunc("GET /{$}", inspectorPage())
+		s.adminMux = mux
 	}
 	s.admin = &adminAuth{sum: sha256.Sum256([]byte(s.cfg.AdminKey)), logs: rateLimiter{every: 10 * time.Second}}
 	mux.HandleFunc("GET /admin/connections", s.adminOnly(s.serveAdminList))

@@ -13,7 +13,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 )
 
-const testAdminKey = "admin-key-for-tests-0123456789"
+const testAdminKey = "admin-key-for-tests-0123456789abcdef" // 36 characters: over gateway.MinAdminKeyLen
 
 // adminConn is a listed connection, as the inspector answers it.
 type adminConn struct {
@@ -105,6 +105,24 @@ func TestAdminNotServed(t *testing.T) {
 		if st := e.adminDo(r.method, r.path, testAdminKey, `{"sub":"x","code":4000}`, &body); st != http.StatusNotFound || body["code"] != gateway.CodeNotFound {
 			t.Fatalf("%s %s without --admin-key: %d %v, want 404 not_found", r.method, r.path, st, body)
 		}
+	}
+}
+
+// TestAdminKeyTooShort: a key under MinAdminKeyLen characters is refused
+// by New, without the key in the error.
+func TestAdminKeyTooShort(t *testing.T) {
+	e := newEnv(t, nil)
+	for key, want := range map[string]string{
+		"too-short-admin-key":   "AdminKey has 19 characters, want at least 32",
+		strings.Repeat("é", 31): "AdminKey has 31 characters", // characters, not bytes
+	} {
+		_, err := gateway.New(gateway.Config{Broker: e.b, AdminKey: key})
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), key) {
+			t.Errorf("a key of %d characters: %v, want %q without the key", len([]rune(key)), err, want)
+		}
+	}
+	if _, err := gateway.New(gateway.Config{Broker: e.b, AdminKey: strings.Repeat("k", gateway.MinAdminKeyLen)}); err != nil {
+		t.Fatalf("a key of MinAdminKeyLen characters: %v", err)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -296,5 +297,80 @@ func TestTrustedProxies(t *testing.T) {
 		e := newEnv(t, func(c *gateway.Config) { c.TrustedProxies = elsewhere; c.MaxConnectionsPerIP = 1 })
 		mustAdmit(t, "first", dialNow(t, e, xff("198.51.100.1")))
 		mustRefuse(t, "another forwarded address from the same socket address", dialNow(t, e, xff("198.51.100.2")), http.StatusTooManyRequests, gateway.CodeMaxConnectionsPerIP)
+	})
+}
+
+// TestIPv6PrefixCap: the per-address cap counts an IPv6 client by its
+// prefix (IPLimitIPv6Prefix, default /64: one host's whole allocation), an
+// IPv4 client, IPv4-mapped ones included, by its address. The addresses
+// come as X-Forwarded-For from a trusted proxy (the test itself), since
+// the machine has only ::1; the refused ones are released by group too.
+func TestIPv6PrefixCap(t *testing.T) {
+	loopback, err := gateway.ParseTrustedProxies([]string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	xff := func(a string) http.Header { return http.Header{"X-Forwarded-For": {a}} }
+	start := func(t *testing.T, bits int) *env {
+		return newEnv(t, func(c *gateway.Config) {
+			c.TrustedProxies = loopback
+			c.MaxConnectionsPerIP = 2
+			c.IPLimitIPv6Prefix = bits
+		})
+	}
+	refuse := func(t *testing.T, e *env, a string) {
+		t.Helper()
+		mustRefuse(t, a, dialNow(t, e, xff(a)), http.StatusTooManyRequests, gateway.CodeMaxConnectionsPerIP)
+	}
+	admit := func(t *testing.T, e *env, a string) *websocket.Conn {
+		t.Helper()
+		d := dialNow(t, e, xff(a))
+		mustAdmit(t, a, d)
+		return d.c
+	}
+
+	t.Run("default /64", func(t *testing.T) {
+		e := start(t, 0)
+		first := admit(t, e, "2001:db8:1:2::1")
+		admit(t, e, "2001:db8:1:2:ffff:ffff:ffff:fffe")
+		refuse(t, e, "2001:db8:1:2::3")
+		refuse(t, e, "[2001:db8:1:2:abcd::9]:4711")
+		admit(t, e, "2001:db8:1:3::1") // the next /64
+		// IPv4 per address; a mapped address is that IPv4 address.
+		admit(t, e, "198.51.100.1")
+		admit(t, e, "198.51.100.2")
+		admit(t, e, "::ffff:198.51.100.1")
+		refuse(t, e, "198.51.100.1")
+		refuse(t, e, "::ffff:198.51.100.1")
+		// A connection of the /64 ends: another address of it gets in.
+		_ = first.CloseNow()
+		waitFor(t, "the first connection's end", func() bool { return e.metric("fanwire_connections", nil) == 5 })
+		admit(t, e, "2001:db8:1:2::42")
+		refuse(t, e, "2001:db8:1:2::43")
+		if n := e.metric("fanwire_connections_rejected_total", map[string]string{"reason": "max_connections_per_ip"}); n != 5 {
+			t.Fatalf("%v per-address refusals counted, want 5", n)
+		}
+	})
+	t.Run("/48", func(t *testing.T) {
+		e := start(t, 48)
+		admit(t, e, "2001:db8:1:2::1")
+		admit(t, e, "2001:db8:1:ffff::1")
+		refuse(t, e, "2001:db8:1:7::1")
+		admit(t, e, "2001:db8:2::1")
+	})
+	t.Run("/128: exact addresses", func(t *testing.T) {
+		e := start(t, 128)
+		admit(t, e, "2001:db8:1:2::1")
+		admit(t, e, "2001:db8:1:2::1")
+		refuse(t, e, "2001:db8:1:2::1")
+		admit(t, e, "2001:db8:1:2::2")
+	})
+	t.Run("out of range", func(t *testing.T) {
+		e := newEnv(t, nil)
+		for _, bits := range []int{-1, 129} {
+			if _, err := gateway.New(gateway.Config{Broker: e.b, IPLimitIPv6Prefix: bits}); err == nil || !strings.Contains(err.Error(), "IPLimitIPv6Prefix must be 1 to 128") {
+				t.Errorf("prefix %d: %v, want an error naming IPLimitIPv6Prefix", bits, err)
+			}
+		}
 	})
 }

@@ -11,7 +11,8 @@ import (
 
 // A client's address: the socket's peer, or, when that peer is one of
 // Config.TrustedProxies, the address X-Forwarded-For names. It is what
-// MaxConnectionsPerIP counts and what logs call "remote".
+// logs call "remote"; MaxConnectionsPerIP counts it by its group (ipGroup):
+// an IPv4 address, or an IPv6 address's prefix.
 
 // ParseTrustedProxies parses addresses and CIDR prefixes ("10.0.0.0/8",
 // "192.0.2.7", "2001:db8::/32") for Config.TrustedProxies.
@@ -120,30 +121,58 @@ func parseForwarded(s string) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-// ipCounts counts connections per client address.
-type ipCounts struct {
-	mu sync.Mutex
-	n  map[string]int // guarded by mu
+// ipKey is what MaxConnectionsPerIP counts a client by: its IPv4 address
+// or its IPv6 prefix, or, for a peer address that is not an IP (none over
+// TCP), the address's text.
+type ipKey struct {
+	p   netip.Prefix
+	raw string // only when the address does not parse
 }
 
-// acquire counts a connection from ip unless it has max already (0: no cap).
-func (c *ipCounts) acquire(ip string, max int) bool {
+// ipGroup is client address addr's key, IPv6 addresses grouped by their
+// first v6bits (Config.IPLimitIPv6Prefix, 1 to 128). IPv4-mapped IPv6
+// addresses are IPv4 ones. It does not allocate: every upgrade calls it.
+func ipGroup(addr string, v6bits int) ipKey {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return ipKey{raw: addr}
+	}
+	a = a.Unmap()
+	bits := 32
+	if a.Is6() {
+		bits = v6bits
+	}
+	p, err := a.Prefix(bits) // drops a link-local address's zone
+	if err != nil {
+		return ipKey{raw: addr} // bits out of range: validate refuses those
+	}
+	return ipKey{p: p}
+}
+
+// ipCounts counts connections per client address group (ipGroup).
+type ipCounts struct {
+	mu sync.Mutex
+	n  map[ipKey]int // guarded by mu
+}
+
+// acquire counts a connection from k unless it has max already (0: no cap).
+func (c *ipCounts) acquire(k ipKey, max int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if max > 0 && c.n[ip] >= max {
+	if max > 0 && c.n[k] >= max {
 		return false
 	}
 	if c.n == nil {
-		c.n = make(map[string]int)
+		c.n = make(map[ipKey]int)
 	}
-	c.n[ip]++
+	c.n[k]++
 	return true
 }
 
-func (c *ipCounts) release(ip string) {
+func (c *ipCounts) release(k ipKey) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.n[ip]--; c.n[ip] <= 0 {
-		delete(c.n, ip)
+	if c.n[k]--; c.n[k] <= 0 {
+		delete(c.n, k)
 	}
 }

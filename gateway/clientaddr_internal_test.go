@@ -118,3 +118,60 @@ func FuzzClientAddr(f *testing.F) {
 		}
 	})
 }
+
+func TestIPGroup(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		bits int
+		want ipKey
+	}{
+		{"198.51.100.7", 64, ipKey{p: netip.MustParsePrefix("198.51.100.7/32")}},
+		{"::ffff:198.51.100.7", 64, ipKey{p: netip.MustParsePrefix("198.51.100.7/32")}},
+		{"198.51.100.7", 8, ipKey{p: netip.MustParsePrefix("198.51.100.7/32")}}, // IPv4 stays per address
+		{"2001:db8:1:2:3:4:5:6", 64, ipKey{p: netip.MustParsePrefix("2001:db8:1:2::/64")}},
+		{"2001:db8:1:2:3:4:5:6", 48, ipKey{p: netip.MustParsePrefix("2001:db8:1::/48")}},
+		{"2001:db8:1:2:3:4:5:6", 128, ipKey{p: netip.MustParsePrefix("2001:db8:1:2:3:4:5:6/128")}},
+		{"2001:db8:1:2:3:4:5:6", 1, ipKey{p: netip.MustParsePrefix("::/1")}},
+		{"fe80::1%eth0", 64, ipKey{p: netip.MustParsePrefix("fe80::/64")}},
+		{"::1", 64, ipKey{p: netip.MustParsePrefix("::/64")}},
+		{"pipe", 64, ipKey{raw: "pipe"}},
+		{"", 64, ipKey{raw: ""}},
+	} {
+		if got := ipGroup(tc.addr, tc.bits); got != tc.want {
+			t.Errorf("ipGroup(%q, %d) = %v, want %v", tc.addr, tc.bits, got, tc.want)
+		}
+	}
+	if ipGroup("2001:db8:1:2::1", 64) != ipGroup("2001:db8:1:2:ffff:ffff:ffff:ffff", 64) {
+		t.Error("two addresses of one /64: two groups")
+	}
+}
+
+// TestIPGroupAllocs: grouping a client and counting it on the connect
+// path allocates nothing once the count map has its entry's room.
+func TestIPGroupAllocs(t *testing.T) {
+	var c ipCounts
+	for _, addr := range []string{"198.51.100.7", "2001:db8:1:2:3:4:5:6", "::ffff:198.51.100.7"} {
+		c.acquire(ipGroup(addr, 64), 0) // the map and its entry's room
+		c.release(ipGroup(addr, 64))
+		if n := testing.AllocsPerRun(1000, func() {
+			k := ipGroup(addr, 64)
+			if !c.acquire(k, 10) {
+				t.Fatal("refused")
+			}
+			c.release(k)
+		}); n != 0 {
+			t.Errorf("%s: %v allocations per connect, want 0", addr, n)
+		}
+	}
+}
+
+func BenchmarkIPGroup(b *testing.B) {
+	var c ipCounts
+	addrs := []string{"198.51.100.7", "2001:db8:1:2:3:4:5:6"}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		k := ipGroup(addrs[i&1], 64)
+		c.acquire(k, 0)
+		c.release(k)
+	}
+}

@@ -92,6 +92,51 @@ func TestConsoleInspector(t *testing.T) {
 	other.expect(map[string]any{"type": "subscribed", "id": "t"})
 }
 
+// TestConsoleInspectorApart: with the inspector on its own listener
+// (AdminApart), that listener's / is the console as the inspector's page:
+// its Inspector alone, which lists and closes the client listener's
+// connections, and no WebSocket of its own (there is no /ws there). The
+// client listener's console says its node serves no admin API there.
+func TestConsoleInspectorApart(t *testing.T) {
+	e, admin := startAdminApart(t)
+	c := e.dial()
+	c.subscribe("s", "orders.*")
+	browser := newBrowser(t)
+
+	p := openTab(t, browser, consoleState)
+	p.do(chromedp.Navigate(admin + "/"))
+	p.waitVisible("#admin-key")
+	shown, err := chromedp.Run(p.ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("section, #status, #reconnect")]
+		.filter((el) => getComputedStyle(el).display !== "none" && !el.hidden).map((el) => el.querySelector("h2")?.textContent || el.id)`))
+	if err != nil || len(shown) != 1 || shown[0] != "Inspector" {
+		t.Fatalf("the inspector's page shows %q (%v), want its Inspector alone", shown, err)
+	}
+	if got := p.text("header h1"); got != "fanwire inspector" {
+		t.Fatalf("the inspector's page is titled %q", got)
+	}
+	p.typeInto("#admin-key", testAdminKey)
+	p.do(chromedp.Click(chromedp.ID("admin-open")))
+	row := `#insp-body tr[data-id="` + c.id + `"]`
+	p.waitVisible(row)
+	if got := p.text("#insp-count"); got != "1" {
+		t.Fatalf("%s connections listed, want the test's one: the page opened none", got)
+	}
+	p.do(chromedp.Evaluate[chromedp.Void](`document.getElementById("insp-code").value = "4003"`))
+	p.do(chromedp.Click(chromedp.CSS(row + " button.close")))
+	p.waitVisible(`#insp-result[data-ok="true"]`)
+	if got := c.closeStatus(5 * time.Second); got != 4003 {
+		t.Fatalf("closed from the inspector's page with %d, want 4003", got)
+	}
+
+	live := openConsole(t, browser, e.http.URL)
+	live.typeInto("#admin-key", testAdminKey)
+	live.do(chromedp.Click(chromedp.ID("admin-open")))
+	live.waitVisible("#admin-error")
+	if got := live.text("#admin-error"); !strings.HasPrefix(got, "404") || !strings.Contains(got, "--admin-listen") {
+		t.Fatalf("the client listener's console says %q, want a 404 pointing at --admin-listen", got)
+	}
+}
+
 func jsString(s string) string {
 	var b strings.Builder
 	b.WriteByte('"')

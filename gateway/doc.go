@@ -45,6 +45,11 @@
 //   - Serve Handler with HTTPServer: its header timeout (HandshakeTimeout)
 //     bounds a connection's time from accept to upgrade; after the upgrade
 //     pings and the mailbox bound govern it (httpserver.go).
+//   - With Config.AdminApart, serve AdminHandler with AdminHTTPServer on a
+//     listener of its own (admin_listener.go: plain HTTP, whole requests
+//     bounded by its timeouts) and shut it down with the node; it starts no
+//     goroutine of its own: its handlers run on net/http's, as the
+//     inspector's do on the client listener.
 //   - For HTTPS and wss://, serve on tls.NewListener with CertFiles'
 //     TLSConfig (tlscert.go): it starts no goroutine; the handshake's own
 //     goroutine looks at the files (at most every check interval) and loads

@@ -58,6 +58,7 @@ type Server struct {
 	handshakes handshakes
 	admit      *admission     // static: the connect rate and its queue
 	admin      *adminAuth     // static: nil without Config.AdminKey (admin.go)
+	adminMux   *http.ServeMux // static: the inspector's own handler; nil unless Config.AdminApart (admin_listener.go)
 	proxies    trustedProxies // static: Config.TrustedProxies
 	consuming  atomic.Bool
 
@@ -321,7 +322,8 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		return
 	}
 	ip := s.proxies.clientAddr(r)
-	if !s.perIP.acquire(ip, s.cfg.MaxConnectionsPerIP) {
+	group := ipGroup(ip, s.cfg.IPLimitIPv6Prefix)
+	if !s.perIP.acquire(group, s.cfg.MaxConnectionsPerIP) {
 		s.nconns.Add(-1)
 		s.refuseUpgrade(w, http.StatusTooManyRequests, 5, "too many connections from this address", CodeMaxConnectionsPerIP)
 		return
@@ -330,7 +332,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	defer func() {
 		if !served {
 			s.nconns.Add(-1)
-			s.perIP.release(ip)
+			s.perIP.release(group)
 		}
 	}()
 
@@ -473,7 +475,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		delete(s.conns, c)
 		s.mu.Unlock()
 		s.metrics.Connections.Dec()
-		s.perIP.release(ip)
+		s.perIP.release(group)
 		s.nconns.Add(-1)
 		s.wg.Done()
 	}

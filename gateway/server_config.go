@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,12 +29,18 @@ type Config struct {
 	// balancer every client has its address: cap there, or trust its
 	// header in a proxy of your own.
 	MaxConnectionsPerIP int
+	// IPLimitIPv6Prefix is the prefix length by which MaxConnectionsPerIP
+	// counts IPv6 clients: a host is given a whole /64 and picks its source
+	// addresses in it (default 64; 128: each address). IPv4 clients, and
+	// IPv4-mapped IPv6 ones, count by their address.
+	IPLimitIPv6Prefix int
 	// TrustedProxies are the peers (load balancers, reverse proxies of
 	// yours) whose X-Forwarded-For names the client: from one of them, the
 	// client is the first address of that header, read from the right, that
 	// is not a trusted proxy (clientaddr.go). From any other peer the header
-	// is ignored. The client address is what MaxConnectionsPerIP counts and
-	// what logs show. Parse flags with ParseTrustedProxies.
+	// is ignored. The client address is what MaxConnectionsPerIP counts
+	// (IPv6 by IPLimitIPv6Prefix) and what logs show. Parse flags with
+	// ParseTrustedProxies.
 	TrustedProxies []netip.Prefix
 	// MaxConnectRate admits at most this many upgrades per second on the
 	// node (GraphQL and native together), in bursts of up to ConnectBurst;
@@ -153,8 +160,14 @@ type Config struct {
 	// AdminKey, when set, serves the inspector (admin.go): GET
 	// /admin/connections and POST /admin/connections/close, each request
 	// with "Authorization: Bearer <AdminKey>". Empty: /admin/ is not
-	// served (404).
+	// served (404). At least MinAdminKeyLen characters.
 	AdminKey string
+	// AdminApart leaves the inspector out of Handler (/admin/ answers 404
+	// there, as without AdminKey): AdminHandler serves it, with the
+	// console's Inspector page, on a listener of its own (fanwire's
+	// --admin-listen), which may be bound to a private interface. Needs
+	// AdminKey.
+	AdminApart bool
 
 	AllowedOrigins []string // browser origins allowed besides same-origin (host patterns, e.g. "*.example.com")
 	Console        bool     // serve the live console page at /
@@ -225,6 +238,7 @@ func (c *Config) setDefaults() {
 		c.Registry = prometheus.NewRegistry()
 	}
 	def(&c.MaxConnections, 100_000)
+	def(&c.IPLimitIPv6Prefix, 64)
 	def(&c.MaxConnectRate, DefaultMaxConnectRate)
 	if c.MaxConnectRate < 0 {
 		c.MaxConnectRate = 0 // no limit
@@ -335,6 +349,9 @@ func (c *Config) validate() error {
 		}
 	}
 	pos("MaxConnections", int64(c.MaxConnections))
+	if c.IPLimitIPv6Prefix < 1 || c.IPLimitIPv6Prefix > 128 {
+		errs = append(errs, fmt.Errorf("IPLimitIPv6Prefix must be 1 to 128 (got %d)", c.IPLimitIPv6Prefix))
+	}
 	pos("ConnectBurst", int64(c.ConnectBurst))
 	pos("ConnectQueueWait", int64(c.ConnectQueueWait))
 	for i, p := range c.TrustedProxies {
@@ -378,6 +395,12 @@ func (c *Config) validate() error {
 		}
 	}
 	errs = append(errs, validateAllowSystem(c.AllowSystemSubjects)...)
+	if n := utf8.RuneCountInString(c.AdminKey); c.AdminKey != "" && n < MinAdminKeyLen {
+		errs = append(errs, fmt.Errorf("AdminKey has %d characters, want at least %d", n, MinAdminKeyLen))
+	}
+	if c.AdminApart && c.AdminKey == "" {
+		errs = append(errs, errors.New("AdminApart needs AdminKey: there is no inspector to serve apart"))
+	}
 	if c.PublishTokens && c.Authenticate == nil {
 		errs = append(errs, errors.New("PublishTokens needs Authenticate (a token verifier such as JWTAuth.Grant)"))
 	}

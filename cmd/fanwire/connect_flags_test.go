@@ -38,6 +38,11 @@ func TestConnectLimitFlags(t *testing.T) {
 		{name: "bad prefix", args: []string{"--trusted-proxies", "10.0.0.0/8,10.1.0.0/33"}, wantErr: `--trusted-proxies: "10.1.0.0/33"`},
 		{name: "bad address", args: []string{"--trusted-proxies", "proxy.internal"}, wantErr: `--trusted-proxies: "proxy.internal"`},
 		{name: "bad prefix from the environment", env: map[string]string{"FANWIRE_TRUSTED_PROXIES": "10.0.0.0/40"}, wantErr: `--trusted-proxies: "10.0.0.0/40"`},
+		{name: "IPv6 prefix", args: []string{"--ip-limit-ipv6-prefix", "48"}, want: gateway.Config{IPLimitIPv6Prefix: 48, MaxConnectRate: gateway.DefaultMaxConnectRate, ConnectQueue: 1024, ConnectQueueWait: 5 * time.Second}},
+		{name: "IPv6 prefix from the environment", env: map[string]string{"FANWIRE_IP_LIMIT_IPV6_PREFIX": "128"}, want: gateway.Config{IPLimitIPv6Prefix: 128, MaxConnectRate: gateway.DefaultMaxConnectRate, ConnectQueue: 1024, ConnectQueueWait: 5 * time.Second}},
+		{name: "IPv6 prefix 0", args: []string{"--ip-limit-ipv6-prefix", "0"}, wantErr: "--ip-limit-ipv6-prefix: must be 1 to 128 (got 0)"},
+		{name: "IPv6 prefix over 128", env: map[string]string{"FANWIRE_IP_LIMIT_IPV6_PREFIX": "129"}, wantErr: "--ip-limit-ipv6-prefix: must be 1 to 128 (got 129)"},
+		{name: "IPv6 prefix not a number", env: map[string]string{"FANWIRE_IP_LIMIT_IPV6_PREFIX": "/64"}, wantErr: "FANWIRE_IP_LIMIT_IPV6_PREFIX"},
 		{name: "negative burst", args: []string{"--connect-burst", "-1"}, wantErr: "--connect-burst: must not be negative"},
 		{name: "not a number", args: []string{"--max-connect-rate", "fast"}, wantErr: "-max-connect-rate"},
 		{name: "not a number from the environment", env: map[string]string{"FANWIRE_CONNECT_QUEUE": "many"}, wantErr: "FANWIRE_CONNECT_QUEUE"},
@@ -64,7 +69,10 @@ func TestConnectLimitFlags(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.MaxConnectRate != tc.want.MaxConnectRate || got.ConnectBurst != tc.want.ConnectBurst || got.ConnectQueue != tc.want.ConnectQueue ||
+			if tc.want.IPLimitIPv6Prefix == 0 {
+				tc.want.IPLimitIPv6Prefix = 64 // the flag's default, in every row that does not set it
+			}
+			if got.IPLimitIPv6Prefix != tc.want.IPLimitIPv6Prefix || got.MaxConnectRate != tc.want.MaxConnectRate || got.ConnectBurst != tc.want.ConnectBurst || got.ConnectQueue != tc.want.ConnectQueue ||
 				got.ConnectQueueWait != tc.want.ConnectQueueWait || !slices.Equal(got.TrustedProxies, tc.want.TrustedProxies) {
 				t.Fatalf("config %+v, want %+v", got, tc.want)
 			}

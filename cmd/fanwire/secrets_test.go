@@ -37,7 +37,7 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	jwtFile := filepath.Join(dir, "jwt")
 	writeFile(t, jwtFile, "Jwt-Secret-0123456789-abcdefghijklmnop\n")
 	adminFile := filepath.Join(dir, "admin")
-	writeFile(t, adminFile, "Admin-Key-File-28\n")
+	writeFile(t, adminFile, "Admin-Key-File-28-0123456789abcdef\n")
 	keysFile := filepath.Join(dir, "keys")
 	writeFile(t, keysFile, "pub Api-Key-From-File-44 app.>\n")
 	natsHost := strings.TrimPrefix(ns.ClientURL(), "nats://")
@@ -87,12 +87,12 @@ func TestSecretsNeverPrinted(t *testing.T) {
 
 		// Reachable servers taking them: the roles run, and serve
 		// /debug/pprof without the command line.
-		{name: "ws nats and keys", args: ws("--nats-url", "nats://fanwire:Nats-Pass-Right7@"+natsHost, "--api-key", "Api-Key-Flag-21", "--api-keys-file", keysFile, "--jwt-secret-file", jwtFile, "--admin-key", "Admin-Key-Flag-26"),
-			secrets: []string{"Nats-Pass-Right7", "Api-Key-Flag-21", "Api-Key-From-File-44", "Jwt-Secret-0123456789-abcdefghijklmnop", "Admin-Key-Flag-26"}, ready: "/readyz"},
-		{name: "ws redis from env", args: ws("--broker", "redis", "--stream", "fw-secrets"), env: []string{"FANWIRE_REDIS_URL=redis://:" + url.QueryEscape("Redis/Pass#Right8") + "@" + rs.Addr, "FANWIRE_API_KEY=Api-Key-Env-22", "FANWIRE_ADMIN_KEY=Admin-Key-Env-27"},
-			secrets: []string{"Redis/Pass#Right8", "Api-Key-Env-22", "Admin-Key-Env-27"}, ready: "/readyz"},
+		{name: "ws nats and keys", args: ws("--nats-url", "nats://fanwire:Nats-Pass-Right7@"+natsHost, "--api-key", "Api-Key-Flag-21", "--api-keys-file", keysFile, "--jwt-secret-file", jwtFile, "--admin-key", "Admin-Key-Flag-26-0123456789abcdef"),
+			secrets: []string{"Nats-Pass-Right7", "Api-Key-Flag-21", "Api-Key-From-File-44", "Jwt-Secret-0123456789-abcdefghijklmnop", "Admin-Key-Flag-26-0123456789abcdef"}, ready: "/readyz"},
+		{name: "ws redis from env", args: ws("--broker", "redis", "--stream", "fw-secrets"), env: []string{"FANWIRE_REDIS_URL=redis://:" + url.QueryEscape("Redis/Pass#Right8") + "@" + rs.Addr, "FANWIRE_API_KEY=Api-Key-Env-22", "FANWIRE_ADMIN_KEY=Admin-Key-Env-27-0123456789abcdef"},
+			secrets: []string{"Redis/Pass#Right8", "Api-Key-Env-22", "Admin-Key-Env-27-0123456789abcdef"}, ready: "/readyz"},
 		{name: "ws admin key file", args: ws("--nats-url", "nats://fanwire:Nats-Pass-Right7@"+natsHost, "--admin-key-file", adminFile),
-			secrets: []string{"Nats-Pass-Right7", "Admin-Key-File-28"}, ready: "/readyz"},
+			secrets: []string{"Nats-Pass-Right7", "Admin-Key-File-28-0123456789abcdef"}, ready: "/readyz"},
 		{name: "ingest pg and nats", args: ingest("--nats-url", "fanwire:Nats-Pass-Right7@"+natsHost, "--pg", pgURL("Pg-Trusted-23")), secrets: []string{"Nats-Pass-Right7", "Pg-Trusted-23"}, ready: "/readyz"},
 		{name: "dev pg and api key", args: []string{"dev", "--listen", "127.0.0.1:0", "--log-level", "debug", "--data-dir", t.TempDir(), "--state-dir", t.TempDir(), "--pg", pgURL("Pg-Dev-24"), "--api-key", "Api-Key-Dev-25"},
 			secrets: []string{"Pg-Dev-24", "Api-Key-Dev-25"}, ready: "/readyz"},

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -390,6 +392,103 @@ func TestSecurity(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodGet, "http://"+debug+"/debug/pprof/cmdline", nil)
 		if _, body := secDo(t, req); strings.Contains(body, "k3y-s3cret") {
 			t.Errorf("/debug/pprof/cmdline shows the API key: %q", body)
+		}
+	})
+
+	t.Run("the inspector on --admin-listen is not on the client listener", func(t *testing.T) {
+		const key = "inspector-key-0123456789abcdef-0123"
+		admin := listenAddr(t)
+		n := startSecNode(t, bin, "--broker", "nats", "--nats-url", coreURL, "--allow-anonymous", "--admin-key", key, "--admin-listen", admin)
+		get := func(base, path, bearer string) int {
+			req, _ := http.NewRequest(http.MethodGet, "http://"+base+path, nil)
+			if bearer != "" {
+				req.Header.Set("Authorization", "Bearer "+bearer)
+			}
+			code, _ := secDo(t, req)
+			return code
+		}
+		if code := get(n.addr, "/admin/connections", key); code != http.StatusNotFound {
+			t.Errorf("client listener, with the key: %d, want 404", code)
+		}
+		if code := get(admin, "/admin/connections", ""); code != http.StatusUnauthorized {
+			t.Errorf("admin listener, no key: %d, want 401", code)
+		}
+		if code := get(admin, "/admin/connections", key); code != http.StatusOK {
+			t.Errorf("admin listener, with the key: %d, want 200", code)
+		}
+		if code := get(admin, "/ws", ""); code != http.StatusNotFound {
+			t.Errorf("admin listener /ws: %d, want 404", code)
+		}
+		// SIGTERM stops the admin listener with the node, which exits 0.
+		if err := n.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.cmd.Wait(); err != nil {
+			t.Fatalf("after SIGTERM: %v\n%s", err, n.logs.dump())
+		}
+		if c, err := net.Dial("tcp", admin); err == nil {
+			c.Close()
+			t.Error("the admin listener still accepts after the node stopped")
+		}
+	})
+
+	t.Run("a short admin key refuses the start", func(t *testing.T) {
+		keyFile := filepath.Join(t.TempDir(), "admin-key")
+		if err := os.WriteFile(keyFile, []byte("short-admin-k3y\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{{"--admin-key", "short-admin-k3y"}, {"--admin-key-file", keyFile}} {
+			cmd := exec.CommandContext(ctx, bin, append([]string{"ws", "--broker", "nats", "--nats-url", coreURL, "--allow-anonymous", "--listen", listenAddr(t)}, args...)...)
+			out, err := cmd.CombinedOutput()
+			if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "the key has 15 characters, the inspector needs at least 32") || strings.Contains(string(out), "k3y") {
+				t.Errorf("%v: %v, output %q: want exit 1 naming the length, not the key", args[0], err, out)
+			}
+		}
+	})
+
+	t.Run("one IPv6 /64 is one client address for --max-connections-per-ip", func(t *testing.T) {
+		// A host picks any of its /64's 2^64 source addresses. The test
+		// presents them as a trusted proxy's X-Forwarded-For: this machine
+		// has only ::1.
+		limited := []string{"--broker", "nats", "--nats-url", coreURL, "--allow-anonymous", "--trusted-proxies", "127.0.0.1", "--max-connections-per-ip", "2"}
+		dial := func(n *secNode, client string) int {
+			t.Helper()
+			c, resp, err := websocket.Dial(ctx, "ws://"+n.addr+"/ws", &websocket.DialOptions{HTTPHeader: http.Header{"X-Forwarded-For": {client}}})
+			if err == nil {
+				t.Cleanup(func() { c.CloseNow() })
+				return http.StatusSwitchingProtocols
+			}
+			if resp == nil {
+				t.Fatalf("dial as %s: %v", client, err)
+			}
+			return resp.StatusCode
+		}
+		n := startSecNode(t, bin, limited...)
+		for _, a := range []struct {
+			client string
+			want   int
+		}{
+			{"2001:db8:7:1::1", http.StatusSwitchingProtocols},
+			{"2001:db8:7:1::2", http.StatusSwitchingProtocols},
+			{"2001:db8:7:1:8000::3", http.StatusTooManyRequests},
+			{"2001:db8:7:1:ffff:ffff:ffff:ffff", http.StatusTooManyRequests},
+			{"2001:db8:7:2::1", http.StatusSwitchingProtocols}, // the next /64
+			{"198.51.100.1", http.StatusSwitchingProtocols},    // IPv4: per address
+			{"198.51.100.2", http.StatusSwitchingProtocols},
+			{"::ffff:198.51.100.2", http.StatusSwitchingProtocols}, // mapped: 198.51.100.2's second
+			{"198.51.100.2", http.StatusTooManyRequests},
+		} {
+			if got := dial(n, a.client); got != a.want {
+				t.Errorf("as %s: %d, want %d", a.client, got, a.want)
+			}
+		}
+		// FANWIRE_IP_LIMIT_IPV6_PREFIX=128 counts exact addresses again.
+		t.Setenv("FANWIRE_IP_LIMIT_IPV6_PREFIX", "128")
+		exact := startSecNode(t, bin, limited...)
+		for _, a := range []string{"2001:db8:7:1::1", "2001:db8:7:1::2", "2001:db8:7:1::3"} {
+			if got := dial(exact, a); got != http.StatusSwitchingProtocols {
+				t.Errorf("prefix 128, as %s: %d, want admitted", a, got)
+			}
 		}
 	})
 }

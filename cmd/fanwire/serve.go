@@ -117,7 +117,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.BoolVar(&f.console, "console", dev, "serve the live console page at /")
 	fs.Var(&f.allowedOrigins, "allowed-origins", "browser origins allowed to connect besides same-origin, comma-separated host patterns (e.g. app.example.com,*.example.com)")
 	fs.IntVar(&f.maxConnections, "max-connections", 100_000, "connections over this get 503 with Retry-After; /readyz is not ready from 90% of it")
-	fs.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "connections from one client address over this get 429 with Retry-After (0: no cap; behind a load balancer every client has its address unless --trusted-proxies names it)")
+	fs.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "connections from one client address (IPv6: one --ip-limit-ipv6-prefix, a /64) over this get 429 with Retry-After (0: no cap; behind a load balancer every client has its address unless --trusted-proxies names it)")
 	f.connectLimits.register(fs)
 	fs.IntVar(&f.maxSubscriptions, "max-subscriptions", 256, "subscriptions per connection; past it a subscribe gets too_many_subscriptions")
 	fs.IntVar(&f.maxSnapshot, "max-snapshot", 100_000, "most documents a live view holds: a from:\"latest\" snapshot, or a filtered subscription's documents; past it the subscription ends with view_too_large")
@@ -349,6 +349,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		MaxConnections:        f.maxConnections,
 		MaxConnectionsPerIP:   f.maxConnsPerIP,
 		TrustedProxies:        limits.TrustedProxies,
+		IPLimitIPv6Prefix:     limits.IPLimitIPv6Prefix,
 		MaxConnectRate:        limits.MaxConnectRate,
 		ConnectBurst:          limits.ConnectBurst,
 		ConnectQueue:          limits.ConnectQueue,
@@ -371,6 +372,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		PingTimeout:           f.pingTimeout,
 		APIKey:                f.apiKey,
 		AdminKey:              adminKey,
+		AdminApart:            f.admin.listen != "",
 		MaxPublishBytes:       f.maxPublishBytes,
 		AllowedOrigins:        f.allowedOrigins,
 		Console:               f.console,
@@ -420,6 +422,11 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		return err
 	}
 	defer stopMetrics()
+	stopAdmin, err := startAdmin(f.admin.listen, srv, log)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stopAdmin(context.Background()) }() // a no-op after the shutdown below
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -452,7 +459,7 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 		zap.String("publish", httpScheme+"://"+addr+"/api/publish"),
 		zap.String("metrics", metricsURL))
 	logPublishing(log, srv, f, len(apiKeys), reserved)
-	if adminKey != "" {
+	if adminKey != "" && f.admin.listen == "" {
 		log.Info("the inspector is on (--admin-key): /admin/connections lists and closes this node's connections; keep /admin behind your network",
 			zap.String("inspector", httpScheme+"://"+addr+"/admin/connections"))
 	}
@@ -469,8 +476,13 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 	sctx, scancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
 	defer scancel()
 	var errs []error
+	adminStopped := make(chan error, 1) // the admin listener stops beside the client one, not after its last request
+	go func() { adminStopped <- stopAdmin(sctx) }()
 	if err := hs.Shutdown(sctx); err != nil {
 		errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+	}
+	if err := <-adminStopped; err != nil {
+		errs = append(errs, err)
 	}
 	if err := srv.Shutdown(sctx); err != nil {
 		errs = append(errs, err)

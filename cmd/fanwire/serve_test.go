@@ -104,8 +104,20 @@ func TestAnonymousGrantsWithoutAKey(t *testing.T) {
 }
 
 // startWS runs fanwire ws's serveGateway with args (and the environment)
-// on a free port until the test ends; it returns its address.
+// on a free port until the test ends; it returns its address once it
+// answers /readyz.
 func startWS(t *testing.T, log *zap.Logger, args ...string) string {
+	t.Helper()
+	listen := launchWS(t, log, args...)
+	if !readyWithin(listen, 10*time.Second) {
+		t.Fatal("fanwire ws not ready")
+	}
+	return listen
+}
+
+// launchWS is startWS without the wait (a TLS listener does not answer
+// readyWithin's plain HTTP).
+func launchWS(t *testing.T, log *zap.Logger, args ...string) string {
 	t.Helper()
 	ns := brokertest.NATS(t)
 	port, err := freePort()
@@ -128,9 +140,6 @@ func startWS(t *testing.T, log *zap.Logger, args ...string) string {
 			t.Errorf("serveGateway: %v", err)
 		}
 	})
-	if !readyWithin(listen, 10*time.Second) {
-		t.Fatal("fanwire ws not ready")
-	}
 	return listen
 }
 
