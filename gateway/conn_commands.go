@@ -121,7 +121,7 @@ func (c *conn) revokeUncovered(grants *Grants) {
 	c.subsMu.Lock()
 	var ids []string
 	for id, st := range c.subs {
-		if !grants.Allows(st.pattern) || !st.watchOnly && c.grantChanged(st, grants) {
+		if !grants.Allows(st.pattern) || !st.watchOnly && c.grantChanged(st, grants) || st.presence && presenceFiltered(grants, st.pattern) != "" {
 			ids = append(ids, id)
 		}
 	}
@@ -219,6 +219,10 @@ func (c *conn) admitSubscription(id, pattern string) bool {
 
 func (c *conn) subscribe(id, pattern string, from, durable, where *string, presence bool) {
 	if !c.admitSubscription(id, pattern) {
+		return
+	}
+	if msg := presenceFiltered(c.grants, pattern); presence && msg != "" {
+		c.clientError(id, CodeForbidden, "presence: "+msg)
 		return
 	}
 	f, code, err := c.subscriptionFilter(pattern, where)

@@ -110,6 +110,9 @@ func (s *Server) membersPage(g *Grants, subject string, after *string, limit *in
 	if !g.Allows(subject) {
 		return memberPage{}, &presenceRefused{CodeForbidden, "members needs a subscribe grant, and this credential has none for " + strconv.Quote(subject)}
 	}
+	if msg := presenceFiltered(g, subject); msg != "" {
+		return memberPage{}, &presenceRefused{CodeForbidden, "members: " + msg}
+	}
 	n := defaultMembersPage
 	if limit != nil {
 		n = *limit
@@ -163,7 +166,7 @@ func (s *Server) checkPresenceSubject(subject string) (code, msg string) {
 // grant.
 func (s *Server) presenceAllowed(g *Grants, subject string) bool {
 	if g == nil || g.Anonymous {
-		return s.cfg.AllowAnonymousPresence && g.Allows(subject)
+		return s.cfg.AllowAnonymousPresence && g.Allows(subject) && presenceFiltered(g, subject) == ""
 	}
 	for _, p := range g.Presence {
 		if MatchSubject(p, subject) {
@@ -184,6 +187,21 @@ func (s *Server) presenceRefusal(g *Grants, subject string) string {
 		return "this connection's token has no presence claim: it may not track on " + strconv.Quote(subject)
 	}
 	return "this connection's token's presence claim does not match " + strconv.Quote(subject)
+}
+
+// presenceFiltered says why grants see no presence on pattern ("" when
+// they do): a row filter of theirs covers it. Presence has no rows to
+// filter: a member of db.orders.99 shows who is at order 99, which a
+// grant that hides that order's row must hide too. Filtering members by
+// the row would need the subject's current document at every presence
+// change and every members page, which the node does not keep; so a
+// filtered grant gives no presence (members, watches), on every
+// protocol.
+func presenceFiltered(g *Grants, pattern string) string {
+	if grantFilterText(g, pattern) == "" {
+		return ""
+	}
+	return "this credential's subscribe grant on " + strconv.Quote(pattern) + " filters rows (a row-level grant), and presence is not filtered by rows: it needs an unfiltered subscribe grant there"
 }
 
 // revokePresence untracks the subjects grants no longer allow (a

@@ -23,6 +23,11 @@ type Event struct {
 	subjEnd int32      // end of the subject's JSON string in buf (GraphQL splices it)
 	curEnd  int32      // end of the cursor's JSON string in buf; 0 without a cursor
 	kind    uint8      // kindEvent; kindLeave: a view's leave (no data); kindSynced: a GraphQL synced (keys); kindPresence: presence changes
+	// ingestTruncate: the subject is a truncate's (<table>.%truncate) on
+	// Config.ReservedSubjects, which only the ingest (and credentials the
+	// operator named them to) publishes: only there is a truncate-shaped
+	// event a truncate (Server.newEvent).
+	ingestTruncate bool
 	keys    []string   // kindSynced: a filtered view's held subjects (nil: none listed)
 	pres    *presParts // kindPresence with GraphQL watchers: the change's GraphQL values (graphql_presence.go)
 
@@ -37,7 +42,7 @@ func (e *Event) parsed() *parsedData {
 	if p := e.parsd.Load(); p != nil {
 		return p
 	}
-	p := parseData(e.Subject, e.data)
+	p := parseData(e.Subject, e.data, e.ingestTruncate)
 	e.parsd.Store(p)
 	return p
 }

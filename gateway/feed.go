@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -333,9 +334,25 @@ func (s *Server) releaseDurable(name string) {
 // subscription.
 func (s *Server) event(m broker.Message) (*Event, error) {
 	if s.replayEvents == nil {
-		return NewEvent(m.Subject, m.Cursor, m.Data)
+		return s.newEvent(m)
 	}
-	return s.replayEvents.event(m)
+	return s.replayEvents.event(m, s.ingestTruncate)
+}
+
+// newEvent builds the event of a broker message, marking the ingest's
+// truncates.
+func (s *Server) newEvent(m broker.Message) (*Event, error) {
+	ev, err := NewEvent(m.Subject, m.Cursor, m.Data)
+	if err == nil {
+		ev.ingestTruncate = s.ingestTruncate(m.Subject)
+	}
+	return ev, err
+}
+
+// ingestTruncate reports whether subject is a truncate's on the ingest's
+// reserved subjects.
+func (s *Server) ingestTruncate(subject string) bool {
+	return strings.HasSuffix(subject, "."+truncateToken) && s.ingestSubject(subject)
 }
 
 // eventCache shares the events replays and feeds build: each
@@ -350,7 +367,7 @@ type eventCache struct {
 
 const eventCacheSize = 4096
 
-func (ec *eventCache) event(m broker.Message) (*Event, error) {
+func (ec *eventCache) event(m broker.Message, ingestTruncate func(string) bool) (*Event, error) {
 	slot := &ec.slots[maphash.String(eventCacheSeed, m.Cursor)%eventCacheSize]
 	if ev := slot.Load(); ev != nil && ev.Cursor == m.Cursor && ev.Subject == m.Subject {
 		return ev, nil
@@ -359,6 +376,7 @@ func (ec *eventCache) event(m broker.Message) (*Event, error) {
 	if err != nil {
 		return nil, err
 	}
+	ev.ingestTruncate = ingestTruncate(m.Subject)
 	slot.Store(ev)
 	return ev, nil
 }

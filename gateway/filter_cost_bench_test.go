@@ -16,7 +16,7 @@ func hostileEvent() *parsedData {
 	list := "[" + strings.Join(items, ",") + "]"
 	big := strings.Repeat("abcdefghij", 1<<20/10)
 	data := `{"doc":{"status":"open","total":12,"items":` + list + `,"copy":` + list + `,"name":"` + big + `"}}`
-	return parseData("app.orders.1", []byte(data))
+	return parseData("app.orders.1", []byte(data), false)
 }
 
 // filterCalibration is what a filter can do to an event: each

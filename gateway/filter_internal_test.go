@@ -37,7 +37,7 @@ func TestFilterCompileErrorsNamePosition(t *testing.T) {
 func TestFilterEvaluatesJSONAsUsersWriteIt(t *testing.T) {
 	ec := newExprCache(10_000)
 	data := `{"op":"update","key":7,"doc":{"id":7,"status":"open","total":120.5,"qty":3,"customer_id":42,"tags":["a","b"],"note":null,"big":12345678901234567890,"addr":{"city":"Oslo"}}}`
-	p := parseData("db.orders.7", []byte(data))
+	p := parseData("db.orders.7", []byte(data), false)
 	for _, tc := range []struct {
 		expr string
 		want bool
@@ -81,11 +81,11 @@ func TestFilterCostIsCapped(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		xs = append(xs, "1")
 	}
-	p := parseData("s", []byte(`{"doc":{"xs":[`+strings.Join(xs, ",")+`]}}`))
+	p := parseData("s", []byte(`{"doc":{"xs":[`+strings.Join(xs, ",")+`]}}`), false)
 	if accepts(newFilter(nil, ce, nil), "s", p) {
 		t.Fatal("an evaluation over the cost limit passed")
 	}
-	small := parseData("s", []byte(`{"doc":{"xs":[1,2]}}`))
+	small := parseData("s", []byte(`{"doc":{"xs":[1,2]}}`), false)
 	if !accepts(newFilter(nil, ce, nil), "s", small) {
 		t.Fatal("a cheap evaluation of the same filter failed")
 	}
@@ -136,12 +136,12 @@ func TestFilterClaimsAreValuesNotText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := parseData("s", []byte(`{"doc":{"owner":"x' || true || '"}}`))
+	p := parseData("s", []byte(`{"doc":{"owner":"x' || true || '"}}`), false)
 	// A claim that would widen the filter if it were spliced into the text.
 	if !accepts(newFilter(g, nil, map[string]any{"sub": "x' || true || '"}), "s", p) {
 		t.Fatal("the claim did not match its own value")
 	}
-	other := parseData("s", []byte(`{"doc":{"owner":"y"}}`))
+	other := parseData("s", []byte(`{"doc":{"owner":"y"}}`), false)
 	if accepts(newFilter(g, nil, map[string]any{"sub": "x' || true || '"}), "s", other) {
 		t.Fatal("a claim's text widened the filter")
 	}

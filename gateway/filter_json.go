@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"math"
 	"strconv"
-	"strings"
 	"unicode/utf8"
 	"unsafe"
 )
@@ -258,7 +257,12 @@ type parsedData struct {
 	truncate bool // an ingest truncate: every document under the subject's prefix is gone
 }
 
-func parseData(subject string, b []byte) *parsedData {
+// parseData parses an event's data; ingestTruncate says the event is on
+// a truncate subject of the ingest's reserved subjects
+// (Event.ingestTruncate), the only place a truncate comes from: a
+// truncate-shaped event published anywhere else is an ordinary event,
+// which filters see like any other.
+func parseData(subject string, b []byte, ingestTruncate bool) *parsedData {
 	v, ok := parseJSON(b)
 	if !ok {
 		return &parsedData{}
@@ -271,7 +275,7 @@ func parseData(subject string, b []byte) *parsedData {
 		p.op, _ = m["op"].(string)
 	}
 	p.delete = p.op == "delete"
-	p.truncate = p.op == "truncate" && strings.HasSuffix(subject, "."+truncateToken)
+	p.truncate = ingestTruncate && p.op == "truncate"
 	return p
 }
 

@@ -291,6 +291,10 @@ func (c *conn) gqlWatchPresence(ctx context.Context, id string, opCtx *graphql.O
 	if !c.admitSubscription(id, pattern) {
 		return
 	}
+	if msg := presenceFiltered(c.grants, pattern); msg != "" {
+		c.clientError(id, CodeForbidden, "presence: "+msg)
+		return
+	}
 	op := c.s.newPresenceOp(ctx, id, g.legacy, opCtx, root, c.s.gqlExecutorOnly)
 	g.opsMu.Lock()
 	g.ops[id] = op // before the watch: its subsList lists the operation

@@ -656,3 +656,54 @@ func TestPresenceResume(t *testing.T) {
 	_ = ann2.c.CloseNow()
 	w.expect(map[string]any{"type": "presence", "count": 1, "leaves": []any{map[string]any{"conn": annT["member"], "sub": "ann"}}})
 }
+
+// TestPresenceRowGrants: a row-filtered subscribe grant gives no presence
+// on what it filters: no members, no watch (native and GraphQL), and an
+// unfiltered grant elsewhere still does. Before, a token whose only grant
+// was {"subject":"orders.*","where":"doc.customer_id == claims.sub"}
+// listed another user's members at orders.99, state and all.
+func TestPresenceRowGrants(t *testing.T) {
+	e, token := publishTokens(t, presenceCfg(nil))
+	agent := e.dialToken(token(jwt.MapClaims{"sub": "agent-9", "presence": []any{"orders.*"}, "subscribe": []any{"orders.*"}}))
+	agent.send(`{"type":"track","id":"t","subject":"orders.99","state":{"note":"refund for a VIP"}}`)
+	agent.expect(map[string]any{"type": "tracked", "id": "t"})
+
+	rows := token(jwt.MapClaims{"sub": "c1", "subscribe": []any{
+		map[string]any{"subject": "orders.*", "where": "doc.customer_id == claims.sub"},
+		"lobby.>",
+	}})
+	c := e.dialToken(rows)
+	c.send(`{"type":"members","id":"m","subject":"orders.99"}`)
+	m := c.expect(map[string]any{"type": "error", "id": "m", "code": "forbidden"})
+	if msg := m["message"].(string); !strings.Contains(msg, "filters rows") {
+		t.Fatalf("the refusal does not say why: %v", m)
+	}
+	for _, p := range []string{"orders.*", "orders.99", "orders.>"} {
+		c.send(`{"type":"subscribe","id":"w","subject":"` + p + `","presence":true}`)
+		c.expect(map[string]any{"type": "error", "id": "w", "code": "forbidden"})
+	}
+	// The same subscriptions without presence are the row filter's.
+	c.subscribe("rows", "orders.*")
+	c.send(`{"type":"subscribe","id":"lobby","subject":"lobby.*","presence":true}`)
+	c.expect(map[string]any{"type": "subscribed", "id": "lobby"})
+	c.send(`{"type":"members","id":"m2","subject":"lobby.1"}`)
+	c.expect(map[string]any{"type": "members", "id": "m2", "count": 0})
+
+	g := e.initGQLToken(rows)
+	codes, _ := gqlErrorCodes(t, g.gqlResult("q", `{ members(subject: "orders.99") { count } }`, nil))
+	if len(codes) != 1 || codes[0] != "forbidden" {
+		t.Fatalf("GraphQL members on a filtered grant: codes %v", codes)
+	}
+	g.gqlOp("s", presenceSub, map[string]any{"s": "orders.*"})
+	if raw := g.nextRaw(); !strings.Contains(raw, `"type":"error"`) || !strings.Contains(raw, "forbidden") {
+		t.Fatalf("GraphQL presence on a filtered grant: %s", raw)
+	}
+
+	// A refresh that filters a watched pattern ends the watch.
+	r := e.dialToken(token(jwt.MapClaims{"sub": "c2", "subscribe": []any{"orders.*"}}))
+	r.send(`{"type":"subscribe","id":"w","subject":"orders.*","presence":true}`)
+	r.expect(map[string]any{"type": "subscribed", "id": "w"})
+	r.send(`{"type":"refresh","id":"r","token":"` + token(jwt.MapClaims{"sub": "c2", "subscribe": []any{map[string]any{"subject": "orders.*", "where": "doc.customer_id == claims.sub"}}}) + `"}`)
+	r.expect(map[string]any{"type": "error", "id": "w", "code": "revoked"})
+	r.expect(map[string]any{"type": "refreshed", "id": "r"})
+}

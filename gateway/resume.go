@@ -513,7 +513,7 @@ func viewParse(vs *viewSub, ev *Event) *parsedData {
 	if p := ev.parsd.Load(); p != nil {
 		return p
 	}
-	return parseData(ev.Subject, ev.data)
+	return parseData(ev.Subject, ev.data, ev.ingestTruncate)
 }
 
 // keys are the subjects vs holds, sorted (a filtered view's synced).

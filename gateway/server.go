@@ -205,7 +205,7 @@ func (s *Server) dispatch(batch []broker.Message, arrived time.Time) {
 			system++
 			continue
 		}
-		ev, err := NewEvent(m.Subject, m.Cursor, m.Data)
+		ev, err := s.newEvent(m)
 		if err != nil {
 			s.metrics.EventsInvalid.Inc()
 			if s.invalidLogs.allow() {

@@ -3,8 +3,11 @@ package gateway_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/gateway"
+	"github.com/golang-jwt/jwt/v5"
 )
 
 // store publishes one event through the gateway's broker (any kind); it
@@ -43,7 +46,9 @@ func itoa(i int) string {
 func TestLiveViewFiltersAndLeaves(t *testing.T) {
 	for _, kind := range []string{"nats", "jetstream", "redis"} {
 		t.Run(kind, func(t *testing.T) {
-			e := newEnvOn(t, kind, nil)
+			// orders.> stands for the ingest's subjects: only there is a
+			// truncate-shaped event a truncate (TestForgedTruncate).
+			e := newEnvOn(t, kind, func(c *gateway.Config) { c.ReservedSubjects = []string{"orders.>"} })
 			cl := e.dial()
 			cl.send(`{"type":"subscribe","id":"v","subject":"orders.*","where":"doc.status == 'open' && doc.total > 100"}`)
 			cl.expect(map[string]any{"type": "subscribed", "id": "v"})
@@ -178,4 +183,64 @@ func TestGraphQLWhereAndLeave(t *testing.T) {
 		t.Fatalf("a bad where: code %q, want bad_filter", code)
 	}
 	cl.gqlQuiet()
+}
+
+// TestForgedTruncate: a truncate-shaped event published outside the
+// ingest's reserved subjects is an ordinary event: a row-filtered view
+// does not receive it (its filter rejects it, as any event without its
+// rows), nor drops what it holds; a view whose filter accepts it gets it
+// as an event and still holds its documents (a later update out of the
+// filter is a leave); a later snapshot is whole.
+func TestForgedTruncate(t *testing.T) {
+	e := jwtEnv(t, "jetstream", gateway.JWTConfig{}, nil)
+	tok := func(sub string) string {
+		return sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", jwt.MapClaims{
+			"sub": sub, "exp": time.Now().Add(time.Hour).Unix(),
+			"subscribe": []any{map[string]any{"subject": "app.orders.*", "where": "doc.customer_id == claims.sub"}, "app.x.>"},
+		})
+	}
+	e.store("app.orders.1", `{"op":"insert","doc":{"customer_id":"c1","n":1}}`)
+	e.store("app.orders.2", `{"op":"insert","doc":{"customer_id":"c2","n":2}}`)
+	c1 := e.dialToken(tok("c1"))
+	c1.keepSynced = true
+	c1.send(`{"type":"subscribe","id":"v","subject":"app.orders.*","from":"latest"}`)
+	c1.expect(map[string]any{"type": "subscribed", "id": "v"})
+	c1.expect(map[string]any{"type": "event", "subject": "app.orders.1"})
+	c1.expect(map[string]any{"type": "synced", "id": "v"})
+	open := e.dialToken(sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", jwt.MapClaims{
+		"sub": "ops", "exp": time.Now().Add(time.Hour).Unix(), "subscribe": []any{"app.>"},
+	}))
+	open.send(`{"type":"subscribe","id":"w","subject":"app.orders.*","where":"op == 'truncate' || doc.n < 10"}`)
+	open.expect(map[string]any{"type": "subscribed", "id": "w"})
+
+	e.store("app.orders.1", `{"op":"update","doc":{"customer_id":"c1","n":1}}`)
+	open.expect(map[string]any{"type": "event", "subject": "app.orders.1"})
+	c1.expect(map[string]any{"type": "event", "subject": "app.orders.1"})
+	e.store("app.orders.%truncate", `{"op":"truncate","key":null,"doc":null}`)
+	e.store("app.orders.3", `{"op":"insert","doc":{"customer_id":"c1","n":3}}`)
+	c1.expect(map[string]any{"type": "event", "subject": "app.orders.3"}) // not the truncate
+	open.expect(map[string]any{"type": "event", "subject": "app.orders.%truncate"})
+	open.expect(map[string]any{"type": "event", "subject": "app.orders.3"})
+	// Still held by both: an update out of their filters is a leave.
+	e.store("app.orders.1", `{"op":"update","doc":{"customer_id":"c9","n":99}}`)
+	c1.expect(map[string]any{"type": "leave", "subject": "app.orders.1"})
+	open.expect(map[string]any{"type": "leave", "subject": "app.orders.1"})
+
+	// A new snapshot: c1's rows, whatever the forged truncate.
+	e.store("app.orders.1", `{"op":"update","doc":{"customer_id":"c1","n":1}}`)
+	late := e.dialToken(tok("c1"))
+	late.keepSynced = true
+	late.send(`{"type":"subscribe","id":"v","subject":"app.orders.*","from":"latest"}`)
+	late.expect(map[string]any{"type": "subscribed", "id": "v"})
+	got := map[string]bool{}
+	for {
+		m := late.next()
+		if m["type"] == "synced" {
+			break
+		}
+		got[m["subject"].(string)] = true
+	}
+	if !got["app.orders.1"] || !got["app.orders.3"] || len(got) != 2 {
+		t.Fatalf("the snapshot after a forged truncate: %v, want app.orders.1 and app.orders.3", got)
+	}
 }
