@@ -18,18 +18,18 @@ import (
 type Event struct {
 	Subject string
 	Cursor  string
-	buf     []byte     // head followed by tail; immutable
-	split   int        // len(head); -1 for a control message that is written whole
-	subjEnd int32      // end of the subject's JSON string in buf (GraphQL splices it)
-	curEnd  int32      // end of the cursor's JSON string in buf; 0 without a cursor
-	kind    uint8      // kindEvent; kindLeave: a view's leave (no data); kindSynced: a GraphQL synced (keys); kindPresence: presence changes
+	buf     []byte // head followed by tail; immutable
+	split   int    // len(head); -1 for a control message that is written whole
+	subjEnd int32  // end of the subject's JSON string in buf (GraphQL splices it)
+	curEnd  int32  // end of the cursor's JSON string in buf; 0 without a cursor
+	kind    uint8  // kindEvent; kindLeave: a view's leave (no data); kindSynced: a GraphQL synced (keys); kindPresence: presence changes
 	// ingestTruncate: the subject is a truncate's (<table>.%truncate) on
 	// Config.ReservedSubjects, which only the ingest (and credentials the
 	// operator named them to) publishes: only there is a truncate-shaped
 	// event a truncate (Server.newEvent).
 	ingestTruncate bool
-	keys    []string   // kindSynced: a filtered view's held subjects (nil: none listed)
-	pres    *presParts // kindPresence with GraphQL watchers: the change's GraphQL values (graphql_presence.go)
+	keys           []string   // kindSynced: a filtered view's held subjects (nil: none listed)
+	pres           *presParts // kindPresence with GraphQL watchers: the change's GraphQL values (graphql_presence.go)
 
 	data  []byte                     // the data as in buf (views parse it)
 	parsd atomic.Pointer[parsedData] // the data parsed, once, by the first filter that needs it
