@@ -374,7 +374,7 @@ func (c *conn) startLiveView(id, pattern string, f *filter, presence bool) {
 
 func (c *conn) newViewSub(id, pattern string, f *filter) *viewSub {
 	return &viewSub{c: c.cl, id: id, pattern: pattern, f: f, subs: c.cl.subsFor([]string{id}),
-		max: c.s.cfg.MaxSnapshot, held: make(map[string]struct{})}
+		max: c.s.cfg.MaxSnapshot, lim: &c.s.hub.heldLim, held: make(map[string]struct{})}
 }
 
 // viewEnded ends a live view that passed a bound (the dispatcher's call,
@@ -391,7 +391,7 @@ func (c *conn) viewEnded(id string, st *subState, code string) {
 	if st.presence {
 		c.s.pres.unwatch(c, id)
 	}
-	msg := c.s.viewTooLargeText(id)
+	msg := c.s.viewTooLargeText(id, st.view.full)
 	if code == CodeFilterTooCostly {
 		msg = c.s.filterTooCostlyText(id)
 	}
@@ -405,7 +405,15 @@ func (c *conn) viewEnded(id string, st *subState, code string) {
 	}
 }
 
-func (s *Server) viewTooLargeText(id string) string {
+// viewTooLargeText says which bound on held documents subscription id
+// passed (viewSub.full).
+func (s *Server) viewTooLargeText(id, full string) string {
+	switch full {
+	case fullConn:
+		return "subscription " + strconv.Quote(id) + ": this connection's views would hold more than " + strconv.Itoa(s.cfg.MaxViewDocumentsPerConnection) + " documents together (--max-view-documents-per-connection): end a view, or narrow its subject or where"
+	case fullNode:
+		return "subscription " + strconv.Quote(id) + ": this node's views hold " + strconv.Itoa(s.cfg.MaxViewDocuments) + " documents (--max-view-documents): narrow its subject or where, or try another node"
+	}
 	return "subscription " + strconv.Quote(id) + ": its view passed " + strconv.Itoa(s.cfg.MaxSnapshot) + " documents (--max-snapshot): narrow its subject or where"
 }
 

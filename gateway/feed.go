@@ -251,11 +251,18 @@ func (c *conn) endFeed(ctx context.Context, f *feedState, unsubscribed bool) {
 // and forgets it; the connection stays.
 func (c *conn) failSubscribe(id string, err error) {
 	c.subsMu.Lock()
+	st := c.subs[id]
 	delete(c.subs, id)
 	c.subsMu.Unlock()
 	code, msg := subscribeErrorCode(err), err.Error()
 	if code == CodeViewTooLarge {
-		msg = c.s.viewTooLargeText(id)
+		full := fullView
+		if st != nil && st.view != nil {
+			full = st.view.full
+		} else if st != nil && st.feed != nil && st.feed.view != nil {
+			full = st.feed.view.full
+		}
+		msg = c.s.viewTooLargeText(id, full)
 	}
 	c.s.metrics.ClientErrors.WithLabelValues(code).Inc()
 	c.send(c.errorMsg(id, code, msg))

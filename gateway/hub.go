@@ -105,6 +105,7 @@ type hub struct {
 	ending   []*viewSub            // dispatcher: views past a bound in this batch (endView)
 	views    viewCount             // filtered subscriptions in the index
 	held     atomic.Int64          // documents they hold
+	heldLim  heldLimits            // static after New: bounds on held (view_budget.go)
 	// dispatcher: filter evaluations of this batch, those that were
 	// errors (a missing field, a wrong type, the cost limit), and the cost
 	// units they spent

@@ -98,6 +98,7 @@ func New(cfg Config) (*Server, error) {
 	s.exprs.onCompile = m.FilterCompiles.Inc
 	s.filters = newFilterSet()
 	s.hub.maxConnCost = uint64(cfg.MaxFilterCostPerEvent)
+	s.hub.heldLim = heldLimits{perConn: int64(cfg.MaxViewDocumentsPerConnection), perNode: int64(cfg.MaxViewDocuments), node: &s.hub.held}
 	bus, _ := cfg.Broker.(broker.Bus)
 	s.pres = newPresence(s, bus)
 	if cfg.Registry != nil {

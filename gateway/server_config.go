@@ -65,6 +65,13 @@ type Config struct {
 	// sends, and those a filtered subscription holds (view.go). Past it
 	// the subscription ends with view_too_large (default 100,000).
 	MaxSnapshot int
+	// MaxViewDocumentsPerConnection bounds the documents one connection's
+	// views hold together, and MaxViewDocuments those of every view on the
+	// node (each costs about 180 bytes: view.go); past either a
+	// subscription ends with view_too_large naming the bound (defaults
+	// 200,000 and 5,000,000).
+	MaxViewDocumentsPerConnection int
+	MaxViewDocuments              int
 	// MaxFilterCost caps one evaluation of a filter (a where or a grant's),
 	// in CEL's cost units (about one per field access, comparison or
 	// list element visited); over it the event does not pass (default
@@ -251,6 +258,8 @@ func (c *Config) setDefaults() {
 	defDur(&c.ConnectQueueWait, 5*time.Second)
 	def(&c.MaxSubscriptions, 256)
 	def(&c.MaxSnapshot, 100_000)
+	def(&c.MaxViewDocumentsPerConnection, 200_000)
+	def(&c.MaxViewDocuments, 5_000_000)
 	def(&c.MaxFilterCost, 10_000)
 	def(&c.MaxFilterCostPerEvent, 2*c.MaxFilterCost)
 	def(&c.FilterCostRate, 2_000_000)
@@ -361,6 +370,8 @@ func (c *Config) validate() error {
 	}
 	pos("MaxSubscriptions", int64(c.MaxSubscriptions))
 	pos("MaxSnapshot", int64(c.MaxSnapshot))
+	pos("MaxViewDocumentsPerConnection", int64(c.MaxViewDocumentsPerConnection))
+	pos("MaxViewDocuments", int64(c.MaxViewDocuments))
 	pos("MaxFilterCost", int64(c.MaxFilterCost))
 	pos("MaxFilterCostPerEvent", int64(c.MaxFilterCostPerEvent))
 	pos("FilterCostRate", int64(c.FilterCostRate))

@@ -38,6 +38,8 @@ type viewSub struct {
 	max     int       // most documents held (Config.MaxSnapshot)
 
 	held map[string]struct{} // subjects in the view; the task's, then (in the index) the dispatcher's
+	lim  *heldLimits         // static: the bounds beside max (nil: none)
+	full string              // the bound it passed (fullView, fullConn, fullNode); set by whoever found it
 
 	// Dispatcher-owned.
 	matched uint64 // seq of the last event delivered to it
@@ -79,7 +81,7 @@ func (vs *viewSub) apply(subject string, p *parsedData, ok bool) (deliver, leave
 			return holds || vs.f != nil, false, false
 		}
 		if !holds {
-			if len(vs.held) >= vs.max {
+			if vs.full = vs.lim.full(vs, len(vs.held)); vs.full != "" {
 				return false, false, true
 			}
 			vs.held[subject] = struct{}{}
@@ -229,7 +231,16 @@ func (h *hub) addViewLocked(vs *viewSub) {
 		h.holders[s] = append(h.holders[s], vs)
 	}
 	h.views.Add(1)
-	h.held.Add(int64(len(vs.held)))
+	h.heldAdd(vs, int64(len(vs.held)))
+}
+
+// heldAdd counts n documents more (or fewer) held by vs, on the node and
+// on its connection.
+func (h *hub) heldAdd(vs *viewSub, n int64) {
+	h.held.Add(n)
+	if fb := vs.c.filters; fb != nil {
+		fb.held.Add(n)
+	}
 }
 
 // removeView takes vs out of the view index; it reports whether it was
@@ -283,7 +294,7 @@ func (h *hub) removeView(vs *viewSub, then func()) bool {
 	for s := range vs.held {
 		h.dropHolder(s, vs)
 	}
-	h.held.Add(-int64(len(vs.held)))
+	h.heldAdd(vs, -int64(len(vs.held)))
 	vs.held = nil
 	n.n--
 	ix.vsize--
@@ -379,7 +390,7 @@ func (h *hub) dispatchView(ev *Event, st *viewStats) {
 			continue
 		}
 		delete(vs.held, ev.Subject)
-		h.held.Add(-1)
+		h.heldAdd(vs, -1)
 		last := len(holders) - 1
 		holders[i] = holders[last]
 		holders[last] = nil
@@ -443,12 +454,12 @@ func (h *hub) viewOffer(vs *viewSub, ev *Event, p *parsedData, seq uint64, st *v
 		vs.matched = seq
 		if !p.delete {
 			if _, ok := vs.held[ev.Subject]; !ok {
-				if len(vs.held) >= vs.max {
+				if vs.full = vs.lim.full(vs, 0); vs.full != "" {
 					h.endView(vs, CodeViewTooLarge)
 					return
 				}
 				vs.held[ev.Subject] = struct{}{}
-				h.held.Add(1)
+				h.heldAdd(vs, 1)
 				h.holders[ev.Subject] = append(h.holders[ev.Subject], vs)
 			}
 		}
@@ -477,7 +488,7 @@ func (h *hub) viewTruncate(vs *viewSub, ev *Event, st *viewStats) {
 	for s := range vs.held {
 		if strings.HasPrefix(s, prefix) && !strings.Contains(s[len(prefix):], ".") {
 			delete(vs.held, s)
-			h.held.Add(-1)
+			h.heldAdd(vs, -1)
 			h.dropHolder(s, vs)
 		}
 	}

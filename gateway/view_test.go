@@ -2,6 +2,8 @@ package gateway_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -243,4 +245,59 @@ func TestForgedTruncate(t *testing.T) {
 	if !got["app.orders.1"] || !got["app.orders.3"] || len(got) != 2 {
 		t.Fatalf("the snapshot after a forged truncate: %v, want app.orders.1 and app.orders.3", got)
 	}
+}
+
+// TestViewDocumentBounds: besides each view's --max-snapshot, the
+// documents a connection's views hold together and those the node's hold
+// are bounded, each past its bound ending the view with view_too_large
+// naming it. Before, a connection could hold 256 views of 100,000
+// documents each.
+func TestViewDocumentBounds(t *testing.T) {
+	e := newEnv(t, func(c *gateway.Config) {
+		c.MaxSnapshot = 10
+		c.MaxViewDocumentsPerConnection = 15
+		c.MaxViewDocuments = 20
+	})
+	view := func(cl *client, id, pattern string) {
+		cl.send(`{"type":"subscribe","id":"` + id + `","subject":"` + pattern + `","where":"doc.n >= 0"}`)
+		cl.expect(map[string]any{"type": "subscribed", "id": id})
+	}
+	fill := func(prefix string, n int) {
+		for i := range n {
+			e.store(prefix+strconv.Itoa(i), `{"doc":{"n":`+strconv.Itoa(i)+`}}`)
+		}
+	}
+	ended := func(cl *client, id, flag string, events int) {
+		t.Helper()
+		for range events {
+			cl.expect(map[string]any{"type": "event", "subs": []any{id}})
+		}
+		m := cl.expect(map[string]any{"type": "error", "id": id, "code": "view_too_large"})
+		if !strings.Contains(m["message"].(string), flag) {
+			t.Fatalf("%s: %v, want it to name %s", id, m, flag)
+		}
+	}
+	a := e.dial()
+	view(a, "a1", "app.a.*")
+	fill("app.a.", 8)
+	for range 8 {
+		a.expect(map[string]any{"type": "event", "subs": []any{"a1"}})
+	}
+	view(a, "a2", "app.b.*")
+	fill("app.b.", 8)
+	ended(a, "a2", "--max-view-documents-per-connection", 7) // 8 + 7 = 15
+	b := e.dial()
+	view(b, "b", "app.c.*")
+	fill("app.c.", 11)
+	ended(b, "b", "--max-snapshot", 10)
+	view(b, "b2", "app.c2.*")
+	fill("app.c2.", 10)
+	for range 10 {
+		b.expect(map[string]any{"type": "event", "subs": []any{"b2"}})
+	}
+	c := e.dial()
+	view(c, "c", "app.d.*")
+	fill("app.d.", 3)
+	ended(c, "c", "(--max-view-documents)", 2) // 8 + 10 + 2 = 20
+	waitFor(t, "the documents counted", func() bool { return e.metric("fanwire_view_documents", nil) == 18 })
 }

@@ -65,6 +65,8 @@ type wsFlags struct {
 	maxMessageRate   int
 	maxSubscriptions int
 	maxSnapshot      int
+	maxViewDocsConn  int
+	maxViewDocs      int
 	maxFilterCost    int
 	filterEventCost  int
 	filterCostRate   int
@@ -121,6 +123,8 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	f.connectLimits.register(fs)
 	fs.IntVar(&f.maxSubscriptions, "max-subscriptions", 256, "subscriptions per connection; past it a subscribe gets too_many_subscriptions")
 	fs.IntVar(&f.maxSnapshot, "max-snapshot", 100_000, "most documents a live view holds: a from:\"latest\" snapshot, or a filtered subscription's documents; past it the subscription ends with view_too_large")
+	fs.IntVar(&f.maxViewDocsConn, "max-view-documents-per-connection", 200_000, "most documents one connection's views hold together (about 180 bytes each); past it the view that would add one ends with view_too_large")
+	fs.IntVar(&f.maxViewDocs, "max-view-documents", 5_000_000, "most documents all views on the node hold together (about 180 bytes each); past it the view that would add one ends with view_too_large")
 	fs.IntVar(&f.maxFilterCost, "max-filter-cost", 10_000, "CEL cost units one evaluation of a where or a grant's row filter may spend (about one per field, comparison or list element; a regex by its input times its program); past it the event does not pass")
 	fs.IntVar(&f.filterEventCost, "max-filter-cost-per-event", 20_000, "cost units one connection's filters together may spend on one event in the dispatcher; the subscription whose filter passes it ends with filter_too_costly, as do the connection's others that would evaluate one for that event: it bounds how long one client can hold up every other's delivery")
 	fs.IntVar(&f.filterCostRate, "filter-cost-rate", 2_000_000, "cost units per second one connection's filters may spend (bursts of a second's worth): past it, its live views end with filter_too_costly and new filtered subscribes are refused until it has paid; its snapshots and replays wait")
@@ -342,44 +346,46 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 
 	f.maxConnections, f.maxHandshakes = fitFileLimit(log, f.maxConnections, f.maxHandshakes)
 	srv, err := gateway.New(gateway.Config{
-		Broker:                b,
-		Subjects:              f.subjects,
-		Logger:                log,
-		Registry:              reg,
-		MaxConnections:        f.maxConnections,
-		MaxConnectionsPerIP:   f.maxConnsPerIP,
-		TrustedProxies:        limits.TrustedProxies,
-		IPLimitIPv6Prefix:     limits.IPLimitIPv6Prefix,
-		MaxConnectRate:        limits.MaxConnectRate,
-		ConnectBurst:          limits.ConnectBurst,
-		ConnectQueue:          limits.ConnectQueue,
-		ConnectQueueWait:      limits.ConnectQueueWait,
-		MaxMessageRate:        f.maxMessageRate,
-		MaxSubscriptions:      f.maxSubscriptions,
-		MaxSnapshot:           f.maxSnapshot,
-		MaxFilterCost:         f.maxFilterCost,
-		MaxFilterCostPerEvent: f.filterEventCost,
-		FilterCostRate:        f.filterCostRate,
-		FilterCompileRate:     f.filterCompiles,
-		MailboxMessages:       f.mailboxMessages,
-		MailboxBytes:          f.mailboxBytes,
-		ReadLimit:             f.readLimit,
-		MaxFrameBytes:         f.maxFrameBytes,
-		MaxPace:               f.maxPace,
-		HandshakeTimeout:      f.handshakeTimeout,
-		MaxHandshakes:         f.maxHandshakes,
-		PingInterval:          f.pingInterval,
-		PingTimeout:           f.pingTimeout,
-		APIKey:                f.apiKey,
-		AdminKey:              adminKey,
-		AdminApart:            f.admin.listen != "",
-		MaxPublishBytes:       f.maxPublishBytes,
-		AllowedOrigins:        f.allowedOrigins,
-		Console:               f.console,
-		Consumer:              f.consumer,
-		DurableInactive:       f.durableInactive,
-		MaxDurables:           f.maxDurables,
-		AnonymousDurables:     f.anonDurables,
+		Broker:                        b,
+		Subjects:                      f.subjects,
+		Logger:                        log,
+		Registry:                      reg,
+		MaxConnections:                f.maxConnections,
+		MaxConnectionsPerIP:           f.maxConnsPerIP,
+		TrustedProxies:                limits.TrustedProxies,
+		IPLimitIPv6Prefix:             limits.IPLimitIPv6Prefix,
+		MaxConnectRate:                limits.MaxConnectRate,
+		ConnectBurst:                  limits.ConnectBurst,
+		ConnectQueue:                  limits.ConnectQueue,
+		ConnectQueueWait:              limits.ConnectQueueWait,
+		MaxMessageRate:                f.maxMessageRate,
+		MaxSubscriptions:              f.maxSubscriptions,
+		MaxSnapshot:                   f.maxSnapshot,
+		MaxViewDocumentsPerConnection: f.maxViewDocsConn,
+		MaxViewDocuments:              f.maxViewDocs,
+		MaxFilterCost:                 f.maxFilterCost,
+		MaxFilterCostPerEvent:         f.filterEventCost,
+		FilterCostRate:                f.filterCostRate,
+		FilterCompileRate:             f.filterCompiles,
+		MailboxMessages:               f.mailboxMessages,
+		MailboxBytes:                  f.mailboxBytes,
+		ReadLimit:                     f.readLimit,
+		MaxFrameBytes:                 f.maxFrameBytes,
+		MaxPace:                       f.maxPace,
+		HandshakeTimeout:              f.handshakeTimeout,
+		MaxHandshakes:                 f.maxHandshakes,
+		PingInterval:                  f.pingInterval,
+		PingTimeout:                   f.pingTimeout,
+		APIKey:                        f.apiKey,
+		AdminKey:                      adminKey,
+		AdminApart:                    f.admin.listen != "",
+		MaxPublishBytes:               f.maxPublishBytes,
+		AllowedOrigins:                f.allowedOrigins,
+		Console:                       f.console,
+		Consumer:                      f.consumer,
+		DurableInactive:               f.durableInactive,
+		MaxDurables:                   f.maxDurables,
+		AnonymousDurables:             f.anonDurables,
 
 		GraphQLInitTimeout:   f.graphqlInit,
 		GraphQLMaxBodyBytes:  f.graphqlLimits.maxBodyBytes,

@@ -3,11 +3,15 @@ package gateway
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// filterBudget is what one connection's filters may spend, in CEL cost
-// units as filter_cost.go prices them: per event in the dispatcher
+// filterBudget is what one connection's filtered subscriptions may spend
+// and hold. They hold documents (view.go): held counts those filed in the
+// view index, bounded by Config.MaxViewDocumentsPerConnection besides each
+// view's MaxSnapshot and the node's MaxViewDocuments (heldLimits). Their
+// filters spend CEL cost units as filter_cost.go prices them: per event in the dispatcher
 // (Config.MaxFilterCostPerEvent), and over time wherever they are
 // evaluated (Config.FilterCostRate, in bursts of a second's worth). The
 // dispatcher, which may not wait, ends a view whose connection is past
@@ -26,7 +30,43 @@ type filterBudget struct {
 
 	mu sync.Mutex
 	b  costBucket // guarded by mu
+
+	held atomic.Int64 // documents the connection's views hold in the view index
 }
+
+// heldLimits bound the documents views hold: per connection and per node
+// (each view has its own, viewSub.max). Static after newHub, but node.
+type heldLimits struct {
+	perConn, perNode int64
+	node             *atomic.Int64 // the node's count (hub.held)
+}
+
+// full says which bound vs would pass by holding one more document (""
+// none): its own max, its connection's, or the node's. unfiled is how
+// many of its documents the counts do not include yet (a snapshot's, a
+// replay's: all of them; in the index: none). The node's bound is checked
+// as documents are added, so snapshots in flight may pass it by their own
+// sizes.
+func (l *heldLimits) full(vs *viewSub, unfiled int) string {
+	switch {
+	case len(vs.held) >= vs.max:
+		return fullView
+	case l == nil:
+		return ""
+	case l.perConn > 0 && vs.c.filters != nil && vs.c.filters.held.Load()+int64(unfiled) >= l.perConn:
+		return fullConn
+	case l.perNode > 0 && l.node.Load()+int64(unfiled) >= l.perNode:
+		return fullNode
+	}
+	return ""
+}
+
+// The bounds a view can pass (viewSub.full).
+const (
+	fullView = "view"
+	fullConn = "connection"
+	fullNode = "node"
+)
 
 func newFilterBudget(rate int) *filterBudget {
 	return &filterBudget{rate: float64(rate)}
