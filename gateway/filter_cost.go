@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"regexp/syntax"
@@ -55,17 +56,61 @@ const (
 )
 
 // regexInsts is the size of pattern's RE2 program, as Go's regexp
-// compiles it.
-func regexInsts(pattern string) (int, error) {
+// compiles it, or an error when it is over limit: a pattern whose bound
+// (regexBound, on the parsed tree) is far over is refused without being
+// compiled, since compiling (?:.{1900}){1000} to count its instructions
+// would allocate the 1.9 million of them (80 MB) the limit is there to
+// refuse.
+func regexInsts(pattern string, limit int) (int, error) {
 	re, err := syntax.Parse(pattern, syntax.Perl)
 	if err != nil {
 		return 0, err
+	}
+	if b := regexBound(re, 4*limit); b > 4*limit {
+		return b, errRegexTooLarge
 	}
 	prog, err := syntax.Compile(re.Simplify())
 	if err != nil {
 		return 0, err
 	}
+	if len(prog.Inst) > limit {
+		return len(prog.Inst), errRegexTooLarge
+	}
 	return len(prog.Inst), nil
+}
+
+var errRegexTooLarge = errors.New("regex program too large")
+
+// regexBound bounds the instructions re compiles to, stopping past cap:
+// each repetition counts its body as often as it may repeat, as the
+// compiler unrolls it.
+func regexBound(re *syntax.Regexp, cap int) int {
+	n := 0
+	switch re.Op {
+	case syntax.OpLiteral:
+		n = len(re.Rune)
+	case syntax.OpCapture, syntax.OpStar, syntax.OpPlus, syntax.OpQuest:
+		n = 2 + regexBound(re.Sub[0], cap)
+	case syntax.OpRepeat:
+		times := re.Max
+		if times < 0 {
+			times = re.Min + 1
+		}
+		body := regexBound(re.Sub[0], cap) + 1
+		if times > 0 && body > cap/times {
+			return cap + 1
+		}
+		n = times * body
+	case syntax.OpConcat, syntax.OpAlternate:
+		for _, sub := range re.Sub {
+			if n += regexBound(sub, cap) + 1; n > cap {
+				return cap + 1
+			}
+		}
+	default:
+		n = 1
+	}
+	return min(n, cap+1)
 }
 
 // inspectExpr finds e's matches calls: each pattern must be a constant
@@ -100,8 +145,8 @@ func inspectExpr(e ast.Expr) (insts map[string]int, track bool, err error) {
 			err = fmt.Errorf("%w: matches takes a constant pattern (a string literal), not one computed from the event or the claims", ErrBadFilter)
 			return
 		}
-		n, cerr := regexInsts(string(lit))
-		if cerr != nil {
+		n, cerr := regexInsts(string(lit), maxFilterRegexInsts-total)
+		if cerr != nil && !errors.Is(cerr, errRegexTooLarge) {
 			err = fmt.Errorf("%w: matches: %v", ErrBadFilter, cerr)
 			return
 		}
@@ -151,7 +196,7 @@ func regexCall(maxCost uint64) []*interpreter.RegexOptimization {
 		if err != nil {
 			return nil, err
 		}
-		insts, err := regexInsts(pattern)
+		insts, err := regexInsts(pattern, maxFilterRegexInsts)
 		if err != nil {
 			return nil, err
 		}
