@@ -254,3 +254,52 @@ func TestFilterProgramsBounded(t *testing.T) {
 		return e.metric("fanwire_filter_programs_bytes", nil) <= 8<<20+200<<10 && e.metric("fanwire_filters", nil) == 0
 	})
 }
+
+// TestFilterCostRate: over time, one connection's filters spend at most
+// FilterCostRate (in bursts of a second's worth) whatever it does: here
+// it subscribes an expensive view again on every event, and is refused
+// while its filters are in debt. The bound is checked against the time
+// the test took, so a slow machine only makes it looser.
+func TestFilterCostRate(t *testing.T) {
+	const rate = 500_000
+	e := newEnv(t, func(c *gateway.Config) {
+		c.FilterCostRate = rate
+		c.MaxFilterCost = 10_000
+		c.MaxFilterCostPerEvent = 10_000
+		c.MaxMessageRate = -1
+		c.MaxClientErrors = 1 << 30
+	})
+	h := e.dial()
+	v := e.dial() // its event says the dispatcher is past the one before
+	v.subscribe("v", "app.e")
+	xs := strings.TrimSuffix(strings.Repeat("1,", 300), ",")
+	start := time.Now()
+	refused := 0
+	for n := range 300 {
+		w := fmt.Sprintf(`doc.xs.all(x, doc.xs.all(y, x + y >= %d))`, -(n % 50))
+		h.send(`{"type":"subscribe","id":"x` + strconv.Itoa(n) + `","subject":"app.>","where":"` + w + `"}`)
+		for {
+			m := h.next()
+			if m["id"] != "x"+strconv.Itoa(n) {
+				continue // an earlier view's end
+			}
+			if m["type"] == "error" {
+				if !strings.Contains(m["message"].(string), "again in") {
+					t.Fatalf("x%d: %v", n, m)
+				}
+				refused++
+			}
+			break
+		}
+		e.store("app.e", `{"doc":{"n":`+strconv.Itoa(n)+`,"xs":[`+xs+`]}}`)
+		v.expect(map[string]any{"type": "event", "subject": "app.e"})
+	}
+	elapsed := time.Since(start).Seconds()
+	spent := e.metric("fanwire_filter_cost_units_total", nil)
+	if allowed := rate + rate*elapsed + 10_001; spent > allowed {
+		t.Fatalf("one connection's filters spent %.0f units in %.2f s: over the %.0f its rate allows", spent, elapsed, allowed)
+	}
+	if refused == 0 {
+		t.Fatalf("no subscribe was refused while the connection's filters were in debt (spent %.0f)", spent)
+	}
+}

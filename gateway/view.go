@@ -447,7 +447,8 @@ func (h *hub) viewOffer(vs *viewSub, ev *Event, p *parsedData, seq uint64, st *v
 		}
 		if fb != nil {
 			fb.event += cost
-			over = h.maxConnCost > 0 && fb.event > h.maxConnCost || fb.charge(h.now, cost) > 0
+			owed := fb.charge(h.now, cost) // always: a short-circuit here once let a connection spend without paying
+			over = h.maxConnCost > 0 && fb.event > h.maxConnCost || owed > 0
 		}
 	}
 	if vs.f.ok {
