@@ -142,5 +142,6 @@ func TestRedisLatestOnCluster(t *testing.T) {
 	t.Run("trimmed", func(t *testing.T) { testRedisLatestSkipsTrimmed(t, r) })
 	t.Run("newest", func(t *testing.T) { testLatestNewestOfEachSubject(t, onRedisStreams(t, r)) })
 	t.Run("filters", func(t *testing.T) { testLatestFilters(t, onRedisStreams(t, r)) })
+	t.Run("limit", func(t *testing.T) { testLatestLimit(t, onRedisStreams(t, r)) })
 	t.Run("while publishing", func(t *testing.T) { testLatestWhilePublishing(t, onRedisStreams(t, r)) })
 }

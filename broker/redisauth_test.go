@@ -58,7 +58,7 @@ func TestRedisSecured(t *testing.T) {
 			// A live view's snapshot reads the index of each subject's
 			// newest entry (HSCAN; HDEL of trimmed ones).
 			n := 0
-			if _, err := b.Latest(context.Background(), nil, func(ms []broker.Message) error { n += len(ms); return nil }); err != nil || n == 0 {
+			if _, err := b.Latest(context.Background(), nil, 0, func(ms []broker.Message) error { n += len(ms); return nil }); err != nil || n == 0 {
 				t.Fatalf("Latest: %d messages, %v", n, err)
 			}
 			if err := b.Close(); err != nil {
