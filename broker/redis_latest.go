@@ -41,7 +41,8 @@ import (
 // entries must all be read before the first is delivered (HSCAN returns
 // them unordered, the handler wants cursor order), so a snapshot over the
 // limit cannot be delivered in part. A field whose entry was trimmed
-// away counts until a Latest finds it gone and deletes it.
+// away counts until the appends' prune (pruneLatestSrc) or a Latest
+// deletes it.
 func (b *Redis) Latest(ctx context.Context, filters []string, limit int, h func([]Message) error) (string, error) {
 	xs, err := b.rdb.XRevRangeN(ctx, b.cfg.Stream, "+", "-", 1).Result()
 	if err != nil {
