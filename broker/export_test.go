@@ -28,6 +28,10 @@ func SetRedisLatestScanned(b *Redis, scanned func(held int)) { b.latest.scanned 
 // stream for their messages' sequences (others' messages came between).
 func PublishFinds(b *JetStream) int64 { return b.pubFinds.Load() }
 
+// PublishTagReads is how many messages b's fast-batch Publishes read back
+// to find their sequences.
+func PublishTagReads(b *JetStream) int64 { return b.pubTagReads.Load() }
+
 // SetPublishHooks makes b's fast-batch Publish call afterFirst once it
 // has sent a batch's first message, before the second.
 func SetPublishHooks(b *JetStream, afterFirst func()) { b.pubHooks.afterFirst = afterFirst }
