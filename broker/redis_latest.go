@@ -15,7 +15,9 @@ import (
 //
 // through is the stream's last entry, read before the index. Every append
 // sets its subject's field in the same script as its XADD, so when
-// through is read every entry up to it is in the index, and a field
+// through is read every entry up to it is in the index (every one still
+// in the stream: the appends' prune deletes only fields of entries
+// trimmed away, which Latest could not deliver), and a field
 // changed since names an entry after through: a field at or before
 // through names its subject's newest entry at or before through, one
 // after it is skipped (its subject is left out; the Replay after through
