@@ -163,7 +163,24 @@ type Snapshots interface {
 	// never delivers a message after through, nor one twice. h must not
 	// keep the batch slice, which is reused (it may keep each Message's
 	// Data). An error from h ends it with that error.
-	Latest(ctx context.Context, filters []string, h func([]Message) error) (through string, err error)
+	//
+	// limit > 0 bounds the snapshot, and what Latest holds while it reads
+	// it: when more than limit subjects on filters hold a message (counted
+	// at or after through: one first published after through may count),
+	// Latest returns an error wrapping ErrSnapshotTooLarge, having
+	// delivered at most limit messages (Redis Streams refuses before it
+	// delivers any). limit <= 0: no bound.
+	Latest(ctx context.Context, filters []string, limit int, h func([]Message) error) (through string, err error)
+}
+
+// ErrSnapshotTooLarge is wrapped by the error of a Latest whose filters
+// match more subjects than its limit: the snapshot is refused rather than
+// read whole (a pattern over millions of subjects).
+var ErrSnapshotTooLarge = errors.New("snapshot too large")
+
+// snapshotTooLarge is the error of a Latest over limit.
+func snapshotTooLarge(limit int, filters []string) error {
+	return fmt.Errorf("%w: more than %d subjects on %q", ErrSnapshotTooLarge, limit, filters)
 }
 
 // latestHooks let a test act between Latest's steps, where a publisher
@@ -172,6 +189,9 @@ type Snapshots interface {
 type latestHooks struct {
 	afterThrough func() // through is read, nothing else yet
 	afterScan    func() // Redis Streams: the index is read, no entry yet
+	// scanned is called after each page of the index Redis Streams reads,
+	// with how many entries Latest holds then.
+	scanned func(held int)
 }
 
 // HighWater is implemented by brokers that can say which of a writer's

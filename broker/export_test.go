@@ -20,9 +20,17 @@ func SetRedisLatestHooks(b *Redis, afterThrough, afterScan func()) {
 	b.latest.afterThrough, b.latest.afterScan = afterThrough, afterScan
 }
 
+// SetRedisLatestScanned makes b's Latest call scanned after each page of
+// the index it reads, with how many entries it holds then.
+func SetRedisLatestScanned(b *Redis, scanned func(held int)) { b.latest.scanned = scanned }
+
 // PublishFinds is how many of b's fast-batch Publishes had to search the
 // stream for their messages' sequences (others' messages came between).
 func PublishFinds(b *JetStream) int64 { return b.pubFinds.Load() }
+
+// PublishTagReads is how many messages b's fast-batch Publishes read back
+// to find their sequences.
+func PublishTagReads(b *JetStream) int64 { return b.pubTagReads.Load() }
 
 // SetPublishHooks makes b's fast-batch Publish call afterFirst once it
 // has sent a batch's first message, before the second.

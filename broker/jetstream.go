@@ -52,9 +52,16 @@ type JetStream struct {
 	fastCalls map[string]*fastCall // guarded by fastMu
 
 	// pubFinds counts the fast-batch Publishes whose messages were not
-	// stored contiguously (findTagged): for tests.
-	pubFinds atomic.Int64
-	pubHooks struct{ afterFirst func() } // static: tests' hooks into Publish
+	// stored contiguously (findTagged), pubTagReads the messages read back
+	// (storedTag): for tests.
+	pubFinds    atomic.Int64
+	pubTagReads atomic.Int64
+	pubHooks    struct{ afterFirst func() } // static: tests' hooks into Publish
+
+	// seqSeen is the highest stream sequence this broker was told is
+	// stored (observe): a fast batch sent after reading it is stored
+	// after it, which bounds its search (findTagged).
+	seqSeen atomic.Uint64
 }
 
 // DialJetStream connects and creates or updates the stream. A stream that
@@ -143,6 +150,7 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 		b.core.log.Warn("jetstream: the server does not take atomic batches (NATS older than 2.12?): publishing one message at a time, in order, which is much slower",
 			zap.String("stream", want.Name))
 	}
+	b.observe(b.stream.CachedInfo().State.LastSeq)
 	b.fast.Store(b.stream.CachedInfo().Config.AllowBatchPublish)
 	if !b.fast.Load() {
 		b.core.log.Info("jetstream: the server does not take fast batches (NATS older than 2.14?): Append publishes as Publish does",
@@ -155,6 +163,17 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 		return nil, fmt.Errorf("jetstream: subscribe to fast batch answers: %w", err)
 	}
 	return b, nil
+}
+
+// observe records that the stream stores a message at seq (an answer to
+// a publish, a message of the live feed, the stream's state).
+func (b *JetStream) observe(seq uint64) {
+	for {
+		old := b.seqSeen.Load()
+		if seq <= old || b.seqSeen.CompareAndSwap(old, seq) {
+			return
+		}
+	}
 }
 
 // ensureStream creates the stream, or updates what may change of an

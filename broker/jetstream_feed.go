@@ -87,6 +87,8 @@ func (b *JetStream) run(ctx context.Context, cons jetstream.Consumer, after uint
 		if prev := last.Swap(meta.Sequence.Stream); meta.Sequence.Stream > prev+1 && b.cfg.OnGap != nil {
 			b.cfg.OnGap(int(meta.Sequence.Stream - prev - 1))
 		}
+		// What the feed sees is stored: it bounds Publish's search (findTagged).
+		b.observe(meta.Sequence.Stream)
 		select { // blocking: a slow dispatcher makes the consumer stop pulling
 		case ch <- Message{Subject: m.Subject(), Data: m.Data(), Cursor: FormatJSCursor(meta.Sequence.Stream)}:
 		case <-ctx.Done():

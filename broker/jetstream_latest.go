@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,7 +26,13 @@ import (
 //
 // Like Replay, a plain ephemeral pull consumer (no acks, in memory),
 // deleted when done; the server removes it if this process dies first.
-func (b *JetStream) Latest(ctx context.Context, filters []string, h func([]Message) error) (string, error) {
+//
+// A limit is checked against the set's size, which the server tells when
+// it creates the consumer: a set over the limit is refused before any of
+// it is read. Where the consumer reads the whole stream (several filters
+// on a server older than 2.10) the set holds other subjects too: Latest
+// counts those on filters as it delivers them, and stops at limit+1.
+func (b *JetStream) Latest(ctx context.Context, filters []string, limit int, h func([]Message) error) (string, error) {
 	info, err := b.stream.Info(ctx)
 	if err != nil {
 		return "", fmt.Errorf("jetstream: stream info: %w", err)
@@ -48,14 +55,19 @@ func (b *JetStream) Latest(ctx context.Context, filters []string, h func([]Messa
 		MemoryStorage:     true,
 		Replicas:          1,
 	}
-	ccfg.FilterSubject, ccfg.FilterSubjects = b.latestFilters(filters)
+	var loose bool // the consumer reads subjects off filters too
+	ccfg.FilterSubject, ccfg.FilterSubjects, loose = b.latestFilters(filters)
 	cons, err := b.js.CreateConsumer(ctx, b.cfg.Stream, ccfg)
 	if err != nil {
 		return "", fmt.Errorf("jetstream: latest consumer: %w", unsupported(err))
 	}
 	defer b.deleteShortLived(ctx, cons.CachedInfo().Name, "latest")
-	if cons.CachedInfo().NumPending == 0 {
+	pending := cons.CachedInfo().NumPending
+	if pending == 0 {
 		return through, nil // no subject on filters
+	}
+	if limit > 0 && !loose && pending > uint64(limit) {
+		return "", snapshotTooLarge(limit, filters)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(replayBatch))
 	if err != nil {
@@ -66,6 +78,7 @@ func (b *JetStream) Latest(ctx context.Context, filters []string, h func([]Messa
 	// iterator ends a wait at once when ctx is done.
 	defer context.AfterFunc(ctx, it.Stop)()
 	batch := make([]Message, 0, maxBatch)
+	counted := 0 // messages on filters read so far
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
@@ -110,6 +123,11 @@ func (b *JetStream) Latest(ctx context.Context, filters []string, h func([]Messa
 		if seq > last {
 			return done() // the rest of the set, and what follows it, is after through
 		}
+		if limit > 0 && (!loose || slices.ContainsFunc(filters, func(f string) bool { return MatchSubject(f, m.Subject()) })) {
+			if counted++; counted > limit {
+				return "", snapshotTooLarge(limit, filters)
+			}
+		}
 		batch = append(batch, Message{Subject: m.Subject(), Data: m.Data(), Cursor: FormatJSCursor(seq)})
 		if seq == last || meta.NumPending == 0 {
 			return done()
@@ -125,13 +143,16 @@ func (b *JetStream) Latest(ctx context.Context, filters []string, h func([]Messa
 // latestFilters is consumerFilters for a last-per-subject consumer, which
 // the server creates only with a filter: none means the subject space, and
 // several on a server older than 2.10 (which takes one) mean ">", the
-// whole stream (as Replay reads it there; the caller matches).
-func (b *JetStream) latestFilters(filters []string) (one string, several []string) {
+// whole stream (as Replay reads it there; the caller matches), which loose
+// reports when the stream holds subjects off filters.
+func (b *JetStream) latestFilters(filters []string) (one string, several []string, loose bool) {
+	loose = len(filters) > 0
 	if len(filters) == 0 {
 		filters = b.cfg.Subjects
 	}
 	if len(filters) > 1 && !b.since210 {
-		return ">", nil
+		return ">", nil, loose
 	}
-	return b.consumerFilters(filters)
+	one, several = b.consumerFilters(filters)
+	return one, several, false
 }

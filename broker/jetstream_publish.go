@@ -191,6 +191,7 @@ func (b *JetStream) publishBatch(ctx context.Context, msgs []Outgoing, cursors [
 			return false, fmt.Errorf("jetstream publish: batch of %d acked with count %d at sequence %d", len(msgs), ack.Count, ack.Seq)
 		}
 		// A batch is stored contiguously: its last message at ack.Seq.
+		b.observe(ack.Seq)
 		first := ack.Seq - uint64(len(msgs)) + 1
 		for i := range cursors {
 			cursors[i] = FormatJSCursor(first + uint64(i))
@@ -276,6 +277,7 @@ func (b *JetStream) publishOne(ctx context.Context, m Outgoing, op string) (_ *j
 	ack, err := b.js.Publish(rctx, m.Subject, m.Data, opts...)
 	cancel()
 	if err == nil {
+		b.observe(ack.Sequence)
 		return ack, false, nil
 	}
 	if ctx.Err() != nil {

@@ -30,7 +30,13 @@ import (
 // a tag (pubTagHeader: the batch's random id and its place), and Publish
 // reads one message back, at S-n+1: if it is the batch's first, the n
 // messages fill the n sequences up to S, and the cursors follow. If not,
-// it reads back from S until it has found every tag.
+// it reads back from S until it has found every tag, or the batch's
+// first, or reached the last sequence it knew stored before it sent the
+// batch (seqSeen): every message of the batch is after that one. Without
+// that floor a removed message (a stream with max_msgs_per_subject drops
+// the batch's earlier messages of a subject as its later ones arrive)
+// sent the search down to the stream's first message: 10,009 reads for a
+// batch of 5 on a stream of 10,000 (TestJetStreamPublishReadBackBounded).
 //
 // Why not pipelined single publishes, each acked with its sequence (the
 // way before atomic batches)? They cost an ack per message, and when one
@@ -62,12 +68,14 @@ func (b *JetStream) publishFast(ctx context.Context, msgs []Outgoing, cursors []
 	for attempt, start := 0, 0; start < len(msgs); {
 		rest := msgs[start:]
 		tag := rand.Text() // 26 characters, unique per batch
+		floor := b.seqSeen.Load()
 		r := b.appendBatch(ctx, rest, tag)
+		b.observe(r.last)
 		if r.next == fastFailed {
 			return true, fmt.Errorf("jetstream publish: %w", r.err)
 		}
 		if r.stored > 0 {
-			if err := b.publishCursors(ctx, tag, r.stored, r.last, cursors[start:start+r.stored]); err != nil {
+			if err := b.publishCursors(ctx, tag, r.stored, r.last, floor, cursors[start:start+r.stored]); err != nil {
 				return true, err
 			}
 			start += r.stored
@@ -108,8 +116,9 @@ func (b *JetStream) publishFast(ctx context.Context, msgs []Outgoing, cursors []
 }
 
 // publishCursors fills cursors, those of the first n messages of the fast
-// batch tagged tag, whose last is at stream sequence last (0: unknown).
-func (b *JetStream) publishCursors(ctx context.Context, tag string, n int, last uint64, cursors []string) error {
+// batch tagged tag, whose last is at stream sequence last (0: unknown),
+// and which were all stored after sequence floor.
+func (b *JetStream) publishCursors(ctx context.Context, tag string, n int, last, floor uint64, cursors []string) error {
 	if last == 0 {
 		// The server stored them but did not say where (a final answer
 		// that was an error): they are before the stream's end.
@@ -118,6 +127,12 @@ func (b *JetStream) publishCursors(ctx context.Context, tag string, n int, last 
 			return fmt.Errorf("jetstream publish: %d messages stored, finding their sequences: %w", n, err)
 		}
 		last = info.State.LastSeq
+		b.observe(last)
+	}
+	if last < floor+uint64(n) {
+		// n messages do not fit after floor: the stream was numbered
+		// lower since (deleted and re-created by hand). Search it all.
+		floor = 0
 	}
 	if last >= uint64(n) {
 		first := last - uint64(n) + 1
@@ -134,25 +149,30 @@ func (b *JetStream) publishCursors(ctx context.Context, tag string, n int, last 
 			return nil
 		}
 	}
-	return b.findTagged(ctx, tag, n, last, cursors)
+	return b.findTagged(ctx, tag, n, last, floor, cursors)
 }
 
 // findTagged reads the stream back from last, pubFindParallel messages at
-// a time, until it has found the n messages tagged tag, or reached the
-// stream's first message. Those it did not find were removed already (a
-// stream kept small by max_bytes, say, that the batch itself overflowed):
-// they get the sequences that continue the earliest one found downwards,
-// below the stream's first: like theirs, expired cursors.
-func (b *JetStream) findTagged(ctx context.Context, tag string, n int, last uint64, cursors []string) error {
+// a time, until it has found the n messages tagged tag, or the batch's
+// first (the others are after it), or reached floor (a sequence stored
+// before the batch was sent) or the stream's first message. Those it did
+// not find were removed already (a stream kept small by max_bytes that
+// the batch itself overflowed, or by max_msgs_per_subject): they get the
+// sequences that continue the earliest one found downwards, each at or
+// after its message's place: below the stream's first (expired, like
+// theirs) when the stream's head went, within the stream when
+// max_msgs_per_subject removed them.
+func (b *JetStream) findTagged(ctx context.Context, tag string, n int, last, floor uint64, cursors []string) error {
 	b.pubFinds.Add(1)
 	prefix := []byte(tag + ".")
 	found := 0
 	seqs := make([]uint64, pubFindParallel)
 	tags := make([]string, pubFindParallel)
 	errs := make([]error, pubFindParallel)
-	var first uint64 // the stream's first sequence, once a window found nothing
-	for hi := last; found < n && hi > 0 && hi >= first; {
-		k := int(min(uint64(pubFindParallel), hi))
+	low := floor      // every message of the batch is after low
+	askedLow := false // whether the stream's first sequence raised low
+	for hi := last; found < n && cursors[0] == "" && hi > low; {
+		k := int(min(uint64(pubFindParallel), hi-low))
 		var wg sync.WaitGroup
 		for j := range k {
 			seqs[j] = hi - uint64(j)
@@ -177,12 +197,16 @@ func (b *JetStream) findTagged(ctx context.Context, tag string, n int, last uint
 			found++
 		}
 		hi -= uint64(k)
-		if !seen && first == 0 && found < n {
+		if !seen && !askedLow && found < n {
 			info, err := b.stream.Info(ctx)
 			if err != nil {
 				return fmt.Errorf("jetstream publish: %d messages stored, finding their sequences: %w", n, err)
 			}
-			first = max(info.State.FirstSeq, 1)
+			b.observe(info.State.LastSeq)
+			if f := info.State.FirstSeq; f > 1 {
+				low = max(low, f-1)
+			}
+			askedLow = true
 		}
 	}
 	if found == n {
@@ -206,6 +230,7 @@ func (b *JetStream) findTagged(ctx context.Context, tag string, n int, last uint
 // it has none, or there is no message there: deleted, or expired), as the
 // stream's leader has it (msgGet).
 func (b *JetStream) storedTag(ctx context.Context, seq uint64) (string, error) {
+	b.pubTagReads.Add(1)
 	rctx, cancel := context.WithTimeout(ctx, publishAckTimeout)
 	defer cancel()
 	_, hdr, err := b.msgGet(rctx, struct {

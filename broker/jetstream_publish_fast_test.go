@@ -357,3 +357,105 @@ func storedData(t *testing.T, js jetstream.JetStream) []storedMsg {
 	}
 	return out
 }
+
+// TestJetStreamPublishReadBackBounded publishes a fast batch on a stream
+// with max_msgs_per_subject 1 that holds 10,000 older messages: the
+// batch's earlier messages on a subject are removed by its later ones, so
+// Publish does not find them where it looks first and reads the stream
+// back; other messages come between the batch's. It must read back no
+// further than what was stored since the broker last saw the stream's end
+// before the batch (at dial; then through its live feed, after 10,000 more
+// from another publisher), not down to the stream's first message; the
+// found messages get their cursors, the removed ones cursors below them.
+func TestJetStreamPublishReadBackBounded(t *testing.T) {
+	ns := brokertest.NATS(t)
+	js := brokertest.JetStream(t, ns.ClientURL())
+	ctx := t.Context()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PER", Subjects: []string{"x.>"}, Storage: jetstream.MemoryStorage,
+		MaxMsgsPerSubject: 1, AllowAtomicPublish: true, AllowBatchPublish: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	older := func(prefix string) {
+		t.Helper()
+		for i := range 10_000 {
+			if _, err := js.PublishAsync(fmt.Sprintf("x.%s.%d", prefix, i), []byte("old")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-js.PublishAsyncComplete():
+		case <-time.After(30 * time.Second):
+			t.Fatal("older messages not acknowledged")
+		}
+	}
+	older("a")
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"x.>"}}, Stream: "PER", Storage: "memory"})
+	const others = 3
+	var first string // the data of the batch's first message
+	broker.SetPublishHooks(b, func() {
+		// The batch's first message is sent: once it is stored, others
+		// come next.
+		for {
+			if m, err := s.GetLastMsgForSubject(ctx, "x.batch.a"); err == nil && string(m.Data) == first {
+				break
+			}
+		}
+		for i := range others {
+			if _, err := js.Publish(ctx, fmt.Sprintf("x.other.%d", i), []byte("other")); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	// x.batch.a thrice then once more: only its last stays, and x.batch.b.
+	subjects := []string{"x.batch.a", "x.batch.a", "x.batch.a", "x.batch.b", "x.batch.a"}
+	check := func(round string) {
+		t.Helper()
+		out := make([]broker.Outgoing, len(subjects))
+		for i, subj := range subjects {
+			out[i] = broker.Outgoing{Subject: subj, Data: fmt.Appendf(nil, "%s-%d", round, i)}
+		}
+		first = string(out[0].Data)
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before, reads, finds := info.State.LastSeq, broker.PublishTagReads(b), broker.PublishFinds(b)
+		cursors, err := b.Publish(ctx, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reads = broker.PublishTagReads(b) - reads
+		if broker.PublishFinds(b) != finds+1 {
+			t.Fatalf("%s: %d searches, want 1", round, broker.PublishFinds(b)-finds)
+		}
+		// The first read, then at most the batch's and the others'.
+		if limit := int64(1 + len(out) + others); reads > limit {
+			t.Fatalf("%s: %d messages read back for a batch of %d among %d others on a stream of %d: want at most %d", round, reads, len(out), others, before, limit)
+		}
+		seqs := make([]uint64, len(cursors))
+		for i, c := range cursors {
+			if seqs[i], err = broker.ParseJSCursor(c); err != nil {
+				t.Fatal(err)
+			}
+			if i > 0 && seqs[i] <= seqs[i-1] {
+				t.Fatalf("%s: cursors %v not increasing", round, cursors)
+			}
+		}
+		if seqs[0] <= before {
+			t.Fatalf("%s: cursors %v, but the stream was at %d before the batch", round, cursors, before)
+		}
+		for _, i := range []int{3, 4} { // the stored ones
+			m, err := s.GetMsg(ctx, seqs[i])
+			if err != nil || string(m.Data) != string(out[i].Data) {
+				t.Fatalf("%s: message %d at %s: %v %v, want %q", round, i, cursors[i], m, err, out[i].Data)
+			}
+		}
+		t.Logf("%s: %d messages read back, cursors %v after %d", round, reads, cursors, before)
+	}
+	check("at dial")
+	c := consume(t, b)
+	older("b")
+	c.waitFor(t, 10_000)
+	check("after the live feed")
+}

@@ -76,7 +76,7 @@ func benchmarkLatest(b *testing.B, br interface {
 	b.ReportAllocs()
 	for b.Loop() {
 		n := 0
-		_, err := br.Latest(ctx, []string{"db.t.*"}, func(ms []broker.Message) error {
+		_, err := br.Latest(ctx, []string{"db.t.*"}, 0, func(ms []broker.Message) error {
 			n += len(ms)
 			return nil
 		})

@@ -31,6 +31,9 @@ type snapshotter interface {
 type snapshotTarget struct {
 	open  func() snapshotter
 	hooks func(b snapshotter, afterThrough, afterScan func())
+	// scanned, where Latest reads an index in pages (Redis Streams), sets
+	// a hook told how many entries Latest holds after each page.
+	scanned func(b snapshotter, held func(int))
 }
 
 // onSnapshots runs test on JetStream (an embedded server per stream) and
@@ -63,6 +66,7 @@ func onRedisStreams(t *testing.T, r redisTarget) snapshotTarget {
 		hooks: func(b snapshotter, afterThrough, afterScan func()) {
 			broker.SetRedisLatestHooks(b.(*broker.Redis), afterThrough, afterScan)
 		},
+		scanned: func(b snapshotter, held func(int)) { broker.SetRedisLatestScanned(b.(*broker.Redis), held) },
 	}
 }
 
@@ -70,7 +74,7 @@ func onRedisStreams(t *testing.T, r redisTarget) snapshotTarget {
 // batch, and through.
 func latestOf(t *testing.T, b broker.Snapshots, filters []string) (msgs []broker.Message, batches []int, through string) {
 	t.Helper()
-	through, err := b.Latest(t.Context(), filters, func(ms []broker.Message) error {
+	through, err := b.Latest(t.Context(), filters, 0, func(ms []broker.Message) error {
 		msgs = append(msgs, ms...)
 		batches = append(batches, len(ms))
 		return nil
@@ -194,9 +198,65 @@ func testLatestNewestOfEachSubject(t *testing.T, tg snapshotTarget) {
 
 	stop := errors.New("enough")
 	calls := 0
-	_, err := b.Latest(t.Context(), nil, func([]broker.Message) error { calls++; return stop })
+	_, err := b.Latest(t.Context(), nil, 0, func([]broker.Message) error { calls++; return stop })
 	if !errors.Is(err, stop) || calls != 1 {
 		t.Fatalf("a handler failing at once: %d calls, Latest returned %v; want 1 call and its error", calls, err)
+	}
+}
+
+// TestLatestLimit: with a limit, a snapshot of more subjects on its
+// filters than the limit is refused with ErrSnapshotTooLarge, delivering
+// none of them (both brokers know the count before the first message);
+// one of exactly the limit is delivered whole, and subjects off the
+// filters do not count. Redis Streams holds at most the limit and a page
+// of the index while it counts (before: the whole index, sorted, and
+// every subject delivered).
+func TestLatestLimit(t *testing.T) { onSnapshots(t, testLatestLimit) }
+
+func testLatestLimit(t *testing.T, tg snapshotTarget) {
+	b := tg.open()
+	const n = 5000
+	var out []broker.Outgoing
+	for k := range n {
+		out = append(out, broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", k), Data: fmt.Appendf(nil, "%d", k), ID: broker.WriterID("w", fmt.Sprint(k))})
+	}
+	for k := range 20 {
+		out = append(out, broker.Outgoing{Subject: fmt.Sprintf("app.x.%d", k), Data: []byte(`"x"`), ID: broker.WriterID("w", fmt.Sprint("x", k))})
+	}
+	appendAs(t, b, "w", out)
+	held := 0
+	if tg.scanned != nil {
+		tg.scanned(b, func(h int) { held = max(held, h) })
+	}
+	for _, tc := range []struct {
+		filters []string
+		limit   int
+		want    int // messages delivered; -1: refused
+	}{
+		{[]string{"db.t.*"}, n, n},
+		{[]string{"db.t.*"}, 0, n},
+		{[]string{"db.t.*"}, n - 1, -1},
+		{[]string{"db.t.*"}, 1000, -1},
+		{[]string{"app.x.*"}, 20, 20},
+		{nil, n + 20, n + 20},
+		{nil, n + 19, -1},
+	} {
+		held = 0
+		got := 0
+		_, err := b.Latest(t.Context(), tc.filters, tc.limit, func(ms []broker.Message) error {
+			got += len(ms)
+			return nil
+		})
+		switch {
+		case tc.want >= 0 && (err != nil || got != tc.want):
+			t.Errorf("Latest(%q, limit %d): %d delivered, %v; want %d", tc.filters, tc.limit, got, err, tc.want)
+		case tc.want < 0 && (!errors.Is(err, broker.ErrSnapshotTooLarge) || got != 0):
+			t.Errorf("Latest(%q, limit %d): %d delivered, %v; want none and ErrSnapshotTooLarge", tc.filters, tc.limit, got, err)
+		}
+		// HSCAN's COUNT (1,000) is a hint: a page may hold a few more.
+		if tg.scanned != nil && tc.want < 0 && held > tc.limit+1500 {
+			t.Errorf("Latest(%q, limit %d) held %d entries of the index, want at most the limit and a page", tc.filters, tc.limit, held)
+		}
 	}
 }
 
@@ -240,7 +300,7 @@ func TestLatestEmptyStream(t *testing.T) { onSnapshots(t, testLatestEmptyStream)
 
 func testLatestEmptyStream(t *testing.T, tg snapshotTarget) {
 	b := tg.open()
-	through, err := b.Latest(t.Context(), []string{"db.>"}, func(ms []broker.Message) error {
+	through, err := b.Latest(t.Context(), []string{"db.>"}, 0, func(ms []broker.Message) error {
 		t.Errorf("handler called with %d messages on an empty stream", len(ms))
 		return nil
 	})
@@ -312,7 +372,7 @@ func testLatestWhilePublishing(t *testing.T, tg snapshotTarget) {
 	})
 	var msgs []broker.Message
 	calls := 0
-	through, err := b.Latest(t.Context(), nil, func(ms []broker.Message) error {
+	through, err := b.Latest(t.Context(), nil, 0, func(ms []broker.Message) error {
 		if calls++; calls == 1 {
 			handled()
 		}
@@ -407,6 +467,16 @@ func TestJetStreamLatestOnDebianNATS29(t *testing.T) {
 		}
 		if strings.Join(got, " ") != tc.want || through != last || (len(msgs) == 4) != tc.all {
 			t.Errorf("Latest(%q): %d delivered, %q after matching, through %s; want %q through %s", tc.filters, len(msgs), got, through, tc.want, last)
+		}
+	}
+	// Reading the whole stream, a limit counts the subjects on filters
+	// only: 3 here, beside db.b.1.
+	filters := []string{"db.a.*", "app.>"}
+	for _, limit := range []int{3, 2} {
+		n := 0
+		_, err := b.Latest(t.Context(), filters, limit, func(ms []broker.Message) error { n += len(ms); return nil })
+		if limit == 3 && (err != nil || n != 4) || limit == 2 && (!errors.Is(err, broker.ErrSnapshotTooLarge) || n > 2) {
+			t.Errorf("Latest(%q, limit %d): %d delivered, %v", filters, limit, n, err)
 		}
 	}
 }

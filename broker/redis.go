@@ -130,8 +130,8 @@ func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) 
 	cursors := make([]string, 0, len(msgs))
 	for start := 0; start < len(msgs); start += publishPart {
 		part := msgs[start:min(start+publishPart, len(msgs))]
-		keys := make([]string, 2, 2+len(part))
-		keys[0], keys[1] = b.cfg.Stream, b.latestKey()
+		keys := make([]string, 3, 3+len(part))
+		keys[0], keys[1], keys[2] = b.cfg.Stream, b.latestKey(), b.pruneKey()
 		args := make([]any, 2, 2+3*len(part))
 		args[0], args[1] = b.cfg.MaxLen, b.cfg.DedupWindow.Milliseconds()
 		retry := true
@@ -206,13 +206,85 @@ func (b *Redis) highWaterKey() string { return b.cfg.Stream + ":last-id" }
 // names an entry older than the stream's newest on that subject. It starts
 // with the stream key, for the same slot.
 //
-// Its cost is one field per subject ever published (trimming does not
-// remove it; Latest deletes the fields of the trimmed entries it meets):
-// 82 bytes per subject of ~10 bytes in BenchmarkLatest (MEMORY USAGE,
-// Redis 7.0), so about 70 beside the subject's own length: ~9 MB for
-// 100,000 subjects of 20 bytes, and as much again for every further
-// 100,000 subjects ever published. Every append also pays an HSET.
+// Its cost is one field per subject with an entry in the stream, and
+// those of trimmed entries not pruned yet (see pruneLatestSrc): 82 bytes
+// per subject of ~10 bytes in BenchmarkLatest (MEMORY USAGE, Redis 7.0),
+// so about 70 beside the subject's own length: ~9 MB for 100,000
+// subjects of 20 bytes. Every append also pays an HSET.
 func (b *Redis) latestKey() string { return b.cfg.Stream + ":latest" }
+
+// pruneKey holds the HSCAN cursor of the index's prune (pruneLatestSrc),
+// kept between appends. It starts with the stream key, for the same slot.
+func (b *Redis) pruneKey() string { return b.cfg.Stream + ":latest-prune" }
+
+// pruneLatestSrc defines prune, which the append scripts run after their
+// XADDs on a trimmed stream: it reads the next few fields of the index
+// from a cursor kept in pruneKey and deletes those whose entry is before
+// the stream's first (trimmed by MAXLEN), so that the index shrinks with
+// the stream instead of keeping a field per subject ever published.
+//
+// Why in the scripts: the cost is amortized, pruneRatio fields examined
+// per message appended, in the step that grows the index, with no
+// goroutine to own and nothing to run on a stream nobody appends to. A
+// full HSCAN pass meets every field present throughout it and the index
+// gains at most one field per append, so a pass of H fields adds at most
+// H/pruneRatio stale ones: the index stays within about pruneRatio/
+// (pruneRatio-1) times the stream's length (TestRedisLatestIndexPruned
+// saw under 1.8). It runs only while the index holds more fields than
+// the stream holds entries (HLEN and XLEN are O(1)): the index of a few
+// busy subjects costs an append nothing more. Entries XDEL'd from the
+// middle are not its business (Latest forgets those it meets; fanwire
+// never deletes entries).
+//
+// Its messages are stored before it runs: every command it sends may
+// fail (an ACL of an older fanwire without +hlen, a cursor key changed by
+// hand) and it then stops, failing nothing.
+//
+// prune's arguments: stream, index, cursor key; n fields to examine.
+const pruneLatestSrc = `
+local pruneRatio = 2
+local function entryID(s)
+  local ms, seq = string.match(s, '^(%d+)-(%d+)$')
+  if ms then
+    return tonumber(ms), tonumber(seq)
+  end
+end
+local function try(...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then
+    return nil
+  end
+  return r
+end
+local function prune(stream, index, cursorKey, n)
+  local h, x = try('HLEN', index), try('XLEN', stream)
+  if n <= 0 or not h or not x or h <= x then
+    return
+  end
+  local first = try('XRANGE', stream, '-', '+', 'COUNT', 1)
+  if not first or not first[1] then
+    return
+  end
+  local fms, fseq = entryID(first[1][1])
+  local cur = try('GET', cursorKey)
+  if type(cur) ~= 'string' then
+    cur = '0'
+  end
+  local r = try('HSCAN', index, cur, 'COUNT', n)
+  if not r then
+    try('SET', cursorKey, '0') -- not a cursor: start again
+    return
+  end
+  local kv = r[2]
+  for i = 1, #kv, 2 do
+    local ms, seq = entryID(kv[i + 1])
+    if ms and (ms < fms or ms == fms and seq < fseq) then
+      try('HDEL', index, kv[i])
+    end
+  end
+  try('SET', cursorKey, r[1])
+end
+`
 
 // publishManySrc appends messages in order, each unless its publish id
 // was seen within the window, atomically (a script runs alone on the
@@ -220,16 +292,17 @@ func (b *Redis) latestKey() string { return b.cfg.Stream + ":latest" }
 // each entry as its subject's newest in the index. It returns the entry
 // ids: the original one for a repeat, which leaves the index as it is. An
 // error (the server out of memory, say) ends it: the messages before are
-// stored, none after.
+// stored, none after. On a trimmed stream it then prunes the index.
 //
-// KEYS[1] stream, KEYS[2] the index, KEYS[3...] each message's dedup key
-// (the stream's own for a message without an id: never read); ARGV[1]
-// max length (0: no trimming), ARGV[2] window in ms, then per message its
-// subject, data and publish id ("" for none).
-const publishManySrc = `
+// KEYS[1] stream, KEYS[2] the index, KEYS[3] the prune's cursor, KEYS[4...]
+// each message's dedup key (the stream's own for a message without an id:
+// never read); ARGV[1] max length (0: no trimming), ARGV[2] window in ms,
+// then per message its subject, data and publish id ("" for none).
+const publishManySrc = pruneLatestSrc + `
 local maxlen = tonumber(ARGV[1])
 local out = {}
-local a, k = 3, 3
+local added = 0
+local a, k = 3, 4
 while a <= #ARGV do
   local pid = ARGV[a + 2]
   local id = false
@@ -243,6 +316,7 @@ while a <= #ARGV do
       id = redis.call('XADD', KEYS[1], '*', 's', ARGV[a], 'd', ARGV[a + 1])
     end
     redis.call('HSET', KEYS[2], ARGV[a], id)
+    added = added + 1
     if pid ~= '' then
       redis.call('SET', KEYS[k], id, 'PX', ARGV[2])
     end
@@ -250,6 +324,9 @@ while a <= #ARGV do
   out[#out + 1] = id
   a = a + 3
   k = k + 1
+end
+if maxlen > 0 then
+  prune(KEYS[1], KEYS[2], KEYS[3], pruneRatio * added)
 end
 return out
 `

@@ -42,10 +42,11 @@ func (b *Redis) Append(ctx context.Context, msgs []Outgoing, opts AppendOptions)
 	for start := 0; start < len(msgs); start += appendScriptMax {
 		part := msgs[start:min(start+appendScriptMax, len(msgs))]
 		// KEYS: the stream, the high-water hash, the index of each
-		// subject's newest entry, then a dedup key per message (the
-		// stream's own for one without an id: never read).
-		keys := make([]string, 3, 3+len(part))
-		keys[0], keys[1], keys[2] = b.cfg.Stream, b.highWaterKey(), b.latestKey()
+		// subject's newest entry and its prune's cursor, then a dedup key
+		// per message (the stream's own for one without an id: never
+		// read).
+		keys := make([]string, 4, 4+len(part))
+		keys[0], keys[1], keys[2], keys[3] = b.cfg.Stream, b.highWaterKey(), b.latestKey(), b.pruneKey()
 		checkArg := "0"
 		if check && opts.Writer != "" {
 			checkArg = "1"
@@ -129,14 +130,16 @@ const appendScriptMax = 256
 //
 // With check, the writer's mark must be the expected id ("": none), or
 // the call is refused with an error starting "CONFLICT", before it stores
-// anything.
+// anything. On a trimmed stream a call that stored all of its messages
+// then prunes the index (pruneLatestSrc).
 //
 // KEYS[1] stream, KEYS[2] high-water hash, KEYS[3] the index of each
-// subject's newest entry (latestKey), KEYS[3+i] message i's dedup key;
-// ARGV[1] max length (0: no trimming), ARGV[2] window in ms, ARGV[3] the
-// writer ("": none), ARGV[4] check ("1") or not, ARGV[5] the expected
-// mark, then per message: subject, data, publish id ("" for none).
-const appendOnceSrc = `
+// subject's newest entry (latestKey), KEYS[4] the prune's cursor
+// (pruneKey), KEYS[4+i] message i's dedup key; ARGV[1] max length (0: no
+// trimming), ARGV[2] window in ms, ARGV[3] the writer ("": none), ARGV[4]
+// check ("1") or not, ARGV[5] the expected mark, then per message:
+// subject, data, publish id ("" for none).
+const appendOnceSrc = pruneLatestSrc + `
 local maxlen = tonumber(ARGV[1])
 local writer = ARGV[3]
 if ARGV[4] == '1' then
@@ -151,7 +154,8 @@ local function mark()
     redis.call('HSET', KEYS[2], writer, last)
   end
 end
-local a, k = 6, 4
+local added = 0
+local a, k = 6, 5
 while a <= #ARGV do
   local pid = ARGV[a + 2]
   if pid == '' or redis.call('EXISTS', KEYS[k]) == 0 then
@@ -166,6 +170,7 @@ while a <= #ARGV do
       return id
     end
     redis.call('HSET', KEYS[3], ARGV[a], id)
+    added = added + 1
     if pid ~= '' then
       redis.call('SET', KEYS[k], id, 'PX', ARGV[2])
     end
@@ -177,7 +182,10 @@ while a <= #ARGV do
   k = k + 1
 end
 mark()
-return k - 4
+if maxlen > 0 then
+  prune(KEYS[1], KEYS[3], KEYS[4], pruneRatio * added)
+end
+return k - 5
 `
 
 var appendOnce = redis.NewScript(appendOnceSrc)

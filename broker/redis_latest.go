@@ -15,7 +15,9 @@ import (
 //
 // through is the stream's last entry, read before the index. Every append
 // sets its subject's field in the same script as its XADD, so when
-// through is read every entry up to it is in the index, and a field
+// through is read every entry up to it is in the index (every one still
+// in the stream: the appends' prune deletes only fields of entries
+// trimmed away, which Latest could not deliver), and a field
 // changed since names an entry after through: a field at or before
 // through names its subject's newest entry at or before through, one
 // after it is skipped (its subject is left out; the Replay after through
@@ -34,7 +36,16 @@ import (
 // The index filters exactly: a single pattern is also passed to HSCAN as
 // a glob on its literal prefix, so that only candidates cross the
 // network.
-func (b *Redis) Latest(ctx context.Context, filters []string, h func([]Message) error) (string, error) {
+//
+// With a limit, the scan counts as it reads and stops once more than
+// limit fields are at or before through: it holds at most limit entries
+// and a page, and refuses the snapshot before fetching any entry. The
+// entries must all be read before the first is delivered (HSCAN returns
+// them unordered, the handler wants cursor order), so a snapshot over the
+// limit cannot be delivered in part. A field whose entry was trimmed
+// away counts until the appends' prune (pruneLatestSrc) or a Latest
+// deletes it.
+func (b *Redis) Latest(ctx context.Context, filters []string, limit int, h func([]Message) error) (string, error) {
 	xs, err := b.rdb.XRevRangeN(ctx, b.cfg.Stream, "+", "-", 1).Result()
 	if err != nil {
 		return "", fmt.Errorf("redis: last entry of %q: %w", b.cfg.Stream, err)
@@ -50,7 +61,7 @@ func (b *Redis) Latest(ctx context.Context, filters []string, h func([]Message) 
 	if b.latest.afterThrough != nil {
 		b.latest.afterThrough()
 	}
-	found, err := b.scanLatest(ctx, filters, top)
+	found, err := b.scanLatest(ctx, filters, top, limit)
 	if err != nil {
 		return "", err
 	}
@@ -104,8 +115,9 @@ type latestEntry struct {
 }
 
 // scanLatest reads the index's fields on filters whose entry is at or
-// before top, sorted by entry, each once.
-func (b *Redis) scanLatest(ctx context.Context, filters []string, top streamID) ([]latestEntry, error) {
+// before top, sorted by entry, each once; more than limit (> 0) of them
+// is an error.
+func (b *Redis) scanLatest(ctx context.Context, filters []string, top streamID, limit int) ([]latestEntry, error) {
 	match := ""
 	if len(filters) == 1 {
 		match = subjectGlob(filters[0])
@@ -128,16 +140,30 @@ func (b *Redis) scanLatest(ctx context.Context, filters []string, top streamID) 
 			}
 			found = append(found, latestEntry{id: id, entry: entry, subject: subject})
 		}
+		if b.latest.scanned != nil {
+			b.latest.scanned(len(found))
+		}
+		if limit > 0 && len(found) > limit {
+			// Over the limit, unless HSCAN returned some twice.
+			if found = sortEntries(found); len(found) > limit {
+				return nil, snapshotTooLarge(limit, filters)
+			}
+		}
 		if next == 0 {
 			break
 		}
 		cursor = next
 	}
+	return sortEntries(found), nil
+}
+
+// sortEntries sorts entries by id and drops repeats. A field HSCAN
+// returned twice (the hash was resized meanwhile) named the same entry
+// both times, if at or before through: a change since through names an
+// entry after it, which scanLatest skips.
+func sortEntries(found []latestEntry) []latestEntry {
 	slices.SortFunc(found, func(x, y latestEntry) int { return x.id.cmp(y.id) })
-	// A field HSCAN returned twice (the hash was resized meanwhile) named
-	// the same entry both times, if at or before through: a change since
-	// through names an entry after it, skipped above.
-	return slices.CompactFunc(found, func(x, y latestEntry) bool { return x.id == y.id }), nil
+	return slices.CompactFunc(found, func(x, y latestEntry) bool { return x.id == y.id })
 }
 
 // subjectGlob is the HSCAN MATCH glob of the subjects pattern may match:

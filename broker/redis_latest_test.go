@@ -83,20 +83,25 @@ func testRedisLatestIndex(t *testing.T, r redisTarget) {
 	}
 }
 
-// TestRedisLatestSkipsTrimmed: entries trimmed away (MAXLEN) are skipped
-// and their index fields deleted, but not a field that names a newer
-// entry appended meanwhile.
+// TestRedisLatestSkipsTrimmed: entries trimmed away and still in the
+// index (an XTRIM by hand, which the appends' prune does not follow; or
+// MAXLEN, before the prune reached them) are skipped and their index
+// fields deleted, but not a field that names a newer entry appended
+// meanwhile.
 func TestRedisLatestSkipsTrimmed(t *testing.T) { testRedisLatestSkipsTrimmed(t, redisSingle(t)) }
 
 func testRedisLatestSkipsTrimmed(t *testing.T, r redisTarget) {
 	const stream = "{tr}"
-	b := dialRedis(t, r.with(broker.RedisConfig{Stream: stream, MaxLen: 50}))
+	b := dialRedis(t, r.with(broker.RedisConfig{Stream: stream}))
 	var out []broker.Outgoing
 	for i := range 500 {
 		out = append(out, broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i), Data: fmt.Appendf(nil, "%d", i), ID: broker.WriterID("w", fmt.Sprint(i))})
 	}
 	appendAs(t, b, "w", out[:250])
 	publish(t, b, out[250:])
+	if err := r.raw.XTrimMaxLen(t.Context(), stream, 50).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if n := len(redisIndex(t, r, stream)); n != 500 {
 		t.Fatalf("index holds %d subjects before Latest, want 500", n)
 	}
@@ -140,7 +145,63 @@ func TestRedisLatestOnCluster(t *testing.T) {
 	r := redisCluster(t)
 	t.Run("index", func(t *testing.T) { testRedisLatestIndex(t, r) })
 	t.Run("trimmed", func(t *testing.T) { testRedisLatestSkipsTrimmed(t, r) })
+	t.Run("pruned", func(t *testing.T) { testRedisLatestIndexPruned(t, r) })
 	t.Run("newest", func(t *testing.T) { testLatestNewestOfEachSubject(t, onRedisStreams(t, r)) })
 	t.Run("filters", func(t *testing.T) { testLatestFilters(t, onRedisStreams(t, r)) })
+	t.Run("limit", func(t *testing.T) { testLatestLimit(t, onRedisStreams(t, r)) })
 	t.Run("while publishing", func(t *testing.T) { testLatestWhilePublishing(t, onRedisStreams(t, r)) })
+}
+
+// TestRedisLatestIndexPruned publishes 50,000 subjects, each once, into a
+// stream kept to about 1,000 entries, through both write paths: the index
+// of each subject's newest entry must shrink with the stream (the append
+// scripts prune the fields of trimmed entries as they go), not keep a
+// field per subject ever published; and Latest still delivers exactly
+// the newest retained entry of each subject, a subject written again
+// after its entry was pruned included.
+func TestRedisLatestIndexPruned(t *testing.T) { testRedisLatestIndexPruned(t, redisSingle(t)) }
+
+func testRedisLatestIndexPruned(t *testing.T, r redisTarget) {
+	const stream, subjects, maxLen = "{pr}", 50_000, 1000
+	b := dialRedis(t, r.with(broker.RedisConfig{Stream: stream, MaxLen: maxLen}))
+	ratio := 0.0 // the largest HLEN/XLEN seen after a call
+	var out []broker.Outgoing
+	for i := range subjects {
+		out = append(out, broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i), Data: fmt.Appendf(nil, "%d", i), ID: broker.WriterID("w", fmt.Sprint(i))})
+		if len(out) < 500 && i < subjects-1 {
+			continue
+		}
+		if i/500%2 == 0 {
+			appendAs(t, b, "w", out)
+		} else {
+			for j := range out {
+				out[j].ID = "" // Publish, as the gateway's publishers do
+			}
+			publish(t, b, out)
+		}
+		out = out[:0]
+		hlen, xlen := r.raw.HLen(t.Context(), stream+":latest").Val(), r.raw.XLen(t.Context(), stream).Val()
+		ratio = max(ratio, float64(hlen)/float64(xlen))
+	}
+	// Subjects pruned long ago, written again, and one written twice.
+	again := publish(t, b, []broker.Outgoing{{Subject: "db.t.0", Data: []byte(`"a"`)}, {Subject: "db.t.1", Data: []byte(`"a"`)}, {Subject: "db.t.0", Data: []byte(`"b"`)}})
+	hlen, xlen := r.raw.HLen(t.Context(), stream+":latest").Val(), r.raw.XLen(t.Context(), stream).Val()
+	t.Logf("after %d subjects: the index holds %d fields, the stream %d entries; at most %.2f fields per entry after a call", subjects, hlen, xlen, ratio)
+	if ratio > 2.5 || hlen > 2*xlen+500 {
+		t.Fatalf("the index holds %d fields for a stream of %d entries (up to %.1f per entry): want a small multiple of the stream's length", hlen, xlen, ratio)
+	}
+
+	msgs, _, through := latestOf(t, b, nil)
+	want := newest(replayAll(t, b, "", through))
+	if len(msgs) != len(want) {
+		t.Fatalf("Latest delivered %d subjects, the stream retains %d", len(msgs), len(want))
+	}
+	for _, m := range msgs {
+		if w := want[m.Subject]; m.Cursor != w.Cursor || string(m.Data) != string(w.Data) {
+			t.Fatalf("%s: delivered %s %s, its newest retained is %s %s", m.Subject, m.Cursor, m.Data, w.Cursor, w.Data)
+		}
+	}
+	if w := want["db.t.0"]; w.Cursor != again[2] || want["db.t.1"].Cursor != again[1] {
+		t.Fatalf("db.t.0 at %s, db.t.1 at %s; want %s and %s", w.Cursor, want["db.t.1"].Cursor, again[2], again[1])
+	}
 }

@@ -2,18 +2,68 @@ package broker_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/redis/go-redis/v9"
 )
 
 // narrowACL is a Redis ACL with only what fanwire needs on stream "fw".
-var narrowACL = []string{"~fw", "~fw:*", "resetchannels", "-@all", "+ping", "+hello",
+var narrowACL = append(slices.Clip(narrowACLBefore37), "+hlen", "+xlen")
+
+// narrowACLBefore37 is the narrow ACL fanwire documented before the
+// appends pruned the index (issue 37): without HLEN and XLEN, which the
+// prune needs.
+var narrowACLBefore37 = []string{"~fw", "~fw:*", "resetchannels", "-@all", "+ping", "+hello",
 	"+xadd", "+xread", "+xrange", "+xrevrange", "+xinfo|stream", "+eval", "+evalsha", "+get", "+set", "+hget", "+hset", "+hscan", "+hdel"}
+
+// TestRedisNarrowACLPrunes appends 3,000 subjects, 100 per call, into a
+// stream trimmed to about 100 entries, as a user with the narrow ACL
+// docs/operations.md lists: the appends prune the index. With the ACL
+// documented before the prune, every append still succeeds (the prune
+// stops at its first refused command), and the index keeps its fields.
+func TestRedisNarrowACLPrunes(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		rules []string
+		prune bool
+	}{
+		{"documented", narrowACL, true},
+		{"before issue 37", narrowACLBefore37, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := brokertest.RedisSecure(t, brokertest.SecureRedisConfig{User: "fanwire", UserPassword: "pa55", UserRules: tc.rules})
+			b, err := dialRedisSecure(broker.RedisConfig{URL: "redis://fanwire:pa55@" + s.Addr, Stream: "fw", MaxLen: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = b.Close() })
+			for call := range 30 {
+				out := make([]broker.Outgoing, 100)
+				for i := range out {
+					out[i] = broker.Outgoing{Subject: fmt.Sprintf("app.t.%d", call*100+i), Data: []byte(`{}`)}
+				}
+				if call%2 == 0 {
+					appendAs(t, b, "w", out)
+				} else {
+					publish(t, b, out)
+				}
+			}
+			raw := redis.NewClient(&redis.Options{Addr: s.Addr, Username: "default"})
+			t.Cleanup(func() { _ = raw.Close() })
+			hlen, xlen := raw.HLen(t.Context(), "fw:latest").Val(), raw.XLen(t.Context(), "fw").Val()
+			if pruned := hlen <= 2*xlen; pruned != tc.prune || xlen == 0 {
+				t.Fatalf("the index holds %d fields for a stream of %d entries: want it pruned %v", hlen, xlen, tc.prune)
+			}
+		})
+	}
+}
 
 func dialRedisSecure(cfg broker.RedisConfig) (*broker.Redis, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -58,7 +108,7 @@ func TestRedisSecured(t *testing.T) {
 			// A live view's snapshot reads the index of each subject's
 			// newest entry (HSCAN; HDEL of trimmed ones).
 			n := 0
-			if _, err := b.Latest(context.Background(), nil, func(ms []broker.Message) error { n += len(ms); return nil }); err != nil || n == 0 {
+			if _, err := b.Latest(context.Background(), nil, 0, func(ms []broker.Message) error { n += len(ms); return nil }); err != nil || n == 0 {
 				t.Fatalf("Latest: %d messages, %v", n, err)
 			}
 			if err := b.Close(); err != nil {

@@ -230,7 +230,11 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 		// over, as any resume. A filtered view's resume (delta) holds the
 		// documents at or before the client's cursor without sending them.
 		var deltaErr error
-		through, err := c.s.snapshots.Latest(ctx, filters, func(ms []broker.Message) error {
+		limit := c.s.cfg.MaxSnapshot
+		if vs != nil && vs.f != nil {
+			limit = 0 // a filtered view counts the documents its filter passes, which the broker cannot tell
+		}
+		through, err := c.s.snapshots.Latest(ctx, filters, limit, func(ms []broker.Message) error {
 			if r.delta != "" {
 				k := 0
 				for _, m := range ms {
@@ -270,6 +274,12 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 		}
 		if err == nil {
 			err = deltaErr
+		}
+		if errors.Is(err, broker.ErrSnapshotTooLarge) {
+			if reply() { // subscribed, then the error, as when the documents passed the bound here
+				c.cl.signal()
+			}
+			err = errViewTooLarge
 		}
 		switch {
 		case err == nil:
