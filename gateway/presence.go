@@ -369,9 +369,11 @@ func (p *presence) tracked(c *conn) []string {
 }
 
 // page is one page of subject's members in key order, after the key
-// after ("" from the first), at most limit of them: the members' JSON,
-// the count of all, and the key to ask after next ("" at the end).
-func (p *presence) page(subject, after string, limit int) (members [][]byte, count int, next string) {
+// after ("" from the first), at most limit of them and, past the first,
+// at most maxBytes of the reply's members list and next together (each
+// member and its comma, and the next field: membersMessage): the members'
+// JSON, the count of all, and the key to ask after next ("" at the end).
+func (p *presence) page(subject, after string, limit, maxBytes int) (members [][]byte, count int, next string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r := p.rooms[subject]
@@ -394,14 +396,28 @@ func (p *presence) page(subject, after string, limit int) (members [][]byte, cou
 	}
 	end := min(i+limit, len(r.sorted))
 	members = make([][]byte, 0, end-i)
-	for _, k := range r.sorted[i:end] {
-		members = append(members, r.members[k].enc)
+	used := 0
+	for j, k := range r.sorted[i:end] {
+		enc := r.members[k].enc
+		n := len(enc) + 1
+		tail := 0 // the next field, should the page end here
+		if i+j+1 < len(r.sorted) {
+			tail = len(nextField) + jsonStringLen(k)
+		}
+		if j > 0 && used+n+tail > maxBytes {
+			end = i + j // stop early: next is the last member listed
+			break
+		}
+		used += n
+		members = append(members, enc)
 	}
 	if end < len(r.sorted) {
 		next = r.sorted[end-1]
 	}
 	return members, len(r.members), next
 }
+
+const nextField = `,"next":`
 
 // membersMessage is the reply to a members request.
 func membersMessage(id, subject string, members [][]byte, count int, next string) []byte {
@@ -425,7 +441,7 @@ func membersMessage(id, subject string, members [][]byte, count int, next string
 	}
 	b = append(b, ']')
 	if next != "" {
-		b = append(b, `,"next":`...)
+		b = append(b, nextField...)
 		b = appendJSONString(b, next)
 	}
 	return append(b, '}')

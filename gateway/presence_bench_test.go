@@ -95,7 +95,7 @@ func BenchmarkPresencePageAfterChange(b *testing.B) {
 		p.flushLocked()
 		p.mu.Unlock()
 		i++
-		if _, n, _ := p.page("room.1", "", 100); n < 10_000 {
+		if _, n, _ := p.page("room.1", "", 100, 1<<20); n < 10_000 {
 			b.Fatalf("count %d", n)
 		}
 	}
