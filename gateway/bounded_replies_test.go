@@ -1,12 +1,16 @@
 package gateway_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/gateway"
 )
 
@@ -29,6 +33,110 @@ func fillRoom(t *testing.T, e *env, subject string, n, size int) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// inspected is a connection as the inspector lists it (the fields these
+// tests read).
+type inspected struct {
+	ID            string `json:"id"`
+	MailboxBytes  int    `json:"mailbox_bytes"`
+	Subscriptions []struct {
+		ID   string `json:"id"`
+		Live bool   `json:"live"`
+	} `json:"subscriptions"`
+}
+
+// inspect lists the node's connections through the inspector (the env
+// needs AdminKey: testAdminKey).
+func (e *env) inspect() []inspected {
+	e.t.Helper()
+	var l struct {
+		Connections []inspected `json:"connections"`
+		Next        string      `json:"next"`
+	}
+	if st := e.adminDo("GET", "/admin/connections?limit=1000", testAdminKey, "", &l); st != 200 || l.Next != "" {
+		e.t.Fatalf("GET /admin/connections: %d, next %q", st, l.Next)
+	}
+	return l.Connections
+}
+
+// mostQueued is the largest mailbox on the node, in bytes.
+func (e *env) mostQueued() int {
+	n := 0
+	for _, c := range e.inspect() {
+		n = max(n, c.MailboxBytes)
+	}
+	return n
+}
+
+// writeRaw writes one text message to c.
+func writeRaw(t *testing.T, c *websocket.Conn, msg string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMembersFloodIsBoundedByTheMailbox: a client that asks for a big
+// room's members again and again and does not read is a slow consumer:
+// its replies count against --mailbox-bytes, it is closed with 4008 once
+// they fill it, and the node never holds more than the bound for it,
+// however many it asked for. (Replies once ignored the byte bound: each
+// request left a whole page queued until the client read.)
+func TestMembersFloodIsBoundedByTheMailbox(t *testing.T) {
+	const mailbox, requests = 128 << 10, 400
+	e := newEnv(t, presenceCfg(func(c *gateway.Config) {
+		c.MailboxBytes, c.MaxPublishBytes = mailbox, 64<<10
+		c.MaxPresenceState = 8 << 10
+		c.MaxMessageRate = -1
+		c.AdminKey = testAdminKey
+		c.CloseTimeout = time.Minute // the flooding client reads only at the end
+	}))
+	fillRoom(t, e, "room.big", 20, 8<<10) // a whole page: 160 KiB
+	flood := dialRaw(t, e, true)          // a 4 KiB receive buffer it does not read
+	peak := 0
+	for i := range requests {
+		writeRaw(t, flood, `{"type":"members","id":"m`+strconv.Itoa(i)+`","subject":"room.big","limit":1000}`)
+		if i%50 == 49 {
+			peak = max(peak, e.mostQueued())
+		}
+	}
+	// Its last message: handled only while the connection is open.
+	writeRaw(t, flood, `{"type":"track","id":"done","subject":"flood.done"}`)
+	waitFor(t, "every request handled, or the connection found slow", func() bool {
+		return e.metric("fanwire_slow_consumers_total", nil) == 1 || e.metric("fanwire_presence_local_members", nil) == 21
+	})
+	peak = max(peak, e.mostQueued())
+	slow := e.metric("fanwire_slow_consumers_total", nil)
+	t.Logf("%d members requests, not read, --mailbox-bytes %d: slow consumer %v, the largest mailbox seen %d bytes", requests, mailbox, slow == 1, peak)
+	if slow != 1 || peak > mailbox {
+		t.Fatalf("after %d members requests: slow consumers %v, a mailbox of %d bytes; want the client closed as a slow consumer, no mailbox over %d", requests, slow, peak, mailbox)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	replies, size := 0, 0
+	for {
+		_, b, err := flood.Read(ctx)
+		if err != nil {
+			if code := websocket.CloseStatus(err); code != gateway.CloseSlowConsumer {
+				t.Fatalf("the flooding client's connection ended with %v, want 4008", err)
+			}
+			break
+		}
+		size += len(b)
+		for _, line := range bytes.Split(b, []byte("\n")) {
+			if !bytes.HasPrefix(line, []byte(`{"type":"members",`)) {
+				t.Fatalf("the flooding client got %.100s, want members replies", line)
+			}
+			replies++
+		}
+	}
+	t.Logf("closed with 4008 after %d replies (%d bytes, what its socket held and the writer had taken)", replies, size)
+	waitFor(t, "slow_consumer counted", func() bool {
+		return e.metric("fanwire_disconnects_total", map[string]string{"reason": "slow_consumer"}) == 1
+	})
 }
 
 // TestMembersPagesByBytes: a members page ends early, with next, when its
