@@ -228,6 +228,104 @@ func TestMembersPagesByBytes(t *testing.T) {
 	}
 }
 
+// TestViewSyncedOverTheMailbox: a filtered view's resume ends with a
+// synced listing every subject the view holds. One that could never fit
+// the connection's mailbox fails the subscribe with too_large, naming
+// --mailbox-bytes (it was once queued past the bound). One that fits the
+// mailbox but not what is free waits for the client to read: the view is
+// not live meanwhile and the mailbox stays within its bound; then synced
+// arrives whole.
+func TestViewSyncedOverTheMailbox(t *testing.T) {
+	const views = 300
+	long := strings.Repeat("k", 60)
+	store := func(e *env) (last string) {
+		for i := range views {
+			last = e.store("orders."+long+strconv.Itoa(i), row("insert", i, doc("open", 200)))
+		}
+		return last // about 22 KB of keys
+	}
+	const where = `"doc.status == 'open'"`
+
+	t.Run("never fits", func(t *testing.T) {
+		e := newEnvOn(t, "jetstream", func(c *gateway.Config) { c.MailboxBytes, c.MaxPublishBytes = 16<<10, 8<<10 })
+		last := store(e)
+		cl := e.dial()
+		cl.keepSynced = true
+		cl.send(`{"type":"subscribe","id":"v","subject":"orders.*","where":` + where + `,"from":"` + last + `"}`)
+		cl.expect(map[string]any{"type": "subscribed", "id": "v"})
+		m, raw := cl.pop()
+		if msg, _ := m["message"].(string); m["type"] != "error" || m["id"] != "v" || m["code"] != "too_large" ||
+			!strings.Contains(msg, "--mailbox-bytes") || !strings.Contains(msg, "narrow the view") {
+			t.Fatalf("got %d bytes: %.300s; want a too_large error for v saying what to raise or narrow", len(raw), raw)
+		}
+		cl.quiet()
+		e.waitSubscriptions(0)
+	})
+
+	t.Run("waits for room", func(t *testing.T) {
+		const mailbox = 32 << 10
+		e := newEnvOn(t, "jetstream", func(c *gateway.Config) {
+			c.MailboxBytes, c.MaxPublishBytes = mailbox, 8<<10
+			c.AdminKey = testAdminKey
+			c.CloseTimeout = time.Minute
+		})
+		last := store(e)
+		c := dialRaw(t, e, true)
+		subscribeRaw(t, c, "fill", "app.fill")
+		// Stall the socket, then queue more than the synced leaves free
+		// (16 KiB, at most 8 KiB more: within the bound).
+		pad := strings.Repeat("f", 7<<10)
+		for i := 1; e.metric("fanwire_writer_handoffs_total", nil) < 1 || e.mostQueued() <= 16<<10; i++ {
+			e.store("app.fill", `"`+pad+`"`)
+			waitFor(t, "the fill event queued", func() bool { return e.metric("fanwire_deliveries_total", nil) == float64(i) })
+		}
+		before := e.mostQueued()
+		writeRaw(t, c, `{"type":"subscribe","id":"v","subject":"orders.*","where":`+where+`,"from":"`+last+`"}`)
+		var v inspected
+		waitFor(t, "the resume's subscribed queued", func() bool {
+			v = e.inspect()[0]
+			return v.MailboxBytes > before
+		})
+		for _, s := range v.Subscriptions {
+			if s.ID == "v" && s.Live {
+				t.Fatalf("the view is live with its synced queued over what was free: %d bytes queued (bound %d)", v.MailboxBytes, mailbox)
+			}
+		}
+		if v.MailboxBytes > mailbox {
+			t.Fatalf("%d bytes queued, over the bound %d", v.MailboxBytes, mailbox)
+		}
+		// The client reads: the fill, subscribed, then synced with every key.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for synced := false; !synced; {
+			_, b, err := c.Read(ctx)
+			if err != nil {
+				t.Fatalf("reading: %v", err)
+			}
+			for _, line := range bytes.Split(b, []byte("\n")) {
+				var m map[string]any
+				if err := json.Unmarshal(line, &m); err != nil {
+					t.Fatal(err)
+				}
+				switch m["type"] {
+				case "event", "subscribed":
+				case "synced":
+					if keys, _ := m["keys"].([]any); len(keys) != views {
+						t.Fatalf("synced with %d keys, want %d", len(keys), views)
+					}
+					synced = true
+				default:
+					t.Fatalf("got %.200s", line)
+				}
+			}
+		}
+		e.waitSubscriptions(2)
+		if s := e.metric("fanwire_slow_consumers_total", nil); s != 0 {
+			t.Fatalf("%v slow consumers", s)
+		}
+	})
+}
+
 // TestGraphQLResultOverTheMailbox: a GraphQL operation whose result could
 // never fit the connection's mailbox (here six members fields, each a
 // page within its budget) is answered with a too_large error instead, and

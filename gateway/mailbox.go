@@ -222,7 +222,17 @@ func (m *mailbox) len() int {
 // waitRoom waits until the mailbox is at most half full: a replay, unlike
 // the dispatcher, is one connection's producer and may wait for its writer.
 func (m *mailbox) waitRoom(ctx context.Context) error {
-	for m.overHalf() {
+	return m.waitUntil(ctx, func() bool { return !m.overHalf() })
+}
+
+// waitFree waits until n more bytes fit (n at most maxBytes: a resume's
+// hand-over that needs room for a view's synced).
+func (m *mailbox) waitFree(ctx context.Context, n int) error {
+	return m.waitUntil(ctx, func() bool { return m.free() >= n })
+}
+
+func (m *mailbox) waitUntil(ctx context.Context, ok func() bool) error {
+	for !ok() {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
