@@ -228,6 +228,140 @@ func TestMembersPagesByBytes(t *testing.T) {
 	}
 }
 
+// TestPresenceBatchSplitToFitTheMailbox: a big room's coalesced changes
+// of an interval, three times what a watcher's mailbox holds, reach its
+// native and GraphQL watchers as several presence messages of at most a
+// quarter of --mailbox-bytes each, at most half a mailbox per tick, each
+// with the room's count: every join arrives, none twice, and no watcher
+// is closed. (Such a batch was once one message over the mailbox, skipped
+// for every watcher without a trace.)
+func TestPresenceBatchSplitToFitTheMailbox(t *testing.T) {
+	const mailbox, n = 64 << 10, 60
+	e := newEnv(t, presenceCfg(func(c *gateway.Config) {
+		c.MailboxBytes, c.MaxPublishBytes = mailbox, 16<<10
+		c.MaxPresenceState = 4 << 10
+		c.PresenceListLimit = 2
+		c.PresenceInterval = time.Hour // flushed by the test
+		c.PresenceRate = 1000
+		c.MaxMessageRate = -1
+	}))
+	w := e.dial()
+	w.send(`{"type":"subscribe","id":"w","subject":"room.big","presence":true}`)
+	w.expect(map[string]any{"type": "subscribed", "id": "w"})
+	g := e.initGQL()
+	g.gqlOp("p", presenceSub, map[string]any{"s": "room.big"})
+	g.gqlQuiet()
+	keys := fillRoom(t, e, "room.big", n, 3000) // about 180 KB of joins
+
+	native, gql := map[string]int{}, map[string]int{} // key → joins seen
+	msgs, counts := 0, map[float64]int{}
+	readNative := func() { // up to a pong: every message queued before the ping
+		w.send(`{"type":"ping"}`)
+		for {
+			m, raw := w.pop()
+			if m["type"] == "pong" {
+				return
+			}
+			if m["type"] != "presence" || len(raw) > mailbox/4 {
+				t.Fatalf("watcher got %d bytes: %.200s; want presence messages of at most %d bytes", len(raw), raw, mailbox/4)
+			}
+			for _, v := range m["joins"].([]any) {
+				native[v.(map[string]any)["conn"].(string)]++
+			}
+			counts[m["count"].(float64)]++
+			msgs++
+		}
+	}
+	readGQL := func() {
+		g.send(`{"type":"ping"}`)
+		for {
+			raw := g.nextRaw()
+			if raw == `{"type":"pong"}` {
+				return
+			}
+			var m struct {
+				ID      string
+				Payload struct {
+					Data struct {
+						Presence struct{ Joins []struct{ Conn string } }
+					}
+				}
+			}
+			if err := json.Unmarshal([]byte(raw), &m); err != nil || m.ID != "p" {
+				t.Fatalf("GraphQL watcher got %.200s", raw)
+			}
+			for _, j := range m.Payload.Data.Presence.Joins {
+				gql[j.Conn]++
+			}
+		}
+	}
+	// The first two joined at once, under the list limit; each tick then
+	// queues at most half a mailbox, which the watchers read before the next.
+	ticks := 0
+	for ; len(native) < n || len(gql) < n; ticks++ {
+		if ticks > 20 {
+			t.Fatalf("after %d ticks: %d native and %d GraphQL joins of %d", ticks, len(native), len(gql), n)
+		}
+		if ticks > 0 {
+			gateway.FlushPresence(e.srv)
+		}
+		readNative()
+		readGQL()
+	}
+	t.Logf("%d joins of 3 KB, --mailbox-bytes %d: %d presence messages over %d ticks", n, mailbox, msgs, ticks-1)
+	for k, seen := range native {
+		if seen != 1 || gql[k] != 1 || !slices.Contains(keys, k) {
+			t.Fatalf("join of %s seen %d times, in GraphQL %d times", k, seen, gql[k])
+		}
+	}
+	if msgs < 8 || counts[float64(n)] != msgs-2 {
+		t.Fatalf("%d presence messages for %d joins of 3 KB, counts %v: want pieces of at most %d bytes, each but the first two with the room's count %d", msgs, n, counts, mailbox/4, n)
+	}
+	if d := e.metric("fanwire_presence_messages_dropped_total", nil); d != 0 {
+		t.Fatalf("%v presence messages dropped", d)
+	}
+	if s := e.metric("fanwire_slow_consumers_total", nil); s != 0 {
+		t.Fatalf("%v slow consumers", s)
+	}
+}
+
+// TestMemberOverTheMailbox: a member whose change alone is more than a
+// watcher's mailbox holds (a state near --max-presence-state, a tiny
+// --mailbox-bytes) is not sent to it, counted under
+// fanwire_presence_messages_dropped_total{reason="too_large"}; a members
+// page that would hold it is refused with too_large, naming the member to
+// page on after; the connections live on.
+func TestMemberOverTheMailbox(t *testing.T) {
+	e := newEnv(t, presenceCfg(func(c *gateway.Config) {
+		c.MailboxBytes, c.MaxPublishBytes = 2048, 1024
+		c.MaxPresenceState = 4 << 10
+	}))
+	w := e.dial()
+	w.send(`{"type":"subscribe","id":"w","subject":"room.1","presence":true}`)
+	w.expect(map[string]any{"type": "subscribed", "id": "w"})
+	big := fillRoom(t, e, "room.1", 1, 3000)[0]
+	waitFor(t, "the change counted", func() bool {
+		return e.metric("fanwire_presence_messages_dropped_total", map[string]string{"reason": "too_large"}) == 1
+	})
+	small := e.dial()
+	small.send(`{"type":"track","id":"t","subject":"room.1","state":1}`)
+	small.expect(map[string]any{"type": "tracked", "id": "t"})
+	w.expect(map[string]any{"type": "presence", "count": 2, "joins": []any{map[string]any{"conn": small.id, "state": 1}}})
+
+	if big > small.id { // the big member first
+		w.send(`{"type":"members","id":"m","subject":"room.1","after":"` + small.id + `"}`)
+	} else {
+		w.send(`{"type":"members","id":"m","subject":"room.1"}`)
+	}
+	m := w.expect(map[string]any{"type": "error", "id": "m", "code": "too_large"})
+	if msg := m["message"].(string); !strings.Contains(msg, "--mailbox-bytes") || !strings.Contains(msg, `"after":"`+big+`"`) {
+		t.Fatalf("message %q: want --mailbox-bytes and how to page on", msg)
+	}
+	w.send(`{"type":"members","id":"m2","subject":"room.1","after":"` + big + `"}`)
+	w.expect(map[string]any{"type": "members", "id": "m2", "count": 2})
+	w.quiet()
+}
+
 // TestViewSyncedOverTheMailbox: a filtered view's resume ends with a
 // synced listing every subject the view holds. One that could never fit
 // the connection's mailbox fails the subscribe with too_large, naming

@@ -10,7 +10,7 @@ import (
 )
 
 func benchPresence() *presence {
-	s := &Server{cfg: Config{Registry: prometheus.NewRegistry(), PresenceListLimit: 100}, log: zap.NewNop()}
+	s := &Server{cfg: Config{Registry: prometheus.NewRegistry(), PresenceListLimit: 100, MailboxBytes: 4 << 20}, log: zap.NewNop()}
 	return newPresence(s, nil)
 }
 
