@@ -43,14 +43,39 @@ func (c *conn) untrack(id, subject string) {
 	c.send(replyMessage("untracked", id))
 }
 
-// members answers one page of subject's members.
+// members answers one page of subject's members, within pageBytes: a
+// page that could not fit even an empty mailbox (one member over it) is
+// refused, not sent (sending it would close the connection).
 func (c *conn) members(id, subject string, after *string, limit *int) {
-	pg, r := c.s.membersPage(c.grants, subject, after, limit)
+	pg, r := c.s.membersPage(c.grants, subject, after, limit, c.s.pageBytes()-membersOverhead(id, subject))
 	if r != nil {
 		c.clientError(id, r.code, r.msg)
 		return
 	}
-	c.send(membersMessage(id, subject, pg.members, pg.count, pg.next))
+	b := membersMessage(id, subject, pg.members, pg.count, pg.next)
+	if c.cl.neverFits(len(b)) && len(pg.members) > 0 { // one member: a state near --max-presence-state in a tiny mailbox
+		key := splitMember(pg.members[0]).conn
+		c.clientError(id, CodeTooLarge, "members: member "+string(key)+" takes "+strconv.Itoa(len(b))+" bytes with the reply, more than this connection's queue holds (--mailbox-bytes "+
+			strconv.Itoa(c.s.cfg.MailboxBytes)+"): raise --mailbox-bytes, or page on with \"after\":"+string(key))
+		return
+	}
+	c.send(b)
+}
+
+// maxPageBytes caps pageBytes: a members page or a presence message over
+// it buys a client nothing but a longer write (and a frame buffer as big).
+const maxPageBytes = 1 << 20
+
+// pageBytes is the most one members reply or presence message takes: a
+// quarter of a connection's mailbox (Config.MailboxBytes), so that a
+// client reading a page at a time never overflows it, at most
+// maxPageBytes. Bigger answers are paged (next) or split.
+func (s *Server) pageBytes() int { return min(s.cfg.MailboxBytes/4, maxPageBytes) }
+
+// membersOverhead is what membersMessage adds to its members list and next
+// field, at most (a count of 20 digits).
+func membersOverhead(id, subject string) int {
+	return len(`{"type":"members","id":,"subject":,"count":,"members":[]}`) + jsonStringLen(id) + jsonStringLen(subject) + 20
 }
 
 // trackRefused runs a track (the native message or the GraphQL mutation)
@@ -102,8 +127,9 @@ type memberPage struct {
 
 // membersPage is one page of subject's members for grants (a
 // connection's, or an HTTP request's), after the key after, at most limit
-// (nil: defaultMembersPage), or why not.
-func (s *Server) membersPage(g *Grants, subject string, after *string, limit *int) (memberPage, *presenceRefused) {
+// (nil: defaultMembersPage) and, past the first member, maxBytes of
+// members and next (presence.page), or why not.
+func (s *Server) membersPage(g *Grants, subject string, after *string, limit *int, maxBytes int) (memberPage, *presenceRefused) {
 	if code, msg := s.checkPresenceSubject(subject); code != "" {
 		return memberPage{}, &presenceRefused{code, msg}
 	}
@@ -121,7 +147,7 @@ func (s *Server) membersPage(g *Grants, subject string, after *string, limit *in
 		return memberPage{}, &presenceRefused{CodeBadFrame, "members: \"limit\" must be 1 to " + strconv.Itoa(maxMembersPage)}
 	}
 	var pg memberPage
-	pg.members, pg.count, pg.next = s.pres.page(subject, deref(after), n)
+	pg.members, pg.count, pg.next = s.pres.page(subject, deref(after), n, maxBytes)
 	return pg, nil
 }
 

@@ -276,6 +276,8 @@ func subscribeErrorCode(err error) string {
 	switch {
 	case errors.Is(err, errViewTooLarge):
 		return CodeViewTooLarge
+	case errors.Is(err, errSyncedTooLarge):
+		return CodeTooLarge
 	case errors.Is(err, broker.ErrCursorExpired):
 		return CodeCursorExpired
 	case errors.Is(err, broker.ErrBadCursor):

@@ -274,7 +274,11 @@ func (c *conn) gqlSubscribe(id string, p *gqlSubscribePayload) {
 		if resp == nil {
 			resp = &graphql.Response{}
 		}
-		c.send(append(appendResponse(nextHead(id, g.legacy), resp), '}'))
+		b := append(appendResponse(nextHead(id, g.legacy), resp), '}')
+		if c.cl.neverFits(len(b)) { // refused, not sent: sending it would close the connection
+			b = append(appendResponse(nextHead(id, g.legacy), tooLargeResponse(len(b), c.s.cfg.MailboxBytes)), '}')
+		}
+		c.send(b)
 		c.send(gqlMessage("complete", id, nil))
 		c.closeOnTooManyErrors() // its publishes' refusals counted
 		return
@@ -325,6 +329,15 @@ func (c *conn) gqlComplete(id string) {
 	if ok {
 		c.unsubscribe(id)
 	}
+}
+
+// tooLargeResponse replaces a query's result of n bytes that no mailbox
+// of max bytes could hold (several members fields, aliases).
+func tooLargeResponse(n, max int) *graphql.Response {
+	return &graphql.Response{Errors: gqlerror.List{{
+		Message:    "the result is " + strconv.Itoa(n) + " bytes, more than this connection's queue holds (--mailbox-bytes " + strconv.Itoa(max) + "): ask for less in one operation (fewer members fields, a smaller limit)",
+		Extensions: map[string]any{"code": CodeTooLarge},
+	}}}
 }
 
 // gqlOperationErrors ends operation id with GraphQL errors (parse,

@@ -357,6 +357,9 @@ func webSocketRequired(field string) error {
 func (b gqlBackend) Members(ctx context.Context, subject string, after *string, limit *int) (*schema.MemberPage, error) {
 	s := b.s
 	var pg memberPage
+	// The native page's budget: GraphQL's members are its members' JSON
+	// (its response is refused whole if it could never fit: gqlSubscribe).
+	maxBytes := s.pageBytes() - membersOverhead("", subject) - 128
 	switch {
 	case ctx.Value(gqlConnKey{}) != nil:
 		op := ctx.Value(gqlConnKey{}).(*gqlConnOp)
@@ -364,7 +367,7 @@ func (b gqlBackend) Members(ctx context.Context, subject string, after *string, 
 			return nil, op.refused(r, subject)
 		}
 		var r *presenceRefused
-		if pg, r = s.membersPage(op.c.grants, subject, after, limit); r != nil {
+		if pg, r = s.membersPage(op.c.grants, subject, after, limit, maxBytes); r != nil {
 			return nil, op.refused(r, subject)
 		}
 	case ctx.Value(gqlRequestKey{}) != nil:
@@ -374,7 +377,7 @@ func (b gqlBackend) Members(ctx context.Context, subject string, after *string, 
 			return nil, &gqlerror.Error{Message: "unauthorized: " + err.Error(), Extensions: map[string]any{"code": CodeUnauthorized}}
 		}
 		var r *presenceRefused
-		if pg, r = s.membersPage(grants, subject, after, limit); r != nil {
+		if pg, r = s.membersPage(grants, subject, after, limit, maxBytes); r != nil {
 			return nil, r.gqlError(subject)
 		}
 	default:

@@ -92,16 +92,20 @@ func (m *mailbox) push(it item, n int) (wasEmpty bool, fill int, err error) {
 	return wasEmpty, fill, nil
 }
 
-// pushControl queues a reply. Replies may exceed the byte bound (they are
-// tiny and rare) but not the item bound or a closed mailbox.
+// pushControl queues a reply. Replies count against both bounds, as
+// events do: a client that keeps asking and does not read is a slow
+// consumer. A reply that could be big (members, a view's synced, a GraphQL
+// query's result) is paged or refused by its producer before it could
+// exceed the whole byte bound (docs/protocol.md, "Replies and the mailbox").
 func (m *mailbox) pushControl(it item) (wasEmpty bool, err error) {
+	n := it.size()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed || m.n >= m.maxItems {
+	if m.closed || m.n >= m.maxItems || m.bytes+n > m.maxBytes {
 		return false, ErrMailboxFull
 	}
 	wasEmpty = m.n == 0
-	m.appendLocked(it, it.size())
+	m.appendLocked(it, n)
 	return wasEmpty, nil
 }
 
@@ -110,6 +114,13 @@ func (m *mailbox) room() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return int(m.maxItems - m.n)
+}
+
+// free is how many more bytes fit.
+func (m *mailbox) free() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.maxBytes - m.bytes
 }
 
 // overHalf reports whether the mailbox is over half of either bound.
@@ -211,7 +222,17 @@ func (m *mailbox) len() int {
 // waitRoom waits until the mailbox is at most half full: a replay, unlike
 // the dispatcher, is one connection's producer and may wait for its writer.
 func (m *mailbox) waitRoom(ctx context.Context) error {
-	for m.overHalf() {
+	return m.waitUntil(ctx, func() bool { return !m.overHalf() })
+}
+
+// waitFree waits until n more bytes fit (n at most maxBytes: a resume's
+// hand-over that needs room for a view's synced).
+func (m *mailbox) waitFree(ctx context.Context, n int) error {
+	return m.waitUntil(ctx, func() bool { return m.free() >= n })
+}
+
+func (m *mailbox) waitUntil(ctx context.Context, ok func() bool) error {
+	for !ok() {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

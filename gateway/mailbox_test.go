@@ -102,30 +102,35 @@ func TestMailboxByteBound(t *testing.T) {
 	}
 }
 
+// TestMailboxPushControl: replies count against both bounds, as events do
+// (they once could exceed the byte bound: a client asking for members
+// without reading held a reply per request).
 func TestMailboxPushControl(t *testing.T) {
 	m := mailbox{maxItems: 3, maxBytes: 200}
 	ev := testEvent(t, 150)
 	if _, _, err := m.pushItem(ev); err != nil {
 		t.Fatal(err)
 	}
-	// A reply may exceed the byte bound ...
-	ctl := item{ev: controlMessage(make([]byte, 100))}
+	// A reply that would take the mailbox over its byte bound is refused ...
+	if _, err := m.pushControl(item{ev: controlMessage(make([]byte, 51))}); !errors.Is(err, ErrMailboxFull) {
+		t.Fatalf("pushControl over the byte bound: %v, want ErrMailboxFull", err)
+	}
+	// ... one up to it fits, and its bytes count against later events.
+	ctl := item{ev: controlMessage(make([]byte, 25))}
 	wasEmpty, err := m.pushControl(ctl)
 	if err != nil || wasEmpty {
-		t.Fatalf("pushControl over the byte bound: wasEmpty=%v err=%v, want false, nil", wasEmpty, err)
+		t.Fatalf("pushControl within the byte bound: wasEmpty=%v err=%v, want false, nil", wasEmpty, err)
 	}
-	if !m.overHalf() {
-		t.Error("overHalf = false at 250 of 200 bytes")
+	if m.free() != 25 {
+		t.Errorf("free = %d after 175 of 200 bytes, want 25", m.free())
 	}
-	// ... which then refuses events, even small ones ...
 	if _, _, err := m.pushItem(testEvent(t, 62)); !errors.Is(err, ErrMailboxFull) {
-		t.Errorf("push after the byte bound was exceeded: %v, want ErrMailboxFull", err)
+		t.Errorf("push of an event over what the reply left: %v, want ErrMailboxFull", err)
 	}
-	// ... but not further replies, up to the item bound.
 	if _, err := m.pushControl(ctl); err != nil {
-		t.Errorf("second pushControl: %v", err)
+		t.Errorf("second pushControl, exactly up to the byte bound: %v", err)
 	}
-	if _, err := m.pushControl(ctl); !errors.Is(err, ErrMailboxFull) {
+	if _, err := m.pushControl(item{ev: controlMessage(pongMessage[:0])}); !errors.Is(err, ErrMailboxFull) {
 		t.Errorf("pushControl over the item bound: %v, want ErrMailboxFull", err)
 	}
 	got := drainBatch(m.take())

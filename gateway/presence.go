@@ -33,7 +33,9 @@ import (
 // has its changes coalesced per Config.PresenceInterval into one message
 // per subscription (a member that joins and leaves within it appears in
 // neither), so a join costs each watcher a few bytes at the next tick,
-// never a list.
+// never a list. Messages are cut to fit the watchers' mailboxes, and a
+// tick sends at most half a mailbox of a subject's changes
+// (presence_watch.go).
 //
 // Lock order: the hub's index lock, then presence.mu (a subscription
 // starts watching while its reply is queued under the index); presence.mu
@@ -68,6 +70,12 @@ type presence struct {
 	ovf     []*conn                     // guarded by mu: connections whose mailbox overflowed, for after unlock
 	wakes   []*conn                     // guarded by mu: connections to wake after unlock
 	scratch map[*conn][]*presenceWatch  // guarded by mu: deliver's grouping, reused
+	evs     []*Event                    // guarded by mu: deliver's pieces, reused
+	cuts    []int                       // guarded by mu: where deliver cuts its changes, reused
+
+	// Presence messages fit their watchers' mailboxes (presence_watch.go).
+	pieceBytes int // static: the most one presence message takes (Server.pageBytes)
+	flushBytes int // static: the most of a room's coalesced changes one tick delivers: half a mailbox
 }
 
 // room is one subject's members.
@@ -77,6 +85,9 @@ type room struct {
 	byResume map[string]string  // resume secret → key
 	sorted   []string           // members' keys in order, for pages: built by the first page, then kept (nil until then)
 	pend     map[string]pendingChange
+	// resumeAfter is the last member a tick that hit presence.flushBytes
+	// delivered: the next starts after it ("" from the first).
+	resumeAfter string
 }
 
 // member is one connection's presence on a subject. Its key is the id of
@@ -102,6 +113,7 @@ type presMetrics struct {
 	syncs     prometheus.Counter
 	expired   prometheus.Counter
 	lost      prometheus.Counter
+	dropped   *prometheus.CounterVec
 }
 
 func newPresence(s *Server, bus broker.Bus) *presence {
@@ -111,6 +123,7 @@ func newPresence(s *Server, bus broker.Bus) *presence {
 		exact: make(map[string][]*presenceWatch), watches: make(map[*conn][]*presenceWatch),
 		dirty: make(map[*room]struct{}), peers: make(map[string]*peer), gone: make(map[string]time.Time),
 		wake: make(chan struct{}, 1), scratch: make(map[*conn][]*presenceWatch),
+		pieceBytes: s.pageBytes(), flushBytes: s.cfg.MailboxBytes / 2,
 	}
 	p.m = presMetrics{
 		members:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_presence_members", Help: "Presence members this node knows, on every node (its replica)."}),
@@ -121,8 +134,10 @@ func newPresence(s *Server, bus broker.Bus) *presence {
 		syncs:     prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_presence_syncs_total", Help: "Full member lists this node took from another (a node met, or a gap in its messages)."}),
 		expired:   prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_presence_nodes_expired_total", Help: "Nodes whose members were removed after they missed heart-beats for --presence-timeout."}),
 		lost:      prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_presence_bus_errors_total", Help: "Bus messages this node failed to send or could not read."}),
+		dropped:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_presence_messages_dropped_total", Help: "Presence messages not queued to a watcher, by reason (too_large: one member's change is more than the watcher's mailbox holds, --mailbox-bytes)."}, []string{"reason"}),
 	}
-	s.cfg.Registry.MustRegister(p.m.members, p.m.local, p.m.nodes, p.m.changes, p.m.delivered, p.m.syncs, p.m.expired, p.m.lost)
+	s.cfg.Registry.MustRegister(p.m.members, p.m.local, p.m.nodes, p.m.changes, p.m.delivered, p.m.syncs, p.m.expired, p.m.lost, p.m.dropped)
+	p.m.dropped.WithLabelValues(dropTooLarge) // exported at 0
 	return p
 }
 
@@ -369,9 +384,11 @@ func (p *presence) tracked(c *conn) []string {
 }
 
 // page is one page of subject's members in key order, after the key
-// after ("" from the first), at most limit of them: the members' JSON,
-// the count of all, and the key to ask after next ("" at the end).
-func (p *presence) page(subject, after string, limit int) (members [][]byte, count int, next string) {
+// after ("" from the first), at most limit of them and, past the first,
+// at most maxBytes of the reply's members list and next together (each
+// member and its comma, and the next field: membersMessage): the members'
+// JSON, the count of all, and the key to ask after next ("" at the end).
+func (p *presence) page(subject, after string, limit, maxBytes int) (members [][]byte, count int, next string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r := p.rooms[subject]
@@ -394,14 +411,28 @@ func (p *presence) page(subject, after string, limit int) (members [][]byte, cou
 	}
 	end := min(i+limit, len(r.sorted))
 	members = make([][]byte, 0, end-i)
-	for _, k := range r.sorted[i:end] {
-		members = append(members, r.members[k].enc)
+	used := 0
+	for j, k := range r.sorted[i:end] {
+		enc := r.members[k].enc
+		n := len(enc) + 1
+		tail := 0 // the next field, should the page end here
+		if i+j+1 < len(r.sorted) {
+			tail = len(nextField) + jsonStringLen(k)
+		}
+		if j > 0 && used+n+tail > maxBytes {
+			end = i + j // stop early: next is the last member listed
+			break
+		}
+		used += n
+		members = append(members, enc)
 	}
 	if end < len(r.sorted) {
 		next = r.sorted[end-1]
 	}
 	return members, len(r.members), next
 }
+
+const nextField = `,"next":`
 
 // membersMessage is the reply to a members request.
 func membersMessage(id, subject string, members [][]byte, count int, next string) []byte {
@@ -425,7 +456,7 @@ func membersMessage(id, subject string, members [][]byte, count int, next string
 	}
 	b = append(b, ']')
 	if next != "" {
-		b = append(b, `,"next":`...)
+		b = append(b, nextField...)
 		b = appendJSONString(b, next)
 	}
 	return append(b, '}')

@@ -10,7 +10,7 @@ import (
 )
 
 func benchPresence() *presence {
-	s := &Server{cfg: Config{Registry: prometheus.NewRegistry(), PresenceListLimit: 100}, log: zap.NewNop()}
+	s := &Server{cfg: Config{Registry: prometheus.NewRegistry(), PresenceListLimit: 100, MailboxBytes: 4 << 20}, log: zap.NewNop()}
 	return newPresence(s, nil)
 }
 
@@ -95,7 +95,7 @@ func BenchmarkPresencePageAfterChange(b *testing.B) {
 		p.flushLocked()
 		p.mu.Unlock()
 		i++
-		if _, n, _ := p.page("room.1", "", 100); n < 10_000 {
+		if _, n, _ := p.page("room.1", "", 100, 1<<20); n < 10_000 {
 			b.Fatalf("count %d", n)
 		}
 	}

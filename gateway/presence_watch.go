@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"math"
 	"slices"
 	"strconv"
 )
@@ -59,8 +60,13 @@ func (p *presence) emitLocked(r *room, conn string, op byte, enc []byte) {
 	p.dirty[r] = struct{}{}
 }
 
-// flushLocked delivers every room's coalesced changes.
+// flushLocked delivers every room's coalesced changes: at most
+// p.flushBytes of a room's at a time (its watchers' mailboxes must hold
+// them at once); the rest stays coalesced for the next tick, which starts
+// after the last member this one delivered, so that a room whose changes
+// keep passing the cap still delivers every member's in turn.
 func (p *presence) flushLocked() {
+	var more []*room
 	for r := range p.dirty {
 		delete(p.dirty, r)
 		if len(r.pend) == 0 {
@@ -71,16 +77,55 @@ func (p *presence) flushLocked() {
 			keys = append(keys, k)
 		}
 		slices.Sort(keys)
-		changes := make([]pendingChange, len(keys))
-		for i, k := range keys {
-			changes[i] = r.pend[k]
+		if r.resumeAfter != "" {
+			i, found := slices.BinarySearch(keys, r.resumeAfter)
+			if found {
+				i++
+			}
+			keys = slices.Concat(keys[i:], keys[:i])
+			r.resumeAfter = ""
 		}
-		r.pend = nil
+		limit := p.flushBytes
+		if !p.watchedLocked(r.subject) {
+			limit = math.MaxInt // nobody to pace for: forget them all
+		}
+		changes := make([]pendingChange, 0, len(keys))
+		size := 0
+		for i, k := range keys {
+			ch := r.pend[k]
+			if size += len(ch.enc) + 1; i > 0 && size > limit {
+				r.resumeAfter = keys[i-1]
+				break
+			}
+			changes = append(changes, ch)
+			delete(r.pend, k)
+		}
+		if len(r.pend) == 0 {
+			r.pend = nil
+		} else {
+			more = append(more, r)
+		}
 		p.deliverLocked(r, changes)
-		if len(r.members) == 0 {
+		if len(r.members) == 0 && r.pend == nil {
 			delete(p.rooms, r.subject)
 		}
 	}
+	for _, r := range more { // after the loop, which could visit them again
+		p.dirty[r] = struct{}{}
+	}
+}
+
+// watchedLocked reports whether a subscription watches subject.
+func (p *presence) watchedLocked(subject string) bool {
+	if len(p.exact[subject]) > 0 {
+		return true
+	}
+	for _, w := range p.wild {
+		if MatchSubject(w.pattern, subject) {
+			return true
+		}
+	}
+	return false
 }
 
 // presenceEvent builds the shared message of changes to r:
@@ -130,7 +175,12 @@ func presenceEvent(subject string, count int, changes []pendingChange) *Event {
 
 const presencePrefix = `{"type":"presence","subject":`
 
-// deliverLocked queues changes to r to every subscription watching it.
+// deliverLocked queues changes to r to every subscription watching it: one
+// message, or several of at most p.pieceBytes each (split by member, each
+// with the room's count; presenceCuts), each built once and shared by
+// every watcher. A piece one watcher's mailbox could never hold (a single
+// member's change, --max-presence-state near --mailbox-bytes) is not
+// queued to it and is counted (reason too_large).
 func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 	group := p.scratch
 	for _, w := range p.exact[r.subject] {
@@ -144,12 +194,23 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 	if len(group) == 0 {
 		return
 	}
-	ev := presenceEvent(r.subject, len(r.members), changes)
+	gql := false
 	for c := range group {
-		if c.gql != nil { // encoded once for every GraphQL watcher
-			ev.pres = newPresParts(len(r.members), changes)
+		if c.gql != nil {
+			gql = true
 			break
 		}
+	}
+	evs := p.evs[:0]
+	p.cuts = presenceCuts(p.cuts[:0], r.subject, changes, p.pieceBytes)
+	start := 0
+	for _, end := range p.cuts {
+		ev := presenceEvent(r.subject, len(r.members), changes[start:end])
+		if gql { // encoded once for every GraphQL watcher
+			ev.pres = newPresParts(len(r.members), changes[start:end])
+		}
+		evs = append(evs, ev)
+		start = end
 	}
 	for c, ws := range group {
 		subs := ws[0].subs
@@ -164,19 +225,44 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 		}
 		clear(ws)
 		delete(group, c)
-		n := len(ev.buf) + subs.size
-		wasEmpty, _, err := c.cl.mb.push(item{ev: ev, subs: subs}, n)
-		if err != nil {
-			if !c.cl.neverFits(n) && c.cl.overflowed.CompareAndSwap(false, true) {
-				p.ovf = append(p.ovf, c)
+		for _, ev := range evs {
+			n := len(ev.buf) + subs.size
+			if c.cl.neverFits(n) {
+				p.m.dropped.WithLabelValues(dropTooLarge).Inc()
+				continue
 			}
-			continue
-		}
-		p.m.delivered.Inc()
-		if wasEmpty {
-			p.wakes = append(p.wakes, c)
+			wasEmpty, _, err := c.cl.mb.push(item{ev: ev, subs: subs}, n)
+			if err != nil {
+				if c.cl.overflowed.CompareAndSwap(false, true) {
+					p.ovf = append(p.ovf, c)
+				}
+				break
+			}
+			p.m.delivered.Inc()
+			if wasEmpty {
+				p.wakes = append(p.wakes, c)
+			}
 		}
 	}
+	clear(evs)
+	p.evs = evs[:0]
+}
+
+// presenceCuts appends to cuts where changes are cut into runs whose
+// presence message (without its subs) takes at most max bytes, one change
+// at least: the end of each run, the last len(changes). Each change is one
+// member's, coalesced, so any cut is sound.
+func presenceCuts(cuts []int, subject string, changes []pendingChange, max int) []int {
+	fixed := len(presencePrefix) + jsonStringLen(subject) + len(subsField) + len(`,"count":,"joins":[],"leaves":[],"updates":[]}`) + 20
+	size := fixed
+	for i, c := range changes {
+		if n := len(c.enc) + 1; i > 0 && size+n > max {
+			cuts = append(cuts, i)
+			size = fixed
+		}
+		size += len(c.enc) + 1
+	}
+	return append(cuts, len(changes))
 }
 
 // unlock releases mu, then wakes the writers of the connections it

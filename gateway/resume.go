@@ -334,12 +334,27 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 			}
 			pos = w
 		}
+		// A view's synced lists every subject it holds: one that could
+		// never fit the mailbox fails the subscription now; one that does
+		// not fit what is free is waited for below (nothing may wait under
+		// the index). Measured here, outside the lock: until it is live,
+		// only this goroutine changes the view.
+		keyed := r.synced && r.delta != "" && c.sendsSynced(id)
+		keysBytes := 0
+		if keyed {
+			keysBytes = vs.keysBytes()
+			if n := c.syncedBytes(id, st.pattern, w, keysBytes); c.cl.neverFits(n) {
+				c.failSubscribe(id, c.s.syncedTooLarge(len(vs.held), n))
+				return
+			}
+		}
 		// Hand over while the index is held for writing (nothing is being
 		// dispatched): the events dispatched since w, if any, come from the
 		// hub's recent ring, after the reply, before the subscription goes
 		// live. Only if the ring no longer reaches back to w, replay again.
 		var wake, tooLarge bool
 		var spent uint64 // filter cost the hand-over spent under the lock
+		needFree := 0    // bytes the hand-over would queue, when they were not free
 		added := c.s.hub.handover(
 			func() bool {
 				if ctx.Err() != nil {
@@ -360,6 +375,19 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 				}
 				if len(matching) > c.cl.mb.room()/2 {
 					return false // too big to queue at once: replay it with flow control
+				}
+				if keyed {
+					// What the gap and synced take, at most (each gap
+					// event may add its subject to the keys; subscribed
+					// went after the snapshot).
+					need := c.syncedBytes(id, st.pattern, w, keysBytes)
+					for _, ev := range matching {
+						need += len(ev.buf) + subs.size + jsonStringLen(ev.Subject) + 1
+					}
+					if need > c.cl.mb.free() {
+						needFree = min(need, c.cl.mb.maxBytes)
+						return false
+					}
 				}
 				// A filtered view's results first, with nothing queued
 				// yet: past the connection's share of one event
@@ -440,7 +468,48 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 		if ctx.Err() != nil {
 			return
 		}
+		if needFree > 0 { // the view's synced waits for the client to read
+			c.cl.signal()
+			if err := c.cl.mb.waitFree(ctx, needFree); err != nil {
+				return
+			}
+		}
 	}
+}
+
+// errSyncedTooLarge fails a view's resume whose synced (every subject the
+// view holds) is more than the connection's mailbox holds.
+var errSyncedTooLarge = errors.New("the view's synced is over --mailbox-bytes")
+
+// syncedTooLarge is errSyncedTooLarge for a view of n subjects whose
+// synced takes size bytes, worded for its client.
+func (s *Server) syncedTooLarge(n, size int) error {
+	return fmt.Errorf("%w: the view holds %d subjects, and its synced listing them takes %d bytes, more than this connection's queue holds (--mailbox-bytes %d): raise --mailbox-bytes, or narrow the view (its pattern or where)",
+		errSyncedTooLarge, n, size, s.cfg.MailboxBytes)
+}
+
+// sendsSynced reports whether subscription id is sent its synced (in
+// GraphQL, an operation that asked for the markers).
+func (c *conn) sendsSynced(id string) bool {
+	if c.gql == nil {
+		return true
+	}
+	op := c.gql.op(id)
+	return op != nil && op.markers
+}
+
+// syncedBytes is at most what the synced of view id (on pattern) takes
+// in the mailbox, its keys taking keysBytes, with a cursor about as long
+// as cur.
+func (c *conn) syncedBytes(id, pattern, cur string, keysBytes int) int {
+	n := len(`{"type":"synced","id":,"cursor":,"keys":[]}`) + jsonStringLen(id) + jsonStringLen(cur) + 16 + keysBytes
+	if c.gql != nil { // the pattern, and the operation's next message around it
+		n += jsonStringLen(pattern)
+		if op := c.gql.op(id); op != nil {
+			n += op.overhead
+		}
+	}
+	return n
 }
 
 // resumeRetryMin and resumeRetryMax space a resume's attempts to replay
@@ -526,6 +595,16 @@ func viewParse(vs *viewSub, ev *Event) *parsedData {
 	return parseData(ev.Subject, ev.data, ev.ingestTruncate)
 }
 
+// keysBytes is what vs's keys take in a synced: each subject's JSON and
+// a comma.
+func (vs *viewSub) keysBytes() int {
+	n := 0
+	for s := range vs.held {
+		n += jsonStringLen(s) + 1
+	}
+	return n
+}
+
 // keys are the subjects vs holds, sorted (a filtered view's synced).
 func (vs *viewSub) keys() []string {
 	out := make([]string, 0, len(vs.held))
@@ -559,7 +638,11 @@ func (c *conn) queueSynced(id, pattern, cursor string, keys []string) bool {
 		return false
 	}
 	it := item{ev: gqlSyncedEvent(pattern, cursor, keys), subs: c.cl.subsFor([]string{id})}
-	wasEmpty, _, err := c.cl.mb.push(it, it.size())
+	n := it.size()
+	for _, k := range keys { // written beside the event's bytes (keysJSON): counted here
+		n += jsonStringLen(k) + 1
+	}
+	wasEmpty, _, err := c.cl.mb.push(it, n)
 	if err != nil {
 		c.overflow()
 		return false

@@ -369,6 +369,8 @@ func TestSecurity(t *testing.T) {
 		}
 	})
 
+	t.Run("presence and members replies stay within --mailbox-bytes", func(t *testing.T) { secBoundedReplies(ctx, t, bin, coreURL) })
+
 	t.Run("start-up errors never print a broker password", func(t *testing.T) {
 		for _, tc := range [][]string{
 			{"--broker", "nats", "--nats-url", "admin:s3cretA@127.0.0.1:1"},
