@@ -413,6 +413,8 @@ func (s *Server) viewTooLargeText(id, full string) string {
 		return "subscription " + strconv.Quote(id) + ": this connection's views would hold more than " + strconv.Itoa(s.cfg.MaxViewDocumentsPerConnection) + " documents together (--max-view-documents-per-connection): end a view, or narrow its subject or where"
 	case fullNode:
 		return "subscription " + strconv.Quote(id) + ": this node's views hold " + strconv.Itoa(s.cfg.MaxViewDocuments) + " documents (--max-view-documents): narrow its subject or where, or try another node"
+	case fullScan:
+		return "subscription " + strconv.Quote(id) + ": its subject covers more than " + strconv.Itoa(filteredSnapshotScan*s.cfg.MaxSnapshot) + " stored subjects (" + strconv.Itoa(filteredSnapshotScan) + " × --max-snapshot), more than a filtered snapshot reads: narrow its subject"
 	}
 	return "subscription " + strconv.Quote(id) + ": its view passed " + strconv.Itoa(s.cfg.MaxSnapshot) + " documents (--max-snapshot): narrow its subject or where"
 }

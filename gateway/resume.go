@@ -232,7 +232,10 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 		var deltaErr error
 		limit := c.s.cfg.MaxSnapshot
 		if vs != nil && vs.f != nil {
-			limit = 0 // a filtered view counts the documents its filter passes, which the broker cannot tell
+			// A filtered view counts the documents its filter passes,
+			// which the broker cannot tell; the subjects it reads are
+			// bounded still, at filteredSnapshotScan times its bound.
+			limit = filteredSnapshotScan * c.s.cfg.MaxSnapshot
 		}
 		through, err := c.s.snapshots.Latest(ctx, filters, limit, func(ms []broker.Message) error {
 			if r.delta != "" {
@@ -276,6 +279,9 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 			err = deltaErr
 		}
 		if errors.Is(err, broker.ErrSnapshotTooLarge) {
+			if vs != nil && vs.f != nil {
+				vs.full = fullScan
+			}
 			if reply() { // subscribed, then the error, as when the documents passed the bound here
 				c.cl.signal()
 			}
@@ -579,6 +585,12 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern str
 	}
 	return ctx.Err()
 }
+
+// filteredSnapshotScan bounds the subjects a filtered view's snapshot
+// reads, in multiples of Config.MaxSnapshot: a where that passes one row
+// in ten of a big table still snapshots (1,000,000 subjects by default),
+// and no where makes the broker read a pattern of any size.
+const filteredSnapshotScan = 10
 
 // errViewTooLarge ends a snapshot or a view past Config.MaxSnapshot
 // documents (view_too_large; failSubscribe words it).

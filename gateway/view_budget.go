@@ -66,6 +66,7 @@ const (
 	fullView = "view"
 	fullConn = "connection"
 	fullNode = "node"
+	fullScan = "scan" // a filtered snapshot's pattern covers more subjects than it may read (filteredSnapshotScan)
 )
 
 func newFilterBudget(rate int) *filterBudget {

@@ -301,3 +301,32 @@ func TestViewDocumentBounds(t *testing.T) {
 	ended(c, "c", "(--max-view-documents)", 2) // 8 + 10 + 2 = 20
 	waitFor(t, "the documents counted", func() bool { return e.metric("fanwire_view_documents", nil) == 18 })
 }
+
+// TestFilteredSnapshotScanBounded: a filtered view's snapshot reads at
+// most ten times --max-snapshot subjects from the broker, whatever its
+// where passes: past that the subscription ends with view_too_large
+// saying so, before the broker's index is read into memory.
+func TestFilteredSnapshotScanBounded(t *testing.T) {
+	for _, kind := range []string{"jetstream", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			e := newEnvOn(t, kind, func(c *gateway.Config) { c.MaxSnapshot = 2 })
+			for i := range 21 {
+				e.store("orders."+strconv.Itoa(i), `{"doc":{"n":`+strconv.Itoa(i)+`}}`)
+			}
+			cl := e.dial()
+			cl.send(`{"type":"subscribe","id":"v","subject":"orders.*","where":"doc.n == 3","from":"latest"}`)
+			cl.expect(map[string]any{"type": "subscribed", "id": "v"})
+			m := cl.expect(map[string]any{"type": "error", "id": "v", "code": "view_too_large"})
+			if !strings.Contains(m["message"].(string), "stored subjects") {
+				t.Fatalf("%v", m)
+			}
+			// Within the bound it snapshots: 20 subjects, one passing.
+			for i := range 20 {
+				e.store("app.items."+strconv.Itoa(i), `{"doc":{"n":`+strconv.Itoa(i)+`}}`)
+			}
+			cl.send(`{"type":"subscribe","id":"w","subject":"app.items.*","where":"doc.n == 13","from":"latest"}`)
+			cl.expect(map[string]any{"type": "subscribed", "id": "w"})
+			cl.expect(map[string]any{"type": "event", "subject": "app.items.13"})
+		})
+	}
+}

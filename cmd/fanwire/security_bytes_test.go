@@ -18,7 +18,7 @@ import (
 // node hold (TestSecurity runs them): members replies and presence
 // messages stay within --mailbox-bytes.
 
-const secAdminKey = "admin-key-0123456789abcdef"
+const secAdminKey = "admin-key-0123456789abcdef0123456789"
 
 // secBoundedReplies starts a node with a small mailbox on the Core NATS
 // at natsURL and tries both attacks on it.
