@@ -87,7 +87,7 @@ type Config struct {
 	// FilterCostRate caps the cost units per second one connection's
 	// filters spend outside the dispatcher: snapshots, replays and feeds
 	// of filtered subscriptions, which wait when it is spent (default
-	// 2,000,000, in bursts of a second's worth).
+	// 1,000,000, in bursts of a second's worth).
 	FilterCostRate int
 	// FilterCompileRate caps the filter texts one connection has compiled
 	// per second (a text the node holds costs nothing), in bursts of
@@ -262,7 +262,7 @@ func (c *Config) setDefaults() {
 	def(&c.MaxViewDocuments, 5_000_000)
 	def(&c.MaxFilterCost, 10_000)
 	def(&c.MaxFilterCostPerEvent, 2*c.MaxFilterCost)
-	def(&c.FilterCostRate, 2_000_000)
+	def(&c.FilterCostRate, 1_000_000)
 	def(&c.FilterCompileRate, 32)
 	def(&c.MailboxMessages, 4096)
 	def(&c.MailboxBytes, 4<<20)
