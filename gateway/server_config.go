@@ -85,9 +85,11 @@ type Config struct {
 	// every other's delivery (default 20,000).
 	MaxFilterCostPerEvent int
 	// FilterCostRate caps the cost units per second one connection's
-	// filters spend outside the dispatcher: snapshots, replays and feeds
-	// of filtered subscriptions, which wait when it is spent (default
-	// 1,000,000, in bursts of a second's worth).
+	// filters spend, in bursts of a second's worth: in the dispatcher a
+	// view that would evaluate past it ends with filter_too_costly, and
+	// filtered subscribes are refused until it has paid; snapshots,
+	// replays and feeds wait instead (default 1,000,000: about 0.1 s of
+	// CPU a second; docs/benchmarks.md, "Hostile filters").
 	FilterCostRate int
 	// FilterCompileRate caps the filter texts one connection has compiled
 	// per second (a text the node holds costs nothing), in bursts of
