@@ -89,8 +89,9 @@ type conn struct {
 
 	// owned by serve (the reader)
 	rate     tokenBucket
-	presRate tokenBucket // track and untrack (Config.PresenceRate)
-	compiles costBucket  // filter texts compiled for it (Config.FilterCompileRate)
+	presRate tokenBucket   // track and untrack (Config.PresenceRate)
+	compiles costBucket    // filter texts compiled for it (Config.FilterCompileRate)
+	filters  *filterBudget // static: what its filtered subscriptions may spend and hold (view_budget.go)
 	errCount int
 	errSince time.Time
 }

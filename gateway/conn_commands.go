@@ -301,7 +301,7 @@ func (c *conn) subscriptionFilter(pattern string, where *string) (*filter, strin
 	if grant == nil && own == nil {
 		return nil, "", nil
 	}
-	if w := c.cl.filters.owed(time.Now()); w > 0 {
+	if w := c.filters.owed(time.Now()); w > 0 {
 		return nil, CodeFilterTooCostly, fmt.Errorf("this connection's filters spent more than --filter-cost-rate (%d cost units a second) allows: subscribe with a filter again in %s", c.s.cfg.FilterCostRate, w.Round(time.Millisecond))
 	}
 	if n := c.exprBytes(grant, own); n > maxConnExprBytes {
@@ -374,7 +374,7 @@ func (c *conn) startLiveView(id, pattern string, f *filter, presence bool) {
 
 func (c *conn) newViewSub(id, pattern string, f *filter) *viewSub {
 	return &viewSub{c: c.cl, id: id, pattern: pattern, f: f, subs: c.cl.subsFor([]string{id}),
-		max: c.s.cfg.MaxSnapshot, lim: &c.s.hub.heldLim, held: make(map[string]struct{})}
+		max: c.s.cfg.MaxSnapshot, lim: &c.s.hub.heldLim, budget: c.filters, held: make(map[string]struct{})}
 }
 
 // viewEnded ends a live view that passed a bound (the dispatcher's call,

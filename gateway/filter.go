@@ -122,7 +122,10 @@ func compileExpr(text string, maxCost uint64) (*compiledExpr, error) {
 	// comparison (docs/benchmarks.md, "Live views"). A cheap expression is
 	// charged its estimate. The estimate assumes no string or list in an
 	// event is larger than maxEventBytes, which no delivered event can be.
-	opts := []cel.ProgramOption{cel.EvalOptions(cel.OptOptimize), cel.OptimizeRegex(regexCall(maxCost)...)}
+	opts := []cel.ProgramOption{cel.EvalOptions(cel.OptOptimize)}
+	if len(insts) > 0 {
+		opts = append(opts, cel.OptimizeRegex(regexCall(maxCost)...))
+	}
 	est, err := env.EstimateCost(checked, sizeBound{})
 	if err != nil || track || est.Max > cheapFilterCost {
 		ce.tracked, ce.limit = true, maxCost

@@ -33,13 +33,9 @@ type client struct {
 	wakePending bool // owned by the dispatcher: already on this batch's wake list
 	pacePending bool // owned by the dispatcher: already on this batch's pace list
 
-	// filters is what the connection's filters may spend (nil: no
-	// bound); static after newClient's caller sets it.
-	filters *filterBudget
-
 	// Pad to 128 bytes: the allocator places 128-byte objects on 128-byte
 	// boundaries, so the mailbox's hot fields share one cache line.
-	_ [8]byte
+	_ [16]byte
 }
 
 func newClient(maxItems, maxBytes int, onOverflow func()) *client {

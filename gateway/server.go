@@ -432,7 +432,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		c.rc, _ = sc.SyscallConn()
 	}
 	c.cl = newClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
-	c.cl.filters = newFilterBudget(s.cfg.FilterCostRate)
+	c.filters = newFilterBudget(s.cfg.FilterCostRate)
 	if s.cfg.Authenticate != nil {
 		c.req = r // refresh and connection_init authenticate with it
 	}

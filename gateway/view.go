@@ -28,23 +28,27 @@ import (
 // trie node, a filter with an equality of a doc field to a constant is
 // filed under that constant (eqIndex); others are scanned.
 
-// viewSub is one filtered subscription in the view index.
+// viewSub is one filtered subscription in the view index. The fields the
+// dispatcher reads for every candidate view come first, in one cache line:
+// with 1,000 scanned views an event touches 1,000 of them.
 type viewSub struct {
-	c       *client
-	id      string
-	pattern string
-	f       *filter   // nil only while an unfiltered "latest" snapshot is tracked (resume.go)
-	subs    *subsList // [id]
-	max     int       // most documents held (Config.MaxSnapshot)
-
-	held map[string]struct{} // subjects in the view; the task's, then (in the index) the dispatcher's
-	lim  *heldLimits         // static: the bounds beside max (nil: none)
-	full string              // the bound it passed (fullView, fullConn, fullNode); set by whoever found it
+	f      *filter       // nil only while an unfiltered "latest" snapshot is tracked (resume.go)
+	budget *filterBudget // static: its connection's (conn.filters), so that evaluating a view touches no client
 
 	// Dispatcher-owned.
 	matched uint64 // seq of the last event delivered to it
 	ended   bool   // over a bound: delivers nothing more
-	endCode string // which bound: view_too_large, filter_too_costly
+
+	held map[string]struct{} // subjects in the view; the task's, then (in the index) the dispatcher's
+	c    *client
+	subs *subsList // [id]
+	max  int       // most documents held (Config.MaxSnapshot)
+	lim  *heldLimits
+
+	id      string
+	pattern string
+	full    string // the bound it passed (fullView, fullConn, fullNode, fullScan); set by whoever found it
+	endCode string // dispatcher: which bound ended it (view_too_large, filter_too_costly)
 	// onEnd ends the subscription with an error code (view_too_large,
 	// filter_too_costly); called once, by the dispatcher outside the index
 	// lock.
@@ -238,7 +242,7 @@ func (h *hub) addViewLocked(vs *viewSub) {
 // on its connection.
 func (h *hub) heldAdd(vs *viewSub, n int64) {
 	h.held.Add(n)
-	if fb := vs.c.filters; fb != nil {
+	if fb := vs.budget; fb != nil {
 		fb.held.Add(n)
 	}
 }
@@ -426,7 +430,7 @@ func (h *hub) viewOffer(vs *viewSub, ev *Event, p *parsedData, seq uint64, st *v
 	}
 	over := false
 	if f := vs.f; f.seq != seq {
-		fb := vs.c.filters
+		fb := vs.budget
 		if fb != nil {
 			if fb.seq != seq {
 				fb.seq, fb.event = seq, 0

@@ -53,7 +53,7 @@ func (l *heldLimits) full(vs *viewSub, unfiled int) string {
 		return fullView
 	case l == nil:
 		return ""
-	case l.perConn > 0 && vs.c.filters != nil && vs.c.filters.held.Load()+int64(unfiled) >= l.perConn:
+	case l.perConn > 0 && vs.budget != nil && vs.budget.held.Load()+int64(unfiled) >= l.perConn:
 		return fullConn
 	case l.perNode > 0 && l.node.Load()+int64(unfiled) >= l.perNode:
 		return fullNode
@@ -99,7 +99,7 @@ func (c *conn) spendFilterCost(ctx context.Context, cost uint64) error {
 	if cost == 0 {
 		return nil
 	}
-	wait := c.cl.filters.charge(time.Now(), cost)
+	wait := c.filters.charge(time.Now(), cost)
 	if wait == 0 {
 		return nil
 	}
