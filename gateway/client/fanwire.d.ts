@@ -191,8 +191,12 @@ export type GatewayErrorCode =
   /** where is not a valid filter; the message names the position */
   | "bad_filter"
   /** a view's snapshot, or the view, passed the gateway's --max-snapshot
-   * documents */
-  | "view_too_large";
+   * documents, its connection's or the node's bound on held documents */
+  | "view_too_large"
+  /** the view's filter took the connection's filters past their cost per
+   * event or per second (--max-filter-cost-per-event, --filter-cost-rate):
+   * the view has ended; subscribe again, or simplify the where */
+  | "filter_too_costly";
 
 export type FanwireErrorCode = ClientErrorCode | GatewayErrorCode;
 
