@@ -249,10 +249,22 @@ func TestFilterProgramsBounded(t *testing.T) {
 	}
 	cl.c.CloseNow()
 	waitFor(t, "the connection's end", func() bool { return e.metric("fanwire_connections", nil) == 0 })
-	waitFor(t, "the programs freed", func() bool {
+	// Freed by the garbage collector once nothing holds them: certain,
+	// but when depends on its cycles, so the wait is long; it only bounds
+	// a leak.
+	freeStart := time.Now()
+	for {
 		runtime.GC()
-		return e.metric("fanwire_filter_programs_bytes", nil) <= 8<<20+200<<10 && e.metric("fanwire_filters", nil) == 0
-	})
+		live, filters := e.metric("fanwire_filter_programs_bytes", nil), e.metric("fanwire_filters", nil)
+		if live <= 8<<20+200<<10 && filters == 0 {
+			t.Logf("freed after %v", time.Since(freeStart))
+			break
+		}
+		if time.Since(freeStart) > 2*time.Minute {
+			t.Fatalf("after the connection's end: %.0f bytes of programs and %v filters alive", live, filters)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // TestFilterCostRate: over time, one connection's filters spend at most

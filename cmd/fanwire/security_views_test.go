@@ -198,4 +198,42 @@ func TestSecurityViews(t *testing.T) {
 			t.Errorf("filter_too_costly errors: %v, want the connection's filters past its share to end", got)
 		}
 	})
+
+	t.Run("a snapshot over a broad pattern is refused before the broker's index is read (Redis)", func(t *testing.T) {
+		r := brokertest.StartRedis(t, t.TempDir(), 0)
+		rn := startSecNode(t, bin, "--broker", "redis", "--redis-url", "redis://"+r.Addr(), "--allow-anonymous",
+			"--anonymous-grants", "app.>", "--allow-anonymous-publish", "--max-snapshot", "100")
+		var batch strings.Builder
+		for i := range 1_100 {
+			if i%100 == 0 {
+				if batch.Len() > 0 {
+					batch.WriteString("]")
+					if code, body := rn.post(t, "/api/publish", "", batch.String()); code != http.StatusOK {
+						t.Fatalf("publish: %d %s", code, body)
+					}
+				}
+				batch.Reset()
+				batch.WriteString("[")
+			} else {
+				batch.WriteString(",")
+			}
+			fmt.Fprintf(&batch, `{"subject":"app.rows.%d","data":{"doc":{"n":%d}}}`, i, i)
+		}
+		batch.WriteString("]")
+		if code, body := rn.post(t, "/api/publish", "", batch.String()); code != http.StatusOK {
+			t.Fatalf("publish: %d %s", code, body)
+		}
+		c := rn.dial(ctx, t, "")
+		c.c.SetReadLimit(16 << 20)
+		c.send(ctx, `{"type":"subscribe","id":"all","subject":"app.rows.*","from":"latest"}`)
+		if msg := c.until(ctx, `"error"`); !strings.Contains(msg, `"view_too_large"`) {
+			t.Errorf("an unfiltered snapshot of 1,100 subjects past --max-snapshot 100: %.300s", msg)
+		}
+		// A where passing one row: the broker reads at most ten times
+		// --max-snapshot subjects for it.
+		c.send(ctx, `{"type":"subscribe","id":"one","subject":"app.rows.*","where":"doc.n == 7","from":"latest"}`)
+		if msg := c.until(ctx, `"error"`); !strings.Contains(msg, `"view_too_large"`) || !strings.Contains(msg, "stored subjects") {
+			t.Errorf("a filtered snapshot of 1,100 subjects: %.300s", msg)
+		}
+	})
 }
