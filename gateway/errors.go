@@ -28,6 +28,17 @@ const (
 	CodeTooLarge             = "too_large"              // publish: data over Config.MaxPublishBytes or the broker's message limit, or an event over Config.MailboxBytes
 )
 
+// clientErrorCodes are the codes a connection's client errors are counted
+// under (fanwire_client_errors_total{code}): the native codes above and
+// the presence ones, as docs/protocol.md's Errors table lists them, and
+// GraphQL's query_limit. Each is exported at 0 from the start.
+var clientErrorCodes = []string{
+	CodeBadFrame, CodeUnknownType, CodeBadPattern, CodeDuplicateID, CodeUnknownID, CodeTooManySubscriptions,
+	CodeBadCursor, CodeCursorExpired, CodeDurableInUse, CodeBadDurable, CodeBrokerUnavailable, CodeForbidden,
+	CodeUnauthorized, CodeRevoked, CodeTooManyDurables, CodeRateLimited, CodeBadSubject, CodeBadFilter,
+	CodeViewTooLarge, CodeFilterTooCostly, CodeTooLarge, CodeTooManyTracks, CodeTooManyMembers, CodeQueryLimit,
+}
+
 // Publish refusals of POST /api/publish and the GraphQL publish mutation
 // over HTTP (besides the codes above).
 const (

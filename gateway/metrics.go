@@ -91,6 +91,9 @@ func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 	for _, r := range []string{"client", "slow_consumer", "policy", "shutdown", "ping_timeout", "write_error", "read_limit", "invalid_utf8", "token_expired", "admin", "init_timeout", "unauthorized", "protocol_error"} {
 		m.Disconnects.WithLabelValues(r)
 	}
+	for _, code := range clientErrorCodes {
+		m.ClientErrors.WithLabelValues(code)
+	}
 	if reg != nil {
 		reg.MustRegister(m.Connections, m.ReadersParked, m.ConnectionsAccepted, m.ConnectionsRejected, m.ConnectQueue, m.ConnectWait, m.Disconnects, m.Subscriptions, m.SlowConsumers,
 			m.ClientErrors, m.EventsReceived, m.EventsInvalid, m.EventsDropped, m.Deliveries, m.Frames, m.BytesSent,
