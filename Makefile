@@ -76,11 +76,20 @@ unit:
 
 # fuzz runs every fuzz target for FUZZTIME each (go test allows one target
 # per run). The committed corpora under testdata/fuzz run in every `make test`.
+# Each package's fuzzing test binary is built once and run per target, in
+# the package's directory (its corpus) with go test's own cache directory:
+# a `go test -fuzz` per target rebuilt it every time, and listing the
+# targets built every package's tests (1m56s of make test; now about 40 s).
+FUZZ_DIRS = $$(grep -l '^func Fuzz' $$(git ls-files '*_test.go' 2>/dev/null || find . -name '*_test.go') | xargs -n1 dirname | sort -u)
 fuzz:
-	@for pkg in $$($(GO) list $(PKGS)); do \
-		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	for dir in $(FUZZ_DIRS); do \
+		pkg=$$($(GO) list ./$$dir) || exit 1; \
+		$(GO) test -c -fuzz=. -o $$tmp/fuzz.test ./$$dir || exit 1; \
+		for f in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$dir/*_test.go); do \
 			echo "== $$pkg $$f"; \
-			$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+			(cd $$dir && $$tmp/fuzz.test -test.run '^$$' -test.fuzz "^$$f$$" -test.fuzztime $(FUZZTIME) \
+				-test.fuzzcachedir "$$($(GO) env GOCACHE)/fuzz/$$pkg") || exit 1; \
 		done; \
 	done
 
