@@ -28,6 +28,7 @@ import (
 
 // TestClientAPI: the promise and iterator API in Node and in Chromium.
 func TestClientAPI(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	node := requireClientFixture(t)
 	bin := buildFanwire(t)
 

@@ -23,6 +23,7 @@ import (
 // through the other node; a rate_limited track sends only the newest
 // state, a second later.
 func TestClientJSPresence(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	node := requireClientFixture(t)
 
 	t.Run("track and room across two nodes", func(t *testing.T) {

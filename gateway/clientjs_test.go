@@ -412,6 +412,7 @@ func nodeMetric(t *testing.T, n *gwNode, sample string) float64 {
 // TestClientTypes type-checks an example app against fanwire.d.ts with
 // tsc --noEmit (strict).
 func TestClientTypes(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	node := requireClientFixture(t)
 	tsc := filepath.Join("node_modules", "typescript", "bin", "tsc")
 	cmd := exec.Command(node, tsc, "--noEmit", "-p", "tsconfig.json")
@@ -467,6 +468,7 @@ func absPath(t *testing.T, p string) string {
 // TestClientBrowser: the same failovers in a real Chromium, on a page of
 // another origin that imports /fanwire.js from the gateway itself.
 func TestClientBrowser(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	requireClientFixture(t)
 	bin := buildFanwire(t)
 	pages := httptest.NewServer(http.FileServer(http.Dir(clientFixture)))

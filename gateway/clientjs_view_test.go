@@ -331,6 +331,7 @@ func checkResumes(t *testing.T, r *nodeRun, name, where string) int {
 
 // TestClientView: live views in Node against fanwire ws on JetStream.
 func TestClientView(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	node := requireClientFixture(t)
 	bin := buildFanwire(t)
 	clientCfg := func(url string) map[string]any {
@@ -801,6 +802,7 @@ func TestClientView(t *testing.T) {
 // TestClientViewTypes: fanwire.d.ts refuses misuses of the view API
 // (example.ts, which TestClientTypes checks, uses it right).
 func TestClientViewTypes(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	node := requireClientFixture(t)
 	misuses := []struct{ line, why string }{
 		{`c.view("a.>", {where: 7});`, "where: 7"},

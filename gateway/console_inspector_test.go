@@ -19,6 +19,7 @@ import (
 // the chosen code, which the client sees. The key stays in the page's
 // memory: not in the field, the page's markup or storage.
 func TestConsoleInspector(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +99,7 @@ func TestConsoleInspector(t *testing.T) {
 // connections, and no WebSocket of its own (there is no /ws there). The
 // client listener's console says its node serves no admin API there.
 func TestConsoleInspectorApart(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	e, admin := startAdminApart(t)
 	c := e.dial()
 	c.subscribe("s", "orders.*")

@@ -35,6 +35,7 @@ const (
 )
 
 func TestConsole(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	// As fanwire dev: the page's form publishes without a key.
 	e := newEnv(t, func(c *gateway.Config) { c.AllowAnonymousPublish = true })
 	browser := newBrowser(t) // closed before the gateway: cleanups run last-in first-out
@@ -143,6 +144,7 @@ func TestConsole(t *testing.T) {
 // that passes, a row per subject, sorted, kept up to date in place, and
 // says where it synced, or why the gateway refused it.
 func TestConsoleView(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	// orders.> stands for the ingest's subjects: only there is a
 	// truncate-shaped event a truncate.
 	e := newEnvOn(t, "jetstream", func(c *gateway.Config) { c.ReservedSubjects = []string{"orders.>"} })
@@ -549,6 +551,7 @@ func (p *browserPage) fatal(err error) {
 // state, changes in place, and disappears when it untracks or its
 // connection closes.
 func TestConsolePresence(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	e := newEnv(t, presenceCfg(nil))
 	browser := newBrowser(t) // closed before the gateway: cleanups run last-in first-out
 	p := openConsole(t, browser, e.http.URL)

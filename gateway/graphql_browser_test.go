@@ -19,6 +19,7 @@ import (
 // origin than the gateway's, which AllowedOrigins admits), subscribes to the
 // gateway's /graphql and writes each event into the DOM.
 func TestGraphQLBrowser(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	requireGraphQLModules(t)
 	// The page and the UMD build, from the fixture folder: no route is
 	// added to the gateway.

@@ -297,6 +297,7 @@ func graphqlNodeEnv(t *testing.T, kind string) *env {
 // data, then unsubscribes (complete): the gateway drops the subscription
 // while the connection stays open, and no further event reaches it.
 func TestGraphQLNodeSubscribeComplete(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	nodeOnEveryBroker(t, func(t *testing.T, e *env, nc *nodeClient) {
 		if n := e.metric("fanwire_connections", nil); n != 1 {
 			t.Fatalf("fanwire_connections = %v with the client connected, want 1", n)
@@ -349,6 +350,7 @@ func TestGraphQLNodeSubscribeComplete(t *testing.T) {
 // client's error callback with the GraphQL error and its extensions.code,
 // and the connection goes on serving.
 func TestGraphQLNodeErrors(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	nodeOnEveryBroker(t, func(t *testing.T, e *env, nc *nodeClient) {
 
 		nc.subscribe("p", nodeEventsQuery, map[string]any{"s": "a..b"})
@@ -385,6 +387,7 @@ func TestGraphQLNodeErrors(t *testing.T) {
 // retained event and goes on live; from the cursor of the 2nd event, a new
 // connection gets exactly the events after it, then live ones.
 func TestGraphQLNodeResume(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	requireGraphQLFixture(t) // before any broker starts: fail fast
 	for _, kind := range []string{"jetstream", "redis"} {
 		t.Run(kind, func(t *testing.T) {
@@ -444,6 +447,7 @@ func TestGraphQLNodeResume(t *testing.T) {
 // TestGraphQLNodeQuery: queries over the WebSocket through the npm client:
 // one next with the result, then complete.
 func TestGraphQLNodeQuery(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	nodeOnEveryBroker(t, func(t *testing.T, e *env, nc *nodeClient) {
 		nc.subscribe("h", `{ health { status } }`, nil)
 		nc.expect(`{"key":"h","next":{"data":{"health":{"status":"ok"}}}}`)
@@ -464,6 +468,7 @@ func TestGraphQLNodeQuery(t *testing.T) {
 // connectionParams (here the next token) and subscribes again, and events
 // flow on under the new token.
 func TestGraphQLNodeTokenExpiryReconnects(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	requireGraphQLFixture(t)
 	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
 	if err != nil {

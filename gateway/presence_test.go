@@ -311,6 +311,7 @@ func (e *env) kill() {
 // seen by watchers on every node, and each node's members page agrees;
 // when a node dies, the others see exactly its members leave, once.
 func TestPresenceAcrossNodes(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	for _, kind := range []string{"nats", "jetstream", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			nodes := presenceNodes(t, kind, 3)
@@ -406,6 +407,7 @@ func TestPresenceLateNode(t *testing.T) {
 // NATS server dies while the node lives: its connection fails over to a
 // surviving server within the timeout, and none of its members flaps.
 func TestPresenceNATSCluster(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	servers := brokertest.NATSCluster(t, 3)
 	cfg := presenceCfg(func(c *gateway.Config) {
 		c.Subjects = []string{"orders.>", "app.>"}

@@ -219,6 +219,7 @@ func (rs *refSub) accepts(subject string, doc map[string]any) bool {
 }
 
 func TestViewDispatchAgainstReference(t *testing.T) {
+	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	for seed := uint64(1); seed <= 60; seed++ {
 		runViewFuzz(t, seed, 40, 300)
 	}

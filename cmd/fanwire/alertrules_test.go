@@ -25,6 +25,7 @@ const alertRulesFile = "../../deploy/prometheus/fanwire-alerts.yml"
 // renamed or removed metric fails here instead of leaving an alert that
 // can never fire.
 func TestAlertRulesUseExportedMetrics(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	used := alertRuleMetrics(t)
 	if len(used) < 10 {
 		t.Fatalf("%d fanwire_* metrics found in %s: the file did not parse as expected", len(used), alertRulesFile)

@@ -27,6 +27,7 @@ import (
 // refused until added to the publication by hand and then had only its
 // changes, and the added projection only the documents that changed.
 func TestConfigChangeAcrossRestart(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	bin := buildBinary(t)
 	for _, kind := range []string{"jetstream", "redis"} {
 		t.Run(kind, func(t *testing.T) {

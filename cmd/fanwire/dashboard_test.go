@@ -32,6 +32,7 @@ const dashboardFile = "../../deploy/grafana/fanwire.json"
 // through JetStream, to a WebSocket client): each returns data, and every
 // fanwire metric a query names is one the two processes export.
 func TestGrafanaDashboard(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	promBin, err := exec.LookPath("prometheus")
 	if err != nil {
 		t.Fatal("prometheus not found: run `make test` (make deps installs Debian's prometheus package) or `apt-get install prometheus`")

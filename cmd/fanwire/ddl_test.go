@@ -32,6 +32,7 @@ type ddlTable struct {
 // its table's name at the time, from its bootstrap insert to its value
 // now, and every id is there once.
 func TestDDLUnderLoadKilled(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	bin := buildBinary(t)
 	tables := []ddlTable{
 		{name: "t_add", key: "id", ddl: "ALTER TABLE %s ADD COLUMN d int DEFAULT 7"},

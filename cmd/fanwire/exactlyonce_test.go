@@ -25,6 +25,7 @@ import (
 // mark which of them it has. Before, everything since the last confirmed
 // LSN was published again.
 func TestIngestDownLongerThanTheDuplicateWindow(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	bin := buildBinary(t)
 	for _, kind := range []string{"jetstream", "redis"} {
 		t.Run(kind, func(t *testing.T) {

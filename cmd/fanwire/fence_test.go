@@ -27,6 +27,7 @@ import (
 // the lock's lease, the woken leader published until its keeper's next
 // ping noticed the lost lock.
 func TestFrozenLeaderPublishesNothingAfterWaking(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	bin := buildBinary(t)
 	forEachIngestBroker(t, 90*time.Second, 5*time.Second, func(ctx context.Context, t *testing.T, pg *pgtest.Server, bargs []string, count func() map[string]int) {
 		var logs bytes.Buffer

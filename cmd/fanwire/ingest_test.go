@@ -22,14 +22,36 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// buildBinary builds fanwire into a temp dir once per test.
+// buildBinary builds fanwire from this tree once per test run (a build
+// per test cost about 2 s each, 40 s of the package's tests) and returns
+// its path; TestMain removes it. A test must not change the file.
 func buildBinary(t testing.TB) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "fanwire")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	built.once.Do(func() {
+		dir, err := os.MkdirTemp("", "fanwire-test-bin-")
+		if err != nil {
+			built.err = err
+			return
+		}
+		built.dir = dir
+		bin := filepath.Join(dir, "fanwire")
+		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+			return
+		}
+		built.bin = bin
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
-	return bin
+	return built.bin
+}
+
+// built is the binary buildBinary built.
+var built struct {
+	once     sync.Once
+	bin, dir string
+	err      error
 }
 
 // TestIngestKilledMidStreamPublishesEveryChangeOnce kills the ingest
@@ -38,6 +60,7 @@ func buildBinary(t testing.TB) string {
 // (the slot re-sends what was not confirmed; the broker drops the ids it
 // has), on JetStream and on Redis Streams.
 func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	bin := buildBinary(t)
 	forEachIngestBroker(t, 60*time.Second, 0, func(ctx context.Context, t *testing.T, pg *pgtest.Server, args []string, count func() map[string]int) {
 		port, err := freePort()
@@ -79,6 +102,7 @@ func TestIngestKilledMidStreamPublishesEveryChangeOnce(t *testing.T) {
 // the broker exactly once, on JetStream and on Redis Streams. The
 // takeover times are logged (docs/benchmarks.md, "Ingest failover").
 func TestIngestFailover(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	bin := buildBinary(t)
 	forEachIngestBroker(t, 90*time.Second, 0, func(ctx context.Context, t *testing.T, pg *pgtest.Server, bargs []string, count func() map[string]int) {
 		var logs bytes.Buffer
@@ -345,6 +369,7 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 // published twice, and the last document of every order must equal the
 // database's.
 func TestMemoryProjectionKilledResumes(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	bin := buildBinary(t)
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres",

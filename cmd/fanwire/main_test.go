@@ -17,6 +17,14 @@ import (
 	"github.com/coder/websocket"
 )
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
 func TestHelpDocumentsEveryFlagAndItsEnvironmentVariable(t *testing.T) {
 	for _, c := range commands() {
 		var out, errOut bytes.Buffer

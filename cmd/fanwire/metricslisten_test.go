@@ -16,6 +16,7 @@ import (
 // --listen, which keeps /healthz and /readyz; without it, /metrics stays
 // on --listen.
 func TestMetricsListenServesMetricsApart(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	bin := buildBinary(t)
 	ns := brokertest.NATS(t)
 	pg := pgtest.Start(t, pgtest.Config{})

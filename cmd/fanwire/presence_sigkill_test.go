@@ -21,6 +21,7 @@ import (
 // and the restarted node is killed: nobody sees them leave or join, then
 // or once the timeout has passed.
 func TestPresenceSIGKILL(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	bin := buildBinary(t)
 	for _, kind := range []string{"nats", "redis"} {
 		t.Run(kind, func(t *testing.T) {

@@ -28,6 +28,7 @@ import (
 // secret may appear, as given, URL-encoded or decoded, in anything the
 // process writes or the debug listener serves.
 func TestSecretsNeverPrinted(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	bin := buildBinary(t)
 	ns := natsWithPassword(t, "fanwire", "Nats-Pass-Right7")
 	rs := brokertest.RedisSecure(t, brokertest.SecureRedisConfig{Password: "Redis/Pass#Right8"})

@@ -52,6 +52,7 @@ func hostileWhere(n int) string {
 }
 
 func TestSecurityViews(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	bin := buildBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

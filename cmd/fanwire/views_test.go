@@ -53,6 +53,7 @@ const (
 // after more changes, the views equal the SQL answers again. Finally the
 // composite-key table is truncated.
 func TestLiveViewsThroughTheIngest(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	bin := buildBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()

@@ -24,6 +24,7 @@ import (
 // change up to it: none of the 600 were published. A third ingest that
 // would publish B's subjects is refused at start, naming both.
 func TestTwoIngestsOnOnePrefix(t *testing.T) {
+	t.Parallel() // a process-level test that mostly waits: beside the others (make test's time)
 	bin := buildBinary(t)
 	for _, kind := range []string{"jetstream", "redis"} {
 		t.Run(kind, func(t *testing.T) {
