@@ -3,24 +3,83 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/redact"
+	"github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 )
 
+// dev runs the ws role, and with --pg the ingest, on a NATS server embedded
+// in the process, by default on JetStream: a stream in --data-dir keeps the
+// events, so the console can subscribe from the first, resume and open
+// views, and the history outlives a restart.
+//
+// The stream's subjects must be named. nats-server 2.15 refuses a stream
+// over ">" that acknowledges publishes ("capturing all subjects requires
+// no-ack", 10052) and one over "*.>" (it overlaps $JS.API). Without acks
+// fanwire has neither cursors nor deduplication, and measured on the
+// embedded server such a stream also stores the JetStream API requests,
+// its advisories, every _INBOX reply and the presence bus
+// ($FANWIRE.bus.>); worse, it stores each message a consumer delivers
+// again, so one live consumer turned 3 published events into 109,943 in a
+// second. A NATS pattern cannot say "every subject but the system ones",
+// so dev names the spaces people use with it: the ingest's <prefix>.>,
+// and devAppSpaces.
+
+// devAppSpaces are the subjects dev's stream keeps beside the ingest's:
+// app.>, the space the docs suggest for an application's own events, and
+// the README's and the console's examples (demo.* events, presence in
+// room.*).
+var devAppSpaces = []string{"app.>", "demo.>", "room.>"}
+
+// devSubjects is dev's default subject space on JetStream for an ingest
+// publishing under prefix.
+func devSubjects(prefix string) []string {
+	own := prefix + ".>"
+	return append([]string{own}, slices.DeleteFunc(slices.Clone(devAppSpaces), func(s string) bool { return s == own })...)
+}
+
+// withIngestSpace is a subject space given with --subjects, completed
+// with the ingest's <prefix>.> when no pattern covers it: the events of
+// an ingest in the same process must reach the gateway. A pattern that
+// covers part of it is an error: the stream's patterns may not overlap.
+func withIngestSpace(given []string, prefix string) ([]string, error) {
+	own := prefix + ".>"
+	for _, p := range given {
+		if err := gateway.ValidatePattern(p); err != nil {
+			return nil, fmt.Errorf("--subjects: %w", err)
+		}
+	}
+	for _, p := range given {
+		if gateway.Contains(p, own) {
+			return given, nil
+		}
+	}
+	for _, p := range given {
+		if gateway.Intersects(p, own) {
+			return nil, fmt.Errorf("--subjects: %q covers part of the ingest's %s (--prefix %s): give a pattern that covers all of it, e.g. %s, or another --prefix", p, own, prefix, own)
+		}
+	}
+	return append(slices.Clone(given), own), nil
+}
+
 func devCommand() *command {
-	c := newCommand("dev", "Run everything in one process with an embedded NATS server: nothing else to install.")
+	c := newCommand("dev", "Run everything in one process with an embedded NATS server (JetStream, stored in --data-dir): nothing else to install.")
 	var f wsFlags
 	f.register(c.fs, true)
 	var dataDir string
 	var natsPort int
-	c.fs.StringVar(&dataDir, "data-dir", "./.fanwire", "directory for the embedded NATS server's JetStream store")
+	c.fs.StringVar(&dataDir, "data-dir", "./.fanwire", "directory of the embedded NATS server's JetStream store (in nats/: the stream's events with --broker jetstream, kept across restarts)")
 	c.fs.IntVar(&natsPort, "nats-port", 0, "port of the embedded NATS server on 127.0.0.1 (0: a free port)")
 	var ing ingestFlags
 	ing.register(c.fs, true)
@@ -35,9 +94,22 @@ func devCommand() *command {
 			return err
 		}
 		// One process: the reserved subjects follow the ingest's prefix
-		// unless they were given.
+		// unless they were given, and so does the subject space.
 		if ing.prefix != "db" && slices.Equal(f.reservedSubjects, gateway.DefaultReservedSubjects) {
 			f.reservedSubjects = listFlag{ing.prefix + ".>"}
+		}
+		switch {
+		case c.isGiven("subjects") && ing.pg != "":
+			s, err := withIngestSpace(f.subjects, ing.prefix)
+			if err != nil {
+				return err
+			}
+			f.subjects = s
+		case c.isGiven("subjects"):
+		case f.brokerKind == "jetstream":
+			f.subjects = devSubjects(ing.prefix)
+		default:
+			f.subjects = listFlag{">"} // Core NATS and Redis keep no subject list
 		}
 		log, err := newLogger(f.logLevel, f.logFormat, c.scrub)
 		if err != nil {
@@ -47,7 +119,11 @@ func devCommand() *command {
 		f.scrub = c.scrub
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
-		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{Port: natsPort, JetStream: true, StoreDir: filepath.Join(dataDir, "nats")})
+		store, err := filepath.Abs(filepath.Join(dataDir, "nats"))
+		if err != nil {
+			return fmt.Errorf("--data-dir: %w", err)
+		}
+		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{Port: natsPort, JetStream: true, StoreDir: store})
 		if err != nil {
 			return err
 		}
@@ -55,7 +131,9 @@ func devCommand() *command {
 			ns.Shutdown()
 			ns.WaitForShutdown()
 		}()
-		log.Info("embedded NATS started", zap.String("url", ns.ClientURL()), zap.String("store", filepath.Join(dataDir, "nats")))
+		log.Info("embedded NATS started", zap.String("url", ns.ClientURL()), zap.String("store", store),
+			zap.String("broker", f.brokerKind), zap.Strings("subjects", f.subjects))
+		f.banner = devBanner(&f, &ing, ns, store)
 		if ing.pg == "" {
 			return serveGateway(ctx, log, &f, ns)
 		}
@@ -66,4 +144,61 @@ func devCommand() *command {
 		return g.Wait()
 	}
 	return c
+}
+
+// devBanner is what dev adds to the start-up banner: what it runs, where
+// its data lives and which subjects it serves.
+func devBanner(f *wsFlags, ing *ingestFlags, ns *server.Server, store string) []string {
+	subjects := strings.Join(f.subjects, ",")
+	var lines []string
+	switch f.brokerKind {
+	case "jetstream":
+		kept := "kept " + retention(f.retentionAge, f.retentionBytes) + ", across restarts"
+		if f.storage == "memory" {
+			kept = "in memory: lost when dev stops"
+		}
+		lines = append(lines,
+			fmt.Sprintf("broker: JetStream, stream %s on the embedded NATS server %s", f.stream, ns.ClientURL()),
+			fmt.Sprintf("store: %s (events %s)", store, kept),
+			fmt.Sprintf("subjects: %s (the stream keeps these: publish, subscribe and track there; --subjects to change)", subjects))
+	case "nats":
+		lines = append(lines,
+			fmt.Sprintf("broker: Core NATS on the embedded NATS server %s: live only, no history, no cursors (--broker jetstream keeps them)", ns.ClientURL()),
+			fmt.Sprintf("store: %s (the server's; Core NATS keeps no events)", store),
+			"subjects: "+subjects)
+	case "redis":
+		lines = append(lines,
+			fmt.Sprintf("broker: Redis Streams, stream %s on %s", f.stream, redact.URL(f.redisURL)),
+			"subjects: "+subjects)
+	}
+	if ing.pg != "" {
+		lines = append(lines, fmt.Sprintf("ingest: %s, events on %s.<table>.<key>", redact.URL(ing.pg), ing.prefix))
+	}
+	return lines
+}
+
+// retention says how long a stream keeps events: "24h or 1 GiB".
+func retention(age time.Duration, bytes int64) string {
+	var parts []string
+	if age > 0 {
+		s := age.String()
+		if age%time.Hour == 0 {
+			s = fmt.Sprintf("%dh", age/time.Hour)
+		}
+		parts = append(parts, s)
+	}
+	if bytes > 0 {
+		s := fmt.Sprintf("%d bytes", bytes)
+		if bytes%(1<<20) == 0 {
+			s = fmt.Sprintf("%d MiB", bytes>>20)
+		}
+		if bytes%(1<<30) == 0 {
+			s = fmt.Sprintf("%d GiB", bytes>>30)
+		}
+		parts = append(parts, s)
+	}
+	if len(parts) == 0 {
+		return "with no limit"
+	}
+	return strings.Join(parts, " or ")
 }
