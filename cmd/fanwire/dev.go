@@ -79,7 +79,7 @@ func devCommand() *command {
 	f.register(c.fs, true)
 	var dataDir string
 	var natsPort int
-	c.fs.StringVar(&dataDir, "data-dir", "./.fanwire", "directory of the embedded NATS server's JetStream store (in nats/: the stream's events with --broker jetstream, kept across restarts)")
+	c.fs.StringVar(&dataDir, "data-dir", "./.fanwire", "directory of the embedded NATS server's JetStream store (in nats/: the stream's events with --broker jetstream, kept across restarts); one dev at a time may use it")
 	c.fs.IntVar(&natsPort, "nats-port", 0, "port of the embedded NATS server on 127.0.0.1 (0: a free port)")
 	var ing ingestFlags
 	ing.register(c.fs, true)
@@ -119,6 +119,11 @@ func devCommand() *command {
 		f.scrub = c.scrub
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
+		unlock, err := lockDataDir(dataDir)
+		if err != nil {
+			return err
+		}
+		defer unlock()
 		store, err := filepath.Abs(filepath.Join(dataDir, "nats"))
 		if err != nil {
 			return fmt.Errorf("--data-dir: %w", err)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -56,9 +57,30 @@ func TestDevSubjects(t *testing.T) {
 	}
 }
 
+// TestLockDataDir: one lock per directory, also within one process (flock
+// locks belong to an open file, not to the process), free again once
+// unlocked.
+func TestLockDataDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	unlock, err := lockDataDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockDataDir(dir); err == nil || !strings.Contains(err.Error(), "is in use by another fanwire dev (pid ") {
+		t.Fatalf("second lock: %v, want in use by another fanwire dev (pid …)", err)
+	}
+	unlock()
+	unlock, err = lockDataDir(dir)
+	if err != nil {
+		t.Fatalf("lock after unlock: %v", err)
+	}
+	unlock()
+}
+
 // TestDevKeepsHistory runs `fanwire dev` as a user does, in a directory of
 // its own with no flags but the address: it runs on JetStream and says so,
-// keeps what was published across a restart, and `--broker nats` runs Core NATS as before.
+// keeps what was published across a restart, refuses a second dev on its
+// data directory, and `--broker nats` runs Core NATS as before.
 func TestDevKeepsHistory(t *testing.T) {
 	bin := buildBinary(t)
 	dir := t.TempDir()
@@ -81,6 +103,16 @@ func TestDevKeepsHistory(t *testing.T) {
 	}
 	if got := httpPublish(t, listen, `{"subject":"demo.hello","data":{"hi":1}}`); got != `{"published":1,"cursors":["js:1"]}` {
 		t.Fatalf("publish answered %s", got)
+	}
+
+	// A second dev on the same directory stops before it starts anything.
+	second := exec.Command(bin, "dev", "--listen", listenAddr(t))
+	second.Dir = dir
+	out, err := second.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 ||
+		!strings.Contains(string(out), "fanwire dev: --data-dir ./.fanwire is in use by another fanwire dev (pid ") {
+		t.Fatalf("second dev on the same --data-dir: %v\n%s", err, out)
 	}
 
 	dev.interrupt()
