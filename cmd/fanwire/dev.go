@@ -15,6 +15,8 @@ import (
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/fanwire/fanwire/redact"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 )
@@ -138,6 +140,19 @@ func devCommand() *command {
 		}()
 		log.Info("embedded NATS started", zap.String("url", ns.ClientURL()), zap.String("store", store),
 			zap.String("broker", f.brokerKind), zap.Strings("subjects", f.subjects))
+		if f.brokerKind == "jetstream" && ing.pg != "" && !ing.rebootstrap {
+			// A new stream holds no row: a slot left by an earlier run (on
+			// another store, or Core NATS) would go on from where it was,
+			// and views would miss every row that does not change.
+			exists, err := streamExists(ctx, ns, f.stream)
+			if err != nil {
+				return err
+			}
+			if !exists {
+				ing.rebootstrap = true
+				log.Info("the stream is new: the ingest publishes every row (--rebootstrap, if its slot exists)", zap.String("stream", f.stream))
+			}
+		}
 		f.banner = devBanner(&f, &ing, ns, store)
 		if ing.pg == "" {
 			return serveGateway(ctx, log, &f, ns)
@@ -206,4 +221,27 @@ func retention(age time.Duration, bytes int64) string {
 		return "with no limit"
 	}
 	return strings.Join(parts, " or ")
+}
+
+// streamExists reports whether the embedded server ns holds stream name.
+func streamExists(ctx context.Context, ns *server.Server, name string) (bool, error) {
+	nc, err := nats.Connect("", nats.InProcessServer(ns), nats.Name("fanwire-dev"))
+	if err != nil {
+		return false, fmt.Errorf("embedded nats: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return false, fmt.Errorf("embedded nats: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	switch _, err := js.Stream(ctx, name); {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return false, nil
+	default:
+		return false, fmt.Errorf("jetstream: look up stream %q: %w", name, err)
+	}
 }
