@@ -81,7 +81,7 @@ func devCommand() *command {
 	f.register(c.fs, true)
 	var dataDir string
 	var natsPort int
-	c.fs.StringVar(&dataDir, "data-dir", "./.fanwire", "directory of the embedded NATS server's JetStream store (in nats/: the stream's events with --broker jetstream, kept across restarts); one dev at a time may use it")
+	c.fs.StringVar(&dataDir, "data-dir", "./.fanwire", "directory of dev's data, kept across restarts: the embedded NATS server's JetStream store (nats/: the stream's events with --broker jetstream) and, unless --state-dir is given, the ingest's state (ingest/); one dev at a time may use it")
 	c.fs.IntVar(&natsPort, "nats-port", 0, "port of the embedded NATS server on 127.0.0.1 (0: a free port)")
 	var ing ingestFlags
 	ing.register(c.fs, true)
@@ -112,6 +112,9 @@ func devCommand() *command {
 			f.subjects = devSubjects(ing.prefix)
 		default:
 			f.subjects = listFlag{">"} // Core NATS and Redis keep no subject list
+		}
+		if !c.isGiven("state-dir") {
+			ing.stateDir = filepath.Join(dataDir, "ingest")
 		}
 		log, err := newLogger(f.logLevel, f.logFormat, c.scrub)
 		if err != nil {
