@@ -105,6 +105,9 @@ func TestDevKeepsHistory(t *testing.T) {
 	if got := httpPublish(t, listen, `{"subject":"demo.hello","data":{"hi":1}}`); got != `{"published":1,"cursors":["js:1"]}` {
 		t.Fatalf("publish answered %s", got)
 	}
+	if got := httpPublish(t, listen, `{"subject":"chat.hello","data":{"hi":1}}`); !strings.Contains(got, `"rule":"subject_space"`) {
+		t.Fatalf("publish outside dev's subjects answered %s, want a refusal by subject_space", got)
+	}
 
 	// A second dev on the same directory stops before it starts anything.
 	second := exec.Command(bin, "dev", "--listen", listenAddr(t))
