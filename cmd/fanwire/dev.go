@@ -36,7 +36,7 @@ import (
 // again, so one live consumer turned 3 published events into 109,943 in a
 // second. A NATS pattern cannot say "every subject but the system ones",
 // so dev names the spaces people use with it: the ingest's <prefix>.>,
-// and devAppSpaces.
+// and devAppSpaces. The measurement: docs/operations.md, "A stream over >".
 
 // devAppSpaces are the subjects dev's stream keeps beside the ingest's:
 // app.>, the space the docs suggest for an application's own events, and
