@@ -596,4 +596,30 @@ func TestConsolePresence(t *testing.T) {
 	if got := p.text("#pres-count"); got != "0" {
 		t.Fatalf("member count reads %q after everyone left, want 0", got)
 	}
+
+	// The page tracks itself: it is listed with its state, by its
+	// connection id, until it untracks.
+	conn := strings.TrimPrefix(p.text("#status"), "connected · ")
+	p.typeInto("#pres-state", `{"name": "me"}`)
+	p.do(chromedp.Click(chromedp.ID("track")))
+	p.waitVisible(`#tracks li[data-subject="room.1"][data-state="tracked"]`)
+	if got, want := p.text(`#tracks li[data-subject="room.1"] .st`), `as `+conn+` · {"name":"me"}`; got != want {
+		t.Fatalf("the page's track reads %q, want %q", got, want)
+	}
+	self := `#pres-body tr[data-conn="` + conn + `"][data-state='{"name":"me"}']`
+	p.waitVisible(self)
+	p.do(chromedp.Click(chromedp.CSS(`#tracks li[data-subject="room.1"] button.untrack`)))
+	p.do(chromedp.WaitNotPresent(chromedp.CSS(self)))
+	p.waitVisible(`#pres-empty`)
+	if got := p.text("#tracks"); got != "" {
+		t.Fatalf("tracks read %q after the untrack, want none", got)
+	}
+
+	// A state that is not JSON is not sent.
+	p.typeInto("#pres-state", `{name}`)
+	p.do(chromedp.Click(chromedp.ID("track")))
+	p.waitVisible(`#tracks li[data-subject="room.1"][data-state="error"]`)
+	if got := p.text(`#tracks li[data-subject="room.1"] .st`); !strings.HasPrefix(got, "the state is not JSON") {
+		t.Fatalf("a bad state reads %q", got)
+	}
 }

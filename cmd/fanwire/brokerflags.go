@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
@@ -37,8 +38,9 @@ type brokerFlags struct {
 	redisTLSKey      string
 }
 
-// register adds the broker flags; embedded (dev) has no --nats-url, and
-// subjects is the default subject space.
+// register adds the broker flags; embedded (dev) has no --nats-url and
+// defaults to JetStream on its embedded server, and subjects is the
+// default subject space.
 func (f *brokerFlags) register(fs *flag.FlagSet, embedded bool, subjects string) {
 	if !embedded {
 		fs.StringVar(&f.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated; tls:// for TLS (user:password@ for a server with users)")
@@ -48,7 +50,11 @@ func (f *brokerFlags) register(fs *flag.FlagSet, embedded bool, subjects string)
 		fs.StringVar(&f.natsTLSCert, "nats-tls-cert", "", "nats and jetstream: PEM client certificate, with --nats-tls-key, for a server that verifies clients; turns TLS on")
 		fs.StringVar(&f.natsTLSKey, "nats-tls-key", "", "nats and jetstream: PEM key of --nats-tls-cert")
 	}
-	fs.StringVar(&f.brokerKind, "broker", "nats", "nats (Core NATS: live only, no cursors), jetstream or redis (durable: events carry cursors, clients resume)")
+	if embedded {
+		fs.StringVar(&f.brokerKind, "broker", "jetstream", "jetstream (a stream on the embedded server, stored in --data-dir: events carry cursors, clients subscribe from the first or resume, views start from the newest), nats (Core NATS: live only, no cursors) or redis (durable, on --redis-url)")
+	} else {
+		fs.StringVar(&f.brokerKind, "broker", "nats", "nats (Core NATS: live only, no cursors), jetstream or redis (durable: events carry cursors, clients resume)")
+	}
 	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379", "redis: server URL; with --redis-cluster a seed node, more as addr parameters (redis://a:6379?addr=b:6379&addr=c:6379)")
 	fs.StringVar(&f.redisTLSCA, "redis-tls-ca", "", "redis: PEM file of the CA(s) that issued the server's certificate, for a rediss:// URL (default: the system's)")
 	fs.StringVar(&f.redisTLSCert, "redis-tls-cert", "", "redis: PEM client certificate, with --redis-tls-key, for a server with tls-auth-clients (rediss:// URL)")
@@ -62,8 +68,12 @@ func (f *brokerFlags) register(fs *flag.FlagSet, embedded bool, subjects string)
 	fs.Int64Var(&f.retentionBytes, "retention-bytes", 1<<30, "jetstream: keep at most this many bytes of events (0: no size limit)")
 	fs.StringVar(&f.storage, "storage", "file", "jetstream: file or memory")
 	fs.IntVar(&f.replicas, "replicas", 0, "jetstream: the stream's replicas, 3 on a NATS cluster (0: an existing stream keeps its own, a new one gets 1)")
-	f.subjects = listFlag{subjects}
-	fs.Var(&f.subjects, "subjects", "the subject space, comma-separated NATS patterns (e.g. db.>,app.>); patterns must not overlap; jetstream needs one narrower than >")
+	f.subjects = listFlag(strings.Split(subjects, ","))
+	if embedded {
+		fs.Var(&f.subjects, "subjects", "the subject space, comma-separated NATS patterns that must not overlap: with jetstream the stream keeps these (a stream over > is refused), by default the ingest's <--prefix>.> and "+strings.Join(devAppSpaces, ",")+"; with nats or redis, by default >. With --pg, <--prefix>.> is added to a given list that does not cover it")
+	} else {
+		fs.Var(&f.subjects, "subjects", "the subject space, comma-separated NATS patterns (e.g. db.>,app.>); patterns must not overlap; jetstream needs one narrower than >")
+	}
 }
 
 // dial connects the chosen broker (to ns when embedded). drop counts

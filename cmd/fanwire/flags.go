@@ -26,6 +26,8 @@ type command struct {
 	// and what masks their values in logs and errors (set by parse).
 	secretFlags map[string]secretKind
 	scrub       *redact.Scrubber
+
+	given map[string]bool // set by parse: the flags given on the command line or in the environment
 }
 
 func newCommand(name, summary string) *command {
@@ -48,12 +50,14 @@ func (c *command) parse(args []string) error {
 	}
 	set := map[string]bool{}
 	c.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	c.given = set
 	var err error
 	c.fs.VisitAll(func(f *flag.Flag) {
 		if set[f.Name] || err != nil {
 			return
 		}
 		if v, ok := os.LookupEnv(envName(f.Name)); ok {
+			set[f.Name] = true
 			if e := f.Value.Set(v); e != nil && c.isSecret(f.Name) {
 				err = fmt.Errorf("%s: %w", envName(f.Name), e)
 			} else if e != nil {
@@ -70,6 +74,10 @@ func (c *command) parse(args []string) error {
 	}
 	return nil
 }
+
+// isGiven reports whether flag name was given, on the command line or in
+// the environment, rather than left at its default.
+func (c *command) isGiven(name string) bool { return c.given[name] }
 
 func (c *command) printUsage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: fanwire %s [flags]\n\n%s\n\nFlags (each can also be set with the environment variable shown):\n", c.name, c.summary)

@@ -60,7 +60,11 @@ func (f *ingestFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.IntVar(&f.maxBatch, "max-batch", 4096, "ingest: most events per publish")
 	fs.DurationVar(&f.heartbeat, "heartbeat", 10*time.Second, "ingest: on an idle database, emit a logical message this often so the slot keeps advancing (negative: never)")
 	fs.DurationVar(&f.leaderTimeout, "leader-timeout", 10*time.Second, "ingest: failover: a leader frozen this long (SIGSTOP, a paused VM) loses the slot's lock to a standby (PostgreSQL 14+: idle_session_timeout on the lock's session, pinged every quarter of this; negative: never)")
-	fs.StringVar(&f.stateDir, "state-dir", ".fanwire/ingest", "ingest: where memory-mode projections keep their state, one file per slot (keep it on a persistent volume), and where transactions over --max-txn-memory spill")
+	stateDir := "ingest: where memory-mode projections keep their state, one file per slot (keep it on a persistent volume), and where transactions over --max-txn-memory spill"
+	if dev {
+		stateDir += "; in dev, <--data-dir>/ingest unless given"
+	}
+	fs.StringVar(&f.stateDir, "state-dir", ".fanwire/ingest", stateDir)
 	fs.Int64Var(&f.maxTxnMemory, "max-txn-memory", 32<<20, "ingest: bytes of memory for the changes of open (uncommitted) transactions; past it the largest one spills to a temp file in --state-dir, read back at its commit (sized with --memory-limit for an RSS under 128 MiB)")
 	fs.StringVar(&f.configFile, "config", "", "ingest: YAML file of projections: documents of a row with its child rows embedded (see docs/projections.md)")
 }

@@ -99,6 +99,8 @@ client does not come back on node B and catch up.`
 		extra := strings.Fields(spawnFlags)
 		switch brokerKind {
 		case "nats":
+			// Said, not assumed: "fanwire dev" defaults to JetStream.
+			extra = append([]string{"--broker", "nats"}, extra...)
 		case "jetstream":
 			cfg.Broker = "jetstream"
 			extra = append([]string{"--broker", "jetstream", "--subjects", "loadtest.>", "--consumer", consumer}, extra...)

@@ -57,6 +57,11 @@ func TestEnvironmentOverridesAndFlagsWin(t *testing.T) {
 	if got := c.fs.Lookup("max-subscriptions").Value.String(); got != "9" {
 		t.Errorf("max-subscriptions = %s, want the flag's 9 over the environment's 7", got)
 	}
+	for name, want := range map[string]bool{"listen": true, "max-subscriptions": true, "ping-interval": false} {
+		if got := c.isGiven(name); got != want {
+			t.Errorf("isGiven(%q) = %v, want %v (given by the environment, the command line, neither)", name, got, want)
+		}
+	}
 
 	t.Setenv("FANWIRE_PING_INTERVAL", "soon")
 	err := wsCommand().parse(nil)

@@ -12,14 +12,11 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/fanwire/fanwire/redact"
 	"github.com/nats-io/nats-server/v2/server"
@@ -86,6 +83,9 @@ type wsFlags struct {
 	debugListen      string
 	metricsListen    string
 	scrub            *redact.Scrubber // the command's: masks the API keys' values too, once read
+	// banner is what dev adds to the start-up banner (its broker, store
+	// and subject space); static before serveGateway.
+	banner []string
 }
 
 func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
@@ -93,7 +93,11 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.metricsListen, "metrics-listen", "", metricsListenUsage)
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) file: with --tls-key, --listen serves HTTPS and wss:// itself (no proxy needed); both files are loaded again when they change")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
-	f.brokerFlags.register(fs, dev, ">")
+	subjects := ">"
+	if dev {
+		subjects = strings.Join(devSubjects("db"), ",")
+	}
+	f.brokerFlags.register(fs, dev, subjects)
 	fs.StringVar(&f.consumer, "consumer", "shared", "jetstream: shared (one live consumer per node feeds every subscription) or per-connection (every subscription gets its own consumer on the server)")
 	fs.DurationVar(&f.durableInactive, "durable-inactive", 24*time.Hour, "jetstream: the server deletes a durable subscription consumer nobody has been bound to for this long")
 	fs.IntVar(&f.maxDurables, "max-durables", 32, "jetstream: durable subscription consumers one token sub keeps on the broker (counted there, across nodes); a new one past it is refused with too_many_durables; negative: no cap")
@@ -230,60 +234,6 @@ func wsCommand() *command {
 		defer stop()
 		f.scrub = c.scrub
 		return serveGateway(ctx, log, &f, nil)
-	}
-	return c
-}
-
-func devCommand() *command {
-	c := newCommand("dev", "Run everything in one process with an embedded NATS server: nothing else to install.")
-	var f wsFlags
-	f.register(c.fs, true)
-	var dataDir string
-	var natsPort int
-	c.fs.StringVar(&dataDir, "data-dir", "./.fanwire", "directory for the embedded NATS server's JetStream store")
-	c.fs.IntVar(&natsPort, "nats-port", 0, "port of the embedded NATS server on 127.0.0.1 (0: a free port)")
-	var ing ingestFlags
-	ing.register(c.fs, true)
-	c.brokerSecrets()
-	c.markSecret(secretValue, "api-key", "admin-key")
-	c.markSecret(secretURL, "pg")
-	c.run = func([]string) error {
-		if ing.configFile != "" && ing.pg == "" {
-			return errors.New("--config needs --pg: projections are made by the ingest role")
-		}
-		if err := ing.loadProjections(); err != nil {
-			return err
-		}
-		// One process: the reserved subjects follow the ingest's prefix
-		// unless they were given.
-		if ing.prefix != "db" && slices.Equal(f.reservedSubjects, gateway.DefaultReservedSubjects) {
-			f.reservedSubjects = listFlag{ing.prefix + ".>"}
-		}
-		log, err := newLogger(f.logLevel, f.logFormat, c.scrub)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = log.Sync() }()
-		f.scrub = c.scrub
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-		defer stop()
-		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{Port: natsPort, JetStream: true, StoreDir: filepath.Join(dataDir, "nats")})
-		if err != nil {
-			return err
-		}
-		defer func() {
-			ns.Shutdown()
-			ns.WaitForShutdown()
-		}()
-		log.Info("embedded NATS started", zap.String("url", ns.ClientURL()), zap.String("store", filepath.Join(dataDir, "nats")))
-		if ing.pg == "" {
-			return serveGateway(ctx, log, &f, ns)
-		}
-		// The ingest role beside the ws role, on the same embedded broker.
-		g, gctx := errgroup.WithContext(ctx)
-		g.Go(func() error { return serveGateway(gctx, log, &f, ns) })
-		g.Go(func() error { return runIngest(gctx, log, &ing, &f.brokerFlags, ns, nil, "") })
-		return g.Wait()
 	}
 	return c
 }
@@ -470,11 +420,17 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 			zap.String("inspector", httpScheme+"://"+addr+"/admin/connections"))
 	}
 	if f.console {
-		fmt.Fprintf(os.Stderr, "\n  fanwire is up: open %[1]s://%[3]s/ in a browser\n  websocket: %[2]s://%[3]s/ws   graphql: %[2]s://%[3]s/graphql\n  publish: curl -d '{\"subject\":\"demo.hello\",\"data\":{\"hi\":1}}' %[1]s://%[3]s/api/publish\n", httpScheme, wsScheme, addr)
-		if f.allowAnonPublish {
-			fmt.Fprintf(os.Stderr, "  anonymous publishing is on (--allow-anonymous-publish): anyone who reaches this address may publish, except on %s\n", strings.Join(reserved, ","))
+		var b strings.Builder
+		fmt.Fprintf(&b, "\n  fanwire is up: open %s://%s/ in a browser for the console\n", httpScheme, addr)
+		for _, l := range f.banner {
+			fmt.Fprintf(&b, "  %s\n", l)
 		}
-		fmt.Fprintln(os.Stderr)
+		fmt.Fprintf(&b, "  websocket: %[2]s://%[3]s/ws   graphql: %[2]s://%[3]s/graphql\n  publish: curl -d '{\"subject\":\"demo.hello\",\"data\":{\"hi\":1}}' %[1]s://%[3]s/api/publish\n", httpScheme, wsScheme, addr)
+		if f.allowAnonPublish {
+			fmt.Fprintf(&b, "  anonymous publishing is on (--allow-anonymous-publish): anyone who reaches this address may publish, except on %s\n", strings.Join(reserved, ","))
+		}
+		fmt.Fprintln(&b)
+		fmt.Fprint(os.Stderr, f.scrub.String(b.String())) // the banner may name a URL with a password
 	}
 
 	<-gctx.Done()
