@@ -387,7 +387,7 @@ func TestGraphQLNodeErrors(t *testing.T) {
 // retained event and goes on live; from the cursor of the 2nd event, a new
 // connection gets exactly the events after it, then live ones.
 func TestGraphQLNodeResume(t *testing.T) {
-	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
+	t.Parallel()             // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	requireGraphQLFixture(t) // before any broker starts: fail fast
 	for _, kind := range []string{"jetstream", "redis"} {
 		t.Run(kind, func(t *testing.T) {
