@@ -17,9 +17,17 @@ APT_PKGS := redis-server nats-server postgresql chromium nodejs npm prometheus
 # GraphQL clients, and what the JavaScript client's tests run with.
 NPM_FIXTURES := gateway/testdata/graphqlws gateway/testdata/fanwirejs
 
-.PHONY: test deps vet fmt-check generate-check rules-check unit fuzz fuzz-short security bench build loadtest
+.PHONY: test test-quick deps vet fmt-check generate-check rules-check unit fuzz fuzz-short security bench build loadtest
 
 test: deps vet fmt-check generate-check rules-check unit fuzz-short
+
+# test-quick is the edit-test loop: every package's tests with -short,
+# which leaves out those that start PostgreSQL, Chromium, Node, fanwire or
+# nats-server processes, NATS or Redis clusters, and the other slow ones
+# (each says so when skipped), without the race detector: about a minute.
+# It is not what CI runs: make test runs everything.
+test-quick:
+	$(GO) test -short -count=1 $(PKGS)
 
 # deps installs missing system packages with apt-get (as root, or with sudo),
 # then each npm fixture's node_modules with npm ci when it is missing

@@ -27,6 +27,9 @@ var _ broker.Appender = (*broker.JetStream)(nil)
 // batches) in the middle of a large Append; the stream then holds every
 // event once, in order (a suffix of them when its history was lost).
 func TestJetStreamAppendKeepsOrderThroughFailures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	keepsOrderThroughFailures(t, appendTo, "stream re-created without fast batches", func(c *jetstream.StreamConfig) { c.AllowBatchPublish = false })
 }
 
@@ -220,6 +223,9 @@ func TestJetStreamAppendWithoutFastBatches(t *testing.T) {
 // out while it waited sends nothing more. Before, it sent again until its
 // context ended.
 func TestAppendAsksTheFenceBeforeSendingAgain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	ns := brokertest.NATS(t)
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "FENCE"})
 	ns.Shutdown()

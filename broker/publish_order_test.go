@@ -26,6 +26,9 @@ import (
 // gateway's HTTP publish does: they may sit between ours, and are all
 // stored once.
 func TestJetStreamPublishKeepsOrderThroughFailures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	publish := func(ctx context.Context, b *broker.JetStream, out []broker.Outgoing) error {
 		_, err := b.Publish(ctx, out)
 		return err

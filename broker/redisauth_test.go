@@ -75,6 +75,9 @@ func dialRedisSecure(cfg broker.RedisConfig) (*broker.Redis, error) {
 // ACL user, TLS with a CA the test made, and TLS with client
 // certificates; each carries an event.
 func TestRedisSecured(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	ca := brokertest.NewCA(t)
 	for _, tc := range []struct {
 		name string

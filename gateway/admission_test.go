@@ -227,6 +227,9 @@ func TestConnectQueueLeave(t *testing.T) {
 // TestConnectQueueShutdown: a request still waiting when the gateway drains
 // is answered 503 shutting_down (Shutdown does not wait for its turn).
 func TestConnectQueueShutdown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	e, _ := rateEnv(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

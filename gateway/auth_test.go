@@ -223,6 +223,9 @@ func TestGrantsEnforced(t *testing.T) {
 // refresh is an unauthorized error and changes nothing. The reply and the
 // error carry the refresh's id when it had one.
 func TestTokenExpiryAndRefresh(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
 	if err != nil {
 		t.Fatal(err)

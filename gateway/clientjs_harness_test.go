@@ -37,6 +37,9 @@ const clientFixture = "testdata/fanwirejs"
 // returns node's path.
 func requireClientFixture(t testing.TB) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the tests that start Node: make test runs them")
+	}
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Fatal("node not found on PATH: run `make test`, which installs Node and npm")

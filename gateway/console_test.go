@@ -340,6 +340,9 @@ func (p *browserPage) waitRows(want ...string) {
 // skipping would let CI pass without ever running the page.
 func chromiumPath(t testing.TB) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the tests that start Chromium: make test runs them")
+	}
 	if p, err := exec.LookPath("chromium"); err == nil {
 		return p
 	}

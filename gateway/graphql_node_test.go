@@ -41,6 +41,9 @@ const (
 // real client. It returns node's path.
 func requireGraphQLFixture(t *testing.T) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the tests that start Node: make test runs them")
+	}
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Fatal("node not found on PATH: run `make test`, which installs Node and npm (Debian: apt-get install nodejs npm) and the npm fixture")

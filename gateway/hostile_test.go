@@ -41,6 +41,9 @@ const (
 )
 
 func TestHostileClients(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	raiseFDLimit(t, 6000)
 	// The server's logs, net/http's included (a panic in a handler is
 	// recovered and logged there): none may report one.

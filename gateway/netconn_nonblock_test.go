@@ -100,6 +100,9 @@ func unstall(t *testing.T, srv, peer *net.TCPConn) {
 // bytes are pending; the rest reaches the peer whole, before any later
 // frame: the library's (Write) or the writer's own (flushPending).
 func TestFrameWriterNonBlocking(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	t.Run("library frame after pending bytes", func(t *testing.T) {
 		srv, peer := tcpPair(t)
 		fw := &frameWriter{c: srv}

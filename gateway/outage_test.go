@@ -80,6 +80,9 @@ func publishThrough(t *testing.T, b broker.Broker, first, n int) {
 // In per-connection mode the subscription's own consumer (in memory) is
 // lost with the server: the feed opens a new one after its last event.
 func TestJetStreamOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	for _, mode := range []string{gateway.ConsumerShared, gateway.ConsumerPerConnection} {
 		t.Run(mode, func(t *testing.T) { jetStreamOutage(t, mode) })
 	}
@@ -126,6 +129,9 @@ func jetStreamOutage(t *testing.T, mode string) {
 // own retries, so nothing can be published "while it is disconnected" and
 // /readyz may never see the outage.)
 func TestRedisOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	e := newEnvJS(t, "redis", nil, nil)
 	outage(t, e, outageSteps{
 		stop: e.redis.Kill,
@@ -150,6 +156,9 @@ func TestRedisOutage(t *testing.T) {
 // (so cursors keep increasing), warns that the history is lost, and its
 // clients go on receiving. A cursor from the lost history has expired.
 func TestJetStreamMemoryStreamLost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	core, logs := observer.New(zap.WarnLevel)
 	e := jsEnv(t, func(c *broker.JetStreamConfig) {
 		c.Storage = "memory"

@@ -312,6 +312,9 @@ func (e *env) kill() {
 // when a node dies, the others see exactly its members leave, once.
 func TestPresenceAcrossNodes(t *testing.T) {
 	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	for _, kind := range []string{"nats", "jetstream", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			nodes := presenceNodes(t, kind, 3)
@@ -468,6 +471,9 @@ func TestPresenceNATSCluster(t *testing.T) {
 // heart-beat tells the other node it missed one, and it asks for the
 // sender's members.
 func TestPresenceLostDelta(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	for _, kind := range []string{"nats", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			nodes := presenceNodes(t, kind, 2)
@@ -503,6 +509,9 @@ func TestPresenceLostDelta(t *testing.T) {
 // at once on two nodes; when the churn stops, both nodes list exactly the
 // members that remain, and a watcher on each holds the same set.
 func TestPresenceChurnCountsAgree(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	for _, kind := range []string{"nats", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			nodes := presenceNodes(t, kind, 2)

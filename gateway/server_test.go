@@ -212,6 +212,9 @@ func TestSlowConsumerIsClosedWith4008WhileOthersGetEverything(t *testing.T) {
 }
 
 func TestGracefulShutdownSends1001AfterQueuedEvents(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	e := newEnv(t, nil)
 	cl := e.dial()
 	cl.subscribe("s", "x")

@@ -135,6 +135,9 @@ func TestResumeAgainstGateway(t *testing.T) {
 // burst most resumes replay history once publishing is over; at a rate
 // (1.5 s of events) they hand over to a live feed that is still moving.
 func TestRunWithResumingClients(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	for _, tc := range []struct {
 		kind string
 		rate int
@@ -242,6 +245,9 @@ func startGateway(t *testing.T, b broker.Broker, subjects []string) string {
 // connection with the gateway's error replies (forbidden, or rate_limited
 // past --max-message-rate's burst) counted, and the events missing.
 func TestRunClientsPublishAgainstGateway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	const clients, events = 8, 40
 	for _, via := range []string{PublishViaWS, PublishViaHTTP} {
 		t.Run(via, func(t *testing.T) {
@@ -364,6 +370,9 @@ func TestIdleViewsAgainstGateway(t *testing.T) {
 // and by replay, alternately, against a real gateway on each durable
 // broker: every read gets every document once, in order, then synced.
 func TestLatestAgainstGateway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	for _, tc := range []struct{ kind, where string }{{"jetstream", ""}, {"jetstream", WhereEq}, {"redis", ""}, {"redis", WhereRange}} {
 		t.Run(tc.kind+"/where="+tc.where, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -22,6 +22,9 @@ import (
 // load generator's: the churners' goroutines have exited before the
 // after figures are read.
 func TestRunWithChurn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	for _, tc := range []struct{ proto, kind string }{
 		{ProtoNative, "nats"}, {ProtoGraphQL, "nats"}, {ProtoNative, "jetstream"},
 	} {

@@ -18,6 +18,9 @@ import (
 // must come back on node B after fanwire.js's backoff and get every event
 // exactly once, in order.
 func TestRunStorm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	for _, kind := range []string{"jetstream", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -37,6 +37,9 @@ func NATS(t testing.TB) *server.Server {
 // Connect to several with a comma-separated list of their ClientURL()s.
 func NATSCluster(t testing.TB, n int) []*server.Server {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the tests that start a NATS cluster: make test runs them")
+	}
 	routes := make([]string, n)
 	ports := make([]int, n)
 	for i := range n {

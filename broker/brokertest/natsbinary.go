@@ -36,6 +36,9 @@ func NATSBinary(t testing.TB, path string) string {
 // read its CPU time and memory in /proc).
 func NATSProcess(t testing.TB, path string) (url string, pid int) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the tests that start a nats-server process: make test runs them")
+	}
 	if _, err := os.Stat(path); err != nil {
 		t.Fatalf("brokertest: nats-server binary %s: %v (run `make deps`, which installs Debian's nats-server package, or apt-get install nats-server)", path, err)
 	}

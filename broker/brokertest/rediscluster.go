@@ -23,6 +23,9 @@ import (
 // with how to fix it, when redis-server or redis-cli is missing.
 func RedisCluster(t testing.TB, n int) []string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the tests that start a Redis cluster: make test runs them")
+	}
 	if n < 3 {
 		t.Fatalf("brokertest: RedisCluster(%d): redis-cli --cluster create wants at least 3 primaries", n)
 	}

@@ -47,6 +47,9 @@ type Config struct {
 // connections.
 func Start(t testing.TB, cfg Config) *Server {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the tests that start a PostgreSQL cluster: make test runs them")
+	}
 	s := &Server{t: t, bin: binDir(t)}
 	dir, err := os.MkdirTemp("", "fanwire-pgtest-")
 	if err != nil {

@@ -31,6 +31,9 @@ const (
 // returns once the process has exited. A missing browser fails the test.
 func startBrowser(t testing.TB) context.Context {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the tests that start Chromium: make test runs them")
+	}
 	exe, err := exec.LookPath("chromium")
 	if err != nil {
 		exe = "/usr/bin/chromium"

@@ -27,6 +27,9 @@ import (
 // its path; TestMain removes it. A test must not change the file.
 func buildBinary(t testing.TB) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the tests that start fanwire processes: make test runs them")
+	}
 	built.once.Do(func() {
 		dir, err := os.MkdirTemp("", "fanwire-test-bin-")
 		if err != nil {

@@ -18,6 +18,9 @@ import (
 // when it is replaced, without a restart; with --jwt-key-grace 0 the old
 // secret stops verifying at once; the reload is counted in /metrics.
 func TestWSReloadsItsJWTSecret(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	dir := t.TempDir()
 	secretFile := filepath.Join(dir, "secret")
 	old, renewed := strings.Repeat("o", 40), strings.Repeat("n", 40)

@@ -98,6 +98,9 @@ func TestRedisClusterWantsHashTag(t *testing.T) {
 // on free ports, connects a client, and sends SIGTERM: the client must get
 // 1001 and the process must exit 0.
 func TestDevShutsDownGracefullyOnSIGTERM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "fanwire")
 	build := exec.Command("go", "build", "-o", bin, ".")

@@ -25,6 +25,9 @@ import (
 // serves HTTPS and wss:// itself with --tls-cert and --tls-key, and a new
 // connection sees a renewed certificate once its files are replaced.
 func TestWSSecured(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
+	}
 	ca := brokertest.NewCA(t)
 	ns := brokertest.NATSSecure(t, brokertest.SecureNATSConfig{CA: ca, VerifyClients: true, Auth: "creds"})
 	dir := t.TempDir()
