@@ -15,6 +15,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/fanwire/fanwire/gateway/browsertest"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -372,17 +373,14 @@ func TestClientAPI(t *testing.T) {
 		n := startGateway(t, bin, jsNodeArgs(url, "APIPAGE", "--allow-anonymous-publish")...)
 		pages := httptest.NewServer(http.FileServer(http.Dir(clientFixture)))
 		t.Cleanup(pages.Close)
-		browser := newBrowser(t)
+		browser := browsertest.Start(t)
 		page := pages.URL + "/api.html?" + neturl.Values{"gw": {n.httpURL()}}.Encode()
 		run := func(t *testing.T, script string) apiPageResult {
 			t.Helper()
 			p := openTab(t, browser, apiPageState)
-			p.do(chromedp.Navigate(page))
-			p.waitVisible(`#status[data-state="loaded"]`)
-			r, err := chromedp.Run(p.ctx, chromedp.Evaluate[apiPageResult](`(async (url) => {`+script+`})(`+strconv.Quote(n.wsURL())+`)`, chromedp.EvalAwaitPromise))
-			if err != nil {
-				p.fatal(err)
-			}
+			p.Do(chromedp.Navigate(page))
+			p.WaitVisible(`#status[data-state="loaded"]`)
+			r := browsertest.Eval[apiPageResult](p, `(async (url) => {`+script+`})(`+strconv.Quote(n.wsURL())+`)`, chromedp.EvalAwaitPromise)
 			if len(r.PageErrors) > 0 {
 				t.Fatalf("uncaught on the page: %v (%+v)", r.PageErrors, r)
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/chromedp/cdproto/performance"
 	"github.com/chromedp/chromedp"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/fanwire/fanwire/gateway/browsertest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -94,25 +95,25 @@ func BenchmarkClient(b *testing.B) {
 	b.Run("chromium", func(b *testing.B) {
 		pages := httptest.NewServer(http.FileServer(http.Dir(clientFixture)))
 		b.Cleanup(pages.Close)
-		browser := newBrowser(b)
+		browser := browsertest.Start(b)
 		for range b.N {
 			url := brokertest.NATS(b).ClientURL()
 			js := brokertest.JetStream(b, url)
 			gw := startGateway(b, bin, jsNodeArgs(url, "BENCH")...)
 			p := openTab(b, browser, `JSON.stringify(window.bench)`)
-			p.do(chromedp.Navigate(pages.URL + "/bench.html?" + neturl.Values{"gw": {gw.httpURL()}, "url": {gw.wsURL()}}.Encode()))
+			p.Do(chromedp.Navigate(pages.URL + "/bench.html?" + neturl.Values{"gw": {gw.httpURL()}, "url": {gw.wsURL()}}.Encode()))
 			var st benchPage
-			pollBench(p, func(s benchPage) bool { return s.Subscribed })
-			if _, err := chromedp.Call(p.ctx, performance.Enable, performance.EnableParams{}); err != nil {
-				p.fatal(err)
+			pollBench(b, p, func(s benchPage) bool { return s.Subscribed })
+			if _, err := chromedp.Call(p.Context(), performance.Enable, performance.EnableParams{}); err != nil {
+				p.Fatal(err)
 			}
-			before := p.metrics()
-			pollBench(p, func(s benchPage) bool { st = s; return true })
+			before := pageMetrics(b, p)
+			pollBench(b, p, func(s benchPage) bool { st = s; return true })
 			total := publishAt(b, js, 10000, 5*time.Second)
-			pollBench(p, func(s benchPage) bool { return s.Events-st.Events >= total })
-			after := p.metrics()
+			pollBench(b, p, func(s benchPage) bool { return s.Events-st.Events >= total })
+			after := pageMetrics(b, p)
 			var end benchPage
-			pollBench(p, func(s benchPage) bool { end = s; return true })
+			pollBench(b, p, func(s benchPage) bool { end = s; return true })
 			if end.Events-st.Events != total || end.LastN != total-1 {
 				b.Fatalf("the page got %d events (last %d) of %d", end.Events-st.Events, end.LastN, total)
 			}
@@ -184,30 +185,26 @@ type benchPage struct {
 	Subscribed bool    `json:"subscribed"`
 }
 
-func pollBench(p *browserPage, cond func(benchPage) bool) {
-	p.t.Helper()
+func pollBench(b *testing.B, p *browsertest.Page, cond func(benchPage) bool) {
+	b.Helper()
 	for {
-		s, err := chromedp.Run(p.ctx, chromedp.Evaluate[benchPage](`window.bench || {}`))
-		if err != nil {
-			p.fatal(err)
-		}
-		if cond(s) {
+		if cond(browsertest.Eval[benchPage](p, `window.bench || {}`)) {
 			return
 		}
 		select {
-		case <-p.ctx.Done():
-			p.fatal(p.ctx.Err())
+		case <-p.Context().Done():
+			p.Fatal(p.Context().Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
 
-// metrics returns the page's CDP performance metrics by name.
-func (p *browserPage) metrics() map[string]float64 {
-	p.t.Helper()
-	r, err := chromedp.Call(p.ctx, performance.GetMetrics, cdp.Empty{})
+// pageMetrics returns the page's CDP performance metrics by name.
+func pageMetrics(b *testing.B, p *browsertest.Page) map[string]float64 {
+	b.Helper()
+	r, err := chromedp.Call(p.Context(), performance.GetMetrics, cdp.Empty{})
 	if err != nil {
-		p.fatal(err)
+		p.Fatal(err)
 	}
 	m := map[string]float64{}
 	for _, x := range r.Metrics {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/fanwire/fanwire/gateway/browsertest"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -473,7 +474,7 @@ func TestClientBrowser(t *testing.T) {
 	bin := buildFanwire(t)
 	pages := httptest.NewServer(http.FileServer(http.Dir(clientFixture)))
 	t.Cleanup(pages.Close)
-	browser := newBrowser(t) // closed before the servers: cleanups run last-in first-out
+	browser := browsertest.Start(t) // closed before the servers: cleanups run last-in first-out
 
 	for i, f := range failovers {
 		t.Run(f.name, func(t *testing.T) {
@@ -487,22 +488,22 @@ func TestClientBrowser(t *testing.T) {
 				urls = append(urls, n.wsURL())
 			}
 			p := openTab(t, browser, clientPageState)
-			p.do(chromedp.Navigate(pages.URL + "/page.html?" + neturl.Values{
+			p.Do(chromedp.Navigate(pages.URL + "/page.html?" + neturl.Values{
 				"gw": {nodes[0].httpURL()}, "urls": {strings.Join(urls, ",")}, "pattern": {"app.>"}, "from": {"first"},
 			}.Encode()))
-			p.waitVisible(`#status[data-state="connected"]`)
+			p.WaitVisible(`#status[data-state="connected"]`)
 			pub := startPublisher(t, jsPublish(js), publishEvery)
-			waitPage(p, "100 events", func(fw clientPage) bool { return len(fw.Events) >= 100 })
+			waitPage(t, p, "100 events", func(fw clientPage) bool { return len(fw.Events) >= 100 })
 			f.act(nodes)
 			var before int
-			waitPage(p, "a reconnect", func(fw clientPage) bool { before = len(fw.Events); return fw.reconnected() })
-			waitPage(p, "100 events more", func(fw clientPage) bool { return len(fw.Events) >= before+100 })
+			waitPage(t, p, "a reconnect", func(fw clientPage) bool { before = len(fw.Events); return fw.reconnected() })
+			waitPage(t, p, "100 events more", func(fw clientPage) bool { return len(fw.Events) >= before+100 })
 			n := pub.stop()
 			if pub.err != nil {
 				t.Fatalf("publishing: %v", pub.err)
 			}
 			var fw clientPage
-			waitPage(p, strconv.Itoa(n)+" events", func(got clientPage) bool { fw = got; return len(got.Events) >= n })
+			waitPage(t, p, strconv.Itoa(n)+" events", func(got clientPage) bool { fw = got; return len(got.Events) >= n })
 			checkSequence(t, fw.Events, n)
 			if len(fw.Errors) > 0 {
 				t.Fatalf("the page reported errors: %+v", fw.Errors)
@@ -548,19 +549,19 @@ func (fw clientPage) reconnected() bool {
 
 // waitPage polls the page's window.fw until cond holds, within the tab's
 // step budget.
-func waitPage(p *browserPage, what string, cond func(clientPage) bool) {
-	p.t.Helper()
+func waitPage(t testing.TB, p *browsertest.Page, what string, cond func(clientPage) bool) {
+	t.Helper()
 	for {
-		fw, err := chromedp.Run(p.ctx, chromedp.Evaluate[clientPage](`window.fw`))
+		fw, err := chromedp.Run(p.Context(), chromedp.Evaluate[clientPage](`window.fw`))
 		if err != nil {
-			p.fatal(fmt.Errorf("waiting for %s: %w", what, err))
+			p.Fatal(fmt.Errorf("waiting for %s: %w", what, err))
 		}
 		if cond(fw) {
 			return
 		}
 		select {
-		case <-p.ctx.Done():
-			p.fatal(fmt.Errorf("waiting for %s: %w", what, p.ctx.Err()))
+		case <-p.Context().Done():
+			p.Fatal(fmt.Errorf("waiting for %s: %w", what, p.Context().Err()))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/browsertest"
 )
 
 // TestConsoleInspector: the console's Inspector in headless Chromium, on a
@@ -40,49 +41,49 @@ func TestConsoleInspector(t *testing.T) {
 	mallory.subscribe("m1", "orders.*")
 	other := e.dialAs(adminTokenFor(t, "trent"))
 
-	browser := newBrowser(t)
+	browser := browsertest.Start(t)
 	p := openTab(t, browser, consoleState)
-	p.do(chromedp.Navigate(e.http.URL + "/?token=" + url.QueryEscape(adminTokenFor(t, "operator"))))
-	p.waitVisible(`#status[data-state="connected"]`)
+	p.Do(chromedp.Navigate(e.http.URL + "/?token=" + url.QueryEscape(adminTokenFor(t, "operator"))))
+	p.WaitVisible(`#status[data-state="connected"]`)
 
-	p.typeInto("#admin-key", "not-the-key")
-	p.do(chromedp.Click(chromedp.ID("admin-open")))
-	p.waitVisible("#admin-error")
-	if got := p.text("#admin-error"); !strings.HasPrefix(got, "401") {
+	p.TypeInto("#admin-key", "not-the-key")
+	p.Click("#admin-open")
+	p.WaitVisible("#admin-error")
+	if got := p.Text("#admin-error"); !strings.HasPrefix(got, "401") {
 		t.Fatalf("wrong key: the page says %q, want 401", got)
 	}
-	if hidden, err := chromedp.Run(p.ctx, chromedp.Evaluate[bool](`document.getElementById("insp-panel").hidden`)); err != nil || !hidden {
+	if hidden, err := chromedp.Run(p.Context(), chromedp.Evaluate[bool](`document.getElementById("insp-panel").hidden`)); err != nil || !hidden {
 		t.Fatalf("wrong key: inspector panel hidden=%v (%v), want hidden", hidden, err)
 	}
 
-	p.typeInto("#admin-key", testAdminKey)
-	p.do(chromedp.Click(chromedp.ID("admin-open")))
+	p.TypeInto("#admin-key", testAdminKey)
+	p.Click("#admin-open")
 	row := `#insp-body tr[data-id="` + mallory.id + `"]`
-	p.waitVisible(row)
-	if got := p.text(row); !strings.Contains(got, "mallory") || !strings.Contains(got, "orders.*") || !strings.Contains(got, "127.0.0.1") || !strings.Contains(got, "native") {
+	p.WaitVisible(row)
+	if got := p.Text(row); !strings.Contains(got, "mallory") || !strings.Contains(got, "orders.*") || !strings.Contains(got, "127.0.0.1") || !strings.Contains(got, "native") {
 		t.Fatalf("mallory's row reads %q, want her sub, subscription, address and protocol", got)
 	}
-	p.waitVisible(`#insp-body tr[data-sub="operator"]`) // the console's own connection
-	leak, err := chromedp.Run(p.ctx, chromedp.Evaluate[bool](`document.documentElement.outerHTML.includes(`+jsString(testAdminKey)+`) ||
+	p.WaitVisible(`#insp-body tr[data-sub="operator"]`) // the console's own connection
+	leak, err := chromedp.Run(p.Context(), chromedp.Evaluate[bool](`document.documentElement.outerHTML.includes(`+jsString(testAdminKey)+`) ||
 		document.getElementById("admin-key").value !== "" || localStorage.length > 0 || sessionStorage.length > 0 || location.href.includes("admin")`))
 	if err != nil || leak {
 		t.Fatalf("the admin key is in the page, its field, storage or URL (%v)", err)
 	}
 
 	// Filter by sub: mallory's connection only.
-	p.typeInto("#insp-sub", "mallory")
-	p.do(chromedp.Click(chromedp.ID("insp-apply")))
-	p.do(chromedp.PollFunction[chromedp.Void](`() => document.querySelectorAll("#insp-body tr").length === 1`,
+	p.TypeInto("#insp-sub", "mallory")
+	p.Click("#insp-apply")
+	p.Do(chromedp.PollFunction[chromedp.Void](`() => document.querySelectorAll("#insp-body tr").length === 1`,
 		chromedp.WithPollingMutation(), chromedp.WithPollingTimeout(0)))
-	if got := p.text("#insp-count"); got != "1" {
+	if got := p.Text("#insp-count"); got != "1" {
 		t.Fatalf("filtered by sub mallory: %s listed", got)
 	}
 
 	// Close her connection with 4003.
-	p.do(chromedp.Evaluate[chromedp.Void](`document.getElementById("insp-code").value = "4003"`))
-	p.do(chromedp.Click(chromedp.CSS(row + " button.close")))
-	p.waitVisible(`#insp-result[data-ok="true"]`)
-	if got := p.text("#insp-result"); got != "connection "+mallory.id+": closed 1 with 4003" {
+	p.Do(chromedp.Evaluate[chromedp.Void](`document.getElementById("insp-code").value = "4003"`))
+	p.Click(row + " button.close")
+	p.WaitVisible(`#insp-result[data-ok="true"]`)
+	if got := p.Text("#insp-result"); got != "connection "+mallory.id+": closed 1 with 4003" {
 		t.Fatalf("close result reads %q", got)
 	}
 	if got := mallory.closeStatus(5 * time.Second); got != 4003 {
@@ -103,38 +104,38 @@ func TestConsoleInspectorApart(t *testing.T) {
 	e, admin := startAdminApart(t)
 	c := e.dial()
 	c.subscribe("s", "orders.*")
-	browser := newBrowser(t)
+	browser := browsertest.Start(t)
 
 	p := openTab(t, browser, consoleState)
-	p.do(chromedp.Navigate(admin + "/"))
-	p.waitVisible("#admin-key")
-	shown, err := chromedp.Run(p.ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("section, #status, #reconnect")]
+	p.Do(chromedp.Navigate(admin + "/"))
+	p.WaitVisible("#admin-key")
+	shown, err := chromedp.Run(p.Context(), chromedp.Evaluate[[]string](`[...document.querySelectorAll("section, #status, #reconnect")]
 		.filter((el) => getComputedStyle(el).display !== "none" && !el.hidden).map((el) => el.querySelector("h2")?.textContent || el.id)`))
 	if err != nil || len(shown) != 1 || shown[0] != "Inspector" {
 		t.Fatalf("the inspector's page shows %q (%v), want its Inspector alone", shown, err)
 	}
-	if got := p.text("header h1"); got != "fanwire inspector" {
+	if got := p.Text("header h1"); got != "fanwire inspector" {
 		t.Fatalf("the inspector's page is titled %q", got)
 	}
-	p.typeInto("#admin-key", testAdminKey)
-	p.do(chromedp.Click(chromedp.ID("admin-open")))
+	p.TypeInto("#admin-key", testAdminKey)
+	p.Click("#admin-open")
 	row := `#insp-body tr[data-id="` + c.id + `"]`
-	p.waitVisible(row)
-	if got := p.text("#insp-count"); got != "1" {
+	p.WaitVisible(row)
+	if got := p.Text("#insp-count"); got != "1" {
 		t.Fatalf("%s connections listed, want the test's one: the page opened none", got)
 	}
-	p.do(chromedp.Evaluate[chromedp.Void](`document.getElementById("insp-code").value = "4003"`))
-	p.do(chromedp.Click(chromedp.CSS(row + " button.close")))
-	p.waitVisible(`#insp-result[data-ok="true"]`)
+	p.Do(chromedp.Evaluate[chromedp.Void](`document.getElementById("insp-code").value = "4003"`))
+	p.Click(row + " button.close")
+	p.WaitVisible(`#insp-result[data-ok="true"]`)
 	if got := c.closeStatus(5 * time.Second); got != 4003 {
 		t.Fatalf("closed from the inspector's page with %d, want 4003", got)
 	}
 
 	live := openConsole(t, browser, e.http.URL)
-	live.typeInto("#admin-key", testAdminKey)
-	live.do(chromedp.Click(chromedp.ID("admin-open")))
-	live.waitVisible("#admin-error")
-	if got := live.text("#admin-error"); !strings.HasPrefix(got, "404") || !strings.Contains(got, "--admin-listen") {
+	live.TypeInto("#admin-key", testAdminKey)
+	live.Click("#admin-open")
+	live.WaitVisible("#admin-error")
+	if got := live.Text("#admin-error"); !strings.HasPrefix(got, "404") || !strings.Contains(got, "--admin-listen") {
 		t.Fatalf("the client listener's console says %q, want a 404 pointing at --admin-listen", got)
 	}
 }

@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/browsertest"
 )
 
 // TestGraphQLBrowser runs graphql-ws's UMD build in a real headless Chromium:
@@ -25,7 +25,7 @@ func TestGraphQLBrowser(t *testing.T) {
 	// added to the gateway.
 	pages := httptest.NewServer(http.FileServer(http.Dir(graphqlFixture)))
 	t.Cleanup(pages.Close)
-	browser := newBrowser(t) // closed before the servers: cleanups run last-in first-out
+	browser := browsertest.Start(t) // closed before the servers: cleanups run last-in first-out
 
 	allowed := func(c *gateway.Config) {
 		c.Subjects = []string{"orders.>", "app.>"}
@@ -44,19 +44,19 @@ func TestGraphQLBrowser(t *testing.T) {
 				{"app.2.x", `[1,"two",null]`},
 			}
 			cursors := e.publishAPI(events...)
-			p.waitVisible(`#events li.event:nth-child(2)`)
+			p.WaitVisible(`#events li.event:nth-child(2)`)
 			want := []string{
 				"app.1|" + cursorAt(cursors, 0) + `|{"n":1,"s":"<b>not markup</b> & é"}`,
 				"app.2.x|" + cursorAt(cursors, 2) + `|[1,"two",null]`,
 			}
-			if got := p.events(); !slices.Equal(got, want) {
+			if got := graphqlEvents(t, p); !slices.Equal(got, want) {
 				t.Fatalf("page shows events\n%q\nwant\n%q", got, want)
 			}
 			// The text is rendered as text, not markup.
-			if got := p.textContent(`#events li.event:nth-child(1)`); got != `app.1 {"n":1,"s":"<b>not markup</b> & é"}` {
+			if got := textContent(t, p, `#events li.event:nth-child(1)`); got != `app.1 {"n":1,"s":"<b>not markup</b> & é"}` {
 				t.Fatalf("first event reads %q", got)
 			}
-			if got := p.textContent("#error"); got != "" {
+			if got := textContent(t, p, "#error"); got != "" {
 				t.Fatalf("#error reads %q, want empty", got)
 			}
 		})
@@ -65,11 +65,11 @@ func TestGraphQLBrowser(t *testing.T) {
 	t.Run("bad pattern", func(t *testing.T) {
 		e := newEnvOn(t, "nats", allowed)
 		p := openGraphQLPage(t, browser, pages.URL, e, "a..b")
-		p.waitVisible(`#error[data-code]`)
-		if got := p.textContent("#error"); got != `bad_pattern: bad pattern: pattern "a..b" has an empty token` {
+		p.WaitVisible(`#error[data-code]`)
+		if got := textContent(t, p, "#error"); got != `bad_pattern: bad pattern: pattern "a..b" has an empty token` {
 			t.Fatalf("#error reads %q", got)
 		}
-		if got := p.textContent("#status"); got != "connected" {
+		if got := textContent(t, p, "#status"); got != "connected" {
 			t.Fatalf("#status reads %q after the error, want connected (an error ends the operation, not the connection)", got)
 		}
 	})
@@ -77,13 +77,13 @@ func TestGraphQLBrowser(t *testing.T) {
 	t.Run("origin not allowed", func(t *testing.T) {
 		e := newEnvOn(t, "nats", func(c *gateway.Config) { c.Subjects = []string{"app.>"} })
 		p := openTab(t, browser, graphqlPageState)
-		p.do(chromedp.Navigate(graphqlPageURL(pages.URL, e, "app.>")))
-		p.waitVisible(`#status[data-state="closed"]`)
-		if got := p.textContent("#status"); got != "closed 1006" {
+		p.Do(chromedp.Navigate(graphqlPageURL(pages.URL, e, "app.>")))
+		p.WaitVisible(`#status[data-state="closed"]`)
+		if got := textContent(t, p, "#status"); got != "closed 1006" {
 			t.Fatalf("#status reads %q, want the refused handshake: closed 1006", got)
 		}
-		p.waitVisible(`#error[data-code]`)
-		if got := p.textContent("#error"); got != "socket: error" {
+		p.WaitVisible(`#error[data-code]`)
+		if got := textContent(t, p, "#error"); got != "socket: error" {
 			t.Fatalf("#error reads %q, want the socket's error event (socket: error)", got)
 		}
 		if n := e.metric("fanwire_connections_accepted_total", nil); n != 0 {
@@ -103,31 +103,23 @@ func graphqlPageURL(pages string, e *env, subject string) string {
 
 // openGraphQLPage opens page.html subscribing to subject on e and waits
 // until its client is connected.
-func openGraphQLPage(t *testing.T, browser context.Context, pages string, e *env, subject string) *browserPage {
+func openGraphQLPage(t *testing.T, browser *browsertest.Browser, pages string, e *env, subject string) *browsertest.Page {
 	t.Helper()
 	p := openTab(t, browser, graphqlPageState)
-	p.do(chromedp.Navigate(graphqlPageURL(pages, e, subject)))
-	p.waitVisible(`#status[data-state="connected"]`)
+	p.Do(chromedp.Navigate(graphqlPageURL(pages, e, subject)))
+	p.WaitVisible(`#status[data-state="connected"]`)
 	return p
 }
 
 // textContent returns the text content of the first element matching sel.
-func (p *browserPage) textContent(sel string) string {
-	p.t.Helper()
-	s, err := chromedp.Run(p.ctx, chromedp.Evaluate[string](`document.querySelector(`+strconv.Quote(sel)+`).textContent`))
-	if err != nil {
-		p.fatal(err)
-	}
-	return strings.TrimSpace(s)
+func textContent(t testing.TB, p *browsertest.Page, sel string) string {
+	t.Helper()
+	return strings.TrimSpace(browsertest.Eval[string](p, `document.querySelector(`+strconv.Quote(sel)+`).textContent`))
 }
 
-// events returns the page's events in order, as subject|cursor|data.
-func (p *browserPage) events() []string {
-	p.t.Helper()
-	evs, err := chromedp.Run(p.ctx, chromedp.Evaluate[[]string](
-		`Array.from(document.querySelectorAll("#events li.event"), li => li.dataset.subject + "|" + li.dataset.cursor + "|" + li.querySelector(".data").textContent)`))
-	if err != nil {
-		p.fatal(err)
-	}
-	return evs
+// graphqlEvents returns the page's events in order, as subject|cursor|data.
+func graphqlEvents(t testing.TB, p *browsertest.Page) []string {
+	t.Helper()
+	return browsertest.Eval[[]string](p,
+		`Array.from(document.querySelectorAll("#events li.event"), li => li.dataset.subject + "|" + li.dataset.cursor + "|" + li.querySelector(".data").textContent)`)
 }
