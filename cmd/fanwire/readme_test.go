@@ -14,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/fanwire/fanwire/cdc/pgtest"
+	"github.com/fanwire/fanwire/gateway/browsertest"
 )
 
 // TestReadmeWalkthrough follows README.md's "Try it" section, "Your
@@ -40,7 +42,7 @@ func TestReadmeWalkthrough(t *testing.T) {
 	pg := pgtest.Start(t, pgtest.Config{})
 	w.pgAddr = fmt.Sprintf("127.0.0.1:%d", pg.Port())
 	w.env = []string{"FANWIRE_LISTEN=" + w.listen, "PGHOST=127.0.0.1", "PGPORT=" + strconv.Itoa(pg.Port()), "PGUSER=postgres"}
-	w.browser = startBrowser(t)
+	w.browser = browsertest.Start(t)
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -87,6 +89,29 @@ func TestReadmeWalkthrough(t *testing.T) {
 // walkthroughTimeout bounds every browser step of the walkthrough together.
 const walkthroughTimeout = 60 * time.Second
 
+// consolePageState describes the console page for a failure.
+const consolePageState = `"status: " + document.getElementById("status").textContent +
+	"\nsubs: " + document.getElementById("subs").innerText +
+	"\npub-result: " + document.getElementById("pub-result").textContent +
+	"\ntracks: " + document.getElementById("tracks").innerText +
+	"\nmembers of " + document.getElementById("pres-title").textContent + " (" + document.getElementById("pres-status").textContent + "):\n" + document.getElementById("pres-body").innerText +
+	"\nview: " + document.getElementById("view-title").textContent +
+	"\nview status: " + document.getElementById("view-status").textContent +
+	"\nview table:\n" + document.getElementById("view-table").innerText +
+	"\nevents:\n" + document.getElementById("events").innerText`
+
+// openConsole opens url in a new tab of browser, named name in failures,
+// and waits until the console is connected. Every step in the tab fails
+// after walkthroughTimeout; the tab is closed by Close or the test's
+// cleanup, which fails the test on any uncaught exception in the page.
+func openConsole(t testing.TB, browser *browsertest.Browser, name, url string) *browsertest.Page {
+	t.Helper()
+	p := browser.NewPage(t, browsertest.PageConfig{Timeout: walkthroughTimeout, State: consolePageState, Name: name})
+	p.Do(chromedp.Navigate(url))
+	p.WaitVisible(`#status[data-state="connected"]`)
+	return p
+}
+
 // walkthrough is the state of TestReadmeWalkthrough as it follows the README.
 type walkthrough struct {
 	t       *testing.T
@@ -95,12 +120,12 @@ type walkthrough struct {
 	listen  string   // the gateway's address: 127.0.0.1:8080 in the README
 	pgAddr  string   // PostgreSQL's: 127.0.0.1:5432 in the README
 	env     []string // added to every command's environment
-	browser context.Context
+	browser *browsertest.Browser
 
-	dev     *devProc     // the running `fanwire dev`
-	output  string       // the last command's standard output
-	console *consolePage // the console the README has the user open first
-	conn    string       // its connection id before dev restarted
+	dev     *devProc          // the running `fanwire dev`
+	output  string            // the last command's standard output
+	console *browsertest.Page // the console the README has the user open first
+	conn    string            // its connection id before dev restarted
 }
 
 // step is a sentence of the README's walkthrough the test acts on: re
@@ -130,15 +155,15 @@ func (w *walkthrough) steps() []step {
 			}
 		}},
 		{"open the console", regexp.MustCompile(`^Open http://127\.0\.0\.1:8080 for the live console`), func([]string) {
-			w.console = openConsolePage(t, w.browser, "the console", "http://"+w.listen+"/", walkthroughTimeout)
-			w.conn = strings.TrimPrefix(w.console.text("#status"), "connected · ")
+			w.console = openConsole(t, w.browser, "the console", "http://"+w.listen+"/")
+			w.conn = strings.TrimPrefix(w.console.Text("#status"), "connected · ")
 		}},
 		{"subscribe", regexp.MustCompile("\\*\\*Subscribe\\*\\* to `([^`]+)`(?: from `([^`]+)`)?(?:: `([^`]+)` arrives with `([^`]+)` and cursor `([^`]+)`)?"), func(m []string) {
 			p := w.console
-			p.typeInto("#pattern", m[1])
-			p.typeInto("#from", m[2])
-			p.click("#subscribe")
-			p.waitTrue("the subscription to "+m[1]+" to be active",
+			p.TypeInto("#pattern", m[1])
+			p.TypeInto("#from", m[2])
+			p.Click("#subscribe")
+			p.WaitTrue("the subscription to "+m[1]+" to be active",
 				`(pattern) => [...document.querySelectorAll('#subs li.sub[data-state="active"] .pat')].some((e) => e.textContent === pattern)`, m[1])
 			if m[3] != "" {
 				w.waitEvent(m[3], m[4], m[5])
@@ -146,58 +171,58 @@ func (w *walkthrough) steps() []step {
 		}},
 		{"publish", regexp.MustCompile("\\*\\*Publish\\*\\* `([^`]+)` with `([^`]+)` from the page: it answers `([^`]+)` with cursor `([^`]+)`, and the event arrives in the log"), func(m []string) {
 			p := w.console
-			p.typeInto("#pub-subject", m[1])
-			p.typeInto("#pub-data", m[2])
-			p.click("#publish")
-			p.waitVisible(`#pub-result[data-ok]`)
-			if got := p.text("#pub-result"); !strings.HasPrefix(got, m[3]+"\n") || !strings.Contains(got, strconv.Quote(m[4])) {
+			p.TypeInto("#pub-subject", m[1])
+			p.TypeInto("#pub-data", m[2])
+			p.Click("#publish")
+			p.WaitVisible(`#pub-result[data-ok]`)
+			if got := p.Text("#pub-result"); !strings.HasPrefix(got, m[3]+"\n") || !strings.Contains(got, strconv.Quote(m[4])) {
 				t.Fatalf("the publish form shows %q, the README says %s with cursor %s", got, m[3], m[4])
 			}
 			w.waitEvent(m[1], m[2], m[4])
 		}},
 		{"presence", regexp.MustCompile("\\*\\*Presence\\*\\*: open the console in a second tab and track it on `([^`]+)` with `([^`]+)` \\(\\*\\*Track this page\\*\\*\\)\\. Back in the first tab, \\*\\*Show members\\*\\* of `([^`]+)`: the second tab is listed, with its state\\. Close the second tab, and it leaves\\."), func(m []string) {
-			second := openConsolePage(t, w.browser, "the second tab", "http://"+w.listen+"/", walkthroughTimeout)
-			second.typeInto("#pres-subject", m[1])
-			second.typeInto("#pres-state", m[2])
-			second.click("#track")
-			second.waitVisible(`#tracks li[data-state="tracked"]`)
-			conn := strings.TrimPrefix(second.text("#status"), "connected · ")
+			second := openConsole(t, w.browser, "the second tab", "http://"+w.listen+"/")
+			second.TypeInto("#pres-subject", m[1])
+			second.TypeInto("#pres-state", m[2])
+			second.Click("#track")
+			second.WaitVisible(`#tracks li[data-state="tracked"]`)
+			conn := strings.TrimPrefix(second.Text("#status"), "connected · ")
 			p := w.console
-			p.typeInto("#pres-subject", m[3])
-			p.click("#show-members")
+			p.TypeInto("#pres-subject", m[3])
+			p.Click("#show-members")
 			state, _ := json.Marshal(json.RawMessage(m[2])) // compact, as the table shows it
 			member := `#pres-body tr[data-conn="` + conn + `"][data-state='` + string(state) + `']`
-			p.waitVisible(member)
-			second.close()
-			p.waitGone(member)
+			p.WaitVisible(member)
+			second.Close()
+			p.WaitGone(member)
 		}},
 		{"dev restarted", regexp.MustCompile("The console, still open, reconnects by itself and resumes `([^`]+)` from its last event: nothing missed, nothing twice\\."), func(m []string) {
 			p := w.console
-			p.waitTrue("a new connection", `(old) => { const s = document.getElementById("status"); return s.dataset.state === "connected" && !s.textContent.endsWith(old); }`, w.conn)
-			p.waitTrue("the subscription to "+m[1]+" to be active again",
+			p.WaitTrue("a new connection", `(old) => { const s = document.getElementById("status"); return s.dataset.state === "connected" && !s.textContent.endsWith(old); }`, w.conn)
+			p.WaitTrue("the subscription to "+m[1]+" to be active again",
 				`(pattern) => [...document.querySelectorAll('#subs li.sub[data-state="active"] .pat')].some((e) => e.textContent === pattern)`, m[1])
 			// A presence room lists its members again on a new
 			// connection (and says so); the subscription resumes.
-			if got := eval[string](p, `document.getElementById("events").innerText`); strings.Contains(got, "("+m[1]+"): events may have been missed") {
+			if got := browsertest.Eval[string](p, `document.getElementById("events").innerText`); strings.Contains(got, "("+m[1]+"): events may have been missed") {
 				t.Fatalf("the console reports a gap in %s after dev restarted:\n%s", m[1], got)
 			}
 		}},
 		{"view", regexp.MustCompile("\\*\\*View\\*\\* `([^`]+)` where `([^`]+)`: .* The status line says `([^`]+)` once the snapshot is complete"), func(m []string) {
 			p := w.console
-			p.typeInto("#view-pattern", m[1])
-			p.typeInto("#view-where", m[2])
-			p.click("#open-view")
-			p.waitVisible(`#view-status[data-state="synced"]`)
-			if got := p.text("#view-status"); !wildcard(m[3]).MatchString(got) {
+			p.TypeInto("#view-pattern", m[1])
+			p.TypeInto("#view-where", m[2])
+			p.Click("#open-view")
+			p.WaitVisible(`#view-status[data-state="synced"]`)
+			if got := p.Text("#view-status"); !wildcard(m[3]).MatchString(got) {
 				t.Fatalf("the view's status line reads %q, the README says %q", got, m[3])
 			}
 		}},
 		{"insert", regexp.MustCompile("^The view gets a row for `([^`]+)`, and the event log its insert\\."), func(m []string) {
-			w.console.waitVisible(`#view-body tr[data-key="` + m[1] + `"]`)
+			w.console.WaitVisible(`#view-body tr[data-key="` + m[1] + `"]`)
 			w.waitIngestEvent(m[1], "insert")
 		}},
 		{"update", regexp.MustCompile("^`([^`]+)` leaves the view, since it no longer passes the where, and the update arrives in the event log, on `([^`]+)`: `([^`]+)`"), func(m []string) {
-			w.console.waitGone(`#view-body tr[data-key="` + m[1] + `"]`)
+			w.console.WaitGone(`#view-body tr[data-key="` + m[1] + `"]`)
 			got := w.waitIngestEvent(m[2], "update")
 			var want map[string]any
 			if err := json.Unmarshal([]byte(m[3]), &want); err != nil {
@@ -259,7 +284,7 @@ func (w *walkthrough) checkViewTable(c mdChunk) {
 		want = append(want, strings.Join(strings.Fields(line), " "))
 	}
 	js, _ := json.Marshal(want)
-	w.console.waitTrue("the view table to read "+string(js),
+	w.console.WaitTrue("the view table to read "+string(js),
 		`(want) => JSON.stringify([...document.querySelectorAll("#view-table tr")].map((tr) =>
 			[...tr.children].map((c) => c.textContent.trim()).filter((s) => s !== "").join(" "))) === want`, string(js))
 }
@@ -269,7 +294,7 @@ func (w *walkthrough) checkViewTable(c mdChunk) {
 func (w *walkthrough) waitEvent(subject, data, cursor string) {
 	w.t.Helper()
 	arg, _ := json.Marshal(map[string]string{"subject": subject, "data": data, "cursor": cursor})
-	w.console.waitTrue(fmt.Sprintf("an event on %s with %s and cursor %s", subject, data, cursor),
+	w.console.WaitTrue(fmt.Sprintf("an event on %s with %s and cursor %s", subject, data, cursor),
 		`(arg) => { const want = JSON.parse(arg);
 			return [...document.querySelectorAll("#events .event")].some((e) => e.dataset.subject === want.subject &&
 				[...e.querySelectorAll(".tag")].some((t) => t.textContent === "cursor: " + want.cursor) &&
@@ -285,8 +310,8 @@ func (w *walkthrough) waitIngestEvent(subject, op string) map[string]any {
 	find := `(arg) => { const want = JSON.parse(arg);
 		return [...document.querySelectorAll("#events .event")].find((e) => e.dataset.subject === want.subject &&
 			JSON.parse(e.querySelector("pre.data").textContent).op === want.op); }`
-	w.console.waitTrue("an "+op+" event on "+subject, "(arg) => ("+find+")(arg) !== undefined", string(arg))
-	text := eval[string](w.console, "("+find+")("+strconv.Quote(string(arg))+").querySelector('pre.data').textContent")
+	w.console.WaitTrue("an "+op+" event on "+subject, "(arg) => ("+find+")(arg) !== undefined", string(arg))
+	text := browsertest.Eval[string](w.console, "("+find+")("+strconv.Quote(string(arg))+").querySelector('pre.data').textContent")
 	var data map[string]any
 	if err := json.Unmarshal([]byte(text), &data); err != nil {
 		w.t.Fatalf("event data %q: %v", text, err)
