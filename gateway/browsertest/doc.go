@@ -5,9 +5,8 @@
 //
 // Start starts one browser for a test: Debian's chromium, found on PATH or at
 // /usr/bin/chromium, with the flags a headless root on a closed network
-// needs. A missing browser fails
-// the test; it never skips, except under -short (make test-quick), which
-// leaves the browser tests out.
+// needs. A missing browser fails the test; it never skips, except under
+// -short (make test-quick), which leaves the browser tests out.
 //
 // A Page is one tab. Every step in it is bounded by the page's timeout,
 // together; its console is captured; an uncaught exception in it fails the
