@@ -113,8 +113,13 @@ func testProjectionNoEventForMissingParent(t *testing.T, mode string) {
 		"DELETE FROM order_items WHERE id = 7",
 		"UPDATE orders SET status = 'paid' WHERE id = 1", // the one event due
 	)
-	time.Sleep(time.Second) // any event of the orphan comes before order 1's
-	evs := allEvents(t, r.b)
+	// Events keep the WAL's order: once order 1's is the last event, any
+	// event of the orphan is in the stream, before it.
+	var evs []event
+	waitFor(t, "order 1's event", 20*time.Second, func() bool {
+		evs = allEvents(t, r.b)
+		return len(evs) > 1 && evs[len(evs)-1].Subject == "db.orders.1"
+	})
 	if got := docLines(evs[1:]); got != `upsert db.orders.1 {"id":1,"status":"paid","customer_id":null,"items":[],"customer":null}`+"\n" {
 		t.Fatalf("events after the bootstrap:\n%s", got)
 	}
