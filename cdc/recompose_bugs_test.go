@@ -56,13 +56,17 @@ func TestProjectionReadsItsOwnCommit(t *testing.T) {
 	// wait. A probe commit that waits (its wait cancelled after 200 ms,
 	// committed locally) shows that it has.
 	waitFor(t, "synchronous_standby_names to apply", 10*time.Second, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
+		// The 200 ms bound the commit's wait, not the connect: a loaded
+		// machine may take them to connect, and a failed connect is fatal.
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer ccancel()
+		conn, err := pgx.Connect(cctx, pg.DSN("postgres"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer conn.Close(context.Background())
+		ctx, cancel := context.WithTimeout(cctx, 200*time.Millisecond)
+		defer cancel()
 		_, err = conn.Exec(ctx, "INSERT INTO probe VALUES (1)")
 		return err != nil && ctx.Err() != nil
 	})
