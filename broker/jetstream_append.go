@@ -320,7 +320,14 @@ func waitAnswer(ctx context.Context, c *fastCall, n int, lost <-chan nats.Status
 // which the flow acks said were stored.
 func (b *JetStream) batchEnded(a fastAnswer, acked uint64, msgs []Outgoing, unknown func(string, error) fastResult) fastResult {
 	if a.noResponders {
-		return fastResult{next: fastAgain, why: "no responders"} // no stream, or no leader: nothing stored
+		if a.place == 1 {
+			return fastResult{next: fastAgain, why: "no responders"} // no stream, or no leader: nothing stored
+		}
+		// The stream went away after the batch's first messages (a server
+		// stops JetStream before it closes its connections): those may be
+		// stored, and were sent again as if none were, which stored them
+		// twice (TestJetStreamPublishNoRespondersMidBatch).
+		return unknown("no responders after the batch's start", nats.ErrNoResponders)
 	}
 	ack := a.ack
 	switch {
@@ -391,6 +398,7 @@ type fastCall struct {
 type fastAnswer struct {
 	ack          fastAck
 	noResponders bool
+	place        int // with noResponders: the batch sequence of the message it answers
 }
 
 // fastAck is any of the server's answers to a fast batch: a flow ack
@@ -412,11 +420,16 @@ type fastAck struct {
 func (b *JetStream) fastReply(m *nats.Msg) {
 	// <inbox>.<batch id>.<flow>.<gap mode>.<batch seq>.<op>.$FI
 	s, ok := strings.CutSuffix(m.Subject, fastSuffix)
-	for range 4 {
+	var place string // <batch seq>
+	for i := range 4 {
 		if !ok {
 			return
 		}
-		s, _, ok = cutLast(s)
+		var field string
+		s, field, ok = cutLast(s)
+		if i == 1 {
+			place = field
+		}
 	}
 	_, id, ok := cutLast(s)
 	if !ok {
@@ -431,6 +444,7 @@ func (b *JetStream) fastReply(m *nats.Msg) {
 	var a fastAnswer
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 		a.noResponders = true
+		a.place, _ = strconv.Atoi(place)
 	} else if err := json.Unmarshal(m.Data, &a.ack); err != nil {
 		b.core.log.Warn("jetstream: undecodable fast batch answer", zap.ByteString("data", m.Data), zap.Error(err))
 		return

@@ -73,12 +73,17 @@ func (b *JetStream) Latest(ctx context.Context, filters []string, limit int, h f
 	if err != nil {
 		return "", fmt.Errorf("jetstream: latest: %w", err)
 	}
-	defer it.Stop()
 	// Next waits up to replayStall whatever ctx says: stopping the
-	// iterator ends a wait at once when ctx is done.
-	defer context.AfterFunc(ctx, it.Stop)()
+	// iterator ends a wait at once when ctx is done. (it is replaced when
+	// its pull was lost: see pullLost.)
+	unwatch := context.AfterFunc(ctx, it.Stop)
+	defer func() {
+		unwatch()
+		it.Stop()
+	}()
 	batch := make([]Message, 0, maxBatch)
-	counted := 0 // messages on filters read so far
+	counted := 0    // messages on filters read so far
+	var dseq uint64 // consumer sequence of the last message received (see Replay)
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
@@ -110,6 +115,14 @@ func (b *JetStream) Latest(ctx context.Context, filters []string, limit int, h f
 			if ci.NumPending == 0 {
 				return done()
 			}
+			if pullLost(ci, dseq) {
+				unwatch()
+				it.Stop()
+				if it, err = cons.Messages(jetstream.PullMaxMessages(replayBatch)); err != nil {
+					return "", fmt.Errorf("jetstream: latest: %w", err)
+				}
+				unwatch = context.AfterFunc(ctx, it.Stop)
+			}
 			continue
 		}
 		if err != nil {
@@ -119,6 +132,10 @@ func (b *JetStream) Latest(ctx context.Context, filters []string, limit int, h f
 		if err != nil {
 			return "", fmt.Errorf("jetstream: latest: %w", err)
 		}
+		if meta.Sequence.Consumer != dseq+1 { // a gap (see Replay)
+			return "", fmt.Errorf("jetstream: latest: the server delivered messages that never arrived")
+		}
+		dseq = meta.Sequence.Consumer
 		seq := meta.Sequence.Stream
 		if seq > last {
 			return done() // the rest of the set, and what follows it, is after through

@@ -56,13 +56,17 @@ func TestProjectionReadsItsOwnCommit(t *testing.T) {
 	// wait. A probe commit that waits (its wait cancelled after 200 ms,
 	// committed locally) shows that it has.
 	waitFor(t, "synchronous_standby_names to apply", 10*time.Second, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
+		// The 200 ms bound the commit's wait, not the connect: a loaded
+		// machine may take them to connect, and a failed connect is fatal.
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer ccancel()
+		conn, err := pgx.Connect(cctx, pg.DSN("postgres"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer conn.Close(context.Background())
+		ctx, cancel := context.WithTimeout(cctx, 200*time.Millisecond)
+		defer cancel()
 		_, err = conn.Exec(ctx, "INSERT INTO probe VALUES (1)")
 		return err != nil && ctx.Err() != nil
 	})
@@ -113,8 +117,13 @@ func testProjectionNoEventForMissingParent(t *testing.T, mode string) {
 		"DELETE FROM order_items WHERE id = 7",
 		"UPDATE orders SET status = 'paid' WHERE id = 1", // the one event due
 	)
-	time.Sleep(time.Second) // any event of the orphan comes before order 1's
-	evs := allEvents(t, r.b)
+	// Events keep the WAL's order: once order 1's is the last event, any
+	// event of the orphan is in the stream, before it.
+	var evs []event
+	waitFor(t, "order 1's event", 20*time.Second, func() bool {
+		evs = allEvents(t, r.b)
+		return len(evs) > 1 && evs[len(evs)-1].Subject == "db.orders.1"
+	})
 	if got := docLines(evs[1:]); got != `upsert db.orders.1 {"id":1,"status":"paid","customer_id":null,"items":[],"customer":null}`+"\n" {
 		t.Fatalf("events after the bootstrap:\n%s", got)
 	}
