@@ -18,11 +18,10 @@ import (
 	"github.com/fanwire/fanwire/gateway/gatewaytest"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { brokertest.VerifyTestMain(m) }
 
 // rig is a PostgreSQL cluster, a JetStream broker and a running ingest.
 type rig struct {

@@ -1,13 +1,12 @@
 package gateway_test
 
 import (
+	"github.com/fanwire/fanwire/broker/brokertest"
 	"testing"
-
-	"go.uber.org/goleak"
 )
 
 // TestMain fails the package if any goroutine outlives the tests: every
 // server, connection, writer and ping goroutine must be stopped and waited for.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	brokertest.VerifyTestMain(m) // goleak, waiting for embedded NATS servers' file stores to finish
 }

@@ -7,13 +7,12 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
-	"go.uber.org/goleak"
 )
 
 // TestMain fails the package if any test leaves a goroutine behind: Run
 // promises that every goroutine it starts has exited when it returns.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	brokertest.VerifyTestMain(m) // goleak, waiting for embedded NATS servers' file stores to finish
 }
 
 // startNATS runs an embedded NATS server on a free port for the test and

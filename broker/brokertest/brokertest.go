@@ -1,7 +1,9 @@
 // Package brokertest starts real brokers for tests, the way net/http/httptest
 // starts real HTTP servers: each on a free loopback port with its state in
 // t.TempDir(), stopped by t.Cleanup. They fail the test loudly when something
-// is missing; they never skip.
+// is missing; they never skip it, but for -short (make test-quick), which
+// leaves out the tests that start clusters and server processes.
+// VerifyTestMain is goleak's, waiting for embedded servers' goroutines.
 package brokertest
 
 import (
