@@ -79,8 +79,13 @@ rules-check:
 	promtool check rules $(RULES)
 	cd $(dir $(RULES)) && promtool test rules $(notdir $(RULES:.yml=.test.yml))
 
+# unit runs the slowest packages' tests first: go test starts packages in
+# the order they are named, two at a time here, and the gateway's (about
+# 280 s) started last left one core idle at the end (460 s for the unit
+# phase in that order, about 400 s in this one).
+UNIT_FIRST := ./gateway ./cmd/fanwire
 unit:
-	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	$(GO) test -race -count=1 -timeout 15m $(UNIT_FIRST) $(PKGS)
 
 # fuzz runs every fuzz target for FUZZTIME each (go test allows one target
 # per run). The committed corpora under testdata/fuzz run in every `make test`.
