@@ -27,6 +27,7 @@ var _ broker.Appender = (*broker.JetStream)(nil)
 // batches) in the middle of a large Append; the stream then holds every
 // event once, in order (a suffix of them when its history was lost).
 func TestJetStreamAppendKeepsOrderThroughFailures(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
 	}
@@ -98,6 +99,7 @@ func streamConfig(t *testing.T, js jetstream.JetStream) jetstream.StreamConfig {
 // its max_msg_size) first, in the middle, or last: Append returns its
 // error, and the stream holds exactly the events before it.
 func TestJetStreamAppendRefusedMessage(t *testing.T) {
+	t.Parallel()
 	const n, size = 2500, 1000
 	for _, bad := range []int{0, 1, 1700, n - 1} {
 		t.Run(fmt.Sprint(bad), func(t *testing.T) {
@@ -132,6 +134,7 @@ func TestJetStreamAppendRefusedMessage(t *testing.T) {
 // batch before it and returns the library's error; the stream holds
 // exactly the events before it.
 func TestJetStreamAppendOverMaxPayload(t *testing.T) {
+	t.Parallel()
 	for _, bad := range []int{0, 1500} {
 		t.Run(fmt.Sprint(bad), func(t *testing.T) {
 			b, js := appendBroker(t)
@@ -154,6 +157,7 @@ func TestJetStreamAppendOverMaxPayload(t *testing.T) {
 // (its answer was lost, say) stores nothing and succeeds; so does one of
 // which the first half is stored, storing the second half after it.
 func TestJetStreamAppendRepeated(t *testing.T) {
+	t.Parallel()
 	b, js := appendBroker(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
@@ -187,6 +191,7 @@ func TestJetStreamAppendRepeated(t *testing.T) {
 // re-created without it while the broker runs still takes Append (as
 // Publish), in order.
 func TestJetStreamAppendWithoutFastBatches(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	js := brokertest.JetStream(t, ns.ClientURL())
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
@@ -223,6 +228,7 @@ func TestJetStreamAppendWithoutFastBatches(t *testing.T) {
 // out while it waited sends nothing more. Before, it sent again until its
 // context ended.
 func TestAppendAsksTheFenceBeforeSendingAgain(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
 	}

@@ -15,6 +15,7 @@ import (
 // Close, with nil or ErrClosed, on every broker (Redis retried its closed
 // client every 250 ms forever, JetStream's feed waited for its context).
 func TestCloseEndsConsume(t *testing.T) {
+	t.Parallel()
 	brokers := map[string]func(t *testing.T) broker.Broker{
 		"nats": func(t *testing.T) broker.Broker {
 			ns := brokertest.NATS(t)

@@ -55,6 +55,7 @@ var (
 // after it, unchanged by a repeat, and the same after the server restarts
 // (a file stream keeps it).
 func TestJetStreamLastID(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	cfg := broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>", "app.>"}}, Stream: "HW"}
 	b := dialJS(t, cfg)
@@ -82,6 +83,7 @@ func TestJetStreamLastID(t *testing.T) {
 // append: unchanged by a repeat, by another writer's messages and others
 // without an id, and by a kill and restart of the server.
 func TestRedisLastID(t *testing.T) {
+	t.Parallel()
 	onRedis(t, func(t *testing.T, r redisTarget) {
 		b := dialRedis(t, r.with(broker.RedisConfig{Stream: "{hw}"}))
 		checkLastID(t, b, "w1", subjT, "", "empty stream")
@@ -111,6 +113,7 @@ func TestRedisLastID(t *testing.T) {
 // stored id stores its messages, in parts chained to each other; one that
 // names another (a stale leader's) is refused whole with ErrConflict.
 func TestRedisConditionalAppend(t *testing.T) {
+	t.Parallel()
 	onRedis(t, func(t *testing.T, r redisTarget) {
 		b := dialRedis(t, r.with(broker.RedisConfig{Stream: "{cond}"}))
 		ctx := t.Context()
@@ -154,6 +157,7 @@ func TestRedisConditionalAppend(t *testing.T) {
 // that read its current revision; a stale one gets ErrConflict; it
 // survives a new connection.
 func TestRegistry(t *testing.T) {
+	t.Parallel()
 	test := func(t *testing.T, open func() broker.Registry) {
 		ctx := t.Context()
 		r := open()
@@ -196,6 +200,7 @@ func TestRegistry(t *testing.T) {
 // publisher's id pass for the writer's); Append refuses such a writer
 // before it stores anything.
 func TestWriterNames(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	js := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "WN"})
 	rd := dialRedis(t, broker.RedisConfig{URL: "redis://" + brokertest.Redis(t), Stream: "{wn}"})

@@ -37,6 +37,7 @@ func consumeUntil(t *testing.T, c broker.Consumer, n int, ack bool) []broker.Mes
 }
 
 func TestJetStreamSubscriptionConsumers(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "C"})
 	ctx := context.Background()
@@ -151,6 +152,7 @@ func TestJetStreamSubscriptionConsumers(t *testing.T) {
 // of its own does not, another owner's do not count, and a deleted one
 // frees its slot.
 func TestJetStreamDurableOwners(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "O"})
 	ctx := context.Background()

@@ -27,6 +27,7 @@ import (
 // forever for it (a resume on a cluster got no "subscribed"); they must
 // pull again and deliver everything.
 func TestJetStreamShortLivedReadsSurviveALostPull(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	p := startPullDropper(t, ns.Addr().String())
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + p.addr, Subjects: []string{"db.>"}}, Stream: "L"})

@@ -26,6 +26,7 @@ import (
 // Publish returns must name the message it published, and some batches
 // must have needed the search (the test tested interleaving).
 func TestJetStreamPublishCursorsAmongOtherPublishers(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	cfg := broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"app.>"}}, Stream: "CUR"}
 	b1, b2 := dialJS(t, cfg), dialJS(t, cfg)
@@ -118,6 +119,7 @@ func TestJetStreamPublishCursorsAmongOtherPublishers(t *testing.T) {
 // second: Publish must search for its messages, and its cursors skip the
 // other one.
 func TestJetStreamPublishCursorsAroundAnotherMessage(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"app.>"}}, Stream: "CUR"})
 	js := brokertest.JetStream(t, ns.ClientURL())
@@ -157,6 +159,7 @@ func TestJetStreamPublishCursorsAroundAnotherMessage(t *testing.T) {
 // others are below the stream's first sequence, in order (expired, as
 // their messages are).
 func TestJetStreamPublishCursorsOfRemovedMessages(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"x.>"}}, Stream: "SMALL", MaxBytes: 64 << 10})
 	ctx := t.Context()
@@ -219,6 +222,7 @@ func TestJetStreamPublishCursorsOfRemovedMessages(t *testing.T) {
 // Publish returned its cursors), in publish order: never event k+1 without
 // k. Each cursor returned names its event.
 func TestJetStreamPublishWithoutIDsKeepsOrderThroughFailures(t *testing.T) {
+	t.Parallel()
 	const batches, size = 40, 150
 	for _, tc := range []struct {
 		name     string
@@ -370,6 +374,7 @@ func storedData(t *testing.T, js jetstream.JetStream) []storedMsg {
 // from another publisher), not down to the stream's first message; the
 // found messages get their cursors, the removed ones cursors below them.
 func TestJetStreamPublishReadBackBounded(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	js := brokertest.JetStream(t, ns.ClientURL())
 	ctx := t.Context()
@@ -477,6 +482,7 @@ func TestJetStreamPublishReadBackBounded(t *testing.T) {
 // "event 2850 at js:2935, its cursor js:3041"). Without ids, a batch
 // whose outcome is unknown fails: the stream holds each event once.
 func TestJetStreamPublishNoRespondersMidBatch(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	core, logs := observer.New(zap.WarnLevel)
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}, Logger: zap.New(core)}, Stream: "ORDER"})

@@ -32,6 +32,7 @@ func dialJS(t *testing.T, cfg broker.JetStreamConfig) *broker.JetStream {
 }
 
 func TestJetStreamPublishConsumeWithCursors(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>", "app.>"}}, Stream: "T1"})
 	// Stored before the consumer starts: not delivered (live from the node's start).
@@ -77,6 +78,7 @@ func TestJetStreamPublishConsumeWithCursors(t *testing.T) {
 }
 
 func TestJetStreamStreamSettings(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	url := ns.ClientURL()
 	dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"a.>"}}, Stream: "S", MaxAge: time.Hour})
@@ -100,6 +102,7 @@ func TestJetStreamStreamSettings(t *testing.T) {
 }
 
 func TestParseJSCursor(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in   string
 		want uint64
@@ -124,6 +127,7 @@ func TestParseJSCursor(t *testing.T) {
 }
 
 func TestJetStreamReplay(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "R"})
 	var out []broker.Outgoing
@@ -184,6 +188,7 @@ func TestJetStreamReplay(t *testing.T) {
 // after the cursor matches the filter: the replay ends at once, and still
 // ends once a matching message lies only beyond the range.
 func TestJetStreamReplayEndsWithoutMatches(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"db.>"}}, Stream: "M"})
 	out := []broker.Outgoing{{Subject: "db.a.1", Data: []byte(`1`)}}
@@ -222,6 +227,7 @@ func TestJetStreamReplayEndsWithoutMatches(t *testing.T) {
 // error; the replay must fetch again, not take that for the end of the
 // range (which skipped the range's events for a resuming client).
 func TestJetStreamReplaySurvivesASlowFetch(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	p := startStallingProxy(t, ns.Addr().String(), 1500*time.Millisecond)
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + p.addr, Subjects: []string{"db.>"}}, Stream: "S"})
@@ -336,6 +342,7 @@ func startStallingProxy(t *testing.T, server string, hold time.Duration) *stalli
 }
 
 func TestJetStreamReplayExpiredCursor(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"x.>"}}, Stream: "E", MaxBytes: 4096})
 	for i := range 100 {
@@ -354,6 +361,7 @@ func TestJetStreamReplayExpiredCursor(t *testing.T) {
 // the broker re-creates it, numbered on after the last event delivered, and
 // the feed goes on.
 func TestJetStreamDeletedStreamIsRecreated(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: ns.ClientURL(), Subjects: []string{"d.>"}}, Stream: "D", Storage: "memory"})
 	c := consume(t, b)
@@ -395,6 +403,7 @@ func TestJetStreamDeletedStreamIsRecreated(t *testing.T) {
 // made with 3 replicas keeps them when the broker is not told a count (it
 // used to shrink it to 1), and a new stream gets 1 unless told otherwise.
 func TestJetStreamReplicasOnCluster(t *testing.T) {
+	t.Parallel()
 	nodes := brokertest.NATSCluster(t, 3)
 	url := nodes[0].ClientURL()
 	js := brokertest.JetStream(t, url)
@@ -425,6 +434,7 @@ func TestJetStreamReplicasOnCluster(t *testing.T) {
 // feed read them (its handler was stuck) are reported to OnGap, so that
 // every published event is either delivered or counted.
 func TestJetStreamGapsAreCounted(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	var gaps atomic.Int64
 	b := dialJS(t, broker.JetStreamConfig{
@@ -472,6 +482,7 @@ func TestJetStreamGapsAreCounted(t *testing.T) {
 // TestJetStreamDuplicatesIsAFloor: the configured duplicate window raises
 // a shorter one and never lowers the longer one an operator set.
 func TestJetStreamDuplicatesIsAFloor(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	url := ns.ClientURL()
 	js := brokertest.JetStream(t, url)

@@ -441,6 +441,7 @@ func testLatestWhilePublishing(t *testing.T, tg snapshotTarget) {
 // or none on a stream with several subjects, read the whole stream (the
 // caller matches), one pattern only its own.
 func TestJetStreamLatestOnDebianNATS29(t *testing.T) {
+	t.Parallel()
 	url := brokertest.NATSBinary(t, brokertest.DebianNATS)
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"app.>", "db.>"}}})
 	var out []broker.Outgoing

@@ -85,6 +85,7 @@ func dial(t *testing.T, url string, subjects ...string) *broker.NATS {
 }
 
 func TestNATSPublishConsumeInOrder(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	b := dial(t, ns.ClientURL(), "app.>")
 	c := consume(t, b)
@@ -121,6 +122,7 @@ func TestNATSPublishConsumeInOrder(t *testing.T) {
 // broker and starts it again on the same port: Ready follows the
 // connection, and messages published after the restart are delivered.
 func TestNATSSurvivesServerRestart(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ns, err := broker.StartEmbedded(broker.EmbeddedConfig{StoreDir: dir, JetStream: true})
 	if err != nil {
@@ -172,6 +174,7 @@ func TestNATSSurvivesServerRestart(t *testing.T) {
 }
 
 func TestNATSDialFailsClearly(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_, err := broker.DialNATS(ctx, broker.NATSConfig{URL: "nats://127.0.0.1:1"})
@@ -185,6 +188,7 @@ func TestNATSDialFailsClearly(t *testing.T) {
 // warning (every ingest and ws process printed one on a normal stop),
 // while a connection the server drops still does.
 func TestNATSCloseIsNotADisconnect(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	core, logs := observer.New(zap.InfoLevel)
 	ctx := context.Background()
@@ -221,6 +225,7 @@ func TestNATSCloseIsNotADisconnect(t *testing.T) {
 // OnDrop reported is every message published and not delivered, through
 // a second flood too.
 func TestNATSDropsAreCountedInFull(t *testing.T) {
+	t.Parallel()
 	ns := brokertest.NATS(t)
 	var mu sync.Mutex
 	reported := 0

@@ -39,6 +39,7 @@ func dialSecure(cfg broker.NATSConfig, jetStream bool) (broker.Broker, error) {
 // a user's .creds (an account in operator mode), an NKey, TLS with a CA the
 // test made, and TLS with client certificates; each carries an event.
 func TestNATSSecured(t *testing.T) {
+	t.Parallel()
 	ca := brokertest.NewCA(t)
 	for _, tc := range []struct {
 		name string
@@ -86,6 +87,7 @@ func tlsURL(s brokertest.SecureNATS) string {
 // credentials or presents an untrusted certificate is an error saying which
 // flags to look at.
 func TestNATSSecuredRefusals(t *testing.T) {
+	t.Parallel()
 	ca := brokertest.NewCA(t)
 	creds := brokertest.NATSSecure(t, brokertest.SecureNATSConfig{CA: ca, VerifyClients: true, Auth: "creds"})
 	other := brokertest.NATSSecure(t, brokertest.SecureNATSConfig{Auth: "creds"}) // another operator's user

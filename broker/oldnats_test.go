@@ -22,6 +22,7 @@ import (
 // supported" forever), a subscription's own consumer, the high water and
 // Append.
 func TestJetStreamOnDebianNATS29(t *testing.T) {
+	t.Parallel()
 	url := brokertest.NATSBinary(t, brokertest.DebianNATS)
 	subjects := []string{"app.>", "db.>"}
 	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: subjects}})
@@ -105,6 +106,7 @@ func TestJetStreamOnDebianNATS29(t *testing.T) {
 // backs but logged as an error; and a second node does not update the
 // stream at every start for batch settings 2.9 does not keep.
 func TestJetStreamOnDebianNATS29Limits(t *testing.T) {
+	t.Parallel()
 	url := brokertest.NATSBinary(t, brokertest.DebianNATS)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

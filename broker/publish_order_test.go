@@ -26,6 +26,7 @@ import (
 // gateway's HTTP publish does: they may sit between ours, and are all
 // stored once.
 func TestJetStreamPublishKeepsOrderThroughFailures(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
 	}
@@ -321,6 +322,7 @@ func (p *otherPublisher) stop(t *testing.T) int {
 // store a later batch before them). The stream then holds every event
 // once, in publish order.
 func TestJetStreamPublishKeepsOrderThroughLeaderChange(t *testing.T) {
+	t.Parallel()
 	keepsOrderThroughLeaderChange(t, func(ctx context.Context, b *broker.JetStream, out []broker.Outgoing) error {
 		_, err := b.Publish(ctx, out)
 		return err
@@ -331,6 +333,7 @@ func TestJetStreamPublishKeepsOrderThroughLeaderChange(t *testing.T) {
 // TestJetStreamPublishKeepsOrderThroughLeaderChange for Append: the fast
 // batch in flight meets a new leader.
 func TestJetStreamAppendKeepsOrderThroughLeaderChange(t *testing.T) {
+	t.Parallel()
 	keepsOrderThroughLeaderChange(t, appendTo)
 }
 
@@ -378,6 +381,7 @@ func keepsOrderThroughLeaderChange(t *testing.T, publish func(context.Context, *
 // tell, and returns an error rather than store events twice: the stream
 // holds a prefix of them.
 func TestJetStreamPublishLostBatchAnswer(t *testing.T) {
+	t.Parallel()
 	lostBatchAnswer(t, false, func(ctx context.Context, b *broker.JetStream, out []broker.Outgoing) error {
 		_, err := b.Publish(ctx, out)
 		return err
@@ -389,6 +393,7 @@ func TestJetStreamPublishLostBatchAnswer(t *testing.T) {
 // the connection. With ids, every event is stored once, in order; without,
 // Append fails, and the stream holds a prefix of them.
 func TestJetStreamAppendLostBatchAnswer(t *testing.T) {
+	t.Parallel()
 	lostBatchAnswer(t, false, appendTo)
 }
 

@@ -142,6 +142,7 @@ func testRedisLatestSkipsTrimmed(t *testing.T, r redisTarget) {
 // tests): the append scripts, HSCAN, the pipelined fetches and the
 // cleanup script must all go to the primary that owns the stream's slot.
 func TestRedisLatestOnCluster(t *testing.T) {
+	t.Parallel()
 	r := redisCluster(t)
 	t.Run("index", func(t *testing.T) { testRedisLatestIndex(t, r) })
 	t.Run("trimmed", func(t *testing.T) { testRedisLatestSkipsTrimmed(t, r) })

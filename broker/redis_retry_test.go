@@ -25,6 +25,7 @@ import (
 // Publish sent plain XADDs): Publish returns the error, and the stream
 // holds a prefix of the messages, each once.
 func TestRedisPublishRetryKeepsOrder(t *testing.T) {
+	t.Parallel()
 	for _, allIDs := range []bool{true, false} {
 		for run := range 3 {
 			t.Run(fmt.Sprint("ids=", allIDs, "/", run), func(t *testing.T) {

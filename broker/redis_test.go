@@ -126,6 +126,7 @@ func testRedisPublishConsumeReplay(t *testing.T, r redisTarget) {
 // not exist; a cursor is then ahead of the stream, and replaying from the
 // first replays nothing.
 func TestRedisReplayOfNoStream(t *testing.T) {
+	t.Parallel()
 	onRedis(t, func(t *testing.T, r redisTarget) {
 		b := dialRedis(t, r.with(broker.RedisConfig{Stream: "{none}"}))
 		err := b.Replay(context.Background(), nil, "rs:1-0", "rs:2-0", func([]broker.Message) error { return nil })
@@ -141,6 +142,7 @@ func TestRedisReplayOfNoStream(t *testing.T) {
 }
 
 func TestRedisExpiredCursor(t *testing.T) {
+	t.Parallel()
 	onRedis(t, func(t *testing.T, r redisTarget) {
 		// Messages with publish ids go through the dedup script, which trims too.
 		for _, withIDs := range []bool{false, true} {
@@ -279,6 +281,7 @@ func testRedisDedupWindowEnds(t *testing.T, r redisTarget) {
 }
 
 func TestRedisDedupWindowInvalid(t *testing.T) {
+	t.Parallel()
 	_, err := broker.DialRedis(t.Context(), broker.RedisConfig{URL: "redis://127.0.0.1:1", DedupWindow: -time.Second})
 	if err == nil || !strings.Contains(err.Error(), "DedupWindow") {
 		t.Fatalf("DialRedis with a negative window: %v, want an error naming DedupWindow", err)
@@ -290,6 +293,7 @@ func TestRedisDedupWindowInvalid(t *testing.T) {
 // pointed at a cluster node is refused too (it would fail with MOVED as
 // soon as the stream's slot is on another node).
 func TestRedisClusterNeedsHashTag(t *testing.T) {
+	t.Parallel()
 	addrs := brokertest.RedisCluster(t, 3)
 	for _, stream := range []string{"fanwire", "{}fanwire", "fan{wire"} {
 		_, err := broker.DialRedis(t.Context(), broker.RedisConfig{URL: "redis://" + addrs[0], Cluster: true, Stream: stream})

@@ -29,6 +29,7 @@ var narrowACLBefore37 = []string{"~fw", "~fw:*", "resetchannels", "-@all", "+pin
 // documented before the prune, every append still succeeds (the prune
 // stops at its first refused command), and the index keeps its fields.
 func TestRedisNarrowACLPrunes(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		rules []string
@@ -75,6 +76,7 @@ func dialRedisSecure(cfg broker.RedisConfig) (*broker.Redis, error) {
 // ACL user, TLS with a CA the test made, and TLS with client
 // certificates; each carries an event.
 func TestRedisSecured(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
 	}
@@ -125,6 +127,7 @@ func TestRedisSecured(t *testing.T) {
 // certificate are errors saying where to look; TLS files with a redis://
 // URL, or missing, fail before dialling; no error shows the password.
 func TestRedisSecuredRefusals(t *testing.T) {
+	t.Parallel()
 	ca := brokertest.NewCA(t)
 	s := brokertest.RedisSecure(t, brokertest.SecureRedisConfig{CA: ca, User: "fanwire", UserPassword: "pa55"})
 	missing := filepath.Join(t.TempDir(), "missing")

@@ -7,6 +7,7 @@ import (
 )
 
 func TestPatternsOverlap(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		a, b string
 		want bool

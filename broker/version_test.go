@@ -6,6 +6,7 @@ import "testing"
 // and filters on several subjects only from 2.10, by the version the
 // server announces.
 func TestServerAtLeast(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		version      string
 		major, minor int
@@ -32,6 +33,7 @@ func TestServerAtLeast(t *testing.T) {
 // STREAM lacks what Replay tells an expired cursor by), by the
 // redis_version of its INFO.
 func TestRedisTooOld(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		info    string
 		version string

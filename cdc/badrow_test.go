@@ -22,6 +22,7 @@ var deepJSON = strings.Repeat("[", 10_001) + strings.Repeat("]", 10_001)
 // end the connection, and the ingest met the same row again after
 // reconnecting, forever (a bootstrap started over each time).
 func TestBadRowsBecomeErrorEvents(t *testing.T) {
+	t.Parallel()
 	bothModes(t, testBadRowsBecomeErrorEvents)
 }
 

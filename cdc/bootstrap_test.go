@@ -25,6 +25,7 @@ import (
 // single; payloads span several of the encoder's blocks, and events that
 // came earlier are not overwritten by later ones.
 func TestBootEncoderMatchesTheProjection(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	texts := []string{"", "a", "a.b", "a,b", "%", "é *>", "x y"}
 	for _, composite := range []bool{false, true} {
@@ -73,6 +74,7 @@ func TestBootEncoderMatchesTheProjection(t *testing.T) {
 // TestBootstrapIDUnchanged: the bootstrap's ids are the writer's name and
 // the ids it made before it reused its buffers.
 func TestBootstrapIDUnchanged(t *testing.T) {
+	t.Parallel()
 	rows := [][][]byte{
 		nil,
 		{nil},
@@ -100,6 +102,7 @@ func TestBootstrapIDUnchanged(t *testing.T) {
 // TestAppendSubjectToken: the append form escapes as subjectToken does
 // (%XX, capital hex digits; the empty token "%").
 func TestAppendSubjectToken(t *testing.T) {
+	t.Parallel()
 	for c := range 256 {
 		s := string([]byte{byte(c)})
 		want := s

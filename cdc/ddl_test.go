@@ -180,6 +180,7 @@ func wantEvents(t *testing.T, tbl string, evs []event, want ...string) {
 // values under the wrong names), a renamed key column stopped the ingest
 // for good, and the rows of a renamed, moved or new table were dropped.
 func TestDDLInsideATransaction(t *testing.T) {
+	t.Parallel()
 	for _, v := range []struct {
 		name     string
 		work     string // logical_decoding_work_mem

@@ -24,6 +24,7 @@ import (
 // several of the encoder's blocks, and earlier events are not overwritten
 // by later ones.
 func TestEventEncoderMatchesRowEvent(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(3, 4))
 	texts := []string{"", "a", "a.b", "a,b", "%", "é *>", "x y"}
 	enc := eventEncoder{writer: "w"}
@@ -106,6 +107,7 @@ func TestEventEncoderMatchesRowEvent(t *testing.T) {
 // refuses what pglogrepl cannot parse: every truncation of them, and
 // unknown tuple types.
 func TestParseChangeMatchesPglogrepl(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(5, 6))
 	tupleBytes := func() []byte {
 		n := rng.IntN(6)
@@ -189,6 +191,7 @@ func TestParseChangeMatchesPglogrepl(t *testing.T) {
 
 // TestAppendLSN: appendLSN formats as pglogrepl's LSN.String does.
 func TestAppendLSN(t *testing.T) {
+	t.Parallel()
 	for _, lsn := range []pglogrepl.LSN{0, 1, 0xF, 0x10, 0x1_6B37_48A0, 0xFFFFFFFF, 0x1_0000_0000, 0xABCDEF01_23456789, ^pglogrepl.LSN(0)} {
 		if got, want := string(appendLSN([]byte("x"), lsn)), "x"+lsn.String(); got != want {
 			t.Errorf("appendLSN(%d) = %q, want %q", uint64(lsn), got, want)

@@ -12,6 +12,7 @@ import (
 // name (its truncate event first) and key. Keys with separators, '%' and the
 // empty key survive the id.
 func TestEventIDsOrderAsPublished(t *testing.T) {
+	t.Parallel()
 	published := []string{
 		tableEventID("w", 0x16b3748, 0, 0),
 		tableEventID("w", 0x16b3748, 1, 0),
@@ -55,6 +56,7 @@ func TestEventIDsOrderAsPublished(t *testing.T) {
 
 // The byte-appending forms write what the string forms write.
 func TestAppendFormsAgree(t *testing.T) {
+	t.Parallel()
 	for _, lsn := range []pglogrepl.LSN{0, 1, 0xabcdef, 0x1_0000_0000, 0xFFFF_FFFF_FFFF_FFFF, 0x16_B374_D848} {
 		if got, want := string(appendLSN([]byte("x"), lsn)), "x"+lsn.String(); got != want {
 			t.Errorf("appendLSN(%d) = %q, want %q", uint64(lsn), got, want)

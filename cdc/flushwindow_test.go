@@ -24,6 +24,7 @@ import (
 // open until a transaction past that mark came: the document went out
 // with the next one's.
 func TestDocumentWaitsOnlyTheFlushWindow(t *testing.T) {
+	t.Parallel()
 	for _, restart := range []bool{false, true} {
 		name := "fresh"
 		if restart {
@@ -102,6 +103,7 @@ func testDocumentWaitsOnlyTheFlushWindow(t *testing.T, restart bool) {
 // holds. Before, a stop confirmed nothing more: every deploy read again
 // what was published since the last status update.
 func TestStopConfirmsWhatIsPublished(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY, v int)", "INSERT INTO t SELECT g, 0 FROM generate_series(1, 10) g")
 	r := newRig(t, pg, func(c *cdc.Config) { c.StatusInterval = time.Hour }) // no status update but the stop's

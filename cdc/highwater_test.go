@@ -17,6 +17,7 @@ import (
 // error, fanwire_ingest_high_water_lost_total), and publishes what it reads
 // again. Before, a missing mark was taken for a new ingest, silently.
 func TestLostMarkIsReported(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY, v int)", "INSERT INTO t VALUES (1, 0)")
 	b, url := jetStream(t)

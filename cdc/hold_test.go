@@ -47,6 +47,7 @@ func TestHoldingASmallTransactionAllocatesNothing(t *testing.T) {
 // receive buffer it came in is written over, and is decoded at its commit
 // as it was received.
 func TestHeldChangeIsACopy(t *testing.T) {
+	t.Parallel()
 	cfg := Config{StateDir: t.TempDir()}
 	cfg.setDefaults()
 	r := &reader{in: &Ingest{cfg: cfg, log: zap.NewNop()}, streamed: make(map[uint32]*txn), rels: newRelations("db", nil, 0, pgjson.NewTypeCache(), nil)}
@@ -76,6 +77,7 @@ func TestHeldChangeIsACopy(t *testing.T) {
 // written, in order, but a rolled-back subtransaction's; the file is
 // removed.
 func TestSpillFileRoundTrip(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	// Two definitions of one table (a DDL between its changes), and
 	// another table: each change comes back with its own.
@@ -135,6 +137,7 @@ func TestSpillFileRoundTrip(t *testing.T) {
 // changes back in order, filters them in place (across chunks, down to
 // fewer than one), keeps growing after, and lets them all go once consumed.
 func TestChangeListKeepsOrder(t *testing.T) {
+	t.Parallel()
 	var l changeList
 	var want []uint32
 	check := func(step string) {
@@ -197,6 +200,7 @@ func TestChangeListKeepsOrder(t *testing.T) {
 // so they stay counted against MaxTxnMemory; past it, the transaction
 // spills, which frees them, and what it writes is only the changes kept.
 func TestAbortedSubtransactionStaysCounted(t *testing.T) {
+	t.Parallel()
 	cfg := Config{StateDir: t.TempDir()}
 	cfg.setDefaults()
 	r := &reader{in: &Ingest{cfg: cfg, log: zap.NewNop()}, streamed: make(map[uint32]*txn), rels: newRelations("db", nil, 0, pgjson.NewTypeCache(), nil)}

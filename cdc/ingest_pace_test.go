@@ -11,6 +11,7 @@ import (
 // holds unread (what decides whether a big transaction's next read waits),
 // and a connection it cannot ask says so (-1) instead of pacing.
 func TestPacerSeesWhatWaits(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -171,6 +171,7 @@ func jsonEq(t *testing.T, what string, got json.RawMessage, want string) {
 // published once by the bootstrap; then inserts, updates, deletes and a
 // truncate become events in commit order, with the documented payload.
 func TestBootstrapThenTail(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres",
 		"CREATE TABLE orders (id int PRIMARY KEY, status text, total int)",
@@ -264,6 +265,7 @@ func ops(evs []event) string {
 // are published after it starts again, once each, without a second
 // bootstrap; the ingest also rides out a PostgreSQL restart.
 func TestRestartResumesFromTheSlot(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t VALUES (1, 'a')")
 	r := newRig(t, pg, nil)
@@ -291,6 +293,7 @@ func TestRestartResumesFromTheSlot(t *testing.T) {
 // order; an aborted one not at all; inside a committed one, a rolled-back
 // subtransaction's rows are dropped and the rest kept.
 func TestStreamedTransactions(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{Settings: map[string]string{"logical_decoding_work_mem": "64kB"}})
 	pg.Exec("postgres", "CREATE TABLE big (id int PRIMARY KEY, pad text)")
 	r := newRig(t, pg, nil)
@@ -336,6 +339,7 @@ func TestStreamedTransactions(t *testing.T) {
 // table, heartbeats give the slot WAL to confirm; its confirmed position
 // follows the server's WAL.
 func TestIdleDatabaseKeepsTheSlotAdvancing(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY)", "CREATE TABLE other (id int)")
 	newRig(t, pg, func(c *cdc.Config) { c.Tables = []string{"t"}; c.Heartbeat = 200 * time.Millisecond })
@@ -364,6 +368,7 @@ func TestIdleDatabaseKeepsTheSlotAdvancing(t *testing.T) {
 // TestBadConfiguration: what a reconnect cannot fix ends Run with an error
 // that says what to change.
 func TestBadConfiguration(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", "CREATE TABLE nokey (v text)", "CREATE TABLE ok (id int PRIMARY KEY)")
 	ns := brokertest.NATS(t)
@@ -417,6 +422,7 @@ func pgQuery(pg *pgtest.Server, sql string, dst any) error {
 // in PostgreSQL arrives, as an event with its cursor, at a WebSocket client
 // of a gateway on the same JetStream stream.
 func TestUpdateReachesAWebSocketClient(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", "CREATE TABLE orders (id int PRIMARY KEY, status text)", "INSERT INTO orders VALUES (42, 'new')")
 	r := newRig(t, pg, nil)
@@ -467,6 +473,7 @@ func TestUpdateReachesAWebSocketClient(t *testing.T) {
 // (from the old row); without, the doc leaves it out and names it in
 // "unchanged" — never null.
 func TestUnchangedTOASTValues(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	big := "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 400))" // 12.8 kB, hardly compressible
 	pg.Exec("postgres",
@@ -511,6 +518,7 @@ func TestUnchangedTOASTValues(t *testing.T) {
 // inserted: every row is published exactly once, either by the bootstrap
 // or by the tail, never by both and never by neither.
 func TestBootstrapWhileWritesRun(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", "CREATE TABLE w (id int PRIMARY KEY)")
 	const n = 3000
@@ -553,6 +561,7 @@ func TestBootstrapWhileWritesRun(t *testing.T) {
 // way through pgoutput, as docs/ingest.md says (the encoder's own tests
 // cover each type in depth).
 func TestColumnTypesThroughReplication(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", `CREATE TABLE ty (id bigint PRIMARY KEY, n numeric, f float8, b bool, j jsonb, ts timestamptz,
 		d date, by bytea, a int[], tx text, u uuid, z text)`)
@@ -573,6 +582,7 @@ func TestColumnTypesThroughReplication(t *testing.T) {
 // event must carry that row's own values (the connection's read buffers are
 // reused, so held rows need bytes of their own).
 func TestBigTransactionKeepsItsRows(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", "CREATE TABLE bt (id int PRIMARY KEY, v text)")
 	r := newRig(t, pg, nil)
@@ -599,6 +609,7 @@ func TestBigTransactionKeepsItsRows(t *testing.T) {
 // inside a value cannot make two keys share a subject. They were joined
 // first: ("a,b", "c") and ("a", "b,c") were both "a%2Cb%2Cc".
 func TestCompositeKeySubjectsCannotCollide(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres",
 		"CREATE TABLE pairs (a text, b text, PRIMARY KEY (a, b))",
@@ -635,6 +646,7 @@ func TestCompositeKeySubjectsCannotCollide(t *testing.T) {
 // its context is cancelled, not when its receive's deadline (the next
 // standby status update, an hour away here) passes.
 func TestStopEndsAWaitingReceive(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY)")
 	r := newRig(t, pg, func(c *cdc.Config) { c.StatusInterval = time.Hour; c.Heartbeat = -1 })

@@ -109,6 +109,7 @@ func checkTableEvents(t *testing.T, pg *pgtest.Server, evs []event, table string
 // changes go on meanwhile. Before, only the changes after the addition
 // were published: the rows that did not change were never.
 func TestTableAddedToThePublicationIsBootstrapped(t *testing.T) {
+	t.Parallel()
 	const aRows, bRows = 10, 2000
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres",

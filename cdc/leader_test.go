@@ -14,6 +14,7 @@ import (
 // a standby, not ready, until the first stops, then takes over where the
 // first confirmed. (cmd/fanwire's TestIngestFailover kills processes.)
 func TestStandbyTakesOver(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t VALUES (1, 'a')")
 	r := newRig(t, pg, nil)
@@ -55,6 +56,7 @@ func TestStandbyTakesOver(t *testing.T) {
 // again rather than compose documents from it. A state that is merely idle
 // (the slot confirmed heartbeats past its last transaction) is kept.
 func TestMemoryStateBehindTheSlotBootstraps(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", randomSchema()...)
 	pg.Exec("postgres", "INSERT INTO orders VALUES (1, 'new', NULL)", "INSERT INTO order_items VALUES (7, 1, 'a', 1)")
@@ -122,6 +124,7 @@ func (r *rig) confirmedPast(lsn string) {
 // delta's LSN while the later LSN of those transactions was confirmed, so
 // it looked behind its slot and every such restart bootstrapped again.
 func TestMemoryStateRestartsAfterOtherTablesChanged(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", randomSchema()...)
 	pg.Exec("postgres", "CREATE TABLE audit (id int PRIMARY KEY, what text)",

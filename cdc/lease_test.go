@@ -18,6 +18,7 @@ import (
 // publish. (The publisher published without asking before: a leader woken
 // after a takeover published until its keeper's next ping.)
 func TestLeaseFencesAFrozenLeader(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -98,6 +99,7 @@ func waitGone(t *testing.T, pg *pgtest.Server, pid uint32) {
 // lease pings, fails and reports the lock lost. Before, the lease trusted
 // the monotonic clock alone and the woken leader published.
 func TestLeaseFencesAPausedVM(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -206,6 +206,7 @@ func reportPerDoc(b *testing.B, mallocs uint64) {
 // An update applied in place is persisted as what it is: a state loaded
 // from the store holds the updated rows and composes the same documents.
 func TestMemUpdatePersists(t *testing.T) {
+	t.Parallel()
 	e, rel := memBenchEngine(t, 50)
 	store, err := openMemStore(t.TempDir()+"/state.db", []ProjectionSpec{*e.projs[0].spec})
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 // says, rows handed out earlier keep their bytes (the arena is compacted
 // underneath), and the counts agree.
 func TestMemTableAgainstAMap(t *testing.T) {
+	t.Parallel()
 	for _, pkType := range []uint32{pgtype.Int8OID, pgtype.TextOID} {
 		t.Run(fmt.Sprint(pkType), func(t *testing.T) {
 			col := func(oid uint32) catalogColumn { return catalogColumn{oid: oid, ctype: pgjson.Type{OID: oid}} }
@@ -143,6 +144,7 @@ func TestMemTableAgainstAMap(t *testing.T) {
 // The dense array of integer keys grows as values come, keeps the values
 // it covers out of the int64 map, and misses what it does not hold.
 func TestMemKeyMapIntegers(t *testing.T) {
+	t.Parallel()
 	m := newMemKeyMap(maphash.MakeSeed(), true)
 	key := func(s string) []byte { return appendTupleValue(nil, []byte(s)) }
 	want := map[string]uint32{}

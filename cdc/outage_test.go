@@ -21,6 +21,7 @@ import (
 // and the next one starts from the broker's high-water mark. Every row's
 // event is in the stream once, in commit order.
 func TestBrokerOutageLongerThanTheDuplicateWindow(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", "CREATE TABLE t (id int PRIMARY KEY)")
 	ns := brokertest.NATS(t)

@@ -32,6 +32,7 @@ projections:
 `
 
 func TestProjectionConfigExampleParses(t *testing.T) {
+	t.Parallel()
 	got, err := cdc.ParseProjections([]byte(exampleProjections))
 	if err != nil {
 		t.Fatal(err)
@@ -53,6 +54,7 @@ func TestProjectionConfigExampleParses(t *testing.T) {
 }
 
 func TestProjectionConfigDefaultsAndNesting(t *testing.T) {
+	t.Parallel()
 	got, err := cdc.ParseProjections([]byte(`
 projections:
   - name: a
@@ -97,6 +99,7 @@ projections:
 // TestProjectionConfigUnknownFieldNamesItsLine: strict decoding, at the top,
 // in a projection and in a nested embed.
 func TestProjectionConfigUnknownFieldNamesItsLine(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ yaml, want string }{
 		{"projection:\n  - name: a\n", `line 1, column 1: unknown field "projection"`},
 		{"projections:\n  - name: a\n    table: a\n    key: id\n    colums: [id]\n", `line 5, column 5: unknown field "colums"`},
@@ -111,6 +114,7 @@ func TestProjectionConfigUnknownFieldNamesItsLine(t *testing.T) {
 }
 
 func TestProjectionConfigDocumentErrors(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ yaml, want string }{
 		{"", "empty"},
 		{"# nothing\n", "empty"},
@@ -131,6 +135,7 @@ func TestProjectionConfigDocumentErrors(t *testing.T) {
 // TestProjectionConfigRules: each structural rule, alone on a valid
 // projection, gives the error naming its projection and field path.
 func TestProjectionConfigRules(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, yaml string
 		want       []string // each error line, in order
@@ -235,6 +240,7 @@ func TestProjectionConfigRules(t *testing.T) {
 // TestProjectionConfigReportsEveryError: the problems of several
 // projections and embeds come at once, in order.
 func TestProjectionConfigReportsEveryError(t *testing.T) {
+	t.Parallel()
 	_, err := cdc.ParseProjections([]byte(`
 projections:
   - name: orders
@@ -257,6 +263,7 @@ projection [1]: table: "x.y.z": use "table" (in public) or "schema.table"`
 }
 
 func TestLoadProjectionsNamesTheFile(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.yaml")
 	if err := os.WriteFile(good, []byte(exampleProjections), 0o644); err != nil {

@@ -17,6 +17,7 @@ import (
 // value, not by its text: items 9 and 10 come as [9, 10] (and notes, by
 // their primary key by default, likewise).
 func TestProjectionEmbedsOrderedByValue(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", ordersSchema...)
 	pg.Exec("postgres",
@@ -42,6 +43,7 @@ func TestProjectionEmbedsOrderedByValue(t *testing.T) {
 // Here a synchronous standby that never answers holds the commit invisible
 // for 2 s (or until the event is out), then it is let go.
 func TestProjectionReadsItsOwnCommit(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", ordersSchema...)
 	pg.Exec("postgres", "INSERT INTO customers VALUES (1, 'Ada')", "INSERT INTO orders VALUES (1, 'new', 1)", "CREATE TABLE probe (id int)")
@@ -102,6 +104,7 @@ func TestProjectionReadsItsOwnCommit(t *testing.T) {
 // document key without checking that the order exists, and the document
 // then read as missing is published as op delete.
 func TestProjectionNoEventForMissingParent(t *testing.T) {
+	t.Parallel()
 	bothModes(t, testProjectionNoEventForMissingParent)
 }
 
@@ -136,6 +139,7 @@ func testProjectionNoEventForMissingParent(t *testing.T, mode string) {
 // inet lost nothing but gained its netmask; a char(n) key lost its padding,
 // so its document was never found again.
 func TestProjectionValuesAsTheOutputFunctionWritesThem(t *testing.T) {
+	t.Parallel()
 	bothModes(t, testProjectionValuesAsTheOutputFunctionWritesThem)
 }
 

@@ -24,6 +24,7 @@ import (
 // (the memory state is loaded from its file). At the end the last document
 // of every order is the same in both modes and as the database composes it.
 func TestProjectionCompositeJoinsAgree(t *testing.T) {
+	t.Parallel()
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))

@@ -27,6 +27,7 @@ var modesSeed = flag.Uint64("modes-seed", 0, "seed of TestProjectionModesAgree (
 // document of every order is the same in both modes and equal to a fresh
 // composition from the database.
 func TestProjectionModesAgree(t *testing.T) {
+	t.Parallel()
 	seed := *modesSeed
 	if seed == 0 {
 		seed = rand.Uint64()

@@ -174,6 +174,7 @@ func (w *randomWorkload) statements() []string {
 // never existed has an event. This checks that the reverse lookups miss
 // nothing.
 func TestProjectionRandomConsistency(t *testing.T) {
+	t.Parallel()
 	bothModes(t, testProjectionRandomConsistency)
 }
 

@@ -59,6 +59,7 @@ func docLines(evs []event) string {
 // between parents recomposes both; changes within one transaction are
 // coalesced; deletes at every level; a deleted primary row is op delete.
 func TestProjectionRecomposes(t *testing.T) {
+	t.Parallel()
 	bothModes(t, testProjectionRecomposes)
 }
 
@@ -139,6 +140,7 @@ upsert db.orders.11 {"id":11,"status":"packed","customer_id":1,"items":[],"custo
 // TestProjectionCatalogErrors: a configuration that does not fit the
 // database is refused at start with every problem named.
 func TestProjectionCatalogErrors(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres", ordersSchema...)
 	pg.Exec("postgres",
@@ -185,6 +187,7 @@ func TestProjectionCatalogErrors(t *testing.T) {
 // TestProjectionFanOut: a customer with 1,000 orders; renaming it
 // recomposes every one of them, once, in both modes.
 func TestProjectionFanOut(t *testing.T) {
+	t.Parallel()
 	bothModes(t, func(t *testing.T, mode string) {
 		pg := pgtest.Start(t, pgtest.Config{})
 		pg.Exec("postgres", ordersSchema...)

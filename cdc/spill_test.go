@@ -99,6 +99,7 @@ func checkRows(t *testing.T, evs []event, table, op string, from int, want func(
 // left in StateDir by an earlier run of the slot are removed at start,
 // another slot's are not.
 func TestBigTransactionSpills(t *testing.T) {
+	t.Parallel()
 	const n = 20000
 	pg := pgtest.Start(t, pgtest.Config{Settings: map[string]string{"wal_sender_timeout": "2s"}})
 	pg.Exec("postgres",
@@ -146,6 +147,7 @@ func TestBigTransactionSpills(t *testing.T) {
 // committed row is published once, in commit order, and no spill file is
 // left.
 func TestStreamedTransactionSpills(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{Settings: map[string]string{"logical_decoding_work_mem": "64kB"}})
 	pg.Exec("postgres", "CREATE TABLE st (id int PRIMARY KEY, v text)")
 	dir := t.TempDir()

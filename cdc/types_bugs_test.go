@@ -23,6 +23,7 @@ import (
 // the table events. The memory mode, comparing a domain's values as
 // bytes, also ordered keys and embeds 10 before 9.
 func TestDomainEncodesAsItsBaseType(t *testing.T) {
+	t.Parallel()
 	bothModes(t, testDomainEncodesAsItsBaseType)
 }
 
@@ -74,6 +75,7 @@ func testDomainEncodesAsItsBaseType(t *testing.T, mode string) {
 // the array's text, one string ("{happy,\"sad ish\"}"), on every path:
 // pgjson.AppendValue knows the built-in array types only.
 func TestArraysOfUserDefinedTypes(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres",
 		`CREATE TYPE mood AS ENUM ('happy', 'sad ish', 'a,b{c}', 'NULL')`,
@@ -107,6 +109,7 @@ func TestArraysOfUserDefinedTypes(t *testing.T) {
 // event had a field that its updates then lacked (neither null nor named
 // unchanged).
 func TestBootstrapLeavesOutGeneratedColumns(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres",
 		"CREATE TABLE g (id int PRIMARY KEY, x int, twice int GENERATED ALWAYS AS (x * 2) STORED, note text)",
@@ -124,6 +127,7 @@ func TestBootstrapLeavesOutGeneratedColumns(t *testing.T) {
 // bootstrap reads with SQL), then failed on the first change of the table
 // and reconnected forever ("column twice is not replicated").
 func TestMemoryProjectionRefusesGeneratedColumns(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres",
 		"CREATE TABLE g (id int PRIMARY KEY, x int, twice int GENERATED ALWAYS AS (x * 2) STORED)",
@@ -158,6 +162,7 @@ func TestMemoryProjectionRefusesGeneratedColumns(t *testing.T) {
 // of their inserts, which the two modes could see differently after an
 // update, and which a document's readers cannot tell from its data.
 func TestProjectionOrderByTiesByPrimaryKey(t *testing.T) {
+	t.Parallel()
 	bothModes(t, testProjectionOrderByTiesByPrimaryKey)
 }
 
@@ -186,6 +191,7 @@ func testProjectionOrderByTiesByPrimaryKey(t *testing.T, mode string) {
 // memory mode compared the specials and every date as bytes ("0001-01-01
 // BC" before "0044-03-15 BC", "10000-01-01" before "2024-05-01").
 func TestProjectionOrdersNumbersAndTimesAsPostgreSQL(t *testing.T) {
+	t.Parallel()
 	bothModes(t, testProjectionOrdersNumbersAndTimesAsPostgreSQL)
 }
 
@@ -226,6 +232,7 @@ func testProjectionOrdersNumbersAndTimesAsPostgreSQL(t *testing.T, mode string) 
 // take it for an array (which would report its values malformed and stop
 // the ingest).
 func TestDomainOverAVectorIsAString(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t, pgtest.Config{})
 	pg.Exec("postgres",
 		"CREATE DOMAIN cols AS int2vector",
@@ -245,6 +252,7 @@ func TestDomainOverAVectorIsAString(t *testing.T) {
 // "ab      " against "ab  "): the children were never embedded, and a
 // child's change to a document found by its key text was lost.
 func TestProjectionJoinsEqualValues(t *testing.T) {
+	t.Parallel()
 	bothModes(t, testProjectionJoinsEqualValues)
 }
 

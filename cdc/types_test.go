@@ -429,6 +429,7 @@ type typeRow map[string]typeCase
 // documented mapping of the type (typeKinds); every event's key and
 // subject are the key's; and both modes end with the same documents.
 func TestColumnTypesAgree(t *testing.T) {
+	t.Parallel()
 	seed := *typesSeed
 	if s := os.Getenv("FANWIRE_TYPES_SEED"); seed == 0 && s != "" {
 		var err error
