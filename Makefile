@@ -26,7 +26,7 @@ test: deps vet fmt-check generate-check rules-check unit fuzz-short
 # nats-server processes, NATS or Redis clusters, and the other slow ones
 # (each says so when skipped), without the race detector: about a minute.
 # It is not what CI runs: make test runs everything.
-test-quick:
+test-quick: deps
 	$(GO) test -short -count=1 $(PKGS)
 
 # deps installs missing system packages with apt-get (as root, or with sudo),

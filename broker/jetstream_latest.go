@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 // Latest reads the newest stored message of each subject on filters (see
@@ -140,7 +142,7 @@ func (b *JetStream) Latest(ctx context.Context, filters []string, limit int, h f
 		if seq > last {
 			return done() // the rest of the set, and what follows it, is after through
 		}
-		if limit > 0 && (!loose || slices.ContainsFunc(filters, func(f string) bool { return MatchSubject(f, m.Subject()) })) {
+		if limit > 0 && (!loose || slices.ContainsFunc(filters, func(f string) bool { return subject.Match(f, m.Subject()) })) {
 			if counted++; counted > limit {
 				return "", snapshotTooLarge(limit, filters)
 			}

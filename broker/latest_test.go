@@ -10,6 +10,7 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/fanwire/fanwire/subject"
 )
 
 var (
@@ -462,7 +463,7 @@ func TestJetStreamLatestOnDebianNATS29(t *testing.T) {
 		checkCursorOrder(t, b, msgs, through)
 		var got []string
 		for _, m := range msgs {
-			if len(tc.filters) == 0 || slices.ContainsFunc(tc.filters, func(f string) bool { return broker.MatchSubject(f, m.Subject) }) {
+			if len(tc.filters) == 0 || slices.ContainsFunc(tc.filters, func(f string) bool { return subject.Match(f, m.Subject) }) {
 				got = append(got, m.Subject)
 			}
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/fanwire/fanwire/subject"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -59,7 +60,7 @@ func TestJetStreamOnDebianNATS29(t *testing.T) {
 		var got []string
 		err := b.Replay(ctx, filters, after, "js:21", func(ms []broker.Message) error {
 			for _, m := range ms {
-				if slices.ContainsFunc(filters, func(f string) bool { return broker.MatchSubject(f, m.Subject) }) {
+				if slices.ContainsFunc(filters, func(f string) bool { return subject.Match(f, m.Subject) }) {
 					got = append(got, string(m.Data))
 				}
 			}

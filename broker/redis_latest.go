@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 // Latest reads the newest stored message of each subject on filters (see
@@ -130,15 +132,15 @@ func (b *Redis) scanLatest(ctx context.Context, filters []string, top streamID, 
 			return nil, fmt.Errorf("redis: latest: hscan %q: %w", b.latestKey(), err)
 		}
 		for i := 0; i+1 < len(kv); i += 2 {
-			subject, entry := kv[i], kv[i+1]
-			if len(filters) > 0 && !slices.ContainsFunc(filters, func(f string) bool { return MatchSubject(f, subject) }) {
+			subj, entry := kv[i], kv[i+1]
+			if len(filters) > 0 && !slices.ContainsFunc(filters, func(f string) bool { return subject.Match(f, subj) }) {
 				continue
 			}
 			id, err := parseStreamID(entry)
 			if err != nil || id.cmp(top) > 0 {
 				continue // not an entry id (not ours), or after through
 			}
-			found = append(found, latestEntry{id: id, entry: entry, subject: subject})
+			found = append(found, latestEntry{id: id, entry: entry, subject: subj})
 		}
 		if b.latest.scanned != nil {
 			b.latest.scanned(len(found))
@@ -172,7 +174,7 @@ func sortEntries(found []latestEntry) []latestEntry {
 // ('*' there spans dots): the caller matches each subject.
 func subjectGlob(pattern string) string {
 	var g strings.Builder
-	for tok, rest, more := nextToken(pattern); ; tok, rest, more = nextToken(rest) {
+	for tok, rest, more := subject.Next(pattern); ; tok, rest, more = subject.Next(rest) {
 		if tok == "*" || tok == ">" {
 			if g.Len() == 0 {
 				return ""

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/subject"
 	"go.uber.org/zap"
 )
 
@@ -123,7 +124,7 @@ func (r *registration) update(ctx context.Context, change func(rec *writerRecord
 			}
 			for _, a := range rec.Subjects {
 				for _, b := range other.Subjects {
-					if broker.PatternsOverlap(a, b) {
+					if subject.Overlap(a, b) {
 						return fmt.Errorf("%w: %s and %s would both publish %s: give one another --prefix, or leave the table to one of them (--tables, --config)", errWriterConflict, other, &rec, b)
 					}
 				}

@@ -16,6 +16,8 @@ import (
 	"unicode/utf8"
 
 	"go.uber.org/zap"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 // The inspector: an HTTP API under /admin/ that lists this node's
@@ -201,16 +203,16 @@ func (c *conn) inspect(now time.Time) adminConn {
 
 // matchesSubject reports whether c has a subscription whose pattern is
 // subject or matches it, or tracks subject.
-func (c *conn) matchesSubject(subject string) bool {
+func (c *conn) matchesSubject(subj string) bool {
 	c.subsMu.Lock()
 	for _, st := range c.subs {
-		if st.pattern == subject || MatchSubject(st.pattern, subject) {
+		if st.pattern == subj || subject.Match(st.pattern, subj) {
 			c.subsMu.Unlock()
 			return true
 		}
 	}
 	c.subsMu.Unlock()
-	return slices.Contains(c.s.pres.tracked(c), subject)
+	return slices.Contains(c.s.pres.tracked(c), subj)
 }
 
 // adminList is GET /admin/connections's answer.
@@ -234,9 +236,9 @@ func (s *Server) serveAdminList(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	sub, subject, after := q.Get("sub"), q.Get("subject"), q.Get("after")
-	if subject != "" {
-		if err := ValidatePattern(subject); err != nil {
+	sub, subj, after := q.Get("sub"), q.Get("subject"), q.Get("after")
+	if subj != "" {
+		if err := subject.ValidatePattern(subj); err != nil {
 			writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error(), Code: CodeBadRequest, Field: "subject"})
 			return
 		}
@@ -251,7 +253,7 @@ func (s *Server) serveAdminList(w http.ResponseWriter, r *http.Request) {
 		if _, isSub := q["sub"]; isSub && c.subOf() != sub {
 			continue
 		}
-		if subject != "" && !c.matchesSubject(subject) {
+		if subj != "" && !c.matchesSubject(subj) {
 			continue
 		}
 		if len(out.Connections) == limit {
@@ -261,7 +263,7 @@ func (s *Server) serveAdminList(w http.ResponseWriter, r *http.Request) {
 		out.Connections = append(out.Connections, c.inspect(now))
 	}
 	s.log.Info("admin: connections listed", zap.String("by", "admin"), zap.String("remote", s.proxies.clientAddr(r)),
-		zap.String("sub", sub), zap.String("subject", subject), zap.String("after", after), zap.Int("listed", len(out.Connections)))
+		zap.String("sub", sub), zap.String("subject", subj), zap.String("after", after), zap.Int("listed", len(out.Connections)))
 	writeJSON(w, http.StatusOK, out)
 }
 

@@ -13,6 +13,8 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 // Grants is what an authenticated connection may do: the subject patterns
@@ -198,7 +200,7 @@ func claimPatterns(claims jwt.MapClaims, name string) (out, written []string) {
 		if !ok {
 			continue
 		}
-		if p, ok := substituteClaims(raw, claims); ok && ValidatePattern(p) == nil {
+		if p, ok := substituteClaims(raw, claims); ok && subject.ValidatePattern(p) == nil {
 			out = append(out, p)
 			written = append(written, writtenPattern(raw))
 		}
@@ -231,7 +233,7 @@ func subscribeGrants(claims jwt.MapClaims) (patterns, where []string) {
 		default:
 			continue
 		}
-		if p, ok := substituteClaims(raw, claims); ok && ValidatePattern(p) == nil {
+		if p, ok := substituteClaims(raw, claims); ok && subject.ValidatePattern(p) == nil {
 			patterns = append(patterns, p)
 			where = append(where, w)
 		}
@@ -266,7 +268,7 @@ func (g *Grants) Allows(pattern string) bool {
 		return true
 	}
 	for _, p := range g.Subscribe {
-		if Contains(p, pattern) {
+		if subject.Contains(p, pattern) {
 			return true
 		}
 	}

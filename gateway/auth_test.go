@@ -21,6 +21,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/subject"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -383,7 +384,7 @@ func FuzzTokenGrant(f *testing.F) {
 			t.Fatal("no grants and no error")
 		}
 		for _, p := range g.Subscribe {
-			if gateway.ValidatePattern(p) != nil {
+			if subject.ValidatePattern(p) != nil {
 				t.Fatalf("granted invalid pattern %q", p)
 			}
 		}

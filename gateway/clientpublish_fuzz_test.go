@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 // checkPublishFrame checks an accepted publish frame: a usable id, a
@@ -77,31 +79,31 @@ func FuzzPublishFrame(f *testing.F) {
 			return
 		}
 		checkPublishFrame(t, data, fr)
-		subject := *fr.Subject
+		subj := *fr.Subject
 		for _, p := range fuzzPublishers {
-			ref := s.checkPublish(p, subject)
+			ref := s.checkPublish(p, subj)
 			if ref != nil {
 				if ref.code != CodeBadSubject && ref.code != CodeForbidden {
-					t.Fatalf("%s, %q: refusal code %q", p.name, subject, ref.code)
+					t.Fatalf("%s, %q: refusal code %q", p.name, subj, ref.code)
 				}
-				if !utf8.ValidString(ref.msg) && utf8.ValidString(subject) {
-					t.Fatalf("%s, %q: refusal message is not UTF-8", p.name, subject)
+				if !utf8.ValidString(ref.msg) && utf8.ValidString(subj) {
+					t.Fatalf("%s, %q: refusal message is not UTF-8", p.name, subj)
 				}
 				if r := errorMessage(*fr.ID, ref.code, ref.msg); !json.Valid(r) {
 					t.Fatalf("error reply %q is not valid JSON", r)
 				}
 				continue
 			}
-			if ValidateSubject(subject) != nil || s.inSubjectSpace(subject) != nil {
-				t.Fatalf("%s may publish to %q: not a valid subject of the space", p.name, subject)
+			if subject.Validate(subj) != nil || s.inSubjectSpace(subj) != nil {
+				t.Fatalf("%s may publish to %q: not a valid subject of the space", p.name, subj)
 			}
-			if MatchSubject("db.>", subject) {
+			if subject.Match("db.>", subj) {
 				explicit := false
 				for _, pat := range p.patterns {
-					explicit = explicit || (MatchSubject(pat, subject) && Contains("db.>", pat))
+					explicit = explicit || (subject.Match(pat, subj) && subject.Contains("db.>", pat))
 				}
 				if !explicit {
-					t.Fatalf("%s may publish to the reserved %q without a pattern inside db.>", p.name, subject)
+					t.Fatalf("%s may publish to the reserved %q without a pattern inside db.>", p.name, subj)
 				}
 			}
 			if r := publishedMessage(*fr.ID, "js:1"); !json.Valid(r) {

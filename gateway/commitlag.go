@@ -3,6 +3,8 @@ package gateway
 import (
 	"bytes"
 	"time"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 // Commit → dispatch lag. The ingest's events carry their transaction's
@@ -37,9 +39,9 @@ func (s *Server) observeCommitLag(evs []*Event) {
 
 // ingestSubject reports whether subject is reserved (Config.ReservedSubjects:
 // the ingest's).
-func (s *Server) ingestSubject(subject string) bool {
+func (s *Server) ingestSubject(subj string) bool {
 	for _, r := range s.cfg.ReservedSubjects {
-		if MatchSubject(r, subject) {
+		if subject.Match(r, subj) {
 			return true
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 // The native protocol's presence commands (presence.go): track, untrack
@@ -173,15 +175,15 @@ func (c *conn) presenceRate() *presenceRefused {
 
 // checkPresenceSubject checks a track's or a members request's subject:
 // concrete, in the subject space, not a closed system subject.
-func (s *Server) checkPresenceSubject(subject string) (code, msg string) {
-	if err := ValidateSubject(subject); err != nil {
+func (s *Server) checkPresenceSubject(subj string) (code, msg string) {
+	if err := subject.Validate(subj); err != nil {
 		return CodeBadSubject, "presence: " + err.Error()
 	}
-	if err := s.inSubjectSpace(subject); err != nil {
+	if err := s.inSubjectSpace(subj); err != nil {
 		return CodeBadSubject, "presence: " + err.Error()
 	}
-	if isSystemSubject(subject) && !s.systemAllowed(subject) {
-		return CodeForbidden, "presence: " + strconv.Quote(subject) + " is a system subject (first token $… or _INBOX)"
+	if subject.IsSystem(subj) && !s.systemAllowed(subj) {
+		return CodeForbidden, "presence: " + strconv.Quote(subj) + " is a system subject (first token $… or _INBOX)"
 	}
 	return "", ""
 }
@@ -190,12 +192,12 @@ func (s *Server) checkPresenceSubject(subject string) (code, msg string) {
 // presence claim matches it, or (anonymous connections, and gateways
 // without authentication) Config.AllowAnonymousPresence and a subscribe
 // grant.
-func (s *Server) presenceAllowed(g *Grants, subject string) bool {
+func (s *Server) presenceAllowed(g *Grants, subj string) bool {
 	if g == nil || g.Anonymous {
-		return s.cfg.AllowAnonymousPresence && g.Allows(subject) && presenceFiltered(g, subject) == ""
+		return s.cfg.AllowAnonymousPresence && g.Allows(subj) && presenceFiltered(g, subj) == ""
 	}
 	for _, p := range g.Presence {
-		if MatchSubject(p, subject) {
+		if subject.Match(p, subj) {
 			return true
 		}
 	}

@@ -1,6 +1,10 @@
 package gateway
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/fanwire/fanwire/subject"
+)
 
 // Error codes sent to native clients in {"type":"error","code":...}. They are
 // the wire contract: docs/protocol.md lists the same set.
@@ -85,7 +89,7 @@ const (
 
 // Sentinel errors; validation errors wrap them with the offending value.
 var (
-	ErrBadPattern   = errors.New("bad pattern")
+	ErrBadPattern   = subject.ErrBadPattern // subject.ErrBadPattern, for errors.Is on either
 	ErrBadFrame     = errors.New("bad frame")
 	ErrUnknownType  = errors.New("unknown type")
 	ErrMailboxFull  = errors.New("mailbox full")

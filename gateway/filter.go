@@ -18,6 +18,8 @@ import (
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
 	"cel.dev/cel-go/interpreter"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 // Filters: a subscription's "where" and a grant's, in CEL (the Common
@@ -568,7 +570,7 @@ func grantFilterText(g *Grants, pattern string) string {
 	}
 	var parts []string
 	for i, p := range g.Subscribe {
-		if !Contains(p, pattern) {
+		if !subject.Contains(p, pattern) {
 			continue
 		}
 		w := ""

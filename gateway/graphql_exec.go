@@ -17,6 +17,7 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler/extension"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/fanwire/fanwire/schema"
+	"github.com/fanwire/fanwire/subject"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 )
 
@@ -45,7 +46,7 @@ func (b gqlBackend) Subscribable(ctx context.Context) *schema.Subscribable {
 		Patterns:         b.s.cfg.Subjects,
 		Broker:           b.s.cfg.Broker.Name(),
 		History:          b.s.durable != nil,
-		MaxSubjectBytes:  maxSubjectLen,
+		MaxSubjectBytes:  subject.MaxLen,
 		MaxSubscriptions: b.s.cfg.MaxSubscriptions,
 	}
 }

@@ -3,6 +3,8 @@ package gateway
 import (
 	"slices"
 	"sync"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 // index is the subscription index: a token trie in NATS subject syntax. Each
@@ -92,7 +94,7 @@ func (ix *index) addLocked(c *client, id, pattern string) {
 	n := ix.root
 	for rest, more := pattern, true; more; {
 		var tok string
-		tok, rest, more = nextToken(rest)
+		tok, rest, more = subject.Next(rest)
 		n = n.child(tok)
 	}
 	if n.byClient == nil {
@@ -145,7 +147,7 @@ func (ix *index) removeThen(c *client, id, pattern string, then func()) bool {
 	n := ix.root
 	for rest, more := pattern, true; more; {
 		var tok string
-		tok, rest, more = nextToken(rest)
+		tok, rest, more = subject.Next(rest)
 		if n = n.lookup(tok); n == nil {
 			return false
 		}
@@ -231,8 +233,8 @@ func (n *node) prune() {
 
 // collect appends to out every node with subscriptions whose pattern matches
 // subject. The caller holds mu (read). It allocates only if out must grow.
-func (n *node) collect(subject string, out []*node) []*node {
-	tok, rest, more := nextToken(subject)
+func (n *node) collect(subj string, out []*node) []*node {
+	tok, rest, more := subject.Next(subj)
 	if n.gt != nil && len(n.gt.deliveries) > 0 {
 		out = append(out, n.gt)
 	}
@@ -255,8 +257,8 @@ func (n *node) collect(subject string, out []*node) []*node {
 
 // collectLiteral is collect without n's own wildcard children: the
 // patterns whose first token is subject's, written out (n is the root).
-func (n *node) collectLiteral(subject string, out []*node) []*node {
-	tok, rest, more := nextToken(subject)
+func (n *node) collectLiteral(subj string, out []*node) []*node {
+	tok, rest, more := subject.Next(subj)
 	if c := n.next[tok]; c != nil {
 		if more {
 			out = c.collect(rest, out)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 func testClient() *client {
@@ -322,7 +324,7 @@ func TestIndexMatchCacheKeepsUnrelated(t *testing.T) {
 
 // TestIndexAgainstBruteForce applies random subscribes and unsubscribes and
 // compares every match (through one long-lived matcher, as the dispatcher
-// has) with MatchSubject over a model of the subscriptions.
+// has) with subject.Match over a model of the subscriptions.
 func TestIndexAgainstBruteForce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	patterns := []string{"a", "b", "*", ">", "a.b", "a.*", "*.b", "*.*", "a.>", "*.>", "a.b.c", "a.*.c", "*.b.>", "a.b.>"}
@@ -356,7 +358,7 @@ func TestIndexAgainstBruteForce(t *testing.T) {
 		for _, subj := range subjects {
 			ids := map[*client][]string{}
 			for s, p := range model {
-				if MatchSubject(p, subj) {
+				if subject.Match(p, subj) {
 					ids[s.c] = append(ids[s.c], s.id)
 				}
 			}

@@ -1,6 +1,10 @@
 package gateway
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/fanwire/fanwire/subject"
+)
 
 // matcher turns a subject into deliveries. It is owned by the dispatcher (one
 // goroutine), which is why its merge cache needs no lock. A cached merge
@@ -35,15 +39,15 @@ const maxMerged = 4096
 // match returns the deliveries for subject. The caller holds ix.mu (read).
 // The result is shared: the caller must not modify it. With a warm cache it
 // allocates nothing.
-func (m *matcher) match(ix *index, subject string) []delivery {
+func (m *matcher) match(ix *index, subj string) []delivery {
 	if ix.gen-m.sweptGen > uint64(len(m.merged))+64 {
 		m.sweep(ix.gen)
 	}
-	if isSystemSubject(subject) {
+	if subject.IsSystem(subj) {
 		// Only patterns that write the first token out (system.go).
-		m.scratch = ix.root.collectLiteral(subject, m.scratch[:0])
+		m.scratch = ix.root.collectLiteral(subj, m.scratch[:0])
 	} else {
-		m.scratch = ix.root.collect(subject, m.scratch[:0])
+		m.scratch = ix.root.collect(subj, m.scratch[:0])
 	}
 	switch len(m.scratch) {
 	case 0:

@@ -4,6 +4,8 @@ import (
 	"math"
 	"slices"
 	"strconv"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 // Presence delivery: the subscriptions that watch presence ("presence":
@@ -116,12 +118,12 @@ func (p *presence) flushLocked() {
 }
 
 // watchedLocked reports whether a subscription watches subject.
-func (p *presence) watchedLocked(subject string) bool {
-	if len(p.exact[subject]) > 0 {
+func (p *presence) watchedLocked(subj string) bool {
+	if len(p.exact[subj]) > 0 {
 		return true
 	}
 	for _, w := range p.wild {
-		if MatchSubject(w.pattern, subject) {
+		if subject.Match(w.pattern, subj) {
 			return true
 		}
 	}
@@ -187,7 +189,7 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 		group[w.c] = append(group[w.c], w)
 	}
 	for _, w := range p.wild {
-		if MatchSubject(w.pattern, r.subject) {
+		if subject.Match(w.pattern, r.subject) {
 			group[w.c] = append(group[w.c], w)
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 // Who may publish where. Every publish (POST /api/publish, a native
@@ -14,7 +16,7 @@ import (
 //
 // Subject syntax. A subject is concrete NATS syntax, valid UTF-8 without
 // control, format (zero-width, bidirectional), space or separator
-// characters nor U+FFFD (subject.go): nothing invisible can make a
+// characters nor U+FFFD (subject.Validate): nothing invisible can make a
 // subject look like another one. Subscriptions' patterns follow the same
 // rule.
 //
@@ -31,7 +33,7 @@ import (
 // Config.ReservedSubjects (default db.>, the ingest's events) may be
 // published to only by a publisher with a publish pattern P that matches
 // the subject and that names the reserved space explicitly: every subject
-// P matches is reserved (Contains(reserved, P)). So an API key limited to
+// P matches is reserved (subject.Contains(reserved, P)). So an API key limited to
 // db.audit.> may write db.audit.1, but a key without patterns (anywhere),
 // a pattern such as ">" or "*.orders.>" (which reach beyond the reserved
 // space) and an anonymous publisher never may. Widening a credential to
@@ -40,7 +42,7 @@ import (
 //
 //   - The comparison folds case and width: DB.orders.1 and a full-width
 //     "ｄｂ.orders.1" are reserved under db.>, since a consumer or a reader
-//     could take them for the ingest's (reserved.go). The publish pattern
+//     could take them for the ingest's (subject.FoldContains). The publish pattern
 //     must still match the subject byte for byte, so a key for db.audit.>
 //     may not write DB.audit.1.
 //   - A token's pattern names the reserved space as the issuer wrote it,
@@ -114,52 +116,52 @@ type publishRefusal struct {
 func (r *publishRefusal) Error() string { return r.msg }
 
 // checkPublish reports whether p may publish to subject, and why not.
-func (s *Server) checkPublish(p publisher, subject string) *publishRefusal {
-	if err := ValidateSubject(subject); err != nil {
+func (s *Server) checkPublish(p publisher, subj string) *publishRefusal {
+	if err := subject.Validate(subj); err != nil {
 		return &publishRefusal{CodeBadSubject, ruleSyntax, err.Error()}
 	}
-	if err := s.inSubjectSpace(subject); err != nil {
+	if err := s.inSubjectSpace(subj); err != nil {
 		return &publishRefusal{CodeBadSubject, ruleSubjectSpace, err.Error()}
 	}
-	system := isSystemSubject(subject)
-	if system && !s.systemAllowed(subject) {
-		return &publishRefusal{CodeForbidden, ruleSystem, fmt.Sprintf("subject %q is a system subject (first token $… or _INBOX: the NATS server's APIs and replies): closed unless --allow-system-subjects opens it", subject)}
+	system := subject.IsSystem(subj)
+	if system && !s.systemAllowed(subj) {
+		return &publishRefusal{CodeForbidden, ruleSystem, fmt.Sprintf("subject %q is a system subject (first token $… or _INBOX: the NATS server's APIs and replies): closed unless --allow-system-subjects opens it", subj)}
 	}
 	if !p.anywhere && len(p.patterns) == 0 {
-		return &publishRefusal{CodeForbidden, ruleNoPublish, fmt.Sprintf("%s grants no publishing (no publish claim): may not publish to %q", p.name, subject)}
+		return &publishRefusal{CodeForbidden, ruleNoPublish, fmt.Sprintf("%s grants no publishing (no publish claim): may not publish to %q", p.name, subj)}
 	}
-	if r := s.reservedFor(subject); r != "" {
+	if r := s.reservedFor(subj); r != "" {
 		for i, pat := range p.patterns {
-			if MatchSubject(pat, subject) && foldContains(r, p.writtenAt(i)) {
+			if subject.Match(pat, subj) && subject.FoldContains(r, p.writtenAt(i)) {
 				return nil
 			}
 		}
-		return &publishRefusal{CodeForbidden, ruleReserved, fmt.Sprintf("subject %q is reserved (--reserved-subjects %s, compared ignoring case): only a key or token with a publish pattern that matches it exactly and lies inside %s as written, before {claim} placeholders are substituted, may publish there, not %s", subject, strings.Join(s.cfg.ReservedSubjects, ","), r, p.name)}
+		return &publishRefusal{CodeForbidden, ruleReserved, fmt.Sprintf("subject %q is reserved (--reserved-subjects %s, compared ignoring case): only a key or token with a publish pattern that matches it exactly and lies inside %s as written, before {claim} placeholders are substituted, may publish there, not %s", subj, strings.Join(s.cfg.ReservedSubjects, ","), r, p.name)}
 	}
 	if system {
 		for _, pat := range p.patterns {
-			if matchEvent(pat, subject) {
+			if subject.MatchEvent(pat, subj) {
 				return nil
 			}
 		}
-		return &publishRefusal{CodeForbidden, ruleSystem, fmt.Sprintf("subject %q is a system subject opened by --allow-system-subjects: only a publish pattern that names its first token may publish there, not %s", subject, p.name)}
+		return &publishRefusal{CodeForbidden, ruleSystem, fmt.Sprintf("subject %q is a system subject opened by --allow-system-subjects: only a publish pattern that names its first token may publish there, not %s", subj, p.name)}
 	}
 	if p.anywhere {
 		return nil
 	}
 	for _, pat := range p.patterns {
-		if MatchSubject(pat, subject) {
+		if subject.Match(pat, subj) {
 			return nil
 		}
 	}
-	return &publishRefusal{CodeForbidden, rulePatterns, fmt.Sprintf("%s may not publish to %q (outside its publish patterns)", p.name, subject)}
+	return &publishRefusal{CodeForbidden, rulePatterns, fmt.Sprintf("%s may not publish to %q (outside its publish patterns)", p.name, subj)}
 }
 
 // reservedFor returns the reserved pattern subject matches, folded ("" for
 // none).
-func (s *Server) reservedFor(subject string) string {
+func (s *Server) reservedFor(subj string) string {
 	for _, r := range s.cfg.ReservedSubjects {
-		if foldMatch(r, subject) {
+		if subject.FoldMatch(r, subj) {
 			return r
 		}
 	}
@@ -177,3 +179,20 @@ func (s *Server) publishCredentials() bool { return len(s.cfg.APIKeys) > 0 || s.
 
 // publishDisabledText names the flags that open POST /api/publish.
 const publishDisabledText = "publishing is off on this gateway: start it with --api-key, --api-keys-file, or a JWT key (--jwt-secret-file, --jwt-jwks-file) whose tokens carry a publish claim; or with --allow-anonymous-publish to let anyone who reaches it publish"
+
+// writtenPattern is a publish pattern as the token wrote it, each token
+// holding a {claim} placeholder made a '*': what the issuer named,
+// whatever a claim later put there. A pattern without placeholders is
+// itself.
+func writtenPattern(p string) string {
+	if !strings.Contains(p, "{") {
+		return p
+	}
+	toks := strings.Split(p, ".")
+	for i, tok := range toks {
+		if placeholderRE.MatchString(tok) {
+			toks[i] = "*"
+		}
+	}
+	return strings.Join(toks, ".")
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/subject"
 	"go.uber.org/zap"
 )
 
@@ -246,7 +247,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 						k++
 						continue
 					}
-					if !matchEvent(st.pattern, m.Subject) {
+					if !subject.MatchEvent(st.pattern, m.Subject) {
 						continue
 					}
 					ev, err := c.s.event(m)
@@ -375,7 +376,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 				}
 				matching := gap[:0]
 				for _, ev := range gap {
-					if matchEvent(st.pattern, ev.Subject) {
+					if subject.MatchEvent(st.pattern, ev.Subject) {
 						matching = append(matching, ev)
 					}
 				}
@@ -540,7 +541,7 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern str
 		}
 	}()
 	for _, m := range ms {
-		if !matchEvent(pattern, m.Subject) {
+		if !subject.MatchEvent(pattern, m.Subject) {
 			continue
 		}
 		ev, err := c.s.event(m)

@@ -20,6 +20,7 @@ import (
 	"github.com/99designs/gqlgen/graphql/executor"
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/subject"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
@@ -199,7 +200,7 @@ func (s *Server) dispatch(batch []broker.Message, arrived time.Time) {
 	evs := s.events[:0]
 	system := 0
 	for _, m := range batch {
-		if isSystemSubject(m.Subject) && !s.systemAllowed(m.Subject) {
+		if subject.IsSystem(m.Subject) && !s.systemAllowed(m.Subject) {
 			// The NATS server's API traffic and replies that a Core NATS
 			// subscription to > receives: no subscription may match them
 			// (system.go).
@@ -243,7 +244,7 @@ func (s *Server) dispatch(batch []broker.Message, arrived time.Time) {
 // checkPattern validates a client pattern and that it can ever match an
 // event of the node's subject space.
 func (s *Server) checkPattern(p string) error {
-	if err := ValidatePattern(p); err != nil {
+	if err := subject.ValidatePattern(p); err != nil {
 		return err
 	}
 	return s.inSubjectSpace(p)
@@ -253,7 +254,7 @@ func (s *Server) checkPattern(p string) error {
 // intersects the node's subject space.
 func (s *Server) inSubjectSpace(p string) error {
 	for _, space := range s.cfg.Subjects {
-		if Intersects(p, space) {
+		if subject.Overlap(p, space) {
 			return nil
 		}
 	}
@@ -265,13 +266,13 @@ func (s *Server) inSubjectSpace(p string) error {
 // it intersects (replayed events are then matched against the pattern).
 func (s *Server) replayFilters(pattern string) []string {
 	for _, sp := range s.cfg.Subjects {
-		if Contains(sp, pattern) {
+		if subject.Contains(sp, pattern) {
 			return []string{pattern}
 		}
 	}
 	var f []string
 	for _, sp := range s.cfg.Subjects {
-		if Intersects(sp, pattern) {
+		if subject.Overlap(sp, pattern) {
 			f = append(f, sp)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/subject"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
@@ -334,13 +335,13 @@ func (c *Config) validate() error {
 		errs = append(errs, fmt.Errorf("PresenceTimeout (%s) must be at least twice PresenceHeartbeat (%s): a node would be declared dead between two heart-beats", c.PresenceTimeout, c.PresenceHeartbeat))
 	}
 	for _, s := range c.Subjects {
-		if err := ValidatePattern(s); err != nil {
+		if err := subject.ValidatePattern(s); err != nil {
 			errs = append(errs, fmt.Errorf("Subjects: %w", err))
 		}
 	}
 	for i, a := range c.Subjects {
 		for _, b := range c.Subjects[i+1:] {
-			if Intersects(a, b) {
+			if subject.Overlap(a, b) {
 				errs = append(errs, fmt.Errorf("Subjects: %q and %q overlap: an event would arrive twice", a, b))
 			}
 		}
@@ -397,13 +398,13 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Errorf("APIKeys[%d] (%q): empty key", i, k.Name))
 		}
 		for _, p := range k.Publish {
-			if err := ValidatePattern(p); err != nil {
+			if err := subject.ValidatePattern(p); err != nil {
 				errs = append(errs, fmt.Errorf("APIKeys[%d] (%q): %w", i, k.Name, err))
 			}
 		}
 	}
 	for _, p := range c.ReservedSubjects {
-		if err := ValidatePattern(p); err != nil {
+		if err := subject.ValidatePattern(p); err != nil {
 			errs = append(errs, fmt.Errorf("ReservedSubjects: %w", err))
 		}
 	}

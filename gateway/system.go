@@ -3,66 +3,28 @@ package gateway
 import (
 	"fmt"
 	"strconv"
-	"strings"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
-// System subjects: those whose first token starts with '$' ($JS.API, $KV,
-// $SYS, $JS.EVENT advisories: the NATS server's APIs and events) or is
-// _INBOX (request replies, the gateway's own among them). They are not
-// events. A Core NATS subscription to > receives them all (the broker
-// cannot subscribe to "everything but $…": NATS has no such filter), so
+// System subjects ($… and _INBOX: the NATS server's APIs, events and
+// replies; subject.IsSystem) are not events:
 //
 //   - publishing to one and subscribing to a pattern whose first token is
 //     one are refused, unless Config.AllowSystemSubjects opens it
 //     (publishauth.go has the publish side);
-//   - a pattern whose first token is a wildcard (>, *.>) never matches a
-//     system subject, in the hub, in replays and in per-connection
-//     consumers (matchEvent): only a pattern that writes the first token
-//     out does;
+//   - a pattern whose first token is a wildcard never matches a system
+//     subject, in the hub, in replays and in per-connection consumers
+//     (subject.MatchEvent);
 //   - the dispatcher drops the ones no opened pattern covers before it
 //     builds their event (fanwire_events_dropped_total{reason=
 //     "system_subject"}).
-//
-// A client library's custom inbox prefix (not _INBOX) is not recognised:
-// keep such replies outside the gateway's subject space.
-
-// isSystemSubject reports whether the first token of s, a subject or a
-// pattern, is a system one. It allocates nothing.
-func isSystemSubject(s string) bool {
-	if s == "" {
-		return false
-	}
-	switch s[0] {
-	case '$':
-		return true
-	case '_':
-		const inbox = "_INBOX"
-		return strings.HasPrefix(s, inbox) && (len(s) == len(inbox) || s[len(inbox)] == '.')
-	}
-	return false
-}
-
-// wildFirst reports whether the first token of the valid pattern p is a
-// wildcard.
-func wildFirst(p string) bool {
-	return p != "" && (p[0] == '*' || p[0] == '>') && (len(p) == 1 || p[1] == '.')
-}
-
-// matchEvent reports whether an event on subject goes to a subscription on
-// pattern: MatchSubject, except that a pattern whose first token is a
-// wildcard never matches a system subject. It allocates nothing.
-func matchEvent(pattern, subject string) bool {
-	if wildFirst(pattern) && isSystemSubject(subject) {
-		return false
-	}
-	return MatchSubject(pattern, subject)
-}
 
 // systemAllowed reports whether the system subject is inside a pattern of
 // Config.AllowSystemSubjects.
-func (s *Server) systemAllowed(subject string) bool {
+func (s *Server) systemAllowed(subj string) bool {
 	for _, p := range s.cfg.AllowSystemSubjects {
-		if MatchSubject(p, subject) {
+		if subject.Match(p, subj) {
 			return true
 		}
 	}
@@ -74,12 +36,12 @@ func (s *Server) systemAllowed(subject string) bool {
 // grants (when it has any) do not name: a grant whose first token is a
 // wildcard does not reach system subjects, as for publishing.
 func (s *Server) checkSystemPattern(pattern string, g *Grants) error {
-	if !isSystemSubject(pattern) {
+	if !subject.IsSystem(pattern) {
 		return nil
 	}
 	opened := false
 	for _, p := range s.cfg.AllowSystemSubjects {
-		if Contains(p, pattern) {
+		if subject.Contains(p, pattern) {
 			opened = true
 			break
 		}
@@ -91,7 +53,7 @@ func (s *Server) checkSystemPattern(pattern string, g *Grants) error {
 		return nil
 	}
 	for _, p := range g.Subscribe {
-		if !wildFirst(p) && Contains(p, pattern) {
+		if !subject.WildFirst(p) && subject.Contains(p, pattern) {
 			return nil
 		}
 	}
@@ -103,11 +65,11 @@ func (s *Server) checkSystemPattern(pattern string, g *Grants) error {
 func validateAllowSystem(patterns []string) []error {
 	var errs []error
 	for i, p := range patterns {
-		if err := ValidatePattern(p); err != nil {
+		if err := subject.ValidatePattern(p); err != nil {
 			errs = append(errs, fmt.Errorf("AllowSystemSubjects[%d]: %w", i, err))
 			continue
 		}
-		if !isSystemSubject(p) {
+		if !subject.IsSystem(p) {
 			errs = append(errs, fmt.Errorf("AllowSystemSubjects[%d]: %s does not start with a system token ($… or _INBOX): it opens nothing", i, strconv.Quote(p)))
 		}
 	}

@@ -3,6 +3,8 @@ package gateway
 import (
 	"strings"
 	"sync/atomic"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 // Views: subscriptions with a filter (a where, or a grant's row filter).
@@ -178,8 +180,8 @@ func (n *vnode) prune() {
 
 // collect appends the nodes with subscriptions whose pattern matches
 // subject (system subjects: only patterns that write the first token).
-func (n *vnode) collect(subject string, out []*vnode, literalFirst bool) []*vnode {
-	tok, rest, more := nextToken(subject)
+func (n *vnode) collect(subj string, out []*vnode, literalFirst bool) []*vnode {
+	tok, rest, more := subject.Next(subj)
 	if !literalFirst && n.gt != nil && n.gt.n > 0 {
 		out = append(out, n.gt)
 	}
@@ -210,7 +212,7 @@ func (h *hub) addViewLocked(vs *viewSub) {
 	n := ix.vroot
 	for rest, more := vs.pattern, true; more; {
 		var tok string
-		tok, rest, more = nextToken(rest)
+		tok, rest, more = subject.Next(rest)
 		n = n.child(tok)
 	}
 	if t := vs.f.index; t != nil {
@@ -262,7 +264,7 @@ func (h *hub) removeView(vs *viewSub, then func()) bool {
 	n := ix.vroot
 	for rest, more := vs.pattern, true; more; {
 		var tok string
-		tok, rest, more = nextToken(rest)
+		tok, rest, more = subject.Next(rest)
 		if n = n.lookup(tok); n == nil {
 			return false
 		}
@@ -343,7 +345,7 @@ type viewStats struct {
 func (h *hub) dispatchView(ev *Event, st *viewStats) {
 	h.vseq++
 	seq := h.vseq
-	literal := isSystemSubject(ev.Subject)
+	literal := subject.IsSystem(ev.Subject)
 	h.vscratch = h.idx.vroot.collect(ev.Subject, h.vscratch[:0], literal)
 	holders := h.holders[ev.Subject]
 	if len(h.vscratch) == 0 && len(holders) == 0 {

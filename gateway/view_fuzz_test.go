@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fanwire/fanwire/subject"
 )
 
 // The view fuzz: random filters (a subscription's where and a grant's row
@@ -291,7 +293,7 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 	}
 	for n := range nevents {
 		key := r.IntN(5)
-		subject := "db.t." + strconv.Itoa(key)
+		subj := "db.t." + strconv.Itoa(key)
 		var doc map[string]any
 		op := "update"
 		if r.IntN(8) == 0 {
@@ -305,7 +307,7 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 			}
 		}
 		data, _ := json.Marshal(map[string]any{"op": op, "key": key, "doc": doc, "seq": n})
-		ev, err := NewEvent(subject, "c"+strconv.Itoa(n), data)
+		ev, err := NewEvent(subj, "c"+strconv.Itoa(n), data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -314,25 +316,25 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 			flush()
 		}
 		for _, rs := range subs {
-			if !matchEvent(rs.vs.pattern, subject) {
+			if !subject.MatchEvent(rs.vs.pattern, subj) {
 				continue
 			}
-			switch deliver, leave, _, _ := rs.replay.offer(subject, ev.parsed()); {
+			switch deliver, leave, _, _ := rs.replay.offer(subj, ev.parsed()); {
 			case deliver:
-				rs.rgot = append(rs.rgot, fmt.Sprintf("event %s %d", subject, n))
+				rs.rgot = append(rs.rgot, fmt.Sprintf("event %s %d", subj, n))
 			case leave:
-				rs.rgot = append(rs.rgot, fmt.Sprintf("leave %s %d", subject, n))
+				rs.rgot = append(rs.rgot, fmt.Sprintf("leave %s %d", subj, n))
 			}
-			if rs.accepts(subject, doc) {
-				rs.want = append(rs.want, fmt.Sprintf("event %s %d", subject, n))
+			if rs.accepts(subj, doc) {
+				rs.want = append(rs.want, fmt.Sprintf("event %s %d", subj, n))
 				if op == "delete" {
-					delete(rs.held, subject)
+					delete(rs.held, subj)
 				} else {
-					rs.held[subject] = true
+					rs.held[subj] = true
 				}
-			} else if rs.held[subject] {
-				delete(rs.held, subject)
-				rs.want = append(rs.want, fmt.Sprintf("leave %s %d", subject, n))
+			} else if rs.held[subj] {
+				delete(rs.held, subj)
+				rs.want = append(rs.want, fmt.Sprintf("leave %s %d", subj, n))
 			}
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/fanwire/fanwire/redact"
+	"github.com/fanwire/fanwire/subject"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -58,17 +59,17 @@ func devSubjects(prefix string) []string {
 func withIngestSpace(given []string, prefix string) ([]string, error) {
 	own := prefix + ".>"
 	for _, p := range given {
-		if err := gateway.ValidatePattern(p); err != nil {
+		if err := subject.ValidatePattern(p); err != nil {
 			return nil, fmt.Errorf("--subjects: %w", err)
 		}
 	}
 	for _, p := range given {
-		if gateway.Contains(p, own) {
+		if subject.Contains(p, own) {
 			return given, nil
 		}
 	}
 	for _, p := range given {
-		if gateway.Intersects(p, own) {
+		if subject.Overlap(p, own) {
 			return nil, fmt.Errorf("--subjects: %q covers part of the ingest's %s (--prefix %s): give a pattern that covers all of it, e.g. %s, or another --prefix", p, own, prefix, own)
 		}
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/fanwire/fanwire/redact"
+	"github.com/fanwire/fanwire/subject"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -541,7 +542,7 @@ func (f *wsFlags) authenticator() (gateway.Authenticator, error) {
 // log, with the collectors of their metrics.
 func (f *wsFlags) authenticatorFor(log *zap.Logger) (gateway.Authenticator, []prometheus.Collector, error) {
 	for _, p := range f.anonymousGrants {
-		if err := gateway.ValidatePattern(p); err != nil {
+		if err := subject.ValidatePattern(p); err != nil {
 			return nil, nil, fmt.Errorf("--anonymous-grants: %w", err)
 		}
 	}

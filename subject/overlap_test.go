@@ -1,12 +1,12 @@
-package broker_test
+package subject_test
 
 import (
 	"testing"
 
-	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/subject"
 )
 
-func TestPatternsOverlap(t *testing.T) {
+func TestOverlap(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		a, b string
@@ -26,11 +26,11 @@ func TestPatternsOverlap(t *testing.T) {
 		{"app.>", "db.>", false},
 		{"db.orders", "db.orders.*", false},
 	} {
-		if got := broker.PatternsOverlap(c.a, c.b); got != c.want {
-			t.Errorf("PatternsOverlap(%q, %q) = %v, want %v", c.a, c.b, got, c.want)
+		if got := subject.Overlap(c.a, c.b); got != c.want {
+			t.Errorf("Overlap(%q, %q) = %v, want %v", c.a, c.b, got, c.want)
 		}
-		if got := broker.PatternsOverlap(c.b, c.a); got != c.want {
-			t.Errorf("PatternsOverlap(%q, %q) = %v, want %v", c.b, c.a, got, c.want)
+		if got := subject.Overlap(c.b, c.a); got != c.want {
+			t.Errorf("Overlap(%q, %q) = %v, want %v", c.b, c.a, got, c.want)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package gateway
+package subject
 
 import (
 	"errors"
@@ -10,8 +10,8 @@ import (
 )
 
 func TestValidatePattern(t *testing.T) {
-	long := strings.Repeat("a.", maxSubjectLen/2-1) + "ab" // exactly maxSubjectLen bytes
-	if len(long) != maxSubjectLen {
+	long := strings.Repeat("a.", MaxLen/2-1) + "ab" // exactly MaxLen bytes
+	if len(long) != MaxLen {
 		t.Fatalf("test setup: len(long) = %d", len(long))
 	}
 	tests := []struct {
@@ -69,7 +69,7 @@ func TestValidatePattern(t *testing.T) {
 	}
 }
 
-func TestValidateSubject(t *testing.T) {
+func TestValidate(t *testing.T) {
 	tests := []struct {
 		name    string
 		subject string
@@ -91,7 +91,7 @@ func TestValidateSubject(t *testing.T) {
 		{"trailing dot", "a.", false},
 		{"space", "a b", false},
 		{"NUL", "a\x00b", false},
-		{"too long", strings.Repeat("a", maxSubjectLen+1), false},
+		{"too long", strings.Repeat("a", MaxLen+1), false},
 		{"zero-width space", "db\u200b.orders", false},
 		{"zero-width joiner", "a\u200db", false},
 		{"word joiner", "a\u2060", false},
@@ -112,12 +112,12 @@ func TestValidateSubject(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := ValidateSubject(tt.subject)
+			err := Validate(tt.subject)
 			if (err == nil) != tt.ok {
-				t.Fatalf("ValidateSubject(%+q) = %v, want ok=%v", tt.subject, err, tt.ok)
+				t.Fatalf("Validate(%+q) = %v, want ok=%v", tt.subject, err, tt.ok)
 			}
 			if err != nil && !errors.Is(err, ErrBadPattern) {
-				t.Fatalf("ValidateSubject(%q) = %v, want it to wrap ErrBadPattern", tt.subject, err)
+				t.Fatalf("Validate(%q) = %v, want it to wrap ErrBadPattern", tt.subject, err)
 			}
 			if tt.ok && !server.IsValidLiteralSubject(tt.subject) {
 				t.Errorf("we accept %q but NATS IsValidLiteralSubject rejects it", tt.subject)
@@ -126,7 +126,7 @@ func TestValidateSubject(t *testing.T) {
 	}
 }
 
-func TestMatchSubject(t *testing.T) {
+func TestMatch(t *testing.T) {
 	tests := []struct {
 		pattern, subject string
 		want             bool
@@ -161,8 +161,8 @@ func TestMatchSubject(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.pattern+"~"+tt.subject, func(t *testing.T) {
-			if got := MatchSubject(tt.pattern, tt.subject); got != tt.want {
-				t.Errorf("MatchSubject(%q, %q) = %v, want %v", tt.pattern, tt.subject, got, tt.want)
+			if got := Match(tt.pattern, tt.subject); got != tt.want {
+				t.Errorf("Match(%q, %q) = %v, want %v", tt.pattern, tt.subject, got, tt.want)
 			}
 			if got := server.SubjectMatchesFilter(tt.subject, tt.pattern); got != tt.want {
 				t.Errorf("test table disagrees with NATS: SubjectMatchesFilter(%q, %q) = %v", tt.subject, tt.pattern, got)
@@ -171,7 +171,7 @@ func TestMatchSubject(t *testing.T) {
 	}
 }
 
-func TestIntersects(t *testing.T) {
+func TestOverlap(t *testing.T) {
 	tests := []struct {
 		a, b string
 		want bool
@@ -204,11 +204,11 @@ func TestIntersects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.a+"~"+tt.b, func(t *testing.T) {
-			if got := Intersects(tt.a, tt.b); got != tt.want {
-				t.Errorf("Intersects(%q, %q) = %v, want %v", tt.a, tt.b, got, tt.want)
+			if got := Overlap(tt.a, tt.b); got != tt.want {
+				t.Errorf("Overlap(%q, %q) = %v, want %v", tt.a, tt.b, got, tt.want)
 			}
-			if got := Intersects(tt.b, tt.a); got != tt.want {
-				t.Errorf("Intersects(%q, %q) = %v, want %v (not symmetric)", tt.b, tt.a, got, tt.want)
+			if got := Overlap(tt.b, tt.a); got != tt.want {
+				t.Errorf("Overlap(%q, %q) = %v, want %v (not symmetric)", tt.b, tt.a, got, tt.want)
 			}
 			if got := server.SubjectsCollide(tt.a, tt.b); got != tt.want {
 				t.Errorf("test table disagrees with NATS: SubjectsCollide(%q, %q) = %v", tt.a, tt.b, got)
@@ -238,10 +238,10 @@ func allSubjects(toks []string, maxLen int) []string {
 	return out
 }
 
-// TestMatchSubjectAgainstNATS compares MatchSubject with NATS's
+// TestMatchAgainstNATS compares Match with NATS's
 // SubjectMatchesFilter for every pattern of up to four tokens over {a, b, *, >}
 // and every subject of up to four tokens over {a, b, c}.
-func TestMatchSubjectAgainstNATS(t *testing.T) {
+func TestMatchAgainstNATS(t *testing.T) {
 	patterns := allSubjects([]string{"a", "b", "*", ">"}, 4)
 	subjects := allSubjects([]string{"a", "b", "c"}, 4)
 	n := 0
@@ -250,15 +250,15 @@ func TestMatchSubjectAgainstNATS(t *testing.T) {
 			t.Fatalf("generated pattern %q: %v", p, err)
 		}
 		for _, s := range subjects {
-			if err := ValidateSubject(s); err != nil {
+			if err := Validate(s); err != nil {
 				t.Fatalf("generated subject %q: %v", s, err)
 			}
-			got, want := MatchSubject(p, s), server.SubjectMatchesFilter(s, p)
+			got, want := Match(p, s), server.SubjectMatchesFilter(s, p)
 			if got != want {
-				t.Errorf("MatchSubject(%q, %q) = %v, NATS SubjectMatchesFilter says %v", p, s, got, want)
+				t.Errorf("Match(%q, %q) = %v, NATS SubjectMatchesFilter says %v", p, s, got, want)
 			}
-			if i := Intersects(p, s); i != got {
-				t.Errorf("Intersects(%q, %q) = %v, MatchSubject = %v", p, s, i, got)
+			if i := Overlap(p, s); i != got {
+				t.Errorf("Overlap(%q, %q) = %v, Match = %v", p, s, i, got)
 			}
 			n++
 		}
@@ -266,33 +266,33 @@ func TestMatchSubjectAgainstNATS(t *testing.T) {
 	t.Logf("%d pairs", n)
 }
 
-// TestIntersectsAgainstNATS compares Intersects with NATS's SubjectsCollide
+// TestOverlapAgainstNATS compares Overlap with NATS's SubjectsCollide
 // and with a constructive oracle for every pair of patterns of up to four
 // tokens over {a, b, *, >}.
-func TestIntersectsAgainstNATS(t *testing.T) {
+func TestOverlapAgainstNATS(t *testing.T) {
 	patterns := allSubjects([]string{"a", "b", "*", ">"}, 4)
 	for _, a := range patterns {
 		for _, b := range patterns {
-			checkIntersects(t, a, b)
+			checkOverlap(t, a, b)
 		}
 	}
 	t.Logf("%d pairs", len(patterns)*len(patterns))
 }
 
-func checkIntersects(t testing.TB, a, b string) {
+func checkOverlap(t testing.TB, a, b string) {
 	t.Helper()
-	got := Intersects(a, b)
+	got := Overlap(a, b)
 	if want := server.SubjectsCollide(a, b); got != want {
-		t.Errorf("Intersects(%q, %q) = %v, NATS SubjectsCollide says %v", a, b, got, want)
+		t.Errorf("Overlap(%q, %q) = %v, NATS SubjectsCollide says %v", a, b, got, want)
 	}
-	if rev := Intersects(b, a); rev != got {
-		t.Errorf("Intersects(%q, %q) = %v but Intersects(%q, %q) = %v", a, b, got, b, a, rev)
+	if rev := Overlap(b, a); rev != got {
+		t.Errorf("Overlap(%q, %q) = %v but Overlap(%q, %q) = %v", a, b, got, b, a, rev)
 	}
 	w, ok := witness(a, b)
 	if got != ok {
-		t.Errorf("Intersects(%q, %q) = %v, but a common subject exists: %v (%q)", a, b, got, ok, w)
+		t.Errorf("Overlap(%q, %q) = %v, but a common subject exists: %v (%q)", a, b, got, ok, w)
 	}
-	if ok && (!MatchSubject(a, w) || !MatchSubject(b, w)) {
+	if ok && (!Match(a, w) || !Match(b, w)) {
 		t.Errorf("witness %q of %q and %q does not match both", w, a, b)
 	}
 }
@@ -335,7 +335,7 @@ func witness(a, b string) (string, bool) {
 	}
 }
 
-// FuzzPattern checks the validators, MatchSubject and Intersects against
+// FuzzPattern checks the validators, Match and Overlap against
 // NATS's own implementation wherever our (stricter) validators accept.
 func FuzzPattern(f *testing.F) {
 	for _, s := range [][2]string{
@@ -357,12 +357,12 @@ func FuzzPattern(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, a, b string) {
 		// Documented for valid input only, but must not panic on any.
-		_ = MatchSubject(a, b)
-		_ = Intersects(a, b)
+		_ = Match(a, b)
+		_ = Overlap(a, b)
 		aPattern := ValidatePattern(a) == nil
 		bPattern := ValidatePattern(b) == nil
-		bSubject := ValidateSubject(b) == nil
-		if ValidateSubject(a) == nil && !aPattern {
+		bSubject := Validate(b) == nil
+		if Validate(a) == nil && !aPattern {
 			t.Fatalf("%q is a valid subject but not a valid pattern", a)
 		}
 		if bSubject && !bPattern {
@@ -372,21 +372,21 @@ func FuzzPattern(f *testing.F) {
 			if ValidatePattern(p) == nil && !server.IsValidSubject(p) {
 				t.Fatalf("we accept pattern %q, NATS IsValidSubject rejects it", p)
 			}
-			if ValidateSubject(p) == nil && (!server.IsValidSubject(p) || !server.IsValidLiteralSubject(p)) {
+			if Validate(p) == nil && (!server.IsValidSubject(p) || !server.IsValidLiteralSubject(p)) {
 				t.Fatalf("we accept subject %q, NATS rejects it", p)
 			}
 		}
 		if aPattern && bSubject {
-			got := MatchSubject(a, b)
+			got := Match(a, b)
 			if want := server.SubjectMatchesFilter(b, a); got != want {
-				t.Fatalf("MatchSubject(%q, %q) = %v, NATS SubjectMatchesFilter says %v", a, b, got, want)
+				t.Fatalf("Match(%q, %q) = %v, NATS SubjectMatchesFilter says %v", a, b, got, want)
 			}
-			if i := Intersects(a, b); i != got {
-				t.Fatalf("Intersects(%q, %q) = %v, MatchSubject = %v", a, b, i, got)
+			if i := Overlap(a, b); i != got {
+				t.Fatalf("Overlap(%q, %q) = %v, Match = %v", a, b, i, got)
 			}
 		}
 		if aPattern && bPattern {
-			checkIntersects(t, a, b)
+			checkOverlap(t, a, b)
 		}
 	})
 }
@@ -414,7 +414,7 @@ func TestContains(t *testing.T) {
 				continue
 			}
 			for _, s := range subjects {
-				if MatchSubject(i, s) && !MatchSubject(o, s) {
+				if Match(i, s) && !Match(o, s) {
 					t.Errorf("Contains(%q, %q) but %q matches only the inner one", o, i, s)
 				}
 			}
@@ -423,7 +423,7 @@ func TestContains(t *testing.T) {
 }
 
 // refMatch is a reference matcher for the Contains tests, written
-// independently of MatchSubject: pattern and subject as token slices.
+// independently of Match: pattern and subject as token slices.
 func refMatch(p, s []string) bool {
 	switch {
 	case len(p) == 0:
@@ -478,8 +478,8 @@ func TestContainsBruteForce(t *testing.T) {
 		m := make([]bool, len(subjects))
 		for k, s := range subjects {
 			m[k] = refMatch(strings.Split(p, "."), s)
-			if got := MatchSubject(p, strings.Join(s, ".")); got != m[k] {
-				t.Fatalf("MatchSubject(%q, %q) = %v, reference says %v", p, strings.Join(s, "."), got, m[k])
+			if got := Match(p, strings.Join(s, ".")); got != m[k] {
+				t.Fatalf("Match(%q, %q) = %v, reference says %v", p, strings.Join(s, "."), got, m[k])
 			}
 		}
 		matches[p] = m
@@ -591,8 +591,8 @@ func FuzzContains(f *testing.F) {
 			}
 		}
 		got := Contains(o, i)
-		if got && !Intersects(o, i) {
-			t.Fatalf("Contains(%q, %q) but not Intersects", o, i)
+		if got && !Overlap(o, i) {
+			t.Fatalf("Contains(%q, %q) but not Overlap", o, i)
 		}
 		if got && Contains(i, o) && o != i {
 			t.Fatalf("%q and %q contain each other but differ", o, i)
