@@ -18,13 +18,14 @@ import (
 	"go.uber.org/zap"
 )
 
-// conn is one native-protocol WebSocket connection. serve runs on a
-// goroutine the Server owns: it is the reader and the owner of everything
-// else. The writer is the only goroutine that writes to the socket (one
-// writer per socket); it runs only while there is something to write, plus
-// writerLinger, so an idle connection costs one goroutine, not two. Pings
-// run on timer goroutines. When reading ends, serve stops the writer and any
-// ping, waits for them and unregisters everything.
+// conn is one WebSocket connection, native or GraphQL (gql set). serve
+// runs on a goroutine the Server owns: it is the reader and the owner of
+// everything else; an idle reader parks the socket and exits (idlepark.go),
+// so an idle connection holds no goroutine. Only the holder of the
+// writer's role (writerRunning: a writer goroutine, or a flusher's turn)
+// writes to the socket. Pings run on timer goroutines. When reading ends,
+// serve stops the writer and any ping, waits for them and unregisters
+// everything.
 type conn struct {
 	s   *Server         // static
 	ws  *websocket.Conn // static

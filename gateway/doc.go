@@ -3,7 +3,7 @@
 //
 // Data flow: the broker's consume loop hands batches to Server.dispatch,
 // which validates each message once and builds one immutable Event (the
-// envelope's head and tail around the data, see envelope.go). The hub
+// envelope's head and tail around the data, see event.go). The hub
 // matches the event's subject against the subscription index (index.go,
 // match.go) and queues a 16-byte item per matching connection into that
 // connection's bounded mailbox (mailbox.go). Each connection's writer splices

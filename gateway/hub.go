@@ -8,7 +8,7 @@ import (
 )
 
 // client is the hub's view of a connection: a mailbox and a way to wake its
-// writer. The transport (native WebSocket, later GraphQL) owns the writer.
+// writer. The transport (native or GraphQL WebSocket) owns the writer.
 type client struct {
 	mb   mailbox       // first: the dispatcher touches its first 48 bytes on every delivery
 	wake chan struct{} // static; capacity 1, a pending wake-up is sticky
@@ -188,7 +188,7 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 		// in mailboxes and the recent ring, where it would only take room
 		// (a few times the data's size).
 		for _, ev := range evs {
-			ev.parsd.Store(nil)
+			ev.dataParsed.Store(nil)
 		}
 	}
 	n, pressured, critical = n+vst.n, pressured+vst.pressured, critical+vst.critical

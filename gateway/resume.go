@@ -12,36 +12,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// subState is one subscription of a connection.
-type subState struct {
-	pattern   string
-	view      *viewSub   // a filtered subscription: in the view index once live, not the index
-	grant     string     // the grant's row filter it was admitted with (and its claims), to re-check on refresh
-	live      bool       // in the index, its feed is running, or (watchOnly) it watches; guarded by conn.subsMu
-	task      *taskState // the goroutine of a resume or a feed; static after creation
-	feed      *feedState // set when the subscription has its own consumer; static after creation
-	presence  bool       // it watches presence too (presence.go); static
-	watchOnly bool       // a GraphQL presence subscription: a presence watch, in no index (graphql_presence.go); static
-}
-
-// filter is the subscription's filter (nil: none).
-func (st *subState) filter() *filter {
-	switch {
-	case st.view != nil:
-		return st.view.f
-	case st.feed != nil && st.feed.view != nil:
-		return st.feed.view.f
-	}
-	return nil
-}
-
-// taskState is a subscription's goroutine: a resume (replay, then hand-over
-// to the hub) or a feed (its own consumer).
-type taskState struct {
-	cancel context.CancelFunc
-	done   chan struct{} // closed when the resume goroutine has exited
-}
-
 // startResume begins a subscription that first replays history from a
 // cursor ("first": everything retained), or reads the newest event of each
 // subject ("latest"), then continues live; f (nil: none) filters it.
@@ -602,7 +572,7 @@ var errViewTooLarge = errors.New("the view passed --max-snapshot documents")
 // share through the event cache (keeping every parsed tree would hold a
 // few times each cached event's size).
 func viewParse(vs *viewSub, ev *Event) *parsedData {
-	if p := ev.parsd.Load(); p != nil {
+	if p := ev.dataParsed.Load(); p != nil {
 		return p
 	}
 	return parseData(ev.Subject, ev.data, ev.ingestTruncate)

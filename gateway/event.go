@@ -31,19 +31,19 @@ type Event struct {
 	keys           []string   // kindSynced: a filtered view's held subjects (nil: none listed)
 	pres           *presParts // kindPresence with GraphQL watchers: the change's GraphQL values (graphql_presence.go)
 
-	data  []byte                     // the data as in buf (views parse it)
-	parsd atomic.Pointer[parsedData] // the data parsed, once, by the first filter that needs it
+	data       []byte                     // the data as in buf (views parse it)
+	dataParsed atomic.Pointer[parsedData] // the data parsed, once, by the first filter that needs it
 }
 
 // parsed is the event's data as filters see it, parsed on first use and
 // shared by every filter and view that looks at the event while the
 // dispatcher dispatches it (hub.dispatch drops it after the batch).
 func (e *Event) parsed() *parsedData {
-	if p := e.parsd.Load(); p != nil {
+	if p := e.dataParsed.Load(); p != nil {
 		return p
 	}
 	p := parseData(e.Subject, e.data, e.ingestTruncate)
-	e.parsd.Store(p)
+	e.dataParsed.Store(p)
 	return p
 }
 
@@ -52,7 +52,6 @@ func (e *Event) parsed() *parsedData {
 func leaveEvent(ev *Event) *Event {
 	buf := make([]byte, 0, 48+len(ev.Subject)+len(ev.Cursor))
 	buf = append(buf, `{"type":"leave","subject":`...)
-	subjStart := len(buf)
 	buf = appendJSONString(buf, ev.Subject)
 	subjEnd, curEnd := len(buf), 0
 	if ev.Cursor != "" {
@@ -63,7 +62,6 @@ func leaveEvent(ev *Event) *Event {
 	buf = append(buf, subsField...)
 	split := len(buf)
 	buf = append(buf, '}')
-	_ = subjStart
 	return &Event{Subject: ev.Subject, Cursor: ev.Cursor, buf: buf, split: split, subjEnd: int32(subjEnd), curEnd: int32(curEnd), kind: kindLeave}
 }
 
