@@ -1,5 +1,5 @@
 // Package gateway is the ws role: it consumes one broker subscription per
-// node and fans every event out to native WebSocket clients.
+// node and fans every event out to WebSocket clients, native and GraphQL.
 //
 // Data flow: the broker's consume loop hands batches to Server.dispatch,
 // which validates each message once and builds one immutable Event (the
@@ -9,6 +9,17 @@
 // connection's bounded mailbox (mailbox.go). Each connection's writer splices
 // its pre-encoded subscription list into the shared bytes while it builds a
 // frame, so a delivery never copies or re-encodes the event.
+//
+// A subscription with a where (or a row-filtered grant) is a view
+// (view.go): the hub evaluates each filter once per event however many
+// views share it (filter.go), charging each connection's filter budget
+// (view_budget.go), and a view holds the subjects it has delivered, so
+// that a document that stops passing gets a leave. Presence (presence.go,
+// presence_bus.go, presence_watch.go) keeps each node's members and a
+// replica of the other nodes', kept in step over the broker's bus, and
+// sends changes to watchers through the same mailboxes. The inspector
+// (admin.go) reads connections, subscriptions and mailboxes from HTTP
+// handler goroutines through atomics and the locks named below.
 //
 // Concurrency contract:
 //   - Run owns the dispatching goroutine (the broker's Consume loop). It is
