@@ -19,7 +19,8 @@
 // replica of the other nodes', kept in step over the broker's bus, and
 // sends changes to watchers through the same mailboxes. The inspector
 // (admin.go) reads connections, subscriptions and mailboxes from HTTP
-// handler goroutines through atomics and the locks named below.
+// handler goroutines: the connection set under Server.mu, each
+// connection's subscriptions under conn.subsMu, counters by atomics.
 //
 // Concurrency contract:
 //   - Run owns the dispatching goroutine (the broker's Consume loop). It is
