@@ -34,7 +34,21 @@ func TestFlusherDeliveryAllocs(t *testing.T) {
 	for range 10 { // warm the pools
 		run()
 	}
-	if a := testing.AllocsPerRun(200, run); a/perRun > 0.01 {
+	if a := ownAllocsPerRun(200, run); a/perRun > 0.01 {
 		t.Errorf("%.2f allocations per %d deliveries, want 0", a, perRun)
 	}
+}
+
+// ownAllocsPerRun is testing.AllocsPerRun's average, the least of five
+// measurements. AllocsPerRun counts every goroutine's allocations, and a
+// goroutine an earlier test left to end (a client's reconnect loop) can
+// allocate during one: a fresh clone's make test once saw 2 allocations
+// per run in TestFlusherDeliveryAllocs that way. An allocation of f's own
+// shows in every measurement, so the least of them still finds it.
+func ownAllocsPerRun(runs int, f func()) float64 {
+	least := testing.AllocsPerRun(runs, f)
+	for range 4 {
+		least = min(least, testing.AllocsPerRun(runs, f))
+	}
+	return least
 }

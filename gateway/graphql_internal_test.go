@@ -216,7 +216,7 @@ func gqlWriteAllocFree(t *testing.T, c *conn, ev *Event, subs *subsList) {
 	for range 10 {
 		run()
 	}
-	if a := testing.AllocsPerRun(200, run); a/perRun > 0.01 {
+	if a := ownAllocsPerRun(200, run); a/perRun > 0.01 {
 		t.Errorf("%.2f allocations per %d deliveries, want 0", a, perRun)
 	}
 }
