@@ -11,17 +11,20 @@ import (
 
 // leakWait is how long VerifyTestMain waits for goroutines to end after
 // the tests: an embedded nats-server's file-store goroutines
-// ((*msgBlock).flushLoop) end a moment after its Shutdown returns, as each
-// block finishes its last write, seconds later on a loaded machine.
+// ((*msgBlock).flushLoop) can still be finishing a write when its Shutdown
+// returns, seconds later on a loaded machine.
 const leakWait = 30 * time.Second
 
 // VerifyTestMain runs a package's tests and then, as
 // goleak.VerifyTestMain does, fails the package if a goroutine outlives
 // them; but it waits up to leakWait for the goroutines to end first,
-// where goleak alone gives them about 0.4 s (a fresh clone's make test
-// once failed the broker package on a file-store flush loop still
-// finishing). A goroutine that never ends still fails the package, with
-// goleak's report.
+// where goleak alone gives them about 0.4 s. A goroutine that never ends
+// still fails the package, with goleak's report. One has: a stream's file
+// store ((*msgBlock).flushLoop, (*fileStore).flushStreamStateLoop, and the
+// ats goroutine it keeps registered) created by a JetStream API request
+// that a server handled while shutting down: nats-server's Shutdown stops
+// JetStream before it closes its client connections, so a client that
+// re-creates a stream it finds gone can do so on a dying server.
 func VerifyTestMain(m *testing.M) {
 	code := m.Run()
 	if code == 0 {
