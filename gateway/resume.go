@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
@@ -454,41 +453,6 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 	}
 }
 
-// errSyncedTooLarge fails a view's resume whose synced (every subject the
-// view holds) is more than the connection's mailbox holds.
-var errSyncedTooLarge = errors.New("the view's synced is over --mailbox-bytes")
-
-// syncedTooLarge is errSyncedTooLarge for a view of n subjects whose
-// synced takes size bytes, worded for its client.
-func (s *Server) syncedTooLarge(n, size int) error {
-	return fmt.Errorf("%w: the view holds %d subjects, and its synced listing them takes %d bytes, more than this connection's queue holds (--mailbox-bytes %d): raise --mailbox-bytes, or narrow the view (its pattern or where)",
-		errSyncedTooLarge, n, size, s.cfg.MailboxBytes)
-}
-
-// sendsSynced reports whether subscription id is sent its synced (in
-// GraphQL, an operation that asked for the markers).
-func (c *conn) sendsSynced(id string) bool {
-	if c.gql == nil {
-		return true
-	}
-	op := c.gql.op(id)
-	return op != nil && op.markers
-}
-
-// syncedBytes is at most what the synced of view id (on pattern) takes
-// in the mailbox, its keys taking keysBytes, with a cursor about as long
-// as cur.
-func (c *conn) syncedBytes(id, pattern, cur string, keysBytes int) int {
-	n := len(`{"type":"synced","id":,"cursor":,"keys":[]}`) + jsonStringLen(id) + jsonStringLen(cur) + 16 + keysBytes
-	if c.gql != nil { // the pattern, and the operation's next message around it
-		n += jsonStringLen(pattern)
-		if op := c.gql.op(id); op != nil {
-			n += op.overhead
-		}
-	}
-	return n
-}
-
 // resumeRetryMin and resumeRetryMax space a resume's attempts to replay
 // while the broker fails over (a NATS leader election takes about 2 s).
 const (
@@ -555,80 +519,4 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern str
 		wake = wake || wasEmpty
 	}
 	return ctx.Err()
-}
-
-// filteredSnapshotScan bounds the subjects a filtered view's snapshot
-// reads, in multiples of Config.MaxSnapshot: a where that passes one row
-// in ten of a big table still snapshots (1,000,000 subjects by default),
-// and no where makes the broker read a pattern of any size.
-const filteredSnapshotScan = 10
-
-// errViewTooLarge ends a snapshot or a view past Config.MaxSnapshot
-// documents (view_too_large; failSubscribe words it).
-var errViewTooLarge = errors.New("the view passed --max-snapshot documents")
-
-// viewParse is an event's parsed data for a view's offer outside the
-// index: parsed for this offer and not kept on the event, which replays
-// share through the event cache (keeping every parsed tree would hold a
-// few times each cached event's size).
-func viewParse(vs *viewSub, ev *Event) *parsedData {
-	if p := ev.dataParsed.Load(); p != nil {
-		return p
-	}
-	return parseData(ev.Subject, ev.data, ev.ingestTruncate)
-}
-
-// keysBytes is what vs's keys take in a synced: each subject's JSON and
-// a comma.
-func (vs *viewSub) keysBytes() int {
-	n := 0
-	for s := range vs.held {
-		n += jsonStringLen(s) + 1
-	}
-	return n
-}
-
-// keys are the subjects vs holds, sorted (a filtered view's synced).
-func (vs *viewSub) keys() []string {
-	out := make([]string, 0, len(vs.held))
-	for s := range vs.held {
-		out = append(out, s)
-	}
-	slices.Sort(out)
-	return out
-}
-
-// handover runs cond with the index held for writing (nothing is being
-// dispatched) and, if it holds, add before releasing it.
-func (h *hub) handover(cond func() bool, add func()) bool {
-	h.idx.mu.Lock()
-	defer h.idx.mu.Unlock()
-	if !cond() {
-		return false
-	}
-	add()
-	return true
-}
-
-// queueSynced queues subscription id's synced: a control message, or in
-// GraphQL an Event of kind SYNCED through its operation. It reports
-// whether to wake the writer.
-func (c *conn) queueSynced(id, pattern, cursor string, keys []string) bool {
-	if c.gql == nil {
-		return c.queue(syncedMessage(id, cursor, keys))
-	}
-	if op := c.gql.op(id); op == nil || !op.markers {
-		return false
-	}
-	it := item{ev: gqlSyncedEvent(pattern, cursor, keys), subs: c.cl.subsFor([]string{id})}
-	n := it.size()
-	for _, k := range keys { // written beside the event's bytes (keysJSON): counted here
-		n += jsonStringLen(k) + 1
-	}
-	wasEmpty, _, err := c.cl.mb.push(it, n)
-	if err != nil {
-		c.overflow()
-		return false
-	}
-	return wasEmpty
 }

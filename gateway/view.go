@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 
@@ -535,3 +537,44 @@ func (h *hub) viewPush(vs *viewSub, it item, st *viewStats) {
 
 // viewCount is the number of filtered subscriptions in the index.
 type viewCount = atomic.Int64
+
+// filteredSnapshotScan bounds the subjects a filtered view's snapshot
+// reads, in multiples of Config.MaxSnapshot: a where that passes one row
+// in ten of a big table still snapshots (1,000,000 subjects by default),
+// and no where makes the broker read a pattern of any size.
+const filteredSnapshotScan = 10
+
+// errViewTooLarge ends a snapshot or a view past Config.MaxSnapshot
+// documents (view_too_large; failSubscribe words it).
+var errViewTooLarge = errors.New("the view passed --max-snapshot documents")
+
+// viewParse is an event's parsed data for a view's offer outside the
+// index: parsed for this offer and not kept on the event, which replays
+// share through the event cache (keeping every parsed tree would hold a
+// few times each cached event's size).
+func viewParse(vs *viewSub, ev *Event) *parsedData {
+	if p := ev.dataParsed.Load(); p != nil {
+		return p
+	}
+	return parseData(ev.Subject, ev.data, ev.ingestTruncate)
+}
+
+// keysBytes is what vs's keys take in a synced: each subject's JSON and
+// a comma.
+func (vs *viewSub) keysBytes() int {
+	n := 0
+	for s := range vs.held {
+		n += jsonStringLen(s) + 1
+	}
+	return n
+}
+
+// keys are the subjects vs holds, sorted (a filtered view's synced).
+func (vs *viewSub) keys() []string {
+	out := make([]string, 0, len(vs.held))
+	for s := range vs.held {
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return out
+}
