@@ -134,3 +134,7 @@ func FlushPresence(s *Server) {
 	s.pres.flushLocked()
 	s.pres.unlock()
 }
+
+// DrainPresence starts s's presence drain, as Shutdown does first, without
+// closing its connections: a test can end one and watch the others.
+func DrainPresence(s *Server) { s.pres.drain() }

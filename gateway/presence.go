@@ -364,8 +364,14 @@ func (p *presence) leaveAll(c *conn) {
 	slices.Sort(names)
 	for _, subject := range names {
 		p.m.local.Dec()
+		if p.drained {
+			// The node stops: its members stay for the grace on the
+			// other nodes, where its watchers are about to list them
+			// again. Telling those watchers a leave now would be a flap.
+			continue
+		}
 		key := subjects[subject]
-		if p.removeLocked(subject, p.self, c, key, "local") && !p.drained {
+		if p.removeLocked(subject, p.self, c, key, "local") {
 			p.sendLocked(busChange{Op: string(rune(opLeave)), Subject: subject, Conn: key})
 		}
 	}

@@ -718,3 +718,36 @@ func TestPresenceRowGrants(t *testing.T) {
 	r.expect(map[string]any{"type": "error", "id": "w", "code": "revoked"})
 	r.expect(map[string]any{"type": "refreshed", "id": "r"})
 }
+
+// TestPresenceDrainTellsNoLeaves: while a node stops, its members stay
+// (on the other nodes, for the grace), and its own watchers, still
+// draining, are not told otherwise: a member whose connection ends there
+// first used to leave for them, and rejoined when they listed again on
+// another node (a flap clients saw as a leave and a join). The barrier is
+// a later join on the same node: the watcher's next message must be it.
+func TestPresenceDrainTellsNoLeaves(t *testing.T) {
+	stay := newEnv(t, presenceCfg(nil))
+	going := stay.sibling(presenceCfg(nil))
+	w := going.dial()
+	w.send(`{"type":"subscribe","id":"w","subject":"room.1","presence":true}`)
+	w.expect(map[string]any{"type": "subscribed", "id": "w"})
+	ann := going.dial()
+	ann.send(`{"type":"track","id":"t","subject":"room.1","state":"a"}`)
+	annT := ann.expect(map[string]any{"type": "tracked", "id": "t"})
+	l := &presenceLog{}
+	l.watch(w, func(l *presenceLog) bool { return len(l.members) == 1 })
+
+	gateway.DrainPresence(going.srv)
+	_ = ann.c.CloseNow()
+	waitFor(t, "ann's connection to end on the draining node", func() bool {
+		return going.metric("fanwire_presence_local_members", nil) == 0
+	})
+	bob := going.dial()
+	bob.send(`{"type":"track","id":"t","subject":"room.1","state":"b"}`)
+	bobT := bob.expect(map[string]any{"type": "tracked", "id": "t"})
+	m := w.nextWithin(15 * time.Second)
+	joins, _ := m["joins"].([]any)
+	if m["type"] != "presence" || m["leaves"] != nil || len(joins) != 1 || joins[0].(map[string]any)["conn"] != bobT["member"] || m["count"] != 2.0 {
+		t.Fatalf("after ann's connection ended on the draining node, the watcher got %v; want only bob's join, count 2 (ann %v stays)", m, annT["member"])
+	}
+}
