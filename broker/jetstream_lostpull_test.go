@@ -5,11 +5,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,7 +28,7 @@ func TestJetStreamShortLivedReadsSurviveALostPull(t *testing.T) {
 	t.Parallel()
 	ns := brokertest.NATS(t)
 	p := startPullDropper(t, ns.Addr().String())
-	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + p.addr, Subjects: []string{"db.>"}}, Stream: "L"})
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + p.Addr(), Subjects: []string{"db.>"}}, Stream: "L"})
 	var out []broker.Outgoing
 	for i := range 300 {
 		out = append(out, broker.Outgoing{Subject: fmt.Sprint("db.a.", i%10), Data: []byte(fmt.Sprint(i))})
@@ -86,78 +84,40 @@ func TestJetStreamShortLivedReadsSurviveALostPull(t *testing.T) {
 // gets. It reads the client's protocol a command at a time, so a request
 // split across reads is dropped whole.
 type pullDropper struct {
-	addr string
+	*brokertest.Proxy
 	drop atomic.Bool // armed; cleared when it drops one
 }
 
-// startPullDropper serves until the test ends; its cleanup closes every
-// connection and waits for every goroutine it started.
 func startPullDropper(t *testing.T, server string) *pullDropper {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &pullDropper{addr: l.Addr().String()}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
+	p := &pullDropper{}
+	p.Proxy = brokertest.StartProxy(t, server, brokertest.ProxyConfig{ToServer: func(_ context.Context, dst io.Writer, src io.Reader) {
+		r := bufio.NewReader(src)
 		for {
-			c, err := l.Accept()
+			cmd, err := r.ReadBytes('\n')
 			if err != nil {
 				return
 			}
-			s, err := net.Dial("tcp", server)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, s)
-			mu.Unlock()
-			wg.Go(func() { _, _ = io.Copy(c, s); c.Close() })
-			wg.Go(func() {
-				defer s.Close()
-				r := bufio.NewReader(c)
-				for {
-					cmd, err := r.ReadBytes('\n')
-					if err != nil {
-						return
-					}
-					// PUB subject [reply] size, HPUB subject [reply] hsize size:
-					// the payload and its CRLF follow.
-					if f := strings.Fields(string(cmd)); len(f) >= 3 && (f[0] == "PUB" || f[0] == "HPUB") {
-						size, err := strconv.Atoi(f[len(f)-1])
-						if err != nil {
-							return
-						}
-						payload := make([]byte, size+2)
-						if _, err := io.ReadFull(r, payload); err != nil {
-							return
-						}
-						if strings.HasPrefix(f[1], "$JS.API.CONSUMER.MSG.NEXT.") && p.drop.CompareAndSwap(true, false) {
-							continue
-						}
-						cmd = append(cmd, payload...)
-					}
-					if _, err := s.Write(cmd); err != nil {
-						return
-					}
+			// PUB subject [reply] size, HPUB subject [reply] hsize size:
+			// the payload and its CRLF follow.
+			if f := strings.Fields(string(cmd)); len(f) >= 3 && (f[0] == "PUB" || f[0] == "HPUB") {
+				size, err := strconv.Atoi(f[len(f)-1])
+				if err != nil {
+					return
 				}
-			})
+				payload := make([]byte, size+2)
+				if _, err := io.ReadFull(r, payload); err != nil {
+					return
+				}
+				if strings.HasPrefix(f[1], "$JS.API.CONSUMER.MSG.NEXT.") && p.drop.CompareAndSwap(true, false) {
+					continue
+				}
+				cmd = append(cmd, payload...)
+			}
+			if _, err := dst.Write(cmd); err != nil {
+				return
+			}
 		}
-	})
+	}})
 	return p
 }

@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -230,7 +228,7 @@ func TestJetStreamReplaySurvivesASlowFetch(t *testing.T) {
 	t.Parallel()
 	ns := brokertest.NATS(t)
 	p := startStallingProxy(t, ns.Addr().String(), 1500*time.Millisecond)
-	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + p.addr, Subjects: []string{"db.>"}}, Stream: "S"})
+	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + p.Addr(), Subjects: []string{"db.>"}}, Stream: "S"})
 	var out []broker.Outgoing
 	for i := 1; i <= 10; i++ {
 		out = append(out, broker.Outgoing{Subject: "db.a", Data: []byte(fmt.Sprint(i))})
@@ -260,84 +258,39 @@ func TestJetStreamReplaySurvivesASlowFetch(t *testing.T) {
 // from the server that carries a JetStream message (its reply subject
 // starts with $JS.ACK.) for a while before passing it on.
 type stallingProxy struct {
-	addr string
+	*brokertest.Proxy
 	held atomic.Bool // a chunk was held
 }
 
-// startStallingProxy serves until the test ends; its cleanup closes every
-// connection and waits for every goroutine it started.
 func startStallingProxy(t *testing.T, server string, hold time.Duration) *stallingProxy {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &stallingProxy{addr: l.Addr().String()}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	track := func(c net.Conn) {
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-	}
-	done := make(chan struct{})
-	t.Cleanup(func() {
-		close(done)
-		l.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
 	marker := []byte("$JS.ACK.")
-	wg.Go(func() {
+	p := &stallingProxy{}
+	p.Proxy = brokertest.StartProxy(t, server, brokertest.ProxyConfig{FromServer: func(ctx context.Context, dst io.Writer, src io.Reader) {
+		buf := make([]byte, 64<<10)
+		var tail []byte // the end of the last chunk, for a marker split across two
 		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", server)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			track(c)
-			track(s)
-			wg.Go(func() { _, _ = io.Copy(s, c); s.Close() })
-			wg.Go(func() {
-				defer c.Close()
-				buf := make([]byte, 64<<10)
-				var tail []byte // the end of the last chunk, for a marker split across two
-				for {
-					n, err := s.Read(buf)
-					if n > 0 {
-						chunk := buf[:n]
-						joined := append(slices.Clone(tail), chunk...)
-						if !p.held.Load() && bytes.Contains(joined, marker) {
-							p.held.Store(true)
-							select {
-							case <-time.After(hold):
-							case <-done:
-								return
-							}
-						}
-						tail = joined[max(0, len(joined)-len(marker)):]
-						if _, err := c.Write(chunk); err != nil {
-							return
-						}
-					}
-					if err != nil {
+			n, err := src.Read(buf)
+			if n > 0 {
+				chunk := buf[:n]
+				joined := append(slices.Clone(tail), chunk...)
+				if bytes.Contains(joined, marker) && p.held.CompareAndSwap(false, true) {
+					select {
+					case <-time.After(hold):
+					case <-ctx.Done():
 						return
 					}
 				}
-			})
+				tail = joined[max(0, len(joined)-len(marker)):]
+				if _, err := dst.Write(chunk); err != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
 		}
-	})
+	}})
 	return p
 }
 

@@ -404,7 +404,7 @@ func lostBatchAnswer(t *testing.T, atomic bool, publish func(context.Context, *b
 		t.Run(fmt.Sprint("ids=", withIDs), func(t *testing.T) {
 			ns := brokertest.NATS(t)
 			p := startCuttingProxy(t, ns.Addr().String(), func(chunk []byte) bool { return bytes.Contains(chunk, []byte("MSG _INBOX.")) })
-			b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + p.addr, Subjects: []string{"db.>", "app.>"}}, Stream: "ORDER"})
+			b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + p.Addr(), Subjects: []string{"db.>", "app.>"}}, Stream: "ORDER"})
 			out := make([]broker.Outgoing, 500)
 			for i := range out {
 				out[i] = broker.Outgoing{Subject: "db.t", Data: []byte(fmt.Sprint(i))}

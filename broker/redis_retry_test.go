@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,7 +31,7 @@ func TestRedisPublishRetryKeepsOrder(t *testing.T) {
 				// An array: the script's entry ids, not the connection's
 				// handshake (a map, and simple strings).
 				p := startCuttingProxy(t, addr, func(chunk []byte) bool { return chunk[0] == '*' })
-				b := dialRedis(t, broker.RedisConfig{URL: "redis://" + p.addr, Stream: "retry"})
+				b := dialRedis(t, broker.RedisConfig{URL: "redis://" + p.Addr(), Stream: "retry"})
 				var out []broker.Outgoing
 				for i := range []int{200, 500, 2500}[run] {
 					m := broker.Outgoing{Subject: "db.t", Data: []byte(fmt.Sprint(i))}
@@ -81,69 +79,29 @@ func TestRedisPublishRetryKeepsOrder(t *testing.T) {
 // first connection on which the server sends a chunk that cutIf accepts,
 // dropping the chunk, and clears cut.
 type cuttingProxy struct {
-	addr  string
-	cut   atomic.Bool
-	cutIf func(chunk []byte) bool // static
+	*brokertest.Proxy
+	cut atomic.Bool
 }
 
-// startCuttingProxy serves until the test ends; its cleanup closes every
-// connection and waits for every goroutine it started.
 func startCuttingProxy(t *testing.T, server string, cutIf func(chunk []byte) bool) *cuttingProxy {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cuttingProxy{addr: l.Addr().String(), cutIf: cutIf}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
+	p := &cuttingProxy{}
+	p.Proxy = brokertest.StartProxy(t, server, brokertest.ProxyConfig{FromServer: func(_ context.Context, dst io.Writer, src io.Reader) {
+		buf := make([]byte, 64<<10)
 		for {
-			c, err := l.Accept()
+			n, err := src.Read(buf)
+			if n > 0 {
+				if p.cut.Load() && cutIf(buf[:n]) && p.cut.CompareAndSwap(true, false) {
+					return
+				}
+				if _, err := dst.Write(buf[:n]); err != nil {
+					return
+				}
+			}
 			if err != nil {
 				return
 			}
-			s, err := net.Dial("tcp", server)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, s)
-			mu.Unlock()
-			wg.Go(func() { _, _ = io.Copy(s, c); s.Close() })
-			wg.Go(func() {
-				defer c.Close()
-				defer s.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 {
-						if p.cut.Load() && p.cutIf(buf[:n]) && p.cut.CompareAndSwap(true, false) {
-							return
-						}
-						if _, err := c.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
 		}
-	})
+	}})
 	return p
 }

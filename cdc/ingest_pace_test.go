@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/fanwire/fanwire/broker/brokertest"
 )
 
 // TestPacerSeesWhatWaits: the pacer reads how many bytes a TCP connection
@@ -12,30 +14,7 @@ import (
 // and a connection it cannot ask says so (-1) instead of pacing.
 func TestPacerSeesWhatWaits(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(accepted)
-			return
-		}
-		accepted <- c
-	}()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	server, ok := <-accepted
-	if !ok {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { server.Close() })
+	server, client := brokertest.TCPPair(t)
 	p := newPacer(client)
 	if runtime.GOOS != "linux" {
 		if got := p.pending(); got != -1 {

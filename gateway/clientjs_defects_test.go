@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -286,16 +285,16 @@ func TestClientDefects(t *testing.T) {
 		// cuts the frozen connection: the node lets the durable go, as at
 		// the end of its ping timeout.
 		n := startGateway(t, bin, jsNodeArgs(url, stream, "--anonymous-durables")...)
-		p := startFreezeProxy(t, n.addr)
-		c := runClient(t, node, map[string]any{"urls": []string{"ws://" + p.addr() + "/ws"},
+		p := brokertest.StartProxy(t, n.addr, brokertest.ProxyConfig{})
+		c := runClient(t, node, map[string]any{"urls": []string{"ws://" + p.Addr() + "/ws"},
 			"subs":    []map[string]any{{"pattern": "app.*", "durable": "d1", "from": "first"}},
 			"options": map[string]any{"pingInterval": 300, "pongTimeout": 300}}, nil)
 		c.waitFor("subscribed", clientWait, func(l []jsLine) bool { return count(l, "subscribed", "") > 0 })
 		pub := startPublisher(t, jsPublish(js), publishEvery)
 		c.waitEvents(100, clientWait)
-		frozen := p.freeze()
+		frozen := p.Freeze()
 		c.waitFor("the durable's resubscribe refused", clientWait, func(l []jsLine) bool { return count(l, "error", "") > 0 })
-		p.cut(frozen)
+		p.Cut(frozen)
 		before := len(c.events())
 		c.waitEvents(before+100, clientWait)
 		published := pub.stop()
@@ -392,109 +391,5 @@ func (r *nodeRun) exitCode(t *testing.T, within time.Duration) int {
 	case <-time.After(within):
 		t.Fatalf("the Node process still runs %v after it started: something of the client keeps it alive; its lines:\n%s", within, r.summary())
 		return 0
-	}
-}
-
-// freezeProxy forwards TCP connections to a node; freeze stops forwarding
-// on the connections open then (both ways, nothing closed), and later ones
-// are forwarded as usual.
-type freezeProxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	pairs []*proxyPair
-}
-
-// proxyPair is one proxied connection.
-type proxyPair struct {
-	client, server net.Conn
-	frozen         chan struct{} // closed by freeze
-	once           sync.Once
-}
-
-// startFreezeProxy serves until the test ends; its cleanup closes every
-// connection and waits for every goroutine it started.
-func startFreezeProxy(t *testing.T, target string) *freezeProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &freezeProxy{ln: ln, target: target}
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		ln.Close()
-		p.cut(p.all())
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			pr := &proxyPair{client: c, server: s, frozen: make(chan struct{})}
-			p.mu.Lock()
-			p.pairs = append(p.pairs, pr)
-			p.mu.Unlock()
-			wg.Go(func() { pr.pipe(s, c) })
-			wg.Go(func() { pr.pipe(c, s) })
-		}
-	})
-	return p
-}
-
-func (p *freezeProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *freezeProxy) all() []*proxyPair {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]*proxyPair(nil), p.pairs...)
-}
-
-// freeze freezes every connection open now and returns them.
-func (p *freezeProxy) freeze() []*proxyPair {
-	pairs := p.all()
-	for _, pr := range pairs {
-		pr.once.Do(func() { close(pr.frozen) })
-	}
-	return pairs
-}
-
-// cut closes pairs: both ends see the connection end.
-func (p *freezeProxy) cut(pairs []*proxyPair) {
-	for _, pr := range pairs {
-		pr.client.Close()
-		pr.server.Close()
-	}
-}
-
-// pipe copies from src to dst until either fails. Once frozen it returns
-// without closing anything: nothing reads src or writes dst any more, so
-// the peers' buffers fill and nothing arrives, until cut.
-func (pr *proxyPair) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		select {
-		case <-pr.frozen:
-			return
-		default:
-		}
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			dst.Close()
-			return
-		}
 	}
 }

@@ -342,7 +342,7 @@ func TestClientView(t *testing.T) {
 		url := brokertest.NATS(t).ClientURL()
 		js := brokertest.JetStream(t, url)
 		n := startGateway(t, bin, viewNodeArgs(url, "VIEWS")...)
-		p := startFreezeProxy(t, n.addr)
+		p := brokertest.StartProxy(t, n.addr, brokertest.ProxyConfig{})
 		tb := newTables(js)
 
 		// Before the views: orders 1..12, open unless a multiple of 3,
@@ -370,7 +370,7 @@ func TestClientView(t *testing.T) {
 			t.Fatalf("the test's model is off: open orders %v", slices.Sorted(mapKeys(got)))
 		}
 
-		r := runScript(t, node, nil, "view.mjs", clientCfg("ws://"+p.addr()+"/ws"), nil)
+		r := runScript(t, node, nil, "view.mjs", clientCfg("ws://"+p.Addr()+"/ws"), nil)
 		r.send(map[string]any{"cmd": "view", "name": "open", "pattern": "db.orders.*", "where": viewWhere, "ready": true})
 		r.send(map[string]any{"cmd": "view", "name": "items", "pattern": "db.items.*", "ready": true})
 		apiWait(r, "both views ready", func(l []jsLine) bool {
@@ -532,7 +532,7 @@ func TestClientView(t *testing.T) {
 		// later one, a connection after it, and both views synced on it.
 		cut := func() int {
 			downs := count(r.all(), "state", "disconnected")
-			p.cut(p.all())
+			p.Cut(p.Conns())
 			return downs
 		}
 		resynced := func(what string, downs int) {
@@ -702,7 +702,7 @@ func TestClientView(t *testing.T) {
 		url := brokertest.NATS(t).ClientURL()
 		js := brokertest.JetStream(t, url)
 		n := startGateway(t, bin, viewNodeArgs(url, "VIEWSUB")...)
-		p := startFreezeProxy(t, n.addr)
+		p := brokertest.StartProxy(t, n.addr, brokertest.ProxyConfig{})
 		tb := newTables(js)
 		must(t,
 			tb.put(orderAt(1), order(1, "open", 150)),
@@ -710,7 +710,7 @@ func TestClientView(t *testing.T) {
 			tb.put(orderAt(3), order(3, "open", 200)),
 			tb.put(orderAt(4), order(4, "open", 50)),
 		)
-		r := runScript(t, node, nil, "view.mjs", clientCfg("ws://"+p.addr()+"/ws"), nil)
+		r := runScript(t, node, nil, "view.mjs", clientCfg("ws://"+p.Addr()+"/ws"), nil)
 		r.send(map[string]any{"cmd": "subscribe", "name": "f", "pattern": "db.orders.*", "options": map[string]any{"where": viewWhere, "from": "latest"}})
 		apiWait(r, "f synced", func(l []jsLine) bool { return has(l, "sub_synced", "f") })
 		lines := r.all()
@@ -737,7 +737,7 @@ func TestClientView(t *testing.T) {
 
 		// Resumed after a cut: from the last cursor, with the filter; its
 		// synced lists the subjects in the view.
-		p.cut(p.all())
+		p.Cut(p.Conns())
 		apiWait(r, "f synced again", func(l []jsLine) bool { return len(subLines(l, "sub_synced", "f")) >= 2 })
 		lines = r.all()
 		frames := sent(t, lines, "s1")

@@ -7,45 +7,16 @@ import (
 	"net"
 	"testing"
 	"time"
-)
 
-// loopbackPair returns both ends of a loopback TCP connection, closed
-// when the test ends.
-func loopbackPair(t *testing.T) (srv, peer *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(accepted)
-			return
-		}
-		accepted <- c
-	}()
-	p, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	s, ok := <-accepted
-	if !ok {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { s.Close() })
-	return s.(*net.TCPConn), p.(*net.TCPConn)
-}
+	"github.com/fanwire/fanwire/broker/brokertest"
+)
 
 // tcpPair returns both ends of a loopback TCP connection: the server's
 // with an 8 KiB send buffer, the peer's with a 4 KiB receive buffer, so
 // that a peer that does not read stalls the server's writes for certain.
 func tcpPair(t *testing.T) (srv, peer *net.TCPConn) {
 	t.Helper()
-	srv, peer = loopbackPair(t)
+	srv, peer = brokertest.TCPPair(t)
 	if err := srv.SetWriteBuffer(8 << 10); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/fanwire/fanwire/broker/brokertest"
 )
 
 // wsFrame builds a server frame per RFC 6455 §5.2: FIN and opcode text,
@@ -273,7 +275,7 @@ func (c *tcpConn) Write(p []byte) (int, error) {
 // are written with Write; every longer frame goes out in a single writev.
 func TestFrameWriterTCP(t *testing.T) {
 	frames := testFrames()
-	srv, peer := loopbackPair(t)
+	srv, peer := brokertest.TCPPair(t)
 	deadline := time.Now().Add(10 * time.Second)
 	peer.SetDeadline(deadline)
 	srv.SetDeadline(deadline)
