@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
-	"github.com/fanwire/fanwire/cdc/pgjson"
+	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 )
@@ -74,12 +74,12 @@ func errorEvent(subject string, bad *badRowError, key []byte, id string, commitT
 	b = append(b, `{"id":"`...)
 	b = append(b, id...)
 	b = append(b, `","op":"error","source":`...)
-	b = pgjson.AppendJSONString(b, []byte(bad.source))
+	b = jsonstr.AppendBytes(b, []byte(bad.source))
 	b = append(b, `,"key":`...)
 	if key != nil {
 		b = append(b, key...)
 	} else {
-		b = pgjson.AppendJSONString(b, []byte(bad.key))
+		b = jsonstr.AppendBytes(b, []byte(bad.key))
 	}
 	b = append(b, `,"lsn":"`...)
 	b = append(b, bad.lsn.String()...)
@@ -88,7 +88,7 @@ func errorEvent(subject string, bad *badRowError, key []byte, id string, commitT
 	b = append(b, `","reason":"`...)
 	b = append(b, bad.reason...)
 	b = append(b, `","error":`...)
-	b = pgjson.AppendJSONString(b, []byte(bad.err.Error()))
+	b = jsonstr.AppendBytes(b, []byte(bad.err.Error()))
 	b = append(b, '}')
 	return broker.Outgoing{Subject: subject, Data: b, ID: id}
 }

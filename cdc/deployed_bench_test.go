@@ -46,6 +46,7 @@ import (
 	"github.com/fanwire/fanwire/cdc"
 	"github.com/fanwire/fanwire/cdc/pgjson"
 	"github.com/fanwire/fanwire/cdc/pgtest"
+	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/nats-io/nats.go"
@@ -276,7 +277,7 @@ func ceilingEvents(ds dataSet) []ceilingEvent {
 		if !first {
 			b = append(b, ',')
 		}
-		b = pgjson.AppendJSONString(b, []byte(name))
+		b = jsonstr.AppendBytes(b, []byte(name))
 		b = append(b, ':')
 		b, err := pgjson.AppendValue(b, oid, []byte(text))
 		if err != nil {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
-	"github.com/fanwire/fanwire/cdc/pgjson"
+	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/jackc/pglogrepl"
 )
 
@@ -277,7 +277,7 @@ func appendRowEvent(b []byte, t *table, c *change) ([]byte, error) {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = pgjson.AppendJSONString(b, []byte(u))
+			b = jsonstr.AppendBytes(b, []byte(u))
 		}
 		b = append(b, ']')
 	}

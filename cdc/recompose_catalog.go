@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fanwire/fanwire/cdc/pgjson"
+	"github.com/fanwire/fanwire/jsonstr"
 )
 
 // Resolving projections: each ProjectionSpec is checked against the live
@@ -264,7 +265,7 @@ func memGeneratedColumns(cat map[string]*catalogTable, where string, p *docProje
 }
 
 func mkCol(name string, c catalogColumn) docCol {
-	return docCol{name: name, ident: pgx.Identifier{name}.Sanitize(), typ: c.typ, ctype: c.ctype, jsonName: append(pgjson.AppendJSONString(nil, []byte(name)), ':')}
+	return docCol{name: name, ident: pgx.Identifier{name}.Sanitize(), typ: c.typ, ctype: c.ctype, jsonName: append(jsonstr.AppendBytes(nil, []byte(name)), ':')}
 }
 
 func resolveNode(cat map[string]*catalogTable, where, table string, columns []string, parent *docNode, p *docProjection) (*docNode, []error) {
@@ -305,7 +306,7 @@ func resolveEmbeds(cat map[string]*catalogTable, where string, parent *docNode, 
 			continue
 		}
 		ct := cat[n.nameKey]
-		n.as = append(pgjson.AppendJSONString(nil, []byte(es.As)), ':')
+		n.as = append(jsonstr.AppendBytes(nil, []byte(es.As)), ':')
 		n.many = es.Many
 		if n.many {
 			ob := es.OrderBy

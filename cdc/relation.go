@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/fanwire/fanwire/cdc/pgjson"
+	"github.com/fanwire/fanwire/jsonstr"
 )
 
 // table is what the ingest knows of a table: its columns (as a Relation
@@ -46,7 +47,7 @@ type column struct {
 }
 
 func newColumn(name string, ct pgjson.Type) column {
-	return column{name: name, ctype: ct, jsonName: append(pgjson.AppendJSONString(nil, []byte(name)), ':')}
+	return column{name: name, ctype: ct, jsonName: append(jsonstr.AppendBytes(nil, []byte(name)), ':')}
 }
 
 // publish makes t a published table: its key columns (by name), its

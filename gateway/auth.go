@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/fanwire/fanwire/gateway/internal/filter"
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,7 +31,7 @@ type Grants struct {
 	// SubscribeWhere is each Subscribe entry's row filter, a CEL
 	// expression ("" none; nil: none has one): an entry written
 	// {"subject": …, "where": …} grants only the events it accepts
-	// (filter.go).
+	// (package filter).
 	SubscribeWhere []string
 	// Claims are the token's claims, as row filters see them ("claims").
 	Claims  map[string]any
@@ -183,7 +186,7 @@ func (a *JWTAuth) Grant(ctx context.Context, r *http.Request, payload json.RawMe
 		g.Expires = exp.Time
 	}
 	g.Subscribe, g.SubscribeWhere = subscribeGrants(claims)
-	g.Claims = normalizeJSON(map[string]any(claims)).(map[string]any)
+	g.Claims = filter.NormalizeJSON(map[string]any(claims)).(map[string]any)
 	g.Publish, g.PublishAsWritten = claimPatterns(claims, "publish")
 	g.Presence, _ = claimPatterns(claims, "presence")
 	return g, nil
@@ -284,3 +287,38 @@ func (g *Grants) Allows(pattern string) bool {
 // after the upgrade.
 // JWTAuth.Grant is one.
 type Authenticator func(ctx context.Context, r *http.Request, initPayload json.RawMessage) (*Grants, error)
+
+// grantFilterText is the filter of the grants covering pattern: "" when
+// one covering entry has none (the pattern is granted unfiltered), else the
+// disjunction of the covering entries' filters.
+func grantFilterText(g *Grants, pattern string) string {
+	if g == nil {
+		return ""
+	}
+	var parts []string
+	for i, p := range g.Subscribe {
+		if !subject.Contains(p, pattern) {
+			continue
+		}
+		w := ""
+		if i < len(g.SubscribeWhere) {
+			w = g.SubscribeWhere[i]
+		}
+		if w == "" {
+			return ""
+		}
+		parts = append(parts, w)
+	}
+	switch len(parts) {
+	case 0:
+		return ""
+	case 1:
+		return parts[0]
+	}
+	slices.Sort(parts)
+	parts = slices.Compact(parts)
+	if len(parts) == 1 {
+		return parts[0]
+	}
+	return "(" + strings.Join(parts, ") || (") + ")"
+}

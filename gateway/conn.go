@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/fanwire/fanwire/gateway/internal/filter"
+
 	"github.com/coder/websocket"
 	"go.uber.org/zap"
 )
@@ -91,7 +93,7 @@ type conn struct {
 	// owned by serve (the reader)
 	rate     tokenBucket
 	presRate tokenBucket   // track and untrack (Config.PresenceRate)
-	compiles costBucket    // filter texts compiled for it (Config.FilterCompileRate)
+	compiles filter.Bucket // filter texts compiled for it (Config.FilterCompileRate)
 	filters  *filterBudget // static: what its filtered subscriptions may spend and hold (view_budget.go)
 	errCount int
 	errSince time.Time

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fanwire/fanwire/gateway/internal/filter"
 )
 
 // The native protocol's commands, run by a connection's reader: subscribe,
@@ -148,16 +150,16 @@ func (c *conn) revokeUncovered(grants *Grants) {
 // than the grants it was admitted with: another row filter, or other
 // values of the claims that filter reads. The caller holds subsMu.
 func (c *conn) grantChanged(st *subState, grants *Grants) bool {
-	var old *compiledExpr
+	var old *filter.Expr
 	var oldClaims map[string]any
 	if f := st.filter(); f != nil {
-		old, oldClaims = f.grant, f.claims
+		old, oldClaims = f.Grant(), f.Claims()
 	}
 	text := grantFilterText(grants, st.pattern)
 	if old == nil || text == "" {
 		return (old == nil) != (text == "")
 	}
-	ce, err := c.s.exprs.compile(text)
+	ce, err := c.s.exprs.Compile(text)
 	if err != nil {
 		return true
 	}
@@ -165,7 +167,7 @@ func (c *conn) grantChanged(st *subState, grants *Grants) bool {
 	if grants != nil {
 		claims = grants.Claims
 	}
-	return grantKey(old, oldClaims) != grantKey(ce, claims)
+	return filter.GrantKey(old, oldClaims) != filter.GrantKey(ce, claims)
 }
 
 // armExpiry (re)starts the timer that closes the connection with 4001 when
@@ -275,23 +277,23 @@ func (c *conn) subscribe(id, pattern string, from, durable, where *string, prese
 // connection's subscriptions hold stay under maxConnExprBytes
 // (filter_too_costly past it, as while the connection's filters are past
 // Config.FilterCostRate).
-func (c *conn) subscriptionFilter(pattern string, where *string) (*filter, string, error) {
-	var grant, own *compiledExpr
+func (c *conn) subscriptionFilter(pattern string, where *string) (*filter.Filter, string, error) {
+	var grant, own *filter.Expr
 	if text := grantFilterText(c.grants, pattern); text != "" {
-		ce, err := c.s.exprs.compile(text) // the operator's text, in a signed token
+		ce, err := c.s.exprs.Compile(text) // the operator's text, in a signed token
 		if err != nil {
 			return nil, CodeForbidden, fmt.Errorf("the token's row filter for %q does not compile (%v): it grants nothing", pattern, err)
 		}
 		grant = ce
 	}
 	if where != nil {
-		own = c.s.exprs.lookup(*where)
+		own = c.s.exprs.Lookup(*where)
 		if own == nil {
 			rate := c.s.cfg.FilterCompileRate
-			if !c.compiles.take(time.Now(), float64(rate), float64(max(rate, c.s.cfg.MaxSubscriptions)), 1, false) {
-				return nil, CodeRateLimited, errCompileRate{rate}
+			if !c.compiles.Take(time.Now(), float64(rate), float64(max(rate, c.s.cfg.MaxSubscriptions)), 1, false) {
+				return nil, CodeRateLimited, filter.ErrCompileRate{Rate: rate}
 			}
-			ce, err := c.s.exprs.compile(*where)
+			ce, err := c.s.exprs.Compile(*where)
 			if err != nil {
 				return nil, CodeBadFilter, fmt.Errorf("where: %w", err)
 			}
@@ -311,7 +313,7 @@ func (c *conn) subscriptionFilter(pattern string, where *string) (*filter, strin
 	if c.grants != nil {
 		claims = c.grants.Claims
 	}
-	return c.s.filters.get(grant, own, claims), "", nil
+	return c.s.filters.Get(grant, own, claims), "", nil
 }
 
 // maxConnExprBytes bounds the compiled expressions one connection's
@@ -322,16 +324,16 @@ const maxConnExprBytes = 8 << 20
 
 // exprBytes is the estimated memory of the distinct expressions the
 // connection's subscriptions hold, with more added.
-func (c *conn) exprBytes(more ...*compiledExpr) int {
-	seen := make(map[*compiledExpr]struct{})
+func (c *conn) exprBytes(more ...*filter.Expr) int {
+	seen := make(map[*filter.Expr]struct{})
 	n := 0
-	add := func(ce *compiledExpr) {
+	add := func(ce *filter.Expr) {
 		if ce == nil {
 			return
 		}
 		if _, ok := seen[ce]; !ok {
 			seen[ce] = struct{}{}
-			n += ce.size
+			n += ce.Size()
 		}
 	}
 	for _, ce := range more {
@@ -340,8 +342,8 @@ func (c *conn) exprBytes(more ...*compiledExpr) int {
 	c.subsMu.Lock()
 	for _, st := range c.subs {
 		if f := st.filter(); f != nil {
-			add(f.grant)
-			add(f.where)
+			add(f.Grant())
+			add(f.Where())
 		}
 	}
 	c.subsMu.Unlock()
@@ -351,7 +353,7 @@ func (c *conn) exprBytes(more ...*compiledExpr) int {
 // startLiveView starts a filtered subscription without history: it holds
 // nothing yet, and gets the events its filter accepts from now on (and a
 // leave for each document it was sent that stops passing).
-func (c *conn) startLiveView(id, pattern string, f *filter, presence bool) {
+func (c *conn) startLiveView(id, pattern string, f *filter.Filter, presence bool) {
 	vs := c.newViewSub(id, pattern, f)
 	st := &subState{pattern: pattern, live: true, view: vs, presence: presence}
 	c.subsMu.Lock()
@@ -372,7 +374,7 @@ func (c *conn) startLiveView(id, pattern string, f *filter, presence bool) {
 	c.s.metrics.Subscriptions.Inc()
 }
 
-func (c *conn) newViewSub(id, pattern string, f *filter) *viewSub {
+func (c *conn) newViewSub(id, pattern string, f *filter.Filter) *viewSub {
 	return &viewSub{c: c.cl, id: id, pattern: pattern, f: f, subs: c.cl.subsFor([]string{id}),
 		max: c.s.cfg.MaxSnapshot, lim: &c.s.hub.heldLim, budget: c.filters, held: make(map[string]struct{})}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/fanwire/fanwire/subject"
 )
 
@@ -77,7 +78,7 @@ func (s *Server) pageBytes() int { return min(s.cfg.MailboxBytes/4, maxPageBytes
 // membersOverhead is what membersMessage adds to its members list and next
 // field, at most (a count of 20 digits).
 func membersOverhead(id, subject string) int {
-	return len(`{"type":"members","id":,"subject":,"count":,"members":[]}`) + jsonStringLen(id) + jsonStringLen(subject) + 20
+	return len(`{"type":"members","id":,"subject":,"count":,"members":[]}`) + jsonstr.Len(id) + jsonstr.Len(subject) + 20
 }
 
 // trackRefused runs a track (the native message or the GraphQL mutation)
@@ -156,11 +157,11 @@ func (s *Server) membersPage(g *Grants, subject string, after *string, limit *in
 // trackedMessage is the reply to a track: the member's key, and the
 // secret that resumes it from another connection.
 func trackedMessage(id, key, secret string) []byte {
-	b := append([]byte(`{"type":"tracked","id":`), appendJSONString(nil, id)...)
+	b := append([]byte(`{"type":"tracked","id":`), jsonstr.Append(nil, id)...)
 	b = append(b, `,"member":`...)
-	b = appendJSONString(b, key)
+	b = jsonstr.Append(b, key)
 	b = append(b, `,"resume":`...)
-	b = appendJSONString(b, secret)
+	b = jsonstr.Append(b, secret)
 	return append(b, '}')
 }
 

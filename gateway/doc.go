@@ -12,7 +12,7 @@
 //
 // A subscription with a where (or a row-filtered grant) is a view
 // (view.go): the hub evaluates each filter once per event however many
-// views share it (filter.go), charging each connection's filter budget
+// views share it (package filter), charging each connection's filter budget
 // (view_budget.go), and a view holds the subjects it has delivered, so
 // that a document that stops passing gets a leave. Presence (presence.go,
 // presence_bus.go, presence_watch.go) keeps each node's members and a

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"sync/atomic"
 	"unicode/utf8"
+
+	"github.com/fanwire/fanwire/gateway/internal/filter"
+	"github.com/fanwire/fanwire/jsonstr"
 )
 
 // Event is one broker message prepared for fan-out. It is encoded once, when
@@ -31,18 +34,18 @@ type Event struct {
 	keys           []string   // kindSynced: a filtered view's held subjects (nil: none listed)
 	pres           *presParts // kindPresence with GraphQL watchers: the change's GraphQL values (graphql_presence.go)
 
-	data       []byte                     // the data as in buf (views parse it)
-	dataParsed atomic.Pointer[parsedData] // the data parsed, once, by the first filter that needs it
+	data       []byte                        // the data as in buf (views parse it)
+	dataParsed atomic.Pointer[filter.Parsed] // the data parsed, once, by the first filter that needs it
 }
 
 // parsed is the event's data as filters see it, parsed on first use and
 // shared by every filter and view that looks at the event while the
 // dispatcher dispatches it (hub.dispatch drops it after the batch).
-func (e *Event) parsed() *parsedData {
+func (e *Event) parsed() *filter.Parsed {
 	if p := e.dataParsed.Load(); p != nil {
 		return p
 	}
-	p := parseData(e.Subject, e.data, e.ingestTruncate)
+	p := filter.Parse(e.Subject, e.data, e.ingestTruncate)
 	e.dataParsed.Store(p)
 	return p
 }
@@ -52,11 +55,11 @@ func (e *Event) parsed() *parsedData {
 func leaveEvent(ev *Event) *Event {
 	buf := make([]byte, 0, 48+len(ev.Subject)+len(ev.Cursor))
 	buf = append(buf, `{"type":"leave","subject":`...)
-	buf = appendJSONString(buf, ev.Subject)
+	buf = jsonstr.Append(buf, ev.Subject)
 	subjEnd, curEnd := len(buf), 0
 	if ev.Cursor != "" {
 		buf = append(buf, cursorField...)
-		buf = appendJSONString(buf, ev.Cursor)
+		buf = jsonstr.Append(buf, ev.Cursor)
 		curEnd = len(buf)
 	}
 	buf = append(buf, subsField...)
@@ -108,7 +111,7 @@ func (e *Event) keysJSON() []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendJSONString(b, k)
+		b = jsonstr.Append(b, k)
 	}
 	return append(b, ']')
 }
@@ -117,12 +120,12 @@ func (e *Event) keysJSON() []byte {
 // operation as an Event of kind SYNCED: subject is the pattern, cursor
 // where the view is complete.
 func gqlSyncedEvent(pattern, cursor string, keys []string) *Event {
-	buf := appendJSONString(nil, pattern)
+	buf := jsonstr.Append(nil, pattern)
 	subjEnd := len(buf)
 	curEnd := 0
 	if cursor != "" {
 		buf = append(buf, cursorField...)
-		buf = appendJSONString(buf, cursor)
+		buf = jsonstr.Append(buf, cursor)
 		curEnd = len(buf)
 	}
 	return &Event{Subject: pattern, Cursor: cursor, buf: buf, split: -1, subjEnd: int32(subjEnd), curEnd: int32(curEnd), kind: kindSynced, keys: keys}
@@ -203,17 +206,17 @@ func NewEvent(subject, cursor string, data []byte) (*Event, error) {
 		// U+FFFD, as encoding/json does when it encodes.
 		data = fixUTF8(data)
 	}
-	n := len(headPrefix) + jsonStringLen(subject) + len(subsField) + len(dataField) + len(data) + 1
+	n := len(headPrefix) + jsonstr.Len(subject) + len(subsField) + len(dataField) + len(data) + 1
 	if cursor != "" {
-		n += len(cursorField) + jsonStringLen(cursor)
+		n += len(cursorField) + jsonstr.Len(cursor)
 	}
 	buf := make([]byte, 0, n)
 	buf = append(buf, headPrefix...)
-	buf = appendJSONString(buf, subject)
+	buf = jsonstr.Append(buf, subject)
 	subjEnd, curEnd := len(buf), 0
 	if cursor != "" {
 		buf = append(buf, cursorField...)
-		buf = appendJSONString(buf, cursor)
+		buf = jsonstr.Append(buf, cursor)
 		curEnd = len(buf)
 	}
 	buf = append(buf, subsField...)
@@ -242,7 +245,7 @@ func controlMessage(b []byte) *Event {
 func encodeSubsList(ids []string) *subsList {
 	n := 2 + max(len(ids)-1, 0) // brackets and commas
 	for _, id := range ids {
-		n += jsonStringLen(id)
+		n += jsonstr.Len(id)
 	}
 	b := make([]byte, 0, n)
 	b = append(b, '[')
@@ -250,7 +253,7 @@ func encodeSubsList(ids []string) *subsList {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendJSONString(b, id)
+		b = jsonstr.Append(b, id)
 	}
 	b = append(b, ']')
 	return &subsList{b: b, size: len(b)}
@@ -272,77 +275,4 @@ func fixUTF8(data []byte) []byte {
 		i += size
 	}
 	return out
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendJSONString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD,
-// as encoding/json does.
-func appendJSONString(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
-			i++
-			continue
-		}
-		if c < utf8.RuneSelf {
-			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
-}
-
-// jsonStringLen is len(appendJSONString(nil, s)), so buffers are sized exactly.
-func jsonStringLen(s string) int {
-	n := 2
-	for i := 0; i < len(s); {
-		c := s[i]
-		switch {
-		case c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf:
-			n++
-			i++
-		case c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t':
-			n += 2
-			i++
-		case c < utf8.RuneSelf:
-			n += 6
-			i++
-		default:
-			r, size := utf8.DecodeRuneInString(s[i:])
-			if r == utf8.RuneError && size == 1 {
-				n += 6
-			} else {
-				n += size
-			}
-			i += size
-		}
-	}
-	return n
 }

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/filter"
+
 	"github.com/fanwire/fanwire/broker"
 	"go.uber.org/zap"
 )
@@ -61,7 +63,7 @@ const (
 
 // startFeed opens the subscription's own consumer and serves it on a task
 // goroutine.
-func (c *conn) startFeed(id, pattern string, from *string, durable *string, flt *filter) {
+func (c *conn) startFeed(id, pattern string, from *string, durable *string, flt *filter.Filter) {
 	cs := c.s.consumers
 	if cs == nil {
 		c.clientError(id, CodeBadDurable, "this gateway's broker keeps no consumers: durable subscriptions need --broker jetstream")
@@ -361,7 +363,7 @@ func (s *Server) newEvent(m broker.Message) (*Event, error) {
 // ingestTruncate reports whether subject is a truncate's on the ingest's
 // reserved subjects.
 func (s *Server) ingestTruncate(subject string) bool {
-	return strings.HasSuffix(subject, "."+truncateToken) && s.ingestSubject(subject)
+	return strings.HasSuffix(subject, "."+filter.TruncateToken) && s.ingestSubject(subject)
 }
 
 // eventCache shares the events replays and feeds build: each

@@ -10,6 +10,7 @@ import (
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/99designs/gqlgen/graphql/executor"
+	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 )
@@ -101,11 +102,11 @@ func gqlMessage(typ, id string, payload any) []byte {
 	b := []byte(`{`)
 	if id != "" {
 		b = append(b, `"id":`...)
-		b = appendJSONString(b, id)
+		b = jsonstr.Append(b, id)
 		b = append(b, ',')
 	}
 	b = append(b, `"type":`...)
-	b = appendJSONString(b, typ)
+	b = jsonstr.Append(b, typ)
 	if payload != nil {
 		var buf bytes.Buffer
 		enc := json.NewEncoder(&buf)

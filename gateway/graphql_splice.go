@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/99designs/gqlgen/graphql"
+	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/fanwire/fanwire/schema"
 )
 
@@ -241,7 +242,7 @@ func newFastOp(id string, legacy bool, rootAlias string, fields []graphql.Collec
 // (endTemplate).
 func newTemplateOp(id string, legacy bool, rootAlias string) (*gqlOp, []byte) {
 	cur := append(nextHead(id, legacy), `{"data":{`...)
-	cur = appendJSONString(cur, rootAlias)
+	cur = jsonstr.Append(cur, rootAlias)
 	return &gqlOp{id: id, fast: true}, append(cur, ":{"...)
 }
 
@@ -267,7 +268,7 @@ func aliasPiece(cur []byte, i int, alias string) []byte {
 	if i > 0 {
 		cur = append(cur, ',')
 	}
-	cur = appendJSONString(cur, alias)
+	cur = jsonstr.Append(cur, alias)
 	return append(cur, ':')
 }
 
@@ -294,7 +295,7 @@ func (s *Server) newGQLOp(ctx context.Context, id string, legacy bool, opCtx *gr
 
 // nextHead is a next (legacy: data) message up to its payload.
 func nextHead(id string, legacy bool) []byte {
-	b := append([]byte(`{"id":`), appendJSONString(nil, id)...)
+	b := append([]byte(`{"id":`), jsonstr.Append(nil, id)...)
 	if legacy {
 		return append(b, `,"type":"data","payload":`...)
 	}

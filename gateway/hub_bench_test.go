@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/fanwire/fanwire/gateway/internal/filter"
 )
 
 // BenchmarkDispatch queues one event to 10,000 subscribed clients' mailboxes
@@ -136,16 +138,16 @@ func BenchmarkDispatchViews(b *testing.B) {
 		}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			ec := newExprCache(10_000)
+			ec := filter.NewCache(10_000, nil)
 			h := newHub(nil, time.Millisecond)
 			clients := make([]*client, tc.conns)
 			for i := range clients {
 				clients[i] = newClient(1<<20, 1<<30, func() { b.Fatal("overflow") })
-				ce, err := ec.compile(tc.where(i))
+				ce, err := ec.Compile(tc.where(i))
 				if err != nil {
 					b.Fatal(err)
 				}
-				vs := &viewSub{c: clients[i], id: "v", pattern: "db.orders.*", f: newFilter(nil, ce, nil),
+				vs := &viewSub{c: clients[i], id: "v", pattern: "db.orders.*", f: filter.New(nil, ce, nil),
 					subs: encodeSubsList([]string{"v"}), max: 1 << 20, held: map[string]struct{}{}, onEnd: func(string) {}}
 				h.idx.mu.Lock()
 				h.addViewLocked(vs)

@@ -3,8 +3,6 @@ package gateway
 import (
 	"slices"
 	"sync"
-
-	"github.com/fanwire/fanwire/subject"
 )
 
 // index is the subscription index: a token trie in NATS subject syntax. Each
@@ -33,15 +31,12 @@ type index struct {
 	vsize int    // guarded by mu
 }
 
-type node struct {
-	parent *node  // nil for root
-	token  string // token leading here from parent ("*" and ">" included)
+// node is a node of the subscription index.
+type node = trieNode[nodeSubs]
 
-	next map[string]*node
-	star *node // child for '*'
-	gt   *node // child for '>' (always terminal)
-
-	// Subscriptions whose pattern ends at this node, grouped per client.
+// nodeSubs is what an index node holds: the subscriptions whose pattern
+// ends there, grouped per client.
+type nodeSubs struct {
 	deliveries []delivery           // the match result for this node
 	byClient   map[*client]*nodeIDs // client → its ids here and its slot in deliveries
 	// ver is the index's gen at the last change of this node's
@@ -91,26 +86,23 @@ func (ix *index) addThen(c *client, id, pattern string, then func()) {
 
 // addLocked adds; ix.mu is held for writing.
 func (ix *index) addLocked(c *client, id, pattern string) {
-	n := ix.root
-	for rest, more := pattern, true; more; {
-		var tok string
-		tok, rest, more = subject.Next(rest)
-		n = n.child(tok)
+	n := ix.root.walk(pattern)
+	v := &n.val
+	if v.byClient == nil {
+		v.byClient = make(map[*client]*nodeIDs)
 	}
-	if n.byClient == nil {
-		n.byClient = make(map[*client]*nodeIDs)
-	}
-	e := n.byClient[c]
+	e := v.byClient[c]
 	if e == nil {
-		e = &nodeIDs{pos: len(n.deliveries)}
-		n.byClient[c] = e
-		n.deliveries = append(n.deliveries, delivery{c: c})
+		e = &nodeIDs{pos: len(v.deliveries)}
+		v.byClient[c] = e
+		v.deliveries = append(v.deliveries, delivery{c: c})
 	}
 	e.ids = append(e.ids, id)
 	slices.Sort(e.ids)
-	n.deliveries[e.pos].setSubs(c.subsFor(e.ids))
+	v.deliveries[e.pos].setSubs(c.subsFor(e.ids))
 	ix.gen++
-	n.ver = ix.gen
+	v.ver = ix.gen
+	n.n++
 	ix.size++
 }
 
@@ -144,15 +136,12 @@ func (ix *index) removeThen(c *client, id, pattern string, then func()) bool {
 	if then != nil {
 		defer then()
 	}
-	n := ix.root
-	for rest, more := pattern, true; more; {
-		var tok string
-		tok, rest, more = subject.Next(rest)
-		if n = n.lookup(tok); n == nil {
-			return false
-		}
+	n := ix.root.find(pattern)
+	if n == nil {
+		return false
 	}
-	e := n.byClient[c]
+	v := &n.val
+	e := v.byClient[c]
 	if e == nil {
 		return false
 	}
@@ -162,111 +151,24 @@ func (ix *index) removeThen(c *client, id, pattern string, then func()) bool {
 	}
 	e.ids = slices.Delete(e.ids, i, i+1)
 	ix.gen++
-	n.ver = ix.gen
+	v.ver = ix.gen
+	n.n--
 	ix.size--
 	if len(e.ids) > 0 {
-		n.deliveries[e.pos].setSubs(c.subsFor(e.ids))
+		v.deliveries[e.pos].setSubs(c.subsFor(e.ids))
 		return true
 	}
-	delete(n.byClient, c)
-	last := len(n.deliveries) - 1
+	delete(v.byClient, c)
+	last := len(v.deliveries) - 1
 	if e.pos != last {
-		moved := n.deliveries[last]
-		n.deliveries[e.pos] = moved
-		n.byClient[moved.c].pos = e.pos
+		moved := v.deliveries[last]
+		v.deliveries[e.pos] = moved
+		v.byClient[moved.c].pos = e.pos
 	}
-	n.deliveries[last] = delivery{}
-	n.deliveries = n.deliveries[:last]
+	v.deliveries[last] = delivery{}
+	v.deliveries = v.deliveries[:last]
 	n.prune()
 	return true
-}
-
-func (n *node) child(tok string) *node {
-	switch tok {
-	case "*":
-		if n.star == nil {
-			n.star = &node{parent: n, token: tok}
-		}
-		return n.star
-	case ">":
-		if n.gt == nil {
-			n.gt = &node{parent: n, token: tok}
-		}
-		return n.gt
-	}
-	c := n.next[tok]
-	if c == nil {
-		if n.next == nil {
-			n.next = make(map[string]*node)
-		}
-		c = &node{parent: n, token: tok}
-		n.next[tok] = c
-	}
-	return c
-}
-
-func (n *node) lookup(tok string) *node {
-	switch tok {
-	case "*":
-		return n.star
-	case ">":
-		return n.gt
-	}
-	return n.next[tok]
-}
-
-// prune removes empty nodes from n up towards the root.
-func (n *node) prune() {
-	for n.parent != nil && len(n.deliveries) == 0 && len(n.next) == 0 && n.star == nil && n.gt == nil {
-		p := n.parent
-		switch n.token {
-		case "*":
-			p.star = nil
-		case ">":
-			p.gt = nil
-		default:
-			delete(p.next, n.token)
-		}
-		n = p
-	}
-}
-
-// collect appends to out every node with subscriptions whose pattern matches
-// subject. The caller holds mu (read). It allocates only if out must grow.
-func (n *node) collect(subj string, out []*node) []*node {
-	tok, rest, more := subject.Next(subj)
-	if n.gt != nil && len(n.gt.deliveries) > 0 {
-		out = append(out, n.gt)
-	}
-	if c := n.next[tok]; c != nil {
-		if more {
-			out = c.collect(rest, out)
-		} else if len(c.deliveries) > 0 {
-			out = append(out, c)
-		}
-	}
-	if c := n.star; c != nil {
-		if more {
-			out = c.collect(rest, out)
-		} else if len(c.deliveries) > 0 {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
-// collectLiteral is collect without n's own wildcard children: the
-// patterns whose first token is subject's, written out (n is the root).
-func (n *node) collectLiteral(subj string, out []*node) []*node {
-	tok, rest, more := subject.Next(subj)
-	if c := n.next[tok]; c != nil {
-		if more {
-			out = c.collect(rest, out)
-		} else if len(c.deliveries) > 0 {
-			out = append(out, c)
-		}
-	}
-	return out
 }
 
 // len reports the number of subscriptions.

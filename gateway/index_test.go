@@ -166,7 +166,7 @@ func TestIndexRemove(t *testing.T) {
 		t.Errorf("len = %d after removing everything", ix.len())
 	}
 	// Every node was pruned.
-	if r := ix.root; len(r.next) != 0 || r.star != nil || r.gt != nil || len(r.deliveries) != 0 {
+	if r := ix.root; len(r.next) != 0 || r.star != nil || r.gt != nil || r.n != 0 || len(r.val.deliveries) != 0 {
 		t.Errorf("root not empty after removing everything: next=%d star=%v gt=%v", len(r.next), r.star, r.gt)
 	}
 	// And the pruned index works as new.

@@ -1,8 +1,9 @@
 package gateway_test
 
 import (
-	"github.com/fanwire/fanwire/broker/brokertest"
 	"testing"
+
+	"github.com/fanwire/fanwire/broker/brokertest"
 )
 
 // TestMain fails the package if any goroutine outlives the tests: every

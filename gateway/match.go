@@ -8,7 +8,7 @@ import (
 
 // matcher turns a subject into deliveries. It is owned by the dispatcher (one
 // goroutine), which is why its merge cache needs no lock. A cached merge
-// records the version of each of its nodes (node.ver, bumped by every change
+// records the version of each of its nodes (nodeSubs.ver, bumped by every change
 // of that node's subscriptions, under the index's write lock) and is used
 // only while they all still hold: a subscribe or unsubscribe invalidates
 // just the merges of the node it changed, not the whole cache, so
@@ -43,17 +43,13 @@ func (m *matcher) match(ix *index, subj string) []delivery {
 	if ix.gen-m.sweptGen > uint64(len(m.merged))+64 {
 		m.sweep(ix.gen)
 	}
-	if subject.IsSystem(subj) {
-		// Only patterns that write the first token out (system.go).
-		m.scratch = ix.root.collectLiteral(subj, m.scratch[:0])
-	} else {
-		m.scratch = ix.root.collect(subj, m.scratch[:0])
-	}
+	// A system subject: only patterns that write its first token out.
+	m.scratch = ix.root.collect(subj, m.scratch[:0], subject.IsSystem(subj))
 	switch len(m.scratch) {
 	case 0:
 		return nil
 	case 1:
-		return m.scratch[0].deliveries
+		return m.scratch[0].val.deliveries
 	}
 	var key mergeKey
 	cacheable := len(m.scratch) <= len(key)
@@ -66,7 +62,7 @@ func (m *matcher) match(ix *index, subj string) []delivery {
 	}
 	e := mergeEntry{d: mergeDeliveries(m.scratch)}
 	for i, n := range m.scratch {
-		e.vers[i] = n.ver
+		e.vers[i] = n.val.ver
 	}
 	if m.merged == nil || len(m.merged) >= maxMerged {
 		m.merged = make(map[mergeKey]mergeEntry)
@@ -82,7 +78,7 @@ func (e *mergeEntry) current(key *mergeKey) bool {
 		if n == nil {
 			break
 		}
-		if n.ver != e.vers[i] {
+		if n.val.ver != e.vers[i] {
 			return false
 		}
 	}
@@ -110,7 +106,7 @@ func mergeDeliveries(nodes []*node) []delivery {
 	ids := make(map[*client][]string)
 	var order []*client
 	for _, n := range nodes {
-		for c, e := range n.byClient {
+		for c, e := range n.val.byClient {
 			if _, seen := ids[c]; !seen {
 				order = append(order, c)
 			}

@@ -36,8 +36,8 @@ type Metrics struct {
 
 	FilterEvaluations prometheus.Counter // live views: distinct filters evaluated by the dispatcher (once per event per filter)
 	FilterErrors      prometheus.Counter // of those, evaluations that were errors: rejections a filter may not mean
-	FilterCost        prometheus.Counter // cost units those evaluations spent (filter_cost.go prices them)
-	FilterCompiles    prometheus.Counter // distinct filter texts compiled (exprCache misses)
+	FilterCost        prometheus.Counter // cost units those evaluations spent (package filter prices them)
+	FilterCompiles    prometheus.Counter // distinct filter texts compiled (filter.Cache misses)
 
 	AdminRefused prometheus.Counter // inspector requests refused for a missing or wrong admin key (admin.go)
 }

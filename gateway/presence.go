@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -146,10 +147,10 @@ func newPresence(s *Server, bus broker.Bus) *presence {
 func memberJSON(conn, sub string, state []byte, leave bool) []byte {
 	b := make([]byte, 0, 32+len(conn)+len(sub)+len(state))
 	b = append(b, `{"conn":`...)
-	b = appendJSONString(b, conn)
+	b = jsonstr.Append(b, conn)
 	if sub != "" {
 		b = append(b, `,"sub":`...)
-		b = appendJSONString(b, sub)
+		b = jsonstr.Append(b, sub)
 	}
 	if !leave {
 		b = append(b, `,"state":`...)
@@ -423,7 +424,7 @@ func (p *presence) page(subject, after string, limit, maxBytes int) (members [][
 		n := len(enc) + 1
 		tail := 0 // the next field, should the page end here
 		if i+j+1 < len(r.sorted) {
-			tail = len(nextField) + jsonStringLen(k)
+			tail = len(nextField) + jsonstr.Len(k)
 		}
 		if j > 0 && used+n+tail > maxBytes {
 			end = i + j // stop early: next is the last member listed
@@ -448,9 +449,9 @@ func membersMessage(id, subject string, members [][]byte, count int, next string
 	}
 	b := make([]byte, 0, n)
 	b = append(b, `{"type":"members","id":`...)
-	b = appendJSONString(b, id)
+	b = jsonstr.Append(b, id)
 	b = append(b, `,"subject":`...)
-	b = appendJSONString(b, subject)
+	b = jsonstr.Append(b, subject)
 	b = append(b, `,"count":`...)
 	b = strconv.AppendInt(b, int64(count), 10)
 	b = append(b, `,"members":[`...)
@@ -463,7 +464,7 @@ func membersMessage(id, subject string, members [][]byte, count int, next string
 	b = append(b, ']')
 	if next != "" {
 		b = append(b, nextField...)
-		b = appendJSONString(b, next)
+		b = jsonstr.Append(b, next)
 	}
 	return append(b, '}')
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/fanwire/fanwire/subject"
 )
 
@@ -137,13 +138,13 @@ func (p *presence) watchedLocked(subj string) bool {
 // Its data (what GraphQL splices) is the part after "subs", from "count"
 // on, without the closing brace.
 func presenceEvent(subject string, count int, changes []pendingChange) *Event {
-	n := len(presencePrefix) + jsonStringLen(subject) + len(subsField) + 48
+	n := len(presencePrefix) + jsonstr.Len(subject) + len(subsField) + 48
 	for _, c := range changes {
 		n += len(c.enc) + 1
 	}
 	buf := make([]byte, 0, n)
 	buf = append(buf, presencePrefix...)
-	buf = appendJSONString(buf, subject)
+	buf = jsonstr.Append(buf, subject)
 	subjEnd := len(buf)
 	buf = append(buf, subsField...)
 	split := len(buf)
@@ -255,7 +256,7 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 // at least: the end of each run, the last len(changes). Each change is one
 // member's, coalesced, so any cut is sound.
 func presenceCuts(cuts []int, subject string, changes []pendingChange, max int) []int {
-	fixed := len(presencePrefix) + jsonStringLen(subject) + len(subsField) + len(`,"count":,"joins":[],"leaves":[],"updates":[]}`) + 20
+	fixed := len(presencePrefix) + jsonstr.Len(subject) + len(subsField) + len(`,"count":,"joins":[],"leaves":[],"updates":[]}`) + 20
 	size := fixed
 	for i, c := range changes {
 		if n := len(c.enc) + 1; i > 0 && size+n > max {

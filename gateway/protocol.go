@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fanwire/fanwire/jsonstr"
 )
 
 // maxIDLen bounds client-chosen subscription ids.
@@ -23,7 +25,7 @@ type clientFrame struct {
 	ID      *string         `json:"id"`
 	Subject *string         `json:"subject"`
 	From    *string         `json:"from"`    // subscribe: a cursor, "first" or "latest"
-	Where   *string         `json:"where"`   // subscribe: a filter on the events' data (CEL; filter.go)
+	Where   *string         `json:"where"`   // subscribe: a filter on the events' data (CEL; package gateway/internal/filter)
 	Durable *string         `json:"durable"` // subscribe: bind (or create) the named durable consumer
 	Token   *string         `json:"token"`   // refresh: a new connection token
 	Data    json.RawMessage `json:"data"`    // publish: the event's data, any JSON value
@@ -340,17 +342,17 @@ func readyLimits(cfg *Config) []byte {
 func replyMessage(typ, id string) []byte {
 	b := append([]byte(`{"type":"`), typ...)
 	b = append(b, `","id":`...)
-	b = appendJSONString(b, id)
+	b = jsonstr.Append(b, id)
 	return append(b, '}')
 }
 
 // subscribedMessage is the subscribe reply; cursor (omitted when empty) is
 // the position the subscription starts after.
 func subscribedMessage(id, cursor string) []byte {
-	b := append([]byte(`{"type":"subscribed","id":`), appendJSONString(nil, id)...)
+	b := append([]byte(`{"type":"subscribed","id":`), jsonstr.Append(nil, id)...)
 	if cursor != "" {
 		b = append(b, `,"cursor":`...)
-		b = appendJSONString(b, cursor)
+		b = jsonstr.Append(b, cursor)
 	}
 	return append(b, '}')
 }
@@ -366,10 +368,10 @@ func syncedMessage(id, cursor string, keys []string) []byte {
 	}
 	b := make([]byte, 0, n)
 	b = append(b, `{"type":"synced","id":`...)
-	b = appendJSONString(b, id)
+	b = jsonstr.Append(b, id)
 	if cursor != "" {
 		b = append(b, `,"cursor":`...)
-		b = appendJSONString(b, cursor)
+		b = jsonstr.Append(b, cursor)
 	}
 	if keys != nil {
 		b = append(b, `,"keys":[`...)
@@ -377,7 +379,7 @@ func syncedMessage(id, cursor string, keys []string) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendJSONString(b, k)
+			b = jsonstr.Append(b, k)
 		}
 		b = append(b, ']')
 	}
@@ -389,10 +391,10 @@ var pongMessage = []byte(`{"type":"pong"}`)
 // publishedMessage acknowledges a publish: the broker has the event;
 // cursor (omitted when empty: Core NATS) is its position.
 func publishedMessage(id, cursor string) []byte {
-	b := append([]byte(`{"type":"published","id":`), appendJSONString(nil, id)...)
+	b := append([]byte(`{"type":"published","id":`), jsonstr.Append(nil, id)...)
 	if cursor != "" {
 		b = append(b, `,"cursor":`...)
-		b = appendJSONString(b, cursor)
+		b = jsonstr.Append(b, cursor)
 	}
 	return append(b, '}')
 }
@@ -416,7 +418,7 @@ func refreshedMessage(id string, expires time.Time) []byte {
 	b := []byte(`{"type":"refreshed"`)
 	if id != "" {
 		b = append(b, `,"id":`...)
-		b = appendJSONString(b, id)
+		b = jsonstr.Append(b, id)
 	}
 	if !expires.IsZero() {
 		b = append(b, `,"expires":"`...)
@@ -430,11 +432,11 @@ func errorMessage(id, code, msg string) []byte {
 	b := []byte(`{"type":"error"`)
 	if id != "" {
 		b = append(b, `,"id":`...)
-		b = appendJSONString(b, id)
+		b = jsonstr.Append(b, id)
 	}
 	b = append(b, `,"code":"`...)
 	b = append(b, code...)
 	b = append(b, `","message":`...)
-	b = appendJSONString(b, msg)
+	b = jsonstr.Append(b, msg)
 	return append(b, '}')
 }

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/filter"
+	"github.com/fanwire/fanwire/jsonstr"
+
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/subject"
 	"go.uber.org/zap"
@@ -14,7 +17,7 @@ import (
 // startResume begins a subscription that first replays history from a
 // cursor ("first": everything retained), or reads the newest event of each
 // subject ("latest"), then continues live; f (nil: none) filters it.
-func (c *conn) startResume(id, pattern, from string, f *filter) {
+func (c *conn) startResume(id, pattern, from string, f *filter.Filter) {
 	d := c.s.durable
 	if d == nil {
 		c.clientError(id, CodeBadCursor, "this gateway's broker keeps no history: subscribe without \"from\"")
@@ -112,7 +115,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 	// enqueue queues one event for this subscription, whose filter's
 	// result (nil: evaluate it) is ok; a full mailbox closes the
 	// connection with 4008.
-	enqueue := func(ev *Event, p *parsedData, ok *bool) (wasEmpty bool, err error) {
+	enqueue := func(ev *Event, p *filter.Parsed, ok *bool) (wasEmpty bool, err error) {
 		if vs != nil {
 			if p == nil {
 				p = viewParse(vs, ev)
@@ -358,7 +361,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 					// went after the snapshot).
 					need := c.syncedBytes(id, st.pattern, w, keysBytes)
 					for _, ev := range matching {
-						need += len(ev.buf) + subs.size + jsonStringLen(ev.Subject) + 1
+						need += len(ev.buf) + subs.size + jsonstr.Len(ev.Subject) + 1
 					}
 					if need > c.cl.mb.free() {
 						needFree = min(need, c.cl.mb.maxBytes)
@@ -370,17 +373,17 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 				// (MaxFilterCostPerEvent), the lock is not held longer:
 				// those events are replayed outside it, and the next
 				// hand-over's gap is what was dispatched meanwhile.
-				var ps []*parsedData
+				var ps []*filter.Parsed
 				var oks []bool
 				if vs != nil && vs.f != nil {
-					ps, oks = make([]*parsedData, len(matching)), make([]bool, len(matching))
+					ps, oks = make([]*filter.Parsed, len(matching)), make([]bool, len(matching))
 					for i, ev := range matching {
 						ps[i] = viewParse(vs, ev)
-						if ps[i].truncate {
+						if ps[i].Truncate {
 							continue
 						}
 						var cost uint64
-						oks[i], cost = vs.f.accepts(ev.Subject, ps[i])
+						oks[i], cost = vs.f.Accepts(ev.Subject, ps[i])
 						if spent += cost; c.s.hub.maxConnCost > 0 && spent > c.s.hub.maxConnCost {
 							return false
 						}
@@ -388,7 +391,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 				}
 				wake = reply() || wake
 				for i, ev := range matching {
-					var p *parsedData
+					var p *filter.Parsed
 					var ok *bool
 					if ps != nil {
 						p, ok = ps[i], &oks[i]

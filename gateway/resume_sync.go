@@ -3,6 +3,8 @@ package gateway
 import (
 	"errors"
 	"fmt"
+
+	"github.com/fanwire/fanwire/jsonstr"
 )
 
 // The end of a view's or a resume's history: its synced marker (the
@@ -34,9 +36,9 @@ func (c *conn) sendsSynced(id string) bool {
 // in the mailbox, its keys taking keysBytes, with a cursor about as long
 // as cur.
 func (c *conn) syncedBytes(id, pattern, cur string, keysBytes int) int {
-	n := len(`{"type":"synced","id":,"cursor":,"keys":[]}`) + jsonStringLen(id) + jsonStringLen(cur) + 16 + keysBytes
+	n := len(`{"type":"synced","id":,"cursor":,"keys":[]}`) + jsonstr.Len(id) + jsonstr.Len(cur) + 16 + keysBytes
 	if c.gql != nil { // the pattern, and the operation's next message around it
-		n += jsonStringLen(pattern)
+		n += jsonstr.Len(pattern)
 		if op := c.gql.op(id); op != nil {
 			n += op.overhead
 		}
@@ -69,7 +71,7 @@ func (c *conn) queueSynced(id, pattern, cursor string, keys []string) bool {
 	it := item{ev: gqlSyncedEvent(pattern, cursor, keys), subs: c.cl.subsFor([]string{id})}
 	n := it.size()
 	for _, k := range keys { // written beside the event's bytes (keysJSON): counted here
-		n += jsonStringLen(k) + 1
+		n += jsonstr.Len(k) + 1
 	}
 	wasEmpty, _, err := c.cl.mb.push(it, n)
 	if err != nil {

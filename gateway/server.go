@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/filter"
+
 	"github.com/99designs/gqlgen/graphql/executor"
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
@@ -35,8 +37,8 @@ type Server struct {
 	cfg          Config           // static after New
 	durable      broker.Durable   // static: the broker, if it keeps history (nil for Core NATS)
 	snapshots    broker.Snapshots // static: the broker, if it reads each subject's newest message (from: "latest")
-	exprs        *exprCache       // static: compiled filters
-	filters      *filterSet       // static: the filters subscriptions hold, one per distinct filter
+	exprs        *filter.Cache    // static: compiled filters
+	filters      *filter.Set      // static: the filters subscriptions hold, one per distinct filter
 	consumers    broker.Consumers // static: the broker, if it keeps per-subscription consumers (JetStream)
 	replayEvents *eventCache      // events shared by replays and feeds; nil without history
 	hub          *hub             // static
@@ -95,9 +97,8 @@ func New(cfg Config) (*Server, error) {
 	s.consumers, _ = cfg.Broker.(broker.Consumers)
 	s.durable, _ = cfg.Broker.(broker.Durable)
 	s.snapshots, _ = cfg.Broker.(broker.Snapshots)
-	s.exprs = newExprCache(uint64(cfg.MaxFilterCost))
-	s.exprs.onCompile = m.FilterCompiles.Inc
-	s.filters = newFilterSet()
+	s.exprs = filter.NewCache(uint64(cfg.MaxFilterCost), m.FilterCompiles.Inc)
+	s.filters = filter.NewSet()
 	s.hub.maxConnCost = uint64(cfg.MaxFilterCostPerEvent)
 	s.hub.heldLim = heldLimits{perConn: int64(cfg.MaxViewDocumentsPerConnection), perNode: int64(cfg.MaxViewDocuments), node: &s.hub.held}
 	bus, _ := cfg.Broker.(broker.Bus)
@@ -106,8 +107,8 @@ func New(cfg Config) (*Server, error) {
 		cfg.Registry.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_views", Help: "Filtered subscriptions (a where or a row filter) live in the dispatcher's view index."}, func() float64 { return float64(s.hub.views.Load()) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_view_documents", Help: "Documents those subscriptions hold (each costs a set entry: see docs/benchmarks.md, \"Live views\")."}, func() float64 { return float64(s.hub.held.Load()) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_filters", Help: "Distinct filters the node's subscriptions hold (equal filters are one, evaluated once per event)."}, func() float64 { return float64(s.filters.size()) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_filter_programs_bytes", Help: "Estimated memory of the compiled filter expressions alive: those subscriptions hold, and the recently used ones kept for reuse (at most 8 MiB of those)."}, func() float64 { return float64(s.exprs.live.Load()) }))
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_filters", Help: "Distinct filters the node's subscriptions hold (equal filters are one, evaluated once per event)."}, func() float64 { return float64(s.filters.Len()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_filter_programs_bytes", Help: "Estimated memory of the compiled filter expressions alive: those subscriptions hold, and the recently used ones kept for reuse (at most 8 MiB of those)."}, func() float64 { return float64(s.exprs.Live()) }))
 	}
 	if s.durable != nil {
 		s.replayEvents = new(eventCache)

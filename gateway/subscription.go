@@ -1,6 +1,10 @@
 package gateway
 
-import "context"
+import (
+	"context"
+
+	"github.com/fanwire/fanwire/gateway/internal/filter"
+)
 
 // subState is one subscription of a connection.
 type subState struct {
@@ -15,7 +19,7 @@ type subState struct {
 }
 
 // filter is the subscription's filter (nil: none).
-func (st *subState) filter() *filter {
+func (st *subState) filter() *filter.Filter {
 	switch {
 	case st.view != nil:
 		return st.view.f

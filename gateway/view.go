@@ -6,6 +6,9 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/fanwire/fanwire/gateway/internal/filter"
+	"github.com/fanwire/fanwire/jsonstr"
+
 	"github.com/fanwire/fanwire/subject"
 )
 
@@ -36,8 +39,8 @@ import (
 // dispatcher reads for every candidate view come first, in one cache line:
 // with 1,000 scanned views an event touches 1,000 of them.
 type viewSub struct {
-	f      *filter       // nil only while an unfiltered "latest" snapshot is tracked (resume.go)
-	budget *filterBudget // static: its connection's (conn.filters), so that evaluating a view touches no client
+	f      *filter.Filter // nil only while an unfiltered "latest" snapshot is tracked (resume.go)
+	budget *filterBudget  // static: its connection's (conn.filters), so that evaluating a view touches no client
 
 	// Dispatcher-owned.
 	matched uint64 // seq of the last event delivered to it
@@ -66,10 +69,10 @@ type viewSub struct {
 // event's parsed data (nil: not needed, the view is unfiltered and the
 // event not an ingest delete or truncate, which the caller checks with
 // needsParse).
-func (vs *viewSub) offer(subject string, p *parsedData) (deliver, leave, tooLarge bool, cost uint64) {
+func (vs *viewSub) offer(subject string, p *filter.Parsed) (deliver, leave, tooLarge bool, cost uint64) {
 	ok := true
-	if p == nil || !p.truncate {
-		ok, cost = vs.f.accepts(subject, p)
+	if p == nil || !p.Truncate {
+		ok, cost = vs.f.Accepts(subject, p)
 	}
 	deliver, leave, tooLarge = vs.apply(subject, p, ok)
 	return deliver, leave, tooLarge, cost
@@ -77,14 +80,14 @@ func (vs *viewSub) offer(subject string, p *parsedData) (deliver, leave, tooLarg
 
 // apply is offer with the filter's result known: ok, whether it accepts
 // the event.
-func (vs *viewSub) apply(subject string, p *parsedData, ok bool) (deliver, leave, tooLarge bool) {
+func (vs *viewSub) apply(subject string, p *filter.Parsed, ok bool) (deliver, leave, tooLarge bool) {
 	_, holds := vs.held[subject]
 	switch {
-	case p != nil && p.truncate:
+	case p != nil && p.Truncate:
 		vs.dropPrefix(subject)
 		return true, false, false
 	case ok:
-		if p != nil && p.delete {
+		if p != nil && p.Delete {
 			delete(vs.held, subject)
 			return holds || vs.f != nil, false, false
 		}
@@ -105,7 +108,7 @@ func (vs *viewSub) apply(subject string, p *parsedData, ok bool) (deliver, leave
 // dropPrefix forgets the held subjects under a truncate's prefix
 // (db.orders.%truncate: every db.orders.<key>).
 func (vs *viewSub) dropPrefix(truncSubject string) {
-	prefix := truncSubject[:len(truncSubject)-len(truncateToken)]
+	prefix := truncSubject[:len(truncSubject)-len(filter.TruncateToken)]
 	for s := range vs.held {
 		if strings.HasPrefix(s, prefix) && !strings.Contains(s[len(prefix):], ".") {
 			delete(vs.held, s)
@@ -113,95 +116,19 @@ func (vs *viewSub) dropPrefix(truncSubject string) {
 	}
 }
 
-// vnode is a trie node of the view index.
-type vnode struct {
-	parent *vnode
-	token  string
-	next   map[string]*vnode
-	star   *vnode
-	gt     *vnode
+// vnode is a node of the view index.
+type vnode = trieNode[viewNode]
 
+// viewNode is what a view index node holds: the filtered subscriptions
+// whose pattern ends there.
+type viewNode struct {
 	scan []*viewSub          // filters without an index term
-	eq   map[string]*eqIndex // by indexTerm.pathKey
-	n    int                 // subscriptions ending here
+	eq   map[string]*eqIndex // by IndexTerm.PathKey
 }
 
 type eqIndex struct {
 	path []string
 	by   map[string][]*viewSub // by indexTerm.key
-}
-
-func (n *vnode) child(tok string) *vnode {
-	switch tok {
-	case "*":
-		if n.star == nil {
-			n.star = &vnode{parent: n, token: tok}
-		}
-		return n.star
-	case ">":
-		if n.gt == nil {
-			n.gt = &vnode{parent: n, token: tok}
-		}
-		return n.gt
-	}
-	c := n.next[tok]
-	if c == nil {
-		if n.next == nil {
-			n.next = make(map[string]*vnode)
-		}
-		c = &vnode{parent: n, token: tok}
-		n.next[tok] = c
-	}
-	return c
-}
-
-func (n *vnode) lookup(tok string) *vnode {
-	switch tok {
-	case "*":
-		return n.star
-	case ">":
-		return n.gt
-	}
-	return n.next[tok]
-}
-
-func (n *vnode) prune() {
-	for n.parent != nil && n.n == 0 && len(n.next) == 0 && n.star == nil && n.gt == nil {
-		p := n.parent
-		switch n.token {
-		case "*":
-			p.star = nil
-		case ">":
-			p.gt = nil
-		default:
-			delete(p.next, n.token)
-		}
-		n = p
-	}
-}
-
-// collect appends the nodes with subscriptions whose pattern matches
-// subject (system subjects: only patterns that write the first token).
-func (n *vnode) collect(subj string, out []*vnode, literalFirst bool) []*vnode {
-	tok, rest, more := subject.Next(subj)
-	if !literalFirst && n.gt != nil && n.gt.n > 0 {
-		out = append(out, n.gt)
-	}
-	if c := n.next[tok]; c != nil {
-		if more {
-			out = c.collect(rest, out, false)
-		} else if c.n > 0 {
-			out = append(out, c)
-		}
-	}
-	if c := n.star; c != nil && !literalFirst {
-		if more {
-			out = c.collect(rest, out, false)
-		} else if c.n > 0 {
-			out = append(out, c)
-		}
-	}
-	return out
 }
 
 // addViewLocked files vs in the view index and its held subjects in
@@ -211,24 +138,20 @@ func (h *hub) addViewLocked(vs *viewSub) {
 	if ix.vroot == nil {
 		ix.vroot = &vnode{}
 	}
-	n := ix.vroot
-	for rest, more := vs.pattern, true; more; {
-		var tok string
-		tok, rest, more = subject.Next(rest)
-		n = n.child(tok)
-	}
-	if t := vs.f.index; t != nil {
-		if n.eq == nil {
-			n.eq = make(map[string]*eqIndex)
+	n := ix.vroot.walk(vs.pattern)
+	v := &n.val
+	if t := vs.f.Index; t != nil {
+		if v.eq == nil {
+			v.eq = make(map[string]*eqIndex)
 		}
-		e := n.eq[t.pathKey]
+		e := v.eq[t.PathKey]
 		if e == nil {
-			e = &eqIndex{path: t.path, by: make(map[string][]*viewSub)}
-			n.eq[t.pathKey] = e
+			e = &eqIndex{path: t.Path, by: make(map[string][]*viewSub)}
+			v.eq[t.PathKey] = e
 		}
-		e.by[t.key] = append(e.by[t.key], vs)
+		e.by[t.Key] = append(e.by[t.Key], vs)
 	} else {
-		n.scan = append(n.scan, vs)
+		v.scan = append(v.scan, vs)
 	}
 	n.n++
 	ix.vsize++
@@ -263,38 +186,35 @@ func (h *hub) removeView(vs *viewSub, then func()) bool {
 	if ix.vroot == nil {
 		return false
 	}
-	n := ix.vroot
-	for rest, more := vs.pattern, true; more; {
-		var tok string
-		tok, rest, more = subject.Next(rest)
-		if n = n.lookup(tok); n == nil {
-			return false
-		}
+	n := ix.vroot.find(vs.pattern)
+	if n == nil {
+		return false
 	}
+	v := &n.val
 	found := false
-	if t := vs.f.index; t != nil {
-		if e := n.eq[t.pathKey]; e != nil {
-			l := e.by[t.key]
+	if t := vs.f.Index; t != nil {
+		if e := v.eq[t.PathKey]; e != nil {
+			l := e.by[t.Key]
 			if i := indexOf(l, vs); i >= 0 {
 				found = true
 				l[i] = l[len(l)-1]
 				l[len(l)-1] = nil
 				if l = l[:len(l)-1]; len(l) == 0 {
-					delete(e.by, t.key)
+					delete(e.by, t.Key)
 					if len(e.by) == 0 {
-						delete(n.eq, t.pathKey)
+						delete(v.eq, t.PathKey)
 					}
 				} else {
-					e.by[t.key] = l
+					e.by[t.Key] = l
 				}
 			}
 		}
-	} else if i := indexOf(n.scan, vs); i >= 0 {
+	} else if i := indexOf(v.scan, vs); i >= 0 {
 		found = true
-		last := len(n.scan) - 1
-		n.scan[i] = n.scan[last]
-		n.scan[last] = nil
-		n.scan = n.scan[:last]
+		last := len(v.scan) - 1
+		v.scan[i] = v.scan[last]
+		v.scan[last] = nil
+		v.scan = v.scan[:last]
 	}
 	if !found {
 		return false
@@ -354,12 +274,12 @@ func (h *hub) dispatchView(ev *Event, st *viewStats) {
 		return
 	}
 	p := ev.parsed()
-	if p.truncate {
+	if p.Truncate {
 		for _, n := range h.vscratch {
-			for _, vs := range n.scan {
+			for _, vs := range n.val.scan {
 				h.viewTruncate(vs, ev, st)
 			}
-			for _, e := range n.eq {
+			for _, e := range n.val.eq {
 				for _, l := range e.by {
 					for _, vs := range l {
 						h.viewTruncate(vs, ev, st)
@@ -370,15 +290,15 @@ func (h *hub) dispatchView(ev *Event, st *viewStats) {
 		return
 	}
 	for _, n := range h.vscratch {
-		for _, vs := range n.scan {
+		for _, vs := range n.val.scan {
 			h.viewOffer(vs, ev, p, seq, st)
 		}
-		for _, e := range n.eq {
-			v, ok := lookupPath(p.doc, e.path)
+		for _, e := range n.val.eq {
+			v, ok := filter.LookupPath(p.Doc, e.path)
 			if !ok {
 				continue
 			}
-			k, ok := valueKey(v)
+			k, ok := filter.ValueKey(v)
 			if !ok {
 				continue
 			}
@@ -393,7 +313,7 @@ func (h *hub) dispatchView(ev *Event, st *viewStats) {
 	var leave *Event
 	for i := 0; i < len(holders); {
 		vs := holders[i]
-		if vs.matched == seq && !p.delete {
+		if vs.matched == seq && !p.Delete {
 			i++
 			continue
 		}
@@ -428,12 +348,12 @@ func (h *hub) dispatchView(ev *Event, st *viewStats) {
 // would evaluate a filter while it is past them. So no connection holds
 // up the dispatcher for much more than maxConnCost per event, however
 // many filters it holds.
-func (h *hub) viewOffer(vs *viewSub, ev *Event, p *parsedData, seq uint64, st *viewStats) {
+func (h *hub) viewOffer(vs *viewSub, ev *Event, p *filter.Parsed, seq uint64, st *viewStats) {
 	if vs.ended || vs.matched == seq {
 		return
 	}
 	over := false
-	if f := vs.f; f.seq != seq {
+	if f := vs.f; f.Seq != seq {
 		fb := vs.budget
 		if fb != nil {
 			if fb.seq != seq {
@@ -446,8 +366,8 @@ func (h *hub) viewOffer(vs *viewSub, ev *Event, p *parsedData, seq uint64, st *v
 		}
 		var errored bool
 		var cost uint64
-		f.ok, errored, cost = f.eval(ev.Subject, p)
-		f.seq = seq
+		f.OK, errored, cost = f.Eval(ev.Subject, p)
+		f.Seq = seq
 		h.filterEvals++
 		h.filterCost += cost
 		if errored {
@@ -459,9 +379,9 @@ func (h *hub) viewOffer(vs *viewSub, ev *Event, p *parsedData, seq uint64, st *v
 			over = h.maxConnCost > 0 && fb.event > h.maxConnCost || owed > 0
 		}
 	}
-	if vs.f.ok {
+	if vs.f.OK {
 		vs.matched = seq
-		if !p.delete {
+		if !p.Delete {
 			if _, ok := vs.held[ev.Subject]; !ok {
 				if vs.full = vs.lim.full(vs, 0); vs.full != "" {
 					h.endView(vs, CodeViewTooLarge)
@@ -493,7 +413,7 @@ func (h *hub) viewTruncate(vs *viewSub, ev *Event, st *viewStats) {
 	if vs.ended {
 		return
 	}
-	prefix := ev.Subject[:len(ev.Subject)-len(truncateToken)]
+	prefix := ev.Subject[:len(ev.Subject)-len(filter.TruncateToken)]
 	for s := range vs.held {
 		if strings.HasPrefix(s, prefix) && !strings.Contains(s[len(prefix):], ".") {
 			delete(vs.held, s)
@@ -552,11 +472,11 @@ var errViewTooLarge = errors.New("the view passed --max-snapshot documents")
 // index: parsed for this offer and not kept on the event, which replays
 // share through the event cache (keeping every parsed tree would hold a
 // few times each cached event's size).
-func viewParse(vs *viewSub, ev *Event) *parsedData {
+func viewParse(vs *viewSub, ev *Event) *filter.Parsed {
 	if p := ev.dataParsed.Load(); p != nil {
 		return p
 	}
-	return parseData(ev.Subject, ev.data, ev.ingestTruncate)
+	return filter.Parse(ev.Subject, ev.data, ev.ingestTruncate)
 }
 
 // keysBytes is what vs's keys take in a synced: each subject's JSON and
@@ -564,7 +484,7 @@ func viewParse(vs *viewSub, ev *Event) *parsedData {
 func (vs *viewSub) keysBytes() int {
 	n := 0
 	for s := range vs.held {
-		n += jsonStringLen(s) + 1
+		n += jsonstr.Len(s) + 1
 	}
 	return n
 }

@@ -5,13 +5,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fanwire/fanwire/gateway/internal/filter"
 )
 
 // filterBudget is what one connection's filtered subscriptions may spend
 // and hold. They hold documents (view.go): held counts those filed in the
 // view index, bounded by Config.MaxViewDocumentsPerConnection besides each
 // view's MaxSnapshot and the node's MaxViewDocuments (heldLimits). Their
-// filters spend CEL cost units as filter_cost.go prices them: per event in the dispatcher
+// filters spend CEL cost units as the filter package prices them: per event in the dispatcher
 // (Config.MaxFilterCostPerEvent), and over time wherever they are
 // evaluated (Config.FilterCostRate, in bursts of a second's worth). The
 // dispatcher, which may not wait, ends a view whose connection is past
@@ -29,7 +31,7 @@ type filterBudget struct {
 	rate float64 // static: units per second, and the burst
 
 	mu sync.Mutex
-	b  costBucket // guarded by mu
+	b  filter.Bucket // guarded by mu
 
 	held atomic.Int64 // documents the connection's views hold in the view index
 }
@@ -81,8 +83,8 @@ func (fb *filterBudget) charge(now time.Time, cost uint64) time.Duration {
 	}
 	fb.mu.Lock()
 	defer fb.mu.Unlock()
-	fb.b.take(now, fb.rate, fb.rate, float64(cost), true)
-	return fb.b.wait(fb.rate)
+	fb.b.Take(now, fb.rate, fb.rate, float64(cost), true)
+	return fb.b.Wait(fb.rate)
 }
 
 // owed is how long until past spending is paid for (0: it is).

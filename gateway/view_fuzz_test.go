@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/filter"
+
 	"github.com/fanwire/fanwire/subject"
 )
 
@@ -236,7 +238,7 @@ func FuzzViewDispatch(f *testing.F) {
 
 func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 	r := rand.New(rand.NewPCG(seed, seed*7919))
-	ec := newExprCache(10_000)
+	ec := filter.NewCache(10_000, nil)
 	h := newHub(nil, time.Millisecond)
 	var subs []*refSub
 	var exprs []refExpr
@@ -264,21 +266,21 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 		if rs.grant == nil || r.IntN(2) == 0 {
 			rs.where = pick()
 		}
-		var g, w *compiledExpr
+		var g, w *filter.Expr
 		var err error
 		if rs.grant != nil {
-			if g, err = ec.compile(rs.grant.text); err != nil {
+			if g, err = ec.Compile(rs.grant.text); err != nil {
 				t.Fatalf("seed %d: %q: %v", seed, rs.grant.text, err)
 			}
 		}
 		if rs.where != nil {
-			if w, err = ec.compile(rs.where.text); err != nil {
+			if w, err = ec.Compile(rs.where.text); err != nil {
 				t.Fatalf("seed %d: %q: %v", seed, rs.where.text, err)
 			}
 		}
 		c := clients[r.IntN(len(clients))]
 		id := "s" + strconv.Itoa(i)
-		rs.vs = &viewSub{c: c, id: id, pattern: patterns[r.IntN(len(patterns))], f: newFilter(g, w, rs.claims),
+		rs.vs = &viewSub{c: c, id: id, pattern: patterns[r.IntN(len(patterns))], f: filter.New(g, w, rs.claims),
 			subs: encodeSubsList([]string{id}), max: 1 << 20, held: map[string]struct{}{}, onEnd: func(code string) { t.Fatal(code) }}
 		h.idx.mu.Lock()
 		h.addViewLocked(rs.vs)

@@ -4,8 +4,8 @@
 // too; keep the two in step).
 //
 //   - AppendValue encodes one value of a built-in type, by its type OID,
-//     AppendArray an array whose element type the caller names, and
-//     AppendJSONString any bytes as a JSON string. They append to a
+//     and AppendArray an array whose element type the caller names (their
+//     strings written by package jsonstr). They append to a
 //     caller's buffer and allocate only when it must grow; malformed text
 //     is an error wrapping ErrMalformedValue, never invalid JSON.
 //   - The values must be written with OutputParams' session settings
@@ -16,7 +16,7 @@
 //   - ParseISODate reads the date that starts a date or timestamp value,
 //     for callers that order such values as PostgreSQL does.
 //
-// Concurrency: AppendValue, AppendArray, AppendJSONString and a Type's
+// Concurrency: AppendValue, AppendArray and a Type's
 // Append keep no state; any goroutine may call them. A TypeCache has no
 // lock: one goroutine owns it and alone calls its Lookup and Get (the
 // ingest's is the goroutine that runs its connections).

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"unicode/utf8"
 
+	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -133,7 +134,7 @@ func AppendValue(dst []byte, oid uint32, text []byte) ([]byte, error) {
 		}
 		return AppendArray(dst, elem, delim, text)
 	}
-	return AppendJSONString(dst, text), nil
+	return jsonstr.AppendBytes(dst, text), nil
 }
 
 func malformed(kind string, text []byte) error {
@@ -142,51 +143,6 @@ func malformed(kind string, text []byte) error {
 		return fmt.Errorf("%w: %s %q...", ErrMalformedValue, kind, text[:max])
 	}
 	return fmt.Errorf("%w: %s %q", ErrMalformedValue, kind, text)
-}
-
-// AppendJSONString appends s as a JSON string: quoted, with '"', '\' and
-// control characters escaped, and each byte of invalid UTF-8 replaced by
-// U+FFFD.
-func AppendJSONString(dst []byte, s []byte) []byte {
-	const hex = "0123456789abcdef"
-	dst = append(dst, '"')
-	start := 0 // s[start:i] is pending, to be copied as is
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= utf8.RuneSelf {
-			r, size := utf8.DecodeRune(s[i:])
-			if r == utf8.RuneError && size == 1 {
-				dst = append(dst, s[start:i]...)
-				dst = append(dst, "\ufffd"...)
-				i++
-				start = i
-				continue
-			}
-			i += size
-			continue
-		}
-		if c >= 0x20 && c != '"' && c != '\\' {
-			i++
-			continue
-		}
-		dst = append(dst, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			dst = append(dst, '\\', c)
-		case '\n':
-			dst = append(dst, '\\', 'n')
-		case '\r':
-			dst = append(dst, '\\', 'r')
-		case '\t':
-			dst = append(dst, '\\', 't')
-		default:
-			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		}
-		i++
-		start = i
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
 }
 
 // appendQuoted appends s, known to need no escaping, as a JSON string.

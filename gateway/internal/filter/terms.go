@@ -1,8 +1,8 @@
-package gateway
+package filter
 
 import (
 	"math"
-	"sort"
+	"slices"
 
 	"cel.dev/cel-go/common/ast"
 	"cel.dev/cel-go/common/operators"
@@ -19,7 +19,7 @@ import (
 // expression: every event it accepts has that value at that path.
 type eqTerm struct {
 	path  []string
-	key   string   // the constant's canonical key (valueKey); "" when claim says where it comes from
+	key   string   // the constant's canonical key (ValueKey); "" when claim says where it comes from
 	claim []string // the claims path of a constant taken from the claims
 }
 
@@ -89,8 +89,8 @@ func claimUses(e ast.Expr) (names []string, all bool) {
 		}
 	}
 	visit(e)
-	sort.Strings(names)
-	return compactStrings(names), all
+	slices.Sort(names)
+	return slices.Compact(names), all
 }
 
 // conjunctEqualities appends e's top-level equalities of a doc field to a
@@ -116,7 +116,7 @@ func conjunctEqualities(e ast.Expr, out []eqTerm) []eqTerm {
 				continue
 			}
 			if side[1].Kind() == ast.LiteralKind {
-				if k, ok := valueKey(literalNative(side[1].AsLiteral())); ok {
+				if k, ok := ValueKey(literalNative(side[1].AsLiteral())); ok {
 					return append(out, eqTerm{path: path, key: k})
 				}
 			}

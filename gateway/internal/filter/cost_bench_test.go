@@ -1,4 +1,4 @@
-package gateway
+package filter
 
 import (
 	"fmt"
@@ -8,7 +8,7 @@ import (
 
 // hostileEvent is an event built to make filters work: a 1 MiB string,
 // 2,000 items, and nested objects to compare.
-func hostileEvent() *parsedData {
+func hostileEvent() *Parsed {
 	var items []string
 	for i := range 2000 {
 		items = append(items, fmt.Sprintf(`{"sku":"s%d","q":%d,"tags":["a","b","c"]}`, i, i))
@@ -16,13 +16,13 @@ func hostileEvent() *parsedData {
 	list := "[" + strings.Join(items, ",") + "]"
 	big := strings.Repeat("abcdefghij", 1<<20/10)
 	data := `{"doc":{"status":"open","total":12,"items":` + list + `,"copy":` + list + `,"name":"` + big + `"}}`
-	return parseData("app.orders.1", []byte(data), false)
+	return Parse("app.orders.1", []byte(data), false)
 }
 
 // filterCalibration is what a filter can do to an event: each
 // expression's evaluation, up to the default cost limit, is timed against
 // the units it is charged. A price that holds keeps ns/unit within the
-// 15-100 of ordinary operations; before filter_cost.go, matches ran at
+// 15-100 of ordinary operations; before cost.go, matches ran at
 // 1,900 ns a unit and size() at 90,000.
 var filterCalibration = []string{
 	"doc.status == 'open' && doc.total > 10",
@@ -53,12 +53,12 @@ func BenchmarkFilterCostCalibration(b *testing.B) {
 		if err != nil {
 			b.Fatalf("%q: %v", text, err)
 		}
-		f := newFilter(nil, ce, nil)
+		f := New(nil, ce, nil)
 		b.Run(text, func(b *testing.B) {
 			b.ReportAllocs()
 			var cost uint64
 			for b.Loop() {
-				_, _, cost = f.eval("app.orders.1", p)
+				_, _, cost = f.Eval("app.orders.1", p)
 			}
 			b.ReportMetric(float64(cost), "units")
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(max(cost, 1)), "ns/unit")

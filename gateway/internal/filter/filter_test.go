@@ -1,4 +1,4 @@
-package gateway
+package filter
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 )
 
 func TestFilterCompileErrorsNamePosition(t *testing.T) {
-	ec := newExprCache(10_000)
+	ec := NewCache(10_000, nil)
 	for _, tc := range []struct{ expr, want string }{
 		{"doc.status == ", "1:15"},
 		{"doc.status = 'open'", "1:12"},
@@ -21,7 +21,7 @@ func TestFilterCompileErrorsNamePosition(t *testing.T) {
 		{"", "empty"},
 		{strings.Repeat("a", maxWhereLen+1), "over"},
 	} {
-		_, err := ec.compile(tc.expr)
+		_, err := ec.Compile(tc.expr)
 		if tc.want == "" {
 			if err != nil {
 				t.Errorf("%q: %v", tc.expr, err)
@@ -35,9 +35,9 @@ func TestFilterCompileErrorsNamePosition(t *testing.T) {
 }
 
 func TestFilterEvaluatesJSONAsUsersWriteIt(t *testing.T) {
-	ec := newExprCache(10_000)
+	ec := NewCache(10_000, nil)
 	data := `{"op":"update","key":7,"doc":{"id":7,"status":"open","total":120.5,"qty":3,"customer_id":42,"tags":["a","b"],"note":null,"big":12345678901234567890,"addr":{"city":"Oslo"}}}`
-	p := parseData("db.orders.7", []byte(data), false)
+	p := Parse("db.orders.7", []byte(data), false)
 	for _, tc := range []struct {
 		expr string
 		want bool
@@ -60,11 +60,11 @@ func TestFilterEvaluatesJSONAsUsersWriteIt(t *testing.T) {
 		{"doc.big > 1.0", true},
 		{"doc.total", false}, // not a bool
 	} {
-		ce, err := ec.compile(tc.expr)
+		ce, err := ec.Compile(tc.expr)
 		if err != nil {
 			t.Fatalf("%q: %v", tc.expr, err)
 		}
-		f := newFilter(nil, ce, nil)
+		f := New(nil, ce, nil)
 		if got := accepts(f, "db.orders.7", p); got != tc.want {
 			t.Errorf("%q = %v, want %v", tc.expr, got, tc.want)
 		}
@@ -72,8 +72,8 @@ func TestFilterEvaluatesJSONAsUsersWriteIt(t *testing.T) {
 }
 
 func TestFilterCostIsCapped(t *testing.T) {
-	ec := newExprCache(100)
-	ce, err := ec.compile("doc.xs.all(x, doc.xs.all(y, x + y >= 0))")
+	ec := NewCache(100, nil)
+	ce, err := ec.Compile("doc.xs.all(x, doc.xs.all(y, x + y >= 0))")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,18 +81,18 @@ func TestFilterCostIsCapped(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		xs = append(xs, "1")
 	}
-	p := parseData("s", []byte(`{"doc":{"xs":[`+strings.Join(xs, ",")+`]}}`), false)
-	if accepts(newFilter(nil, ce, nil), "s", p) {
+	p := Parse("s", []byte(`{"doc":{"xs":[`+strings.Join(xs, ",")+`]}}`), false)
+	if accepts(New(nil, ce, nil), "s", p) {
 		t.Fatal("an evaluation over the cost limit passed")
 	}
-	small := parseData("s", []byte(`{"doc":{"xs":[1,2]}}`), false)
-	if !accepts(newFilter(nil, ce, nil), "s", small) {
+	small := Parse("s", []byte(`{"doc":{"xs":[1,2]}}`), false)
+	if !accepts(New(nil, ce, nil), "s", small) {
 		t.Fatal("a cheap evaluation of the same filter failed")
 	}
 }
 
 func TestFilterIndexTerms(t *testing.T) {
-	ec := newExprCache(10_000)
+	ec := NewCache(10_000, nil)
 	claims := map[string]any{"sub": "c-9", "cust": int64(42)}
 	for _, tc := range []struct {
 		grant, where string
@@ -108,47 +108,47 @@ func TestFilterIndexTerms(t *testing.T) {
 		{"doc.cust == claims.cust", "", "cust", "i42"},
 		{"doc.cust == claims.nosuch", "", "", ""},
 	} {
-		var g, w *compiledExpr
+		var g, w *Expr
 		var err error
 		if tc.grant != "" {
-			if g, err = ec.compile(tc.grant); err != nil {
+			if g, err = ec.Compile(tc.grant); err != nil {
 				t.Fatal(err)
 			}
 		}
 		if tc.where != "" {
-			if w, err = ec.compile(tc.where); err != nil {
+			if w, err = ec.Compile(tc.where); err != nil {
 				t.Fatal(err)
 			}
 		}
-		f := newFilter(g, w, claims)
+		f := New(g, w, claims)
 		switch {
-		case tc.path == "" && f.index != nil:
-			t.Errorf("%q/%q: indexed on %q=%q, want a scan", tc.grant, tc.where, f.index.pathKey, f.index.key)
-		case tc.path != "" && (f.index == nil || f.index.pathKey != tc.path || f.index.key != tc.key):
-			t.Errorf("%q/%q: index %+v, want %q=%q", tc.grant, tc.where, f.index, tc.path, tc.key)
+		case tc.path == "" && f.Index != nil:
+			t.Errorf("%q/%q: indexed on %q=%q, want a scan", tc.grant, tc.where, f.Index.PathKey, f.Index.Key)
+		case tc.path != "" && (f.Index == nil || f.Index.PathKey != tc.path || f.Index.Key != tc.key):
+			t.Errorf("%q/%q: index %+v, want %q=%q", tc.grant, tc.where, f.Index, tc.path, tc.key)
 		}
 	}
 }
 
 func TestFilterClaimsAreValuesNotText(t *testing.T) {
-	ec := newExprCache(10_000)
-	g, err := ec.compile("doc.owner == claims.sub")
+	ec := NewCache(10_000, nil)
+	g, err := ec.Compile("doc.owner == claims.sub")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := parseData("s", []byte(`{"doc":{"owner":"x' || true || '"}}`), false)
+	p := Parse("s", []byte(`{"doc":{"owner":"x' || true || '"}}`), false)
 	// A claim that would widen the filter if it were spliced into the text.
-	if !accepts(newFilter(g, nil, map[string]any{"sub": "x' || true || '"}), "s", p) {
+	if !accepts(New(g, nil, map[string]any{"sub": "x' || true || '"}), "s", p) {
 		t.Fatal("the claim did not match its own value")
 	}
-	other := parseData("s", []byte(`{"doc":{"owner":"y"}}`), false)
-	if accepts(newFilter(g, nil, map[string]any{"sub": "x' || true || '"}), "s", other) {
+	other := Parse("s", []byte(`{"doc":{"owner":"y"}}`), false)
+	if accepts(New(g, nil, map[string]any{"sub": "x' || true || '"}), "s", other) {
 		t.Fatal("a claim's text widened the filter")
 	}
-	if k1, k2 := grantKey(g, map[string]any{"sub": "a", "exp": 1}), grantKey(g, map[string]any{"sub": "a", "exp": 2}); k1 != k2 {
+	if k1, k2 := GrantKey(g, map[string]any{"sub": "a", "exp": 1}), GrantKey(g, map[string]any{"sub": "a", "exp": 2}); k1 != k2 {
 		t.Fatal("a claim the filter does not read changed its key")
 	}
-	if k1, k2 := grantKey(g, map[string]any{"sub": "a"}), grantKey(g, map[string]any{"sub": "b"}); k1 == k2 {
+	if k1, k2 := GrantKey(g, map[string]any{"sub": "a"}), GrantKey(g, map[string]any{"sub": "b"}); k1 == k2 {
 		t.Fatal("a claim the filter reads did not change its key")
 	}
 }
@@ -173,7 +173,7 @@ func TestParseJSONAgreesWithEncodingJSON(t *testing.T) {
 		if err := dec.Decode(&want); err != nil {
 			t.Fatal(err)
 		}
-		want = normalizeJSON(want)
+		want = NormalizeJSON(want)
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%s:\n got  %#v\n want %#v", in, got, want)
 		}
@@ -203,14 +203,14 @@ func FuzzParseJSON(f *testing.F) {
 		if !ok {
 			t.Fatalf("%q: valid JSON not parsed", b)
 		}
-		if want = normalizeJSON(want); !reflect.DeepEqual(got, want) {
+		if want = NormalizeJSON(want); !reflect.DeepEqual(got, want) {
 			t.Fatalf("%q:\n got  %#v\n want %#v", b, got, want)
 		}
 	})
 }
 
-// accepts is f.accepts's verdict alone.
-func accepts(f *filter, subject string, p *parsedData) bool {
-	ok, _ := f.accepts(subject, p)
+// accepts is f.Accepts's verdict alone.
+func accepts(f *Filter, subject string, p *Parsed) bool {
+	ok, _ := f.Accepts(subject, p)
 	return ok
 }

@@ -1,4 +1,4 @@
-package gateway
+package filter
 
 import (
 	"encoding/json"
@@ -203,10 +203,10 @@ func (p *jsonParser) num() (any, bool) {
 	return f, true
 }
 
-// valueKey is the canonical key of a scalar JSON value, equal for values
+// ValueKey is the canonical key of a scalar JSON value, equal for values
 // CEL's == holds equal (5, 5.0 and 5u are one number); ok is false for
 // values that are not scalars (and for NaN, equal to nothing).
-func valueKey(v any) (string, bool) {
+func ValueKey(v any) (string, bool) {
 	switch x := v.(type) {
 	case nil:
 		return "n", true
@@ -231,9 +231,9 @@ func valueKey(v any) (string, bool) {
 	return "", false
 }
 
-// lookupPath is the value at path under v (JSON objects only), and
+// LookupPath is the value at path under v (JSON objects only), and
 // whether it is there.
-func lookupPath(v any, path []string) (any, bool) {
+func LookupPath(v any, path []string) (any, bool) {
 	for _, p := range path {
 		m, ok := v.(map[string]any)
 		if !ok {
@@ -246,46 +246,46 @@ func lookupPath(v any, path []string) (any, bool) {
 	return v, true
 }
 
-// parsedData is an event's data as filters see it: parsed once per event
-// (Event.parsed), with JSON integers as int64 and other numbers as float64.
-type parsedData struct {
-	data     any
-	doc      any
-	op       string
-	valid    bool // the data parsed (events are valid JSON; a failure is an internal error)
-	delete   bool // an ingest delete: the document is gone
-	truncate bool // an ingest truncate: every document under the subject's prefix is gone
+// Parsed is an event's data as filters see it: parsed once per event
+// (by the event, for every filter), with JSON integers as int64 and other numbers as float64.
+// It is immutable once Parse returns.
+type Parsed struct {
+	Data     any
+	Doc      any    // Data's "doc" member when it has one (ingest events), else Data
+	Op       string // Data's "op" (ingest: insert, update, delete, truncate), else ""
+	Valid    bool   // the data parsed (events are valid JSON; a failure is an internal error)
+	Delete   bool   // an ingest delete: the document is gone
+	Truncate bool   // an ingest truncate: every document under the subject's prefix is gone
 }
 
-// parseData parses an event's data; ingestTruncate says the event is on
-// a truncate subject of the ingest's reserved subjects
-// (Event.ingestTruncate), the only place a truncate comes from: a
+// Parse parses an event's data; ingestTruncate says the event is on
+// a truncate subject of the ingest's reserved subjects, the only place a truncate comes from: a
 // truncate-shaped event published anywhere else is an ordinary event,
 // which filters see like any other.
-func parseData(subject string, b []byte, ingestTruncate bool) *parsedData {
+func Parse(subject string, b []byte, ingestTruncate bool) *Parsed {
 	v, ok := parseJSON(b)
 	if !ok {
-		return &parsedData{}
+		return &Parsed{}
 	}
-	p := &parsedData{data: v, doc: v, valid: true}
+	p := &Parsed{Data: v, Doc: v, Valid: true}
 	if m, ok := v.(map[string]any); ok {
 		if d, ok := m["doc"]; ok {
-			p.doc = d
+			p.Doc = d
 		}
-		p.op, _ = m["op"].(string)
+		p.Op, _ = m["op"].(string)
 	}
-	p.delete = p.op == "delete"
-	p.truncate = ingestTruncate && p.op == "truncate"
+	p.Delete = p.Op == "delete"
+	p.Truncate = ingestTruncate && p.Op == "truncate"
 	return p
 }
 
-// truncateToken is the last token of the ingest's truncate events
+// TruncateToken is the last token of the ingest's truncate events
 // (db.orders.%truncate).
-const truncateToken = "%truncate"
+const TruncateToken = "%truncate"
 
-// normalizeJSON turns json.Numbers into int64 (integers that fit) or
+// NormalizeJSON turns json.Numbers into int64 (integers that fit) or
 // float64, in place.
-func normalizeJSON(v any) any {
+func NormalizeJSON(v any) any {
 	switch x := v.(type) {
 	case json.Number:
 		if i, err := strconv.ParseInt(string(x), 10, 64); err == nil {
@@ -295,11 +295,11 @@ func normalizeJSON(v any) any {
 		return f
 	case map[string]any:
 		for k, e := range x {
-			x[k] = normalizeJSON(e)
+			x[k] = NormalizeJSON(e)
 		}
 	case []any:
 		for i, e := range x {
-			x[i] = normalizeJSON(e)
+			x[i] = NormalizeJSON(e)
 		}
 	case float64: // claims decoded without UseNumber
 		if x == math.Trunc(x) && math.Abs(x) < 1<<53 {

@@ -1,4 +1,4 @@
-package gateway
+package filter
 
 import (
 	"container/list"
@@ -11,7 +11,7 @@ import (
 	"weak"
 )
 
-// exprCache compiles each distinct text once and shares it while anything
+// Cache compiles each distinct text once and shares it while anything
 // holds it. Filters hold their expressions; the cache holds them weakly, so
 // an expression no subscription uses is freed by the garbage collector.
 // Besides, it keeps the most recently used ones strongly, up to
@@ -19,16 +19,15 @@ import (
 // resubscribes (a reconnect, a page reload) does not compile again. Before,
 // it kept up to 4,096 texts whatever their size, and nothing bounded a
 // compiled pattern's program: ten hostile subscribes held 1.4 GiB.
-type exprCache struct {
+type Cache struct {
 	mu      sync.Mutex
-	m       map[string]weak.Pointer[compiledExpr] // guarded by mu
-	recent  list.List                             // guarded by mu: *compiledExpr, most recent first
-	at      map[*compiledExpr]*list.Element       // guarded by mu: place in recent
-	bytes   int                                   // guarded by mu: sizes in recent
-	maxCost uint64                                // static
+	m       map[string]weak.Pointer[Expr] // guarded by mu
+	recent  list.List                     // guarded by mu: *Expr, most recent first
+	at      map[*Expr]*list.Element       // guarded by mu: place in recent
+	bytes   int                           // guarded by mu: sizes in recent
+	maxCost uint64                        // static
 
 	live      atomic.Int64 // estimated bytes of every compiled expression not yet freed
-	compiles  atomic.Int64 // compilations (cache misses)
 	onCompile func()       // static: counts a compilation (metrics); may be nil
 }
 
@@ -36,12 +35,19 @@ type exprCache struct {
 // (estimated sizes): a few hundred typical filters.
 const maxIdleExprBytes = 8 << 20
 
-func newExprCache(maxCost uint64) *exprCache {
-	return &exprCache{m: make(map[string]weak.Pointer[compiledExpr]), at: make(map[*compiledExpr]*list.Element), maxCost: maxCost}
+// NewCache makes a cache whose expressions may cost up to maxCost per
+// evaluation; onCompile, if not nil, is called at each compilation (a
+// cache miss), for a metric.
+func NewCache(maxCost uint64, onCompile func()) *Cache {
+	return &Cache{m: make(map[string]weak.Pointer[Expr]), at: make(map[*Expr]*list.Element), maxCost: maxCost, onCompile: onCompile}
 }
 
-// lookup returns text's compiled expression if one is alive.
-func (ec *exprCache) lookup(text string) *compiledExpr {
+// Live is the estimated memory of the compiled expressions not yet freed
+// (bytes): those filters hold, and the recently used ones kept for reuse.
+func (ec *Cache) Live() int64 { return ec.live.Load() }
+
+// Lookup returns text's compiled expression if one is alive.
+func (ec *Cache) Lookup(text string) *Expr {
 	ec.mu.Lock()
 	defer ec.mu.Unlock()
 	wp, ok := ec.m[text]
@@ -55,17 +61,16 @@ func (ec *exprCache) lookup(text string) *compiledExpr {
 	return ce
 }
 
-// compile returns text's compiled expression, or an error wrapping
+// Compile returns text's compiled expression, or an error wrapping
 // ErrBadFilter that says what and where.
-func (ec *exprCache) compile(text string) (*compiledExpr, error) {
-	if ce := ec.lookup(text); ce != nil {
+func (ec *Cache) Compile(text string) (*Expr, error) {
+	if ce := ec.Lookup(text); ce != nil {
 		return ce, nil
 	}
 	ce, err := compileExpr(text, ec.maxCost)
 	if err != nil {
 		return nil, err
 	}
-	ec.compiles.Add(1)
 	if ec.onCompile != nil {
 		ec.onCompile()
 	}
@@ -91,7 +96,7 @@ type exprFreed struct {
 
 // freed runs (on the runtime's cleanup goroutine) once an expression is
 // unreachable: its entry goes, unless the text was compiled again since.
-func (ec *exprCache) freed(e exprFreed) {
+func (ec *Cache) freed(e exprFreed) {
 	ec.live.Add(-int64(e.size))
 	ec.mu.Lock()
 	if wp, ok := ec.m[e.text]; ok && wp.Value() == nil {
@@ -102,7 +107,7 @@ func (ec *exprCache) freed(e exprFreed) {
 
 // touchLocked puts ce first in recent, dropping the least recent past
 // maxIdleExprBytes (subscriptions that hold them keep them alive).
-func (ec *exprCache) touchLocked(ce *compiledExpr) {
+func (ec *Cache) touchLocked(ce *Expr) {
 	if el, ok := ec.at[ce]; ok {
 		ec.recent.MoveToFront(el)
 		return
@@ -110,27 +115,27 @@ func (ec *exprCache) touchLocked(ce *compiledExpr) {
 	ec.at[ce] = ec.recent.PushFront(ce)
 	ec.bytes += ce.size
 	for ec.bytes > maxIdleExprBytes && ec.recent.Len() > 1 {
-		old := ec.recent.Remove(ec.recent.Back()).(*compiledExpr)
+		old := ec.recent.Remove(ec.recent.Back()).(*Expr)
 		delete(ec.at, old)
 		ec.bytes -= old.size
 	}
 }
 
-// filterSet interns filters: equal filters (filterKey) are one value, so
+// Set interns filters: equal filters (filterKey) are one value, so
 // the dispatcher evaluates them once per event whatever the connections
 // holding them. It holds them weakly: a filter no subscription holds is
 // freed.
-type filterSet struct {
+type Set struct {
 	mu sync.Mutex
-	m  map[string]weak.Pointer[filter] // guarded by mu
+	m  map[string]weak.Pointer[Filter] // guarded by mu
 }
 
-func newFilterSet() *filterSet {
-	return &filterSet{m: make(map[string]weak.Pointer[filter])}
+func NewSet() *Set {
+	return &Set{m: make(map[string]weak.Pointer[Filter])}
 }
 
-// get returns the node's filter for grant and where under claims.
-func (fs *filterSet) get(grant, where *compiledExpr, claims map[string]any) *filter {
+// Get returns the node's filter for grant and where under claims.
+func (fs *Set) Get(grant, where *Expr, claims map[string]any) *Filter {
 	key := filterKey(grant, where, claims)
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
@@ -139,13 +144,13 @@ func (fs *filterSet) get(grant, where *compiledExpr, claims map[string]any) *fil
 			return f
 		}
 	}
-	f := newFilter(grant, where, claims)
+	f := New(grant, where, claims)
 	fs.m[key] = weak.Make(f)
 	runtime.AddCleanup(f, fs.freed, key)
 	return f
 }
 
-func (fs *filterSet) freed(key string) {
+func (fs *Set) freed(key string) {
 	fs.mu.Lock()
 	if wp, ok := fs.m[key]; ok && wp.Value() == nil {
 		delete(fs.m, key)
@@ -153,23 +158,23 @@ func (fs *filterSet) freed(key string) {
 	fs.mu.Unlock()
 }
 
-// size is the number of distinct filters alive.
-func (fs *filterSet) size() int {
+// Len is the number of distinct filters alive.
+func (fs *Set) Len() int {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	return len(fs.m)
 }
 
-// costBucket is a token bucket of cost units (or compilations): rate a
+// Bucket is a token bucket of cost units (or compilations): rate a
 // second, up to burst. Its owner serializes the calls.
-type costBucket struct {
+type Bucket struct {
 	tokens float64
 	last   time.Time
 }
 
-// take takes n tokens if there are; with a debt allowed (take n even
+// Take takes n tokens if there are; with a debt allowed (take n even
 // below zero) it always takes them and reports whether it had them.
-func (b *costBucket) take(now time.Time, rate, burst, n float64, debt bool) bool {
+func (b *Bucket) Take(now time.Time, rate, burst, n float64, debt bool) bool {
 	if b.last.IsZero() {
 		b.tokens = burst
 	} else {
@@ -184,19 +189,19 @@ func (b *costBucket) take(now time.Time, rate, burst, n float64, debt bool) bool
 	return ok
 }
 
-// wait is how long until the bucket is back to zero (0: it is not in
+// Wait is how long until the bucket is back to zero (0: it is not in
 // debt).
-func (b *costBucket) wait(rate float64) time.Duration {
+func (b *Bucket) Wait(rate float64) time.Duration {
 	if b.tokens >= 0 || rate <= 0 {
 		return 0
 	}
 	return time.Duration(-b.tokens / rate * float64(time.Second))
 }
 
-// errCompileRate refuses a subscribe whose filter would be compiled past
-// the connection's rate (Config.FilterCompileRate).
-type errCompileRate struct{ rate int }
+// ErrCompileRate refuses a subscribe whose filter would be compiled past
+// the connection's rate (the gateway's --filter-compile-rate).
+type ErrCompileRate struct{ Rate int }
 
-func (e errCompileRate) Error() string {
-	return fmt.Sprintf("where: over %s new filter texts compiled per second on this connection (--filter-compile-rate): try again in a second; texts the node already holds cost nothing", strconv.Itoa(e.rate))
+func (e ErrCompileRate) Error() string {
+	return fmt.Sprintf("where: over %s new filter texts compiled per second on this connection (--filter-compile-rate): try again in a second; texts the node already holds cost nothing", strconv.Itoa(e.Rate))
 }

@@ -1,4 +1,4 @@
-package gateway
+package filter
 
 import (
 	"errors"
@@ -50,8 +50,8 @@ var filterEnv = sync.OnceValues(func() (*cel.Env, error) {
 // compile; the message names the position ("1:9").
 var ErrBadFilter = errors.New("bad filter")
 
-// compiledExpr is one expression text, compiled.
-type compiledExpr struct {
+// Expr is one expression text, compiled.
+type Expr struct {
 	text   string
 	prog   cel.Program
 	eqs    []eqTerm // its top-level equalities of a doc field to a constant (indexable)
@@ -68,7 +68,13 @@ type compiledExpr struct {
 	allClaims  bool
 }
 
-func compileExpr(text string, maxCost uint64) (*compiledExpr, error) {
+// Text is the expression's text.
+func (ce *Expr) Text() string { return ce.text }
+
+// Size is the memory the compiled expression holds, estimated (bytes).
+func (ce *Expr) Size() int { return ce.size }
+
+func compileExpr(text string, maxCost uint64) (*Expr, error) {
 	if strings.TrimSpace(text) == "" {
 		return nil, fmt.Errorf("%w: the expression is empty", ErrBadFilter)
 	}
@@ -91,7 +97,7 @@ func compileExpr(text string, maxCost uint64) (*compiledExpr, error) {
 	if err != nil {
 		return nil, err
 	}
-	ce := &compiledExpr{text: text}
+	ce := &Expr{text: text}
 	// Runtime cost tracking is only needed where the static estimate
 	// cannot bound the cost: tracking halves the speed of a plain
 	// comparison (docs/benchmarks.md, "Live views"). A cheap expression is
@@ -182,20 +188,20 @@ func issueText(iss *cel.Issues) string {
 // evalVars is the activation of one evaluation.
 type evalVars struct {
 	subject string
-	p       *parsedData
+	p       *Parsed
 	claims  map[string]any
 }
 
 func (v *evalVars) ResolveName(name string) (any, bool) {
 	switch name {
 	case varDoc:
-		return v.p.doc, true
+		return v.p.Doc, true
 	case varData:
-		return v.p.data, true
+		return v.p.Data, true
 	case varSubject:
 		return v.subject, true
 	case varOp:
-		return v.p.op, true
+		return v.p.Op, true
 	case varClaims:
 		return v.claims, true
 	}
@@ -208,7 +214,7 @@ func (v *evalVars) Parent() interpreter.Activation { return nil }
 // type, the cost limit) is a rejection, reported by errored. cost is what
 // the evaluation spent (its static bound, for an untracked expression; the
 // limit, for one stopped by it).
-func (ce *compiledExpr) accepts(vars *evalVars) (ok, errored bool, cost uint64) {
+func (ce *Expr) accepts(vars *evalVars) (ok, errored bool, cost uint64) {
 	out, det, err := ce.prog.Eval(vars)
 	cost = ce.cost
 	if ce.tracked {
