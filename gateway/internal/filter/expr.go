@@ -137,13 +137,15 @@ func compileExpr(text string, maxCost uint64) (*Expr, error) {
 const cheapFilterCost = 64
 
 // The memory a compiled expression holds, estimated (its AST, checked
-// types, interpretable plan and regex programs), as measured by
-// BenchmarkCompiledExprMemory: 4-9 KiB for a short expression, 60-90 KiB
-// for one of 2,000 bytes, about 40 bytes per RE2 instruction.
+// types, interpretable plan and regex programs), from
+// BenchmarkCompiledExprMemory: about 2 KiB for a short expression, 57 KiB
+// for one of 2,000 bytes, and 150 bytes per RE2 instruction of its
+// patterns (the regex program and what CEL and the matcher keep of it).
+// The estimate is above each measured shape.
 const (
 	exprBaseBytes = 8 << 10
 	exprTextBytes = 48
-	exprInstBytes = 48
+	exprInstBytes = 160
 )
 
 // maxEventBytes bounds the size of any value in an event's data (a
