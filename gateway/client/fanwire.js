@@ -1804,39 +1804,30 @@ export class Subscription {
 export class View {
   #sub;
   #client;
-  #listeners = { change: new Set(), synced: new Set(), error: new Set() };
-  #readyWaiters = new Set();
-  #synced = false; // a first synced came
+  #life;
   #seen = new Set(); // subjects upserted since a snapshot from "latest" began; null when none is under way
-  #error = null;
-  #signal = null;
-  #onAbort = null;
 
   constructor(client, pattern, options) {
     this.#client = client;
     this.pattern = pattern;
     /** subject -> document; the app reads it, the view writes it */
     this.docs = new Map();
-    this.closed = false;
     const sub = client.subscribe(pattern, { where: options.where, from: "latest", resync: "latest" }, (event) => this.#event(event));
     this.#sub = sub;
     this.where = sub.where;
-    sub._watchEnd((err) => this.#ended(err));
+    this.#life = new Lifecycle(client, sub, "view", noop);
     sub.on("leave", (subject) => this.#remove(subject));
     sub.on("synced", (cursor, keys) => this.#syncedAt(keys));
     sub.on("gap", (gap) => {
       // The cursor expired: the subscription starts again from "latest".
       if (gap.reason === "cursor_expired" || gap.reason === "bad_cursor") this.#seen = new Set();
     });
-    if (options.signal) {
-      if (options.signal.aborted) {
-        this.#close(new FanwireError("aborted", "fanwire: the view's signal was aborted"));
-        return;
-      }
-      this.#signal = options.signal;
-      this.#onAbort = () => this.#close(new FanwireError("aborted", "fanwire: the view's signal was aborted"));
-      this.#signal.addEventListener("abort", this.#onAbort, { once: true });
-    }
+    this.#life.watchSignal(options.signal);
+  }
+
+  /** closed is true once the view has ended. */
+  get closed() {
+    return this.#life.closed;
   }
 
   /** The subscription the view reads: the client's "subscribed", "gap"
@@ -1856,7 +1847,7 @@ export class View {
    * the error that ended it, such as bad_filter or view_too_large). It
    * returns a function that removes it. */
   on(name, fn) {
-    return addListener(this.#listeners, name, fn);
+    return addListener(this.#life.listeners, name, fn);
   }
 
   /** ready resolves with the view at its first "synced" (docs is then
@@ -1864,31 +1855,13 @@ export class View {
    * view_too_large, forbidden, ...), "closed", "aborted", or "timeout"
    * after timeout ms when given. */
   ready(timeout) {
-    if (this.#synced) return Promise.resolve(this);
-    if (this.closed) return Promise.reject(this.#error || new FanwireError("closed", "fanwire: the view has ended"));
-    return waitFor(this.#readyWaiters, timeout, "synced").then(() => this);
+    return this.#life.ready(this, timeout);
   }
 
   /** close ends the view: its subscription is unsubscribed; docs keeps
    * what it held. */
   close() {
-    this.#close(null);
-  }
-
-  #close(err) {
-    if (this.closed) return;
-    this.#error = err;
-    this.#sub.unsubscribe(); // #ended
-  }
-
-  #ended(err) {
-    if (this.closed) return;
-    this.closed = true;
-    if (err !== null) this.#error = err;
-    if (this.#signal) this.#signal.removeEventListener("abort", this.#onAbort);
-    settle(this.#readyWaiters, this.#error || new FanwireError("closed", "fanwire: the view was closed before it was synced"));
-    const e = this.#error;
-    if (e && !normalEnd(e)) for (const fn of this.#listeners.error) this.#client._call(fn, e);
+    this.#life.close(null);
   }
 
   #event(event) {
@@ -1911,18 +1884,14 @@ export class View {
     const doc = obj && Object.hasOwn(data, "doc") ? data.doc : data;
     this.docs.set(key, doc);
     if (this.#seen !== null) this.#seen.add(key);
-    this.#change({ type: "upsert", key, doc });
+    this.#life.change({ type: "upsert", key, doc });
   }
 
   #remove(key) {
     if (this.closed || !this.docs.has(key)) return;
     const doc = this.docs.get(key);
     this.docs.delete(key);
-    this.#change({ type: "remove", key, doc });
-  }
-
-  #change(change) {
-    for (const fn of this.#listeners.change) this.#client._call(fn, change);
+    this.#life.change({ type: "remove", key, doc });
   }
 
   // #syncedAt: the view is complete. Whatever it holds that is not in it
@@ -1936,9 +1905,7 @@ export class View {
       for (const k of [...this.docs.keys()]) if (!keep.has(k)) this.#remove(k);
     }
     if (this.closed) return; // a change listener closed it
-    this.#synced = true;
-    settle(this.#readyWaiters);
-    for (const fn of this.#listeners.synced) this.#client._call(fn, this);
+    this.#life.synced(this);
   }
 }
 
@@ -1956,15 +1923,10 @@ export class View {
 export class PresenceRoom {
   #client;
   #sub;
+  #life;
   #pageSize;
-  #listeners = { change: new Set(), synced: new Set(), error: new Set() };
-  #readyWaiters = new Set();
-  #synced = false; // a listing completed
   #epoch = 0; // counts listings: a late page of an earlier one is ignored
   #held = null; // presence messages held while listing, in order; null when not listing
-  #error = null;
-  #signal = null;
-  #onAbort = null;
 
   constructor(client, subject, options) {
     this.#client = client;
@@ -1972,27 +1934,25 @@ export class PresenceRoom {
     /** conn -> member; the app reads it, the room writes it */
     this.members = new Map();
     this.count = 0;
-    this.closed = false;
     this.#pageSize = options.pageSize;
-    if (options.onChange) this.#listeners.change.add(options.onChange);
     // Events of the subject come too: the app may listen to
     // room.subscription's "event".
     const sub = client.subscribe(subject, { presence: true }, noop);
     this.#sub = sub;
-    sub._watchEnd((err) => this.#ended(err));
+    this.#life = new Lifecycle(client, sub, "room", () => {
+      this.#held = null;
+    });
+    if (options.onChange) this.#life.listeners.change.add(options.onChange);
     sub.on("presence", (change) => this.#onPresence(change));
     sub.on("subscribed", () => {
       this.#list().catch((e) => this.#client._handlerError(e));
     });
-    if (options.signal) {
-      if (options.signal.aborted) {
-        this.#close(new FanwireError("aborted", "fanwire: the room's signal was aborted"));
-        return;
-      }
-      this.#signal = options.signal;
-      this.#onAbort = () => this.#close(new FanwireError("aborted", "fanwire: the room's signal was aborted"));
-      this.#signal.addEventListener("abort", this.#onAbort, { once: true });
-    }
+    this.#life.watchSignal(options.signal);
+  }
+
+  /** closed is true once the room has ended. */
+  get closed() {
+    return this.#life.closed;
   }
 
   /** The subscription the room reads (with presence): its "event"
@@ -2006,39 +1966,20 @@ export class PresenceRoom {
    * listing and after each reconnect's) or "error" (fn(err): the error
    * that ended it). It returns a function that removes it. */
   on(name, fn) {
-    return addListener(this.#listeners, name, fn);
+    return addListener(this.#life.listeners, name, fn);
   }
 
   /** ready resolves with the room once its first listing is complete,
    * and rejects with the error that ended it (forbidden, bad_subject,
    * ...), "closed", "aborted", or "timeout" after timeout ms. */
   ready(timeout) {
-    if (this.#synced) return Promise.resolve(this);
-    if (this.closed) return Promise.reject(this.#error || new FanwireError("closed", "fanwire: the room has ended"));
-    return waitFor(this.#readyWaiters, timeout, "synced").then(() => this);
+    return this.#life.ready(this, timeout);
   }
 
   /** close ends the room (its subscription is unsubscribed); members
    * keeps what it held. */
   close() {
-    this.#close(null);
-  }
-
-  #close(err) {
-    if (this.closed) return;
-    this.#error = err;
-    this.#sub.unsubscribe(); // #ended
-  }
-
-  #ended(err) {
-    if (this.closed) return;
-    this.closed = true;
-    this.#held = null;
-    if (err !== null) this.#error = err;
-    if (this.#signal) this.#signal.removeEventListener("abort", this.#onAbort);
-    settle(this.#readyWaiters, this.#error || new FanwireError("closed", "fanwire: the room was closed before it was synced"));
-    const e = this.#error;
-    if (e && !normalEnd(e)) for (const fn of this.#listeners.error) this.#client._call(fn, e);
+    this.#life.close(null);
   }
 
   // #list lists every member after a "subscribed", then applies what came
@@ -2057,7 +1998,7 @@ export class PresenceRoom {
         this.#held = null;
         // The connection ended: the next "subscribed" starts over.
         if (err.code === "disconnected" || err.code === "closed") return;
-        this.#close(err); // forbidden, bad_subject, ...
+        this.#life.close(err); // forbidden, bad_subject, ...
         return;
       }
       if (epoch !== this.#epoch || this.closed) return;
@@ -2085,12 +2026,10 @@ export class PresenceRoom {
       this.members.set(conn, m);
     }
     this.count = this.members.size;
-    const first = !this.#synced;
-    this.#synced = true;
-    settle(this.#readyWaiters);
-    if (first || joins.length + leaves.length + updates.length > 0) this.#change({ joins, leaves, updates, count: this.count });
+    const first = this.#life.synced(null);
+    if (first || joins.length + leaves.length + updates.length > 0) this.#life.change({ joins, leaves, updates, count: this.count });
     if (this.closed) return;
-    for (const fn of this.#listeners.synced) this.#client._call(fn, this);
+    this.#life.tellSynced(this);
   }
 
   #onPresence(change) {
@@ -2103,12 +2042,91 @@ export class PresenceRoom {
     const before = this.count;
     this.count = typeof change.count === "number" ? change.count : this.members.size;
     if (c.joins.length + c.leaves.length + c.updates.length > 0 || this.count !== before) {
-      this.#change({ joins: c.joins, leaves: c.leaves, updates: c.updates, count: this.count });
+      this.#life.change({ joins: c.joins, leaves: c.leaves, updates: c.updates, count: this.count });
     }
   }
+}
 
-  #change(change) {
-    for (const fn of this.#listeners.change) this.#client._call(fn, change);
+// Lifecycle is what a View and a PresenceRoom share: their listeners,
+// ready's waiters, the abort signal, and how they end. close (the app's,
+// the signal's, or an error's) unsubscribes; the subscription's end is the
+// end (once): onEnd runs, the waiters are settled, and an error that is
+// not a normal end reaches the "error" listeners. what ("view", "room")
+// names it in errors.
+class Lifecycle {
+  listeners = { change: new Set(), synced: new Set(), error: new Set() };
+  closed = false;
+  #client;
+  #sub;
+  #what;
+  #onEnd;
+  #waiters = new Set();
+  #synced = false; // a first synced came
+  #error = null;
+  #signal = null;
+  #onAbort = null;
+
+  constructor(client, sub, what, onEnd) {
+    this.#client = client;
+    this.#sub = sub;
+    this.#what = what;
+    this.#onEnd = onEnd;
+    sub._watchEnd((err) => this.#ended(err));
+  }
+
+  // watchSignal closes it when signal (if any) aborts: at once if it has.
+  watchSignal(signal) {
+    if (!signal) return;
+    const abort = () => this.close(new FanwireError("aborted", "fanwire: the " + this.#what + "'s signal was aborted"));
+    if (signal.aborted) {
+      abort();
+      return;
+    }
+    this.#signal = signal;
+    this.#onAbort = abort;
+    signal.addEventListener("abort", abort, { once: true });
+  }
+
+  ready(owner, timeout) {
+    if (this.#synced) return Promise.resolve(owner);
+    if (this.closed) return Promise.reject(this.#error || new FanwireError("closed", "fanwire: the " + this.#what + " has ended"));
+    return waitFor(this.#waiters, timeout, "synced").then(() => owner);
+  }
+
+  close(err) {
+    if (this.closed) return;
+    this.#error = err;
+    this.#sub.unsubscribe(); // #ended
+  }
+
+  // synced marks it complete and settles ready's waiters; with owner, it
+  // tells the "synced" listeners too. It reports whether this was the
+  // first time.
+  synced(owner) {
+    const first = !this.#synced;
+    this.#synced = true;
+    settle(this.#waiters);
+    if (owner) this.tellSynced(owner);
+    return first;
+  }
+
+  tellSynced(owner) {
+    for (const fn of this.listeners.synced) this.#client._call(fn, owner);
+  }
+
+  change(change) {
+    for (const fn of this.listeners.change) this.#client._call(fn, change);
+  }
+
+  #ended(err) {
+    if (this.closed) return;
+    this.closed = true;
+    this.#onEnd();
+    if (err !== null) this.#error = err;
+    if (this.#signal) this.#signal.removeEventListener("abort", this.#onAbort);
+    settle(this.#waiters, this.#error || new FanwireError("closed", "fanwire: the " + this.#what + " was closed before it was synced"));
+    const e = this.#error;
+    if (e && !normalEnd(e)) for (const fn of this.listeners.error) this.#client._call(fn, e);
   }
 }
 
