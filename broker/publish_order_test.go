@@ -1,10 +1,14 @@
 package broker_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -68,7 +72,15 @@ func keepsOrderThroughFailures(t *testing.T, publish func(context.Context, *brok
 				t.Run(fmt.Sprint(run), func(t *testing.T) {
 					ns := brokertest.NATS(t)
 					url := ns.ClientURL()
-					b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"db.>", "app.>"}, Name: "publisher", Logger: zaptest.NewLogger(t)}, Stream: "ORDER"})
+					// The publisher goes through a gate that holds it after
+					// it has sent a share of the events, until the broker
+					// has failed: the failure comes in the middle, however
+					// fast the publish (a fast batch's 6,000 events once
+					// ended before a poll of the stream saw a quarter of
+					// them, and the stream deleted after it held nothing).
+					holdAt := n/4 + run*n/8
+					gate := startPublishGate(t, ns.Addr().String(), holdAt)
+					b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + gate.Addr(), Subjects: []string{"db.>", "app.>"}, Name: "publisher", Logger: zaptest.NewLogger(t)}, Stream: "ORDER"})
 					out := make([]broker.Outgoing, n)
 					for i := range out {
 						out[i] = broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i%7), Data: []byte(fmt.Sprint(i)), ID: eventID(i)}
@@ -79,9 +91,16 @@ func keepsOrderThroughFailures(t *testing.T, publish func(context.Context, *brok
 					go func() { published <- publish(ctx, b, out) }()
 					other := startOtherPublisher(t, url)
 					js := brokertest.JetStream(t, url)
-					// Fail it in the middle: a window is in flight nearly all the time.
-					waitStored(t, js, uint64(n/4+run*n/8))
+					select {
+					case <-gate.held:
+					case err := <-published:
+						t.Fatalf("Publish ended (%v) before the gate held it", err)
+					}
+					// Some of what went before the gate is stored, some may
+					// be in flight still.
+					waitStored(t, js, uint64(holdAt/2))
 					ns = tc.fail(t, ns, js)
+					close(gate.release)
 					if err := <-published; err != nil {
 						t.Fatalf("Publish: %v", err)
 					}
@@ -464,4 +483,55 @@ func lostBatchAnswer(t *testing.T, atomic bool, publish func(context.Context, *b
 			}
 		})
 	}
+}
+
+// publishGate forwards a publisher's connection to a NATS server and holds
+// it (forwards nothing more from it) once it has sent holdAt messages on
+// db. subjects, until release is closed: a failure the test injects then
+// comes in the middle of the publish for certain. It reads the client's
+// protocol a command at a time.
+type publishGate struct {
+	*brokertest.Proxy
+	held    chan struct{} // closed when the gate holds
+	release chan struct{} // closed by the test: forward again
+}
+
+func startPublishGate(t *testing.T, server string, holdAt int) *publishGate {
+	t.Helper()
+	g := &publishGate{held: make(chan struct{}), release: make(chan struct{})}
+	var sent atomic.Int64 // across the publisher's connections
+	g.Proxy = brokertest.StartProxy(t, server, brokertest.ProxyConfig{ToServer: func(ctx context.Context, dst io.Writer, src io.Reader) {
+		r := bufio.NewReader(src)
+		for {
+			cmd, err := r.ReadBytes('\n')
+			if err != nil {
+				return
+			}
+			// PUB subject [reply] size, HPUB subject [reply] hsize size:
+			// the payload and its CRLF follow.
+			if f := strings.Fields(string(cmd)); len(f) >= 3 && (f[0] == "PUB" || f[0] == "HPUB") {
+				size, err := strconv.Atoi(f[len(f)-1])
+				if err != nil {
+					return
+				}
+				payload := make([]byte, size+2)
+				if _, err := io.ReadFull(r, payload); err != nil {
+					return
+				}
+				cmd = append(cmd, payload...)
+				if strings.HasPrefix(f[1], "db.") && sent.Add(1) == int64(holdAt) {
+					close(g.held)
+					select {
+					case <-g.release:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+			if _, err := dst.Write(cmd); err != nil {
+				return
+			}
+		}
+	}})
+	return g
 }
