@@ -37,10 +37,8 @@ import (
 // batch.
 //
 // Unlike an atomic batch (Publish), a fast batch is not staged in a store
-// of its own: on a file stream, BenchmarkJetStreamAppend stored 72k events/s
-// where BenchmarkJetStreamPublish stored 19k; on a memory stream, 99k
-// where it stored 62k (medians of 5 interleaved runs on 2 cores shared with
-// other work, so noisy).
+// of its own (what that saves: docs/benchmarks.md, "JetStream append:
+// fast batches").
 //
 // When the batch ends short (a message refused, or lost), or its first
 // message is stored already, the rest goes one message at a time, each
@@ -49,8 +47,7 @@ import (
 // as repeats, and a refused one fails Append with its error. (Not through
 // Publish: an atomic batch holding a message over the stream's
 // max_msg_size is dropped as incomplete, which Publish sends again until
-// ctx is done.) A lost
-// connection, an answer that does not come within publishAckTimeout, a
+// ctx is done.) A lost connection, an answer that does not come within publishAckTimeout, a
 // stream without a leader or with too many batches in flight: the messages
 // not yet known to be stored are sent again as a new batch, at growing
 // intervals, until ctx is done; their ids make that safe (the stored ones

@@ -37,33 +37,8 @@ import (
 // of the publish order at every moment, which the ingest's per-key order
 // and its high-water restart (see HighWater) rely on.
 //
-// Why a batch rather than a chain of checks on a pipeline of single
-// publishes (verified against the nats-server 2.15 source):
-//   - Nats-Expected-Last-Msg-Id (each message naming the previous one's id)
-//     is checked against the stream's last message, whoever published it:
-//     an event the gateway publishes on app.> between two of ours breaks the
-//     chain. On a replicated stream it is checked only when the entry is
-//     applied, after the proposal recorded the message's id for
-//     deduplication with no sequence; a message refused there leaves its id
-//     "in process" (409, error 10158) for the whole duplicate window, so
-//     sending it again fails for two minutes.
-//   - Nats-Expected-Last-Subject-Sequence with a wildcard
-//     Nats-Expected-Last-Subject-Sequence-Subject (db.>) is scoped to our
-//     subjects, but needs the previous message's stream sequence, which a
-//     pipeline does not know yet. Predicted (contiguous) sequences are
-//     unsafe: once another publisher's message shifts them, message k+1 is
-//     refused while k+2, whose prediction now equals the real last one, is
-//     stored.
-//   - Finding out after a failure which later messages got stored cannot
-//     undo them: consumers may have read them already.
-//
-// A batch has one answer instead of one ack per message: on a memory
-// stream, BenchmarkJetStreamPublish went from 58k to 80k events/s (medians
-// of 5 interleaved runs, 2 busy cores). On a file stream of one replica it
-// went from 56k to 36k: the server stages each batch in a file store of its
-// own, created, synced and removed per batch, so that a batch survives a
-// crash between its commit and its storing. The price of never reordering.
-// The server keeps the batch headers (about 60 bytes) on stored messages.
+// Why a batch rather than a chain of expected-sequence checks, and what
+// it costs: docs/benchmarks.md, "JetStream publish: atomic batches".
 //
 // It rides out a failover until ctx is done: a window refused for want of a
 // stream leader ("no responders", 503), dropped (incomplete), or whose
