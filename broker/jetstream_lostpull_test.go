@@ -91,7 +91,19 @@ type pullDropper struct {
 func startPullDropper(t *testing.T, server string) *pullDropper {
 	t.Helper()
 	p := &pullDropper{}
-	p.Proxy = brokertest.StartProxy(t, server, brokertest.ProxyConfig{ToServer: func(_ context.Context, dst io.Writer, src io.Reader) {
+	p.Proxy = brokertest.StartProxy(t, server, brokertest.ProxyConfig{ToServer: clientPublishes(func(_ context.Context, subject string) bool {
+		return !strings.HasPrefix(subject, "$JS.API.CONSUMER.MSG.NEXT.") || !p.drop.CompareAndSwap(true, false)
+	})})
+	return p
+}
+
+// clientPublishes is a Pipe for a NATS client's side of a connection: it
+// reads the client's protocol a command at a time (a PUB or HPUB with its
+// payload, so that one split across reads is handled whole) and forwards
+// each, but first asks pub about every publish, by subject: pub may wait,
+// and returns false to drop it.
+func clientPublishes(pub func(ctx context.Context, subject string) bool) brokertest.Pipe {
+	return func(ctx context.Context, dst io.Writer, src io.Reader) {
 		r := bufio.NewReader(src)
 		for {
 			cmd, err := r.ReadBytes('\n')
@@ -109,7 +121,7 @@ func startPullDropper(t *testing.T, server string) *pullDropper {
 				if _, err := io.ReadFull(r, payload); err != nil {
 					return
 				}
-				if strings.HasPrefix(f[1], "$JS.API.CONSUMER.MSG.NEXT.") && p.drop.CompareAndSwap(true, false) {
+				if !pub(ctx, f[1]) {
 					continue
 				}
 				cmd = append(cmd, payload...)
@@ -118,6 +130,5 @@ func startPullDropper(t *testing.T, server string) *pullDropper {
 				return
 			}
 		}
-	}})
-	return p
+	}
 }

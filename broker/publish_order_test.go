@@ -1,13 +1,10 @@
 package broker_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -488,8 +485,7 @@ func lostBatchAnswer(t *testing.T, atomic bool, publish func(context.Context, *b
 // publishGate forwards a publisher's connection to a NATS server and holds
 // it (forwards nothing more from it) once it has sent holdAt messages on
 // db. subjects, until release is closed: a failure the test injects then
-// comes in the middle of the publish for certain. It reads the client's
-// protocol a command at a time.
+// comes in the middle of the publish for certain.
 type publishGate struct {
 	*brokertest.Proxy
 	held    chan struct{} // closed when the gate holds
@@ -500,38 +496,16 @@ func startPublishGate(t *testing.T, server string, holdAt int) *publishGate {
 	t.Helper()
 	g := &publishGate{held: make(chan struct{}), release: make(chan struct{})}
 	var sent atomic.Int64 // across the publisher's connections
-	g.Proxy = brokertest.StartProxy(t, server, brokertest.ProxyConfig{ToServer: func(ctx context.Context, dst io.Writer, src io.Reader) {
-		r := bufio.NewReader(src)
-		for {
-			cmd, err := r.ReadBytes('\n')
-			if err != nil {
-				return
-			}
-			// PUB subject [reply] size, HPUB subject [reply] hsize size:
-			// the payload and its CRLF follow.
-			if f := strings.Fields(string(cmd)); len(f) >= 3 && (f[0] == "PUB" || f[0] == "HPUB") {
-				size, err := strconv.Atoi(f[len(f)-1])
-				if err != nil {
-					return
-				}
-				payload := make([]byte, size+2)
-				if _, err := io.ReadFull(r, payload); err != nil {
-					return
-				}
-				cmd = append(cmd, payload...)
-				if strings.HasPrefix(f[1], "db.") && sent.Add(1) == int64(holdAt) {
-					close(g.held)
-					select {
-					case <-g.release:
-					case <-ctx.Done():
-						return
-					}
-				}
-			}
-			if _, err := dst.Write(cmd); err != nil {
-				return
+	g.Proxy = brokertest.StartProxy(t, server, brokertest.ProxyConfig{ToServer: clientPublishes(func(ctx context.Context, subject string) bool {
+		if strings.HasPrefix(subject, "db.") && sent.Add(1) == int64(holdAt) {
+			close(g.held)
+			select {
+			case <-g.release:
+			case <-ctx.Done(): // the test ends
+				return false
 			}
 		}
-	}})
+		return true
+	})})
 	return g
 }
