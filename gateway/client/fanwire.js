@@ -1905,7 +1905,8 @@ export class View {
       for (const k of [...this.docs.keys()]) if (!keep.has(k)) this.#remove(k);
     }
     if (this.closed) return; // a change listener closed it
-    this.#life.synced(this);
+    this.#life.synced();
+    this.#life.tellSynced(this);
   }
 }
 
@@ -2026,7 +2027,7 @@ export class PresenceRoom {
       this.members.set(conn, m);
     }
     this.count = this.members.size;
-    const first = this.#life.synced(null);
+    const first = this.#life.synced();
     if (first || joins.length + leaves.length + updates.length > 0) this.#life.change({ joins, leaves, updates, count: this.count });
     if (this.closed) return;
     this.#life.tellSynced(this);
@@ -2099,17 +2100,16 @@ class Lifecycle {
     this.#sub.unsubscribe(); // #ended
   }
 
-  // synced marks it complete and settles ready's waiters; with owner, it
-  // tells the "synced" listeners too. It reports whether this was the
-  // first time.
-  synced(owner) {
+  // synced marks it complete and settles ready's waiters; it reports
+  // whether this was the first time.
+  synced() {
     const first = !this.#synced;
     this.#synced = true;
     settle(this.#waiters);
-    if (owner) this.tellSynced(owner);
     return first;
   }
 
+  // tellSynced calls the "synced" listeners with owner.
   tellSynced(owner) {
     for (const fn of this.listeners.synced) this.#client._call(fn, owner);
   }
