@@ -136,8 +136,9 @@ type adminConn struct {
 type adminSub struct {
 	ID       string `json:"id"`
 	Pattern  string `json:"pattern"`
-	Kind     string `json:"kind"` // live, view (a where, or from "latest" while it holds a snapshot), resume (from a cursor), feed, durable, presence
-	Live     bool   `json:"live"` // receiving live events (false while a resume replays)
+	Kind     string `json:"kind"`              // live, view (a where, or from "latest" while it holds a snapshot), resume (from a cursor), feed, durable, presence
+	Live     bool   `json:"live"`              // receiving live events (false while a resume replays)
+	Waiting  bool   `json:"waiting,omitempty"` // its replay or hand-over waits for the client to read
 	Presence bool   `json:"presence"`
 	Filtered bool   `json:"filtered"`
 }
@@ -193,7 +194,7 @@ func (c *conn) inspect(now time.Time) adminConn {
 	a.MailboxItems, a.MailboxBytes = c.cl.mb.depth()
 	c.subsMu.Lock()
 	for id, st := range c.subs {
-		a.Subscriptions = append(a.Subscriptions, adminSub{ID: id, Pattern: st.pattern, Kind: st.kind(), Live: st.live, Presence: st.presence, Filtered: st.filter() != nil})
+		a.Subscriptions = append(a.Subscriptions, adminSub{ID: id, Pattern: st.pattern, Kind: st.kind(), Live: st.live, Waiting: st.waiting, Presence: st.presence, Filtered: st.filter() != nil})
 	}
 	c.subsMu.Unlock()
 	slices.SortFunc(a.Subscriptions, func(x, y adminSub) int { return cmp.Compare(x.ID, y.ID) })

@@ -38,12 +38,16 @@ func fillRoom(t *testing.T, e *env, subject string, n, size int) []string {
 // inspected is a connection as the inspector lists it (the fields these
 // tests read).
 type inspected struct {
-	ID            string `json:"id"`
-	MailboxBytes  int    `json:"mailbox_bytes"`
-	Subscriptions []struct {
-		ID   string `json:"id"`
-		Live bool   `json:"live"`
-	} `json:"subscriptions"`
+	ID            string         `json:"id"`
+	MailboxBytes  int            `json:"mailbox_bytes"`
+	Subscriptions []inspectedSub `json:"subscriptions"`
+}
+
+// inspectedSub is one subscription of an inspected connection.
+type inspectedSub struct {
+	ID      string `json:"id"`
+	Live    bool   `json:"live"`
+	Waiting bool   `json:"waiting"`
 }
 
 // inspect lists the node's connections through the inspector (the env
@@ -398,27 +402,32 @@ func TestViewSyncedOverTheMailbox(t *testing.T) {
 
 	t.Run("waits for room", func(t *testing.T) {
 		const mailbox = 32 << 10
-		e := newEnvOn(t, "jetstream", func(c *gateway.Config) {
+		e, gate := newEnvGated(t, "jetstream", func(c *gateway.Config) {
 			c.MailboxBytes, c.MaxPublishBytes = mailbox, 8<<10
 			c.AdminKey = testAdminKey
 			c.CloseTimeout = time.Minute
 		})
 		last := store(e)
-		c := dialRaw(t, e, true)
+		c, addr := dialRawAddr(t, e, false)
 		subscribeRaw(t, c, "fill", "app.fill")
-		// Stall the socket, then queue more than the synced leaves free
-		// (16 KiB, at most 8 KiB more: within the bound).
+		// The client reads nothing: its writer waits at the gate with the
+		// first fill event, and what follows stays queued. Queue more than
+		// the synced leaves free (16 KiB, at most 8 KiB more: within the
+		// bound).
+		gate.hold(addr)
 		pad := strings.Repeat("f", 7<<10)
-		for i := 1; e.metric("fanwire_writer_handoffs_total", nil) < 1 || e.mostQueued() <= 16<<10; i++ {
+		for i := 1; gate.waitingWrites() == 0 || e.mostQueued() <= 16<<10; i++ {
 			e.store("app.fill", `"`+pad+`"`)
 			waitFor(t, "the fill event queued", func() bool { return e.metric("fanwire_deliveries_total", nil) == float64(i) })
+			if i == 1 {
+				waitFor(t, "the writer held at the gate", func() bool { return gate.waitingWrites() > 0 })
+			}
 		}
-		before := e.mostQueued()
 		writeRaw(t, c, `{"type":"subscribe","id":"v","subject":"orders.*","where":`+where+`,"from":"`+last+`"}`)
 		var v inspected
-		waitFor(t, "the resume's subscribed queued", func() bool {
+		waitFor(t, "the view's synced waiting for room", func() bool {
 			v = e.inspect()[0]
-			return v.MailboxBytes > before
+			return slices.ContainsFunc(v.Subscriptions, func(s inspectedSub) bool { return s.ID == "v" && s.Waiting })
 		})
 		for _, s := range v.Subscriptions {
 			if s.ID == "v" && s.Live {
@@ -428,6 +437,7 @@ func TestViewSyncedOverTheMailbox(t *testing.T) {
 		if v.MailboxBytes > mailbox {
 			t.Fatalf("%d bytes queued, over the bound %d", v.MailboxBytes, mailbox)
 		}
+		gate.hold("")
 		// The client reads: the fill, subscribed, then synced with every key.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

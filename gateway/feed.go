@@ -149,7 +149,7 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 			// acknowledged once written.
 			for i := 0; i < len(ms); i += broker.AckEvery {
 				chunk := ms[i:min(i+broker.AckEvery, len(ms))]
-				if err := c.queueEvents(cctx, chunk, st.pattern, subs, f.view); err != nil {
+				if err := c.queueEvents(cctx, chunk, st, subs, f.view); err != nil {
 					if errors.Is(err, errViewTooLarge) {
 						viewErr = err
 					}

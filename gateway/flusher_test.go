@@ -31,11 +31,26 @@ const stalledBytes = 6 << 20
 // the test does.
 func dialRaw(t *testing.T, e *env, small bool) *websocket.Conn {
 	t.Helper()
+	c, _ := dialRawAddr(t, e, small)
+	return c
+}
+
+// dialRawAddr is dialRaw that also returns the connection's local address
+// (writeGate.hold's).
+func dialRawAddr(t *testing.T, e *env, small bool) (*websocket.Conn, string) {
+	t.Helper()
 	d := &net.Dialer{}
 	if small {
 		d.Control = setRcvBuf
 	}
-	tr := &http.Transport{DialContext: d.DialContext}
+	var local string
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nc, err := d.DialContext(ctx, network, addr)
+		if err == nil {
+			local = nc.LocalAddr().String()
+		}
+		return nc, err
+	}}
 	t.Cleanup(tr.CloseIdleConnections)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -48,7 +63,7 @@ func dialRaw(t *testing.T, e *env, small bool) *websocket.Conn {
 	if _, b, err := c.Read(ctx); err != nil || !bytes.Contains(b, []byte(`"type":"ready"`)) {
 		t.Fatalf("first message %q, %v; want ready", b, err)
 	}
-	return c
+	return c, local
 }
 
 // setRcvBuf is a net.Dialer's Control: a 4 KiB receive buffer.

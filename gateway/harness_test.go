@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -77,6 +78,13 @@ func startEnv(t testing.TB, ns *server.Server, kind string, jsMutate func(*broke
 // redis-server of its own).
 func startEnvRedis(t testing.TB, ns *server.Server, kind string, jsMutate func(*broker.JetStreamConfig), mutate func(*gateway.Config), shared *brokertest.RedisServer) *env {
 	t.Helper()
+	return startEnvListener(t, ns, kind, jsMutate, mutate, shared, nil)
+}
+
+// startEnvListener is startEnvRedis serving through wrap(listener) (nil:
+// the listener itself).
+func startEnvListener(t testing.TB, ns *server.Server, kind string, jsMutate func(*broker.JetStreamConfig), mutate func(*gateway.Config), shared *brokertest.RedisServer, wrap func(net.Listener) net.Listener) *env {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ncfg := broker.NATSConfig{URL: ns.ClientURL(), Name: "gateway-test"}
@@ -114,7 +122,7 @@ func startEnvRedis(t testing.TB, ns *server.Server, kind string, jsMutate func(*
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	gs := gatewaytest.Start(t, cfg)
+	gs := gatewaytest.StartListener(t, cfg, wrap)
 	nc, err := nats.Connect(ns.ClientURL())
 	if err != nil {
 		t.Fatal(err)

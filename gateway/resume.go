@@ -229,7 +229,7 @@ func (rs *resumer) deliver(ms []broker.Message) error {
 	if rs.reply() {
 		rs.c.cl.signal()
 	}
-	if err := rs.c.queueEvents(rs.ctx, ms, rs.st.pattern, rs.subs, rs.vs); err != nil {
+	if err := rs.c.queueEvents(rs.ctx, ms, rs.st, rs.subs, rs.vs); err != nil {
 		return err
 	}
 	if len(ms) > 0 {
@@ -366,7 +366,7 @@ const (
 // per event (a wake per event made a frame per event: 45k events/s of
 // catch-up). A push that fails anyway closes the connection with 4008. An
 // event that could not fit even in an empty mailbox is skipped, as live.
-func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern string, subs *subsList, vs *viewSub) error {
+func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, st *subState, subs *subsList, vs *viewSub) error {
 	wake := false
 	defer func() {
 		if wake {
@@ -374,7 +374,7 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern str
 		}
 	}()
 	for _, m := range ms {
-		if !subject.MatchEvent(pattern, m.Subject) {
+		if !subject.MatchEvent(st.pattern, m.Subject) {
 			continue
 		}
 		ev, err := c.s.event(m)
@@ -406,7 +406,7 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, pattern str
 				c.cl.signal()
 				wake = false
 			}
-			if err := c.cl.mb.waitRoom(ctx); err != nil {
+			if err := c.waitForClient(st, func() error { return c.cl.mb.waitRoom(ctx) }); err != nil {
 				return err
 			}
 		}

@@ -149,7 +149,7 @@ func (rs *resumer) handOver(w string) (over bool) {
 	}
 	if needFree > 0 { // the view's synced waits for the client to read
 		c.cl.signal()
-		if err := c.cl.mb.waitFree(rs.ctx, needFree); err != nil {
+		if err := c.waitForClient(st, func() error { return c.cl.mb.waitFree(rs.ctx, needFree) }); err != nil {
 			return true
 		}
 	}

@@ -12,6 +12,7 @@ type subState struct {
 	view      *viewSub   // a filtered subscription: in the view index once live, not the index
 	grant     string     // the grant's row filter it was admitted with (and its claims), to re-check on refresh
 	live      bool       // in the index, its feed is running, or (watchOnly) it watches; guarded by conn.subsMu
+	waiting   bool       // its replay or hand-over waits for the client to read (waitForClient); guarded by conn.subsMu
 	task      *taskState // the goroutine of a resume or a feed; static after creation
 	feed      *feedState // set when the subscription has its own consumer; static after creation
 	presence  bool       // it watches presence too (presence.go); static
@@ -27,6 +28,21 @@ func (st *subState) filter() *filter.Filter {
 		return st.feed.view.f
 	}
 	return nil
+}
+
+// waitForClient runs wait, a wait for room in c's mailbox, with st marked
+// waiting for as long as it takes (the inspector shows it: a replay, a
+// feed or a view's synced held up by a client that does not read).
+func (c *conn) waitForClient(st *subState, wait func() error) error {
+	c.subsMu.Lock()
+	st.waiting = true
+	c.subsMu.Unlock()
+	defer func() {
+		c.subsMu.Lock()
+		st.waiting = false
+		c.subsMu.Unlock()
+	}()
+	return wait()
 }
 
 // taskState is a subscription's goroutine: a resume (replay, then hand-over

@@ -8,6 +8,7 @@ package gatewaytest
 import (
 	"context"
 	"crypto/tls"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -31,7 +32,16 @@ type Server struct {
 // it registers runs before cleanups registered earlier.
 func Start(t testing.TB, cfg gateway.Config) *Server {
 	t.Helper()
-	return start(t, cfg, nil, http.DefaultClient)
+	return start(t, cfg, nil, http.DefaultClient, nil)
+}
+
+// StartListener is Start serving through wrap(l), l its loopback
+// listener: a test's listener whose connections it controls (one that
+// holds a client's writes up, say, for a client that reads nothing for
+// certain rather than until the kernel's buffers fill).
+func StartListener(t testing.TB, cfg gateway.Config, wrap func(l net.Listener) net.Listener) *Server {
+	t.Helper()
+	return start(t, cfg, nil, http.DefaultClient, wrap)
 }
 
 // StartTLS is Start serving HTTPS and wss:// with tc (its certificate from
@@ -39,10 +49,10 @@ func Start(t testing.TB, cfg gateway.Config) *Server {
 // certificate, asks /readyz. HTTP.URL is https://127.0.0.1:port.
 func StartTLS(t testing.TB, cfg gateway.Config, tc *tls.Config, client *http.Client) *Server {
 	t.Helper()
-	return start(t, cfg, tc, client)
+	return start(t, cfg, tc, client, nil)
 }
 
-func start(t testing.TB, cfg gateway.Config, tc *tls.Config, client *http.Client) *Server {
+func start(t testing.TB, cfg gateway.Config, tc *tls.Config, client *http.Client, wrap func(net.Listener) net.Listener) *Server {
 	t.Helper()
 	gw, err := gateway.New(cfg)
 	if err != nil {
@@ -50,6 +60,9 @@ func start(t testing.TB, cfg gateway.Config, tc *tls.Config, client *http.Client
 	}
 	hs := httptest.NewUnstartedServer(nil)
 	hs.Config = gw.HTTPServer()
+	if wrap != nil {
+		hs.Listener = wrap(hs.Listener)
+	}
 	if tc != nil {
 		// Not httptest's StartTLS: it adds its own certificate, which a
 		// handshake without SNI (an IP address) would get instead of tc's
