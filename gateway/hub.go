@@ -132,8 +132,7 @@ func newHub(m *Metrics, maxPace time.Duration) *hub {
 // bounds and metrics then apply. A minority of slow clients never triggers
 // the wait: they overflow and are closed with 4008.
 func (h *hub) dispatch(evs []*Event, arrived time.Time) {
-	var n, pressured, critical int
-	var vst viewStats
+	var st dispatchStats
 	h.idx.mu.RLock()
 	views := h.idx.vsize > 0
 	if views {
@@ -144,38 +143,10 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 			h.recent.add(ev)
 		}
 		if views {
-			h.dispatchView(ev, &vst)
+			h.dispatchView(ev, &st)
 		}
 		for _, d := range h.m.match(h.idx, ev.Subject) {
-			c := d.c
-			wasEmpty, fill, err := c.mb.push(item{ev: ev, subs: d.subs}, len(ev.buf)+d.subsLen)
-			if err != nil {
-				if c.neverFits(len(ev.buf) + d.subsLen) {
-					// Not a slow consumer: the event fits (Server.dispatch
-					// dropped it otherwise) but not with this client's
-					// subscription list. Skip it, as a resume would.
-					continue
-				}
-				if c.overflowed.CompareAndSwap(false, true) {
-					h.overflow = append(h.overflow, c)
-				}
-				continue
-			}
-			n++
-			if fill == fillCritical {
-				critical++
-			}
-			if fill >= fillHalf {
-				pressured++
-				if !c.pacePending {
-					c.pacePending = true
-					h.paceList = append(h.paceList, c)
-				}
-			}
-			if wasEmpty && !c.wakePending {
-				c.wakePending = true
-				h.wakeList = append(h.wakeList, c)
-			}
+			h.push(d.c, item{ev: ev, subs: d.subs}, len(ev.buf)+d.subsLen, &st)
 		}
 	}
 	if h.batchLast != "" {
@@ -191,7 +162,7 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 			ev.dataParsed.Store(nil)
 		}
 	}
-	n, pressured, critical = n+vst.n, pressured+vst.pressured, critical+vst.critical
+	n, pressured, critical := st.n, st.pressured, st.critical
 	if h.filterEvals > 0 && h.metrics != nil {
 		h.metrics.FilterEvaluations.Add(float64(h.filterEvals))
 		h.metrics.FilterErrors.Add(float64(h.filterErrors))
@@ -249,6 +220,46 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 		h.paceList[i] = nil
 	}
 	h.paceList = h.paceList[:0]
+}
+
+// dispatchStats counts a batch's deliveries for the dispatcher's pacing
+// (Deliveries, and how many found their mailbox half or nearly full).
+type dispatchStats struct {
+	n, pressured, critical int
+}
+
+// push queues it (size bytes) for c: the hub's one delivery path, for the
+// index's subscriptions and the views' alike. On the dispatcher, with the
+// index held for reading. A full mailbox marks c to be closed as a slow
+// consumer after the batch, unless the delivery could never fit it
+// (skipped, as a resume skips it); a delivery that filled it past half
+// marks c to be paced, one into an empty mailbox to be woken.
+func (h *hub) push(c *client, it item, size int, st *dispatchStats) {
+	wasEmpty, fill, err := c.mb.push(it, size)
+	if err != nil {
+		if c.neverFits(size) {
+			return
+		}
+		if c.overflowed.CompareAndSwap(false, true) {
+			h.overflow = append(h.overflow, c)
+		}
+		return
+	}
+	st.n++
+	if fill == fillCritical {
+		st.critical++
+	}
+	if fill >= fillHalf {
+		st.pressured++
+		if !c.pacePending {
+			c.pacePending = true
+			h.paceList = append(h.paceList, c)
+		}
+	}
+	if wasEmpty && !c.wakePending {
+		c.wakePending = true
+		h.wakeList = append(h.wakeList, c)
+	}
 }
 
 // lastCursor is the cursor of the last message dispatched ("" before any,

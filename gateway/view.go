@@ -254,17 +254,11 @@ func (h *hub) dropHolder(subject string, vs *viewSub) {
 	}
 }
 
-// viewStats counts a batch's view deliveries for the dispatcher's
-// pacing, as its own loop does.
-type viewStats struct {
-	n, pressured, critical int
-}
-
 // dispatchView delivers ev to the filtered subscriptions: those whose
 // filter accepts it get it (each distinct filter evaluated once), those
 // that held its subject and no longer do get a leave. The caller holds
 // the index for reading and has checked that views exist.
-func (h *hub) dispatchView(ev *Event, st *viewStats) {
+func (h *hub) dispatchView(ev *Event, st *dispatchStats) {
 	h.vseq++
 	seq := h.vseq
 	literal := subject.IsSystem(ev.Subject)
@@ -329,7 +323,8 @@ func (h *hub) dispatchView(ev *Event, st *viewStats) {
 		if leave == nil {
 			leave = leaveEvent(ev)
 		}
-		h.viewPush(vs, item{ev: leave, subs: vs.subs}, st)
+		it := item{ev: leave, subs: vs.subs}
+		h.push(vs.c, it, it.size(), st)
 	}
 	if len(holders) == 0 {
 		delete(h.holders, ev.Subject)
@@ -348,7 +343,7 @@ func (h *hub) dispatchView(ev *Event, st *viewStats) {
 // would evaluate a filter while it is past them. So no connection holds
 // up the dispatcher for much more than maxConnCost per event, however
 // many filters it holds.
-func (h *hub) viewOffer(vs *viewSub, ev *Event, p *filter.Parsed, seq uint64, st *viewStats) {
+func (h *hub) viewOffer(vs *viewSub, ev *Event, p *filter.Parsed, seq uint64, st *dispatchStats) {
 	if vs.ended || vs.matched == seq {
 		return
 	}
@@ -392,7 +387,8 @@ func (h *hub) viewOffer(vs *viewSub, ev *Event, p *filter.Parsed, seq uint64, st
 				h.holders[ev.Subject] = append(h.holders[ev.Subject], vs)
 			}
 		}
-		h.viewPush(vs, item{ev: ev, subs: vs.subs}, st)
+		it := item{ev: ev, subs: vs.subs}
+		h.push(vs.c, it, it.size(), st)
 	}
 	if over {
 		h.endView(vs, CodeFilterTooCostly)
@@ -409,7 +405,7 @@ func (h *hub) endView(vs *viewSub, code string) {
 
 // viewTruncate sends a truncate to vs (it carries no row) and forgets the
 // documents under its prefix.
-func (h *hub) viewTruncate(vs *viewSub, ev *Event, st *viewStats) {
+func (h *hub) viewTruncate(vs *viewSub, ev *Event, st *dispatchStats) {
 	if vs.ended {
 		return
 	}
@@ -421,38 +417,8 @@ func (h *hub) viewTruncate(vs *viewSub, ev *Event, st *viewStats) {
 			h.dropHolder(s, vs)
 		}
 	}
-	h.viewPush(vs, item{ev: ev, subs: vs.subs}, st)
-}
-
-// viewPush queues one view delivery, as dispatch queues the others.
-func (h *hub) viewPush(vs *viewSub, it item, st *viewStats) {
-	c := vs.c
-	size := it.size()
-	wasEmpty, fill, err := c.mb.push(it, size)
-	if err != nil {
-		if c.neverFits(size) {
-			return
-		}
-		if c.overflowed.CompareAndSwap(false, true) {
-			h.overflow = append(h.overflow, c)
-		}
-		return
-	}
-	st.n++
-	if fill == fillCritical {
-		st.critical++
-	}
-	if fill >= fillHalf {
-		st.pressured++
-		if !c.pacePending {
-			c.pacePending = true
-			h.paceList = append(h.paceList, c)
-		}
-	}
-	if wasEmpty && !c.wakePending {
-		c.wakePending = true
-		h.wakeList = append(h.wakeList, c)
-	}
+	it := item{ev: ev, subs: vs.subs}
+	h.push(vs.c, it, it.size(), st)
 }
 
 // viewCount is the number of filtered subscriptions in the index.
