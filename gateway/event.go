@@ -31,8 +31,10 @@ type Event struct {
 	// operator named them to) publishes: only there is a truncate-shaped
 	// event a truncate (Server.newEvent).
 	ingestTruncate bool
-	keys           []string   // kindSynced: a filtered view's held subjects (nil: none listed)
-	pres           *presParts // kindPresence with GraphQL watchers: the change's GraphQL values (graphql_presence.go)
+	// ext is what a transport attached to the event, built once for all
+	// its deliveries (GraphQL: a synced's keys, a presence change's
+	// values); the fan-out never reads it.
+	ext any
 
 	data       []byte                        // the data as in buf (views parse it)
 	dataParsed atomic.Pointer[filter.Parsed] // the data parsed, once, by the first filter that needs it
@@ -90,47 +92,6 @@ const (
 	kindPresence // a subject's presence changes (presence.go): data is its body from "count" on
 )
 
-// kindJSON is the GraphQL EventKind of e.
-func (e *Event) kindJSON() string {
-	switch e.kind {
-	case kindLeave:
-		return `"LEAVE"`
-	case kindSynced:
-		return `"SYNCED"`
-	}
-	return `"EVENT"`
-}
-
-// keysJSON is the GraphQL keys of e: null, or a synced's list.
-func (e *Event) keysJSON() []byte {
-	if e.keys == nil {
-		return nullJSON
-	}
-	b := []byte{'['}
-	for i, k := range e.keys {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = jsonstr.Append(b, k)
-	}
-	return append(b, ']')
-}
-
-// gqlSyncedEvent is a GraphQL synced, delivered through a subscription's
-// operation as an Event of kind SYNCED: subject is the pattern, cursor
-// where the view is complete.
-func gqlSyncedEvent(pattern, cursor string, keys []string) *Event {
-	buf := jsonstr.Append(nil, pattern)
-	subjEnd := len(buf)
-	curEnd := 0
-	if cursor != "" {
-		buf = append(buf, cursorField...)
-		buf = jsonstr.Append(buf, cursor)
-		curEnd = len(buf)
-	}
-	return &Event{Subject: pattern, Cursor: cursor, buf: buf, split: -1, subjEnd: int32(subjEnd), curEnd: int32(curEnd), kind: kindSynced, keys: keys}
-}
-
 // cursorJSON is nil when the event has no cursor.
 func (e *Event) cursorJSON() []byte {
 	if e.curEnd == 0 {
@@ -156,8 +117,8 @@ var nullJSON = []byte("null")
 // changes, never per event, and is immutable.
 type subsList struct {
 	b    []byte
-	ops  []*gqlOp // GraphQL: one next frame per operation
-	size int      // bytes a delivery adds to the event's (mailbox accounting)
+	ext  any // a transport's list (GraphQL: the operations, []*gqlOp); the fan-out never reads it
+	size int // bytes a delivery adds to the event's (mailbox accounting)
 }
 
 // item is a mailbox entry: 16 bytes, no copy of the event.

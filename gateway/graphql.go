@@ -58,16 +58,17 @@ type gqlConn struct {
 
 // encode is the client's subscription-list encoder: the operations of ids.
 func (g *gqlConn) encode(ids []string) *subsList {
-	l := &subsList{ops: make([]*gqlOp, 0, len(ids))}
+	ops := make([]*gqlOp, 0, len(ids))
+	size := 0
 	g.opsMu.Lock()
 	for _, id := range ids {
 		if op := g.ops[id]; op != nil {
-			l.ops = append(l.ops, op)
-			l.size += op.overhead
+			ops = append(ops, op)
+			size += op.overhead
 		}
 	}
 	g.opsMu.Unlock()
-	return l
+	return &subsList{ext: ops, size: size}
 }
 
 func (g *gqlConn) op(id string) *gqlOp {

@@ -250,12 +250,13 @@ func (s *Server) newPresenceOp(ctx context.Context, id string, legacy bool, opCt
 // gqlPresenceChange is a presence event as the executor's PresenceChange.
 func gqlPresenceChange(ev *Event) *schema.PresenceChange {
 	pc := &schema.PresenceChange{Subject: ev.Subject}
-	if ev.pres == nil {
+	pp := gqlPresence(ev)
+	if pp == nil {
 		return pc
 	}
-	_ = json.Unmarshal(ev.pres.count, &pc.Count)
+	_ = json.Unmarshal(pp.count, &pc.Count)
 	lists := [3]*[]schema.Member{&pc.Joins, &pc.Leaves, &pc.Updates}
-	for i, ms := range ev.pres.lists {
+	for i, ms := range pp.lists {
 		out := make([]schema.Member, len(ms))
 		for j, m := range ms {
 			out[j] = m.schema()

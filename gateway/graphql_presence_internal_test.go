@@ -31,7 +31,7 @@ func presenceOpFor(t testing.TB, s *Server, id string, legacy bool, query string
 // GraphQL watchers.
 func testPresenceEvent(subject string, count int, changes []pendingChange) *Event {
 	ev := presenceEvent(subject, count, changes)
-	ev.pres = newPresParts(count, changes)
+	ev.ext = newPresParts(count, changes)
 	return ev
 }
 

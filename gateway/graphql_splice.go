@@ -32,6 +32,74 @@ const (
 	fieldPresenceTypename
 )
 
+// What GraphQL attaches to the fan-out's values: an Event's ext (a
+// synced's keys, a presence change's values) and a subsList's (the
+// operations a delivery goes to).
+
+// gqlSynced is a GraphQL synced event's ext: the filtered view's keys
+// (nil: none listed), and their JSON as the keys field writes it.
+type gqlSynced struct {
+	keys []string
+	json []byte
+}
+
+// gqlSyncedEvent is a GraphQL synced, delivered through a subscription's
+// operation as an Event of kind SYNCED: subject is the pattern, cursor
+// where the view is complete.
+func gqlSyncedEvent(pattern, cursor string, keys []string) *Event {
+	buf := jsonstr.Append(nil, pattern)
+	subjEnd := len(buf)
+	curEnd := 0
+	if cursor != "" {
+		buf = append(buf, cursorField...)
+		buf = jsonstr.Append(buf, cursor)
+		curEnd = len(buf)
+	}
+	sy := &gqlSynced{keys: keys, json: nullJSON}
+	if keys != nil {
+		sy.json = []byte{'['}
+		for i, k := range keys {
+			if i > 0 {
+				sy.json = append(sy.json, ',')
+			}
+			sy.json = jsonstr.Append(sy.json, k)
+		}
+		sy.json = append(sy.json, ']')
+	}
+	return &Event{Subject: pattern, Cursor: cursor, buf: buf, split: -1, subjEnd: int32(subjEnd), curEnd: int32(curEnd), kind: kindSynced, ext: sy}
+}
+
+// gqlKindJSON is the GraphQL EventKind of ev.
+func gqlKindJSON(ev *Event) string {
+	switch ev.kind {
+	case kindLeave:
+		return `"LEAVE"`
+	case kindSynced:
+		return `"SYNCED"`
+	}
+	return `"EVENT"`
+}
+
+// gqlKeysJSON is the GraphQL keys of ev: null, or a synced's list.
+func gqlKeysJSON(ev *Event) []byte {
+	if sy, ok := ev.ext.(*gqlSynced); ok {
+		return sy.json
+	}
+	return nullJSON
+}
+
+// gqlPresence is a presence event's GraphQL values (nil: none attached).
+func gqlPresence(ev *Event) *presParts {
+	p, _ := ev.ext.(*presParts)
+	return p
+}
+
+// gqlOps is the operations a GraphQL delivery goes to.
+func gqlOps(l *subsList) []*gqlOp {
+	ops, _ := l.ext.([]*gqlOp)
+	return ops
+}
+
 // gqlOp is one GraphQL subscription of a connection. It is immutable after
 // it is registered, but for done.
 type gqlOp struct {
@@ -78,13 +146,13 @@ func (op *gqlOp) appendNext(dst []byte, ev *Event) []byte {
 		case fieldTypename:
 			dst = append(dst, `"Event"`...)
 		case fieldKind:
-			dst = append(dst, ev.kindJSON()...)
+			dst = append(dst, gqlKindJSON(ev)...)
 		case fieldKeys:
-			dst = append(dst, ev.keysJSON()...)
+			dst = append(dst, gqlKeysJSON(ev)...)
 		case fieldCount:
-			dst = append(dst, ev.pres.count...)
+			dst = append(dst, gqlPresence(ev).count...)
 		case fieldJoins, fieldLeaves, fieldUpdates:
-			dst = op.shapes[i].appendList(dst, ev.pres.lists[k-fieldJoins])
+			dst = op.shapes[i].appendList(dst, gqlPresence(ev).lists[k-fieldJoins])
 		case fieldPresenceTypename:
 			dst = append(dst, `"PresenceChange"`...)
 		}
@@ -111,13 +179,13 @@ func (op *gqlOp) nextLen(ev *Event) int {
 		case fieldTypename:
 			n += len(`"Event"`)
 		case fieldKind:
-			n += len(ev.kindJSON())
+			n += len(gqlKindJSON(ev))
 		case fieldKeys:
-			n += len(ev.keysJSON())
+			n += len(gqlKeysJSON(ev))
 		case fieldCount:
-			n += len(ev.pres.count)
+			n += len(gqlPresence(ev).count)
 		case fieldJoins, fieldLeaves, fieldUpdates:
-			n += op.shapes[i].listLen(ev.pres.lists[k-fieldJoins])
+			n += op.shapes[i].listLen(gqlPresence(ev).lists[k-fieldJoins])
 		case fieldPresenceTypename:
 			n += len(`"PresenceChange"`)
 		}
@@ -169,7 +237,10 @@ func gqlEvent(ev *Event) *schema.Event {
 	case kindLeave:
 		e.Kind = schema.EventKindLeave
 	case kindSynced:
-		e.Kind, e.Keys = schema.EventKindSynced, ev.keys
+		e.Kind = schema.EventKindSynced
+		if sy, ok := ev.ext.(*gqlSynced); ok {
+			e.Keys = sy.keys
+		}
 	default:
 		e.Data = schema.JSON(ev.dataJSON())
 	}

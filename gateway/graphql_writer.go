@@ -32,7 +32,7 @@ items:
 				}
 				continue
 			}
-			for _, op := range it.subs.ops {
+			for _, op := range gqlOps(it.subs) {
 				if op.done.Load() {
 					continue
 				}

@@ -210,7 +210,7 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 	for _, end := range p.cuts {
 		ev := presenceEvent(r.subject, len(r.members), changes[start:end])
 		if gql { // encoded once for every GraphQL watcher
-			ev.pres = newPresParts(len(r.members), changes[start:end])
+			ev.ext = newPresParts(len(r.members), changes[start:end])
 		}
 		evs = append(evs, ev)
 		start = end

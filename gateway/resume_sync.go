@@ -68,12 +68,10 @@ func (c *conn) queueSynced(id, pattern, cursor string, keys []string) bool {
 	if op := c.gql.op(id); op == nil || !op.markers {
 		return false
 	}
-	it := item{ev: gqlSyncedEvent(pattern, cursor, keys), subs: c.cl.subsFor([]string{id})}
-	n := it.size()
-	for _, k := range keys { // written beside the event's bytes (keysJSON): counted here
-		n += jsonstr.Len(k) + 1
-	}
-	wasEmpty, _, err := c.cl.mb.push(it, n)
+	ev := gqlSyncedEvent(pattern, cursor, keys)
+	it := item{ev: ev, subs: c.cl.subsFor([]string{id})}
+	// The keys are written beside the event's bytes: counted here.
+	wasEmpty, _, err := c.cl.mb.push(it, it.size()+len(gqlKeysJSON(ev)))
 	if err != nil {
 		c.overflow()
 		return false
