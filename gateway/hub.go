@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // client is the hub's view of a connection: a mailbox and a way to wake its
@@ -73,7 +75,7 @@ func (c *client) signal() {
 // time (the broker consumer loop); subscribe and unsubscribe by any.
 type hub struct {
 	idx     *index
-	metrics *Metrics
+	metrics *dispatchMetrics // static; nil: none kept
 
 	// owned by the dispatching goroutine
 	m        matcher
@@ -91,7 +93,7 @@ type hub struct {
 	keepRecent bool   // static
 
 	maxPace time.Duration // static
-	flush   *flushPool    // static: the shared flushers (flusher.go)
+	wakes   wakeBatch     // static; nil: none
 
 	// Views (view.go); guarded like the index: changed under its write
 	// lock, or by the dispatcher under its read lock.
@@ -114,8 +116,27 @@ type hub struct {
 	now         time.Time // dispatcher: when the batch started
 }
 
-func newHub(m *Metrics, maxPace time.Duration) *hub {
-	return &hub{idx: newIndex(), metrics: m, maxPace: maxPace, flush: newFlushPool(runtime.GOMAXPROCS(0))}
+// dispatchMetrics are the counters the hub keeps (the Server's Metrics
+// registers them).
+type dispatchMetrics struct {
+	Deliveries        prometheus.Counter
+	DispatchLatency   prometheus.Observer
+	DispatchPaced     prometheus.Counter
+	FilterEvaluations prometheus.Counter
+	FilterErrors      prometheus.Counter
+	FilterCost        prometheus.Counter
+}
+
+// wakeBatch is what a transport does around a batch's wake-ups: the
+// shared flushers (flusher.go) hold their start while the dispatcher
+// wakes the batch's connections, then start once.
+type wakeBatch interface {
+	hold()
+	release()
+}
+
+func newHub(m *dispatchMetrics, maxPace time.Duration, wakes wakeBatch) *hub {
+	return &hub{idx: newIndex(), metrics: m, maxPace: maxPace, wakes: wakes}
 }
 
 // dispatch queues each event to every matching client and wakes each
@@ -177,14 +198,18 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 	if len(h.wakeList) > 0 {
 		// Connections served by flushers are queued on their shards and
 		// each flusher starts once, after the whole list.
-		h.flush.hold()
+		if h.wakes != nil {
+			h.wakes.hold()
+		}
 		for i, c := range h.wakeList {
 			c.wakePending = false
 			c.signal()
 			h.wakeList[i] = nil
 		}
 		h.wakeList = h.wakeList[:0]
-		h.flush.release()
+		if h.wakes != nil {
+			h.wakes.release()
+		}
 	}
 	for i, c := range h.overflow {
 		c.onOverflow()

@@ -425,7 +425,7 @@ func TestIndexMatchAllocs(t *testing.T) {
 // onOverflow exactly once for a client whose mailbox is full while the other
 // clients still get every event.
 func TestHubDispatch(t *testing.T) {
-	h := newHub(nil, 0)
+	h := newHub(nil, 0, nil)
 	overflows := 0
 	full := newClient(1, 1<<20, func() { overflows++ })
 	if _, err := full.mb.pushControl(item{ev: controlMessage(pongMessage)}); err != nil {

@@ -42,6 +42,14 @@ type Metrics struct {
 	AdminRefused prometheus.Counter // inspector requests refused for a missing or wrong admin key (admin.go)
 }
 
+// dispatch is the hub's share of m.
+func (m *Metrics) dispatch() *dispatchMetrics {
+	return &dispatchMetrics{
+		Deliveries: m.Deliveries, DispatchLatency: m.DispatchLatency, DispatchPaced: m.DispatchPaced,
+		FilterEvaluations: m.FilterEvaluations, FilterErrors: m.FilterErrors, FilterCost: m.FilterCost,
+	}
+}
+
 func newMetrics(reg prometheus.Registerer, brokerUp func() bool) *Metrics {
 	m := &Metrics{
 		Connections:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_connections", Help: "Open WebSocket connections."}),

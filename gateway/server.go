@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,6 +43,7 @@ type Server struct {
 	consumers    broker.Consumers // static: the broker, if it keeps per-subscription consumers (JetStream)
 	replayEvents *eventCache      // events shared by replays and feeds; nil without history
 	hub          *hub             // static
+	flush        *flushPool       // static: the shared flushers (flusher.go)
 	pres         *presence        // static: presence (presence.go)
 	metrics      *Metrics         // static
 	log          *zap.Logger
@@ -87,11 +89,12 @@ func New(cfg Config) (*Server, error) {
 	m := newMetrics(cfg.Registry, cfg.Broker.Ready)
 	s := &Server{
 		cfg:     cfg,
-		hub:     newHub(m, cfg.MaxPace),
+		flush:   newFlushPool(runtime.GOMAXPROCS(0)),
 		metrics: m,
 		log:     cfg.Logger,
 		conns:   make(map[*conn]struct{}),
 	}
+	s.hub = newHub(m.dispatch(), cfg.MaxPace, s.flush)
 	s.durables = make(map[string]bool)
 	s.readyLimits = readyLimits(&s.cfg)
 	s.consumers, _ = cfg.Broker.(broker.Consumers)
@@ -446,7 +449,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	// writer (a 1001 close) as soon as it is in s.conns.
 	c.cl.onWake = c.ensureWriter
 	if !gql && fw.nonBlocking() {
-		c.flush = s.hub.flush // its frames go out on the shared flushers
+		c.flush = s.flush // its frames go out on the shared flushers
 		c.cl.onBehind = c.hurry
 	}
 	c.runCtx, c.cancelRun = context.WithCancel(c.ctx)
@@ -522,7 +525,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.wg.Wait()
 		close(done)
 	}()
-	defer s.hub.flush.stop() // once every connection has ended
+	defer s.flush.stop() // once every connection has ended
 	select {
 	case <-done:
 		s.cancel()
