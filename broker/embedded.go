@@ -3,6 +3,7 @@ package broker
 import (
 	"fmt"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -70,10 +71,59 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
+	errs := &embeddedErrors{}
+	ns.SetLoggerV2(errs, false, false, false)
 	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
+	// Ready once every listener is up; a listener that could not bind is
+	// a fatal error, reported at once.
+	deadline := time.Now().Add(10 * time.Second)
+	for !ns.ReadyForConnections(50 * time.Millisecond) {
+		fatal, last := errs.get()
+		if fatal == "" && time.Now().Before(deadline) {
+			continue
+		}
 		ns.Shutdown()
-		return nil, fmt.Errorf("embedded nats: not ready for connections after 10s (port %d taken?)", cfg.Port)
+		switch {
+		case fatal != "":
+			return nil, fmt.Errorf("embedded nats: %s", fatal)
+		case last != "":
+			return nil, fmt.Errorf("embedded nats: not ready for connections after 10s: %s", last)
+		}
+		return nil, fmt.Errorf("embedded nats: not ready for connections after 10s")
 	}
 	return ns, nil
 }
+
+// embeddedErrors is the embedded server's logger: it keeps the first
+// fatal error (a listener that could not bind, say) and the last error
+// for StartEmbedded to report, and drops the rest. (nats-server's own
+// logger would exit the process on a fatal error.)
+type embeddedErrors struct {
+	mu          sync.Mutex
+	fatal, last string
+}
+
+func (l *embeddedErrors) get() (fatal, last string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.fatal, l.last
+}
+
+func (l *embeddedErrors) Fatalf(format string, v ...any) {
+	l.mu.Lock()
+	if l.fatal == "" {
+		l.fatal = fmt.Sprintf(format, v...)
+	}
+	l.mu.Unlock()
+}
+
+func (l *embeddedErrors) Errorf(format string, v ...any) {
+	l.mu.Lock()
+	l.last = fmt.Sprintf(format, v...)
+	l.mu.Unlock()
+}
+
+func (*embeddedErrors) Noticef(string, ...any) {}
+func (*embeddedErrors) Warnf(string, ...any)   {}
+func (*embeddedErrors) Debugf(string, ...any)  {}
+func (*embeddedErrors) Tracef(string, ...any)  {}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -285,5 +286,32 @@ func TestNATSDropsAreCountedInFull(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
+	}
+}
+
+// TestStartEmbeddedSaysWhyNot: an embedded server whose client or route
+// port is taken fails at once with the server's own reason, not after the
+// readiness wait with a guess.
+func TestStartEmbeddedSaysWhyNot(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	taken := l.Addr().(*net.TCPAddr).Port
+	for name, cfg := range map[string]broker.EmbeddedConfig{
+		"client port": {Port: taken},
+		"route port":  {Cluster: &broker.EmbeddedCluster{Name: "c", Port: taken, Routes: []string{"nats-route://127.0.0.1:" + fmt.Sprint(taken)}}},
+	} {
+		start := time.Now()
+		ns, err := broker.StartEmbedded(cfg)
+		if err == nil {
+			ns.Shutdown()
+			t.Fatalf("%s taken: started", name)
+		}
+		if !strings.Contains(err.Error(), "address already in use") {
+			t.Fatalf("%s taken: %v; want the listener's error", name, err)
+		}
+		t.Logf("%s taken: %v (after %v)", name, err, time.Since(start).Round(time.Millisecond))
 	}
 }

@@ -2,6 +2,7 @@ package brokertest
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"path/filepath"
 	"slices"
@@ -43,25 +44,23 @@ func NATSCluster(t testing.TB, n int) []*server.Server {
 	if testing.Short() {
 		t.Skip("-short (make test-quick) leaves out the tests that start a NATS cluster: make test runs them")
 	}
-	routes := make([]string, n)
-	ports := make([]int, n)
-	for i := range n {
-		ports[i] = freePort(t)
-		routes[i] = "nats-route://127.0.0.1:" + strconv.Itoa(ports[i])
-	}
-	nodes := make([]*server.Server, 0, n)
+	var nodes []*server.Server
 	t.Cleanup(func() { stopCluster(nodes) })
-	for i := range n {
-		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{
-			JetStream:  true,
-			StoreDir:   t.TempDir(),
-			ServerName: "node-" + strconv.Itoa(i),
-			Cluster:    &broker.EmbeddedCluster{Name: "fanwire-test", Port: ports[i], Routes: routes},
-		})
-		if err != nil {
-			t.Fatalf("brokertest: cluster node %d: %v", i, err)
+	// The route ports are picked here, then bound by the servers: one may
+	// be taken in between by any connection of the machine. The server
+	// then says so ("address already in use"), and the cluster starts
+	// again on other ports.
+	for attempt := 1; ; attempt++ {
+		var err error
+		if nodes, err = startCluster(t, n); err == nil {
+			break
 		}
-		nodes = append(nodes, ns)
+		stopCluster(nodes)
+		nodes = nil
+		if !strings.Contains(err.Error(), "address already in use") || attempt == 5 {
+			t.Fatalf("brokertest: %v", err)
+		}
+		t.Logf("brokertest: %v; starting the cluster again", err)
 	}
 	// A meta leader that counts every node as a peer (it has heard from
 	// each) can place n replicas; before that, creating an R3 stream fails
@@ -95,6 +94,31 @@ func NATSCluster(t testing.TB, n int) []*server.Server {
 		}
 	}
 	return nodes
+}
+
+// startCluster starts n nodes on free route ports, each naming every
+// node's route; it returns the nodes started, with the first error.
+func startCluster(t testing.TB, n int) ([]*server.Server, error) {
+	routes := make([]string, n)
+	ports := make([]int, n)
+	for i := range n {
+		ports[i] = freePort(t)
+		routes[i] = "nats-route://127.0.0.1:" + strconv.Itoa(ports[i])
+	}
+	nodes := make([]*server.Server, 0, n)
+	for i := range n {
+		ns, err := broker.StartEmbedded(broker.EmbeddedConfig{
+			JetStream:  true,
+			StoreDir:   t.TempDir(),
+			ServerName: "node-" + strconv.Itoa(i),
+			Cluster:    &broker.EmbeddedCluster{Name: "fanwire-test", Port: ports[i], Routes: routes},
+		})
+		if err != nil {
+			return nodes, fmt.Errorf("cluster node %d: %w", i, err)
+		}
+		nodes = append(nodes, ns)
+	}
+	return nodes, nil
 }
 
 // stopCluster deletes the cluster's streams and then stops its nodes.
