@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -54,9 +52,7 @@ type conn struct {
 	written       atomic.Uint64          // items written to the socket (compare mailbox.pushes)
 	sent          atomic.Uint64          // payload bytes written in frames: added by the writer's role once per frame or batch, never per delivery (the inspector's bytes_sent)
 	adminCode     atomic.Int32           // the close code an operator asked for (admin.go); 0: none
-	flush         *flushPool             // static: the flushers that write for the connection (nil: its own writer goroutine always; TLS, GraphQL)
-	queued        atomic.Bool            // on flush's ready queue
-	pendingItems  uint64                 // owned by the writer's role: items of the bytes a flusher left pending
+	shared        sharedFlush            // the shared flushers' state of it (conn_flush.go)
 	stop          chan struct{}          // closed by serve when reading ended: writer and pings exit
 
 	mu       sync.Mutex
@@ -72,23 +68,10 @@ type conn struct {
 	runCtx    context.Context    // static: cancelled when reading ends; resumes stop
 	cancelRun context.CancelFunc // static
 
-	// Parking (idlepark.go): an idle reader hands its socket to the
-	// node's idle poller and exits.
-	br      *bufio.Reader   // static: what the library reads from; parking needs it empty
-	rc      syscall.RawConn // static: the TCP socket; nil (TLS) never parks
-	prefix  *prefixConn     // static: not nil when frames came with the upgrade: no parking before they are read
-	parkID  uint64          // guarded by s.idle.mu: its id in the poller's set; 0 while not parked
-	parkGen uint64          // guarded by s.idle.mu: the poller's epoll set it was last added to
-	onEnd   func()          // static: run last when the connection has ended (the Server's bookkeeping)
-	// readGate orders a reader's look at br and the socket (parking,
-	// skimming pongs) before the close handshake, which reads them too.
-	readGate     sync.Mutex
-	readsClosing bool // guarded by readGate: the close handshake may read; no parking or skimming
+	park  parking // parking its reader (idlepark.go)
+	onEnd func()  // static: run last when the connection has ended (the Server's bookkeeping)
 
-	// Pings (conn_writer.go ping): one at a time.
-	pingSeq     atomic.Uint64 // the last ping's number, its payload in decimal
-	pendingPing atomic.Uint64 // the ping waiting for its pong
-	pong        chan struct{} // static, buffered 1: the pending ping's pong came
+	pings pings // one ping at a time (conn_writer.go)
 
 	// owned by serve (the reader)
 	rate     tokenBucket
@@ -214,9 +197,9 @@ func (c *conn) read(parkFirst bool) {
 // because the library's Read would take them and then wait, goroutine
 // and all, for a data message that may not come for hours.
 func (c *conn) woken() {
-	c.readGate.Lock()
-	skimmed := !c.readsClosing && c.closeCode.Load() == 0 && c.skimPongs()
-	c.readGate.Unlock()
+	c.park.gate.Lock()
+	skimmed := !c.park.closing && c.closeCode.Load() == 0 && c.skimPongs()
+	c.park.gate.Unlock()
 	if skimmed && c.tryPark() {
 		return
 	}
@@ -226,12 +209,12 @@ func (c *conn) woken() {
 // tryPark parks the reader if the library's reader is empty and the
 // connection is not closing; on true the caller returns at once.
 func (c *conn) tryPark() bool {
-	if c.br == nil {
+	if c.park.br == nil {
 		return false
 	}
-	c.readGate.Lock()
-	defer c.readGate.Unlock()
-	if c.readsClosing || c.closeCode.Load() != 0 || c.br.Buffered() != 0 || c.prefix != nil && !c.prefix.reached.Load() {
+	c.park.gate.Lock()
+	defer c.park.gate.Unlock()
+	if c.park.closing || c.closeCode.Load() != 0 || c.park.br.Buffered() != 0 || c.park.prefix != nil && !c.park.prefix.reached.Load() {
 		return false
 	}
 	return c.s.idle.park(c)
@@ -398,9 +381,9 @@ func (c *conn) finish(code int) {
 		}
 	}
 	// Close does the handshake; the reader receives the peer's close frame.
-	c.readGate.Lock()
-	c.readsClosing = true
-	c.readGate.Unlock()
+	c.park.gate.Lock()
+	c.park.closing = true
+	c.park.gate.Unlock()
 	_ = c.ws.Close(websocket.StatusCode(code), reason)
 	c.wakeReader()
 }

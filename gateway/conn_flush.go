@@ -1,5 +1,7 @@
 package gateway
 
+import "sync/atomic"
+
 // A connection's turn on its shard's flusher (flusher.go), and the writer
 // goroutine it gets when its socket would block.
 //
@@ -20,7 +22,7 @@ const (
 
 // flushTurn is the connection's turn on its flusher.
 func (c *conn) flushTurn() {
-	c.queued.Store(false) // from here a wake queues the connection again
+	c.shared.queued.Store(false) // from here a wake queues the connection again
 	if !c.writerRunning.CompareAndSwap(false, true) {
 		return // its writer goroutine runs and has the wake
 	}
@@ -101,7 +103,7 @@ func (c *conn) flushNB() flushResult {
 		return flushFailed
 	}
 	if pending {
-		c.pendingItems = uint64(n)
+		c.shared.pendingItems = uint64(n)
 		return flushHandOff
 	}
 	c.written.Add(uint64(n))
@@ -197,8 +199,8 @@ func (c *conn) catchUp() {
 		c.closeNow()
 		return
 	}
-	if n := c.pendingItems; n > 0 {
-		c.pendingItems = 0
+	if n := c.shared.pendingItems; n > 0 {
+		c.shared.pendingItems = 0
 		c.written.Add(n)
 	}
 	for {
@@ -228,4 +230,11 @@ func (c *conn) catchUp() {
 		}
 		return
 	}
+}
+
+// sharedFlush is a connection's state with the shared flushers.
+type sharedFlush struct {
+	pool         *flushPool  // static: the flushers that write for the connection (nil: its own writer goroutine always; TLS, GraphQL)
+	queued       atomic.Bool // on pool's ready queue
+	pendingItems uint64      // owned by the writer's role: items of the bytes a flusher left pending
 }

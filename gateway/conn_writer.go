@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -24,8 +25,8 @@ func (c *conn) ensureWriter() {
 	if c.writerRunning.Load() {
 		return
 	}
-	if c.flush != nil {
-		c.flush.enqueue(c)
+	if c.shared.pool != nil {
+		c.shared.pool.enqueue(c)
 		return
 	}
 	c.mu.Lock()
@@ -196,16 +197,16 @@ func (c *conn) writeFrame(b []byte) error {
 // library (OnPongReceived) or, while the reader is parked, by the woken
 // reader before it hands the socket back to the library (skimPongs).
 func (c *conn) ping() bool {
-	seq := c.pingSeq.Add(1)
+	seq := c.pings.seq.Add(1)
 	var payload [20]byte
 	p := strconv.AppendUint(payload[:0], seq, 10)
 	select { // a pong to an earlier ping that came late must not count
-	case <-c.pong:
+	case <-c.pings.pong:
 	default:
 	}
-	c.pendingPing.Store(seq)
+	c.pings.pending.Store(seq)
 	// The timeout covers the write too: a write stuck on a full socket is
-	// cut with the rest. Whoever takes pendingPing from seq to 0 (the pong,
+	// cut with the rest. Whoever takes pings.pending from seq to 0 (the pong,
 	// the timeout, a failed write) decides.
 	fail := func() {
 		select {
@@ -217,7 +218,7 @@ func (c *conn) ping() bool {
 	}
 	expired := make(chan struct{})
 	t := time.AfterFunc(c.s.cfg.PingTimeout, func() {
-		if c.pendingPing.CompareAndSwap(seq, 0) {
+		if c.pings.pending.CompareAndSwap(seq, 0) {
 			fail()
 		}
 		close(expired)
@@ -230,21 +231,21 @@ func (c *conn) ping() bool {
 	}
 	switch {
 	case err != nil:
-		if c.pendingPing.CompareAndSwap(seq, 0) {
+		if c.pings.pending.CompareAndSwap(seq, 0) {
 			fail()
 		}
 		return false
 	case !ok: // closing (the close handshake takes over), or the socket busy with the library's frames: next time
-		c.pendingPing.CompareAndSwap(seq, 0)
+		c.pings.pending.CompareAndSwap(seq, 0)
 		return c.closeCode.Load() == 0
 	}
 	select {
-	case <-c.pong:
+	case <-c.pings.pong:
 		return true
 	case <-expired:
 		return false
 	case <-c.stop:
-		c.pendingPing.CompareAndSwap(seq, 0)
+		c.pings.pending.CompareAndSwap(seq, 0)
 		return false
 	}
 }
@@ -252,11 +253,11 @@ func (c *conn) ping() bool {
 // onPong takes a pong: the one the pending ping waits for ends its wait.
 func (c *conn) onPong(payload []byte) {
 	seq, err := strconv.ParseUint(string(payload), 10, 64)
-	if err != nil || seq == 0 || !c.pendingPing.CompareAndSwap(seq, 0) {
+	if err != nil || seq == 0 || !c.pings.pending.CompareAndSwap(seq, 0) {
 		return // unsolicited (RFC 6455 allows it) or late
 	}
 	select {
-	case c.pong <- struct{}{}:
+	case c.pings.pong <- struct{}{}:
 	default:
 	}
 }
@@ -273,4 +274,11 @@ func putFrameBuf(b *[]byte) {
 	}
 	*b = (*b)[:0]
 	frameBufPool.Put(b)
+}
+
+// pings is a connection's ping in flight: one at a time.
+type pings struct {
+	seq     atomic.Uint64 // the last ping's number, its payload in decimal
+	pending atomic.Uint64 // the ping waiting for its pong
+	pong    chan struct{} // static, buffered 1: the pending ping's pong came
 }

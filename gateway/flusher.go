@@ -31,7 +31,7 @@ type flushPool struct {
 	max int // static: most flushers at once
 
 	mu      sync.Mutex
-	ready   []*conn // guarded by mu: connections to flush, each once (conn.queued), from head
+	ready   []*conn // guarded by mu: connections to flush, each once (sharedFlush.queued), from head
 	head    int     // guarded by mu
 	running int     // guarded by mu: flusher goroutines
 	held    bool    // guarded by mu: the dispatcher is queuing a batch; it starts flushers at release
@@ -72,7 +72,7 @@ func (p *flushPool) stop() {
 
 // enqueue queues c for a flush, once until its turn comes.
 func (p *flushPool) enqueue(c *conn) {
-	if !c.queued.CompareAndSwap(false, true) {
+	if !c.shared.queued.CompareAndSwap(false, true) {
 		return
 	}
 	p.mu.Lock()

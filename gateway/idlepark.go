@@ -1,8 +1,10 @@
 package gateway
 
 import (
+	"bufio"
 	"errors"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -55,11 +57,26 @@ type idlePoller struct {
 func (p *idlePoller) unpark(c *conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if c.parkID == 0 || p.parked[c.parkID] != c {
+	if c.park.id == 0 || p.parked[c.park.id] != c {
 		return false
 	}
-	delete(p.parked, c.parkID)
-	c.parkID = 0
+	delete(p.parked, c.park.id)
+	c.park.id = 0
 	p.parkedGauge(-1)
 	return true
+}
+
+// parking is a connection's share of parking: what the library reads from
+// (parking needs it empty), the socket, and its place in the poller's
+// set.
+type parking struct {
+	br     *bufio.Reader   // static: what the library reads from; parking needs it empty
+	rc     syscall.RawConn // static: the TCP socket; nil (TLS) never parks
+	prefix *prefixConn     // static: not nil when frames came with the upgrade: no parking before they are read
+	id     uint64          // guarded by s.idle.mu: its id in the poller's set; 0 while not parked
+	gen    uint64          // guarded by s.idle.mu: the poller's epoll set it was last added to
+	// gate orders a reader's look at br and the socket (parking,
+	// skimming pongs) before the close handshake, which reads them too.
+	gate    sync.Mutex
+	closing bool // guarded by gate: the close handshake may read; no parking or skimming
 }

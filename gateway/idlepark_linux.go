@@ -13,7 +13,7 @@ import (
 // must return without touching the connection's read side: a new reader
 // may already be running.
 func (p *idlePoller) park(c *conn) bool {
-	if c.rc == nil {
+	if c.park.rc == nil {
 		return false
 	}
 	p.mu.Lock()
@@ -31,13 +31,13 @@ func (p *idlePoller) park(c *conn) bool {
 	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | syscall.EPOLLONESHOT}
 	ev.Fd, ev.Pad = int32(uint32(id)), int32(uint32(id>>32))
 	op := syscall.EPOLL_CTL_ADD
-	if c.parkGen == p.gen {
+	if c.park.gen == p.gen {
 		op = syscall.EPOLL_CTL_MOD // still in this set, disarmed by its last event (one-shot)
 	}
 	var err error
 	// Inside Control the descriptor cannot be closed (and its number
 	// reused by another socket) under us; a closed socket fails here.
-	if cerr := c.rc.Control(func(fd uintptr) {
+	if cerr := c.park.rc.Control(func(fd uintptr) {
 		err = syscall.EpollCtl(p.epfd, op, int(fd), &ev)
 		if err == syscall.ENOENT && op == syscall.EPOLL_CTL_MOD {
 			err = syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)
@@ -47,8 +47,8 @@ func (p *idlePoller) park(c *conn) bool {
 	}); cerr != nil || err != nil {
 		return false
 	}
-	c.parkGen = p.gen
-	c.parkID = id
+	c.park.gen = p.gen
+	c.park.id = id
 	p.parked[id] = c
 	p.parkedGauge(1)
 	return true
@@ -110,7 +110,7 @@ func (p *idlePoller) run(epfd, wake int) {
 			}
 			if c := p.parked[id]; c != nil {
 				delete(p.parked, id)
-				c.parkID = 0
+				c.park.id = 0
 				p.parkedGauge(-1)
 				start = append(start, c)
 			}
@@ -139,7 +139,7 @@ func (p *idlePoller) run(epfd, wake int) {
 func (p *idlePoller) wakeAllLocked() {
 	for id, c := range p.parked {
 		delete(p.parked, id)
-		c.parkID = 0
+		c.park.id = 0
 		p.parkedGauge(-1)
 		go c.read(false)
 	}
@@ -206,7 +206,7 @@ func (c *conn) skimPongs() bool {
 
 // recv reads from the socket without waiting (MSG_DONTWAIT), with flags.
 func (c *conn) recv(p []byte, flags int) (n int, err error) {
-	if cerr := c.rc.Read(func(fd uintptr) bool {
+	if cerr := c.park.rc.Read(func(fd uintptr) bool {
 		n, _, err = syscall.Recvfrom(int(fd), p, flags|syscall.MSG_DONTWAIT)
 		return true // never wait
 	}); cerr != nil {

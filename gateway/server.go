@@ -425,16 +425,15 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		ctx:    s.ctx,
 		stop:   make(chan struct{}),
 		subs:   make(map[string]*subState),
-		br:     br,
-		prefix: prefix,
-		pong:   make(chan struct{}, 1),
+		park:   parking{br: br, prefix: prefix},
+		pings:  pings{pong: make(chan struct{}, 1)},
 	}
 	c.setGrants(grants)
 	if prefix != nil {
 		nc = prefix.Conn
 	}
 	if sc, ok := nc.(syscall.Conn); ok { // plain TCP; a TLS connection keeps its reader goroutine
-		c.rc, _ = sc.SyscallConn()
+		c.park.rc, _ = sc.SyscallConn()
 	}
 	c.cl = newClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
 	c.filters = newFilterBudget(s.cfg.FilterCostRate)
@@ -449,7 +448,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	// writer (a 1001 close) as soon as it is in s.conns.
 	c.cl.onWake = c.ensureWriter
 	if !gql && fw.nonBlocking() {
-		c.flush = s.flush // its frames go out on the shared flushers
+		c.shared.pool = s.flush // its frames go out on the shared flushers
 		c.cl.onBehind = c.hurry
 	}
 	c.runCtx, c.cancelRun = context.WithCancel(c.ctx)
