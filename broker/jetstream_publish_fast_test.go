@@ -257,9 +257,12 @@ func TestJetStreamPublishWithoutIDsKeepsOrderThroughFailures(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			url, fail := tc.setup(t)
-			b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"db.>", "app.>"}, Name: "publisher", Logger: zaptest.NewLogger(t)}, Stream: "ORDER", Replicas: tc.replicas})
+			// The publisher's connection goes through a gate that holds it
+			// in the middle of batch 20 until the failure has happened:
+			// the failure comes in the middle of a batch for certain.
+			gate := startPublishGate(t, strings.TrimPrefix(strings.Split(url, ",")[0], "nats://"), batches/2*size+size/2)
+			b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + gate.Addr(), Subjects: []string{"db.>", "app.>"}, Name: "publisher", Logger: zaptest.NewLogger(t)}, Stream: "ORDER", Replicas: tc.replicas})
 			other := startOtherPublisher(t, url)
-			js := brokertest.JetStream(t, url)
 			ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 			defer cancel()
 			cursors := make([][]string, batches)
@@ -281,9 +284,13 @@ func TestJetStreamPublishWithoutIDsKeepsOrderThroughFailures(t *testing.T) {
 					cursors[k] = c
 				}
 			}()
-			// Fail it in the middle: a batch is in flight nearly all the time.
-			waitStored(t, js, batches*size/2)
+			select {
+			case <-gate.held:
+			case <-published:
+				t.Fatal("every batch was published before the gate held one")
+			}
 			after := fail()
+			close(gate.release)
 			<-published
 			other.stop(t)
 			stored := storedData(t, brokertest.JetStream(t, after))

@@ -357,9 +357,14 @@ func keepsOrderThroughLeaderChange(t *testing.T, publish func(context.Context, *
 	const n = 5000
 	nodes := brokertest.NATSCluster(t, 3)
 	url := nodes[0].ClientURL() + "," + nodes[1].ClientURL() + "," + nodes[2].ClientURL()
-	b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: url, Subjects: []string{"db.>", "app.>"}}, Stream: "ORDER", Replicas: 3})
 	js := brokertest.JetStream(t, url)
 	for run := range 2 {
+		// The publisher's connection goes through a gate that holds it a
+		// third of the way through the run until the leader has stepped
+		// down: the change comes in the middle of the publish for
+		// certain, however fast it is.
+		gate := startPublishGate(t, strings.TrimPrefix(nodes[0].ClientURL(), "nats://"), n/3)
+		b := dialJS(t, broker.JetStreamConfig{NATSConfig: broker.NATSConfig{URL: "nats://" + gate.Addr(), Subjects: []string{"db.>", "app.>"}}, Stream: "ORDER", Replicas: 3})
 		out := make([]broker.Outgoing, n)
 		for i := range out {
 			out[i] = broker.Outgoing{Subject: fmt.Sprintf("db.t.%d", i%7), Data: []byte(fmt.Sprint(i)), ID: eventID(run*n + i)}
@@ -367,12 +372,17 @@ func keepsOrderThroughLeaderChange(t *testing.T, publish func(context.Context, *
 		ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 		published := make(chan error, 1)
 		go func() { published <- publish(ctx, b, out) }()
-		waitStored(t, js, uint64(run*n+n/3))
+		select {
+		case <-gate.held:
+		case err := <-published:
+			t.Fatalf("run %d: the publish ended (%v) before the gate held it", run, err)
+		}
 		resp, err := js.Conn().Request("$JS.API.STREAM.LEADER.STEPDOWN.ORDER", nil, 5*time.Second)
 		if err != nil {
 			t.Fatalf("step down: %v", err)
 		}
 		t.Logf("run %d: stepped down: %s", run, resp.Data)
+		close(gate.release)
 		err = <-published
 		cancel()
 		if err != nil {
