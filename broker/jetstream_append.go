@@ -22,38 +22,17 @@ import (
 // when every one is stored (see Appender). It keeps Publish's guarantees
 // (the stream holds a prefix of the publish order at every moment, a
 // resend is recognized by its ids) without its price: no cursors, so no
-// answer per message nor per window.
+// answer per message nor per window (docs/benchmarks.md, "JetStream
+// append: fast batches").
 //
-// It sends msgs as one fast batch (NATS 2.14+, a stream with
-// allow_batched): plain publishes whose reply subject carries the batch id,
-// the message's place in the batch and whether it starts, continues or
-// commits it. The server stores each message as it comes, in order, and
-// answers only now and then (a flow ack: every message up to n is stored)
-// and once at the end, with how many messages of the batch it took. With
-// gaps failing the batch (what Append asks for), a message the stream
-// refuses, or a missing one, ends the batch before it: nothing after it is
-// stored. A repeat id is skipped and the batch goes on, except on its first
-// message: the server then answers as to a single publish and forgets the
-// batch.
-//
-// Unlike an atomic batch (Publish), a fast batch is not staged in a store
-// of its own (what that saves: docs/benchmarks.md, "JetStream append:
-// fast batches").
-//
-// When the batch ends short (a message refused, or lost), or its first
-// message is stored already, the rest goes one message at a time, each
-// with its own answer (publishKnown), until one is stored anew: the rest
-// after it goes as a fast batch again. Those already stored are answered
-// as repeats, and a refused one fails Append with its error. (Not through
-// Publish: an atomic batch holding a message over the stream's
-// max_msg_size is dropped as incomplete, which Publish sends again until
-// ctx is done.) A lost connection, an answer that does not come within publishAckTimeout, a
-// stream without a leader or with too many batches in flight: the messages
-// not yet known to be stored are sent again as a new batch, at growing
-// intervals, until ctx is done; their ids make that safe (the stored ones
-// are skipped). A batch holding a message without an id whose fate is
-// unknown is not sent again: Append returns an error, as Publish does. On a
-// stream without fast batches (an older server, or one re-created without
+// A message the stream refuses fails Append with its error; nothing after
+// it is stored. A lost connection, an answer that does not come within
+// publishAckTimeout, a stream without a leader or with too many batches
+// in flight: the messages not yet known to be stored are sent again, at
+// growing intervals, until ctx is done; their ids make that safe. A batch
+// holding a message without an id whose fate is unknown is not sent
+// again: Append returns an error, as Publish does. On a stream without
+// fast batches (an older server, or one re-created without
 // allow_batched), Append is Publish.
 //
 // The writer (opts.Writer) is in each message's id, which is all LastID
@@ -67,6 +46,28 @@ func (b *JetStream) Append(ctx context.Context, msgs []Outgoing, opts AppendOpti
 	if err := CheckWriter(opts.Writer); err != nil {
 		return fmt.Errorf("jetstream append: %w", err)
 	}
+	// How: msgs go as one fast batch (NATS 2.14+, a stream with
+	// allow_batched): plain publishes whose reply subject carries the batch
+	// id, the message's place in the batch and whether it starts,
+	// continues or commits it. The server stores each message as it comes,
+	// in order, and answers only now and then (a flow ack: every message
+	// up to n is stored) and once at the end, with how many messages of the
+	// batch it took. With gaps failing the batch (what Append asks for), a
+	// message the stream refuses, or a missing one, ends the batch before
+	// it. A repeat id is skipped and the batch goes on, except on its first
+	// message: the server then answers as to a single publish and forgets
+	// the batch. Unlike an atomic batch (Publish), a fast batch is not
+	// staged in a store of its own.
+	//
+	// When the batch ends short (a message refused, or lost), or its first
+	// message is stored already, the rest goes one message at a time, each
+	// with its own answer (publishKnown), until one is stored anew: the
+	// rest after it goes as a fast batch again. Those already stored are
+	// answered as repeats. (Not through Publish: an atomic batch holding a
+	// message over the stream's max_msg_size is dropped as incomplete,
+	// which Publish sends again until ctx is done.) What was not
+	// acknowledged after a lost connection or a missing answer goes again
+	// as a new batch.
 	wait := publishRetryMin
 	for attempt, sent := 0, false; len(msgs) > 0; sent = true {
 		if sent && opts.Fence != nil {
