@@ -2,7 +2,10 @@ package brokertest
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -30,25 +33,35 @@ type RedisServer struct {
 	Dir  string // static
 	Port int    // static
 
-	t   testing.TB
-	cmd *exec.Cmd // nil while stopped
+	t      testing.TB
+	cmd    *exec.Cmd     // nil while stopped
+	exited chan struct{} // closed when cmd has exited (its Wait returned)
 }
 
 // StartRedis starts a redis-server on port (0: a free one) with its data in
 // dir (which may hold a stopped server's data), and kills it by t.Cleanup.
+// A free port is picked, then bound by the server: one taken in between
+// (the server says "Address already in use") is replaced by another.
 func StartRedis(t testing.TB, dir string, port int) *RedisServer {
 	t.Helper()
-	if port == 0 {
-		port = freePort(t)
-	}
 	r := &RedisServer{Dir: dir, Port: port, t: t}
 	t.Cleanup(func() {
 		if r.cmd != nil {
 			r.Kill()
 		}
 	})
-	r.Start()
-	return r
+	for attempt := 1; ; attempt++ {
+		if port == 0 {
+			r.Port = freePort(t)
+		}
+		err := r.start()
+		if err == nil {
+			return r
+		}
+		if !errors.Is(err, errPortTaken) || port != 0 || attempt == 5 {
+			t.Fatalf("brokertest: %v", err)
+		}
+	}
 }
 
 // Addr is the server's host:port.
@@ -70,7 +83,7 @@ func (r *RedisServer) Kill() {
 		r.t.Fatal("brokertest: redis-server is not running")
 	}
 	_ = r.cmd.Process.Kill()
-	_ = r.cmd.Wait()
+	<-r.exited
 	r.cmd = nil
 }
 
@@ -78,26 +91,91 @@ func (r *RedisServer) Kill() {
 // waits until it answers PING (that is, it has loaded its data).
 func (r *RedisServer) Start() {
 	r.t.Helper()
+	if err := r.start(); err != nil {
+		r.t.Fatalf("brokertest: %v", err)
+	}
+}
+
+// errPortTaken: the server's port was taken by another process.
+var errPortTaken = errors.New("port taken")
+
+// start starts the server and waits until it answers PING as itself: a
+// server of another test that holds the port (ours then exits) would
+// answer too.
+func (r *RedisServer) start() error {
 	bin := redisServer(r.t)
 	logFile := filepath.Join(r.Dir, "redis.log")
-	r.cmd = exec.Command(bin, "--port", strconv.Itoa(r.Port), "--bind", "127.0.0.1", "--dir", r.Dir,
+	cmd := exec.Command(bin, "--port", strconv.Itoa(r.Port), "--bind", "127.0.0.1", "--dir", r.Dir,
 		"--save", "", "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no", "--logfile", logFile)
-	if err := r.cmd.Start(); err != nil {
-		r.cmd = nil
-		r.t.Fatalf("brokertest: start redis-server: %v", err)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
 	}
+	exited := make(chan struct{})
+	go func() { // owned by the server: ends when the process does (Kill waits for it)
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	r.cmd, r.exited = cmd, exited
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		err := ping(r.Addr())
+		select {
+		case <-exited:
+			r.cmd = nil
+			log, _ := os.ReadFile(logFile)
+			if bytes.Contains(log, []byte("Address already in use")) {
+				return fmt.Errorf("redis-server on %s: %w", r.Addr(), errPortTaken)
+			}
+			return fmt.Errorf("redis-server on %s exited:\n%s", r.Addr(), log)
+		default:
+		}
+		pid, err := pingPID(r.Addr())
+		if err == nil && pid == cmd.Process.Pid {
+			return nil
+		}
 		if err == nil {
-			return
+			err = fmt.Errorf("answered by process %d, not ours (%d)", pid, cmd.Process.Pid)
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(logFile)
-			r.t.Fatalf("brokertest: redis-server not answering on %s: %v\n%s", r.Addr(), err, log)
+			return fmt.Errorf("redis-server not answering on %s: %v\n%s", r.Addr(), err, log)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// pingPID is ping, then the answering server's process id (INFO server).
+func pingPID(addr string) (int, error) {
+	if err := ping(addr); err != nil {
+		return 0, err
+	}
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
+		return 0, err
+	}
+	br := bufio.NewReader(c)
+	head, err := br.ReadString('\n')
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+	if err != nil || !strings.HasPrefix(head, "$") {
+		return 0, fmt.Errorf("INFO answered %q", strings.TrimSpace(head))
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(br, body); err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("INFO server without process_id")
 }
 
 // redisServer finds redis-server on PATH, or fails the test saying how to
