@@ -77,7 +77,7 @@ type conn struct {
 	rate     tokenBucket
 	presRate tokenBucket   // track and untrack (Config.PresenceRate)
 	compiles filter.Bucket // filter texts compiled for it (Config.FilterCompileRate)
-	filters  *filterBudget // static: what its filtered subscriptions may spend and hold (view_budget.go)
+	filters  *filterBudget // static: what its filtered subscriptions may spend and hold (fanout_view_budget.go)
 	errCount int
 	errSince time.Time
 }

@@ -117,3 +117,26 @@ func (c *conn) closeOnTooManyErrors() {
 		c.requestClose(ClosePolicy)
 	}
 }
+
+// spendFilterCost charges cost units a filter spent outside the dispatcher
+// (a snapshot, a replay, a feed, a hand-over) to the connection's budget,
+// and waits while it is in debt: those run on the connection's own
+// goroutines, so an expensive filter over a big snapshot slows that
+// snapshot, not the node.
+func (c *conn) spendFilterCost(ctx context.Context, cost uint64) error {
+	if cost == 0 {
+		return nil
+	}
+	wait := c.filters.charge(time.Now(), cost)
+	if wait == 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -3,17 +3,30 @@
 //
 // Data flow: the broker's consume loop hands batches to Server.dispatch,
 // which validates each message once and builds one immutable Event (the
-// envelope's head and tail around the data, see event.go). The hub
-// matches the event's subject against the subscription index (index.go,
-// match.go) and queues a 16-byte item per matching connection into that
-// connection's bounded mailbox (mailbox.go). Each connection's writer splices
-// its pre-encoded subscription list into the shared bytes while it builds a
-// frame, so a delivery never copies or re-encodes the event.
+// envelope's head and tail around the data, see fanout_event.go). The
+// hub matches the event's subject against the subscription index
+// (fanout_index.go, fanout_match.go) and queues a 16-byte item per
+// matching connection into that connection's bounded mailbox
+// (fanout_mailbox.go). Each connection's writer splices its pre-encoded
+// subscription list into the shared bytes while it builds a frame, so a
+// delivery never copies or re-encodes the event.
+//
+// Layers: the fan-out core is the files fanout_*.go (events, the index,
+// the hub and its dispatcher, mailboxes, the recent ring, views and their
+// filter budgets, on one generic trie). It uses nothing else of the
+// package but the public error codes of errors.go
+// (TestFanoutCoreStandsAlone checks it): connections, GraphQL, presence,
+// publishing, auth and the inspector sit above it and reach it through a
+// client (its mailbox, and the hooks onOverflow, onWake, onBehind and
+// encode that a transport sets), an Event's or a subscription list's ext
+// (what a transport attaches, which the core never reads), the hub's
+// dispatchMetrics and its wakeBatch (the shared flushers). A new
+// transport adds files above the core; it does not edit fanout_*.go.
 //
 // A subscription with a where (or a row-filtered grant) is a view
-// (view.go): the hub evaluates each filter once per event however many
+// (fanout_view.go): the hub evaluates each filter once per event however many
 // views share it (package filter), charging each connection's filter budget
-// (view_budget.go), and a view holds the subjects it has delivered, so
+// (fanout_view_budget.go), and a view holds the subjects it has delivered, so
 // that a document that stops passing gets a leave. Presence (presence.go,
 // presence_bus.go, presence_watch.go) keeps each node's members and a
 // replica of the other nodes', kept in step over the broker's bus, and

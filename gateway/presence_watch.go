@@ -173,7 +173,7 @@ func presenceEvent(subject string, count int, changes []pendingChange) *Event {
 		}
 	}
 	buf = append(buf, '}')
-	return &Event{Subject: subject, buf: buf, split: split, subjEnd: int32(subjEnd), kind: kindPresence, data: buf[dataStart : len(buf)-1 : len(buf)-1]}
+	return &Event{Subject: subject, buf: buf, split: split, subjStart: int32(len(presencePrefix)), subjEnd: int32(subjEnd), kind: kindPresence, data: buf[dataStart : len(buf)-1 : len(buf)-1]}
 }
 
 const presencePrefix = `{"type":"presence","subject":`

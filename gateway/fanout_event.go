@@ -19,13 +19,14 @@ import (
 //	head: {"type":"event","subject":"orders.42"[,"cursor":"js:7"],"subs":
 //	tail: ,"data":<data>}
 type Event struct {
-	Subject string
-	Cursor  string
-	buf     []byte // head followed by tail; immutable
-	split   int    // len(head); -1 for a control message that is written whole
-	subjEnd int32  // end of the subject's JSON string in buf (GraphQL splices it)
-	curEnd  int32  // end of the cursor's JSON string in buf; 0 without a cursor
-	kind    uint8  // kindEvent; kindLeave: a view's leave (no data); kindSynced: a GraphQL synced (keys); kindPresence: presence changes
+	Subject   string
+	Cursor    string
+	buf       []byte // head followed by tail; immutable
+	split     int    // len(head); -1 for a control message that is written whole
+	subjStart int32  // start of the subject's JSON string in buf (GraphQL splices it)
+	subjEnd   int32  // its end
+	curEnd    int32  // end of the cursor's JSON string in buf; 0 without a cursor
+	kind      uint8  // kindEvent; kindLeave: a view's leave (no data); kindSynced: a GraphQL synced (keys); kindPresence: presence changes
 	// ingestTruncate: the subject is a truncate's (<table>.%truncate) on
 	// Config.ReservedSubjects, which only the ingest (and credentials the
 	// operator named them to) publishes: only there is a truncate-shaped
@@ -52,7 +53,7 @@ func (e *Event) parsed() *filter.Parsed {
 	return p
 }
 
-// leaveEvent is the leave of a view for ev's subject (view.go), at ev's
+// leaveEvent is the leave of a view for ev's subject (fanout_view.go), at ev's
 // cursor: {"type":"leave","subject":…[,"cursor":…],"subs":[…]}.
 func leaveEvent(ev *Event) *Event {
 	buf := make([]byte, 0, 48+len(ev.Subject)+len(ev.Cursor))
@@ -67,21 +68,13 @@ func leaveEvent(ev *Event) *Event {
 	buf = append(buf, subsField...)
 	split := len(buf)
 	buf = append(buf, '}')
-	return &Event{Subject: ev.Subject, Cursor: ev.Cursor, buf: buf, split: split, subjEnd: int32(subjEnd), curEnd: int32(curEnd), kind: kindLeave}
+	return &Event{Subject: ev.Subject, Cursor: ev.Cursor, buf: buf, split: split, subjStart: int32(len(leavePrefix)), subjEnd: int32(subjEnd), curEnd: int32(curEnd), kind: kindLeave}
 }
 
 // subjectJSON, cursorJSON and dataJSON are the event's values as encoded in
 // buf, for transports that splice them into their own envelope (GraphQL).
 func (e *Event) subjectJSON() []byte {
-	switch e.kind {
-	case kindLeave:
-		return e.buf[len(leavePrefix):e.subjEnd]
-	case kindSynced:
-		return e.buf[:e.subjEnd]
-	case kindPresence:
-		return e.buf[len(presencePrefix):e.subjEnd]
-	}
-	return e.buf[len(headPrefix):e.subjEnd]
+	return e.buf[e.subjStart:e.subjEnd]
 }
 
 // Event kinds.
@@ -194,7 +187,7 @@ func NewEvent(subject, cursor string, data []byte) (*Event, error) {
 		buf = w.Bytes()
 	}
 	buf = append(buf, '}')
-	return &Event{Subject: subject, Cursor: cursor, buf: buf, split: split, subjEnd: int32(subjEnd), curEnd: int32(curEnd), data: buf[dataStart : len(buf)-1 : len(buf)-1]}, nil
+	return &Event{Subject: subject, Cursor: cursor, buf: buf, split: split, subjStart: int32(len(headPrefix)), subjEnd: int32(subjEnd), curEnd: int32(curEnd), data: buf[dataStart : len(buf)-1 : len(buf)-1]}, nil
 }
 
 // controlMessage wraps a complete server message (already JSON) so it can

@@ -95,7 +95,7 @@ type hub struct {
 	maxPace time.Duration // static
 	wakes   wakeBatch     // static; nil: none
 
-	// Views (view.go); guarded like the index: changed under its write
+	// Views (fanout_view.go); guarded like the index: changed under its write
 	// lock, or by the dispatcher under its read lock.
 	holders  map[string][]*viewSub // subject → the filtered subscriptions holding it
 	vseq     uint64                // dispatcher: the event being dispatched to views
@@ -103,7 +103,7 @@ type hub struct {
 	ending   []*viewSub            // dispatcher: views past a bound in this batch (endView)
 	views    viewCount             // filtered subscriptions in the index
 	held     atomic.Int64          // documents they hold
-	heldLim  heldLimits            // static after New: bounds on held (view_budget.go)
+	heldLim  heldLimits            // static after New: bounds on held (fanout_view_budget.go)
 	// dispatcher: filter evaluations of this batch, those that were
 	// errors (a missing field, a wrong type, the cost limit), and the cost
 	// units they spent

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,7 +9,7 @@ import (
 )
 
 // filterBudget is what one connection's filtered subscriptions may spend
-// and hold. They hold documents (view.go): held counts those filed in the
+// and hold. They hold documents (fanout_view.go): held counts those filed in the
 // view index, bounded by Config.MaxViewDocumentsPerConnection besides each
 // view's MaxSnapshot and the node's MaxViewDocuments (heldLimits). Their
 // filters spend CEL cost units as the filter package prices them: per event in the dispatcher
@@ -90,27 +89,4 @@ func (fb *filterBudget) charge(now time.Time, cost uint64) time.Duration {
 // owed is how long until past spending is paid for (0: it is).
 func (fb *filterBudget) owed(now time.Time) time.Duration {
 	return fb.charge(now, 0)
-}
-
-// spendFilterCost charges cost units a filter spent outside the dispatcher
-// (a snapshot, a replay, a feed, a hand-over) to the connection's budget,
-// and waits while it is in debt: those run on the connection's own
-// goroutines, so an expensive filter over a big snapshot slows that
-// snapshot, not the node.
-func (c *conn) spendFilterCost(ctx context.Context, cost uint64) error {
-	if cost == 0 {
-		return nil
-	}
-	wait := c.filters.charge(time.Now(), cost)
-	if wait == 0 {
-		return nil
-	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

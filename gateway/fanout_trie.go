@@ -4,7 +4,7 @@ import "github.com/fanwire/fanwire/subject"
 
 // trieNode is a node of a subject-pattern trie: each level is a pattern's
 // token, with children by literal token, '*' and '>'. The subscription
-// index (index.go) and the view index (view.go) are one each; val is what
+// index (fanout_index.go) and the view index (fanout_view.go) are one each; val is what
 // a node holds for its owner, and n how many subscriptions end at it,
 // which the owner keeps and prune and collect read. The owner's lock
 // guards every node.

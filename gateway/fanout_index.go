@@ -27,7 +27,7 @@ type index struct {
 	gen  uint64 // guarded by mu; incremented by every mutation (a node's ver takes its value)
 	size int    // guarded by mu; number of subscriptions
 
-	vroot *vnode // guarded by mu: the filtered subscriptions (view.go)
+	vroot *vnode // guarded by mu: the filtered subscriptions (fanout_view.go)
 	vsize int    // guarded by mu
 }
 
