@@ -43,14 +43,33 @@ func NATSProcess(t testing.TB, path string) (url string, pid int) {
 		t.Fatalf("brokertest: nats-server binary %s: %v (run `make deps`, which installs Debian's nats-server package, or apt-get install nats-server)", path, err)
 	}
 	dir := t.TempDir()
+	// A free port is picked, then bound by the server: one taken in
+	// between makes the server exit, and another is tried.
+	for attempt := 1; ; attempt++ {
+		url, pid, err := startNATSProcess(t, path, dir, attempt)
+		if err == nil {
+			return url, pid
+		}
+		if !strings.Contains(err.Error(), "address already in use") || attempt == 5 {
+			t.Fatalf("brokertest: %v", err)
+		}
+	}
+}
+
+// startNATSProcess starts the nats-server binary at path on a free port
+// and waits until its JetStream answers as itself: under a name of its
+// own, since a server of another test that holds the port (ours then
+// exits) would answer too. The process is stopped by t.Cleanup.
+func startNATSProcess(t testing.TB, path, dir string, attempt int) (url string, pid int, err error) {
 	port := freePort(t)
-	logFile := filepath.Join(dir, "nats-server.log")
-	cmd := exec.Command(path, "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", filepath.Join(dir, "store"), "-l", logFile)
+	name := fmt.Sprintf("brokertest-%d-%d", os.Getpid(), port)
+	logFile := filepath.Join(dir, fmt.Sprintf("nats-server-%d.log", attempt))
+	cmd := exec.Command(path, "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-n", name, "-js", "-sd", filepath.Join(dir, "store"), "-l", logFile)
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("brokertest: start %s: %v", path, err)
+		return "", 0, fmt.Errorf("start %s: %w", path, err)
 	}
 	exited := make(chan struct{})
-	go func() {
+	go func() { // owned by the process: ends when it does (the cleanup waits for it)
 		_ = cmd.Wait()
 		close(exited)
 	}()
@@ -66,22 +85,36 @@ func NATSProcess(t testing.TB, path string) (url string, pid int) {
 	url = "nats://127.0.0.1:" + strconv.Itoa(port)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		err := jetStreamAnswersAt(url)
+		err := jetStreamAnswersAs(url, name)
 		if err == nil {
-			return url, cmd.Process.Pid
+			return url, cmd.Process.Pid, nil
 		}
 		select {
 		case <-exited:
 			log, _ := os.ReadFile(logFile)
-			t.Fatalf("brokertest: %s exited: %v\n%s", path, cmd.ProcessState, log)
+			return "", 0, fmt.Errorf("%s exited: %v\n%s", path, cmd.ProcessState, log)
 		default:
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(logFile)
-			t.Fatalf("brokertest: %s: JetStream not answering on %s: %v\n%s", path, url, err, log)
+			return "", 0, fmt.Errorf("%s: JetStream not answering on %s: %v\n%s", path, url, err, log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// jetStreamAnswersAs is jetStreamAnswersAt from the server named name.
+func jetStreamAnswersAs(url, name string) error {
+	nc, err := nats.Connect(url, nats.Timeout(time.Second))
+	if err != nil {
+		return err
+	}
+	got := nc.ConnectedServerName()
+	nc.Close()
+	if got != name {
+		return fmt.Errorf("answered by server %q, not %q", got, name)
+	}
+	return jetStreamAnswersAt(url)
 }
 
 // jetStreamAnswersAt asks the JetStream API at url once.

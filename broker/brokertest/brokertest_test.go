@@ -23,3 +23,16 @@ func TestRedisStartIsOnlyItsOwnServer(t *testing.T) {
 		t.Fatal("the second server still runs")
 	}
 }
+
+// TestNATSAnswersAsItself: the readiness check of a nats-server process
+// takes an answer only from the server it started (by its name): one
+// that another test runs on the port is not it.
+func TestNATSAnswersAsItself(t *testing.T) {
+	ns := NATS(t)
+	if err := jetStreamAnswersAs(ns.ClientURL(), ns.Name()); err != nil {
+		t.Fatalf("the server itself: %v", err)
+	}
+	if err := jetStreamAnswersAs(ns.ClientURL(), "brokertest-another"); err == nil {
+		t.Fatal("another server's answer was taken")
+	}
+}
