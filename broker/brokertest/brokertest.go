@@ -7,7 +7,10 @@
 package brokertest
 
 import (
+	"errors"
+	"fmt"
 	"net"
+	"strings"
 	"testing"
 )
 
@@ -21,4 +24,35 @@ func freePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// errPortTaken: a server's port, free when freePort picked it, was taken
+// by another process before the server bound it.
+var errPortTaken = errors.New("port taken")
+
+// portTaken is err wrapped in errPortTaken when what the server said (its
+// error, or its log) is that its port is in use.
+func portTaken(err error, said string) error {
+	if strings.Contains(strings.ToLower(said), "address already in use") {
+		return fmt.Errorf("%w: %w", errPortTaken, err)
+	}
+	return err
+}
+
+// startOnFreePorts calls start, which starts a server on ports freePort
+// picks, again while it fails with errPortTaken (at most five times): a
+// free port can be taken by any connection of the machine before the
+// server binds it. Any other error fails the test.
+func startOnFreePorts(t testing.TB, start func() error) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		err := start()
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 5 {
+			t.Fatalf("brokertest: %v", err)
+		}
+		t.Logf("brokertest: %v; starting again on other ports", err)
+	}
 }

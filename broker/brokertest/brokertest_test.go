@@ -29,10 +29,10 @@ func TestRedisStartIsOnlyItsOwnServer(t *testing.T) {
 // that another test runs on the port is not it.
 func TestNATSAnswersAsItself(t *testing.T) {
 	ns := NATS(t)
-	if err := jetStreamAnswersAs(ns.ClientURL(), ns.Name()); err != nil {
+	if err := jetStreamAnswersAt(ns.ClientURL(), ns.Name()); err != nil {
 		t.Fatalf("the server itself: %v", err)
 	}
-	if err := jetStreamAnswersAs(ns.ClientURL(), "brokertest-another"); err == nil {
+	if err := jetStreamAnswersAt(ns.ClientURL(), "brokertest-another"); err == nil {
 		t.Fatal("another server's answer was taken")
 	}
 }

@@ -46,22 +46,14 @@ func NATSCluster(t testing.TB, n int) []*server.Server {
 	}
 	var nodes []*server.Server
 	t.Cleanup(func() { stopCluster(nodes) })
-	// The route ports are picked here, then bound by the servers: one may
-	// be taken in between by any connection of the machine. The server
-	// then says so ("address already in use"), and the cluster starts
-	// again on other ports.
-	for attempt := 1; ; attempt++ {
+	startOnFreePorts(t, func() error {
 		var err error
-		if nodes, err = startCluster(t, n); err == nil {
-			break
+		if nodes, err = startCluster(t, n); err != nil {
+			stopCluster(nodes)
+			nodes = nil
 		}
-		stopCluster(nodes)
-		nodes = nil
-		if !strings.Contains(err.Error(), "address already in use") || attempt == 5 {
-			t.Fatalf("brokertest: %v", err)
-		}
-		t.Logf("brokertest: %v; starting the cluster again", err)
-	}
+		return err
+	})
 	// A meta leader that counts every node as a peer (it has heard from
 	// each) can place n replicas; before that, creating an R3 stream fails
 	// with "insufficient resources".
@@ -97,7 +89,8 @@ func NATSCluster(t testing.TB, n int) []*server.Server {
 }
 
 // startCluster starts n nodes on free route ports, each naming every
-// node's route; it returns the nodes started, with the first error.
+// node's route; it returns the nodes started, with the first error
+// (errPortTaken when a route port was taken).
 func startCluster(t testing.TB, n int) ([]*server.Server, error) {
 	routes := make([]string, n)
 	ports := make([]int, n)
@@ -114,7 +107,7 @@ func startCluster(t testing.TB, n int) ([]*server.Server, error) {
 			Cluster:    &broker.EmbeddedCluster{Name: "fanwire-test", Port: ports[i], Routes: routes},
 		})
 		if err != nil {
-			return nodes, fmt.Errorf("cluster node %d: %w", i, err)
+			return nodes, portTaken(fmt.Errorf("cluster node %d: %w", i, err), err.Error())
 		}
 		nodes = append(nodes, ns)
 	}
@@ -160,7 +153,7 @@ func stopCluster(nodes []*server.Server) {
 // answers or deadline passes.
 func jetStreamAnswers(ns *server.Server, deadline time.Time) error {
 	for {
-		err := jetStreamAnswersAt(ns.ClientURL())
+		err := jetStreamAnswersAt(ns.ClientURL(), ns.Name())
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}

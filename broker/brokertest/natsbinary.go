@@ -43,17 +43,13 @@ func NATSProcess(t testing.TB, path string) (url string, pid int) {
 		t.Fatalf("brokertest: nats-server binary %s: %v (run `make deps`, which installs Debian's nats-server package, or apt-get install nats-server)", path, err)
 	}
 	dir := t.TempDir()
-	// A free port is picked, then bound by the server: one taken in
-	// between makes the server exit, and another is tried.
-	for attempt := 1; ; attempt++ {
-		url, pid, err := startNATSProcess(t, path, dir, attempt)
-		if err == nil {
-			return url, pid
-		}
-		if !strings.Contains(err.Error(), "address already in use") || attempt == 5 {
-			t.Fatalf("brokertest: %v", err)
-		}
-	}
+	attempt := 0
+	startOnFreePorts(t, func() (err error) {
+		attempt++
+		url, pid, err = startNATSProcess(t, path, dir, attempt)
+		return err
+	})
+	return url, pid
 }
 
 // startNATSProcess starts the nats-server binary at path on a free port
@@ -85,14 +81,14 @@ func startNATSProcess(t testing.TB, path, dir string, attempt int) (url string, 
 	url = "nats://127.0.0.1:" + strconv.Itoa(port)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		err := jetStreamAnswersAs(url, name)
+		err := jetStreamAnswersAt(url, name)
 		if err == nil {
 			return url, cmd.Process.Pid, nil
 		}
 		select {
 		case <-exited:
 			log, _ := os.ReadFile(logFile)
-			return "", 0, fmt.Errorf("%s exited: %v\n%s", path, cmd.ProcessState, log)
+			return "", 0, portTaken(fmt.Errorf("%s exited: %v\n%s", path, cmd.ProcessState, log), string(log))
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -103,27 +99,18 @@ func startNATSProcess(t testing.TB, path, dir string, attempt int) (url string, 
 	}
 }
 
-// jetStreamAnswersAs is jetStreamAnswersAt from the server named name.
-func jetStreamAnswersAs(url, name string) error {
-	nc, err := nats.Connect(url, nats.Timeout(time.Second))
-	if err != nil {
-		return err
-	}
-	got := nc.ConnectedServerName()
-	nc.Close()
-	if got != name {
-		return fmt.Errorf("answered by server %q, not %q", got, name)
-	}
-	return jetStreamAnswersAt(url)
-}
-
-// jetStreamAnswersAt asks the JetStream API at url once.
-func jetStreamAnswersAt(url string) error {
+// jetStreamAnswersAt asks the JetStream API at url once, of the server
+// named name: another one on the port (a server of another test) is not
+// the one asked for.
+func jetStreamAnswersAt(url, name string) error {
 	nc, err := nats.Connect(url, nats.Timeout(time.Second))
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	if got := nc.ConnectedServerName(); got != name {
+		return fmt.Errorf("answered by server %q, not %q", got, name)
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err

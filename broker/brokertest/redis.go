@@ -2,7 +2,6 @@ package brokertest
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -50,18 +49,15 @@ func StartRedis(t testing.TB, dir string, port int) *RedisServer {
 			r.Kill()
 		}
 	})
-	for attempt := 1; ; attempt++ {
-		if port == 0 {
-			r.Port = freePort(t)
-		}
-		err := r.start()
-		if err == nil {
-			return r
-		}
-		if !errors.Is(err, errPortTaken) || port != 0 || attempt == 5 {
-			t.Fatalf("brokertest: %v", err)
-		}
+	if port != 0 {
+		r.Start()
+		return r
 	}
+	startOnFreePorts(t, func() error {
+		r.Port = freePort(t)
+		return r.start()
+	})
+	return r
 }
 
 // Addr is the server's host:port.
@@ -96,9 +92,6 @@ func (r *RedisServer) Start() {
 	}
 }
 
-// errPortTaken: the server's port was taken by another process.
-var errPortTaken = errors.New("port taken")
-
 // start starts the server and waits until it answers PING as itself: a
 // server of another test that holds the port (ours then exits) would
 // answer too.
@@ -122,10 +115,7 @@ func (r *RedisServer) start() error {
 		case <-exited:
 			r.cmd = nil
 			log, _ := os.ReadFile(logFile)
-			if bytes.Contains(log, []byte("Address already in use")) {
-				return fmt.Errorf("redis-server on %s: %w", r.Addr(), errPortTaken)
-			}
-			return fmt.Errorf("redis-server on %s exited:\n%s", r.Addr(), log)
+			return portTaken(fmt.Errorf("redis-server on %s exited:\n%s", r.Addr(), log), string(log))
 		default:
 		}
 		pid, err := pingPID(r.Addr())
@@ -143,21 +133,22 @@ func (r *RedisServer) start() error {
 	}
 }
 
-// pingPID is ping, then the answering server's process id (INFO server).
+// pingPID is ping, then the answering server's process id (INFO
+// server), on one connection.
 func pingPID(addr string) (int, error) {
-	if err := ping(addr); err != nil {
-		return 0, err
-	}
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return 0, err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(time.Second))
+	br := bufio.NewReader(c)
+	if err := pingOn(c, br); err != nil {
+		return 0, err
+	}
 	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
 		return 0, err
 	}
-	br := bufio.NewReader(c)
 	head, err := br.ReadString('\n')
 	if err != nil {
 		return 0, err
@@ -198,10 +189,15 @@ func ping(addr string) error {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(time.Second))
+	return pingOn(c, bufio.NewReader(c))
+}
+
+// pingOn sends PING on c and reads +PONG through br.
+func pingOn(c net.Conn, br *bufio.Reader) error {
 	if _, err := c.Write([]byte("PING\r\n")); err != nil {
 		return err
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	line, err := br.ReadString('\n')
 	if err != nil {
 		return err
 	}
