@@ -416,7 +416,7 @@ func TestViewSyncedOverTheMailbox(t *testing.T) {
 		// bound).
 		gate.hold(addr)
 		pad := strings.Repeat("f", 7<<10)
-		for i := 1; gate.waitingWrites() == 0 || e.mostQueued() <= 16<<10; i++ {
+		for i := 1; i == 1 || e.mostQueued() <= 16<<10; i++ {
 			e.store("app.fill", `"`+pad+`"`)
 			waitFor(t, "the fill event queued", func() bool { return e.metric("fanwire_deliveries_total", nil) == float64(i) })
 			if i == 1 {

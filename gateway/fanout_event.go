@@ -57,7 +57,7 @@ func (e *Event) parsed() *filter.Parsed {
 // cursor: {"type":"leave","subject":…[,"cursor":…],"subs":[…]}.
 func leaveEvent(ev *Event) *Event {
 	buf := make([]byte, 0, 48+len(ev.Subject)+len(ev.Cursor))
-	buf = append(buf, `{"type":"leave","subject":`...)
+	buf = append(buf, leavePrefix...)
 	buf = jsonstr.Append(buf, ev.Subject)
 	subjEnd, curEnd := len(buf), 0
 	if ev.Cursor != "" {

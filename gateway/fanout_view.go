@@ -323,8 +323,7 @@ func (h *hub) dispatchView(ev *Event, st *dispatchStats) {
 		if leave == nil {
 			leave = leaveEvent(ev)
 		}
-		it := item{ev: leave, subs: vs.subs}
-		h.push(vs.c, it, it.size(), st)
+		h.pushView(vs, leave, st)
 	}
 	if len(holders) == 0 {
 		delete(h.holders, ev.Subject)
@@ -387,8 +386,7 @@ func (h *hub) viewOffer(vs *viewSub, ev *Event, p *filter.Parsed, seq uint64, st
 				h.holders[ev.Subject] = append(h.holders[ev.Subject], vs)
 			}
 		}
-		it := item{ev: ev, subs: vs.subs}
-		h.push(vs.c, it, it.size(), st)
+		h.pushView(vs, ev, st)
 	}
 	if over {
 		h.endView(vs, CodeFilterTooCostly)
@@ -417,6 +415,11 @@ func (h *hub) viewTruncate(vs *viewSub, ev *Event, st *dispatchStats) {
 			h.dropHolder(s, vs)
 		}
 	}
+	h.pushView(vs, ev, st)
+}
+
+// pushView queues ev for vs, through the hub's one delivery path.
+func (h *hub) pushView(vs *viewSub, ev *Event, st *dispatchStats) {
 	it := item{ev: ev, subs: vs.subs}
 	h.push(vs.c, it, it.size(), st)
 }
