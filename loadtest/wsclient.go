@@ -514,6 +514,13 @@ func (c *wsConn) Close(ctx context.Context, code int, reason string) error {
 	}
 	if c.rmu.TryLock() {
 		defer c.rmu.Unlock()
+		select {
+		case <-c.closeRead:
+			// A reader read the server's close after the check above and
+			// is done: there is nothing left to wait for.
+			return nil
+		default:
+		}
 		_ = c.nc.SetReadDeadline(deadline)
 		stop := context.AfterFunc(ctx, func() { _ = c.nc.SetReadDeadline(aLongTimeAgo) })
 		defer stop()

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -406,7 +407,12 @@ func TestWSWriteAndClose(t *testing.T) {
 			_, _, err := c.ReadMessage()
 			read <- err
 		}()
-		time.Sleep(20 * time.Millisecond) // let the reader block
+		// Wait until the reader holds the read lock, so that Close finds
+		// a read in progress for certain.
+		for c.rmu.TryLock() {
+			c.rmu.Unlock()
+			runtime.Gosched()
+		}
 		done := make(chan error, 1)
 		start := time.Now()
 		go func() { done <- c.Close(ctx, closeNormal, "") }()
