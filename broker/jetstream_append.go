@@ -224,6 +224,10 @@ func (b *JetStream) appendBatch(ctx context.Context, msgs []Outgoing, tag string
 			switch {
 			case errors.Is(err, nats.ErrConnectionClosed):
 				return fastResult{next: fastFailed, err: fmt.Errorf("%q: %w", m.Subject, err)}
+			case errors.Is(err, nats.ErrReconnectBufExceeded) && i == 0:
+				// The connection is down and keeps nothing for later
+				// (DialJetStream): no message of the batch was sent.
+				return fastResult{next: fastAgain, why: "the connection is down"}
 			case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadSubject):
 				// This message can never go: end the batch before it, and
 				// once the server says how far it got, fail.

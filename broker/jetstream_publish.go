@@ -147,6 +147,8 @@ func (b *JetStream) publishBatch(ctx context.Context, msgs []Outgoing, cursors [
 			return false, fmt.Errorf("jetstream publish %q: %w", m.Subject, err)
 		case errors.Is(err, nats.ErrNoResponders):
 			return true, nil // no stream, or no leader: nothing stored
+		case errors.Is(err, nats.ErrReconnectBufExceeded):
+			return true, nil // the commit was not sent: the server drops the batch
 		case slices.ContainsFunc(msgs, func(m Outgoing) bool { return m.ID == "" }):
 			return false, fmt.Errorf("jetstream publish: the answer to a batch with messages without ids was lost, and it may be stored: not sending it again: %w", err)
 		default:
@@ -295,6 +297,8 @@ func publishRetryable(err error, hasID bool) bool {
 	switch {
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
 		return true // no stream leader to store it: an election
+	case errors.Is(err, nats.ErrReconnectBufExceeded):
+		return true // not sent: the connection is down and keeps nothing (DialJetStream)
 	case errors.As(err, &apiErr):
 		// JetStream temporarily unavailable, or (replicated stream) the id
 		// is still being stored by an earlier attempt; other refusals are

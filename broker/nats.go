@@ -67,6 +67,11 @@ type NATS struct {
 // DialNATS connects to NATS. It keeps reconnecting forever after a loss;
 // Ready reports the state meanwhile.
 func DialNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
+	return dialNATS(ctx, cfg)
+}
+
+// dialNATS is DialNATS with options of the caller's added.
+func dialNATS(ctx context.Context, cfg NATSConfig, extra ...nats.Option) (*NATS, error) {
 	if len(cfg.Subjects) == 0 {
 		cfg.Subjects = []string{">"}
 	}
@@ -99,6 +104,7 @@ func DialNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 		return nil, err
 	}
 	opts = append(opts, secure...)
+	opts = append(opts, extra...)
 	url := cfg.URL
 	if cfg.Server != nil {
 		opts = append(opts, nats.InProcessServer(cfg.Server))
