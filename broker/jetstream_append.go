@@ -23,7 +23,7 @@ import (
 // (the stream holds a prefix of the publish order at every moment, a
 // resend is recognized by its ids) without its price: no cursors, so no
 // answer per message nor per window (docs/benchmarks.md, "JetStream
-// append: fast batches").
+// append: fast batches"; how: docs/architecture.md, "JetStream: Append").
 //
 // A message the stream refuses fails Append with its error; nothing after
 // it is stored. A lost connection, an answer that does not come within
@@ -46,28 +46,8 @@ func (b *JetStream) Append(ctx context.Context, msgs []Outgoing, opts AppendOpti
 	if err := CheckWriter(opts.Writer); err != nil {
 		return fmt.Errorf("jetstream append: %w", err)
 	}
-	// How: msgs go as one fast batch (NATS 2.14+, a stream with
-	// allow_batched): plain publishes whose reply subject carries the batch
-	// id, the message's place in the batch and whether it starts,
-	// continues or commits it. The server stores each message as it comes,
-	// in order, and answers only now and then (a flow ack: every message
-	// up to n is stored) and once at the end, with how many messages of the
-	// batch it took. With gaps failing the batch (what Append asks for), a
-	// message the stream refuses, or a missing one, ends the batch before
-	// it. A repeat id is skipped and the batch goes on, except on its first
-	// message: the server then answers as to a single publish and forgets
-	// the batch. Unlike an atomic batch (Publish), a fast batch is not
-	// staged in a store of its own.
-	//
-	// When the batch ends short (a message refused, or lost), or its first
-	// message is stored already, the rest goes one message at a time, each
-	// with its own answer (publishKnown), until one is stored anew: the
-	// rest after it goes as a fast batch again. Those already stored are
-	// answered as repeats. (Not through Publish: an atomic batch holding a
-	// message over the stream's max_msg_size is dropped as incomplete,
-	// which Publish sends again until ctx is done.) What was not
-	// acknowledged after a lost connection or a missing answer goes again
-	// as a new batch.
+	// msgs go as one fast batch; what the server stores of it, and what
+	// goes again how: docs/architecture.md, "JetStream: Append".
 	wait := publishRetryMin
 	for attempt, sent := 0, false; len(msgs) > 0; sent = true {
 		if sent && opts.Fence != nil {

@@ -13,27 +13,11 @@ import (
 )
 
 // Latest reads the newest stored message of each subject on filters (see
-// Snapshots) with a short-lived last-per-subject consumer: the server
-// answers from its per-subject index, without reading the history.
-//
-// through is the stream's last sequence L, read before the consumer is
-// created. The server takes the consumer's set of last messages when it
-// creates it, so at or after L's state: a subject published on in between
-// is in it with a sequence after L, and is left out (Snapshots allows it;
-// the Replay after through delivers it). The set is delivered in sequence
-// order (the server sorts it) and then the consumer goes on with messages
-// stored after its creation, so the first message after L ends the read:
-// nothing after through is delivered, and Latest returns even while
-// publishers keep the stream busy.
-//
-// Like Replay, a plain ephemeral pull consumer (no acks, in memory),
-// deleted when done; the server removes it if this process dies first.
-//
-// A limit is checked against the set's size, which the server tells when
-// it creates the consumer: a set over the limit is refused before any of
-// it is read. Where the consumer reads the whole stream (several filters
-// on a server older than 2.10) the set holds other subjects too: Latest
-// counts those on filters as it delivers them, and stops at limit+1.
+// Snapshots) and returns through, the stream's last sequence read before
+// it: a subject published on after through is left out, for the Replay
+// after through to deliver. It returns even while publishers keep the
+// stream busy. With a limit, a set of more than limit messages is refused
+// before any is delivered. How: docs/architecture.md, "JetStream: Latest".
 func (b *JetStream) Latest(ctx context.Context, filters []string, limit int, h func([]Message) error) (string, error) {
 	info, err := b.stream.Info(ctx)
 	if err != nil {

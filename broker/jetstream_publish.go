@@ -16,43 +16,15 @@ import (
 	"go.uber.org/zap"
 )
 
-// Publish publishes msgs with their ids as Nats-Msg-Id (the stream's
-// duplicate window drops a repeat and acks it with the original sequence)
-// and returns when every one is stored.
-//
-// Messages without ids, on a stream that takes fast batches (NATS 2.14+),
-// go as fast batches, and their cursors are read from the stream (see
-// publishFast): the same order, at the cost of the file stream's own
-// writes only. The rest is the atomic path that follows.
-//
-// It sends them in windows of up to publishWindow, each one an atomic batch
-// (NATS 2.12+: Nats-Batch-Id and Nats-Batch-Sequence headers, the last
-// message with Nats-Batch-Commit, and only that one waits for an answer).
-// The server stages a batch and stores all of it, contiguously, or none of
-// it: it drops a batch with a gap in its sequence (a message lost with the
-// connection, or sent to a stream deleted and re-created meanwhile), one
-// whose staging outlived a leader, and one that fails a check. So a message
-// is never stored after a later one that was refused or lost, and a window
-// goes out only once the one before it is stored: the stream holds a prefix
-// of the publish order at every moment, which the ingest's per-key order
-// and its high-water restart (see HighWater) rely on.
-//
-// Why a batch rather than a chain of expected-sequence checks, and what
-// it costs: docs/benchmarks.md, "JetStream publish: atomic batches".
-//
-// It rides out a failover until ctx is done: a window refused for want of a
-// stream leader ("no responders", 503), dropped (incomplete), or whose
-// answer is lost (a timeout, a reconnect) is sent again as a new batch, at
-// growing intervals. One whose messages were stored already (a lost answer)
-// is refused as a whole for holding a known id: it then goes one message at
-// a time (publishEach), which stores the rest in order and acks the repeats
-// with their original sequences. So do windows of one message, windows the
-// server refuses for another reason (each message then gets its own
-// answer, the failing one its error), and every window on a server or
-// stream without atomic batches (older than 2.12): a message at a time is
-// slow but keeps the order. A message without an id whose answer is lost
-// (or a batch holding one) may be stored already: Publish returns that
-// error rather than risk storing it twice.
+// Publish publishes msgs with their ids as Nats-Msg-Id and returns their
+// cursors once every one is stored. The stream holds a prefix of the
+// publish order at every moment: no message is stored after one that was
+// refused or lost. A repeated id (within the stream's duplicate window)
+// is not stored again; its cursor is the original's. Publish rides out a
+// failover until ctx is done, sending again what was not acknowledged. A
+// message without an id whose answer was lost may be stored already:
+// Publish returns that error rather than risk storing it twice. How:
+// docs/architecture.md, "JetStream: Publish".
 func (b *JetStream) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	cursors := make([]string, len(msgs))
 	start := 0

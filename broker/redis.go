@@ -107,25 +107,13 @@ func (b *Redis) CompareCursors(x, y string) (int, error) {
 	return ia.cmp(ic), nil
 }
 
-// Publish appends msgs in order, trimmed approximately to MaxLen, through
-// publishMany: one script call per publishPart messages, each part sent
-// once the one before is stored (a part that fails leaves the later ones
-// unsent, so the stream holds a prefix of msgs). The script also records
-// each entry as its subject's newest (see latestKey), and does not append
-// a message with an ID again when it repeats within DedupWindow: it
-// returns the original cursor. Every key names the stream's slot, so on
-// Redis Cluster the call goes to the stream's primary.
-//
-// One script call per part rather than one per message: in the deployed
-// fan-out benchmark (requests of 100 events), a pipeline of one call per
-// message cost redis-server about 9 µs per event.
-//
-// When the connection drops after the server ran a part, go-redis sends
-// it again on a new connection (up to MaxRetries times). publishMany
-// makes that harmless for messages with an id; one without an id, run
-// twice, would be appended again. So a part holding one is never sent
-// again: Publish returns the error, as JetStream's does when the ack of a
-// message without an id is lost (it may be stored).
+// Publish appends msgs in order, trimmed approximately to MaxLen, and
+// returns their cursors. The stream holds a prefix of msgs: a part that
+// fails leaves the later ones unsent. A message whose ID repeats within
+// DedupWindow is not appended again; its cursor is the original's. A part
+// holding a message without an id is never sent again after a lost
+// connection (it may be stored): Publish returns the error. How:
+// docs/architecture.md, "Redis Streams: Publish and Append".
 func (b *Redis) Publish(ctx context.Context, msgs []Outgoing) ([]string, error) {
 	cursors := make([]string, 0, len(msgs))
 	for start := 0; start < len(msgs); start += publishPart {

@@ -10,25 +10,14 @@ import (
 )
 
 // Append appends msgs in order, as Publish does, without their cursors
-// (see Appender): one script call per appendScriptMax messages instead of
-// one per message, all of them in one pipelined round trip, and the
-// writer's high-water mark (LastID) set once per call rather than once per
-// message. A script runs alone on the server and stops at its first
-// failing command, keeping what it did before it: the stream holds a
-// prefix of its part of msgs.
-//
-// The parts are chained: each one after the first checks that the
-// writer's mark is the last id of the part before it, so that a part the
-// server refused (an XADD over maxmemory) refuses every part after it
-// (ErrConflict) instead of leaving a gap that a mark past it would skip;
-// with opts.Check the first one checks opts.Last too. A pipeline of a
-// writer's parts, or holding a message without an id, is not sent again
-// after a connection error (go-redis would send all of it again, and its
-// first part would find the mark past what it expects): Append returns
-// the error, and the writer learns from LastID what is stored.
-// BenchmarkRedisAppend stores 72k events/s where BenchmarkRedisPublish
-// stores 43k (medians of 4, 1,000 events of 256 B with ids per call, a
-// local redis-server 7.0).
+// (see Appender), and sets the writer's high-water mark (LastID) to the
+// last one stored. The stream holds a prefix of msgs: a part the server
+// refused refuses every part after it (ErrConflict). With opts.Check the
+// writer's mark must be opts.Last, or nothing is stored (ErrConflict). A
+// pipeline of a writer's parts, or one holding a message without an id,
+// is not sent again after a connection error: Append returns the error,
+// and the writer learns from LastID what is stored. How and what it
+// costs: docs/architecture.md, "Redis Streams: Publish and Append".
 func (b *Redis) Append(ctx context.Context, msgs []Outgoing, opts AppendOptions) error {
 	if err := CheckWriter(opts.Writer); err != nil {
 		return fmt.Errorf("redis: append: %w", err)

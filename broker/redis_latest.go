@@ -12,41 +12,14 @@ import (
 )
 
 // Latest reads the newest stored message of each subject on filters (see
-// Snapshots) from the index the append scripts keep (latestKey), then
-// fetches those entries from the stream.
-//
-// through is the stream's last entry, read before the index. Every append
-// sets its subject's field in the same script as its XADD, so when
-// through is read every entry up to it is in the index (every one still
-// in the stream: the appends' prune deletes only fields of entries
-// trimmed away, which Latest could not deliver), and a field
-// changed since names an entry after through: a field at or before
-// through names its subject's newest entry at or before through, one
-// after it is skipped (its subject is left out; the Replay after through
-// delivers it). HSCAN reads the index a page at a time without holding the
-// server, and returns every field that stays in the hash for the whole
-// scan; a field it returns twice is one entry, delivered once.
-//
-// Entries are fetched in cursor order, a page of pipelined XRANGEs per
-// round trip, and an entry that is gone (trimmed by MAXLEN, or an XDEL)
-// is skipped and its field deleted if it still names it: a subject
-// trimmed away is not read again. (After an XDEL of a subject's newest
-// entry, an older one of the subject may remain: Latest does not look
-// for it. Fanwire never deletes entries.) Entries appended by anything
-// but Publish and Append (a plain XADD) are not in the index.
-//
-// The index filters exactly: a single pattern is also passed to HSCAN as
-// a glob on its literal prefix, so that only candidates cross the
-// network.
-//
-// With a limit, the scan counts as it reads and stops once more than
-// limit fields are at or before through: it holds at most limit entries
-// and a page, and refuses the snapshot before fetching any entry. The
-// entries must all be read before the first is delivered (HSCAN returns
-// them unordered, the handler wants cursor order), so a snapshot over the
-// limit cannot be delivered in part. A field whose entry was trimmed
-// away counts until the appends' prune (pruneLatestSrc) or a Latest
-// deletes it.
+// Snapshots) from the index the append scripts keep (latestKey), and
+// returns through, the stream's last entry read before the index: a
+// subject appended to after through is left out, for the Replay after
+// through to deliver. An entry trimmed away is skipped and forgotten.
+// Entries appended by anything but Publish and Append (a plain XADD) are
+// not in the index. With a limit, a set of more than limit entries is
+// refused before any is fetched. How: docs/architecture.md, "Redis
+// Streams: Latest".
 func (b *Redis) Latest(ctx context.Context, filters []string, limit int, h func([]Message) error) (string, error) {
 	xs, err := b.rdb.XRevRangeN(ctx, b.cfg.Stream, "+", "-", 1).Result()
 	if err != nil {
