@@ -13,8 +13,8 @@
 //
 // Layers: the fan-out core is the files fanout_*.go (events, the index,
 // the hub and its dispatcher, mailboxes, the recent ring, views and their
-// filter budgets, on one generic trie). It uses nothing else of the
-// package but the public error codes of errors.go
+// filter budgets, on one generic trie, package internal/trie). It uses
+// nothing else of the package but the public error codes of errors.go
 // (TestFanoutCoreStandsAlone checks it): connections, GraphQL, presence,
 // publishing, auth and the inspector sit above it and reach it through a
 // client (its mailbox, and the hooks onOverflow, onWake, onBehind and

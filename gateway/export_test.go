@@ -17,21 +17,7 @@ func IndexSize(s *Server) (subs, nodes int) {
 	ix := s.hub.idx
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	var count func(n *node) int
-	count = func(n *node) int {
-		c := 0
-		for _, ch := range n.next {
-			c += 1 + count(ch)
-		}
-		if n.star != nil {
-			c += 1 + count(n.star)
-		}
-		if n.gt != nil {
-			c += 1 + count(n.gt)
-		}
-		return c
-	}
-	return ix.size, count(ix.root)
+	return ix.size, ix.root.Size()
 }
 
 // PendingHandshakes reports the connections s's HTTPServer tracks as not

@@ -3,6 +3,8 @@ package gateway
 import (
 	"slices"
 	"sync"
+
+	"github.com/fanwire/fanwire/gateway/internal/trie"
 )
 
 // index is the subscription index: a token trie in NATS subject syntax. Each
@@ -32,7 +34,7 @@ type index struct {
 }
 
 // node is a node of the subscription index.
-type node = trieNode[nodeSubs]
+type node = trie.Node[nodeSubs]
 
 // nodeSubs is what an index node holds: the subscriptions whose pattern
 // ends there, grouped per client.
@@ -86,8 +88,8 @@ func (ix *index) addThen(c *client, id, pattern string, then func()) {
 
 // addLocked adds; ix.mu is held for writing.
 func (ix *index) addLocked(c *client, id, pattern string) {
-	n := ix.root.walk(pattern)
-	v := &n.val
+	n := ix.root.Walk(pattern)
+	v := &n.Val
 	if v.byClient == nil {
 		v.byClient = make(map[*client]*nodeIDs)
 	}
@@ -102,7 +104,7 @@ func (ix *index) addLocked(c *client, id, pattern string) {
 	v.deliveries[e.pos].setSubs(c.subsFor(e.ids))
 	ix.gen++
 	v.ver = ix.gen
-	n.n++
+	n.N++
 	ix.size++
 }
 
@@ -136,11 +138,11 @@ func (ix *index) removeThen(c *client, id, pattern string, then func()) bool {
 	if then != nil {
 		defer then()
 	}
-	n := ix.root.find(pattern)
+	n := ix.root.Find(pattern)
 	if n == nil {
 		return false
 	}
-	v := &n.val
+	v := &n.Val
 	e := v.byClient[c]
 	if e == nil {
 		return false
@@ -152,7 +154,7 @@ func (ix *index) removeThen(c *client, id, pattern string, then func()) bool {
 	e.ids = slices.Delete(e.ids, i, i+1)
 	ix.gen++
 	v.ver = ix.gen
-	n.n--
+	n.N--
 	ix.size--
 	if len(e.ids) > 0 {
 		v.deliveries[e.pos].setSubs(c.subsFor(e.ids))
@@ -167,7 +169,7 @@ func (ix *index) removeThen(c *client, id, pattern string, then func()) bool {
 	}
 	v.deliveries[last] = delivery{}
 	v.deliveries = v.deliveries[:last]
-	n.prune()
+	n.Prune()
 	return true
 }
 

@@ -166,8 +166,8 @@ func TestIndexRemove(t *testing.T) {
 		t.Errorf("len = %d after removing everything", ix.len())
 	}
 	// Every node was pruned.
-	if r := ix.root; len(r.next) != 0 || r.star != nil || r.gt != nil || r.n != 0 || len(r.val.deliveries) != 0 {
-		t.Errorf("root not empty after removing everything: next=%d star=%v gt=%v", len(r.next), r.star, r.gt)
+	if r := ix.root; r.Size() != 0 || r.N != 0 || len(r.Val.deliveries) != 0 {
+		t.Errorf("root not empty after removing everything: %d nodes below it, %d subscriptions, %d deliveries", r.Size(), r.N, len(r.Val.deliveries))
 	}
 	// And the pruned index works as new.
 	for _, s := range subs {

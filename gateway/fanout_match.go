@@ -44,12 +44,12 @@ func (m *matcher) match(ix *index, subj string) []delivery {
 		m.sweep(ix.gen)
 	}
 	// A system subject: only patterns that write its first token out.
-	m.scratch = ix.root.collect(subj, m.scratch[:0], subject.IsSystem(subj))
+	m.scratch = ix.root.Collect(subj, m.scratch[:0], subject.IsSystem(subj))
 	switch len(m.scratch) {
 	case 0:
 		return nil
 	case 1:
-		return m.scratch[0].val.deliveries
+		return m.scratch[0].Val.deliveries
 	}
 	var key mergeKey
 	cacheable := len(m.scratch) <= len(key)
@@ -62,7 +62,7 @@ func (m *matcher) match(ix *index, subj string) []delivery {
 	}
 	e := mergeEntry{d: mergeDeliveries(m.scratch)}
 	for i, n := range m.scratch {
-		e.vers[i] = n.val.ver
+		e.vers[i] = n.Val.ver
 	}
 	if m.merged == nil || len(m.merged) >= maxMerged {
 		m.merged = make(map[mergeKey]mergeEntry)
@@ -78,7 +78,7 @@ func (e *mergeEntry) current(key *mergeKey) bool {
 		if n == nil {
 			break
 		}
-		if n.val.ver != e.vers[i] {
+		if n.Val.ver != e.vers[i] {
 			return false
 		}
 	}
@@ -106,7 +106,7 @@ func mergeDeliveries(nodes []*node) []delivery {
 	ids := make(map[*client][]string)
 	var order []*client
 	for _, n := range nodes {
-		for c, e := range n.val.byClient {
+		for c, e := range n.Val.byClient {
 			if _, seen := ids[c]; !seen {
 				order = append(order, c)
 			}

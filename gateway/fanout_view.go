@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/fanwire/fanwire/gateway/internal/filter"
+	"github.com/fanwire/fanwire/gateway/internal/trie"
 	"github.com/fanwire/fanwire/jsonstr"
 
 	"github.com/fanwire/fanwire/subject"
@@ -117,7 +118,7 @@ func (vs *viewSub) dropPrefix(truncSubject string) {
 }
 
 // vnode is a node of the view index.
-type vnode = trieNode[viewNode]
+type vnode = trie.Node[viewNode]
 
 // viewNode is what a view index node holds: the filtered subscriptions
 // whose pattern ends there.
@@ -138,8 +139,8 @@ func (h *hub) addViewLocked(vs *viewSub) {
 	if ix.vroot == nil {
 		ix.vroot = &vnode{}
 	}
-	n := ix.vroot.walk(vs.pattern)
-	v := &n.val
+	n := ix.vroot.Walk(vs.pattern)
+	v := &n.Val
 	if t := vs.f.Index; t != nil {
 		if v.eq == nil {
 			v.eq = make(map[string]*eqIndex)
@@ -153,7 +154,7 @@ func (h *hub) addViewLocked(vs *viewSub) {
 	} else {
 		v.scan = append(v.scan, vs)
 	}
-	n.n++
+	n.N++
 	ix.vsize++
 	if h.holders == nil {
 		h.holders = make(map[string][]*viewSub)
@@ -186,11 +187,11 @@ func (h *hub) removeView(vs *viewSub, then func()) bool {
 	if ix.vroot == nil {
 		return false
 	}
-	n := ix.vroot.find(vs.pattern)
+	n := ix.vroot.Find(vs.pattern)
 	if n == nil {
 		return false
 	}
-	v := &n.val
+	v := &n.Val
 	found := false
 	if t := vs.f.Index; t != nil {
 		if e := v.eq[t.PathKey]; e != nil {
@@ -224,9 +225,9 @@ func (h *hub) removeView(vs *viewSub, then func()) bool {
 	}
 	h.heldAdd(vs, -int64(len(vs.held)))
 	vs.held = nil
-	n.n--
+	n.N--
 	ix.vsize--
-	n.prune()
+	n.Prune()
 	h.views.Add(-1)
 	return true
 }
@@ -262,7 +263,7 @@ func (h *hub) dispatchView(ev *Event, st *dispatchStats) {
 	h.vseq++
 	seq := h.vseq
 	literal := subject.IsSystem(ev.Subject)
-	h.vscratch = h.idx.vroot.collect(ev.Subject, h.vscratch[:0], literal)
+	h.vscratch = h.idx.vroot.Collect(ev.Subject, h.vscratch[:0], literal)
 	holders := h.holders[ev.Subject]
 	if len(h.vscratch) == 0 && len(holders) == 0 {
 		return
@@ -270,10 +271,10 @@ func (h *hub) dispatchView(ev *Event, st *dispatchStats) {
 	p := ev.parsed()
 	if p.Truncate {
 		for _, n := range h.vscratch {
-			for _, vs := range n.val.scan {
+			for _, vs := range n.Val.scan {
 				h.viewTruncate(vs, ev, st)
 			}
-			for _, e := range n.val.eq {
+			for _, e := range n.Val.eq {
 				for _, l := range e.by {
 					for _, vs := range l {
 						h.viewTruncate(vs, ev, st)
@@ -284,10 +285,10 @@ func (h *hub) dispatchView(ev *Event, st *dispatchStats) {
 		return
 	}
 	for _, n := range h.vscratch {
-		for _, vs := range n.val.scan {
+		for _, vs := range n.Val.scan {
 			h.viewOffer(vs, ev, p, seq, st)
 		}
-		for _, e := range n.val.eq {
+		for _, e := range n.Val.eq {
 			v, ok := filter.LookupPath(p.Doc, e.path)
 			if !ok {
 				continue
