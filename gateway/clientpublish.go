@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/jsonstr"
 	"go.uber.org/zap"
 )
@@ -50,7 +51,7 @@ func (s *Server) maxPublishData(subject string) int64 {
 // compacted data of n bytes, without a cursor: what a delivery of it
 // takes in a mailbox, besides the subscription list it carries.
 func eventBytes(subject string, n int) int {
-	return len(headPrefix) + jsonstr.Len(subject) + len(subsField) + len(dataField) + n + 1
+	return len(fanout.HeadPrefix) + jsonstr.Len(subject) + len(fanout.SubsField) + len(fanout.DataField) + n + 1
 }
 
 // overMailbox says why an event on subject with compacted data of n bytes

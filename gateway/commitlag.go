@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/subject"
 )
 
@@ -20,13 +21,13 @@ import (
 // observeCommitLag observes the commit → dispatch lag of the ingest's
 // events among evs, about to be dispatched (microseconds before they
 // are queued): one clock read per batch.
-func (s *Server) observeCommitLag(evs []*Event) {
+func (s *Server) observeCommitLag(evs []*fanout.Event) {
 	var now time.Time
 	for _, ev := range evs {
 		if !s.ingestSubject(ev.Subject) {
 			continue
 		}
-		t, ok := commitTime(ev.data)
+		t, ok := commitTime(ev.Data())
 		if !ok {
 			continue
 		}

@@ -3,6 +3,8 @@ package gateway
 import (
 	"testing"
 	"time"
+
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 )
 
 // TestCommitTime: the commit time is read from an ingest event's
@@ -39,11 +41,11 @@ func TestCommitTime(t *testing.T) {
 // lag histogram (the scan, the parse, the observation).
 func BenchmarkCommitLag(b *testing.B) {
 	s := &Server{cfg: Config{ReservedSubjects: DefaultReservedSubjects}, metrics: newMetrics(nil, func() bool { return true })}
-	ev, err := NewEvent("db.orders.42", "js:1", []byte(`{"id":"fanwire.1mm4yo2xuwx5w:16b3748-0","op":"update","key":42,"lsn":"0/16B3748","commit_time":"2026-11-30T17:00:00.123456Z","doc":{"id":42,"status":"paid","total":"19.90"}}`))
+	ev, err := fanout.NewEvent("db.orders.42", "js:1", []byte(`{"id":"fanwire.1mm4yo2xuwx5w:16b3748-0","op":"update","key":42,"lsn":"0/16B3748","commit_time":"2026-11-30T17:00:00.123456Z","doc":{"id":42,"status":"paid","total":"19.90"}}`))
 	if err != nil {
 		b.Fatal(err)
 	}
-	evs := []*Event{ev}
+	evs := []*fanout.Event{ev}
 	b.ReportAllocs()
 	for b.Loop() {
 		s.observeCommitLag(evs)

@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 
 	"github.com/coder/websocket"
@@ -49,7 +50,7 @@ type conn struct {
 	writeErr      atomic.Bool            // the writer failed
 	pingFailed    atomic.Bool            // a ping went unanswered
 	writerRunning atomic.Bool            // the writer's role is taken: a writer goroutine exists or a flusher has its turn (see ensureWriter, retire, flushTurn)
-	written       atomic.Uint64          // items written to the socket (compare mailbox.pushes)
+	written       atomic.Uint64          // items written to the socket (compare fanout.Mailbox.Pushes)
 	sent          atomic.Uint64          // payload bytes written in frames: added by the writer's role once per frame or batch, never per delivery (the inspector's bytes_sent)
 	adminCode     atomic.Int32           // the close code an operator asked for (admin.go); 0: none
 	shared        sharedFlush            // the shared flushers' state of it (conn_flush.go)
@@ -131,7 +132,7 @@ func (c *conn) setGrants(g *Grants) {
 
 // overflow is the hub's callback when this connection's mailbox is full.
 func (c *conn) overflow() {
-	c.cl.mb.close()
+	c.cl.mb.Close()
 	if c.requestClose(CloseSlowConsumer) {
 		c.s.metrics.SlowConsumers.Inc()
 	}
@@ -151,7 +152,7 @@ func (c *conn) queue(b []byte) (wake bool) {
 	if b == nil { // a reply this protocol does not have
 		return false
 	}
-	wasEmpty, err := c.cl.mb.pushControl(item{ev: controlMessage(b)})
+	wasEmpty, err := c.cl.mb.PushControl(fanout.Item{Ev: fanout.NewControl(b)})
 	if err != nil {
 		c.overflow()
 		return false
@@ -277,7 +278,7 @@ func (c *conn) end(err error) {
 		cancel()
 	}
 	c.s.pres.leaveAll(c) // its memberships and presence watches
-	c.cl.mb.close()
+	c.cl.mb.Close()
 	reason := c.disconnectReason(err)
 	c.s.metrics.Disconnects.WithLabelValues(reason).Inc()
 	if ce := c.s.log.Check(zap.DebugLevel, "connection closed"); ce != nil {

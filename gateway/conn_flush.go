@@ -1,6 +1,10 @@
 package gateway
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
+)
 
 // A connection's turn on its shard's flusher (flusher.go), and the writer
 // goroutine it gets when its socket would block.
@@ -89,14 +93,14 @@ func (c *conn) flushNB() flushResult {
 	if !fw.tryBeginBatch() {
 		return flushHandOff
 	}
-	b := c.cl.mb.take()
-	if b.n == 0 {
+	b := c.cl.mb.Take()
+	if b.Len() == 0 {
 		_, _ = fw.endBatchNB()
 		return flushDone
 	}
 	pending, err := c.frameBatchNB(&b)
-	n := b.n
-	b.release()
+	n := b.Len()
+	b.Release()
 	if err != nil {
 		c.writeErr.Store(true)
 		c.closeNow() // ends the reader too
@@ -116,18 +120,18 @@ func (c *conn) flushNB() flushResult {
 // writing without waiting whenever the next frame would not fit in the
 // buffer. It ends the batch (endBatchNB) and reports whether bytes are
 // pending.
-func (c *conn) frameBatchNB(bt *batch) (pending bool, err error) {
+func (c *conn) frameBatchNB(bt *fanout.Batch) (pending bool, err error) {
 	fw := c.fw
 	limit := c.s.cfg.MaxFrameBytes
 	var frames, bytes int
-	s, i := bt.head, 0
+	s, i := bt.First(), 0
 	for err == nil {
 		// Measure the frame first: its header carries its length.
 		n, count := 0, 0
 		for ms, mi := s, i; ms != nil; {
-			items := bt.used(ms)
+			items := bt.Used(ms)
 			if mi == len(items) {
-				ms, mi = bt.next(ms), 0
+				ms, mi = bt.Next(ms), 0
 				continue
 			}
 			size := wireLen(items[mi])
@@ -153,15 +157,15 @@ func (c *conn) frameBatchNB(bt *batch) (pending bool, err error) {
 		}
 		fw.appendHeader(n)
 		for k := 0; k < count; {
-			items := bt.used(s)
+			items := bt.Used(s)
 			if i == len(items) {
-				s, i = bt.next(s), 0
+				s, i = bt.Next(s), 0
 				continue
 			}
 			if k > 0 {
 				fw.out = append(fw.out, '\n')
 			}
-			fw.out = items[i].appendTo(fw.out)
+			fw.out = items[i].AppendTo(fw.out)
 			i++
 			k++
 		}
@@ -180,12 +184,12 @@ func (c *conn) frameBatchNB(bt *batch) (pending bool, err error) {
 // maxFrameHeader is the longest header of a server's frame.
 const maxFrameHeader = 10
 
-// wireLen is the bytes item.appendTo adds for the native protocol.
-func wireLen(it item) int {
-	if it.subs == nil {
-		return len(it.ev.buf)
+// wireLen is the bytes Item.AppendTo adds for the native protocol.
+func wireLen(it fanout.Item) int {
+	if it.Subs == nil {
+		return len(it.Ev.Bytes())
 	}
-	return len(it.ev.buf) + len(it.subs.b)
+	return len(it.Ev.Bytes()) + len(it.Subs.B)
 }
 
 // catchUp is the writer of a connection a flusher handed over: it writes

@@ -3,6 +3,8 @@ package gateway
 import (
 	"strings"
 	"testing"
+
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 )
 
 // TestFlusherDeliveryAllocs: a native delivery written by a shared
@@ -17,15 +19,15 @@ func TestFlusherDeliveryAllocs(t *testing.T) {
 	c := &conn{s: s, ws: ws, fw: fw}
 	c.cl = newClient(4096, 4<<20, func() { t.Error("overflow") })
 	subs := c.cl.subsFor([]string{"1"})
-	ev, err := NewEvent("orders.42", "js:7", []byte(`{"id":42,"status":"paid","pad":"`+strings.Repeat("x", 200)+`"}`))
+	ev, err := fanout.NewEvent("orders.42", "js:7", []byte(`{"id":42,"status":"paid","pad":"`+strings.Repeat("x", 200)+`"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	const perRun = 64
 	run := func() {
 		for range perRun {
-			it := item{ev: ev, subs: subs}
-			if _, _, err := c.cl.mb.push(it, it.size()); err != nil {
+			it := fanout.Item{Ev: ev, Subs: subs}
+			if _, _, err := c.cl.mb.Push(it, it.Size()); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/fanwire/fanwire/subject"
 )
@@ -255,5 +256,5 @@ func fixUTF8IfNeeded(b []byte) []byte {
 	if utf8.Valid(b) {
 		return b
 	}
-	return fixUTF8(b)
+	return fanout.FixUTF8(b)
 }

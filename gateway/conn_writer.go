@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 )
 
 // A connection's writer and its pings: the one goroutine that writes to the
@@ -128,13 +129,13 @@ func (c *conn) writeLoop() {
 // returns false if a write failed.
 func (c *conn) drain() bool {
 	for {
-		b := c.cl.mb.take()
-		if b.n == 0 {
+		b := c.cl.mb.Take()
+		if b.Len() == 0 {
 			return true
 		}
 		err := c.writeBatch(&b)
-		n := b.n
-		b.release()
+		n := b.Len()
+		b.Release()
 		if err != nil {
 			c.writeErr.Store(true)
 			c.closeNow() // ends the reader too
@@ -150,7 +151,7 @@ func (c *conn) drain() bool {
 // writeBatch splices the batch's items into frames of at most MaxFrameBytes
 // (a single larger message gets a frame of its own), '\n'-separated, one
 // Write each.
-func (c *conn) writeBatch(bt *batch) error {
+func (c *conn) writeBatch(bt *fanout.Batch) error {
 	if c.gql != nil {
 		return c.writeBatchGQL(bt)
 	}
@@ -158,9 +159,9 @@ func (c *conn) writeBatch(bt *batch) error {
 	defer putFrameBuf(bp)
 	buf := (*bp)[:0]
 	limit := c.s.cfg.MaxFrameBytes
-	for s := bt.head; s != nil; s = bt.next(s) {
-		for _, it := range bt.used(s) {
-			if len(buf) > 0 && len(buf)+1+it.size() > limit {
+	for s := bt.First(); s != nil; s = bt.Next(s) {
+		for _, it := range bt.Used(s) {
+			if len(buf) > 0 && len(buf)+1+it.Size() > limit {
 				if err := c.writeFrame(buf); err != nil {
 					return err
 				}
@@ -169,7 +170,7 @@ func (c *conn) writeBatch(bt *batch) error {
 			if len(buf) > 0 {
 				buf = append(buf, '\n')
 			}
-			buf = it.appendTo(buf)
+			buf = it.AppendTo(buf)
 		}
 	}
 	err := c.writeFrame(buf)

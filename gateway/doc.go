@@ -2,26 +2,28 @@
 // node and fans every event out to WebSocket clients, native and GraphQL.
 //
 // Data flow: the broker's consume loop hands batches to Server.dispatch,
-// which validates each message once and builds one immutable Event (the
-// envelope's head and tail around the data, see fanout_event.go). The
-// hub matches the event's subject against the subscription index
-// (fanout_index.go, fanout_match.go) and queues a 16-byte item per
-// matching connection into that connection's bounded mailbox
-// (fanout_mailbox.go). Each connection's writer splices its pre-encoded
-// subscription list into the shared bytes while it builds a frame, so a
-// delivery never copies or re-encodes the event.
+// which validates each message once and builds one immutable
+// fanout.Event (the envelope's head and tail around the data). The hub
+// matches the event's subject against the subscription index
+// (fanout_index.go, fanout_match.go) and queues a 16-byte fanout.Item per
+// matching connection into that connection's bounded fanout.Mailbox.
+// Each connection's writer splices its pre-encoded subscription list into
+// the shared bytes while it builds a frame, so a delivery never copies or
+// re-encodes the event.
 //
-// Layers: the fan-out core is the files fanout_*.go (events, the index,
-// the hub and its dispatcher, mailboxes, the recent ring, views and their
-// filter budgets, on one generic trie, package internal/trie). It uses
-// nothing else of the package but the public error codes of errors.go
-// (TestFanoutCoreStandsAlone checks it): connections, GraphQL, presence,
-// publishing, auth and the inspector sit above it and reach it through a
-// client (its mailbox, and the hooks onOverflow, onWake, onBehind and
-// encode that a transport sets), an Event's or a subscription list's ext
-// (what a transport attaches, which the core never reads), the hub's
-// dispatchMetrics and its wakeBatch (the shared flushers). A new
-// transport adds files above the core; it does not edit fanout_*.go.
+// Layers: the fan-out core is package internal/fanout (events, items,
+// mailboxes, the recent ring), package internal/trie (the subject trie)
+// and the files fanout_*.go (the index, the hub and its dispatcher, views
+// and their filter budgets), which are to join internal/fanout. The
+// files use nothing else of the package but the public error codes of
+// errors.go (TestFanoutCoreStandsAlone checks it): connections, GraphQL,
+// presence, publishing, auth and the inspector sit above the core and
+// reach it through a client (its mailbox, and the hooks onOverflow,
+// onWake, onBehind and encode that a transport sets), an Event's or a
+// subscription list's Ext (what a transport attaches, which the core
+// never reads), the hub's dispatchMetrics and its wakeBatch (the shared
+// flushers). A new transport adds files above the core; it does not edit
+// the core.
 //
 // A subscription with a where (or a row-filtered grant) is a view
 // (fanout_view.go): the hub evaluates each filter once per event however many

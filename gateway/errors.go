@@ -3,6 +3,7 @@ package gateway
 import (
 	"errors"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/subject"
 )
 
@@ -92,7 +93,7 @@ var (
 	ErrBadPattern   = subject.ErrBadPattern // subject.ErrBadPattern, for errors.Is on either
 	ErrBadFrame     = errors.New("bad frame")
 	ErrUnknownType  = errors.New("unknown type")
-	ErrMailboxFull  = errors.New("mailbox full")
+	ErrMailboxFull  = fanout.ErrMailboxFull // a delivery refused: the connection is a slow consumer
 	ErrServerClosed = errors.New("gateway: server closed")
 )
 

@@ -1,19 +1,19 @@
 package gateway
 
 import (
-	"math"
 	"runtime"
 	"sync/atomic"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // client is the hub's view of a connection: a mailbox and a way to wake its
 // writer. The transport (native or GraphQL WebSocket) owns the writer.
 type client struct {
-	mb   mailbox       // first: the dispatcher touches its first 48 bytes on every delivery
-	wake chan struct{} // static; capacity 1, a pending wake-up is sticky
+	mb   fanout.Mailbox // first: the dispatcher touches its first 48 bytes on every delivery
+	wake chan struct{}  // static; capacity 1, a pending wake-up is sticky
 
 	// onOverflow is called once, outside the index lock, when a push fails;
 	// the transport closes the connection as a slow consumer.
@@ -28,7 +28,7 @@ type client struct {
 	// encode, if set, builds the subscription list of a delivery from the
 	// ids of the client's matching subscriptions (GraphQL); nil: the
 	// native protocol's JSON array of ids. Set before the client subscribes.
-	encode func(ids []string) *subsList
+	encode func(ids []string) *fanout.SubsList
 
 	overflowed atomic.Bool
 
@@ -41,24 +41,25 @@ type client struct {
 }
 
 func newClient(maxItems, maxBytes int, onOverflow func()) *client {
-	return &client{
-		mb:         mailbox{maxItems: int32(min(maxItems, math.MaxInt32)), maxBytes: maxBytes},
+	c := &client{
 		wake:       make(chan struct{}, 1),
 		onOverflow: onOverflow,
 	}
+	c.mb.Init(maxItems, maxBytes)
+	return c
 }
 
 // subsFor is the subscription list for a delivery to the subscriptions ids.
-func (c *client) subsFor(ids []string) *subsList {
+func (c *client) subsFor(ids []string) *fanout.SubsList {
 	if c.encode != nil {
 		return c.encode(ids)
 	}
-	return encodeSubsList(ids)
+	return fanout.EncodeSubsList(ids)
 }
 
 // neverFits reports whether a delivery of n bytes is over the mailbox's
 // byte bound: it would not fit even in an empty mailbox.
-func (c *client) neverFits(n int) bool { return n > c.mb.maxBytes }
+func (c *client) neverFits(n int) bool { return n > c.mb.MaxBytes() }
 
 // signal wakes the writer; it never blocks.
 func (c *client) signal() {
@@ -89,8 +90,8 @@ type hub struct {
 	// exactly what was dispatched.
 	batchLast  string
 	last       atomic.Pointer[string]
-	recent     recent // durable brokers only (keepRecent)
-	keepRecent bool   // static
+	recent     fanout.Recent // durable brokers only (keepRecent)
+	keepRecent bool          // static
 
 	maxPace time.Duration // static
 	wakes   wakeBatch     // static; nil: none
@@ -152,7 +153,7 @@ func newHub(m *dispatchMetrics, maxPace time.Duration, wakes wakeBatch) *hub {
 // batch; meanwhile the backlog waits upstream, in the broker, whose own
 // bounds and metrics then apply. A minority of slow clients never triggers
 // the wait: they overflow and are closed with 4008.
-func (h *hub) dispatch(evs []*Event, arrived time.Time) {
+func (h *hub) dispatch(evs []*fanout.Event, arrived time.Time) {
 	var st dispatchStats
 	h.idx.mu.RLock()
 	views := h.idx.vsize > 0
@@ -161,13 +162,13 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 	}
 	for _, ev := range evs {
 		if h.keepRecent {
-			h.recent.add(ev)
+			h.recent.Add(ev)
 		}
 		if views {
 			h.dispatchView(ev, &st)
 		}
 		for _, d := range h.m.match(h.idx, ev.Subject) {
-			h.push(d.c, item{ev: ev, subs: d.subs}, len(ev.buf)+d.subsLen, &st)
+			h.push(d.c, fanout.Item{Ev: ev, Subs: d.subs}, len(ev.Bytes())+d.subsLen, &st)
 		}
 	}
 	if h.batchLast != "" {
@@ -176,11 +177,9 @@ func (h *hub) dispatch(evs []*Event, arrived time.Time) {
 	}
 	h.idx.mu.RUnlock()
 	if views {
-		// The parsed data served this batch's filters; the events live on
-		// in mailboxes and the recent ring, where it would only take room
-		// (a few times the data's size).
+		// The parsed data served this batch's filters.
 		for _, ev := range evs {
-			ev.dataParsed.Store(nil)
+			ev.DropParsed()
 		}
 	}
 	n, pressured, critical := st.n, st.pressured, st.critical
@@ -259,8 +258,8 @@ type dispatchStats struct {
 // consumer after the batch, unless the delivery could never fit it
 // (skipped, as a resume skips it); a delivery that filled it past half
 // marks c to be paced, one into an empty mailbox to be woken.
-func (h *hub) push(c *client, it item, size int, st *dispatchStats) {
-	wasEmpty, fill, err := c.mb.push(it, size)
+func (h *hub) push(c *client, it fanout.Item, size int, st *dispatchStats) {
+	wasEmpty, fill, err := c.mb.Push(it, size)
 	if err != nil {
 		if c.neverFits(size) {
 			return
@@ -271,10 +270,10 @@ func (h *hub) push(c *client, it item, size int, st *dispatchStats) {
 		return
 	}
 	st.n++
-	if fill == fillCritical {
+	if fill == fanout.FillCritical {
 		st.critical++
 	}
-	if fill >= fillHalf {
+	if fill >= fanout.FillHalf {
 		st.pressured++
 		if !c.pacePending {
 			c.pacePending = true
@@ -302,7 +301,7 @@ func (h *hub) setStart(cursor string) {
 	if cursor != "" {
 		h.idx.mu.Lock() // resumes read recent under the write lock
 		h.last.Store(&cursor)
-		h.recent.floor = cursor
+		h.recent.SetFloor(cursor)
 		h.idx.mu.Unlock()
 	}
 }
@@ -317,7 +316,7 @@ func (h *hub) pace() {
 	for {
 		still := 0
 		for _, c := range h.paceList {
-			if c.mb.overHalf() {
+			if c.mb.OverHalf() {
 				still++
 			}
 		}

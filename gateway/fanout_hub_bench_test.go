@@ -6,18 +6,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 )
 
 // BenchmarkDispatch queues one event to 10,000 subscribed clients' mailboxes
 // per iteration. ns/delivery and allocs/op are what the issue's targets name
 // (≤ 25 ns and 0 allocs per delivery). Mailboxes are drained every
-// segItems events outside the timer, as the writers do between the
+// fanout.SegmentItems events outside the timer, as the writers do between the
 // dispatcher's batches (≤ 256 events), so a mailbox recycles one segment.
 // (A period one off, 129 with 128-item segments, leaves every mailbox a
 // segment with one item per drain: about twice the cost per delivery.)
 func BenchmarkDispatch(b *testing.B) {
-	const drainEvery = segItems
+	const drainEvery = fanout.SegmentItems
 	for _, conns := range []int{10_000} {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
 			h, evs, drain := dispatchBench(b, conns, "bench.*")
@@ -50,7 +51,7 @@ func BenchmarkDispatch(b *testing.B) {
 // and go. The churn runs outside the timer: allocs/op is the dispatch's
 // alone, which should stay 0 when unrelated changes keep the merge cached.
 func BenchmarkDispatchUnderChurn(b *testing.B) {
-	const drainEvery = segItems // as BenchmarkDispatch
+	const drainEvery = fanout.SegmentItems // as BenchmarkDispatch
 	const churners = 100
 	for _, conns := range []int{10_000} {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
@@ -97,7 +98,7 @@ func BenchmarkDispatchUnderChurn(b *testing.B) {
 // dispatchBench is the set-up of the dispatch benchmarks: a hub with conns
 // clients, each subscribed to patterns (ids s1, s2, ...), one event on
 // bench.hot, and drain, which empties every client's mailbox.
-func dispatchBench(b *testing.B, conns int, patterns ...string) (h *hub, evs []*Event, drain func()) {
+func dispatchBench(b *testing.B, conns int, patterns ...string) (h *hub, evs []*fanout.Event, drain func()) {
 	h = newHub(nil, 0, newFlushPool(runtime.GOMAXPROCS(0)))
 	clients := make([]*client, conns)
 	for i := range clients {
@@ -106,17 +107,17 @@ func dispatchBench(b *testing.B, conns int, patterns ...string) (h *hub, evs []*
 			h.idx.add(clients[i], fmt.Sprintf("s%d", j+1), p)
 		}
 	}
-	ev, err := NewEvent("bench.hot", "", []byte(`{"seq":1}`))
+	ev, err := fanout.NewEvent("bench.hot", "", []byte(`{"seq":1}`))
 	if err != nil {
 		b.Fatal(err)
 	}
 	drain = func() {
 		for _, c := range clients {
-			bt := c.mb.take()
-			bt.release()
+			bt := c.mb.Take()
+			bt.Release()
 		}
 	}
-	return h, []*Event{ev}, drain
+	return h, []*fanout.Event{ev}, drain
 }
 
 // BenchmarkDispatchViews dispatches events to filtered subscriptions, one
@@ -149,26 +150,26 @@ func BenchmarkDispatchViews(b *testing.B) {
 					b.Fatal(err)
 				}
 				vs := &viewSub{c: clients[i], id: "v", pattern: "db.orders.*", f: filter.New(nil, ce, nil),
-					subs: encodeSubsList([]string{"v"}), max: 1 << 20, held: map[string]struct{}{}, onEnd: func(string) {}}
+					subs: fanout.EncodeSubsList([]string{"v"}), max: 1 << 20, held: map[string]struct{}{}, onEnd: func(string) {}}
 				h.idx.mu.Lock()
 				h.addViewLocked(vs)
 				h.idx.mu.Unlock()
 			}
 			const nev = 1024
-			evs := make([][]*Event, nev)
+			evs := make([][]*fanout.Event, nev)
 			for k := range nev {
 				c := k % tc.conns
 				data := fmt.Sprintf(`{"op":"update","key":%d,"doc":{"id":%d,"customer_id":%d,"total":%d.5,"status":"open","note":"some text to parse"}}`, k, k, c, c)
-				ev, err := NewEvent(fmt.Sprintf("db.orders.%d", k), "", []byte(data))
+				ev, err := fanout.NewEvent(fmt.Sprintf("db.orders.%d", k), "", []byte(data))
 				if err != nil {
 					b.Fatal(err)
 				}
-				evs[k] = []*Event{ev}
+				evs[k] = []*fanout.Event{ev}
 			}
 			drain := func() {
 				for _, c := range clients {
-					bt := c.mb.take()
-					bt.release()
+					bt := c.mb.Take()
+					bt.Release()
 				}
 			}
 			b.ReportAllocs()
@@ -189,8 +190,8 @@ func BenchmarkDispatchViews(b *testing.B) {
 	}
 }
 
-func mustEvent(b *testing.B, ev *Event) *Event {
-	e, err := NewEvent(ev.Subject, ev.Cursor, ev.data)
+func mustEvent(b *testing.B, ev *fanout.Event) *fanout.Event {
+	e, err := fanout.NewEvent(ev.Subject, ev.Cursor, ev.Data())
 	if err != nil {
 		b.Fatal(err)
 	}

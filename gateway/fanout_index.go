@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/trie"
 )
 
@@ -57,12 +58,12 @@ type nodeIDs struct {
 // touch the subs list itself: one cache miss less per delivery.
 type delivery struct {
 	c       *client
-	subs    *subsList
+	subs    *fanout.SubsList
 	subsLen int
 }
 
-func (d *delivery) setSubs(l *subsList) {
-	d.subs, d.subsLen = l, l.size
+func (d *delivery) setSubs(l *fanout.SubsList) {
+	d.subs, d.subsLen = l, l.Size
 }
 
 func newIndex() *index {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/subject"
 )
 
@@ -31,7 +32,7 @@ func matchNow(t testing.TB, ix *index, m *matcher, subject string) matchResult {
 		if d.subs == nil {
 			t.Fatalf("match(%q): delivery without a subs list", subject)
 		}
-		out[d.c] = string(d.subs.b)
+		out[d.c] = string(d.subs.B)
 	}
 	return out
 }
@@ -198,12 +199,12 @@ func TestIndexRemoveKeepsOtherClients(t *testing.T) {
 }
 
 // takeAll empties c's mailbox as its writer would and returns the items.
-func takeAll(c *client) []item {
-	b := c.mb.take()
-	defer b.release()
-	var out []item
-	for s := b.head; s != nil; s = b.next(s) {
-		out = append(out, b.used(s)...)
+func takeAll(c *client) []fanout.Item {
+	b := c.mb.Take()
+	defer b.Release()
+	var out []fanout.Item
+	for s := b.First(); s != nil; s = b.Next(s) {
+		out = append(out, b.Used(s)...)
 	}
 	return out
 }
@@ -365,7 +366,7 @@ func TestIndexAgainstBruteForce(t *testing.T) {
 			want := matchResult{}
 			for c, l := range ids {
 				slices.Sort(l)
-				want[c] = string(encodeSubsList(l).b)
+				want[c] = string(fanout.EncodeSubsList(l).B)
 			}
 			if got := matchNow(t, ix, m, subj); !maps.Equal(got, want) {
 				t.Fatalf("step %d: match(%q) = %s, want %s", step, subj, describe(got), describe(want))
@@ -428,7 +429,7 @@ func TestHubDispatch(t *testing.T) {
 	h := newHub(nil, 0, nil)
 	overflows := 0
 	full := newClient(1, 1<<20, func() { overflows++ })
-	if _, err := full.mb.pushControl(item{ev: controlMessage(pongMessage)}); err != nil {
+	if _, err := full.mb.PushControl(fanout.Item{Ev: fanout.NewControl(pongMessage)}); err != nil {
 		t.Fatal(err)
 	}
 	c1, c2, idle := testClient(), testClient(), testClient()
@@ -439,9 +440,9 @@ func TestHubDispatch(t *testing.T) {
 	h.idx.add(full, "f", "orders.>")
 	h.idx.add(idle, "i", "payments.*")
 
-	var evs []*Event
+	var evs []*fanout.Event
 	for _, subj := range []string{"orders.42", "orders.7", "users.1", "orders.42.items", "orders.42"} {
-		ev, err := NewEvent(subj, "", []byte(`{}`))
+		ev, err := fanout.NewEvent(subj, "", []byte(`{}`))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -456,7 +457,7 @@ func TestHubDispatch(t *testing.T) {
 	if !full.overflowed.Load() {
 		t.Error("full client not marked overflowed")
 	}
-	if got := takeAll(full); len(got) != 1 || got[0].subs != nil {
+	if got := takeAll(full); len(got) != 1 || got[0].Subs != nil {
 		t.Errorf("full client's mailbox holds %d items, want only the reply queued before", len(got))
 	}
 
@@ -467,7 +468,7 @@ func TestHubDispatch(t *testing.T) {
 		h.idx.mu.RLock()
 		for _, d := range m.match(h.idx, ev.Subject) {
 			if d.c != full {
-				want[d.c] = append(want[d.c], ev.Subject+" "+string(d.subs.b))
+				want[d.c] = append(want[d.c], ev.Subject+" "+string(d.subs.B))
 			}
 		}
 		h.idx.mu.RUnlock()
@@ -478,14 +479,14 @@ func TestHubDispatch(t *testing.T) {
 	for _, c := range []*client{c1, c2, idle} {
 		var got []string
 		for _, it := range takeAll(c) {
-			if it.subs == nil {
+			if it.Subs == nil {
 				t.Errorf("%s: control item in the mailbox", clientNames[c])
 				continue
 			}
-			if !slices.Contains(evs, it.ev) {
+			if !slices.Contains(evs, it.Ev) {
 				t.Errorf("%s: mailbox holds an event that was not dispatched", clientNames[c])
 			}
-			got = append(got, it.ev.Subject+" "+string(it.subs.b))
+			got = append(got, it.Ev.Subject+" "+string(it.Subs.B))
 		}
 		if !slices.Equal(got, want[c]) {
 			t.Errorf("%s received %q, want %q", clientNames[c], got, want[c])
@@ -501,7 +502,7 @@ func TestHubDispatch(t *testing.T) {
 	if overflows != 1 {
 		t.Errorf("onOverflow called %d times after another dispatch, want 1", overflows)
 	}
-	if n := c2.mb.len(); n != len(evs) {
+	if n := c2.mb.Len(); n != len(evs) {
 		t.Errorf("c2 got %d events in the third dispatch, want %d", n, len(evs))
 	}
 }

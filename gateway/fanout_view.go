@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 	"github.com/fanwire/fanwire/gateway/internal/trie"
 	"github.com/fanwire/fanwire/jsonstr"
@@ -49,8 +50,8 @@ type viewSub struct {
 
 	held map[string]struct{} // subjects in the view; the task's, then (in the index) the dispatcher's
 	c    *client
-	subs *subsList // [id]
-	max  int       // most documents held (Config.MaxSnapshot)
+	subs *fanout.SubsList // [id]
+	max  int              // most documents held (Config.MaxSnapshot)
 	lim  *heldLimits
 
 	id      string
@@ -259,7 +260,7 @@ func (h *hub) dropHolder(subject string, vs *viewSub) {
 // filter accepts it get it (each distinct filter evaluated once), those
 // that held its subject and no longer do get a leave. The caller holds
 // the index for reading and has checked that views exist.
-func (h *hub) dispatchView(ev *Event, st *dispatchStats) {
+func (h *hub) dispatchView(ev *fanout.Event, st *dispatchStats) {
 	h.vseq++
 	seq := h.vseq
 	literal := subject.IsSystem(ev.Subject)
@@ -268,7 +269,7 @@ func (h *hub) dispatchView(ev *Event, st *dispatchStats) {
 	if len(h.vscratch) == 0 && len(holders) == 0 {
 		return
 	}
-	p := ev.parsed()
+	p := ev.Parsed()
 	if p.Truncate {
 		for _, n := range h.vscratch {
 			for _, vs := range n.Val.scan {
@@ -305,7 +306,7 @@ func (h *hub) dispatchView(ev *Event, st *dispatchStats) {
 	// Leaves: holders that did not take this version; newly held
 	// subscriptions (viewOffer appended them) are kept.
 	holders = h.holders[ev.Subject]
-	var leave *Event
+	var leave *fanout.Event
 	for i := 0; i < len(holders); {
 		vs := holders[i]
 		if vs.matched == seq && !p.Delete {
@@ -322,7 +323,7 @@ func (h *hub) dispatchView(ev *Event, st *dispatchStats) {
 			continue // a delete it was sent: nothing to leave
 		}
 		if leave == nil {
-			leave = leaveEvent(ev)
+			leave = fanout.NewLeave(ev)
 		}
 		h.pushView(vs, leave, st)
 	}
@@ -343,7 +344,7 @@ func (h *hub) dispatchView(ev *Event, st *dispatchStats) {
 // would evaluate a filter while it is past them. So no connection holds
 // up the dispatcher for much more than maxConnCost per event, however
 // many filters it holds.
-func (h *hub) viewOffer(vs *viewSub, ev *Event, p *filter.Parsed, seq uint64, st *dispatchStats) {
+func (h *hub) viewOffer(vs *viewSub, ev *fanout.Event, p *filter.Parsed, seq uint64, st *dispatchStats) {
 	if vs.ended || vs.matched == seq {
 		return
 	}
@@ -404,7 +405,7 @@ func (h *hub) endView(vs *viewSub, code string) {
 
 // viewTruncate sends a truncate to vs (it carries no row) and forgets the
 // documents under its prefix.
-func (h *hub) viewTruncate(vs *viewSub, ev *Event, st *dispatchStats) {
+func (h *hub) viewTruncate(vs *viewSub, ev *fanout.Event, st *dispatchStats) {
 	if vs.ended {
 		return
 	}
@@ -420,9 +421,9 @@ func (h *hub) viewTruncate(vs *viewSub, ev *Event, st *dispatchStats) {
 }
 
 // pushView queues ev for vs, through the hub's one delivery path.
-func (h *hub) pushView(vs *viewSub, ev *Event, st *dispatchStats) {
-	it := item{ev: ev, subs: vs.subs}
-	h.push(vs.c, it, it.size(), st)
+func (h *hub) pushView(vs *viewSub, ev *fanout.Event, st *dispatchStats) {
+	it := fanout.Item{Ev: ev, Subs: vs.subs}
+	h.push(vs.c, it, it.Size(), st)
 }
 
 // viewCount is the number of filtered subscriptions in the index.
@@ -442,11 +443,8 @@ var errViewTooLarge = errors.New("the view passed --max-snapshot documents")
 // index: parsed for this offer and not kept on the event, which replays
 // share through the event cache (keeping every parsed tree would hold a
 // few times each cached event's size).
-func viewParse(vs *viewSub, ev *Event) *filter.Parsed {
-	if p := ev.dataParsed.Load(); p != nil {
-		return p
-	}
-	return filter.Parse(ev.Subject, ev.data, ev.ingestTruncate)
+func viewParse(vs *viewSub, ev *fanout.Event) *filter.Parsed {
+	return ev.ParsedNoKeep()
 }
 
 // keysBytes is what vs's keys take in a synced: each subject's JSON and

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 
 	"github.com/fanwire/fanwire/subject"
@@ -281,14 +282,14 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 		c := clients[r.IntN(len(clients))]
 		id := "s" + strconv.Itoa(i)
 		rs.vs = &viewSub{c: c, id: id, pattern: patterns[r.IntN(len(patterns))], f: filter.New(g, w, rs.claims),
-			subs: encodeSubsList([]string{id}), max: 1 << 20, held: map[string]struct{}{}, onEnd: func(code string) { t.Fatal(code) }}
+			subs: fanout.EncodeSubsList([]string{id}), max: 1 << 20, held: map[string]struct{}{}, onEnd: func(code string) { t.Fatal(code) }}
 		h.idx.mu.Lock()
 		h.addViewLocked(rs.vs)
 		h.idx.mu.Unlock()
 		rs.replay = &viewSub{c: c, id: id, pattern: rs.vs.pattern, f: rs.vs.f, subs: rs.vs.subs, max: 1 << 20, held: map[string]struct{}{}}
 		subs = append(subs, rs)
 	}
-	var batch []*Event
+	var batch []*fanout.Event
 	flush := func() {
 		h.dispatch(batch, time.Time{})
 		batch = batch[:0]
@@ -309,7 +310,7 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 			}
 		}
 		data, _ := json.Marshal(map[string]any{"op": op, "key": key, "doc": doc, "seq": n})
-		ev, err := NewEvent(subj, "c"+strconv.Itoa(n), data)
+		ev, err := fanout.NewEvent(subj, "c"+strconv.Itoa(n), data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -321,7 +322,7 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 			if !subject.MatchEvent(rs.vs.pattern, subj) {
 				continue
 			}
-			switch deliver, leave, _, _ := rs.replay.offer(subj, ev.parsed()); {
+			switch deliver, leave, _, _ := rs.replay.offer(subj, ev.Parsed()); {
 			case deliver:
 				rs.rgot = append(rs.rgot, fmt.Sprintf("event %s %d", subj, n))
 			case leave:
@@ -346,22 +347,22 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 		byID[rs.vs.id] = rs
 	}
 	for _, c := range clients {
-		bt := c.mb.take()
-		for s := bt.head; s != nil; s = bt.next(s) {
-			for _, it := range bt.used(s) {
+		bt := c.mb.Take()
+		for s := bt.First(); s != nil; s = bt.Next(s) {
+			for _, it := range bt.Used(s) {
 				var ids []string
-				if err := json.Unmarshal(it.subs.b, &ids); err != nil || len(ids) != 1 {
-					t.Fatalf("subs %s", it.subs.b)
+				if err := json.Unmarshal(it.Subs.B, &ids); err != nil || len(ids) != 1 {
+					t.Fatalf("subs %s", it.Subs.B)
 				}
 				kind := "event"
-				if it.ev.kind == kindLeave {
+				if it.Ev.Kind() == fanout.KindLeave {
 					kind = "leave"
 				}
-				n, _ := strconv.Atoi(strings.TrimPrefix(it.ev.Cursor, "c"))
-				byID[ids[0]].got = append(byID[ids[0]].got, fmt.Sprintf("%s %s %d", kind, it.ev.Subject, n))
+				n, _ := strconv.Atoi(strings.TrimPrefix(it.Ev.Cursor, "c"))
+				byID[ids[0]].got = append(byID[ids[0]].got, fmt.Sprintf("%s %s %d", kind, it.Ev.Subject, n))
 			}
 		}
-		bt.release()
+		bt.Release()
 	}
 	for _, rs := range subs {
 		if !slices.Equal(rs.got, rs.want) {

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 
 	"github.com/fanwire/fanwire/broker"
@@ -157,7 +158,7 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 					return
 				}
 				last = chunk[len(chunk)-1].Cursor
-				f.pending = append(f.pending, feedAck{pushed: c.cl.mb.pushes(), cursor: last})
+				f.pending = append(f.pending, feedAck{pushed: c.cl.mb.Pushes(), cursor: last})
 			}
 		})
 		if viewErr != nil && ctx.Err() == nil {
@@ -343,7 +344,7 @@ func (s *Server) releaseDurable(name string) {
 
 // event builds the event of a message a replay or a feed delivered to one
 // subscription.
-func (s *Server) event(m broker.Message) (*Event, error) {
+func (s *Server) event(m broker.Message) (*fanout.Event, error) {
 	if s.replayEvents == nil {
 		return s.newEvent(m)
 	}
@@ -352,10 +353,10 @@ func (s *Server) event(m broker.Message) (*Event, error) {
 
 // newEvent builds the event of a broker message, marking the ingest's
 // truncates.
-func (s *Server) newEvent(m broker.Message) (*Event, error) {
-	ev, err := NewEvent(m.Subject, m.Cursor, m.Data)
+func (s *Server) newEvent(m broker.Message) (*fanout.Event, error) {
+	ev, err := fanout.NewEvent(m.Subject, m.Cursor, m.Data)
 	if err == nil {
-		ev.ingestTruncate = s.ingestTruncate(m.Subject)
+		ev.IngestTruncate = s.ingestTruncate(m.Subject)
 	}
 	return ev, err
 }
@@ -373,21 +374,21 @@ func (s *Server) ingestTruncate(subject string) bool {
 // of once per subscription. It is a direct-mapped table keyed by cursor; a
 // miss builds the event.
 type eventCache struct {
-	slots [eventCacheSize]atomic.Pointer[Event]
+	slots [eventCacheSize]atomic.Pointer[fanout.Event]
 }
 
 const eventCacheSize = 4096
 
-func (ec *eventCache) event(m broker.Message, ingestTruncate func(string) bool) (*Event, error) {
+func (ec *eventCache) event(m broker.Message, ingestTruncate func(string) bool) (*fanout.Event, error) {
 	slot := &ec.slots[maphash.String(eventCacheSeed, m.Cursor)%eventCacheSize]
 	if ev := slot.Load(); ev != nil && ev.Cursor == m.Cursor && ev.Subject == m.Subject {
 		return ev, nil
 	}
-	ev, err := NewEvent(m.Subject, m.Cursor, m.Data)
+	ev, err := fanout.NewEvent(m.Subject, m.Cursor, m.Data)
 	if err != nil {
 		return nil, err
 	}
-	ev.ingestTruncate = ingestTruncate(m.Subject)
+	ev.IngestTruncate = ingestTruncate(m.Subject)
 	slot.Store(ev)
 	return ev, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/99designs/gqlgen/graphql/executor"
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/gqlerror"
@@ -57,7 +58,7 @@ type gqlConn struct {
 }
 
 // encode is the client's subscription-list encoder: the operations of ids.
-func (g *gqlConn) encode(ids []string) *subsList {
+func (g *gqlConn) encode(ids []string) *fanout.SubsList {
 	ops := make([]*gqlOp, 0, len(ids))
 	size := 0
 	g.opsMu.Lock()
@@ -68,7 +69,7 @@ func (g *gqlConn) encode(ids []string) *subsList {
 		}
 	}
 	g.opsMu.Unlock()
-	return &subsList{ext: ops, size: size}
+	return &fanout.SubsList{Ext: ops, Size: size}
 }
 
 func (g *gqlConn) op(id string) *gqlOp {

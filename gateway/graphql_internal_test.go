@@ -18,6 +18,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/schema"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 )
@@ -99,7 +100,7 @@ func TestGraphQLFastPathMatchesExecutor(t *testing.T) {
 				t.Fatalf("query %d: executorOnly built a fast op", qi)
 			}
 			for _, e := range events {
-				ev, err := NewEvent(e.subject, e.cursor, []byte(e.data))
+				ev, err := fanout.NewEvent(e.subject, e.cursor, []byte(e.data))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -187,7 +188,7 @@ func TestGraphQLDeliveryAllocs(t *testing.T) {
 	}
 	c.gql.ops["1"] = op
 	subs := c.cl.subsFor([]string{"1"})
-	ev, err := NewEvent("orders.42", "js:7", []byte(`{"id":42,"status":"paid","pad":"`+strings.Repeat("x", 200)+`"}`))
+	ev, err := fanout.NewEvent("orders.42", "js:7", []byte(`{"id":42,"status":"paid","pad":"`+strings.Repeat("x", 200)+`"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,21 +198,21 @@ func TestGraphQLDeliveryAllocs(t *testing.T) {
 // gqlWriteAllocFree checks that writing ev to the GraphQL connection c,
 // for subs, in batches of 64 allocates nothing once the pools and the
 // cork buffer are warm.
-func gqlWriteAllocFree(t *testing.T, c *conn, ev *Event, subs *subsList) {
+func gqlWriteAllocFree(t *testing.T, c *conn, ev *fanout.Event, subs *fanout.SubsList) {
 	t.Helper()
 	const perRun = 64
 	run := func() {
 		for range perRun {
-			it := item{ev: ev, subs: subs}
-			if _, _, err := c.cl.mb.push(it, it.size()); err != nil {
+			it := fanout.Item{Ev: ev, Subs: subs}
+			if _, _, err := c.cl.mb.Push(it, it.Size()); err != nil {
 				t.Fatal(err)
 			}
 		}
-		b := c.cl.mb.take()
+		b := c.cl.mb.Take()
 		if err := c.writeBatchGQL(&b); err != nil {
 			t.Fatal(err)
 		}
-		b.release()
+		b.Release()
 	}
 	for range 10 {
 		run()
@@ -235,7 +236,7 @@ func BenchmarkDeliveryWrite(b *testing.B) {
 			ws, fw := rawWSPair(b)
 			c := &conn{s: s, ws: ws, fw: fw}
 			c.cl = newClient(4096, 4<<20, func() { b.Error("overflow") })
-			var subs *subsList
+			var subs *fanout.SubsList
 			if proto == "graphql" {
 				c.gql = &gqlConn{ops: make(map[string]*gqlOp)}
 				c.cl.encode = c.gql.encode
@@ -243,7 +244,7 @@ func BenchmarkDeliveryWrite(b *testing.B) {
 			}
 			subs = c.cl.subsFor([]string{"1"})
 			data := []byte(`{"seq":1,"pad":"` + strings.Repeat("x", 256-len(`{"seq":1,"pad":""}`)) + `"}`)
-			ev, err := NewEvent("bench.hot", "", data)
+			ev, err := fanout.NewEvent("bench.hot", "", data)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -251,8 +252,8 @@ func BenchmarkDeliveryWrite(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				for range batch {
-					it := item{ev: ev, subs: subs}
-					if _, _, err := c.cl.mb.push(it, it.size()); err != nil {
+					it := fanout.Item{Ev: ev, Subs: subs}
+					if _, _, err := c.cl.mb.Push(it, it.Size()); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -260,11 +261,11 @@ func BenchmarkDeliveryWrite(b *testing.B) {
 					flushBench(b, c)
 					continue
 				}
-				bt := c.cl.mb.take()
+				bt := c.cl.mb.Take()
 				if err := c.writeBatch(&bt); err != nil {
 					b.Fatal(err)
 				}
-				bt.release()
+				bt.Release()
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/delivery")
 		})
@@ -297,7 +298,7 @@ func TestGraphQLExecutorResponseWithoutTheEvent(t *testing.T) {
 		ch:   make(chan *schema.Event, 1),
 		head: nextHead("1", false),
 	}
-	ev, err := NewEvent("orders.1", "", []byte(`{"n":1}`))
+	ev, err := fanout.NewEvent("orders.1", "", []byte(`{"n":1}`))
 	if err != nil {
 		t.Fatal(err)
 	}

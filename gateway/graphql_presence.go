@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/99designs/gqlgen/graphql"
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/schema"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 )
@@ -53,7 +54,7 @@ func newPresParts(count int, changes []pendingChange) *presParts {
 // splitMember takes a member's native encoding (memberJSON:
 // {"conn":…[,"sub":…][,"state":…]}) apart.
 func splitMember(enc []byte) presMember {
-	m := presMember{sub: nullJSON, state: nullJSON}
+	m := presMember{sub: fanout.NullJSON, state: fanout.NullJSON}
 	const connKey, subKey, stateKey = `{"conn":`, `,"sub":`, `,"state":`
 	i := len(connKey)
 	end := jsonStringEnd(enc, i)
@@ -248,7 +249,7 @@ func (s *Server) newPresenceOp(ctx context.Context, id string, legacy bool, opCt
 }
 
 // gqlPresenceChange is a presence event as the executor's PresenceChange.
-func gqlPresenceChange(ev *Event) *schema.PresenceChange {
+func gqlPresenceChange(ev *fanout.Event) *schema.PresenceChange {
 	pc := &schema.PresenceChange{Subject: ev.Subject}
 	pp := gqlPresence(ev)
 	if pp == nil {
@@ -298,7 +299,7 @@ func (c *conn) gqlWatchPresence(ctx context.Context, id string, opCtx *graphql.O
 	}
 	op := c.s.newPresenceOp(ctx, id, g.legacy, opCtx, root, c.s.gqlExecutorOnly)
 	g.opsMu.Lock()
-	g.ops[id] = op // before the watch: its subsList lists the operation
+	g.ops[id] = op // before the watch: its SubsList lists the operation
 	g.opsMu.Unlock()
 	c.subsMu.Lock()
 	c.subs[id] = &subState{pattern: pattern, live: true, presence: true, watchOnly: true}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/99designs/gqlgen/graphql"
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 )
 
 // presenceOpFor builds the op a connection would for a presence
@@ -29,9 +30,9 @@ func presenceOpFor(t testing.TB, s *Server, id string, legacy bool, query string
 
 // testPresenceEvent is a presence change as deliverLocked builds it for
 // GraphQL watchers.
-func testPresenceEvent(subject string, count int, changes []pendingChange) *Event {
+func testPresenceEvent(subject string, count int, changes []pendingChange) *fanout.Event {
 	ev := presenceEvent(subject, count, changes)
-	ev.ext = newPresParts(count, changes)
+	ev.Ext = newPresParts(count, changes)
 	return ev
 }
 
@@ -95,7 +96,7 @@ func TestGraphQLPresenceDeliveryAllocs(t *testing.T) {
 	gqlWriteAllocFree(t, c, benchPresenceEvent(), subs)
 }
 
-func presenceBenchConn(tb testing.TB, s *Server) (*conn, *subsList) {
+func presenceBenchConn(tb testing.TB, s *Server) (*conn, *fanout.SubsList) {
 	ws, fw := rawWSPair(tb)
 	c := &conn{s: s, ws: ws, fw: fw, gql: &gqlConn{ops: make(map[string]*gqlOp)}}
 	c.cl = newClient(4096, 4<<20, func() { tb.Error("overflow") })
@@ -110,7 +111,7 @@ func presenceBenchConn(tb testing.TB, s *Server) (*conn, *subsList) {
 
 // benchPresenceEvent is a typical small-room change: one join with a
 // small state, one leave.
-func benchPresenceEvent() *Event {
+func benchPresenceEvent() *fanout.Event {
 	return testPresenceEvent("room.42", 12, []pendingChange{
 		{op: opJoin, enc: memberJSON("0123456789abcdef", "user-17", []byte(`{"name":"Ann","status":"online"}`), false)},
 		{op: opLeave, enc: memberJSON("fedcba9876543210", "user-4", nil, true)},
@@ -129,16 +130,16 @@ func BenchmarkPresenceDelivery(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			for range batch {
-				it := item{ev: ev, subs: subs}
-				if _, _, err := c.cl.mb.push(it, it.size()); err != nil {
+				it := fanout.Item{Ev: ev, Subs: subs}
+				if _, _, err := c.cl.mb.Push(it, it.Size()); err != nil {
 					b.Fatal(err)
 				}
 			}
-			bt := c.cl.mb.take()
+			bt := c.cl.mb.Take()
 			if err := c.writeBatchGQL(&bt); err != nil {
 				b.Fatal(err)
 			}
-			bt.release()
+			bt.Release()
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/delivery")
 	})

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/99designs/gqlgen/graphql"
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/fanwire/fanwire/schema"
 )
@@ -32,8 +33,8 @@ const (
 	fieldPresenceTypename
 )
 
-// What GraphQL attaches to the fan-out's values: an Event's ext (a
-// synced's keys, a presence change's values) and a subsList's (the
+// What GraphQL attaches to the fan-out's values: an Event's Ext (a
+// synced's keys, a presence change's values) and a SubsList's (the
 // operations a delivery goes to).
 
 // gqlSynced is a GraphQL synced event's ext: the filtered view's keys
@@ -46,16 +47,8 @@ type gqlSynced struct {
 // gqlSyncedEvent is a GraphQL synced, delivered through a subscription's
 // operation as an Event of kind SYNCED: subject is the pattern, cursor
 // where the view is complete.
-func gqlSyncedEvent(pattern, cursor string, keys []string) *Event {
-	buf := jsonstr.Append(nil, pattern)
-	subjEnd := len(buf)
-	curEnd := 0
-	if cursor != "" {
-		buf = append(buf, cursorField...)
-		buf = jsonstr.Append(buf, cursor)
-		curEnd = len(buf)
-	}
-	sy := &gqlSynced{keys: keys, json: nullJSON}
+func gqlSyncedEvent(pattern, cursor string, keys []string) *fanout.Event {
+	sy := &gqlSynced{keys: keys, json: fanout.NullJSON}
 	if keys != nil {
 		sy.json = []byte{'['}
 		for i, k := range keys {
@@ -66,37 +59,37 @@ func gqlSyncedEvent(pattern, cursor string, keys []string) *Event {
 		}
 		sy.json = append(sy.json, ']')
 	}
-	return &Event{Subject: pattern, Cursor: cursor, buf: buf, split: -1, subjEnd: int32(subjEnd), curEnd: int32(curEnd), kind: kindSynced, ext: sy}
+	return fanout.NewSynced(pattern, cursor, sy)
 }
 
 // gqlKindJSON is the GraphQL EventKind of ev.
-func gqlKindJSON(ev *Event) string {
-	switch ev.kind {
-	case kindLeave:
+func gqlKindJSON(ev *fanout.Event) string {
+	switch ev.Kind() {
+	case fanout.KindLeave:
 		return `"LEAVE"`
-	case kindSynced:
+	case fanout.KindSynced:
 		return `"SYNCED"`
 	}
 	return `"EVENT"`
 }
 
 // gqlKeysJSON is the GraphQL keys of ev: null, or a synced's list.
-func gqlKeysJSON(ev *Event) []byte {
-	if sy, ok := ev.ext.(*gqlSynced); ok {
+func gqlKeysJSON(ev *fanout.Event) []byte {
+	if sy, ok := ev.Ext.(*gqlSynced); ok {
 		return sy.json
 	}
-	return nullJSON
+	return fanout.NullJSON
 }
 
 // gqlPresence is a presence event's GraphQL values (nil: none attached).
-func gqlPresence(ev *Event) *presParts {
-	p, _ := ev.ext.(*presParts)
+func gqlPresence(ev *fanout.Event) *presParts {
+	p, _ := ev.Ext.(*presParts)
 	return p
 }
 
 // gqlOps is the operations a GraphQL delivery goes to.
-func gqlOps(l *subsList) []*gqlOp {
-	ops, _ := l.ext.([]*gqlOp)
+func gqlOps(l *fanout.SubsList) []*gqlOp {
+	ops, _ := l.Ext.([]*gqlOp)
 	return ops
 }
 
@@ -126,7 +119,7 @@ type gqlOp struct {
 }
 
 // appendNext appends the operation's next message for ev.
-func (op *gqlOp) appendNext(dst []byte, ev *Event) []byte {
+func (op *gqlOp) appendNext(dst []byte, ev *fanout.Event) []byte {
 	if !op.fast {
 		return op.appendExecuted(dst, ev)
 	}
@@ -134,15 +127,15 @@ func (op *gqlOp) appendNext(dst []byte, ev *Event) []byte {
 		dst = append(dst, op.pieces[i]...)
 		switch k {
 		case fieldSubject:
-			dst = append(dst, ev.subjectJSON()...)
+			dst = append(dst, ev.SubjectJSON()...)
 		case fieldCursor:
-			if c := ev.cursorJSON(); c != nil {
+			if c := ev.CursorJSON(); c != nil {
 				dst = append(dst, c...)
 			} else {
 				dst = append(dst, "null"...)
 			}
 		case fieldData:
-			dst = append(dst, ev.dataJSON()...)
+			dst = append(dst, ev.DataJSON()...)
 		case fieldTypename:
 			dst = append(dst, `"Event"`...)
 		case fieldKind:
@@ -162,20 +155,20 @@ func (op *gqlOp) appendNext(dst []byte, ev *Event) []byte {
 
 // nextLen is len(op.appendNext(nil, ev)) on the fast path, so the message
 // can be framed before it is built.
-func (op *gqlOp) nextLen(ev *Event) int {
+func (op *gqlOp) nextLen(ev *fanout.Event) int {
 	n := op.overhead
 	for i, k := range op.kinds {
 		switch k {
 		case fieldSubject:
-			n += len(ev.subjectJSON())
+			n += len(ev.SubjectJSON())
 		case fieldCursor:
-			if ev.curEnd == 0 {
+			if c := ev.CursorJSON(); c == nil {
 				n += len("null")
 			} else {
-				n += int(ev.curEnd) - int(ev.subjEnd) - len(cursorField)
+				n += len(c)
 			}
 		case fieldData:
-			n += len(ev.dataJSON())
+			n += len(ev.DataJSON())
 		case fieldTypename:
 			n += len(`"Event"`)
 		case fieldKind:
@@ -198,7 +191,7 @@ func (op *gqlOp) nextLen(ev *Event) int {
 // response may come without taking the event (gqlgen's one-shot error
 // response does), so what is left is taken back after every response: the
 // channel is empty again for the next delivery, whose send never blocks.
-func (op *gqlOp) appendExecuted(dst []byte, ev *Event) []byte {
+func (op *gqlOp) appendExecuted(dst []byte, ev *fanout.Event) []byte {
 	var resp *graphql.Response
 	if op.pch != nil {
 		resp = offerExecuted(op, op.pch, gqlPresenceChange(ev))
@@ -231,18 +224,18 @@ func offerExecuted[T any](op *gqlOp, ch chan T, v T) *graphql.Response {
 }
 
 // gqlEvent is ev as the executor's Event.
-func gqlEvent(ev *Event) *schema.Event {
+func gqlEvent(ev *fanout.Event) *schema.Event {
 	e := &schema.Event{Kind: schema.EventKindEvent, Subject: ev.Subject}
-	switch ev.kind {
-	case kindLeave:
+	switch ev.Kind() {
+	case fanout.KindLeave:
 		e.Kind = schema.EventKindLeave
-	case kindSynced:
+	case fanout.KindSynced:
 		e.Kind = schema.EventKindSynced
-		if sy, ok := ev.ext.(*gqlSynced); ok {
+		if sy, ok := ev.Ext.(*gqlSynced); ok {
 			e.Keys = sy.keys
 		}
 	default:
-		e.Data = schema.JSON(ev.dataJSON())
+		e.Data = schema.JSON(ev.DataJSON())
 	}
 	if ev.Cursor != "" {
 		c := ev.Cursor

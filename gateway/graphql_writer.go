@@ -1,5 +1,7 @@
 package gateway
 
+import "github.com/fanwire/fanwire/gateway/internal/fanout"
+
 // The GraphQL writer: a GraphQL connection's batches become one next (or
 // data) message per operation per event.
 
@@ -9,7 +11,7 @@ package gateway
 // no intermediate copy), which leaves in one write per batchLimit. While a
 // library frame is partway through (rare: a ping), it writes through the
 // library instead.
-func (c *conn) writeBatchGQL(bt *batch) error {
+func (c *conn) writeBatchGQL(bt *fanout.Batch) error {
 	fw := c.fw
 	batched := fw.beginBatch()
 	var bp *[]byte
@@ -24,22 +26,22 @@ func (c *conn) writeBatchGQL(bt *batch) error {
 		return fw.appendText(b)
 	}
 items:
-	for s := bt.head; s != nil; s = bt.next(s) {
-		for _, it := range bt.used(s) {
-			if it.subs == nil {
-				if err = write(it.ev.buf); err != nil {
+	for s := bt.First(); s != nil; s = bt.Next(s) {
+		for _, it := range bt.Used(s) {
+			if it.Subs == nil {
+				if err = write(it.Ev.Bytes()); err != nil {
 					break items
 				}
 				continue
 			}
-			for _, op := range gqlOps(it.subs) {
+			for _, op := range gqlOps(it.Subs) {
 				if op.done.Load() {
 					continue
 				}
 				if batched && op.fast {
-					n := op.nextLen(it.ev)
+					n := op.nextLen(it.Ev)
 					fw.appendHeader(n)
-					fw.out = op.appendNext(fw.out, it.ev)
+					fw.out = op.appendNext(fw.out, it.Ev)
 					frames, bytes = frames+1, bytes+n
 					if err = fw.flushIfFull(); err != nil {
 						break items
@@ -50,7 +52,7 @@ items:
 					bp = getFrameBuf()
 					buf = (*bp)[:0]
 				}
-				buf = op.appendNext(buf[:0], it.ev)
+				buf = op.appendNext(buf[:0], it.Ev)
 				if len(buf) == 0 { // the operation ended
 					continue
 				}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -71,7 +72,7 @@ type presence struct {
 	ovf     []*conn                     // guarded by mu: connections whose mailbox overflowed, for after unlock
 	wakes   []*conn                     // guarded by mu: connections to wake after unlock
 	scratch map[*conn][]*presenceWatch  // guarded by mu: deliver's grouping, reused
-	evs     []*Event                    // guarded by mu: deliver's pieces, reused
+	evs     []*fanout.Event             // guarded by mu: deliver's pieces, reused
 	cuts    []int                       // guarded by mu: where deliver cuts its changes, reused
 
 	// Presence messages fit their watchers' mailboxes (presence_watch.go).
@@ -176,7 +177,7 @@ func (p *presence) setLocked(subject, node string, owner *conn, key, sub, resume
 		p.rooms[subject] = r
 	}
 	if len(state) == 0 {
-		state = nullJSON
+		state = fanout.NullJSON
 	}
 	ref := memberRef{subject, key}
 	old := r.members[key]
@@ -312,7 +313,7 @@ func (p *presence) track(c *conn, subject string, state []byte, resume string, m
 		p.m.local.Inc()
 	}
 	if len(state) == 0 {
-		state = nullJSON
+		state = fanout.NullJSON
 	}
 	visible, moved := p.setLocked(subject, p.self, c, key, sub, secret, gen, state, "local")
 	if visible || moved {
@@ -473,7 +474,7 @@ func membersMessage(id, subject string, members [][]byte, count int, next string
 // most max bytes.
 func compactState(raw json.RawMessage, max int) ([]byte, error) {
 	if raw == nil {
-		return nullJSON, nil
+		return fanout.NullJSON, nil
 	}
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, raw); err != nil {

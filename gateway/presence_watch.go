@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/fanwire/fanwire/subject"
 )
@@ -33,7 +34,7 @@ type presenceWatch struct {
 	c       *conn
 	id      string
 	pattern string
-	subs    *subsList // its id alone, encoded for its connection
+	subs    *fanout.SubsList // its id alone, encoded for its connection
 }
 
 // emitLocked delivers a member's change to the room's watchers: at once
@@ -137,43 +138,37 @@ func (p *presence) watchedLocked(subj string) bool {
 //
 // Its data (what GraphQL splices) is the part after "subs", from "count"
 // on, without the closing brace.
-func presenceEvent(subject string, count int, changes []pendingChange) *Event {
-	n := len(presencePrefix) + jsonstr.Len(subject) + len(subsField) + 48
+func presenceEvent(subject string, count int, changes []pendingChange) *fanout.Event {
+	n := 48
 	for _, c := range changes {
 		n += len(c.enc) + 1
 	}
-	buf := make([]byte, 0, n)
-	buf = append(buf, presencePrefix...)
-	buf = jsonstr.Append(buf, subject)
-	subjEnd := len(buf)
-	buf = append(buf, subsField...)
-	split := len(buf)
-	buf = append(buf, `,"count":`...)
-	dataStart := len(buf) - len(`"count":`)
-	buf = strconv.AppendInt(buf, int64(count), 10)
-	for _, kind := range []struct {
-		op   byte
-		name string
-	}{{opJoin, `,"joins":[`}, {opLeave, `,"leaves":[`}, {opUpdate, `,"updates":[`}} {
-		first := true
-		for _, c := range changes {
-			if c.op != kind.op {
-				continue
+	return fanout.NewFields(fanout.KindPresence, presencePrefix, subject, n, func(buf []byte) []byte {
+		buf = append(buf, `"count":`...)
+		buf = strconv.AppendInt(buf, int64(count), 10)
+		for _, kind := range []struct {
+			op   byte
+			name string
+		}{{opJoin, `,"joins":[`}, {opLeave, `,"leaves":[`}, {opUpdate, `,"updates":[`}} {
+			first := true
+			for _, c := range changes {
+				if c.op != kind.op {
+					continue
+				}
+				if first {
+					buf = append(buf, kind.name...)
+					first = false
+				} else {
+					buf = append(buf, ',')
+				}
+				buf = append(buf, c.enc...)
 			}
-			if first {
-				buf = append(buf, kind.name...)
-				first = false
-			} else {
-				buf = append(buf, ',')
+			if !first {
+				buf = append(buf, ']')
 			}
-			buf = append(buf, c.enc...)
 		}
-		if !first {
-			buf = append(buf, ']')
-		}
-	}
-	buf = append(buf, '}')
-	return &Event{Subject: subject, buf: buf, split: split, subjStart: int32(len(presencePrefix)), subjEnd: int32(subjEnd), kind: kindPresence, data: buf[dataStart : len(buf)-1 : len(buf)-1]}
+		return buf
+	})
 }
 
 const presencePrefix = `{"type":"presence","subject":`
@@ -210,7 +205,7 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 	for _, end := range p.cuts {
 		ev := presenceEvent(r.subject, len(r.members), changes[start:end])
 		if gql { // encoded once for every GraphQL watcher
-			ev.ext = newPresParts(len(r.members), changes[start:end])
+			ev.Ext = newPresParts(len(r.members), changes[start:end])
 		}
 		evs = append(evs, ev)
 		start = end
@@ -229,12 +224,12 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 		clear(ws)
 		delete(group, c)
 		for _, ev := range evs {
-			n := len(ev.buf) + subs.size
+			n := len(ev.Bytes()) + subs.Size
 			if c.cl.neverFits(n) {
 				p.m.dropped.WithLabelValues(dropTooLarge).Inc()
 				continue
 			}
-			wasEmpty, _, err := c.cl.mb.push(item{ev: ev, subs: subs}, n)
+			wasEmpty, _, err := c.cl.mb.Push(fanout.Item{Ev: ev, Subs: subs}, n)
 			if err != nil {
 				if c.cl.overflowed.CompareAndSwap(false, true) {
 					p.ovf = append(p.ovf, c)
@@ -256,7 +251,7 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 // at least: the end of each run, the last len(changes). Each change is one
 // member's, coalesced, so any cut is sound.
 func presenceCuts(cuts []int, subject string, changes []pendingChange, max int) []int {
-	fixed := len(presencePrefix) + jsonstr.Len(subject) + len(subsField) + len(`,"count":,"joins":[],"leaves":[],"updates":[]}`) + 20
+	fixed := len(presencePrefix) + jsonstr.Len(subject) + len(fanout.SubsField) + len(`,"count":,"joins":[],"leaves":[],"updates":[]}`) + 20
 	size := fixed
 	for i, c := range changes {
 		if n := len(c.enc) + 1; i > 0 && size+n > max {

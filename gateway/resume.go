@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 
 	"github.com/fanwire/fanwire/broker"
@@ -108,7 +109,7 @@ type resumer struct {
 	r       resumeSpec
 	d       broker.Durable
 	vs      *viewSub // nil: a plain subscription
-	subs    *subsList
+	subs    *fanout.SubsList
 	filters []string // what the broker replays (Server.replayFilters)
 
 	replied   bool          // "subscribed" is queued
@@ -192,7 +193,7 @@ func (rs *resumer) reply() bool {
 // enqueue queues one event for this subscription, whose filter's result
 // (nil: evaluate it) is ok; a full mailbox closes the connection with
 // 4008.
-func (rs *resumer) enqueue(ev *Event, p *filter.Parsed, ok *bool) (wasEmpty bool, err error) {
+func (rs *resumer) enqueue(ev *fanout.Event, p *filter.Parsed, ok *bool) (wasEmpty bool, err error) {
 	c, vs := rs.c, rs.vs
 	if vs != nil {
 		if p == nil {
@@ -208,16 +209,16 @@ func (rs *resumer) enqueue(ev *Event, p *filter.Parsed, ok *bool) (wasEmpty bool
 		case tooLarge:
 			return false, errViewTooLarge
 		case leave:
-			ev = leaveEvent(ev)
+			ev = fanout.NewLeave(ev)
 		case !deliver:
 			return false, nil
 		}
 	}
-	it := item{ev: ev, subs: rs.subs}
-	if c.cl.neverFits(it.size()) { // skipped, as live
+	it := fanout.Item{Ev: ev, Subs: rs.subs}
+	if c.cl.neverFits(it.Size()) { // skipped, as live
 		return false, nil
 	}
-	wasEmpty, _, err = c.cl.mb.push(it, it.size())
+	wasEmpty, _, err = c.cl.mb.Push(it, it.Size())
 	if err != nil {
 		c.overflow()
 	}
@@ -366,7 +367,7 @@ const (
 // per event (a wake per event made a frame per event: 45k events/s of
 // catch-up). A push that fails anyway closes the connection with 4008. An
 // event that could not fit even in an empty mailbox is skipped, as live.
-func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, st *subState, subs *subsList, vs *viewSub) error {
+func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, st *subState, subs *fanout.SubsList, vs *viewSub) error {
 	wake := false
 	defer func() {
 		if wake {
@@ -391,26 +392,26 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, st *subStat
 			case tooLarge:
 				return errViewTooLarge
 			case leave:
-				ev = leaveEvent(ev)
+				ev = fanout.NewLeave(ev)
 			case !deliver:
 				continue
 			}
 		}
-		it := item{ev: ev, subs: subs}
-		if c.cl.neverFits(it.size()) { // skipped, as live (Server.dispatch)
+		it := fanout.Item{Ev: ev, Subs: subs}
+		if c.cl.neverFits(it.Size()) { // skipped, as live (Server.dispatch)
 			c.s.metrics.EventsDropped.WithLabelValues(dropTooLarge).Inc()
 			continue
 		}
-		if c.cl.mb.overHalf() {
+		if c.cl.mb.OverHalf() {
 			if wake {
 				c.cl.signal()
 				wake = false
 			}
-			if err := c.waitForClient(st, func() error { return c.cl.mb.waitRoom(ctx) }); err != nil {
+			if err := c.waitForClient(st, func() error { return c.cl.mb.WaitRoom(ctx) }); err != nil {
 				return err
 			}
 		}
-		wasEmpty, _, err := c.cl.mb.push(it, it.size())
+		wasEmpty, _, err := c.cl.mb.Push(it, it.Size())
 		if err != nil {
 			c.overflow()
 			return err

@@ -3,6 +3,7 @@ package gateway
 import (
 	"errors"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/fanwire/fanwire/subject"
@@ -39,10 +40,10 @@ func (rs *resumer) handOver(w string) (over bool) {
 			if rs.ctx.Err() != nil {
 				return false
 			}
-			var gap []*Event
+			var gap []*fanout.Event
 			if last := c.s.hub.lastCursor(); last != w {
 				var ok bool
-				if gap, ok = c.s.hub.recent.after(w, d.CompareCursors); !ok {
+				if gap, ok = c.s.hub.recent.After(w, d.CompareCursors); !ok {
 					return false
 				}
 			}
@@ -52,7 +53,7 @@ func (rs *resumer) handOver(w string) (over bool) {
 					matching = append(matching, ev)
 				}
 			}
-			if len(matching) > c.cl.mb.room()/2 {
+			if len(matching) > c.cl.mb.Room()/2 {
 				return false // too big to queue at once: replay it with flow control
 			}
 			if keyed {
@@ -61,10 +62,10 @@ func (rs *resumer) handOver(w string) (over bool) {
 				// the snapshot).
 				need := c.syncedBytes(id, st.pattern, w, keysBytes)
 				for _, ev := range matching {
-					need += len(ev.buf) + rs.subs.size + jsonstr.Len(ev.Subject) + 1
+					need += len(ev.Bytes()) + rs.subs.Size + jsonstr.Len(ev.Subject) + 1
 				}
-				if need > c.cl.mb.free() {
-					needFree = min(need, c.cl.mb.maxBytes)
+				if need > c.cl.mb.Free() {
+					needFree = min(need, c.cl.mb.MaxBytes())
 					return false
 				}
 			}
@@ -149,7 +150,7 @@ func (rs *resumer) handOver(w string) (over bool) {
 	}
 	if needFree > 0 { // the view's synced waits for the client to read
 		c.cl.signal()
-		if err := c.waitForClient(st, func() error { return c.cl.mb.waitFree(rs.ctx, needFree) }); err != nil {
+		if err := c.waitForClient(st, func() error { return c.cl.mb.WaitFree(rs.ctx, needFree) }); err != nil {
 			return true
 		}
 	}

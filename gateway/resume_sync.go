@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/jsonstr"
 )
 
@@ -69,9 +70,9 @@ func (c *conn) queueSynced(id, pattern, cursor string, keys []string) bool {
 		return false
 	}
 	ev := gqlSyncedEvent(pattern, cursor, keys)
-	it := item{ev: ev, subs: c.cl.subsFor([]string{id})}
+	it := fanout.Item{Ev: ev, Subs: c.cl.subsFor([]string{id})}
 	// The keys are written beside the event's bytes: counted here.
-	wasEmpty, _, err := c.cl.mb.push(it, it.size()+len(gqlKeysJSON(ev)))
+	wasEmpty, _, err := c.cl.mb.Push(it, it.Size()+len(gqlKeysJSON(ev)))
 	if err != nil {
 		c.overflow()
 		return false

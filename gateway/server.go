@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 
 	"github.com/99designs/gqlgen/graphql/executor"
@@ -74,7 +75,7 @@ type Server struct {
 	wg       sync.WaitGroup     // one per connection being served
 
 	// owned by the Run goroutine
-	events       []*Event
+	events       []*fanout.Event
 	invalidLogs  rateLimiter
 	tooLargeLogs rateLimiter
 }
@@ -220,13 +221,13 @@ func (s *Server) dispatch(batch []broker.Message, arrived time.Time) {
 			}
 			continue
 		}
-		if len(ev.buf) > s.cfg.MailboxBytes {
+		if len(ev.Bytes()) > s.cfg.MailboxBytes {
 			// It would overflow every subscriber's mailbox (4008), and
 			// again on each resume: it is delivered to no one.
 			s.metrics.EventsDropped.WithLabelValues(dropTooLarge).Inc()
 			if s.tooLargeLogs.allow() {
 				s.log.Warn("skipping broker message larger than a connection's queue (--mailbox-bytes; logged at most every 10s)",
-					zap.String("subject", m.Subject), zap.Int("bytes", len(ev.buf)), zap.Int("mailbox_bytes", s.cfg.MailboxBytes), zap.Int64("skipped_since_last_log", s.tooLargeLogs.suppressed()))
+					zap.String("subject", m.Subject), zap.Int("bytes", len(ev.Bytes())), zap.Int("mailbox_bytes", s.cfg.MailboxBytes), zap.Int64("skipped_since_last_log", s.tooLargeLogs.suppressed()))
 			}
 			continue
 		}

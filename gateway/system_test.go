@@ -23,7 +23,7 @@ func TestIndexSkipsSystemSubjects(t *testing.T) {
 		h.idx.mu.RUnlock()
 		got := ""
 		if len(ds) == 1 {
-			got = string(ds[0].subs.b)
+			got = string(ds[0].subs.B)
 		} else if len(ds) > 1 {
 			t.Fatalf("%s: %d deliveries for one client", subject, len(ds))
 		}

@@ -1,4 +1,4 @@
-package gateway
+package fanout
 
 import (
 	"bytes"
@@ -83,11 +83,11 @@ func sameJSON(t testing.TB, a, b []byte) bool {
 // checkSplice builds ev's delivery for ids and checks it against the inputs.
 func checkSplice(t testing.TB, ev *Event, subject, cursor string, data []byte, ids []string) []byte {
 	t.Helper()
-	subs := encodeSubsList(ids)
-	it := item{ev: ev, subs: subs}
-	out := it.appendTo(nil)
-	if len(out) != it.size() {
-		t.Fatalf("len(delivery) = %d, item.size() = %d", len(out), it.size())
+	subs := EncodeSubsList(ids)
+	it := Item{Ev: ev, Subs: subs}
+	out := it.AppendTo(nil)
+	if len(out) != it.Size() {
+		t.Fatalf("len(delivery) = %d, item.size() = %d", len(out), it.Size())
 	}
 	if cap(ev.buf) != len(ev.buf) && !bytes.ContainsAny(data, " \t\r\n") {
 		t.Errorf("event buffer sized %d for %d bytes: NewEvent's size computation is off", cap(ev.buf), len(ev.buf))
@@ -215,7 +215,7 @@ func TestEnvelopeOutputIsValidUTF8(t *testing.T) {
 		if err != nil {
 			continue // rejecting is a fix
 		}
-		out := (item{ev: ev, subs: encodeSubsList([]string{"s"})}).appendTo(nil)
+		out := (Item{Ev: ev, Subs: EncodeSubsList([]string{"s"})}).AppendTo(nil)
 		if !utf8.Valid(out) {
 			t.Errorf("NewEvent(data %q) accepted; the delivery %q is not valid UTF-8", data, out)
 			continue
@@ -227,12 +227,12 @@ func TestEnvelopeOutputIsValidUTF8(t *testing.T) {
 }
 
 func TestEnvelopeControlMessage(t *testing.T) {
-	msg := replyMessage("subscribed", "s1")
-	it := item{ev: controlMessage(msg)}
-	if it.size() != len(msg) {
-		t.Errorf("size %d, want %d", it.size(), len(msg))
+	msg := []byte(`{"type":"subscribed","id":"s1"}`)
+	it := Item{Ev: NewControl(msg)}
+	if it.Size() != len(msg) {
+		t.Errorf("size %d, want %d", it.Size(), len(msg))
 	}
-	if got := it.appendTo([]byte("x")); string(got) != "x"+string(msg) {
+	if got := it.AppendTo([]byte("x")); string(got) != "x"+string(msg) {
 		t.Errorf("appendTo = %q", got)
 	}
 }
@@ -242,13 +242,13 @@ func TestEnvelopeControlMessage(t *testing.T) {
 func TestEnvelopeSpliceAppends(t *testing.T) {
 	e1, _ := NewEvent("a", "", []byte(`1`))
 	e2, _ := NewEvent("b", "c", []byte(`[2]`))
-	subs := encodeSubsList([]string{"s1", "s2"})
+	subs := EncodeSubsList([]string{"s1", "s2"})
 	var frame []byte
-	for i, it := range []item{{ev: e1, subs: subs}, {ev: controlMessage(pongMessage)}, {ev: e2, subs: subs}} {
+	for i, it := range []Item{{Ev: e1, Subs: subs}, {Ev: NewControl([]byte(`{"type":"pong"}`))}, {Ev: e2, Subs: subs}} {
 		if i > 0 {
 			frame = append(frame, '\n')
 		}
-		frame = it.appendTo(frame)
+		frame = it.AppendTo(frame)
 	}
 	want := `{"type":"event","subject":"a","subs":["s1","s2"],"data":1}` + "\n" +
 		`{"type":"pong"}` + "\n" +
@@ -268,12 +268,12 @@ func TestEnvelopeEncodeSubsList(t *testing.T) {
 		{[]string{"s1", "s3"}, `["s1","s3"]`},
 		{[]string{`a"b`, "\n"}, `["a\"b","\n"]`},
 	} {
-		l := encodeSubsList(tt.ids)
-		if string(l.b) != tt.want {
-			t.Errorf("encodeSubsList(%q) = %s, want %s", tt.ids, l.b, tt.want)
+		l := EncodeSubsList(tt.ids)
+		if string(l.B) != tt.want {
+			t.Errorf("encodeSubsList(%q) = %s, want %s", tt.ids, l.B, tt.want)
 		}
 		// Sized up front: one allocation for the bytes, one for the list.
-		if a := testing.AllocsPerRun(10, func() { encodeSubsList(tt.ids) }); a > 2 {
+		if a := testing.AllocsPerRun(10, func() { EncodeSubsList(tt.ids) }); a > 2 {
 			t.Errorf("encodeSubsList(%q): %v allocations, want at most 2", tt.ids, a)
 		}
 	}
@@ -315,15 +315,15 @@ func TestEnvelopeSpliceAllocs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	items := []item{
-		{ev: ev, subs: encodeSubsList([]string{"s1", "s3"})},
-		{ev: controlMessage(pongMessage)},
+	items := []Item{
+		{Ev: ev, Subs: EncodeSubsList([]string{"s1", "s3"})},
+		{Ev: NewControl([]byte(`{"type":"pong"}`))},
 	}
 	dst := make([]byte, 0, 4096)
 	allocs := testing.AllocsPerRun(1000, func() {
 		dst = dst[:0]
 		for _, it := range items {
-			dst = it.appendTo(dst)
+			dst = it.AppendTo(dst)
 		}
 	})
 	if allocs != 0 {
@@ -342,12 +342,12 @@ func BenchmarkSplice(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	it := item{ev: ev, subs: encodeSubsList([]string{"s1", "s3"})}
+	it := Item{Ev: ev, Subs: EncodeSubsList([]string{"s1", "s3"})}
 	dst := make([]byte, 0, 64<<10)
 	b.ReportAllocs()
-	b.SetBytes(int64(it.size()))
+	b.SetBytes(int64(it.Size()))
 	for b.Loop() {
-		dst = it.appendTo(dst[:0])
+		dst = it.AppendTo(dst[:0])
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/delivery")
 }

@@ -1,6 +1,6 @@
-package gateway
+package fanout
 
-// recent keeps the last events the dispatcher dispatched on a durable
+// Recent keeps the last events the dispatcher dispatched on a durable
 // broker, so that a resuming subscription can be handed over to the live
 // feed exactly even while events keep arriving: the events dispatched
 // between its last replay and the moment it holds the index (the gap) are
@@ -9,7 +9,7 @@ package gateway
 //
 // Written by the dispatcher while it holds the index for reading; read by
 // a resume while it holds the index for writing. Those exclude each other.
-type recent struct {
+type Recent struct {
 	ring  []*Event // capacity recentCap once used
 	next  int      // where the next event goes
 	full  bool
@@ -19,7 +19,8 @@ type recent struct {
 // recentCap bounds the gap a hand-over can close without replaying again.
 const recentCap = 4096
 
-func (r *recent) add(ev *Event) {
+// Add records ev, the newest event dispatched.
+func (r *Recent) Add(ev *Event) {
 	if r.ring == nil {
 		r.ring = make([]*Event, recentCap)
 	}
@@ -31,9 +32,9 @@ func (r *recent) add(ev *Event) {
 	r.next = (r.next + 1) % recentCap
 }
 
-// after returns the events with cursors after w, oldest first, and whether
+// After returns the events with cursors after w, oldest first, and whether
 // the ring covers everything after w. cmp orders cursors.
-func (r *recent) after(w string, cmp func(a, b string) (int, error)) ([]*Event, bool) {
+func (r *Recent) After(w string, cmp func(a, b string) (int, error)) ([]*Event, bool) {
 	if r.floor != "" && w != r.floor {
 		if o, err := cmp(w, r.floor); err != nil || o < 0 {
 			return nil, false // events after w were evicted
@@ -61,3 +62,10 @@ func (r *recent) after(w string, cmp func(a, b string) (int, error)) ([]*Event, 
 	}
 	return out, true
 }
+
+// Floor is the cursor of the newest event no longer in the ring (or the
+// feed's start): the ring holds every event after it.
+func (r *Recent) Floor() string { return r.floor }
+
+// SetFloor sets where the feed starts, before the first Add.
+func (r *Recent) SetFloor(cursor string) { r.floor = cursor }

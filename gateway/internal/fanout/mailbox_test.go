@@ -1,4 +1,4 @@
-package gateway
+package fanout
 
 import (
 	"errors"
@@ -8,16 +8,16 @@ import (
 )
 
 // testEvent returns an event item whose size() is exactly size bytes.
-func testEvent(t testing.TB, size int) item {
+func testEvent(t testing.TB, size int) Item {
 	t.Helper()
-	subs := encodeSubsList([]string{"s"})
+	subs := EncodeSubsList([]string{"s"})
 	base, err := NewEvent("a", "", []byte(`""`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	pad := size - len(base.buf) - len(subs.b)
+	pad := size - len(base.buf) - len(subs.B)
 	if pad < 0 {
-		t.Fatalf("testEvent: %d bytes is below the minimum %d", size, len(base.buf)+len(subs.b))
+		t.Fatalf("testEvent: %d bytes is below the minimum %d", size, len(base.buf)+len(subs.B))
 	}
 	data := make([]byte, pad+2)
 	for i := range data {
@@ -28,25 +28,25 @@ func testEvent(t testing.TB, size int) item {
 	if err != nil {
 		t.Fatal(err)
 	}
-	it := item{ev: ev, subs: subs}
-	if it.size() != size {
-		t.Fatalf("testEvent: size %d, want %d", it.size(), size)
+	it := Item{Ev: ev, Subs: subs}
+	if it.Size() != size {
+		t.Fatalf("testEvent: size %d, want %d", it.Size(), size)
 	}
 	return it
 }
 
 // drainBatch returns the batch's items in order and releases it.
-func drainBatch(b batch) []item {
-	defer b.release()
-	var out []item
-	for s := b.head; s != nil; s = b.next(s) {
-		out = append(out, b.used(s)...)
+func drainBatch(b Batch) []Item {
+	defer b.Release()
+	var out []Item
+	for s := b.head; s != nil; s = b.Next(s) {
+		out = append(out, b.Used(s)...)
 	}
 	return out
 }
 
 func TestMailboxItemBound(t *testing.T) {
-	m := mailbox{maxItems: 4, maxBytes: 1 << 20}
+	m := Mailbox{maxItems: 4, maxBytes: 1 << 20}
 	it := testEvent(t, 100)
 	for i := range 4 {
 		wasEmpty, _, err := m.pushItem(it)
@@ -60,13 +60,13 @@ func TestMailboxItemBound(t *testing.T) {
 	if _, _, err := m.pushItem(it); !errors.Is(err, ErrMailboxFull) {
 		t.Fatalf("push over the item bound: %v, want ErrMailboxFull", err)
 	}
-	if _, err := m.pushControl(item{ev: controlMessage(pongMessage)}); !errors.Is(err, ErrMailboxFull) {
+	if _, err := m.PushControl(Item{Ev: NewControl(pong)}); !errors.Is(err, ErrMailboxFull) {
 		t.Fatalf("pushControl over the item bound: %v, want ErrMailboxFull", err)
 	}
-	if m.len() != 4 {
-		t.Errorf("len = %d, want 4", m.len())
+	if m.Len() != 4 {
+		t.Errorf("len = %d, want 4", m.Len())
 	}
-	if got := drainBatch(m.take()); len(got) != 4 {
+	if got := drainBatch(m.Take()); len(got) != 4 {
 		t.Errorf("took %d items, want 4", len(got))
 	}
 	if wasEmpty, _, err := m.pushItem(it); err != nil || !wasEmpty {
@@ -75,7 +75,7 @@ func TestMailboxItemBound(t *testing.T) {
 }
 
 func TestMailboxByteBound(t *testing.T) {
-	m := mailbox{maxItems: 100, maxBytes: 1000}
+	m := Mailbox{maxItems: 100, maxBytes: 1000}
 	it := testEvent(t, 300)
 	for i := range 3 {
 		if _, _, err := m.pushItem(it); err != nil {
@@ -91,12 +91,12 @@ func TestMailboxByteBound(t *testing.T) {
 	if _, _, err := m.pushItem(testEvent(t, 62)); !errors.Is(err, ErrMailboxFull) {
 		t.Fatalf("push of one byte over: %v, want ErrMailboxFull", err)
 	}
-	if m.len() != 4 {
-		t.Errorf("len = %d, want 4", m.len())
+	if m.Len() != 4 {
+		t.Errorf("len = %d, want 4", m.Len())
 	}
 
 	// A single item larger than the byte bound never fits, even empty.
-	big := mailbox{maxItems: 100, maxBytes: 200}
+	big := Mailbox{maxItems: 100, maxBytes: 200}
 	if _, _, err := big.pushItem(it); !errors.Is(err, ErrMailboxFull) {
 		t.Errorf("push of an item over the whole byte bound: %v, want ErrMailboxFull", err)
 	}
@@ -106,39 +106,39 @@ func TestMailboxByteBound(t *testing.T) {
 // (they once could exceed the byte bound: a client asking for members
 // without reading held a reply per request).
 func TestMailboxPushControl(t *testing.T) {
-	m := mailbox{maxItems: 3, maxBytes: 200}
+	m := Mailbox{maxItems: 3, maxBytes: 200}
 	ev := testEvent(t, 150)
 	if _, _, err := m.pushItem(ev); err != nil {
 		t.Fatal(err)
 	}
 	// A reply that would take the mailbox over its byte bound is refused ...
-	if _, err := m.pushControl(item{ev: controlMessage(make([]byte, 51))}); !errors.Is(err, ErrMailboxFull) {
+	if _, err := m.PushControl(Item{Ev: NewControl(make([]byte, 51))}); !errors.Is(err, ErrMailboxFull) {
 		t.Fatalf("pushControl over the byte bound: %v, want ErrMailboxFull", err)
 	}
 	// ... one up to it fits, and its bytes count against later events.
-	ctl := item{ev: controlMessage(make([]byte, 25))}
-	wasEmpty, err := m.pushControl(ctl)
+	ctl := Item{Ev: NewControl(make([]byte, 25))}
+	wasEmpty, err := m.PushControl(ctl)
 	if err != nil || wasEmpty {
 		t.Fatalf("pushControl within the byte bound: wasEmpty=%v err=%v, want false, nil", wasEmpty, err)
 	}
-	if m.free() != 25 {
-		t.Errorf("free = %d after 175 of 200 bytes, want 25", m.free())
+	if m.Free() != 25 {
+		t.Errorf("free = %d after 175 of 200 bytes, want 25", m.Free())
 	}
 	if _, _, err := m.pushItem(testEvent(t, 62)); !errors.Is(err, ErrMailboxFull) {
 		t.Errorf("push of an event over what the reply left: %v, want ErrMailboxFull", err)
 	}
-	if _, err := m.pushControl(ctl); err != nil {
+	if _, err := m.PushControl(ctl); err != nil {
 		t.Errorf("second pushControl, exactly up to the byte bound: %v", err)
 	}
-	if _, err := m.pushControl(item{ev: controlMessage(pongMessage[:0])}); !errors.Is(err, ErrMailboxFull) {
+	if _, err := m.PushControl(Item{Ev: NewControl(pong[:0])}); !errors.Is(err, ErrMailboxFull) {
 		t.Errorf("pushControl over the item bound: %v, want ErrMailboxFull", err)
 	}
-	got := drainBatch(m.take())
-	if len(got) != 3 || got[0].subs == nil || got[1].subs != nil || got[2].subs != nil {
+	got := drainBatch(m.Take())
+	if len(got) != 3 || got[0].Subs == nil || got[1].Subs != nil || got[2].Subs != nil {
 		t.Errorf("took %d items, want the event then two replies", len(got))
 	}
 	// On an empty mailbox, pushControl reports it was empty.
-	if wasEmpty, err := m.pushControl(ctl); err != nil || !wasEmpty {
+	if wasEmpty, err := m.PushControl(ctl); err != nil || !wasEmpty {
 		t.Errorf("pushControl on empty: wasEmpty=%v err=%v", wasEmpty, err)
 	}
 }
@@ -160,7 +160,7 @@ func TestMailboxOverHalf(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m := mailbox{maxItems: tt.maxItems, maxBytes: tt.maxBytes}
+			m := Mailbox{maxItems: tt.maxItems, maxBytes: tt.maxBytes}
 			it := testEvent(t, tt.size)
 			var pressured bool
 			for i := range tt.items {
@@ -170,14 +170,14 @@ func TestMailboxOverHalf(t *testing.T) {
 				}
 				pressured = p
 			}
-			if m.overHalf() != tt.pressured {
-				t.Errorf("overHalf = %v, want %v", m.overHalf(), tt.pressured)
+			if m.OverHalf() != tt.pressured {
+				t.Errorf("overHalf = %v, want %v", m.OverHalf(), tt.pressured)
 			}
 			if tt.items > 0 && pressured != tt.pressured {
 				t.Errorf("push reported pressured = %v, want %v", pressured, tt.pressured)
 			}
-			drainBatch(m.take())
-			if m.overHalf() {
+			drainBatch(m.Take())
+			if m.OverHalf() {
 				t.Error("overHalf after take")
 			}
 		})
@@ -187,8 +187,8 @@ func TestMailboxOverHalf(t *testing.T) {
 // TestMailboxTakeOrder queues across several segments and checks that take
 // returns every item in order and leaves the mailbox empty.
 func TestMailboxTakeOrder(t *testing.T) {
-	m := mailbox{maxItems: 10000, maxBytes: 1 << 30}
-	for _, n := range []int{0, 1, segItems - 1, segItems, segItems + 1, 3*segItems + 5} {
+	m := Mailbox{maxItems: 10000, maxBytes: 1 << 30}
+	for _, n := range []int{0, 1, SegmentItems - 1, SegmentItems, SegmentItems + 1, 3*SegmentItems + 5} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			var want []*Event
 			for i := range n {
@@ -197,23 +197,23 @@ func TestMailboxTakeOrder(t *testing.T) {
 					t.Fatal(err)
 				}
 				want = append(want, ev)
-				if _, _, err := m.pushItem(item{ev: ev, subs: encodeSubsList(nil)}); err != nil {
+				if _, _, err := m.pushItem(Item{Ev: ev, Subs: EncodeSubsList(nil)}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			b := m.take()
+			b := m.Take()
 			if b.n != n {
 				t.Errorf("batch.n = %d, want %d", b.n, n)
 			}
-			if m.len() != 0 || m.overHalf() {
-				t.Errorf("mailbox not empty after take: len %d", m.len())
+			if m.Len() != 0 || m.OverHalf() {
+				t.Errorf("mailbox not empty after take: len %d", m.Len())
 			}
 			got := drainBatch(b)
 			if len(got) != n {
 				t.Fatalf("took %d items, want %d", len(got), n)
 			}
 			for i, it := range got {
-				if it.ev != want[i] {
+				if it.Ev != want[i] {
 					t.Fatalf("item %d out of order", i)
 				}
 			}
@@ -226,20 +226,20 @@ func TestMailboxTakeOrder(t *testing.T) {
 // across take/release cycles while new pushes land in fresh segments that
 // the writer's batch does not share.
 func TestMailboxRecycling(t *testing.T) {
-	m := mailbox{maxItems: 10000, maxBytes: 1 << 30}
+	m := Mailbox{maxItems: 10000, maxBytes: 1 << 30}
 	it := testEvent(t, 100)
-	for range 2*segItems + 3 {
+	for range 2*SegmentItems + 3 {
 		if _, _, err := m.pushItem(it); err != nil {
 			t.Fatal(err)
 		}
 	}
-	b := m.take()
-	var segs []*segment
-	for s := b.head; s != nil; s = b.next(s) {
+	b := m.Take()
+	var segs []*Segment
+	for s := b.head; s != nil; s = b.Next(s) {
 		segs = append(segs, s)
 	}
 	if len(segs) != 3 {
-		t.Fatalf("%d segments for %d items, want 3", len(segs), 2*segItems+3)
+		t.Fatalf("%d segments for %d items, want 3", len(segs), 2*SegmentItems+3)
 	}
 	// Pushes while the writer holds the batch go to a new segment.
 	if wasEmpty, _, err := m.pushItem(it); err != nil || !wasEmpty {
@@ -250,7 +250,7 @@ func TestMailboxRecycling(t *testing.T) {
 			t.Fatal("the mailbox reuses a segment the writer still holds")
 		}
 	}
-	if got := len(drainBatch(b)); got != 2*segItems+3 {
+	if got := len(drainBatch(b)); got != 2*SegmentItems+3 {
 		t.Errorf("batch grew to %d items after the take", got)
 	}
 	for i, s := range segs {
@@ -258,12 +258,12 @@ func TestMailboxRecycling(t *testing.T) {
 			t.Errorf("segment %d still linked after release", i)
 		}
 		for j := range s.items {
-			if s.items[j] != (item{}) {
+			if s.items[j] != (Item{}) {
 				t.Fatalf("segment %d item %d not cleared after release", i, j)
 			}
 		}
 	}
-	if got := drainBatch(m.take()); len(got) != 1 || got[0] != it {
+	if got := drainBatch(m.Take()); len(got) != 1 || got[0] != it {
 		t.Errorf("second take: %d items", len(got))
 	}
 	// Many cycles, each crossing segment boundaries, stay in order.
@@ -271,83 +271,77 @@ func TestMailboxRecycling(t *testing.T) {
 		n := cycle * 37
 		for i := range n {
 			ev := &Event{Subject: fmt.Sprint(i), buf: []byte("{}"), split: -1}
-			if _, err := m.pushControl(item{ev: ev}); err != nil {
+			if _, err := m.PushControl(Item{Ev: ev}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		got := drainBatch(m.take())
+		got := drainBatch(m.Take())
 		if len(got) != n {
 			t.Fatalf("cycle %d: took %d items, want %d", cycle, len(got), n)
 		}
 		for i, it := range got {
-			if it.ev.Subject != fmt.Sprint(i) {
-				t.Fatalf("cycle %d: item %d is %q", cycle, i, it.ev.Subject)
+			if it.Ev.Subject != fmt.Sprint(i) {
+				t.Fatalf("cycle %d: item %d is %q", cycle, i, it.Ev.Subject)
 			}
 		}
 	}
 	// An empty take is an empty batch; releasing it is harmless.
-	e := m.take()
+	e := m.Take()
 	if e.n != 0 || e.head != nil {
 		t.Errorf("empty take: %+v", e)
 	}
-	e.release()
+	e.Release()
 }
 
 func TestMailboxClose(t *testing.T) {
-	m := mailbox{maxItems: 10, maxBytes: 1 << 20}
+	m := Mailbox{maxItems: 10, maxBytes: 1 << 20}
 	it := testEvent(t, 100)
 	for range 3 {
 		if _, _, err := m.pushItem(it); err != nil {
 			t.Fatal(err)
 		}
 	}
-	m.close()
-	if m.len() != 0 {
-		t.Errorf("len = %d after close, want 0 (queued items dropped)", m.len())
+	m.Close()
+	if m.Len() != 0 {
+		t.Errorf("len = %d after close, want 0 (queued items dropped)", m.Len())
 	}
 	if _, _, err := m.pushItem(it); !errors.Is(err, ErrMailboxFull) {
 		t.Errorf("push after close: %v, want ErrMailboxFull", err)
 	}
-	if _, err := m.pushControl(item{ev: controlMessage(pongMessage)}); !errors.Is(err, ErrMailboxFull) {
+	if _, err := m.PushControl(Item{Ev: NewControl(pong)}); !errors.Is(err, ErrMailboxFull) {
 		t.Errorf("pushControl after close: %v, want ErrMailboxFull", err)
 	}
-	if b := m.take(); b.n != 0 || b.head != nil {
+	if b := m.Take(); b.n != 0 || b.head != nil {
 		t.Errorf("take after close returned %d items", b.n)
 	}
-	if m.overHalf() {
+	if m.OverHalf() {
 		t.Error("overHalf after close")
 	}
-	m.close() // idempotent
+	m.Close() // idempotent
 }
 
 // TestMailboxCloseWhileWriterHoldsBatch: close drops what is queued but
 // leaves a batch the writer already took intact.
 func TestMailboxCloseWhileWriterHoldsBatch(t *testing.T) {
-	m := mailbox{maxItems: 1000, maxBytes: 1 << 20}
+	m := Mailbox{maxItems: 1000, maxBytes: 1 << 20}
 	it := testEvent(t, 100)
-	for range segItems + 1 {
+	for range SegmentItems + 1 {
 		m.pushItem(it)
 	}
-	b := m.take()
+	b := m.Take()
 	m.pushItem(it)
-	m.close()
-	if got := drainBatch(b); len(got) != segItems+1 || got[0] != it || got[segItems] != it {
-		t.Errorf("held batch has %d items after close, want %d", len(got), segItems+1)
+	m.Close()
+	if got := drainBatch(b); len(got) != SegmentItems+1 || got[0] != it || got[SegmentItems] != it {
+		t.Errorf("held batch has %d items after close, want %d", len(got), SegmentItems+1)
 	}
 }
 
-// TestClientLayout guards the cache-line layout dispatch depends on: a client
-// is exactly 128 bytes (so the allocator aligns it to 128) and every field a
-// push touches is in the mailbox's first 48 bytes.
-func TestClientLayout(t *testing.T) {
-	if got := unsafe.Sizeof(client{}); got != 128 {
-		t.Errorf("client is %d bytes, want 128: adjust its padding", got)
-	}
-	if end := unsafe.Offsetof(mailbox{}.closed); end >= 48 {
+// TestMailboxLayout guards the cache-line layout dispatch depends on:
+// every field a push touches is in the mailbox's first 48 bytes (the
+// gateway's client puts the mailbox first, on a 128-byte boundary).
+func TestMailboxLayout(t *testing.T) {
+	if end := unsafe.Offsetof(Mailbox{}.closed); end >= 48 {
 		t.Errorf("mailbox.closed at offset %d: push's fields must stay in the first 48 bytes", end)
-	}
-	if unsafe.Offsetof(client{}.mb) != 0 {
-		t.Error("client.mb must be the first field")
 	}
 }
 
@@ -356,14 +350,16 @@ func TestClientLayout(t *testing.T) {
 // bytes, which the allocator rounds up to 2,304.
 func TestSegmentSizeClass(t *testing.T) {
 	const class = 2048
-	size := unsafe.Sizeof(segment{})
-	if size > class || size+unsafe.Sizeof(item{}) <= class {
-		t.Errorf("segment is %d bytes (%d items of %d): want the most items that fit in %d", size, segItems, unsafe.Sizeof(item{}), class)
+	size := unsafe.Sizeof(Segment{})
+	if size > class || size+unsafe.Sizeof(Item{}) <= class {
+		t.Errorf("segment is %d bytes (%d items of %d): want the most items that fit in %d", size, SegmentItems, unsafe.Sizeof(Item{}), class)
 	}
 }
 
 // pushItem pushes it with its computed size, as the hub does with a cached one.
-func (m *mailbox) pushItem(it item) (wasEmpty, pressured bool, err error) {
-	wasEmpty, fill, err := m.push(it, it.size())
-	return wasEmpty, fill >= fillHalf, err
+func (m *Mailbox) pushItem(it Item) (wasEmpty, pressured bool, err error) {
+	wasEmpty, fill, err := m.Push(it, it.Size())
+	return wasEmpty, fill >= FillHalf, err
 }
+
+var pong = []byte(`{"type":"pong"}`)
