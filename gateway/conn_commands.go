@@ -303,7 +303,7 @@ func (c *conn) subscriptionFilter(pattern string, where *string) (*filter.Filter
 	if grant == nil && own == nil {
 		return nil, "", nil
 	}
-	if w := c.filters.owed(time.Now()); w > 0 {
+	if w := c.filters.owed(c.s.hub.clock()); w > 0 {
 		return nil, CodeFilterTooCostly, fmt.Errorf("this connection's filters spent more than --filter-cost-rate (%d cost units a second) allows: subscribe with a filter again in %s", c.s.cfg.FilterCostRate, w.Round(time.Millisecond))
 	}
 	if n := c.exprBytes(grant, own); n > maxConnExprBytes {

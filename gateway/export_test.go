@@ -20,6 +20,10 @@ func IndexSize(s *Server) (subs, nodes int) {
 	return ix.size, ix.root.Size()
 }
 
+// SetFilterClock makes the filter budgets of a server made with c run by
+// now instead of the wall clock.
+func SetFilterClock(c *Config, now func() time.Time) { c.filterClock = now }
+
 // PendingHandshakes reports the connections s's HTTPServer tracks as not
 // yet past their first request (they must not outlive their connections).
 func PendingHandshakes(s *Server) int {

@@ -114,7 +114,8 @@ type hub struct {
 	// event (Config.MaxFilterCostPerEvent; 0: no bound); static after
 	// newHub.
 	maxConnCost uint64
-	now         time.Time // dispatcher: when the batch started
+	now         time.Time        // dispatcher: when the batch started
+	clock       func() time.Time // static after newHub: the filter budgets' clock
 }
 
 // dispatchMetrics are the counters the hub keeps (the Server's Metrics
@@ -137,7 +138,7 @@ type wakeBatch interface {
 }
 
 func newHub(m *dispatchMetrics, maxPace time.Duration, wakes wakeBatch) *hub {
-	return &hub{idx: newIndex(), metrics: m, maxPace: maxPace, wakes: wakes}
+	return &hub{idx: newIndex(), metrics: m, maxPace: maxPace, wakes: wakes, clock: time.Now}
 }
 
 // dispatch queues each event to every matching client and wakes each
@@ -158,7 +159,7 @@ func (h *hub) dispatch(evs []*fanout.Event, arrived time.Time) {
 	h.idx.mu.RLock()
 	views := h.idx.vsize > 0
 	if views {
-		h.now = time.Now()
+		h.now = h.clock()
 	}
 	for _, ev := range evs {
 		if h.keepRecent {

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -270,11 +271,16 @@ func TestFilterProgramsBounded(t *testing.T) {
 // TestFilterCostRate: over time, one connection's filters spend at most
 // FilterCostRate (in bursts of a second's worth) whatever it does: here
 // it subscribes an expensive view again on every event, and is refused
-// while its filters are in debt. The bound is checked against the time
-// the test took, so a slow machine only makes it looser.
+// while its filters are in debt. The budgets run by a clock the test
+// moves: 2 ms per event, so 300 events of 10,000 units each spend 3
+// million units in 0.6 s of it, for certain over the 0.8 million the rate
+// allows, however long the test takes.
 func TestFilterCostRate(t *testing.T) {
 	const rate = 500_000
+	var clock atomic.Int64 // ns since start
+	start := time.Now()
 	e := newEnv(t, func(c *gateway.Config) {
+		gateway.SetFilterClock(c, func() time.Time { return start.Add(time.Duration(clock.Load())) })
 		c.FilterCostRate = rate
 		c.MaxFilterCost = 10_000
 		c.MaxFilterCostPerEvent = 10_000
@@ -285,7 +291,6 @@ func TestFilterCostRate(t *testing.T) {
 	v := e.dial() // its event says the dispatcher is past the one before
 	v.subscribe("v", "app.e")
 	xs := strings.TrimSuffix(strings.Repeat("1,", 300), ",")
-	start := time.Now()
 	refused := 0
 	for n := range 300 {
 		w := fmt.Sprintf(`doc.xs.all(x, doc.xs.all(y, x + y >= %d))`, -(n % 50))
@@ -305,8 +310,9 @@ func TestFilterCostRate(t *testing.T) {
 		}
 		e.store("app.e", `{"doc":{"n":`+strconv.Itoa(n)+`,"xs":[`+xs+`]}}`)
 		v.expect(map[string]any{"type": "event", "subject": "app.e"})
+		clock.Add(int64(2 * time.Millisecond))
 	}
-	elapsed := time.Since(start).Seconds()
+	elapsed := time.Duration(clock.Load()).Seconds()
 	spent := e.metric("fanwire_filter_cost_units_total", nil)
 	if allowed := rate + rate*elapsed + 10_001; spent > allowed {
 		t.Fatalf("one connection's filters spent %.0f units in %.2f s: over the %.0f its rate allows", spent, elapsed, allowed)
@@ -314,4 +320,5 @@ func TestFilterCostRate(t *testing.T) {
 	if refused == 0 {
 		t.Fatalf("no subscribe was refused while the connection's filters were in debt (spent %.0f)", spent)
 	}
+	t.Logf("%.0f units spent in %.1f s of the budgets' clock; %d of 300 subscribes refused", spent, elapsed, refused)
 }

@@ -104,6 +104,9 @@ func New(cfg Config) (*Server, error) {
 	s.exprs = filter.NewCache(uint64(cfg.MaxFilterCost), m.FilterCompiles.Inc)
 	s.filters = filter.NewSet()
 	s.hub.maxConnCost = uint64(cfg.MaxFilterCostPerEvent)
+	if cfg.filterClock != nil {
+		s.hub.clock = cfg.filterClock
+	}
 	s.hub.heldLim = heldLimits{perConn: int64(cfg.MaxViewDocumentsPerConnection), perNode: int64(cfg.MaxViewDocuments), node: &s.hub.held}
 	bus, _ := cfg.Broker.(broker.Bus)
 	s.pres = newPresence(s, bus)

@@ -225,6 +225,10 @@ type Config struct {
 	// from its connection_init payload and upgrade request (refused: 4403),
 	// native from its upgrade request (refused: 401 before the upgrade).
 	Authenticate Authenticator
+
+	// filterClock is the filter budgets' clock (nil: time.Now); tests set
+	// another with SetFilterClock.
+	filterClock func() time.Time
 }
 
 func (c *Config) setDefaults() {
