@@ -91,7 +91,7 @@ type hub struct {
 	batchLast  string
 	last       atomic.Pointer[string]
 	recent     fanout.Recent // durable brokers only (keepRecent)
-	keepRecent bool          // static
+	keepRecent bool          // static (hubConfig)
 
 	maxPace time.Duration // static
 	wakes   wakeBatch     // static; nil: none
@@ -104,18 +104,15 @@ type hub struct {
 	ending   []*viewSub            // dispatcher: views past a bound in this batch (endView)
 	views    viewCount             // filtered subscriptions in the index
 	held     atomic.Int64          // documents they hold
-	heldLim  heldLimits            // static after New: bounds on held (fanout_view_budget.go)
+	heldLim  heldLimits            // static (hubConfig): bounds on held (fanout_view_budget.go)
 	// dispatcher: filter evaluations of this batch, those that were
 	// errors (a missing field, a wrong type, the cost limit), and the cost
 	// units they spent
 	filterEvals, filterErrors int
 	filterCost                uint64
-	// maxConnCost is what one connection's filters may spend on one
-	// event (Config.MaxFilterCostPerEvent; 0: no bound); static after
-	// newHub.
-	maxConnCost uint64
-	now         time.Time        // dispatcher: when the batch started
-	clock       func() time.Time // static after newHub: the filter budgets' clock
+	maxConnCost               uint64           // static (hubConfig)
+	now                       time.Time        // dispatcher: when the batch started
+	clock                     func() time.Time // static (hubConfig): the filter budgets' clock
 }
 
 // dispatchMetrics are the counters the hub keeps (the Server's Metrics
@@ -137,8 +134,31 @@ type wakeBatch interface {
 	release()
 }
 
-func newHub(m *dispatchMetrics, maxPace time.Duration, wakes wakeBatch) *hub {
-	return &hub{idx: newIndex(), metrics: m, maxPace: maxPace, wakes: wakes, clock: time.Now}
+// hubConfig is what a hub is made with.
+type hubConfig struct {
+	metrics *dispatchMetrics // nil: none
+	maxPace time.Duration    // the longest a batch waits for behind mailboxes (Config.MaxPace)
+	wakes   wakeBatch        // nil: none
+	// keepRecent: the broker keeps history, and resumes are handed over
+	// to the live feed through the recent ring.
+	keepRecent bool
+	// maxConnCost is what one connection's filters may spend on one event
+	// (Config.MaxFilterCostPerEvent; 0: no bound).
+	maxConnCost uint64
+	// heldPerConn and heldPerNode bound the documents views hold
+	// (Config.MaxViewDocumentsPerConnection, MaxViewDocuments; 0: none).
+	heldPerConn, heldPerNode int64
+	clock                    func() time.Time // the filter budgets' clock; nil: time.Now
+}
+
+func newHub(cfg hubConfig) *hub {
+	h := &hub{idx: newIndex(), metrics: cfg.metrics, maxPace: cfg.maxPace, wakes: cfg.wakes,
+		keepRecent: cfg.keepRecent, maxConnCost: cfg.maxConnCost, clock: cfg.clock}
+	h.heldLim = heldLimits{perConn: cfg.heldPerConn, perNode: cfg.heldPerNode, node: &h.held}
+	if h.clock == nil {
+		h.clock = time.Now
+	}
+	return h
 }
 
 // dispatch queues each event to every matching client and wakes each

@@ -99,7 +99,7 @@ func BenchmarkDispatchUnderChurn(b *testing.B) {
 // clients, each subscribed to patterns (ids s1, s2, ...), one event on
 // bench.hot, and drain, which empties every client's mailbox.
 func dispatchBench(b *testing.B, conns int, patterns ...string) (h *hub, evs []*fanout.Event, drain func()) {
-	h = newHub(nil, 0, newFlushPool(runtime.GOMAXPROCS(0)))
+	h = newHub(hubConfig{wakes: newFlushPool(runtime.GOMAXPROCS(0))})
 	clients := make([]*client, conns)
 	for i := range clients {
 		clients[i] = newClient(4096, 4<<20, func() { b.Fatal("overflow") })
@@ -141,7 +141,7 @@ func BenchmarkDispatchViews(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			ec := filter.NewCache(10_000, nil)
-			h := newHub(nil, time.Millisecond, newFlushPool(runtime.GOMAXPROCS(0)))
+			h := newHub(hubConfig{maxPace: time.Millisecond, wakes: newFlushPool(runtime.GOMAXPROCS(0))})
 			clients := make([]*client, tc.conns)
 			for i := range clients {
 				clients[i] = newClient(1<<20, 1<<30, func() { b.Fatal("overflow") })

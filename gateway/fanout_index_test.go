@@ -426,7 +426,7 @@ func TestIndexMatchAllocs(t *testing.T) {
 // onOverflow exactly once for a client whose mailbox is full while the other
 // clients still get every event.
 func TestHubDispatch(t *testing.T) {
-	h := newHub(nil, 0, nil)
+	h := newHub(hubConfig{})
 	overflows := 0
 	full := newClient(1, 1<<20, func() { overflows++ })
 	if _, err := full.mb.PushControl(fanout.Item{Ev: fanout.NewControl(pongMessage)}); err != nil {

@@ -36,7 +36,7 @@ type filterBudget struct {
 }
 
 // heldLimits bound the documents views hold: per connection and per node
-// (each view has its own, viewSub.max). Static after newHub, but node.
+// (each view has its own, viewSub.max). Static (hubConfig), but node.
 type heldLimits struct {
 	perConn, perNode int64
 	node             *atomic.Int64 // the node's count (hub.held)

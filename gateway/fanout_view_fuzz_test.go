@@ -240,7 +240,7 @@ func FuzzViewDispatch(f *testing.F) {
 func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 	r := rand.New(rand.NewPCG(seed, seed*7919))
 	ec := filter.NewCache(10_000, nil)
-	h := newHub(nil, time.Millisecond, nil)
+	h := newHub(hubConfig{maxPace: time.Millisecond})
 	var subs []*refSub
 	var exprs []refExpr
 	for range 6 {

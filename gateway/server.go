@@ -95,19 +95,23 @@ func New(cfg Config) (*Server, error) {
 		log:     cfg.Logger,
 		conns:   make(map[*conn]struct{}),
 	}
-	s.hub = newHub(m.dispatch(), cfg.MaxPace, s.flush)
 	s.durables = make(map[string]bool)
 	s.readyLimits = readyLimits(&s.cfg)
 	s.consumers, _ = cfg.Broker.(broker.Consumers)
 	s.durable, _ = cfg.Broker.(broker.Durable)
 	s.snapshots, _ = cfg.Broker.(broker.Snapshots)
+	s.hub = newHub(hubConfig{
+		metrics:     m.dispatch(),
+		maxPace:     cfg.MaxPace,
+		wakes:       s.flush,
+		keepRecent:  s.durable != nil,
+		maxConnCost: uint64(cfg.MaxFilterCostPerEvent),
+		heldPerConn: int64(cfg.MaxViewDocumentsPerConnection),
+		heldPerNode: int64(cfg.MaxViewDocuments),
+		clock:       cfg.filterClock,
+	})
 	s.exprs = filter.NewCache(uint64(cfg.MaxFilterCost), m.FilterCompiles.Inc)
 	s.filters = filter.NewSet()
-	s.hub.maxConnCost = uint64(cfg.MaxFilterCostPerEvent)
-	if cfg.filterClock != nil {
-		s.hub.clock = cfg.filterClock
-	}
-	s.hub.heldLim = heldLimits{perConn: int64(cfg.MaxViewDocumentsPerConnection), perNode: int64(cfg.MaxViewDocuments), node: &s.hub.held}
 	bus, _ := cfg.Broker.(broker.Bus)
 	s.pres = newPresence(s, bus)
 	if cfg.Registry != nil {
@@ -120,7 +124,6 @@ func New(cfg Config) (*Server, error) {
 	if s.durable != nil {
 		s.replayEvents = new(eventCache)
 	}
-	s.hub.keepRecent = s.durable != nil
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.invalidLogs = rateLimiter{every: 10 * time.Second}
 	s.tooLargeLogs = rateLimiter{every: 10 * time.Second}

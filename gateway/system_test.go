@@ -7,7 +7,7 @@ import (
 // TestIndexSkipsSystemSubjects: the hub's index gives a system subject
 // only to the patterns that write its first token out.
 func TestIndexSkipsSystemSubjects(t *testing.T) {
-	h := newHub(nil, 0, nil)
+	h := newHub(hubConfig{})
 	c := newClient(16, 1<<20, func() {})
 	for id, p := range map[string]string{"all": ">", "two": "*.>", "star": "*.API.INFO", "js": "$JS.>", "exact": "$JS.API.INFO"} {
 		h.idx.add(c, id, p)
