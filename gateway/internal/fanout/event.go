@@ -38,7 +38,7 @@ type Event struct {
 	subjStart  int32                         // start of the subject's JSON string in buf
 	subjEnd    int32                         // its end
 	curEnd     int32                         // end of the cursor's JSON string in buf; 0 without a cursor
-	kind       Kind                          //
+	kind       Kind                          // what the event is (Kind)
 	data       []byte                        // the data as in buf (views parse it)
 	dataParsed atomic.Pointer[filter.Parsed] // the data parsed, once, by the first filter that needs it
 }
