@@ -439,14 +439,6 @@ const filteredSnapshotScan = 10
 // documents (view_too_large; failSubscribe words it).
 var errViewTooLarge = errors.New("the view passed --max-snapshot documents")
 
-// viewParse is an event's parsed data for a view's offer outside the
-// index: parsed for this offer and not kept on the event, which replays
-// share through the event cache (keeping every parsed tree would hold a
-// few times each cached event's size).
-func viewParse(vs *viewSub, ev *fanout.Event) *filter.Parsed {
-	return ev.ParsedNoKeep()
-}
-
 // keysBytes is what vs's keys take in a synced: each subject's JSON and
 // a comma.
 func (vs *viewSub) keysBytes() int {

@@ -197,7 +197,7 @@ func (rs *resumer) enqueue(ev *fanout.Event, p *filter.Parsed, ok *bool) (wasEmp
 	c, vs := rs.c, rs.vs
 	if vs != nil {
 		if p == nil {
-			p = viewParse(vs, ev)
+			p = ev.ParsedNoKeep()
 		}
 		var deliver, leave, tooLarge bool
 		if ok != nil {
@@ -305,7 +305,7 @@ func (rs *resumer) snapshot() (last string, ok bool) {
 				if err != nil {
 					continue
 				}
-				_, _, tooLarge, cost := vs.offer(ev.Subject, viewParse(vs, ev))
+				_, _, tooLarge, cost := vs.offer(ev.Subject, ev.ParsedNoKeep())
 				if tooLarge {
 					return errViewTooLarge
 				}
@@ -384,7 +384,7 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, st *subStat
 			continue
 		}
 		if vs != nil {
-			deliver, leave, tooLarge, cost := vs.offer(ev.Subject, viewParse(vs, ev))
+			deliver, leave, tooLarge, cost := vs.offer(ev.Subject, ev.ParsedNoKeep())
 			if err := c.spendFilterCost(ctx, cost); err != nil {
 				return err
 			}

@@ -79,7 +79,7 @@ func (rs *resumer) handOver(w string) (over bool) {
 			if vs != nil && vs.f != nil {
 				ps, oks = make([]*filter.Parsed, len(matching)), make([]bool, len(matching))
 				for i, ev := range matching {
-					ps[i] = viewParse(vs, ev)
+					ps[i] = ev.ParsedNoKeep()
 					if ps[i].Truncate {
 						continue
 					}

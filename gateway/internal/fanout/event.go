@@ -82,8 +82,9 @@ func (e *Event) Parsed() *filter.Parsed {
 }
 
 // ParsedNoKeep is Parsed without keeping a parse it makes: for a reader
-// outside the dispatch (a replay's), which must not leave a parse on an
-// event that caches and mailboxes keep.
+// outside the dispatch (a replay's, a feed's, a hand-over's), which must
+// not leave a parse on an event that caches and mailboxes keep (every
+// parsed tree kept would hold a few times each cached event's size).
 func (e *Event) ParsedNoKeep() *filter.Parsed {
 	if p := e.dataParsed.Load(); p != nil {
 		return p
