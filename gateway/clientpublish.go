@@ -9,7 +9,6 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
-	"github.com/fanwire/fanwire/jsonstr"
 	"go.uber.org/zap"
 )
 
@@ -47,19 +46,12 @@ func (s *Server) maxPublishData(subject string) int64 {
 	return n
 }
 
-// eventBytes is the size of the event NewEvent builds from subject and
-// compacted data of n bytes, without a cursor: what a delivery of it
-// takes in a mailbox, besides the subscription list it carries.
-func eventBytes(subject string, n int) int {
-	return len(fanout.HeadPrefix) + jsonstr.Len(subject) + len(fanout.SubsField) + len(fanout.DataField) + n + 1
-}
-
 // overMailbox says why an event on subject with compacted data of n bytes
 // is refused, or "" when it fits in an empty mailbox: a bigger one could
 // be delivered to no one (it would overflow every subscriber's mailbox;
 // from the broker, it is dropped: see Server.dispatch).
 func (s *Server) overMailbox(subject string, n int) string {
-	if size := eventBytes(subject, n); size > s.cfg.MailboxBytes {
+	if size := fanout.EventSize(subject, "", n); size > s.cfg.MailboxBytes { // no cursor yet
 		return fmt.Sprintf("event on %q of %d bytes: over the %d bytes of a connection's queue (--mailbox-bytes), no subscriber could receive it", subject, size, s.cfg.MailboxBytes)
 	}
 	return ""

@@ -102,13 +102,7 @@ func (e *Event) DropParsed() { e.dataParsed.Store(nil) }
 func NewLeave(ev *Event) *Event {
 	buf := make([]byte, 0, 48+len(ev.Subject)+len(ev.Cursor))
 	buf = append(buf, leavePrefix...)
-	buf = jsonstr.Append(buf, ev.Subject)
-	subjEnd, curEnd := len(buf), 0
-	if ev.Cursor != "" {
-		buf = append(buf, CursorField...)
-		buf = jsonstr.Append(buf, ev.Cursor)
-		curEnd = len(buf)
-	}
+	buf, subjEnd, curEnd := appendSubjectCursor(buf, ev.Subject, ev.Cursor)
 	buf = append(buf, SubsField...)
 	split := len(buf)
 	buf = append(buf, '}')
@@ -121,13 +115,7 @@ func NewLeave(ev *Event) *Event {
 // the subject's JSON string and the cursor's field; it is written by the
 // transport's own template, never whole.
 func NewSynced(subject, cursor string, ext any) *Event {
-	buf := jsonstr.Append(nil, subject)
-	subjEnd, curEnd := len(buf), 0
-	if cursor != "" {
-		buf = append(buf, CursorField...)
-		buf = jsonstr.Append(buf, cursor)
-		curEnd = len(buf)
-	}
+	buf, subjEnd, curEnd := appendSubjectCursor(nil, subject, cursor)
 	return &Event{Subject: subject, Cursor: cursor, buf: buf, split: -1, subjEnd: int32(subjEnd), curEnd: int32(curEnd), kind: KindSynced, Ext: ext}
 }
 
@@ -160,7 +148,7 @@ func (e *Event) CursorJSON() []byte {
 	if e.curEnd == 0 {
 		return nil
 	}
-	return e.buf[int(e.subjEnd)+len(CursorField) : e.curEnd]
+	return e.buf[int(e.subjEnd)+len(cursorField) : e.curEnd]
 }
 
 // DataJSON is null for a leave, a synced and presence changes.
@@ -168,7 +156,7 @@ func (e *Event) DataJSON() []byte {
 	if e.kind != KindEvent {
 		return NullJSON
 	}
-	return e.buf[e.split+len(DataField) : len(e.buf)-1]
+	return e.buf[e.split+len(dataField) : len(e.buf)-1]
 }
 
 // NullJSON is JSON's null.
@@ -209,13 +197,14 @@ func (it Item) AppendTo(dst []byte) []byte {
 	return append(dst, it.Ev.buf[it.Ev.split:]...)
 }
 
-// The native protocol's envelope pieces, which transports splice too.
+// The native protocol's envelope pieces. SubsField is also every
+// NewFields event's, which its callers size.
 const (
 	leavePrefix = `{"type":"leave","subject":`
-	HeadPrefix  = `{"type":"event","subject":`
-	CursorField = `,"cursor":`
+	headPrefix  = `{"type":"event","subject":`
+	cursorField = `,"cursor":`
 	SubsField   = `,"subs":`
-	DataField   = `,"data":`
+	dataField   = `,"data":`
 )
 
 // NewEvent validates data as JSON and builds the shared event in one
@@ -233,22 +222,12 @@ func NewEvent(subject, cursor string, data []byte) (*Event, error) {
 		// U+FFFD, as encoding/json does when it encodes.
 		data = FixUTF8(data)
 	}
-	n := len(HeadPrefix) + jsonstr.Len(subject) + len(SubsField) + len(DataField) + len(data) + 1
-	if cursor != "" {
-		n += len(CursorField) + jsonstr.Len(cursor)
-	}
-	buf := make([]byte, 0, n)
-	buf = append(buf, HeadPrefix...)
-	buf = jsonstr.Append(buf, subject)
-	subjEnd, curEnd := len(buf), 0
-	if cursor != "" {
-		buf = append(buf, CursorField...)
-		buf = jsonstr.Append(buf, cursor)
-		curEnd = len(buf)
-	}
+	buf := make([]byte, 0, EventSize(subject, cursor, len(data)))
+	buf = append(buf, headPrefix...)
+	buf, subjEnd, curEnd := appendSubjectCursor(buf, subject, cursor)
 	buf = append(buf, SubsField...)
 	split := len(buf)
-	buf = append(buf, DataField...)
+	buf = append(buf, dataField...)
 	dataStart := len(buf)
 	if bytes.IndexAny(data, " \t\r\n") < 0 {
 		buf = append(buf, data...)
@@ -260,7 +239,32 @@ func NewEvent(subject, cursor string, data []byte) (*Event, error) {
 		buf = w.Bytes()
 	}
 	buf = append(buf, '}')
-	return &Event{Subject: subject, Cursor: cursor, buf: buf, split: split, subjStart: int32(len(HeadPrefix)), subjEnd: int32(subjEnd), curEnd: int32(curEnd), data: buf[dataStart : len(buf)-1 : len(buf)-1]}, nil
+	return &Event{Subject: subject, Cursor: cursor, buf: buf, split: split, subjStart: int32(len(headPrefix)), subjEnd: int32(subjEnd), curEnd: int32(curEnd), data: buf[dataStart : len(buf)-1 : len(buf)-1]}, nil
+}
+
+// EventSize is the size of the event NewEvent builds from subject, cursor
+// and compacted data of n bytes: what a delivery of it takes in a
+// mailbox, besides the subscription list it carries.
+func EventSize(subject, cursor string, n int) int {
+	size := len(headPrefix) + jsonstr.Len(subject) + len(SubsField) + len(dataField) + n + 1
+	if cursor != "" {
+		size += len(cursorField) + jsonstr.Len(cursor)
+	}
+	return size
+}
+
+// appendSubjectCursor appends subject's JSON string and, when cursor is
+// not empty, the cursor's field, and says where each ends in buf (curEnd
+// 0: no cursor).
+func appendSubjectCursor(buf []byte, subject, cursor string) (_ []byte, subjEnd, curEnd int) {
+	buf = jsonstr.Append(buf, subject)
+	subjEnd = len(buf)
+	if cursor != "" {
+		buf = append(buf, cursorField...)
+		buf = jsonstr.Append(buf, cursor)
+		curEnd = len(buf)
+	}
+	return buf, subjEnd, curEnd
 }
 
 // NewControl wraps a complete server message (already JSON) so it can
