@@ -134,7 +134,7 @@ func (c *conn) frameBatchNB(bt *fanout.Batch) (pending bool, err error) {
 				ms, mi = bt.Next(ms), 0
 				continue
 			}
-			size := wireLen(items[mi])
+			size := items[mi].WireLen()
 			if count > 0 && n+1+size > limit {
 				break
 			}
@@ -183,14 +183,6 @@ func (c *conn) frameBatchNB(bt *fanout.Batch) (pending bool, err error) {
 
 // maxFrameHeader is the longest header of a server's frame.
 const maxFrameHeader = 10
-
-// wireLen is the bytes Item.AppendTo adds for the native protocol.
-func wireLen(it fanout.Item) int {
-	if it.Subs == nil {
-		return len(it.Ev.Bytes())
-	}
-	return len(it.Ev.Bytes()) + len(it.Subs.B)
-}
 
 // catchUp is the writer of a connection a flusher handed over: it writes
 // what the socket did not take, waiting as long as it takes, then drains the

@@ -187,6 +187,15 @@ func (it Item) Size() int {
 	return len(it.Ev.buf) + it.Subs.Size
 }
 
+// WireLen is the number of bytes AppendTo appends (the native protocol's
+// delivery; Size counts a transport's list as its SubsList says).
+func (it Item) WireLen() int {
+	if it.Subs == nil {
+		return len(it.Ev.buf)
+	}
+	return len(it.Ev.buf) + len(it.Subs.B)
+}
+
 // AppendTo splices the delivery into dst. It allocates only when dst must grow.
 func (it Item) AppendTo(dst []byte) []byte {
 	if it.Subs == nil {

@@ -86,8 +86,8 @@ func checkSplice(t testing.TB, ev *Event, subject, cursor string, data []byte, i
 	subs := EncodeSubsList(ids)
 	it := Item{Ev: ev, Subs: subs}
 	out := it.AppendTo(nil)
-	if len(out) != it.Size() {
-		t.Fatalf("len(delivery) = %d, item.size() = %d", len(out), it.Size())
+	if len(out) != it.Size() || len(out) != it.WireLen() {
+		t.Fatalf("len(delivery) = %d, item.Size() = %d, item.WireLen() = %d", len(out), it.Size(), it.WireLen())
 	}
 	if cap(ev.buf) != len(ev.buf) && !bytes.ContainsAny(data, " \t\r\n") {
 		t.Errorf("event buffer sized %d for %d bytes: NewEvent's size computation is off", cap(ev.buf), len(ev.buf))
