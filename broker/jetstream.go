@@ -92,12 +92,9 @@ func DialJetStream(ctx context.Context, cfg JetStreamConfig) (*JetStream, error)
 		return nil, fmt.Errorf("jetstream: storage %q: want file or memory", cfg.Storage)
 	}
 	// No reconnect buffer: a publish while the connection is down fails at
-	// once instead of being kept and sent on reconnecting. Sent later, a
-	// failed Append's messages would be stored after the writer's next run
-	// read its high-water mark (LastID), which takes every event after the
-	// mark as not stored, and would be stored twice once the duplicate
-	// window no longer covered the resend (TestJetStreamNothingSentDuring-
-	// AnOutageLandsLater). Publish and Append send again themselves.
+	// once (Publish and Append send again themselves), and nothing a
+	// writer sent lands after its next run read its high-water mark
+	// (docs/ingest.md, "The high-water mark").
 	core, err := dialNATS(ctx, cfg.NATSConfig, nats.ReconnectBufSize(-1))
 	if err != nil {
 		return nil, err
