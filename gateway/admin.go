@@ -191,7 +191,7 @@ func (c *conn) inspect(now time.Time) adminConn {
 	if c.gql != nil {
 		a.Protocol = "graphql"
 	}
-	a.MailboxItems, a.MailboxBytes = c.cl.mb.Depth()
+	a.MailboxItems, a.MailboxBytes = c.cl.Mailbox.Depth()
 	c.subsMu.Lock()
 	for id, st := range c.subs {
 		a.Subscriptions = append(a.Subscriptions, adminSub{ID: id, Pattern: st.pattern, Kind: st.kind(), Live: st.live, Waiting: st.waiting, Presence: st.presence, Filtered: st.filter() != nil})

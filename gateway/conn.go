@@ -31,7 +31,7 @@ type conn struct {
 	s   *Server         // static
 	ws  *websocket.Conn // static
 	id  string          // static
-	cl  *client         // static
+	cl  *fanout.Client  // static
 	ctx context.Context // static: cancelled when the server stops hard
 
 	gql    *gqlConn      // static: nil for the native protocol
@@ -76,9 +76,9 @@ type conn struct {
 
 	// owned by serve (the reader)
 	rate     tokenBucket
-	presRate tokenBucket   // track and untrack (Config.PresenceRate)
-	compiles filter.Bucket // filter texts compiled for it (Config.FilterCompileRate)
-	filters  *filterBudget // static: what its filtered subscriptions may spend and hold (fanout_view_budget.go)
+	presRate tokenBucket          // track and untrack (Config.PresenceRate)
+	compiles filter.Bucket        // filter texts compiled for it (Config.FilterCompileRate)
+	filters  *fanout.FilterBudget // static: what its filtered subscriptions may spend and hold (fanout.FilterBudget)
 	errCount int
 	errSince time.Time
 }
@@ -115,7 +115,7 @@ func (c *conn) requestCloseReason(code int, reason *string) bool {
 	c.closeCode.Store(int32(code))
 	c.watchdog = time.AfterFunc(c.s.cfg.CloseTimeout, func() { c.closeNow() })
 	c.mu.Unlock()
-	c.cl.signal()
+	c.cl.Signal()
 	return true
 }
 
@@ -132,7 +132,7 @@ func (c *conn) setGrants(g *Grants) {
 
 // overflow is the hub's callback when this connection's mailbox is full.
 func (c *conn) overflow() {
-	c.cl.mb.Close()
+	c.cl.Mailbox.Close()
 	if c.requestClose(CloseSlowConsumer) {
 		c.s.metrics.SlowConsumers.Inc()
 	}
@@ -141,7 +141,7 @@ func (c *conn) overflow() {
 // send queues a control message (reply) in order with events.
 func (c *conn) send(b []byte) {
 	if c.queue(b) {
-		c.cl.signal()
+		c.cl.Signal()
 	}
 }
 
@@ -152,7 +152,7 @@ func (c *conn) queue(b []byte) (wake bool) {
 	if b == nil { // a reply this protocol does not have
 		return false
 	}
-	wasEmpty, err := c.cl.mb.PushControl(fanout.Item{Ev: fanout.NewControl(b)})
+	wasEmpty, err := c.cl.Mailbox.PushControl(fanout.Item{Ev: fanout.NewControl(b)})
 	if err != nil {
 		c.overflow()
 		return false
@@ -259,9 +259,9 @@ func (c *conn) end(err error) {
 			switch {
 			case st.watchOnly: // pres.leaveAll below unwatches it
 			case st.view != nil:
-				c.s.hub.removeView(st.view, nil)
+				c.s.hub.RemoveView(st.view, nil)
 			case st.feed == nil:
-				c.s.hub.idx.remove(c.cl, id, st.pattern)
+				c.s.hub.Unsubscribe(c.cl, id, st.pattern, nil)
 			}
 			c.s.metrics.Subscriptions.Dec()
 		}
@@ -278,7 +278,7 @@ func (c *conn) end(err error) {
 		cancel()
 	}
 	c.s.pres.leaveAll(c) // its memberships and presence watches
-	c.cl.mb.Close()
+	c.cl.Mailbox.Close()
 	reason := c.disconnectReason(err)
 	c.s.metrics.Disconnects.WithLabelValues(reason).Inc()
 	if ce := c.s.log.Check(zap.DebugLevel, "connection closed"); ce != nil {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 )
 
@@ -255,14 +256,14 @@ func (c *conn) subscribe(id, pattern string, from, durable, where *string, prese
 	// exactly the last event dispatched before it. Its presence watch
 	// starts after the reply, so no presence message precedes it either.
 	var wake bool
-	c.s.hub.idx.addThen(c.cl, id, pattern, func() {
-		wake = c.queue(c.subscribedMsg(id, c.s.hub.lastCursor()))
+	c.s.hub.Subscribe(c.cl, id, pattern, func() {
+		wake = c.queue(c.subscribedMsg(id, c.s.hub.LastCursor()))
 		if presence {
 			c.s.pres.watch(c, id, pattern)
 		}
 	})
 	if wake {
-		c.cl.signal()
+		c.cl.Signal()
 	}
 	c.s.metrics.Subscriptions.Inc()
 }
@@ -303,7 +304,7 @@ func (c *conn) subscriptionFilter(pattern string, where *string) (*filter.Filter
 	if grant == nil && own == nil {
 		return nil, "", nil
 	}
-	if w := c.filters.owed(c.s.hub.clock()); w > 0 {
+	if w := c.filters.Owed(c.s.hub.Now()); w > 0 {
 		return nil, CodeFilterTooCostly, fmt.Errorf("this connection's filters spent more than --filter-cost-rate (%d cost units a second) allows: subscribe with a filter again in %s", c.s.cfg.FilterCostRate, w.Round(time.Millisecond))
 	}
 	if n := c.exprBytes(grant, own); n > maxConnExprBytes {
@@ -359,24 +360,25 @@ func (c *conn) startLiveView(id, pattern string, f *filter.Filter, presence bool
 	c.subsMu.Lock()
 	c.subs[id] = st
 	c.subsMu.Unlock()
-	vs.onEnd = func(code string) { c.viewEnded(id, st, code) }
+	vs.OnEnd = func(code string) { c.viewEnded(id, st, code) }
 	var wake bool
-	c.s.hub.idx.mu.Lock()
-	c.s.hub.addViewLocked(vs)
-	wake = c.queue(c.subscribedMsg(id, c.s.hub.lastCursor()))
-	if presence {
-		c.s.pres.watch(c, id, pattern)
-	}
-	c.s.hub.idx.mu.Unlock()
+	c.s.hub.Locked(func(tx fanout.Tx) bool {
+		tx.AddView(vs)
+		wake = c.queue(c.subscribedMsg(id, c.s.hub.LastCursor()))
+		if presence {
+			c.s.pres.watch(c, id, pattern)
+		}
+		return true
+	})
 	if wake {
-		c.cl.signal()
+		c.cl.Signal()
 	}
 	c.s.metrics.Subscriptions.Inc()
 }
 
-func (c *conn) newViewSub(id, pattern string, f *filter.Filter) *viewSub {
-	return &viewSub{c: c.cl, id: id, pattern: pattern, f: f, subs: c.cl.subsFor([]string{id}),
-		max: c.s.cfg.MaxSnapshot, lim: &c.s.hub.heldLim, budget: c.filters, held: make(map[string]struct{})}
+func (c *conn) newViewSub(id, pattern string, f *filter.Filter) *fanout.View {
+	return &fanout.View{Client: c.cl, ID: id, Pattern: pattern, Filter: f, Subs: c.cl.SubsFor([]string{id}),
+		Max: c.s.cfg.MaxSnapshot, Lim: c.s.hub.HeldLimits(), Budget: c.filters, Held: make(map[string]struct{})}
 }
 
 // viewEnded ends a live view that passed a bound (the dispatcher's call,
@@ -393,30 +395,30 @@ func (c *conn) viewEnded(id string, st *subState, code string) {
 	if st.presence {
 		c.s.pres.unwatch(c, id)
 	}
-	msg := c.s.viewTooLargeText(id, st.view.full)
+	msg := c.s.viewTooLargeText(id, st.view.Full)
 	if code == CodeFilterTooCostly {
 		msg = c.s.filterTooCostlyText(id)
 	}
 	var wake bool
-	if c.s.hub.removeView(st.view, func() { wake = c.queue(c.errorMsg(id, code, msg)) }) {
+	if c.s.hub.RemoveView(st.view, func() { wake = c.queue(c.errorMsg(id, code, msg)) }) {
 		c.s.metrics.Subscriptions.Dec()
 	}
 	c.s.metrics.ClientErrors.WithLabelValues(code).Inc()
 	if wake {
-		c.cl.signal()
+		c.cl.Signal()
 	}
 }
 
 // viewTooLargeText says which bound on held documents subscription id
-// passed (viewSub.full).
+// passed (View.Full).
 func (s *Server) viewTooLargeText(id, full string) string {
 	switch full {
-	case fullConn:
+	case fanout.FullConn:
 		return "subscription " + strconv.Quote(id) + ": this connection's views would hold more than " + strconv.Itoa(s.cfg.MaxViewDocumentsPerConnection) + " documents together (--max-view-documents-per-connection): end a view, or narrow its subject or where"
-	case fullNode:
+	case fanout.FullNode:
 		return "subscription " + strconv.Quote(id) + ": this node's views hold " + strconv.Itoa(s.cfg.MaxViewDocuments) + " documents (--max-view-documents): narrow its subject or where, or try another node"
-	case fullScan:
-		return "subscription " + strconv.Quote(id) + ": its subject covers more than " + strconv.Itoa(filteredSnapshotScan*s.cfg.MaxSnapshot) + " stored subjects (" + strconv.Itoa(filteredSnapshotScan) + " × --max-snapshot), more than a filtered snapshot reads: narrow its subject"
+	case fanout.FullScan:
+		return "subscription " + strconv.Quote(id) + ": its subject covers more than " + strconv.Itoa(fanout.FilteredSnapshotScan*s.cfg.MaxSnapshot) + " stored subjects (" + strconv.Itoa(fanout.FilteredSnapshotScan) + " × --max-snapshot), more than a filtered snapshot reads: narrow its subject"
 	}
 	return "subscription " + strconv.Quote(id) + ": its view passed " + strconv.Itoa(s.cfg.MaxSnapshot) + " documents (--max-snapshot): narrow its subject or where"
 }
@@ -472,18 +474,18 @@ func (c *conn) endSubscription(id string, st *subState, revoked bool, reply func
 		c.s.metrics.Subscriptions.Dec()
 		wake = c.queue(reply())
 	} else if live && st.view != nil {
-		c.s.hub.removeView(st.view, func() { wake = c.queue(reply()) })
+		c.s.hub.RemoveView(st.view, func() { wake = c.queue(reply()) })
 		c.s.metrics.Subscriptions.Dec()
 	} else if live {
 		// The reply is queued while the index is held: it follows every
 		// event that lists the id, and none follows it.
-		c.s.hub.idx.removeThen(c.cl, id, st.pattern, func() { wake = c.queue(reply()) })
+		c.s.hub.Unsubscribe(c.cl, id, st.pattern, func() { wake = c.queue(reply()) })
 		c.s.metrics.Subscriptions.Dec()
 	} else {
 		wake = c.queue(reply())
 	}
 	if wake {
-		c.cl.signal()
+		c.cl.Signal()
 	}
 	return true
 }

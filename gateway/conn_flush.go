@@ -42,8 +42,8 @@ func (c *conn) flushTurn() {
 	case flushDone:
 		c.writerRunning.Store(false)
 		select {
-		case <-c.cl.wake: // woken meanwhile: queue it again
-			c.cl.signal()
+		case <-c.cl.Wake: // woken meanwhile: queue it again
+			c.cl.Signal()
 		default:
 		}
 		c.tasks.Done()
@@ -86,14 +86,14 @@ func (c *conn) flushNB() flushResult {
 		return flushHandOff // the close handshake waits: not on a flusher
 	}
 	select { // this turn takes everything queued before the wake
-	case <-c.cl.wake:
+	case <-c.cl.Wake:
 	default:
 	}
 	fw := c.fw
 	if !fw.tryBeginBatch() {
 		return flushHandOff
 	}
-	b := c.cl.mb.Take()
+	b := c.cl.Mailbox.Take()
 	if b.Len() == 0 {
 		_, _ = fw.endBatchNB()
 		return flushDone
@@ -205,7 +205,7 @@ func (c *conn) catchUp() {
 			return
 		}
 		select {
-		case <-c.cl.wake:
+		case <-c.cl.Wake:
 		default:
 		}
 		if !c.drain() {
@@ -217,11 +217,11 @@ func (c *conn) catchUp() {
 		}
 		c.writerRunning.Store(false)
 		select {
-		case <-c.cl.wake:
+		case <-c.cl.Wake:
 			if c.writerRunning.CompareAndSwap(false, true) {
 				continue // more came: go on here
 			}
-			c.cl.signal() // the flusher that took over gets it
+			c.cl.Signal() // the flusher that took over gets it
 		default:
 		}
 		return

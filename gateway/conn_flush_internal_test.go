@@ -17,8 +17,8 @@ func TestFlusherDeliveryAllocs(t *testing.T) {
 		t.Fatal("a plain TCP connection is not written without blocking")
 	}
 	c := &conn{s: s, ws: ws, fw: fw}
-	c.cl = newClient(4096, 4<<20, func() { t.Error("overflow") })
-	subs := c.cl.subsFor([]string{"1"})
+	c.cl = fanout.NewClient(4096, 4<<20, func() { t.Error("overflow") })
+	subs := c.cl.SubsFor([]string{"1"})
 	ev, err := fanout.NewEvent("orders.42", "js:7", []byte(`{"id":42,"status":"paid","pad":"`+strings.Repeat("x", 200)+`"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -27,7 +27,7 @@ func TestFlusherDeliveryAllocs(t *testing.T) {
 	run := func() {
 		for range perRun {
 			it := fanout.Item{Ev: ev, Subs: subs}
-			if _, _, err := c.cl.mb.Push(it, it.Size()); err != nil {
+			if _, _, err := c.cl.Mailbox.Push(it, it.Size()); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -3,6 +3,8 @@ package gateway
 import (
 	"testing"
 	"time"
+
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 )
 
 // TestLateCloseAfterTheConnectionEnded: a timer callback that runs after the
@@ -11,7 +13,7 @@ import (
 // no close and arms no close watchdog, which nothing would stop.
 func TestLateCloseAfterTheConnectionEnded(t *testing.T) {
 	c := &conn{s: &Server{cfg: Config{CloseTimeout: time.Hour}}}
-	c.cl = newClient(16, 1<<20, c.overflow)
+	c.cl = fanout.NewClient(16, 1<<20, c.overflow)
 	c.grants = &Grants{Expires: time.Now().Add(time.Hour)}
 	c.armExpiry()
 	// serve's end, as it marks the connection closed and stops its timers.

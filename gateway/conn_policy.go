@@ -127,7 +127,7 @@ func (c *conn) spendFilterCost(ctx context.Context, cost uint64) error {
 	if cost == 0 {
 		return nil
 	}
-	wait := c.filters.charge(c.s.hub.clock(), cost)
+	wait := c.filters.Charge(c.s.hub.Now(), cost)
 	if wait == 0 {
 		return nil
 	}

@@ -57,7 +57,7 @@ func (c *conn) members(id, subject string, after *string, limit *int) {
 		return
 	}
 	b := membersMessage(id, subject, pg.members, pg.count, pg.next)
-	if c.cl.neverFits(len(b)) && len(pg.members) > 0 { // one member: a state near --max-presence-state in a tiny mailbox
+	if c.cl.NeverFits(len(b)) && len(pg.members) > 0 { // one member: a state near --max-presence-state in a tiny mailbox
 		key := splitMember(pg.members[0]).conn
 		c.clientError(id, CodeTooLarge, "members: member "+string(key)+" takes "+strconv.Itoa(len(b))+" bytes with the reply, more than this connection's queue holds (--mailbox-bytes "+
 			strconv.Itoa(c.s.cfg.MailboxBytes)+"): raise --mailbox-bytes, or page on with \"after\":"+string(key))

@@ -45,12 +45,12 @@ func (c *conn) ensureWriter() {
 func (c *conn) retire() bool {
 	c.writerRunning.Store(false)
 	select {
-	case <-c.cl.wake:
+	case <-c.cl.Wake:
 		if c.writerRunning.CompareAndSwap(false, true) {
-			c.cl.signal() // put the wake back for this writer's loop
+			c.cl.Signal() // put the wake back for this writer's loop
 			return false
 		}
-		c.cl.signal() // the writer that took over gets it
+		c.cl.Signal() // the writer that took over gets it
 		return true
 	default:
 		return true
@@ -99,7 +99,7 @@ func (c *conn) writeLoop() {
 	defer idle.Stop()
 	for {
 		select {
-		case <-c.cl.wake:
+		case <-c.cl.Wake:
 		case <-idle.C:
 			if c.retire() {
 				return
@@ -129,7 +129,7 @@ func (c *conn) writeLoop() {
 // returns false if a write failed.
 func (c *conn) drain() bool {
 	for {
-		b := c.cl.mb.Take()
+		b := c.cl.Mailbox.Take()
 		if b.Len() == 0 {
 			return true
 		}

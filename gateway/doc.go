@@ -3,43 +3,39 @@
 //
 // Data flow: the broker's consume loop hands batches to Server.dispatch,
 // which validates each message once and builds one immutable
-// fanout.Event (the envelope's head and tail around the data). The hub
-// matches the event's subject against the subscription index
-// (fanout_index.go, fanout_match.go) and queues a 16-byte fanout.Item per
-// matching connection into that connection's bounded fanout.Mailbox.
-// Each connection's writer splices its pre-encoded subscription list into
-// the shared bytes while it builds a frame, so a delivery never copies or
-// re-encodes the event.
+// fanout.Event (the envelope's head and tail around the data). The
+// fanout.Hub matches the event's subject against its subscription index
+// and queues a 16-byte fanout.Item per matching connection into that
+// connection's bounded fanout.Mailbox. Each connection's writer splices
+// its pre-encoded subscription list into the shared bytes while it builds
+// a frame, so a delivery never copies or re-encodes the event.
 //
-// Layers: the fan-out core is package internal/fanout (events, items,
-// mailboxes, the recent ring), package internal/trie (the subject trie)
-// and the files fanout_*.go (the index, the hub and its dispatcher, views
-// and their filter budgets), which are to join internal/fanout. The
-// files use nothing else of the package but the public error codes of
-// errors.go (TestFanoutCoreStandsAlone checks it): connections, GraphQL,
-// presence, publishing, auth and the inspector sit above the core and
-// reach it through a client (its mailbox, and the hooks onOverflow,
-// onWake, onBehind and encode that a transport sets), an Event's or a
-// subscription list's Ext (what a transport attaches, which the core
-// never reads), the hub's dispatchMetrics and its wakeBatch (the shared
-// flushers). A new transport adds files above the core; it does not edit
-// the core.
+// Layers: the fan-out core is package internal/fanout (events, mailboxes,
+// the hub: its index, dispatcher, views and recent ring) on
+// internal/trie (the subject trie) and internal/filter (row filters).
+// Connections, GraphQL, presence, publishing, auth and the inspector sit
+// above the core in this package and reach it through a fanout.Client
+// (its mailbox, and the hooks OnOverflow, OnWake, OnBehind and Encode
+// that a transport sets), an Event's or a subscription list's Ext (what a
+// transport attaches, which the core never reads), the hub's
+// DispatchMetrics and its WakeBatch (the shared flushers). A new
+// transport adds files above the core; it does not edit the core.
 //
-// A subscription with a where (or a row-filtered grant) is a view
-// (fanout_view.go): the hub evaluates each filter once per event however many
-// views share it (package filter), charging each connection's filter budget
-// (fanout_view_budget.go), and a view holds the subjects it has delivered, so
-// that a document that stops passing gets a leave. Presence (presence.go,
-// presence_bus.go, presence_watch.go) keeps each node's members and a
-// replica of the other nodes', kept in step over the broker's bus, and
-// sends changes to watchers through the same mailboxes. The inspector
+// A subscription with a where (or a row-filtered grant) is a
+// fanout.View: the hub evaluates each filter once per event however many
+// views share it, charging each connection's fanout.FilterBudget, and a
+// view holds the subjects it has delivered, so that a document that stops
+// passing gets a leave. Presence (presence.go, presence_bus.go,
+// presence_watch.go) keeps each node's members and a replica of the other
+// nodes', kept in step over the broker's bus, and sends changes to
+// watchers through the same mailboxes. The inspector
 // (admin.go) reads connections, subscriptions and mailboxes from HTTP
 // handler goroutines: the connection set under Server.mu, each
 // connection's subscriptions under conn.subsMu, counters by atomics.
 //
 // Concurrency contract:
 //   - Run owns the dispatching goroutine (the broker's Consume loop). It is
-//     the only goroutine that calls hub.dispatch; the dispatcher never blocks
+//     the only goroutine that calls Hub.Dispatch; the dispatcher never blocks
 //     on a connection: a full mailbox closes that connection with 4008.
 //   - Each connection has a reader: a goroutine the server starts after the
 //     upgrade (the HTTP handler then returns, so net/http's per-request

@@ -10,27 +10,27 @@ import (
 // Error codes sent to native clients in {"type":"error","code":...}. They are
 // the wire contract: docs/protocol.md lists the same set.
 const (
-	CodeBadFrame             = "bad_frame"              // not a JSON object, unknown field, binary frame, wrong field type
-	CodeUnknownType          = "unknown_type"           // "type" is not one the server knows
-	CodeBadPattern           = "bad_pattern"            // invalid subject pattern, or outside the subject space
-	CodeDuplicateID          = "duplicate_id"           // subscribe with an id that is already active
-	CodeUnknownID            = "unknown_id"             // unsubscribe with an id that is not active
-	CodeTooManySubscriptions = "too_many_subscriptions" // over Config.MaxSubscriptions
-	CodeBadCursor            = "bad_cursor"             // "from" malformed, from another broker, ahead of the stream, or no history kept
-	CodeCursorExpired        = "cursor_expired"         // "from" older than the broker's retention: re-sync
-	CodeDurableInUse         = "durable_in_use"         // "durable" is bound by another subscription on this node (often the same client's previous connection, until its ping timeout): retry later
-	CodeBadDurable           = "bad_durable"            // "durable" malformed, bound to another pattern, no consumers on this broker, or a connection that keeps none (anonymous without AnonymousDurables, a token without sub)
-	CodeBrokerUnavailable    = "broker_unavailable"     // the broker could not start the subscription's replay or consumer: retry
-	CodeForbidden            = "forbidden"              // the connection's grants do not contain the pattern
-	CodeUnauthorized         = "unauthorized"           // a refresh whose token was refused: invalid, empty, another sub, anonymous, or no exp where the connection's had one
-	CodeRevoked              = "revoked"                // a subscription a refresh's new token does not grant: it has ended
-	CodeTooManyDurables      = "too_many_durables"      // a new durable past Config.MaxDurables for the token's sub
-	CodeRateLimited          = "rate_limited"           // over Config.MaxMessageRate: the message was dropped
-	CodeBadSubject           = "bad_subject"            // publish: invalid subject, a wildcard, or outside the subject space
-	CodeBadFilter            = "bad_filter"             // subscribe: "where" does not compile (the message names the position), or the grant's filter does not
-	CodeViewTooLarge         = "view_too_large"         // a snapshot or a filtered subscription's view passed Config.MaxSnapshot documents: it has ended
-	CodeFilterTooCostly      = "filter_too_costly"      // a filtered subscription whose evaluation took the connection's filters past Config.MaxFilterCostPerEvent for one event: it has ended; or a subscribe whose filters would hold more than maxConnExprBytes of compiled programs
-	CodeTooLarge             = "too_large"              // publish: data over Config.MaxPublishBytes or the broker's message limit, or an event over Config.MailboxBytes
+	CodeBadFrame             = "bad_frame"                // not a JSON object, unknown field, binary frame, wrong field type
+	CodeUnknownType          = "unknown_type"             // "type" is not one the server knows
+	CodeBadPattern           = "bad_pattern"              // invalid subject pattern, or outside the subject space
+	CodeDuplicateID          = "duplicate_id"             // subscribe with an id that is already active
+	CodeUnknownID            = "unknown_id"               // unsubscribe with an id that is not active
+	CodeTooManySubscriptions = "too_many_subscriptions"   // over Config.MaxSubscriptions
+	CodeBadCursor            = "bad_cursor"               // "from" malformed, from another broker, ahead of the stream, or no history kept
+	CodeCursorExpired        = "cursor_expired"           // "from" older than the broker's retention: re-sync
+	CodeDurableInUse         = "durable_in_use"           // "durable" is bound by another subscription on this node (often the same client's previous connection, until its ping timeout): retry later
+	CodeBadDurable           = "bad_durable"              // "durable" malformed, bound to another pattern, no consumers on this broker, or a connection that keeps none (anonymous without AnonymousDurables, a token without sub)
+	CodeBrokerUnavailable    = "broker_unavailable"       // the broker could not start the subscription's replay or consumer: retry
+	CodeForbidden            = "forbidden"                // the connection's grants do not contain the pattern
+	CodeUnauthorized         = "unauthorized"             // a refresh whose token was refused: invalid, empty, another sub, anonymous, or no exp where the connection's had one
+	CodeRevoked              = "revoked"                  // a subscription a refresh's new token does not grant: it has ended
+	CodeTooManyDurables      = "too_many_durables"        // a new durable past Config.MaxDurables for the token's sub
+	CodeRateLimited          = "rate_limited"             // over Config.MaxMessageRate: the message was dropped
+	CodeBadSubject           = "bad_subject"              // publish: invalid subject, a wildcard, or outside the subject space
+	CodeBadFilter            = "bad_filter"               // subscribe: "where" does not compile (the message names the position), or the grant's filter does not
+	CodeViewTooLarge         = fanout.CodeViewTooLarge    // a snapshot or a filtered subscription's view passed Config.MaxSnapshot documents: it has ended
+	CodeFilterTooCostly      = fanout.CodeFilterTooCostly // a filtered subscription whose evaluation took the connection's filters past Config.MaxFilterCostPerEvent for one event: it has ended; or a subscribe whose filters would hold more than maxConnExprBytes of compiled programs
+	CodeTooLarge             = "too_large"                // publish: data over Config.MaxPublishBytes or the broker's message limit, or an event over Config.MailboxBytes
 )
 
 // clientErrorCodes are the codes a connection's client errors are counted

@@ -14,10 +14,7 @@ func ForceGraphQLExecutor(s *Server) { s.gqlExecutorOnly = true }
 // hold them (the root excluded): both return to zero when every
 // subscription is gone, or the index leaks.
 func IndexSize(s *Server) (subs, nodes int) {
-	ix := s.hub.idx
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	return ix.size, ix.root.Size()
+	return s.hub.Size()
 }
 
 // SetFilterClock makes the filter budgets of a server made with c run by

@@ -34,7 +34,7 @@ type feedState struct {
 	durable string // the client's durable name; "" for an ephemeral consumer
 	key     string // the durable's name on the broker, claimed on this node (claimDurable); "" for an ephemeral consumer
 
-	view *viewSub // a filtered feed's view (outside the view index); nil: unfiltered
+	view *fanout.View // a filtered feed's view (outside the view index); nil: unfiltered
 
 	// Set by the feed goroutine; read by whoever waited for done.
 	cons    broker.Consumer
@@ -135,7 +135,7 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 	st.live = true
 	c.subsMu.Unlock()
 	c.s.metrics.Subscriptions.Inc()
-	subs := c.cl.subsFor([]string{id})
+	subs := c.cl.SubsFor([]string{id})
 	last := cons.Start()
 	cctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -151,14 +151,14 @@ func (c *conn) feed(ctx context.Context, id string, st *subState, cfg broker.Con
 			for i := 0; i < len(ms); i += broker.AckEvery {
 				chunk := ms[i:min(i+broker.AckEvery, len(ms))]
 				if err := c.queueEvents(cctx, chunk, st, subs, f.view); err != nil {
-					if errors.Is(err, errViewTooLarge) {
+					if errors.Is(err, fanout.ErrViewTooLarge) {
 						viewErr = err
 					}
 					stop() // the connection is ending, or the view outgrew its bound
 					return
 				}
 				last = chunk[len(chunk)-1].Cursor
-				f.pending = append(f.pending, feedAck{pushed: c.cl.mb.Pushes(), cursor: last})
+				f.pending = append(f.pending, feedAck{pushed: c.cl.Mailbox.Pushes(), cursor: last})
 			}
 		})
 		if viewErr != nil && ctx.Err() == nil {
@@ -259,11 +259,11 @@ func (c *conn) failSubscribe(id string, err error) {
 	c.subsMu.Unlock()
 	code, msg := subscribeErrorCode(err), err.Error()
 	if code == CodeViewTooLarge {
-		full := fullView
+		full := fanout.FullView
 		if st != nil && st.view != nil {
-			full = st.view.full
+			full = st.view.Full
 		} else if st != nil && st.feed != nil && st.feed.view != nil {
-			full = st.feed.view.full
+			full = st.feed.view.Full
 		}
 		msg = c.s.viewTooLargeText(id, full)
 	}
@@ -277,7 +277,7 @@ func (c *conn) failSubscribe(id string, err error) {
 // same request cannot help.
 func subscribeErrorCode(err error) string {
 	switch {
-	case errors.Is(err, errViewTooLarge):
+	case errors.Is(err, fanout.ErrViewTooLarge):
 		return CodeViewTooLarge
 	case errors.Is(err, errSyncedTooLarge):
 		return CodeTooLarge

@@ -47,14 +47,14 @@ func newFlushPool(n int) *flushPool {
 
 // hold makes the pool wait for release before it starts a flusher: the
 // dispatcher queues a batch's connections, then starts the flushers once.
-func (p *flushPool) hold() {
+func (p *flushPool) Hold() {
 	p.mu.Lock()
 	p.held = true
 	p.mu.Unlock()
 }
 
 // release ends hold and starts flushers for what was queued.
-func (p *flushPool) release() {
+func (p *flushPool) Release() {
 	p.mu.Lock()
 	p.held = false
 	p.startLocked()

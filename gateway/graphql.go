@@ -278,7 +278,7 @@ func (c *conn) gqlSubscribe(id string, p *gqlSubscribePayload) {
 			resp = &graphql.Response{}
 		}
 		b := append(appendResponse(nextHead(id, g.legacy), resp), '}')
-		if c.cl.neverFits(len(b)) { // refused, not sent: sending it would close the connection
+		if c.cl.NeverFits(len(b)) { // refused, not sent: sending it would close the connection
 			b = append(appendResponse(nextHead(id, g.legacy), tooLargeResponse(len(b), c.s.cfg.MailboxBytes)), '}')
 		}
 		c.send(b)

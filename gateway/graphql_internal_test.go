@@ -180,14 +180,14 @@ func TestGraphQLDeliveryAllocs(t *testing.T) {
 	s := newTestServer(t)
 	ws, fw := rawWSPair(t)
 	c := &conn{s: s, ws: ws, fw: fw, gql: &gqlConn{ops: make(map[string]*gqlOp)}}
-	c.cl = newClient(4096, 4<<20, func() { t.Error("overflow") })
-	c.cl.encode = c.gql.encode
+	c.cl = fanout.NewClient(4096, 4<<20, func() { t.Error("overflow") })
+	c.cl.Encode = c.gql.encode
 	op := gqlOpFor(t, s, "1", false, `subscription { events(subject: "orders.>") { subject cursor data } }`, nil, false)
 	if !op.fast {
 		t.Fatal("not on the fast path")
 	}
 	c.gql.ops["1"] = op
-	subs := c.cl.subsFor([]string{"1"})
+	subs := c.cl.SubsFor([]string{"1"})
 	ev, err := fanout.NewEvent("orders.42", "js:7", []byte(`{"id":42,"status":"paid","pad":"`+strings.Repeat("x", 200)+`"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -204,11 +204,11 @@ func gqlWriteAllocFree(t *testing.T, c *conn, ev *fanout.Event, subs *fanout.Sub
 	run := func() {
 		for range perRun {
 			it := fanout.Item{Ev: ev, Subs: subs}
-			if _, _, err := c.cl.mb.Push(it, it.Size()); err != nil {
+			if _, _, err := c.cl.Mailbox.Push(it, it.Size()); err != nil {
 				t.Fatal(err)
 			}
 		}
-		b := c.cl.mb.Take()
+		b := c.cl.Mailbox.Take()
 		if err := c.writeBatchGQL(&b); err != nil {
 			t.Fatal(err)
 		}
@@ -235,14 +235,14 @@ func BenchmarkDeliveryWrite(b *testing.B) {
 			s := newTestServer(b)
 			ws, fw := rawWSPair(b)
 			c := &conn{s: s, ws: ws, fw: fw}
-			c.cl = newClient(4096, 4<<20, func() { b.Error("overflow") })
+			c.cl = fanout.NewClient(4096, 4<<20, func() { b.Error("overflow") })
 			var subs *fanout.SubsList
 			if proto == "graphql" {
 				c.gql = &gqlConn{ops: make(map[string]*gqlOp)}
-				c.cl.encode = c.gql.encode
+				c.cl.Encode = c.gql.encode
 				c.gql.ops["1"] = gqlOpFor(b, s, "1", false, `subscription { events(subject: "bench.>") { subject cursor data } }`, nil, false)
 			}
-			subs = c.cl.subsFor([]string{"1"})
+			subs = c.cl.SubsFor([]string{"1"})
 			data := []byte(`{"seq":1,"pad":"` + strings.Repeat("x", 256-len(`{"seq":1,"pad":""}`)) + `"}`)
 			ev, err := fanout.NewEvent("bench.hot", "", data)
 			if err != nil {
@@ -253,7 +253,7 @@ func BenchmarkDeliveryWrite(b *testing.B) {
 			for b.Loop() {
 				for range batch {
 					it := fanout.Item{Ev: ev, Subs: subs}
-					if _, _, err := c.cl.mb.Push(it, it.Size()); err != nil {
+					if _, _, err := c.cl.Mailbox.Push(it, it.Size()); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -261,7 +261,7 @@ func BenchmarkDeliveryWrite(b *testing.B) {
 					flushBench(b, c)
 					continue
 				}
-				bt := c.cl.mb.Take()
+				bt := c.cl.Mailbox.Take()
 				if err := c.writeBatch(&bt); err != nil {
 					b.Fatal(err)
 				}

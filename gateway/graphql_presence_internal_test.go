@@ -99,14 +99,14 @@ func TestGraphQLPresenceDeliveryAllocs(t *testing.T) {
 func presenceBenchConn(tb testing.TB, s *Server) (*conn, *fanout.SubsList) {
 	ws, fw := rawWSPair(tb)
 	c := &conn{s: s, ws: ws, fw: fw, gql: &gqlConn{ops: make(map[string]*gqlOp)}}
-	c.cl = newClient(4096, 4<<20, func() { tb.Error("overflow") })
-	c.cl.encode = c.gql.encode
+	c.cl = fanout.NewClient(4096, 4<<20, func() { tb.Error("overflow") })
+	c.cl.Encode = c.gql.encode
 	op := presenceOpFor(tb, s, "1", false, `subscription { presence(subject: "room.*") { subject count joins { conn sub state } leaves { conn sub state } updates { conn sub state } } }`, nil, false)
 	if !op.fast {
 		tb.Fatal("not on the splice path")
 	}
 	c.gql.ops["1"] = op
-	return c, c.cl.subsFor([]string{"1"})
+	return c, c.cl.SubsFor([]string{"1"})
 }
 
 // benchPresenceEvent is a typical small-room change: one join with a
@@ -131,11 +131,11 @@ func BenchmarkPresenceDelivery(b *testing.B) {
 		for b.Loop() {
 			for range batch {
 				it := fanout.Item{Ev: ev, Subs: subs}
-				if _, _, err := c.cl.mb.Push(it, it.Size()); err != nil {
+				if _, _, err := c.cl.Mailbox.Push(it, it.Size()); err != nil {
 					b.Fatal(err)
 				}
 			}
-			bt := c.cl.mb.Take()
+			bt := c.cl.Mailbox.Take()
 			if err := c.writeBatchGQL(&bt); err != nil {
 				b.Fatal(err)
 			}

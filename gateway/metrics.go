@@ -1,6 +1,9 @@
 package gateway
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the ws role's Prometheus metrics. They are created per Server
 // and registered on the registry given in Config, so tests and several
@@ -43,8 +46,8 @@ type Metrics struct {
 }
 
 // dispatch is the hub's share of m.
-func (m *Metrics) dispatch() *dispatchMetrics {
-	return &dispatchMetrics{
+func (m *Metrics) dispatch() *fanout.DispatchMetrics {
+	return &fanout.DispatchMetrics{
 		Deliveries: m.Deliveries, DispatchLatency: m.DispatchLatency, DispatchPaced: m.DispatchPaced,
 		FilterEvaluations: m.FilterEvaluations, FilterErrors: m.FilterErrors, FilterCost: m.FilterCost,
 	}

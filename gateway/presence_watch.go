@@ -219,19 +219,19 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 			}
 			slices.Sort(ids)
 			ids = slices.Compact(ids)
-			subs = c.cl.subsFor(ids)
+			subs = c.cl.SubsFor(ids)
 		}
 		clear(ws)
 		delete(group, c)
 		for _, ev := range evs {
 			n := len(ev.Bytes()) + subs.Size
-			if c.cl.neverFits(n) {
+			if c.cl.NeverFits(n) {
 				p.m.dropped.WithLabelValues(dropTooLarge).Inc()
 				continue
 			}
-			wasEmpty, _, err := c.cl.mb.Push(fanout.Item{Ev: ev, Subs: subs}, n)
+			wasEmpty, _, err := c.cl.Mailbox.Push(fanout.Item{Ev: ev, Subs: subs}, n)
 			if err != nil {
-				if c.cl.overflowed.CompareAndSwap(false, true) {
+				if c.cl.Overflowed.CompareAndSwap(false, true) {
 					p.ovf = append(p.ovf, c)
 				}
 				break
@@ -270,17 +270,17 @@ func (p *presence) unlock() {
 	p.wakes, p.ovf = nil, nil
 	p.mu.Unlock()
 	for _, c := range wakes {
-		c.cl.signal()
+		c.cl.Signal()
 	}
 	for _, c := range ovf {
-		c.cl.onOverflow()
+		c.cl.OnOverflow()
 	}
 }
 
 // watchLocked makes subscription id of c (on pattern) get presence
 // changes. The caller holds mu.
 func (p *presence) watchLocked(c *conn, id, pattern string) {
-	w := &presenceWatch{c: c, id: id, pattern: pattern, subs: c.cl.subsFor([]string{id})}
+	w := &presenceWatch{c: c, id: id, pattern: pattern, subs: c.cl.SubsFor([]string{id})}
 	p.watches[c] = append(p.watches[c], w)
 	if isConcrete(pattern) {
 		p.exact[pattern] = append(p.exact[pattern], w)

@@ -96,7 +96,7 @@ func (c *conn) resume(ctx context.Context, id string, st *subState, r resumeSpec
 	defer close(st.task.done)
 	defer st.task.cancel()
 	rs := &resumer{c: c, ctx: ctx, id: id, st: st, r: r, d: c.s.durable, vs: st.view,
-		subs: c.cl.subsFor([]string{id}), filters: c.s.replayFilters(st.pattern), retryWait: resumeRetryMin}
+		subs: c.cl.SubsFor([]string{id}), filters: c.s.replayFilters(st.pattern), retryWait: resumeRetryMin}
 	rs.run()
 }
 
@@ -108,7 +108,7 @@ type resumer struct {
 	st      *subState
 	r       resumeSpec
 	d       broker.Durable
-	vs      *viewSub // nil: a plain subscription
+	vs      *fanout.View // nil: a plain subscription
 	subs    *fanout.SubsList
 	filters []string // what the broker replays (Server.replayFilters)
 
@@ -121,8 +121,8 @@ func (rs *resumer) run() {
 	c := rs.c
 	pos := rs.r.after
 	validated := false
-	if vs := rs.vs; vs != nil && vs.f != nil {
-		vs.onEnd = func(code string) { c.viewEnded(rs.id, rs.st, code) }
+	if vs := rs.vs; vs != nil && vs.Filter != nil {
+		vs.OnEnd = func(code string) { c.viewEnded(rs.id, rs.st, code) }
 	}
 	if rs.r.latest {
 		last, ok := rs.snapshot()
@@ -132,7 +132,7 @@ func (rs *resumer) run() {
 		pos, validated = last, true
 	}
 	for {
-		w := c.s.hub.lastCursor() // the watermark: last event dispatched live
+		w := c.s.hub.LastCursor() // the watermark: last event dispatched live
 		ahead := false
 		if pos != "" && pos != w {
 			if w == "" { // nothing dispatched yet: the live feed starts before pos
@@ -201,13 +201,13 @@ func (rs *resumer) enqueue(ev *fanout.Event, p *filter.Parsed, ok *bool) (wasEmp
 		}
 		var deliver, leave, tooLarge bool
 		if ok != nil {
-			deliver, leave, tooLarge = vs.apply(ev.Subject, p, *ok)
+			deliver, leave, tooLarge = vs.Apply(ev.Subject, p, *ok)
 		} else {
-			deliver, leave, tooLarge, _ = vs.offer(ev.Subject, p)
+			deliver, leave, tooLarge, _ = vs.Offer(ev.Subject, p)
 		}
 		switch {
 		case tooLarge:
-			return false, errViewTooLarge
+			return false, fanout.ErrViewTooLarge
 		case leave:
 			ev = fanout.NewLeave(ev)
 		case !deliver:
@@ -215,10 +215,10 @@ func (rs *resumer) enqueue(ev *fanout.Event, p *filter.Parsed, ok *bool) (wasEmp
 		}
 	}
 	it := fanout.Item{Ev: ev, Subs: rs.subs}
-	if c.cl.neverFits(it.Size()) { // skipped, as live
+	if c.cl.NeverFits(it.Size()) { // skipped, as live
 		return false, nil
 	}
-	wasEmpty, _, err = c.cl.mb.Push(it, it.Size())
+	wasEmpty, _, err = c.cl.Mailbox.Push(it, it.Size())
 	if err != nil {
 		c.overflow()
 	}
@@ -228,7 +228,7 @@ func (rs *resumer) enqueue(ev *fanout.Event, p *filter.Parsed, ok *bool) (wasEmp
 // deliver queues a batch a replay or a snapshot read, after "subscribed".
 func (rs *resumer) deliver(ms []broker.Message) error {
 	if rs.reply() {
-		rs.c.cl.signal()
+		rs.c.cl.Signal()
 	}
 	if err := rs.c.queueEvents(rs.ctx, ms, rs.st, rs.subs, rs.vs); err != nil {
 		return err
@@ -254,7 +254,7 @@ func (rs *resumer) replay(after, until string) (done, stop bool) {
 		return true, false
 	case rs.ctx.Err() != nil, errors.Is(err, ErrMailboxFull):
 		return false, true
-	case errors.Is(err, errViewTooLarge):
+	case errors.Is(err, fanout.ErrViewTooLarge):
 		c.failSubscribe(rs.id, err)
 		return false, true
 	case subscribeErrorCode(err) != CodeBrokerUnavailable, // the cursor cannot work
@@ -283,11 +283,11 @@ func (rs *resumer) snapshot() (last string, ok bool) {
 	c, d, vs, r := rs.c, rs.d, rs.vs, rs.r
 	var deltaErr error
 	limit := c.s.cfg.MaxSnapshot
-	if vs != nil && vs.f != nil {
+	if vs != nil && vs.Filter != nil {
 		// A filtered view counts the documents its filter passes, which
 		// the broker cannot tell; the subjects it reads are bounded still,
-		// at filteredSnapshotScan times its bound.
-		limit = filteredSnapshotScan * c.s.cfg.MaxSnapshot
+		// at fanout.FilteredSnapshotScan times its bound.
+		limit = fanout.FilteredSnapshotScan * c.s.cfg.MaxSnapshot
 	}
 	last, err := c.s.snapshots.Latest(rs.ctx, rs.filters, limit, func(ms []broker.Message) error {
 		if r.delta != "" {
@@ -305,9 +305,9 @@ func (rs *resumer) snapshot() (last string, ok bool) {
 				if err != nil {
 					continue
 				}
-				_, _, tooLarge, cost := vs.offer(ev.Subject, ev.ParsedNoKeep())
+				_, _, tooLarge, cost := vs.Offer(ev.Subject, ev.ParsedNoKeep())
 				if tooLarge {
-					return errViewTooLarge
+					return fanout.ErrViewTooLarge
 				}
 				if err := c.spendFilterCost(rs.ctx, cost); err != nil {
 					return err
@@ -331,13 +331,13 @@ func (rs *resumer) snapshot() (last string, ok bool) {
 		err = deltaErr
 	}
 	if errors.Is(err, broker.ErrSnapshotTooLarge) {
-		if vs != nil && vs.f != nil {
-			vs.full = fullScan
+		if vs != nil && vs.Filter != nil {
+			vs.Full = fanout.FullScan
 		}
 		if rs.reply() { // subscribed, then the error, as when the documents passed the bound here
-			c.cl.signal()
+			c.cl.Signal()
 		}
-		err = errViewTooLarge
+		err = fanout.ErrViewTooLarge
 	}
 	switch {
 	case err == nil:
@@ -348,7 +348,7 @@ func (rs *resumer) snapshot() (last string, ok bool) {
 		return "", false
 	}
 	if rs.reply() {
-		c.cl.signal()
+		c.cl.Signal()
 	}
 	return last, true
 }
@@ -367,11 +367,11 @@ const (
 // per event (a wake per event made a frame per event: 45k events/s of
 // catch-up). A push that fails anyway closes the connection with 4008. An
 // event that could not fit even in an empty mailbox is skipped, as live.
-func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, st *subState, subs *fanout.SubsList, vs *viewSub) error {
+func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, st *subState, subs *fanout.SubsList, vs *fanout.View) error {
 	wake := false
 	defer func() {
 		if wake {
-			c.cl.signal()
+			c.cl.Signal()
 		}
 	}()
 	for _, m := range ms {
@@ -384,13 +384,13 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, st *subStat
 			continue
 		}
 		if vs != nil {
-			deliver, leave, tooLarge, cost := vs.offer(ev.Subject, ev.ParsedNoKeep())
+			deliver, leave, tooLarge, cost := vs.Offer(ev.Subject, ev.ParsedNoKeep())
 			if err := c.spendFilterCost(ctx, cost); err != nil {
 				return err
 			}
 			switch {
 			case tooLarge:
-				return errViewTooLarge
+				return fanout.ErrViewTooLarge
 			case leave:
 				ev = fanout.NewLeave(ev)
 			case !deliver:
@@ -398,20 +398,20 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, st *subStat
 			}
 		}
 		it := fanout.Item{Ev: ev, Subs: subs}
-		if c.cl.neverFits(it.Size()) { // skipped, as live (Server.dispatch)
+		if c.cl.NeverFits(it.Size()) { // skipped, as live (Server.dispatch)
 			c.s.metrics.EventsDropped.WithLabelValues(dropTooLarge).Inc()
 			continue
 		}
-		if c.cl.mb.OverHalf() {
+		if c.cl.Mailbox.OverHalf() {
 			if wake {
-				c.cl.signal()
+				c.cl.Signal()
 				wake = false
 			}
-			if err := c.waitForClient(st, func() error { return c.cl.mb.WaitRoom(ctx) }); err != nil {
+			if err := c.waitForClient(st, func() error { return c.cl.Mailbox.WaitRoom(ctx) }); err != nil {
 				return err
 			}
 		}
-		wasEmpty, _, err := c.cl.mb.Push(it, it.Size())
+		wasEmpty, _, err := c.cl.Mailbox.Push(it, it.Size())
 		if err != nil {
 			c.overflow()
 			return err

@@ -26,107 +26,105 @@ func (rs *resumer) handOver(w string) (over bool) {
 	keyed := r.synced && r.delta != "" && c.sendsSynced(id)
 	keysBytes := 0
 	if keyed {
-		keysBytes = vs.keysBytes()
-		if n := c.syncedBytes(id, st.pattern, w, keysBytes); c.cl.neverFits(n) {
-			c.failSubscribe(id, c.s.syncedTooLarge(len(vs.held), n))
+		keysBytes = vs.KeysBytes()
+		if n := c.syncedBytes(id, st.pattern, w, keysBytes); c.cl.NeverFits(n) {
+			c.failSubscribe(id, c.s.syncedTooLarge(len(vs.Held), n))
 			return true
 		}
 	}
 	var wake, tooLarge bool
 	var spent uint64 // filter cost the hand-over spent under the lock
 	needFree := 0    // bytes the hand-over would queue, when they were not free
-	added := c.s.hub.handover(
-		func() bool {
-			if rs.ctx.Err() != nil {
+	added := c.s.hub.Locked(func(tx fanout.Tx) bool {
+		if rs.ctx.Err() != nil {
+			return false
+		}
+		var gap []*fanout.Event
+		if last := c.s.hub.LastCursor(); last != w {
+			var ok bool
+			if gap, ok = tx.RecentAfter(w, d.CompareCursors); !ok {
 				return false
 			}
-			var gap []*fanout.Event
-			if last := c.s.hub.lastCursor(); last != w {
-				var ok bool
-				if gap, ok = c.s.hub.recent.After(w, d.CompareCursors); !ok {
-					return false
-				}
+		}
+		matching := gap[:0]
+		for _, ev := range gap {
+			if subject.MatchEvent(st.pattern, ev.Subject) {
+				matching = append(matching, ev)
 			}
-			matching := gap[:0]
-			for _, ev := range gap {
-				if subject.MatchEvent(st.pattern, ev.Subject) {
-					matching = append(matching, ev)
-				}
+		}
+		if len(matching) > c.cl.Mailbox.Room()/2 {
+			return false // too big to queue at once: replay it with flow control
+		}
+		if keyed {
+			// What the gap and synced take, at most (each gap event
+			// may add its subject to the keys; subscribed went after
+			// the snapshot).
+			need := c.syncedBytes(id, st.pattern, w, keysBytes)
+			for _, ev := range matching {
+				need += len(ev.Bytes()) + rs.subs.Size + jsonstr.Len(ev.Subject) + 1
 			}
-			if len(matching) > c.cl.mb.Room()/2 {
-				return false // too big to queue at once: replay it with flow control
+			if need > c.cl.Mailbox.Free() {
+				needFree = min(need, c.cl.Mailbox.MaxBytes())
+				return false
 			}
-			if keyed {
-				// What the gap and synced take, at most (each gap event
-				// may add its subject to the keys; subscribed went after
-				// the snapshot).
-				need := c.syncedBytes(id, st.pattern, w, keysBytes)
-				for _, ev := range matching {
-					need += len(ev.Bytes()) + rs.subs.Size + jsonstr.Len(ev.Subject) + 1
-				}
-				if need > c.cl.mb.Free() {
-					needFree = min(need, c.cl.mb.MaxBytes())
-					return false
-				}
-			}
-			// A filtered view's results first, with nothing queued yet:
-			// past the connection's share of one event
-			// (MaxFilterCostPerEvent), the lock is not held longer: those
-			// events are replayed outside it, and the next hand-over's gap
-			// is what was dispatched meanwhile.
-			var ps []*filter.Parsed
-			var oks []bool
-			if vs != nil && vs.f != nil {
-				ps, oks = make([]*filter.Parsed, len(matching)), make([]bool, len(matching))
-				for i, ev := range matching {
-					ps[i] = ev.ParsedNoKeep()
-					if ps[i].Truncate {
-						continue
-					}
-					var cost uint64
-					oks[i], cost = vs.f.Accepts(ev.Subject, ps[i])
-					if spent += cost; c.s.hub.maxConnCost > 0 && spent > c.s.hub.maxConnCost {
-						return false
-					}
-				}
-			}
-			wake = rs.reply() || wake
+		}
+		// A filtered view's results first, with nothing queued yet:
+		// past the connection's share of one event
+		// (MaxFilterCostPerEvent), the lock is not held longer: those
+		// events are replayed outside it, and the next hand-over's gap
+		// is what was dispatched meanwhile.
+		var ps []*filter.Parsed
+		var oks []bool
+		if vs != nil && vs.Filter != nil {
+			ps, oks = make([]*filter.Parsed, len(matching)), make([]bool, len(matching))
 			for i, ev := range matching {
-				var p *filter.Parsed
-				var ok *bool
-				if ps != nil {
-					p, ok = ps[i], &oks[i]
+				ps[i] = ev.ParsedNoKeep()
+				if ps[i].Truncate {
+					continue
 				}
-				wasEmpty, err := rs.enqueue(ev, p, ok)
-				if errors.Is(err, errViewTooLarge) {
-					tooLarge = true
+				var cost uint64
+				oks[i], cost = vs.Filter.Accepts(ev.Subject, ps[i])
+				if spent += cost; c.s.hub.MaxConnCost() > 0 && spent > c.s.hub.MaxConnCost() {
 					return false
 				}
-				if err != nil {
-					return false // closing with 4008: the next replay round ends this resume
-				}
-				wake = wake || wasEmpty
 			}
-			if r.synced {
-				var keys []string
-				if r.delta != "" {
-					keys = vs.keys()
-				}
-				wake = c.queueSynced(id, st.pattern, c.s.hub.lastCursor(), keys) || wake
+		}
+		wake = rs.reply() || wake
+		for i, ev := range matching {
+			var p *filter.Parsed
+			var ok *bool
+			if ps != nil {
+				p, ok = ps[i], &oks[i]
 			}
-			return true
-		}, func() {
-			if vs != nil && vs.f != nil {
-				c.s.hub.addViewLocked(vs)
-			} else {
-				c.s.hub.idx.addLocked(c.cl, id, st.pattern)
+			wasEmpty, err := rs.enqueue(ev, p, ok)
+			if errors.Is(err, fanout.ErrViewTooLarge) {
+				tooLarge = true
+				return false
 			}
-		})
+			if err != nil {
+				return false // closing with 4008: the next replay round ends this resume
+			}
+			wake = wake || wasEmpty
+		}
+		if r.synced {
+			var keys []string
+			if r.delta != "" {
+				keys = vs.Keys()
+			}
+			wake = c.queueSynced(id, st.pattern, c.s.hub.LastCursor(), keys) || wake
+		}
+		if vs != nil && vs.Filter != nil {
+			tx.AddView(vs)
+		} else {
+			tx.Add(c.cl, id, st.pattern)
+		}
+		return true
+	})
 	if wake {
-		c.cl.signal()
+		c.cl.Signal()
 	}
 	if tooLarge {
-		c.failSubscribe(id, errViewTooLarge)
+		c.failSubscribe(id, fanout.ErrViewTooLarge)
 		return true
 	}
 	if c.spendFilterCost(rs.ctx, spent) != nil {
@@ -135,12 +133,12 @@ func (rs *resumer) handOver(w string) (over bool) {
 	if added {
 		c.subsMu.Lock()
 		st.live = true
-		if vs != nil && vs.f == nil {
+		if vs != nil && vs.Filter == nil {
 			st.view = nil // an unfiltered snapshot: a plain subscription from here on
 		}
 		c.subsMu.Unlock()
-		if vs != nil && vs.f != nil {
-			vs.onEnd = func(code string) { c.viewEnded(id, st, code) }
+		if vs != nil && vs.Filter != nil {
+			vs.OnEnd = func(code string) { c.viewEnded(id, st, code) }
 		}
 		c.s.metrics.Subscriptions.Inc()
 		return true
@@ -149,8 +147,8 @@ func (rs *resumer) handOver(w string) (over bool) {
 		return true
 	}
 	if needFree > 0 { // the view's synced waits for the client to read
-		c.cl.signal()
-		if err := c.waitForClient(st, func() error { return c.cl.mb.WaitFree(rs.ctx, needFree) }); err != nil {
+		c.cl.Signal()
+		if err := c.waitForClient(st, func() error { return c.cl.Mailbox.WaitFree(rs.ctx, needFree) }); err != nil {
 			return true
 		}
 	}

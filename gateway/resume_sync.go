@@ -47,18 +47,6 @@ func (c *conn) syncedBytes(id, pattern, cur string, keysBytes int) int {
 	return n
 }
 
-// handover runs cond with the index held for writing (nothing is being
-// dispatched) and, if it holds, add before releasing it.
-func (h *hub) handover(cond func() bool, add func()) bool {
-	h.idx.mu.Lock()
-	defer h.idx.mu.Unlock()
-	if !cond() {
-		return false
-	}
-	add()
-	return true
-}
-
 // queueSynced queues subscription id's synced: a control message, or in
 // GraphQL an Event of kind SYNCED through its operation. It reports
 // whether to wake the writer.
@@ -70,9 +58,9 @@ func (c *conn) queueSynced(id, pattern, cursor string, keys []string) bool {
 		return false
 	}
 	ev := gqlSyncedEvent(pattern, cursor, keys)
-	it := fanout.Item{Ev: ev, Subs: c.cl.subsFor([]string{id})}
+	it := fanout.Item{Ev: ev, Subs: c.cl.SubsFor([]string{id})}
 	// The keys are written beside the event's bytes: counted here.
-	wasEmpty, _, err := c.cl.mb.Push(it, it.Size()+len(gqlKeysJSON(ev)))
+	wasEmpty, _, err := c.cl.Mailbox.Push(it, it.Size()+len(gqlKeysJSON(ev)))
 	if err != nil {
 		c.overflow()
 		return false

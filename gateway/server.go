@@ -43,7 +43,7 @@ type Server struct {
 	filters      *filter.Set      // static: the filters subscriptions hold, one per distinct filter
 	consumers    broker.Consumers // static: the broker, if it keeps per-subscription consumers (JetStream)
 	replayEvents *eventCache      // events shared by replays and feeds; nil without history
-	hub          *hub             // static
+	hub          *fanout.Hub      // static
 	flush        *flushPool       // static: the shared flushers (flusher.go)
 	pres         *presence        // static: presence (presence.go)
 	metrics      *Metrics         // static
@@ -100,15 +100,15 @@ func New(cfg Config) (*Server, error) {
 	s.consumers, _ = cfg.Broker.(broker.Consumers)
 	s.durable, _ = cfg.Broker.(broker.Durable)
 	s.snapshots, _ = cfg.Broker.(broker.Snapshots)
-	s.hub = newHub(hubConfig{
-		metrics:     m.dispatch(),
-		maxPace:     cfg.MaxPace,
-		wakes:       s.flush,
-		keepRecent:  s.durable != nil,
-		maxConnCost: uint64(cfg.MaxFilterCostPerEvent),
-		heldPerConn: int64(cfg.MaxViewDocumentsPerConnection),
-		heldPerNode: int64(cfg.MaxViewDocuments),
-		clock:       cfg.filterClock,
+	s.hub = fanout.NewHub(fanout.HubConfig{
+		Metrics:     m.dispatch(),
+		MaxPace:     cfg.MaxPace,
+		Wakes:       s.flush,
+		KeepRecent:  s.durable != nil,
+		MaxConnCost: uint64(cfg.MaxFilterCostPerEvent),
+		HeldPerConn: int64(cfg.MaxViewDocumentsPerConnection),
+		HeldPerNode: int64(cfg.MaxViewDocuments),
+		Clock:       cfg.filterClock,
 	})
 	s.exprs = filter.NewCache(uint64(cfg.MaxFilterCost), m.FilterCompiles.Inc)
 	s.filters = filter.NewSet()
@@ -116,8 +116,8 @@ func New(cfg Config) (*Server, error) {
 	s.pres = newPresence(s, bus)
 	if cfg.Registry != nil {
 		cfg.Registry.MustRegister(
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_views", Help: "Filtered subscriptions (a where or a row filter) live in the dispatcher's view index."}, func() float64 { return float64(s.hub.views.Load()) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_view_documents", Help: "Documents those subscriptions hold (each costs a set entry: see docs/benchmarks.md, \"Live views\")."}, func() float64 { return float64(s.hub.held.Load()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_views", Help: "Filtered subscriptions (a where or a row filter) live in the dispatcher's view index."}, func() float64 { return float64(s.hub.Views()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_view_documents", Help: "Documents those subscriptions hold (each costs a set entry: see docs/benchmarks.md, \"Live views\")."}, func() float64 { return float64(s.hub.Held()) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_filters", Help: "Distinct filters the node's subscriptions hold (equal filters are one, evaluated once per event)."}, func() float64 { return float64(s.filters.Len()) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_filter_programs_bytes", Help: "Estimated memory of the compiled filter expressions alive: those subscriptions hold, and the recently used ones kept for reuse (at most 8 MiB of those)."}, func() float64 { return float64(s.exprs.Live()) }))
 	}
@@ -196,7 +196,7 @@ func (s *Server) Run(ctx context.Context) error {
 		<-presDone
 	}()
 	err := s.cfg.Broker.Consume(ctx, s.dispatch, func(start string) {
-		s.hub.setStart(start)
+		s.hub.SetStart(start)
 		s.consuming.Store(true)
 	})
 	if ctx.Err() != nil {
@@ -243,11 +243,12 @@ func (s *Server) dispatch(batch []broker.Message, arrived time.Time) {
 	if system > 0 {
 		s.metrics.EventsDropped.WithLabelValues(dropSystemSubject).Add(float64(system))
 	}
+	last := ""
 	if len(batch) > 0 {
-		s.hub.batchLast = batch[len(batch)-1].Cursor
+		last = batch[len(batch)-1].Cursor
 	}
 	s.observeCommitLag(evs) // before: a client that has an event finds it counted
-	s.hub.dispatch(evs, arrived)
+	s.hub.Dispatch(evs, last, arrived)
 	clear(evs)
 	s.events = evs
 }
@@ -442,21 +443,21 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	if sc, ok := nc.(syscall.Conn); ok { // plain TCP; a TLS connection keeps its reader goroutine
 		c.park.rc, _ = sc.SyscallConn()
 	}
-	c.cl = newClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
-	c.filters = newFilterBudget(s.cfg.FilterCostRate)
+	c.cl = fanout.NewClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
+	c.filters = fanout.NewFilterBudget(s.cfg.FilterCostRate)
 	if s.cfg.Authenticate != nil {
 		c.req = r // refresh and connection_init authenticate with it
 	}
 	if gql {
 		c.gql = &gqlConn{legacy: ws.Subprotocol() == subprotoLegacy, exec: s.gqlExec, ops: make(map[string]*gqlOp)}
-		c.cl.encode = c.gql.encode
+		c.cl.Encode = c.gql.encode
 	}
 	// Set before the connection is registered: Shutdown may wake its
 	// writer (a 1001 close) as soon as it is in s.conns.
-	c.cl.onWake = c.ensureWriter
+	c.cl.OnWake = c.ensureWriter
 	if !gql && fw.nonBlocking() {
 		c.shared.pool = s.flush // its frames go out on the shared flushers
-		c.cl.onBehind = c.hurry
+		c.cl.OnBehind = c.hurry
 	}
 	c.runCtx, c.cancelRun = context.WithCancel(c.ctx)
 

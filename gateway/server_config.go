@@ -63,12 +63,12 @@ type Config struct {
 	ConnectQueueWait time.Duration
 	MaxSubscriptions int // per connection (default 256)
 	// MaxSnapshot bounds a view: the documents a from:"latest" snapshot
-	// sends, and those a filtered subscription holds (fanout_view.go). Past it
+	// sends, and those a filtered subscription holds (a fanout.View). Past it
 	// the subscription ends with view_too_large (default 100,000).
 	MaxSnapshot int
 	// MaxViewDocumentsPerConnection bounds the documents one connection's
 	// views hold together, and MaxViewDocuments those of every view on the
-	// node (each costs about 180 bytes: fanout_view.go); past either a
+	// node (each costs about 180 bytes: docs/benchmarks.md, "Live views"); past either a
 	// subscription ends with view_too_large naming the bound (defaults
 	// 200,000 and 5,000,000).
 	MaxViewDocumentsPerConnection int
@@ -82,7 +82,7 @@ type Config struct {
 	// may spend on one event in the dispatcher, in the same units: the
 	// subscription whose filter passes it ends with filter_too_costly, as
 	// does each of the connection's others that would evaluate a filter for
-	// that event (fanout_view.go). It bounds how long one connection can hold up
+	// that event (fanout.View). It bounds how long one connection can hold up
 	// every other's delivery (default 20,000).
 	MaxFilterCostPerEvent int
 	// FilterCostRate caps the cost units per second one connection's

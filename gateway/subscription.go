@@ -3,29 +3,30 @@ package gateway
 import (
 	"context"
 
+	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 )
 
 // subState is one subscription of a connection.
 type subState struct {
 	pattern   string
-	view      *viewSub   // a filtered subscription: in the view index once live, not the index
-	grant     string     // the grant's row filter it was admitted with (and its claims), to re-check on refresh
-	live      bool       // in the index, its feed is running, or (watchOnly) it watches; guarded by conn.subsMu
-	waiting   bool       // its replay or hand-over waits for the client to read (waitForClient); guarded by conn.subsMu
-	task      *taskState // the goroutine of a resume or a feed; static after creation
-	feed      *feedState // set when the subscription has its own consumer; static after creation
-	presence  bool       // it watches presence too (presence.go); static
-	watchOnly bool       // a GraphQL presence subscription: a presence watch, in no index (graphql_presence.go); static
+	view      *fanout.View // a filtered subscription: in the view index once live, not the index
+	grant     string       // the grant's row filter it was admitted with (and its claims), to re-check on refresh
+	live      bool         // in the index, its feed is running, or (watchOnly) it watches; guarded by conn.subsMu
+	waiting   bool         // its replay or hand-over waits for the client to read (waitForClient); guarded by conn.subsMu
+	task      *taskState   // the goroutine of a resume or a feed; static after creation
+	feed      *feedState   // set when the subscription has its own consumer; static after creation
+	presence  bool         // it watches presence too (presence.go); static
+	watchOnly bool         // a GraphQL presence subscription: a presence watch, in no index (graphql_presence.go); static
 }
 
 // filter is the subscription's filter (nil: none).
 func (st *subState) filter() *filter.Filter {
 	switch {
 	case st.view != nil:
-		return st.view.f
+		return st.view.Filter
 	case st.feed != nil && st.feed.view != nil:
-		return st.feed.view.f
+		return st.feed.view.Filter
 	}
 	return nil
 }

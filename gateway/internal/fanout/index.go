@@ -1,10 +1,9 @@
-package gateway
+package fanout
 
 import (
 	"slices"
 	"sync"
 
-	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/trie"
 )
 
@@ -30,7 +29,7 @@ type index struct {
 	gen  uint64 // guarded by mu; incremented by every mutation (a node's ver takes its value)
 	size int    // guarded by mu; number of subscriptions
 
-	vroot *vnode // guarded by mu: the filtered subscriptions (fanout_view.go)
+	vroot *vnode // guarded by mu: the filtered subscriptions (view.go)
 	vsize int    // guarded by mu
 }
 
@@ -41,7 +40,7 @@ type node = trie.Node[nodeSubs]
 // ends there, grouped per client.
 type nodeSubs struct {
 	deliveries []delivery           // the match result for this node
-	byClient   map[*client]*nodeIDs // client → its ids here and its slot in deliveries
+	byClient   map[*Client]*nodeIDs // client → its ids here and its slot in deliveries
 	// ver is the index's gen at the last change of this node's
 	// subscriptions (including its pruning): merges cached with another
 	// ver are stale (see matcher).
@@ -57,12 +56,12 @@ type nodeIDs struct {
 // len(subs.b) so that queueing a delivery (which needs its size) does not
 // touch the subs list itself: one cache miss less per delivery.
 type delivery struct {
-	c       *client
-	subs    *fanout.SubsList
+	c       *Client
+	subs    *SubsList
 	subsLen int
 }
 
-func (d *delivery) setSubs(l *fanout.SubsList) {
+func (d *delivery) setSubs(l *SubsList) {
 	d.subs, d.subsLen = l, l.Size
 }
 
@@ -72,13 +71,13 @@ func newIndex() *index {
 
 // add registers client c's subscription id on pattern. The caller has checked
 // that id is new for c and that pattern is valid.
-func (ix *index) add(c *client, id, pattern string) { ix.addThen(c, id, pattern, nil) }
+func (ix *index) add(c *Client, id, pattern string) { ix.addThen(c, id, pattern, nil) }
 
 // addThen is add, then runs then (if not nil) before releasing the index:
 // no dispatch can happen between the two. The connection queues its
 // "subscribed" reply there, so the reply is never seen before the
 // subscription is live, nor after an event that lists it.
-func (ix *index) addThen(c *client, id, pattern string, then func()) {
+func (ix *index) addThen(c *Client, id, pattern string, then func()) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	ix.addLocked(c, id, pattern)
@@ -88,11 +87,11 @@ func (ix *index) addThen(c *client, id, pattern string, then func()) {
 }
 
 // addLocked adds; ix.mu is held for writing.
-func (ix *index) addLocked(c *client, id, pattern string) {
+func (ix *index) addLocked(c *Client, id, pattern string) {
 	n := ix.root.Walk(pattern)
 	v := &n.Val
 	if v.byClient == nil {
-		v.byClient = make(map[*client]*nodeIDs)
+		v.byClient = make(map[*Client]*nodeIDs)
 	}
 	e := v.byClient[c]
 	if e == nil {
@@ -102,38 +101,22 @@ func (ix *index) addLocked(c *client, id, pattern string) {
 	}
 	e.ids = append(e.ids, id)
 	slices.Sort(e.ids)
-	v.deliveries[e.pos].setSubs(c.subsFor(e.ids))
+	v.deliveries[e.pos].setSubs(c.SubsFor(e.ids))
 	ix.gen++
 	v.ver = ix.gen
 	n.N++
 	ix.size++
 }
 
-// addIf is addThen, but only if cond, checked under the same write lock as
-// the add (nothing can be dispatched in between), holds. It reports whether
-// it added.
-func (ix *index) addIf(c *client, id, pattern string, cond func() bool, then func()) bool {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	if !cond() {
-		return false
-	}
-	ix.addLocked(c, id, pattern)
-	if then != nil {
-		then()
-	}
-	return true
-}
-
 // remove unregisters client c's subscription id on pattern; it reports
 // whether it was there.
-func (ix *index) remove(c *client, id, pattern string) bool {
+func (ix *index) remove(c *Client, id, pattern string) bool {
 	return ix.removeThen(c, id, pattern, nil)
 }
 
 // removeThen is remove, then runs then (if not nil) before releasing the
 // index, like addThen.
-func (ix *index) removeThen(c *client, id, pattern string, then func()) bool {
+func (ix *index) removeThen(c *Client, id, pattern string, then func()) bool {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if then != nil {
@@ -158,7 +141,7 @@ func (ix *index) removeThen(c *client, id, pattern string, then func()) bool {
 	n.N--
 	ix.size--
 	if len(e.ids) > 0 {
-		v.deliveries[e.pos].setSubs(c.subsFor(e.ids))
+		v.deliveries[e.pos].setSubs(c.SubsFor(e.ids))
 		return true
 	}
 	delete(v.byClient, c)

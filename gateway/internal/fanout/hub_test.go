@@ -1,4 +1,4 @@
-package gateway
+package fanout
 
 import (
 	"testing"
@@ -10,10 +10,10 @@ import (
 // mailbox, whose pushed fields are its first 48 bytes
 // (fanout.TestMailboxLayout), is its first field.
 func TestClientLayout(t *testing.T) {
-	if got := unsafe.Sizeof(client{}); got != 128 {
+	if got := unsafe.Sizeof(Client{}); got != 128 {
 		t.Errorf("client is %d bytes, want 128: adjust its padding", got)
 	}
-	if unsafe.Offsetof(client{}.mb) != 0 {
+	if unsafe.Offsetof(Client{}.Mailbox) != 0 {
 		t.Error("client.mb must be the first field")
 	}
 }

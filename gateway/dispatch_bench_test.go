@@ -24,7 +24,7 @@ func BenchmarkDispatch(b *testing.B) {
 			h, evs, drain := dispatchBench(b, conns, "bench.*")
 			for range 3 { // warm the segment pool
 				for range drainEvery {
-					h.dispatch(evs, time.Time{})
+					h.Dispatch(evs, "", time.Time{})
 				}
 				drain()
 			}
@@ -36,7 +36,7 @@ func BenchmarkDispatch(b *testing.B) {
 					drain()
 					b.StartTimer()
 				}
-				h.dispatch(evs, time.Time{})
+				h.Dispatch(evs, "", time.Time{})
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*conns), "ns/delivery")
@@ -56,25 +56,25 @@ func BenchmarkDispatchUnderChurn(b *testing.B) {
 	for _, conns := range []int{10_000} {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
 			h, evs, drain := dispatchBench(b, conns, "bench.*", "bench.hot")
-			others := make([]*client, churners)
+			others := make([]*fanout.Client, churners)
 			for i := range others {
-				others[i] = newClient(4096, 4<<20, func() { b.Fatal("overflow") })
+				others[i] = fanout.NewClient(4096, 4<<20, func() { b.Fatal("overflow") })
 			}
 			subscribed := make([]bool, churners)
 			churn := func(i int) {
 				j := i % churners
 				p := fmt.Sprintf("churn.%d", j)
 				if subscribed[j] {
-					h.idx.remove(others[j], "c", p)
+					h.Unsubscribe(others[j], "c", p, nil)
 				} else {
-					h.idx.add(others[j], "c", p)
+					h.Subscribe(others[j], "c", p, nil)
 				}
 				subscribed[j] = !subscribed[j]
 			}
 			for i := range 3 { // warm the segment pool
 				for range drainEvery {
 					churn(i)
-					h.dispatch(evs, time.Time{})
+					h.Dispatch(evs, "", time.Time{})
 				}
 				drain()
 			}
@@ -87,7 +87,7 @@ func BenchmarkDispatchUnderChurn(b *testing.B) {
 				}
 				churn(i)
 				b.StartTimer()
-				h.dispatch(evs, time.Time{})
+				h.Dispatch(evs, "", time.Time{})
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*conns), "ns/delivery")
@@ -98,13 +98,13 @@ func BenchmarkDispatchUnderChurn(b *testing.B) {
 // dispatchBench is the set-up of the dispatch benchmarks: a hub with conns
 // clients, each subscribed to patterns (ids s1, s2, ...), one event on
 // bench.hot, and drain, which empties every client's mailbox.
-func dispatchBench(b *testing.B, conns int, patterns ...string) (h *hub, evs []*fanout.Event, drain func()) {
-	h = newHub(hubConfig{wakes: newFlushPool(runtime.GOMAXPROCS(0))})
-	clients := make([]*client, conns)
+func dispatchBench(b *testing.B, conns int, patterns ...string) (h *fanout.Hub, evs []*fanout.Event, drain func()) {
+	h = fanout.NewHub(fanout.HubConfig{Wakes: newFlushPool(runtime.GOMAXPROCS(0))})
+	clients := make([]*fanout.Client, conns)
 	for i := range clients {
-		clients[i] = newClient(4096, 4<<20, func() { b.Fatal("overflow") })
+		clients[i] = fanout.NewClient(4096, 4<<20, func() { b.Fatal("overflow") })
 		for j, p := range patterns {
-			h.idx.add(clients[i], fmt.Sprintf("s%d", j+1), p)
+			h.Subscribe(clients[i], fmt.Sprintf("s%d", j+1), p, nil)
 		}
 	}
 	ev, err := fanout.NewEvent("bench.hot", "", []byte(`{"seq":1}`))
@@ -113,7 +113,7 @@ func dispatchBench(b *testing.B, conns int, patterns ...string) (h *hub, evs []*
 	}
 	drain = func() {
 		for _, c := range clients {
-			bt := c.mb.Take()
+			bt := c.Mailbox.Take()
 			bt.Release()
 		}
 	}
@@ -141,19 +141,17 @@ func BenchmarkDispatchViews(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			ec := filter.NewCache(10_000, nil)
-			h := newHub(hubConfig{maxPace: time.Millisecond, wakes: newFlushPool(runtime.GOMAXPROCS(0))})
-			clients := make([]*client, tc.conns)
+			h := fanout.NewHub(fanout.HubConfig{MaxPace: time.Millisecond, Wakes: newFlushPool(runtime.GOMAXPROCS(0))})
+			clients := make([]*fanout.Client, tc.conns)
 			for i := range clients {
-				clients[i] = newClient(1<<20, 1<<30, func() { b.Fatal("overflow") })
+				clients[i] = fanout.NewClient(1<<20, 1<<30, func() { b.Fatal("overflow") })
 				ce, err := ec.Compile(tc.where(i))
 				if err != nil {
 					b.Fatal(err)
 				}
-				vs := &viewSub{c: clients[i], id: "v", pattern: "db.orders.*", f: filter.New(nil, ce, nil),
-					subs: fanout.EncodeSubsList([]string{"v"}), max: 1 << 20, held: map[string]struct{}{}, onEnd: func(string) {}}
-				h.idx.mu.Lock()
-				h.addViewLocked(vs)
-				h.idx.mu.Unlock()
+				vs := &fanout.View{Client: clients[i], ID: "v", Pattern: "db.orders.*", Filter: filter.New(nil, ce, nil),
+					Subs: fanout.EncodeSubsList([]string{"v"}), Max: 1 << 20, Held: map[string]struct{}{}, OnEnd: func(string) {}}
+				h.Locked(func(tx fanout.Tx) bool { tx.AddView(vs); return true })
 			}
 			const nev = 1024
 			evs := make([][]*fanout.Event, nev)
@@ -168,7 +166,7 @@ func BenchmarkDispatchViews(b *testing.B) {
 			}
 			drain := func() {
 				for _, c := range clients {
-					bt := c.mb.Take()
+					bt := c.Mailbox.Take()
 					bt.Release()
 				}
 			}
@@ -184,7 +182,7 @@ func BenchmarkDispatchViews(b *testing.B) {
 					}
 					b.StartTimer()
 				}
-				h.dispatch(evs[k], time.Time{})
+				h.Dispatch(evs[k], "", time.Time{})
 			}
 		})
 	}

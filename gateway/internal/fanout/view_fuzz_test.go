@@ -1,4 +1,4 @@
-package gateway
+package fanout
 
 import (
 	"encoding/json"
@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 
 	"github.com/fanwire/fanwire/subject"
@@ -200,8 +199,8 @@ func refEq(a, b any) tri {
 }
 
 type refSub struct {
-	vs     *viewSub
-	replay *viewSub // the same subscription served outside the index (a resume, a snapshot, a feed: offer)
+	vs     *View
+	replay *View // the same subscription served outside the index (a resume, a snapshot, a feed: offer)
 	rgot   []string
 	grant  *refExpr
 	where  *refExpr
@@ -240,15 +239,15 @@ func FuzzViewDispatch(f *testing.F) {
 func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 	r := rand.New(rand.NewPCG(seed, seed*7919))
 	ec := filter.NewCache(10_000, nil)
-	h := newHub(hubConfig{maxPace: time.Millisecond})
+	h := NewHub(HubConfig{MaxPace: time.Millisecond})
 	var subs []*refSub
 	var exprs []refExpr
 	for range 6 {
 		exprs = append(exprs, randExpr(r, 3))
 	}
-	clients := []*client{}
+	clients := []*Client{}
 	for range 4 {
-		clients = append(clients, newClient(1<<20, 1<<30, func() { t.Fatal("overflow") }))
+		clients = append(clients, NewClient(1<<20, 1<<30, func() { t.Fatal("overflow") }))
 	}
 	patterns := []string{"db.t.*", "db.>", "db.t.1"}
 	for i := range nsubs {
@@ -281,17 +280,17 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 		}
 		c := clients[r.IntN(len(clients))]
 		id := "s" + strconv.Itoa(i)
-		rs.vs = &viewSub{c: c, id: id, pattern: patterns[r.IntN(len(patterns))], f: filter.New(g, w, rs.claims),
-			subs: fanout.EncodeSubsList([]string{id}), max: 1 << 20, held: map[string]struct{}{}, onEnd: func(code string) { t.Fatal(code) }}
+		rs.vs = &View{Client: c, ID: id, Pattern: patterns[r.IntN(len(patterns))], Filter: filter.New(g, w, rs.claims),
+			Subs: EncodeSubsList([]string{id}), Max: 1 << 20, Held: map[string]struct{}{}, OnEnd: func(code string) { t.Fatal(code) }}
 		h.idx.mu.Lock()
 		h.addViewLocked(rs.vs)
 		h.idx.mu.Unlock()
-		rs.replay = &viewSub{c: c, id: id, pattern: rs.vs.pattern, f: rs.vs.f, subs: rs.vs.subs, max: 1 << 20, held: map[string]struct{}{}}
+		rs.replay = &View{Client: c, ID: id, Pattern: rs.vs.Pattern, Filter: rs.vs.Filter, Subs: rs.vs.Subs, Max: 1 << 20, Held: map[string]struct{}{}}
 		subs = append(subs, rs)
 	}
-	var batch []*fanout.Event
+	var batch []*Event
 	flush := func() {
-		h.dispatch(batch, time.Time{})
+		h.Dispatch(batch, "", time.Time{})
 		batch = batch[:0]
 	}
 	for n := range nevents {
@@ -310,7 +309,7 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 			}
 		}
 		data, _ := json.Marshal(map[string]any{"op": op, "key": key, "doc": doc, "seq": n})
-		ev, err := fanout.NewEvent(subj, "c"+strconv.Itoa(n), data)
+		ev, err := NewEvent(subj, "c"+strconv.Itoa(n), data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,10 +318,10 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 			flush()
 		}
 		for _, rs := range subs {
-			if !subject.MatchEvent(rs.vs.pattern, subj) {
+			if !subject.MatchEvent(rs.vs.Pattern, subj) {
 				continue
 			}
-			switch deliver, leave, _, _ := rs.replay.offer(subj, ev.Parsed()); {
+			switch deliver, leave, _, _ := rs.replay.Offer(subj, ev.Parsed()); {
 			case deliver:
 				rs.rgot = append(rs.rgot, fmt.Sprintf("event %s %d", subj, n))
 			case leave:
@@ -344,10 +343,10 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 	flush()
 	byID := map[string]*refSub{}
 	for _, rs := range subs {
-		byID[rs.vs.id] = rs
+		byID[rs.vs.ID] = rs
 	}
 	for _, c := range clients {
-		bt := c.mb.Take()
+		bt := c.Mailbox.Take()
 		for s := bt.First(); s != nil; s = bt.Next(s) {
 			for _, it := range bt.Used(s) {
 				var ids []string
@@ -355,7 +354,7 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 					t.Fatalf("subs %s", it.Subs.B)
 				}
 				kind := "event"
-				if it.Ev.Kind() == fanout.KindLeave {
+				if it.Ev.Kind() == KindLeave {
 					kind = "leave"
 				}
 				n, _ := strconv.Atoi(strings.TrimPrefix(it.Ev.Cursor, "c"))
@@ -373,18 +372,18 @@ func runViewFuzz(t *testing.T, seed uint64, nsubs, nevents int) {
 			if rs.where != nil {
 				w = rs.where.text
 			}
-			t.Fatalf("seed %d, %s on %s, grant %q, where %q, claims %v:\n got  %v\n want %v", seed, rs.vs.id, rs.vs.pattern, g, w, rs.claims, rs.got, rs.want)
+			t.Fatalf("seed %d, %s on %s, grant %q, where %q, claims %v:\n got  %v\n want %v", seed, rs.vs.ID, rs.vs.Pattern, g, w, rs.claims, rs.got, rs.want)
 		}
 		if !slices.Equal(rs.rgot, rs.want) {
-			t.Fatalf("seed %d, %s served outside the index:\n got  %v\n want %v", seed, rs.vs.id, rs.rgot, rs.want)
+			t.Fatalf("seed %d, %s served outside the index:\n got  %v\n want %v", seed, rs.vs.ID, rs.rgot, rs.want)
 		}
 		held := make([]string, 0, len(rs.held))
 		for s := range rs.held {
 			held = append(held, s)
 		}
 		slices.Sort(held)
-		if got := rs.vs.keys(); !slices.Equal(got, held) {
-			t.Fatalf("seed %d, %s holds %v, want %v", seed, rs.vs.id, got, held)
+		if got := rs.vs.Keys(); !slices.Equal(got, held) {
+			t.Fatalf("seed %d, %s holds %v, want %v", seed, rs.vs.ID, got, held)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package gateway
+package fanout
 
 import (
 	"fmt"
@@ -9,16 +9,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/subject"
 )
 
-func testClient() *client {
-	return newClient(1<<20, 1<<30, func() { panic("unexpected overflow") })
+func testClient() *Client {
+	return NewClient(1<<20, 1<<30, func() { panic("unexpected overflow") })
 }
 
 // matchResult is a match as a map from client to its encoded subs list.
-type matchResult map[*client]string
+type matchResult map[*Client]string
 
 func matchNow(t testing.TB, ix *index, m *matcher, subject string) matchResult {
 	t.Helper()
@@ -44,7 +43,7 @@ func checkMatch(t testing.TB, ix *index, m *matcher, subject string, want matchR
 	}
 }
 
-var clientNames = map[*client]string{}
+var clientNames = map[*Client]string{}
 
 func describe(r matchResult) string {
 	var parts []string
@@ -104,7 +103,7 @@ func TestIndexRemove(t *testing.T) {
 	c1, c2 := testClient(), testClient()
 	subjects := []string{"a", "b", "a.b", "a.c", "b.b", "a.b.c", "a.b.c.d"}
 	subs := []struct {
-		c           *client
+		c           *Client
 		id, pattern string
 	}{
 		{c1, "s1", "a.b"},
@@ -132,7 +131,7 @@ func TestIndexRemove(t *testing.T) {
 
 	// Removing what is not there changes nothing.
 	for _, bad := range []struct {
-		c           *client
+		c           *Client
 		id, pattern string
 	}{
 		{c1, "nope", "a.b"},     // unknown id
@@ -183,7 +182,7 @@ func TestIndexRemove(t *testing.T) {
 // delivery list has several, exercising the swap with the last entry.
 func TestIndexRemoveKeepsOtherClients(t *testing.T) {
 	ix, m := newIndex(), &matcher{}
-	cs := []*client{testClient(), testClient(), testClient(), testClient()}
+	cs := []*Client{testClient(), testClient(), testClient(), testClient()}
 	for i, c := range cs {
 		ix.add(c, fmt.Sprint("s", i), "a.b")
 		ix.add(c, fmt.Sprint("t", i), "a.b")
@@ -199,10 +198,10 @@ func TestIndexRemoveKeepsOtherClients(t *testing.T) {
 }
 
 // takeAll empties c's mailbox as its writer would and returns the items.
-func takeAll(c *client) []fanout.Item {
-	b := c.mb.Take()
+func takeAll(c *Client) []Item {
+	b := c.Mailbox.Take()
 	defer b.Release()
-	var out []fanout.Item
+	var out []Item
 	for s := b.First(); s != nil; s = b.Next(s) {
 		out = append(out, b.Used(s)...)
 	}
@@ -215,7 +214,7 @@ func equalSnaps(a, b map[string]matchResult) bool {
 
 func TestIndexManyClients(t *testing.T) {
 	ix, m := newIndex(), &matcher{}
-	cs := make([]*client, 1000)
+	cs := make([]*Client, 1000)
 	for i := range cs {
 		cs[i] = testClient()
 		ix.add(cs[i], "s", "orders.*")
@@ -330,13 +329,13 @@ func TestIndexAgainstBruteForce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	patterns := []string{"a", "b", "*", ">", "a.b", "a.*", "*.b", "*.*", "a.>", "*.>", "a.b.c", "a.*.c", "*.b.>", "a.b.>"}
 	subjects := []string{"a", "b", "c", "a.b", "a.c", "b.b", "a.b.c", "a.x.c", "b.b.b", "a.b.c.d"}
-	cs := make([]*client, 5)
+	cs := make([]*Client, 5)
 	for i := range cs {
 		cs[i] = testClient()
 		clientNames[cs[i]] = fmt.Sprint("c", i)
 	}
 	type sub struct {
-		c  *client
+		c  *Client
 		id string
 	}
 	model := map[sub]string{} // → pattern
@@ -357,7 +356,7 @@ func TestIndexAgainstBruteForce(t *testing.T) {
 			t.Fatalf("step %d: len %d, model %d", step, ix.len(), len(model))
 		}
 		for _, subj := range subjects {
-			ids := map[*client][]string{}
+			ids := map[*Client][]string{}
 			for s, p := range model {
 				if subject.Match(p, subj) {
 					ids[s.c] = append(ids[s.c], s.id)
@@ -366,7 +365,7 @@ func TestIndexAgainstBruteForce(t *testing.T) {
 			want := matchResult{}
 			for c, l := range ids {
 				slices.Sort(l)
-				want[c] = string(fanout.EncodeSubsList(l).B)
+				want[c] = string(EncodeSubsList(l).B)
 			}
 			if got := matchNow(t, ix, m, subj); !maps.Equal(got, want) {
 				t.Fatalf("step %d: match(%q) = %s, want %s", step, subj, describe(got), describe(want))
@@ -426,10 +425,10 @@ func TestIndexMatchAllocs(t *testing.T) {
 // onOverflow exactly once for a client whose mailbox is full while the other
 // clients still get every event.
 func TestHubDispatch(t *testing.T) {
-	h := newHub(hubConfig{})
+	h := NewHub(HubConfig{})
 	overflows := 0
-	full := newClient(1, 1<<20, func() { overflows++ })
-	if _, err := full.mb.PushControl(fanout.Item{Ev: fanout.NewControl(pongMessage)}); err != nil {
+	full := NewClient(1, 1<<20, func() { overflows++ })
+	if _, err := full.Mailbox.PushControl(Item{Ev: NewControl([]byte(`{"type":"pong"}`))}); err != nil {
 		t.Fatal(err)
 	}
 	c1, c2, idle := testClient(), testClient(), testClient()
@@ -440,21 +439,21 @@ func TestHubDispatch(t *testing.T) {
 	h.idx.add(full, "f", "orders.>")
 	h.idx.add(idle, "i", "payments.*")
 
-	var evs []*fanout.Event
+	var evs []*Event
 	for _, subj := range []string{"orders.42", "orders.7", "users.1", "orders.42.items", "orders.42"} {
-		ev, err := fanout.NewEvent(subj, "", []byte(`{}`))
+		ev, err := NewEvent(subj, "", []byte(`{}`))
 		if err != nil {
 			t.Fatal(err)
 		}
 		evs = append(evs, ev)
 	}
-	h.dispatch(evs[:2], time.Time{})
-	h.dispatch(evs[2:], time.Now())
+	h.Dispatch(evs[:2], "", time.Time{})
+	h.Dispatch(evs[2:], "", time.Now())
 
 	if overflows != 1 {
 		t.Errorf("onOverflow called %d times, want exactly 1", overflows)
 	}
-	if !full.overflowed.Load() {
+	if !full.Overflowed.Load() {
 		t.Error("full client not marked overflowed")
 	}
 	if got := takeAll(full); len(got) != 1 || got[0].Subs != nil {
@@ -462,7 +461,7 @@ func TestHubDispatch(t *testing.T) {
 	}
 
 	// What an independent matcher says each client should have received.
-	want := map[*client][]string{}
+	want := map[*Client][]string{}
 	var m matcher
 	for _, ev := range evs {
 		h.idx.mu.RLock()
@@ -476,7 +475,7 @@ func TestHubDispatch(t *testing.T) {
 	if len(want[c1]) != 3 || len(want[c2]) != 5 {
 		t.Fatalf("test setup: want %v", want)
 	}
-	for _, c := range []*client{c1, c2, idle} {
+	for _, c := range []*Client{c1, c2, idle} {
 		var got []string
 		for _, it := range takeAll(c) {
 			if it.Subs == nil {
@@ -492,17 +491,17 @@ func TestHubDispatch(t *testing.T) {
 			t.Errorf("%s received %q, want %q", clientNames[c], got, want[c])
 		}
 		wantWake := len(want[c]) > 0
-		if woken := len(c.wake) == 1; woken != wantWake {
+		if woken := len(c.Wake) == 1; woken != wantWake {
 			t.Errorf("%s woken %v, want %v", clientNames[c], woken, wantWake)
 		}
 	}
 
 	// Later dispatches to the overflowed client do not call onOverflow again.
-	h.dispatch(evs, time.Time{})
+	h.Dispatch(evs, "", time.Time{})
 	if overflows != 1 {
 		t.Errorf("onOverflow called %d times after another dispatch, want 1", overflows)
 	}
-	if n := c2.mb.Len(); n != len(evs) {
+	if n := c2.Mailbox.Len(); n != len(evs) {
 		t.Errorf("c2 got %d events in the third dispatch, want %d", n, len(evs))
 	}
 }

@@ -1,4 +1,4 @@
-package gateway
+package fanout
 
 import (
 	"sync"
@@ -8,10 +8,10 @@ import (
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 )
 
-// filterBudget is what one connection's filtered subscriptions may spend
-// and hold. They hold documents (fanout_view.go): held counts those filed in the
+// FilterBudget is what one connection's filtered subscriptions may spend
+// and hold. They hold documents (view.go): held counts those filed in the
 // view index, bounded by Config.MaxViewDocumentsPerConnection besides each
-// view's MaxSnapshot and the node's MaxViewDocuments (heldLimits). Their
+// view's MaxSnapshot and the node's MaxViewDocuments (HeldLimits). Their
 // filters spend CEL cost units as the filter package prices them: per event in the dispatcher
 // (Config.MaxFilterCostPerEvent), and over time wherever they are
 // evaluated (Config.FilterCostRate, in bursts of a second's worth). The
@@ -22,7 +22,7 @@ import (
 // limits: one operation over a big event can cost more than the limit it
 // is stopped at (an equality of two large lists compares them first), and
 // the connection pays that debt before its filters run again.
-type filterBudget struct {
+type FilterBudget struct {
 	// Owned by the dispatcher: what the connection's views spent on event
 	// seq.
 	seq, event uint64
@@ -35,9 +35,9 @@ type filterBudget struct {
 	held atomic.Int64 // documents the connection's views hold in the view index
 }
 
-// heldLimits bound the documents views hold: per connection and per node
-// (each view has its own, viewSub.max). Static (hubConfig), but node.
-type heldLimits struct {
+// HeldLimits bound the documents views hold: per connection and per node
+// (each view has its own, View.Max). Static (HubConfig), but node.
+type HeldLimits struct {
 	perConn, perNode int64
 	node             *atomic.Int64 // the node's count (hub.held)
 }
@@ -48,35 +48,36 @@ type heldLimits struct {
 // replay's: all of them; in the index: none). The node's bound is checked
 // as documents are added, so snapshots in flight may pass it by their own
 // sizes.
-func (l *heldLimits) full(vs *viewSub, unfiled int) string {
+func (l *HeldLimits) full(vs *View, unfiled int) string {
 	switch {
-	case len(vs.held) >= vs.max:
-		return fullView
+	case len(vs.Held) >= vs.Max:
+		return FullView
 	case l == nil:
 		return ""
-	case l.perConn > 0 && vs.budget != nil && vs.budget.held.Load()+int64(unfiled) >= l.perConn:
-		return fullConn
+	case l.perConn > 0 && vs.Budget != nil && vs.Budget.held.Load()+int64(unfiled) >= l.perConn:
+		return FullConn
 	case l.perNode > 0 && l.node.Load()+int64(unfiled) >= l.perNode:
-		return fullNode
+		return FullNode
 	}
 	return ""
 }
 
-// The bounds a view can pass (viewSub.full).
+// The bounds a view can pass (View.Full).
 const (
-	fullView = "view"
-	fullConn = "connection"
-	fullNode = "node"
-	fullScan = "scan" // a filtered snapshot's pattern covers more subjects than it may read (filteredSnapshotScan)
+	FullView = "view"
+	FullConn = "connection"
+	FullNode = "node"
+	FullScan = "scan" // a filtered snapshot's pattern covers more subjects than it may read (FilteredSnapshotScan)
 )
 
-func newFilterBudget(rate int) *filterBudget {
-	return &filterBudget{rate: float64(rate)}
+// NewFilterBudget is a budget of rate units per second (0: no bound).
+func NewFilterBudget(rate int) *FilterBudget {
+	return &FilterBudget{rate: float64(rate)}
 }
 
-// charge takes cost units at now, in debt if need be, and says how long
+// Charge takes cost units at now, in debt if need be, and says how long
 // until the debt is paid (0: none).
-func (fb *filterBudget) charge(now time.Time, cost uint64) time.Duration {
+func (fb *FilterBudget) Charge(now time.Time, cost uint64) time.Duration {
 	if fb == nil || fb.rate <= 0 {
 		return 0
 	}
@@ -86,7 +87,7 @@ func (fb *filterBudget) charge(now time.Time, cost uint64) time.Duration {
 	return fb.b.Wait(fb.rate)
 }
 
-// owed is how long until past spending is paid for (0: it is).
-func (fb *filterBudget) owed(now time.Time) time.Duration {
-	return fb.charge(now, 0)
+// Owed is how long until past spending is paid for (0: it is).
+func (fb *FilterBudget) Owed(now time.Time) time.Duration {
+	return fb.Charge(now, 0)
 }

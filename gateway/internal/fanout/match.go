@@ -1,4 +1,4 @@
-package gateway
+package fanout
 
 import (
 	"slices"
@@ -103,8 +103,8 @@ func (m *matcher) sweep(gen uint64) {
 // mergeDeliveries combines the per-node lists so that each client appears
 // once, listing every one of its subscriptions that matched.
 func mergeDeliveries(nodes []*node) []delivery {
-	ids := make(map[*client][]string)
-	var order []*client
+	ids := make(map[*Client][]string)
+	var order []*Client
 	for _, n := range nodes {
 		for c, e := range n.Val.byClient {
 			if _, seen := ids[c]; !seen {
@@ -118,7 +118,7 @@ func mergeDeliveries(nodes []*node) []delivery {
 		l := ids[c]
 		slices.Sort(l)
 		d := delivery{c: c}
-		d.setSubs(c.subsFor(l))
+		d.setSubs(c.SubsFor(l))
 		out = append(out, d)
 	}
 	return out

@@ -1,4 +1,4 @@
-package gateway
+package fanout
 
 import (
 	"testing"
@@ -7,8 +7,8 @@ import (
 // TestIndexSkipsSystemSubjects: the hub's index gives a system subject
 // only to the patterns that write its first token out.
 func TestIndexSkipsSystemSubjects(t *testing.T) {
-	h := newHub(hubConfig{})
-	c := newClient(16, 1<<20, func() {})
+	h := NewHub(HubConfig{})
+	c := NewClient(16, 1<<20, func() {})
 	for id, p := range map[string]string{"all": ">", "two": "*.>", "star": "*.API.INFO", "js": "$JS.>", "exact": "$JS.API.INFO"} {
 		h.idx.add(c, id, p)
 	}

@@ -1,4 +1,4 @@
-package gateway
+package fanout
 
 import (
 	"errors"
@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 	"github.com/fanwire/fanwire/gateway/internal/trie"
 	"github.com/fanwire/fanwire/jsonstr"
@@ -14,94 +13,81 @@ import (
 	"github.com/fanwire/fanwire/subject"
 )
 
-// Views: subscriptions with a filter (a where, or a grant's row filter).
+// View is a subscription with a filter (a where, or a grant's row
+// filter): a view of the documents under its pattern, keyed by subject.
+// It gets the events its filter accepts, and a leave for a subject it
+// holds (it was sent a version that passed) when a later event on that
+// subject does not pass, or deletes it. Held is those subjects; the hub
+// keeps the reverse map (holders) that the dispatcher looks an event's
+// subject up in. Views live in a trie of their own beside the index's
+// (same lock); per trie node, a filter with an equality of a doc field to
+// a constant is filed under that constant (eqIndex), the others are
+// scanned (docs/architecture.md, "Live views").
 //
-// A filtered subscription is a view of the documents under its pattern,
-// keyed by subject (the ingest publishes one subject per row): it gets the
-// events its filter accepts, and a leave for a subject it holds (it was
-// sent a version that passed) when a later event on that subject does not
-// pass, or deletes it. To know which subjects it holds, the node tracks
-// them (viewSub.held, and hub.holders, the reverse map the dispatcher
-// looks an event's subject up in): tracking was chosen over old images
-// published by the ingest because it needs nothing from the publisher
-// (client publishes, projections whose previous document the ingest does
-// not keep, tables without REPLICA IDENTITY FULL all work) and sends a
-// leave only to a client that holds the document, never telling a client
-// that a row it may not see changed. The cost is memory: about 180 bytes
-// per document per filtered subscription (docs/benchmarks.md measures
-// it), bounded by Config.MaxSnapshot documents per subscription; a view
-// that outgrows it ends with view_too_large.
-//
-// Filtered subscriptions live in their own trie beside the index's (same
-// lock), so that a node without them dispatches exactly as before. Per
-// trie node, a filter with an equality of a doc field to a constant is
-// filed under that constant (eqIndex); others are scanned.
-
-// viewSub is one filtered subscription in the view index. The fields the
+// Until it is filed (Tx.AddView), a View is its subscription's goroutine's
+// (a snapshot, a replay: Offer); after, the dispatcher's. The fields the
 // dispatcher reads for every candidate view come first, in one cache line:
 // with 1,000 scanned views an event touches 1,000 of them.
-type viewSub struct {
-	f      *filter.Filter // nil only while an unfiltered "latest" snapshot is tracked (resume.go)
-	budget *filterBudget  // static: its connection's (conn.filters), so that evaluating a view touches no client
+type View struct {
+	Filter *filter.Filter // nil only while an unfiltered "latest" snapshot is tracked (the gateway's resume)
+	Budget *FilterBudget  // static: its connection's, so that evaluating a view touches no client
 
 	// Dispatcher-owned.
 	matched uint64 // seq of the last event delivered to it
 	ended   bool   // over a bound: delivers nothing more
 
-	held map[string]struct{} // subjects in the view; the task's, then (in the index) the dispatcher's
-	c    *client
-	subs *fanout.SubsList // [id]
-	max  int              // most documents held (Config.MaxSnapshot)
-	lim  *heldLimits
+	Held   map[string]struct{} // subjects in the view; the task's, then (in the index) the dispatcher's
+	Client *Client
+	Subs   *SubsList // [id]
+	Max    int       // most documents held (Config.MaxSnapshot)
+	Lim    *HeldLimits
 
-	id      string
-	pattern string
-	full    string // the bound it passed (fullView, fullConn, fullNode, fullScan); set by whoever found it
+	ID      string
+	Pattern string
+	Full    string // the bound it passed (FullView, FullConn, FullNode, FullScan); set by whoever found it
 	endCode string // dispatcher: which bound ended it (view_too_large, filter_too_costly)
-	// onEnd ends the subscription with an error code (view_too_large,
+	// OnEnd ends the subscription with an error code (view_too_large,
 	// filter_too_costly); called once, by the dispatcher outside the index
 	// lock.
-	onEnd func(code string)
+	OnEnd func(code string)
 }
 
-// offer applies one event to a view outside the index (a snapshot, a
+// Offer applies one event to a view outside the index (a snapshot, a
 // replay, a hand-over), as the dispatcher does in it: deliver reports
 // that the event goes to the client, leave that a leave does; tooLarge
-// that the view outgrew max; cost what its filter spent. p is the
-// event's parsed data (nil: not needed, the view is unfiltered and the
-// event not an ingest delete or truncate, which the caller checks with
-// needsParse).
-func (vs *viewSub) offer(subject string, p *filter.Parsed) (deliver, leave, tooLarge bool, cost uint64) {
+// that the view outgrew Max; cost what its filter spent. p is the
+// event's parsed data (Event.ParsedNoKeep).
+func (vs *View) Offer(subject string, p *filter.Parsed) (deliver, leave, tooLarge bool, cost uint64) {
 	ok := true
 	if p == nil || !p.Truncate {
-		ok, cost = vs.f.Accepts(subject, p)
+		ok, cost = vs.Filter.Accepts(subject, p)
 	}
-	deliver, leave, tooLarge = vs.apply(subject, p, ok)
+	deliver, leave, tooLarge = vs.Apply(subject, p, ok)
 	return deliver, leave, tooLarge, cost
 }
 
-// apply is offer with the filter's result known: ok, whether it accepts
+// Apply is Offer with the filter's result known: ok, whether it accepts
 // the event.
-func (vs *viewSub) apply(subject string, p *filter.Parsed, ok bool) (deliver, leave, tooLarge bool) {
-	_, holds := vs.held[subject]
+func (vs *View) Apply(subject string, p *filter.Parsed, ok bool) (deliver, leave, tooLarge bool) {
+	_, holds := vs.Held[subject]
 	switch {
 	case p != nil && p.Truncate:
 		vs.dropPrefix(subject)
 		return true, false, false
 	case ok:
 		if p != nil && p.Delete {
-			delete(vs.held, subject)
-			return holds || vs.f != nil, false, false
+			delete(vs.Held, subject)
+			return holds || vs.Filter != nil, false, false
 		}
 		if !holds {
-			if vs.full = vs.lim.full(vs, len(vs.held)); vs.full != "" {
+			if vs.Full = vs.Lim.full(vs, len(vs.Held)); vs.Full != "" {
 				return false, false, true
 			}
-			vs.held[subject] = struct{}{}
+			vs.Held[subject] = struct{}{}
 		}
 		return true, false, false
 	case holds:
-		delete(vs.held, subject)
+		delete(vs.Held, subject)
 		return false, true, false
 	}
 	return false, false, false
@@ -109,11 +95,11 @@ func (vs *viewSub) apply(subject string, p *filter.Parsed, ok bool) (deliver, le
 
 // dropPrefix forgets the held subjects under a truncate's prefix
 // (db.orders.%truncate: every db.orders.<key>).
-func (vs *viewSub) dropPrefix(truncSubject string) {
+func (vs *View) dropPrefix(truncSubject string) {
 	prefix := truncSubject[:len(truncSubject)-len(filter.TruncateToken)]
-	for s := range vs.held {
+	for s := range vs.Held {
 		if strings.HasPrefix(s, prefix) && !strings.Contains(s[len(prefix):], ".") {
-			delete(vs.held, s)
+			delete(vs.Held, s)
 		}
 	}
 }
@@ -124,31 +110,31 @@ type vnode = trie.Node[viewNode]
 // viewNode is what a view index node holds: the filtered subscriptions
 // whose pattern ends there.
 type viewNode struct {
-	scan []*viewSub          // filters without an index term
+	scan []*View             // filters without an index term
 	eq   map[string]*eqIndex // by IndexTerm.PathKey
 }
 
 type eqIndex struct {
 	path []string
-	by   map[string][]*viewSub // by indexTerm.key
+	by   map[string][]*View // by indexTerm.key
 }
 
 // addViewLocked files vs in the view index and its held subjects in
 // holders; ix.mu is held for writing.
-func (h *hub) addViewLocked(vs *viewSub) {
+func (h *Hub) addViewLocked(vs *View) {
 	ix := h.idx
 	if ix.vroot == nil {
 		ix.vroot = &vnode{}
 	}
-	n := ix.vroot.Walk(vs.pattern)
+	n := ix.vroot.Walk(vs.Pattern)
 	v := &n.Val
-	if t := vs.f.Index; t != nil {
+	if t := vs.Filter.Index; t != nil {
 		if v.eq == nil {
 			v.eq = make(map[string]*eqIndex)
 		}
 		e := v.eq[t.PathKey]
 		if e == nil {
-			e = &eqIndex{path: t.Path, by: make(map[string][]*viewSub)}
+			e = &eqIndex{path: t.Path, by: make(map[string][]*View)}
 			v.eq[t.PathKey] = e
 		}
 		e.by[t.Key] = append(e.by[t.Key], vs)
@@ -158,27 +144,27 @@ func (h *hub) addViewLocked(vs *viewSub) {
 	n.N++
 	ix.vsize++
 	if h.holders == nil {
-		h.holders = make(map[string][]*viewSub)
+		h.holders = make(map[string][]*View)
 	}
-	for s := range vs.held {
+	for s := range vs.Held {
 		h.holders[s] = append(h.holders[s], vs)
 	}
 	h.views.Add(1)
-	h.heldAdd(vs, int64(len(vs.held)))
+	h.heldAdd(vs, int64(len(vs.Held)))
 }
 
 // heldAdd counts n documents more (or fewer) held by vs, on the node and
 // on its connection.
-func (h *hub) heldAdd(vs *viewSub, n int64) {
+func (h *Hub) heldAdd(vs *View, n int64) {
 	h.held.Add(n)
-	if fb := vs.budget; fb != nil {
+	if fb := vs.Budget; fb != nil {
 		fb.held.Add(n)
 	}
 }
 
 // removeView takes vs out of the view index; it reports whether it was
 // there.
-func (h *hub) removeView(vs *viewSub, then func()) bool {
+func (h *Hub) RemoveView(vs *View, then func()) bool {
 	ix := h.idx
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -188,13 +174,13 @@ func (h *hub) removeView(vs *viewSub, then func()) bool {
 	if ix.vroot == nil {
 		return false
 	}
-	n := ix.vroot.Find(vs.pattern)
+	n := ix.vroot.Find(vs.Pattern)
 	if n == nil {
 		return false
 	}
 	v := &n.Val
 	found := false
-	if t := vs.f.Index; t != nil {
+	if t := vs.Filter.Index; t != nil {
 		if e := v.eq[t.PathKey]; e != nil {
 			l := e.by[t.Key]
 			if i := indexOf(l, vs); i >= 0 {
@@ -221,11 +207,11 @@ func (h *hub) removeView(vs *viewSub, then func()) bool {
 	if !found {
 		return false
 	}
-	for s := range vs.held {
+	for s := range vs.Held {
 		h.dropHolder(s, vs)
 	}
-	h.heldAdd(vs, -int64(len(vs.held)))
-	vs.held = nil
+	h.heldAdd(vs, -int64(len(vs.Held)))
+	vs.Held = nil
 	n.N--
 	ix.vsize--
 	n.Prune()
@@ -233,7 +219,7 @@ func (h *hub) removeView(vs *viewSub, then func()) bool {
 	return true
 }
 
-func indexOf(l []*viewSub, vs *viewSub) int {
+func indexOf(l []*View, vs *View) int {
 	for i, x := range l {
 		if x == vs {
 			return i
@@ -242,7 +228,7 @@ func indexOf(l []*viewSub, vs *viewSub) int {
 	return -1
 }
 
-func (h *hub) dropHolder(subject string, vs *viewSub) {
+func (h *Hub) dropHolder(subject string, vs *View) {
 	l := h.holders[subject]
 	if i := indexOf(l, vs); i >= 0 {
 		l[i] = l[len(l)-1]
@@ -260,7 +246,7 @@ func (h *hub) dropHolder(subject string, vs *viewSub) {
 // filter accepts it get it (each distinct filter evaluated once), those
 // that held its subject and no longer do get a leave. The caller holds
 // the index for reading and has checked that views exist.
-func (h *hub) dispatchView(ev *fanout.Event, st *dispatchStats) {
+func (h *Hub) dispatchView(ev *Event, st *dispatchStats) {
 	h.vseq++
 	seq := h.vseq
 	literal := subject.IsSystem(ev.Subject)
@@ -306,14 +292,14 @@ func (h *hub) dispatchView(ev *fanout.Event, st *dispatchStats) {
 	// Leaves: holders that did not take this version; newly held
 	// subscriptions (viewOffer appended them) are kept.
 	holders = h.holders[ev.Subject]
-	var leave *fanout.Event
+	var leave *Event
 	for i := 0; i < len(holders); {
 		vs := holders[i]
 		if vs.matched == seq && !p.Delete {
 			i++
 			continue
 		}
-		delete(vs.held, ev.Subject)
+		delete(vs.Held, ev.Subject)
 		h.heldAdd(vs, -1)
 		last := len(holders) - 1
 		holders[i] = holders[last]
@@ -323,7 +309,7 @@ func (h *hub) dispatchView(ev *fanout.Event, st *dispatchStats) {
 			continue // a delete it was sent: nothing to leave
 		}
 		if leave == nil {
-			leave = fanout.NewLeave(ev)
+			leave = NewLeave(ev)
 		}
 		h.pushView(vs, leave, st)
 	}
@@ -337,25 +323,25 @@ func (h *hub) dispatchView(ev *fanout.Event, st *dispatchStats) {
 // viewOffer delivers ev to vs if its filter accepts it, and files the
 // subject as held. A filter is evaluated once per event, by the first view
 // that holds it (the others read its result); the evaluation is charged to
-// that view's connection (filterBudget), whose filters together may spend
-// hub.maxConnCost for one event and Config.FilterCostRate over time: the
+// that view's connection (FilterBudget), whose filters together may spend
+// HubConfig.MaxConnCost for one event and Config.FilterCostRate over time: the
 // view whose evaluation passes either gets this event's result, then ends
 // (filter_too_costly), as does each later one of that connection that
 // would evaluate a filter while it is past them. So no connection holds
 // up the dispatcher for much more than maxConnCost per event, however
 // many filters it holds.
-func (h *hub) viewOffer(vs *viewSub, ev *fanout.Event, p *filter.Parsed, seq uint64, st *dispatchStats) {
+func (h *Hub) viewOffer(vs *View, ev *Event, p *filter.Parsed, seq uint64, st *dispatchStats) {
 	if vs.ended || vs.matched == seq {
 		return
 	}
 	over := false
-	if f := vs.f; f.Seq != seq {
-		fb := vs.budget
+	if f := vs.Filter; f.Seq != seq {
+		fb := vs.Budget
 		if fb != nil {
 			if fb.seq != seq {
 				fb.seq, fb.event = seq, 0
 			}
-			if h.maxConnCost > 0 && fb.event > h.maxConnCost || fb.owed(h.now) > 0 {
+			if h.maxConnCost > 0 && fb.event > h.maxConnCost || fb.Owed(h.now) > 0 {
 				h.endView(vs, CodeFilterTooCostly)
 				return
 			}
@@ -371,19 +357,19 @@ func (h *hub) viewOffer(vs *viewSub, ev *fanout.Event, p *filter.Parsed, seq uin
 		}
 		if fb != nil {
 			fb.event += cost
-			owed := fb.charge(h.now, cost) // always: a short-circuit here once let a connection spend without paying
+			owed := fb.Charge(h.now, cost) // always: a short-circuit here once let a connection spend without paying
 			over = h.maxConnCost > 0 && fb.event > h.maxConnCost || owed > 0
 		}
 	}
-	if vs.f.OK {
+	if vs.Filter.OK {
 		vs.matched = seq
 		if !p.Delete {
-			if _, ok := vs.held[ev.Subject]; !ok {
-				if vs.full = vs.lim.full(vs, 0); vs.full != "" {
+			if _, ok := vs.Held[ev.Subject]; !ok {
+				if vs.Full = vs.Lim.full(vs, 0); vs.Full != "" {
 					h.endView(vs, CodeViewTooLarge)
 					return
 				}
-				vs.held[ev.Subject] = struct{}{}
+				vs.Held[ev.Subject] = struct{}{}
 				h.heldAdd(vs, 1)
 				h.holders[ev.Subject] = append(h.holders[ev.Subject], vs)
 			}
@@ -397,7 +383,7 @@ func (h *hub) viewOffer(vs *viewSub, ev *fanout.Event, p *filter.Parsed, seq uin
 
 // endView marks vs ended for code: it gets nothing more, and its
 // connection ends the subscription after the batch, outside the index lock.
-func (h *hub) endView(vs *viewSub, code string) {
+func (h *Hub) endView(vs *View, code string) {
 	vs.ended = true
 	vs.endCode = code
 	h.ending = append(h.ending, vs)
@@ -405,14 +391,14 @@ func (h *hub) endView(vs *viewSub, code string) {
 
 // viewTruncate sends a truncate to vs (it carries no row) and forgets the
 // documents under its prefix.
-func (h *hub) viewTruncate(vs *viewSub, ev *fanout.Event, st *dispatchStats) {
+func (h *Hub) viewTruncate(vs *View, ev *Event, st *dispatchStats) {
 	if vs.ended {
 		return
 	}
 	prefix := ev.Subject[:len(ev.Subject)-len(filter.TruncateToken)]
-	for s := range vs.held {
+	for s := range vs.Held {
 		if strings.HasPrefix(s, prefix) && !strings.Contains(s[len(prefix):], ".") {
-			delete(vs.held, s)
+			delete(vs.Held, s)
 			h.heldAdd(vs, -1)
 			h.dropHolder(s, vs)
 		}
@@ -421,38 +407,38 @@ func (h *hub) viewTruncate(vs *viewSub, ev *fanout.Event, st *dispatchStats) {
 }
 
 // pushView queues ev for vs, through the hub's one delivery path.
-func (h *hub) pushView(vs *viewSub, ev *fanout.Event, st *dispatchStats) {
-	it := fanout.Item{Ev: ev, Subs: vs.subs}
-	h.push(vs.c, it, it.Size(), st)
+func (h *Hub) pushView(vs *View, ev *Event, st *dispatchStats) {
+	it := Item{Ev: ev, Subs: vs.Subs}
+	h.push(vs.Client, it, it.Size(), st)
 }
 
 // viewCount is the number of filtered subscriptions in the index.
 type viewCount = atomic.Int64
 
-// filteredSnapshotScan bounds the subjects a filtered view's snapshot
+// FilteredSnapshotScan bounds the subjects a filtered view's snapshot
 // reads, in multiples of Config.MaxSnapshot: a where that passes one row
 // in ten of a big table still snapshots (1,000,000 subjects by default),
 // and no where makes the broker read a pattern of any size.
-const filteredSnapshotScan = 10
+const FilteredSnapshotScan = 10
 
-// errViewTooLarge ends a snapshot or a view past Config.MaxSnapshot
-// documents (view_too_large; failSubscribe words it).
-var errViewTooLarge = errors.New("the view passed --max-snapshot documents")
+// ErrViewTooLarge ends a snapshot or a view past Config.MaxSnapshot
+// documents (view_too_large).
+var ErrViewTooLarge = errors.New("the view passed --max-snapshot documents")
 
-// keysBytes is what vs's keys take in a synced: each subject's JSON and
+// KeysBytes is what vs's Keys take in a synced: each subject's JSON and
 // a comma.
-func (vs *viewSub) keysBytes() int {
+func (vs *View) KeysBytes() int {
 	n := 0
-	for s := range vs.held {
+	for s := range vs.Held {
 		n += jsonstr.Len(s) + 1
 	}
 	return n
 }
 
-// keys are the subjects vs holds, sorted (a filtered view's synced).
-func (vs *viewSub) keys() []string {
-	out := make([]string, 0, len(vs.held))
-	for s := range vs.held {
+// Keys are the subjects vs holds, sorted (a filtered view's synced).
+func (vs *View) Keys() []string {
+	out := make([]string, 0, len(vs.Held))
+	for s := range vs.Held {
 		out = append(out, s)
 	}
 	slices.Sort(out)
