@@ -14,6 +14,7 @@ import (
 
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
+	"github.com/fanwire/fanwire/gateway/internal/netconn"
 
 	"github.com/coder/websocket"
 	"go.uber.org/zap"
@@ -34,12 +35,12 @@ type conn struct {
 	cl  *fanout.Client  // static
 	ctx context.Context // static: cancelled when the server stops hard
 
-	gql    *gqlConn      // static: nil for the native protocol
-	req    *http.Request // static: the upgrade request (authentication)
-	grants *Grants       // what the connection may subscribe to (nil: everything); set before reading (GraphQL: by connection_init)
-	fw     *frameWriter  // static: the socket's writer (GraphQL frames its messages into it in batches)
-	remote string        // static: the client's address, as logs show it (trusted-proxy aware)
-	since  time.Time     // static: when the connection was accepted
+	gql    *gqlConn             // static: nil for the native protocol
+	req    *http.Request        // static: the upgrade request (authentication)
+	grants *Grants              // what the connection may subscribe to (nil: everything); set before reading (GraphQL: by connection_init)
+	fw     *netconn.FrameWriter // static: the socket's writer (GraphQL frames its messages into it in batches)
+	remote string               // static: the client's address, as logs show it (trusted-proxy aware)
+	since  time.Time            // static: when the connection was accepted
 
 	// sub is the token's sub ("" without a token), stored whenever grants
 	// are set: the inspector (admin.go) reads it from another goroutine.
@@ -215,7 +216,7 @@ func (c *conn) tryPark() bool {
 	}
 	c.park.gate.Lock()
 	defer c.park.gate.Unlock()
-	if c.park.closing || c.closeCode.Load() != 0 || c.park.br.Buffered() != 0 || c.park.prefix != nil && !c.park.prefix.reached.Load() {
+	if c.park.closing || c.closeCode.Load() != 0 || c.park.br.Buffered() != 0 || c.park.prefix != nil && !c.park.prefix.Reached.Load() {
 		return false
 	}
 	return c.s.idle.park(c)

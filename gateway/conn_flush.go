@@ -90,12 +90,12 @@ func (c *conn) flushNB() flushResult {
 	default:
 	}
 	fw := c.fw
-	if !fw.tryBeginBatch() {
+	if !fw.TryBeginBatch() {
 		return flushHandOff
 	}
 	b := c.cl.Mailbox.Take()
 	if b.Len() == 0 {
-		_, _ = fw.endBatchNB()
+		_, _ = fw.EndBatchNB()
 		return flushDone
 	}
 	pending, err := c.frameBatchNB(&b)
@@ -118,7 +118,7 @@ func (c *conn) flushNB() flushResult {
 // '\n'-separated in frames of at most MaxFrameBytes (a single larger item
 // gets a frame of its own), as writeBatch does through the library,
 // writing without waiting whenever the next frame would not fit in the
-// buffer. It ends the batch (endBatchNB) and reports whether bytes are
+// buffer. It ends the batch (EndBatchNB) and reports whether bytes are
 // pending.
 func (c *conn) frameBatchNB(bt *fanout.Batch) (pending bool, err error) {
 	fw := c.fw
@@ -148,14 +148,14 @@ func (c *conn) frameBatchNB(bt *fanout.Batch) (pending bool, err error) {
 		if count == 0 {
 			break
 		}
-		if len(fw.out) > 0 && len(fw.out)+maxFrameHeader+n > cap(fw.out) {
+		if len(fw.Out) > 0 && len(fw.Out)+maxFrameHeader+n > cap(fw.Out) {
 			// Write what is there rather than grow the pooled buffer: a
 			// reallocation per batch of a burst doubled its CPU.
-			if err = fw.tryFlush(); err != nil {
+			if err = fw.TryFlush(); err != nil {
 				break
 			}
 		}
-		fw.appendHeader(n)
+		fw.AppendHeader(n)
 		for k := 0; k < count; {
 			items := bt.Used(s)
 			if i == len(items) {
@@ -163,15 +163,15 @@ func (c *conn) frameBatchNB(bt *fanout.Batch) (pending bool, err error) {
 				continue
 			}
 			if k > 0 {
-				fw.out = append(fw.out, '\n')
+				fw.Out = append(fw.Out, '\n')
 			}
-			fw.out = items[i].AppendTo(fw.out)
+			fw.Out = items[i].AppendTo(fw.Out)
 			i++
 			k++
 		}
 		frames, bytes = frames+1, bytes+n
 	}
-	pending, eerr := fw.endBatchNB()
+	pending, eerr := fw.EndBatchNB()
 	if err == nil {
 		err = eerr
 	}
@@ -190,7 +190,7 @@ const maxFrameHeader = 10
 // once nothing is queued. A close requested meanwhile is performed here.
 func (c *conn) catchUp() {
 	defer c.tasks.Done()
-	if err := c.fw.flushPending(); err != nil {
+	if err := c.fw.FlushPending(); err != nil {
 		c.writeErr.Store(true)
 		c.closeNow()
 		return

@@ -13,7 +13,7 @@ import (
 func TestFlusherDeliveryAllocs(t *testing.T) {
 	s := newTestServer(t)
 	ws, fw := rawWSPair(t)
-	if !fw.nonBlocking() {
+	if !fw.NonBlocking() {
 		t.Fatal("a plain TCP connection is not written without blocking")
 	}
 	c := &conn{s: s, ws: ws, fw: fw}

@@ -193,7 +193,7 @@ func (c *conn) writeFrame(b []byte) error {
 
 // ping sends a ping and waits for its pong; an unanswered ping cuts the
 // connection (the reader then ends and serve cleans up). The ping is
-// written between the library's frames (frameWriter.writePing) and its
+// written between the library's frames (netconn.FrameWriter.WritePing) and its
 // pong recognised by its payload, whichever way it is read: by the
 // library (OnPongReceived) or, while the reader is parked, by the woken
 // reader before it hands the socket back to the library (skimPongs).
@@ -225,10 +225,10 @@ func (c *conn) ping() bool {
 		close(expired)
 	})
 	defer t.Stop()
-	ok, err := c.fw.writePing(p)
+	ok, err := c.fw.WritePing(p)
 	for tries := 0; !ok && err == nil && tries < 100 && c.closeCode.Load() == 0; tries++ {
 		runtime.Gosched() // a library frame (a pong, a close) is partway through
-		ok, err = c.fw.writePing(p)
+		ok, err = c.fw.WritePing(p)
 	}
 	switch {
 	case err != nil:

@@ -12,7 +12,7 @@ import "sync"
 // rate and latency"). Instead, the dispatcher queues the connections it
 // woke on one ready queue and starts up to a few flushers once per batch.
 // Each flusher takes one connection at a time from the queue and writes its
-// frames without ever waiting (frameWriter.tryBeginBatch, tryFlush): a
+// frames without ever waiting (netconn.FrameWriter.TryBeginBatch, TryFlush): a
 // socket that would block hands the rest to a writer goroutine of the
 // connection's own (conn.catchUp), so one slow client never holds up the
 // others, and one goroutine still writes a socket at a time

@@ -19,6 +19,7 @@ import (
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
+	"github.com/fanwire/fanwire/gateway/internal/netconn"
 	"github.com/fanwire/fanwire/schema"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 )
@@ -122,18 +123,18 @@ func TestGraphQLFastPathMatchesExecutor(t *testing.T) {
 }
 
 // rawWSPair returns a server-side WebSocket (over the gateway's hijacked
-// frameWriter) whose peer reads and discards everything with a buffer it
+// FrameWriter) whose peer reads and discards everything with a buffer it
 // reuses, so allocation counts are the server's alone.
-func rawWSPair(t testing.TB) (*websocket.Conn, *frameWriter) {
+func rawWSPair(t testing.TB) (*websocket.Conn, *netconn.FrameWriter) {
 	t.Helper()
 	type accepted struct {
 		ws *websocket.Conn
-		fw *frameWriter
+		fw *netconn.FrameWriter
 	}
 	got := make(chan accepted, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var fw *frameWriter
-		ws, err := websocket.Accept(hijackWriter{ResponseWriter: w, fw: &fw}, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+		var fw *netconn.FrameWriter
+		ws, err := websocket.Accept(netconn.HijackWriter{ResponseWriter: w, FW: &fw}, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
 		if err != nil {
 			t.Error(err)
 			return
@@ -279,7 +280,7 @@ func flushBench(tb testing.TB, c *conn) {
 	case flushFailed:
 		tb.Fatal("write failed")
 	case flushHandOff:
-		if err := c.fw.flushPending(); err != nil {
+		if err := c.fw.FlushPending(); err != nil {
 			tb.Fatal(err)
 		}
 	}

@@ -550,7 +550,7 @@ func TestGraphQLExecutorPathOverTheWire(t *testing.T) {
 // behind its upgrade request, before it reads the 101; net/http has then
 // read them already. They must reach the protocol intact, on both
 // endpoints. (They were lost, and the stream misread, before
-// prefixConn.)
+// PrefixConn.)
 func TestFramesSentWithTheUpgrade(t *testing.T) {
 	e := newEnv(t, nil)
 	mask := func(msg string) []byte { // a masked client text frame, mask key 0

@@ -13,7 +13,7 @@ import "github.com/fanwire/fanwire/gateway/internal/fanout"
 // library instead.
 func (c *conn) writeBatchGQL(bt *fanout.Batch) error {
 	fw := c.fw
-	batched := fw.beginBatch()
+	batched := fw.BeginBatch()
 	var bp *[]byte
 	var buf []byte
 	var frames, bytes int
@@ -23,7 +23,7 @@ func (c *conn) writeBatchGQL(bt *fanout.Batch) error {
 			return c.writeFrame(b)
 		}
 		frames, bytes = frames+1, bytes+len(b)
-		return fw.appendText(b)
+		return fw.AppendText(b)
 	}
 items:
 	for s := bt.First(); s != nil; s = bt.Next(s) {
@@ -40,10 +40,10 @@ items:
 				}
 				if batched && op.fast {
 					n := op.nextLen(it.Ev)
-					fw.appendHeader(n)
-					fw.out = op.appendNext(fw.out, it.Ev)
+					fw.AppendHeader(n)
+					fw.Out = op.appendNext(fw.Out, it.Ev)
 					frames, bytes = frames+1, bytes+n
-					if err = fw.flushIfFull(); err != nil {
+					if err = fw.FlushIfFull(); err != nil {
 						break items
 					}
 					continue
@@ -63,7 +63,7 @@ items:
 		}
 	}
 	if batched {
-		if eerr := fw.endBatch(); err == nil {
+		if eerr := fw.EndBatch(); err == nil {
 			err = eerr
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/fanwire/fanwire/gateway/internal/netconn"
 )
 
 // Parked readers: a connection whose client has nothing more to say has no
@@ -70,11 +72,11 @@ func (p *idlePoller) unpark(c *conn) bool {
 // (parking needs it empty), the socket, and its place in the poller's
 // set.
 type parking struct {
-	br     *bufio.Reader   // static: what the library reads from; parking needs it empty
-	rc     syscall.RawConn // static: the TCP socket; nil (TLS) never parks
-	prefix *prefixConn     // static: not nil when frames came with the upgrade: no parking before they are read
-	id     uint64          // guarded by s.idle.mu: its id in the poller's set; 0 while not parked
-	gen    uint64          // guarded by s.idle.mu: the poller's epoll set it was last added to
+	br     *bufio.Reader       // static: what the library reads from; parking needs it empty
+	rc     syscall.RawConn     // static: the TCP socket; nil (TLS) never parks
+	prefix *netconn.PrefixConn // static: not nil when frames came with the upgrade: no parking before they are read
+	id     uint64              // guarded by s.idle.mu: its id in the poller's set; 0 while not parked
+	gen    uint64              // guarded by s.idle.mu: the poller's epoll set it was last added to
 	// gate orders a reader's look at br and the socket (parking,
 	// skimming pongs) before the close handshake, which reads them too.
 	gate    sync.Mutex

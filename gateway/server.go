@@ -20,6 +20,7 @@ import (
 
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
+	"github.com/fanwire/fanwire/gateway/internal/netconn"
 
 	"github.com/99designs/gqlgen/graphql/executor"
 	"github.com/coder/websocket"
@@ -402,11 +403,11 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		// client offers too.
 		opts.Subprotocols = []string{subprotoTransportWS, subprotoLegacy}
 	}
-	var fw *frameWriter
+	var fw *netconn.FrameWriter
 	var br *bufio.Reader
 	var nc net.Conn
-	var prefix *prefixConn
-	ws, err := websocket.Accept(hijackWriter{ResponseWriter: w, fw: &fw, br: &br, nc: &nc, prefix: &prefix}, r, opts)
+	var prefix *netconn.PrefixConn
+	ws, err := websocket.Accept(netconn.HijackWriter{ResponseWriter: w, FW: &fw, BR: &br, NC: &nc, Prefix: &prefix}, r, opts)
 	if err != nil {
 		s.metrics.ConnectionsRejected.WithLabelValues("bad_upgrade").Inc()
 		s.log.Debug("websocket upgrade failed", zap.Error(err), zap.String("remote", ip))
@@ -455,7 +456,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	// Set before the connection is registered: Shutdown may wake its
 	// writer (a 1001 close) as soon as it is in s.conns.
 	c.cl.OnWake = c.ensureWriter
-	if !gql && fw.nonBlocking() {
+	if !gql && fw.NonBlocking() {
 		c.shared.pool = s.flush // its frames go out on the shared flushers
 		c.cl.OnBehind = c.hurry
 	}

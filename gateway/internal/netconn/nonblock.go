@@ -1,4 +1,4 @@
-package gateway
+package netconn
 
 import (
 	"errors"
@@ -17,7 +17,7 @@ import (
 
 // initRaw binds the socket for non-blocking writes when it has a file
 // descriptor (plain TCP); under TLS raw stays nil.
-func (w *frameWriter) initRaw() {
+func (w *FrameWriter) initRaw() {
 	sc, ok := w.c.(syscall.Conn)
 	if !ok {
 		return
@@ -29,16 +29,16 @@ func (w *frameWriter) initRaw() {
 	w.raw, w.rawFn = rc, w.rawWrite
 }
 
-// nonBlocking reports whether the socket can be written without blocking.
-func (w *frameWriter) nonBlocking() bool { return w.raw != nil }
+// NonBlocking reports whether the socket can be written without blocking.
+func (w *FrameWriter) NonBlocking() bool { return w.raw != nil }
 
-// tryBeginBatch is beginBatch for a flusher, which must never wait: it
+// TryBeginBatch is BeginBatch for a flusher, which must never wait: it
 // reports false (and takes nothing) while another goroutine writes (a
 // library frame on its way out), a library frame is partway through, a
 // close frame went out or bytes are pending. The caller then hands the
-// connection to its own writer. Between it and endBatchNB, append with
-// appendHeader and to w.out, and call tryFlush.
-func (w *frameWriter) tryBeginBatch() bool {
+// connection to its own writer. Between it and EndBatchNB, append with
+// AppendHeader and to w.out, and call TryFlush.
+func (w *FrameWriter) TryBeginBatch() bool {
 	if !w.mu.TryLock() {
 		return false
 	}
@@ -47,36 +47,36 @@ func (w *frameWriter) tryBeginBatch() bool {
 		return false
 	}
 	w.outp = batchBufPool.Get().(*[]byte)
-	w.out, w.err, w.sent, w.blocked = (*w.outp)[:0], nil, 0, false
+	w.Out, w.err, w.sent, w.blocked = (*w.outp)[:0], nil, 0, false
 	return true
 }
 
-// tryFlush writes what the batch holds, without waiting. Once the socket
-// would block it tries no more: the rest stays in w.out for endBatchNB. It
+// TryFlush writes what the batch holds, without waiting. Once the socket
+// would block it tries no more: the rest stays in w.out for EndBatchNB. It
 // returns the batch's first write error.
-func (w *frameWriter) tryFlush() error {
-	if w.err != nil || w.blocked || w.sent == len(w.out) {
+func (w *FrameWriter) TryFlush() error {
+	if w.err != nil || w.blocked || w.sent == len(w.Out) {
 		return w.err
 	}
-	n, err := w.writeNB(w.out[w.sent:])
+	n, err := w.writeNB(w.Out[w.sent:])
 	w.sent += n
 	switch {
 	case err != nil:
 		w.err = err
-	case w.sent < len(w.out):
+	case w.sent < len(w.Out):
 		w.blocked = true
 	default:
-		w.out, w.sent = w.out[:0], 0
+		w.Out, w.sent = w.Out[:0], 0
 	}
 	return w.err
 }
 
-// endBatchNB ends a flusher's batch: it tries to write the rest, then
+// EndBatchNB ends a flusher's batch: it tries to write the rest, then
 // releases the writer. pending reports bytes the socket did not take: they
-// stay held (w.pending) until flushPending, or the next library frame or
+// stay held (w.pending) until FlushPending, or the next library frame or
 // batch, writes them.
-func (w *frameWriter) endBatchNB() (pending bool, err error) {
-	err = w.tryFlush()
+func (w *FrameWriter) EndBatchNB() (pending bool, err error) {
+	err = w.TryFlush()
 	if err == nil && w.blocked {
 		w.pending, w.blocked = true, false
 		w.mu.Unlock()
@@ -87,20 +87,20 @@ func (w *frameWriter) endBatchNB() (pending bool, err error) {
 	return false, err
 }
 
-// flushPending writes the pending bytes, waiting as long as the socket
+// FlushPending writes the pending bytes, waiting as long as the socket
 // takes (a stuck peer is cut by CloseNow, which ends the write).
-func (w *frameWriter) flushPending() error {
+func (w *FrameWriter) FlushPending() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.flushPendingLocked()
 }
 
-// flushPendingLocked is flushPending with w.mu held.
-func (w *frameWriter) flushPendingLocked() error {
+// flushPendingLocked is FlushPending with w.mu held.
+func (w *FrameWriter) flushPendingLocked() error {
 	if !w.pending {
 		return nil
 	}
-	_, err := w.c.Write(w.out[w.sent:])
+	_, err := w.c.Write(w.Out[w.sent:])
 	w.pending = false
 	w.putOut()
 	return err
@@ -108,7 +108,7 @@ func (w *frameWriter) flushPendingLocked() error {
 
 // writeNB writes what of p the socket takes now. A socket that takes
 // nothing is no error: n is 0.
-func (w *frameWriter) writeNB(p []byte) (n int, err error) {
+func (w *FrameWriter) writeNB(p []byte) (n int, err error) {
 	w.rawP, w.rawN, w.rawErr = p, 0, nil
 	if err := w.raw.Write(w.rawFn); err != nil { // the connection is closed
 		w.rawP = nil
@@ -121,7 +121,7 @@ func (w *frameWriter) writeNB(p []byte) (n int, err error) {
 
 // rawWrite is the function raw.Write runs with the descriptor: one write
 // (again after EINTR), and never a wait (it always returns true).
-func (w *frameWriter) rawWrite(fd uintptr) bool {
+func (w *FrameWriter) rawWrite(fd uintptr) bool {
 	for {
 		n, err := syscall.Write(int(fd), w.rawP)
 		if errors.Is(err, syscall.EINTR) {

@@ -1,4 +1,4 @@
-package gateway
+package netconn
 
 import (
 	"bufio"
@@ -14,45 +14,38 @@ import (
 	"time"
 )
 
-// The websocket library writes each frame through the bufio.Writer it gets
-// from the hijacked connection; net/http's is 4 KiB, so a 27 KB frame of
-// coalesced events cost seven write syscalls, and socket writes were half of
-// the gateway's CPU in a profile of a 200-client burst on 2 cores.
-// hijackWriter hands the library a 16-byte bufio.Writer over frameWriter,
-// which reassembles each frame's pieces and sends the whole frame with one
-// writev. It also swaps net/http's 4 KiB read
-// buffer for a small one: clients send little, and an idle connection should
-// hold as little as possible.
-
+// connReadBuffer is the size of the reader the library reads from,
+// instead of net/http's 4 KiB: clients send little, and an idle
+// connection should hold as little as possible.
 const connReadBuffer = 512
 
-// hijackWriter wraps the handler's ResponseWriter for websocket.Accept. fw
-// (if not nil) receives the connection's frameWriter.
-type hijackWriter struct {
+// HijackWriter wraps the handler's ResponseWriter for websocket.Accept. FW
+// (if not nil) receives the connection's FrameWriter.
+type HijackWriter struct {
 	http.ResponseWriter
-	fw **frameWriter
-	br **bufio.Reader // if not nil, receives the reader the library reads from (parking checks it is empty)
-	nc *net.Conn      // if not nil, receives the hijacked connection
+	FW **FrameWriter
+	BR **bufio.Reader // if not nil, receives the reader the library reads from (parking checks it is empty)
+	NC *net.Conn      // if not nil, receives the hijacked connection
 	// if not nil, receives the connection the library reads after the
 	// bytes that came with the upgrade request; stays nil if none did
-	prefix **prefixConn
+	Prefix **PrefixConn
 }
 
-// prefixConn is the hijacked connection of an upgrade request that came
+// PrefixConn is the hijacked connection of an upgrade request that came
 // with frames behind it: it tells when the library has read past them.
-type prefixConn struct {
+type PrefixConn struct {
 	net.Conn
-	reached atomic.Bool // the library has read from the connection: the bytes before it are consumed
+	Reached atomic.Bool // the library has read from the connection: the bytes before it are consumed
 }
 
-func (p *prefixConn) Read(b []byte) (int, error) {
-	p.reached.Store(true)
+func (p *PrefixConn) Read(b []byte) (int, error) {
+	p.Reached.Store(true)
 	return p.Conn.Read(b)
 }
 
-func (w hijackWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (w HijackWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-func (w hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+func (w HijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	nc, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
 	if err != nil {
 		return nil, nil, err
@@ -78,38 +71,38 @@ func (w hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if n > 0 {
 		_, _ = br.Peek(n) // reads only the kept bytes: they come first and fit
 	}
-	fw := &frameWriter{c: nc}
+	fw := &FrameWriter{c: nc}
 	fw.initRaw()
 	if n > 0 {
 		// The library reads the kept bytes from a reader of its own ahead
 		// of the connection (see above), where parking cannot see them:
 		// until it reads from the connection itself, they may be there.
-		pc := &prefixConn{Conn: nc}
-		if w.prefix != nil {
-			*w.prefix = pc
+		pc := &PrefixConn{Conn: nc}
+		if w.Prefix != nil {
+			*w.Prefix = pc
 		}
 		nc = pc
 	}
-	if w.fw != nil {
-		*w.fw = fw
+	if w.FW != nil {
+		*w.FW = fw
 	}
-	if w.br != nil {
-		*w.br = br
+	if w.BR != nil {
+		*w.BR = br
 	}
-	if w.nc != nil {
-		*w.nc = nc
+	if w.NC != nil {
+		*w.NC = nc
 	}
 	return nc, bufio.NewReadWriter(br, bufio.NewWriterSize(fw, 16)), nil
 }
 
-// frameWriter receives the server's outgoing WebSocket frames as a byte
+// FrameWriter receives the server's outgoing WebSocket frames as a byte
 // stream, in the pieces a 16-byte bufio.Writer produces (a full 16-byte chunk
 // holding the header and the payload's first bytes, then the rest in one
 // piece), and writes each frame with a single syscall. It parses frame headers
 // to know where a frame ends, so it never holds back the end of a frame.
 //
 // A protocol that needs one WebSocket message per event (GraphQL) frames its
-// messages itself, in batches (beginBatch): the library's per-message cost
+// messages itself, in batches (BeginBatch): the library's per-message cost
 // (two channel-based locks, a deferred closure, a 16-byte bufio pass) was
 // most of a GraphQL delivery's, and a batch leaves in one write per
 // batchLimit instead of one per message. That is safe beside the library's
@@ -117,15 +110,15 @@ func (w hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // of the stream that reached the socket, a library frame still in the
 // library's buffer reaches the socket whole, after it, and nothing is
 // written after a close frame.
-type frameWriter struct {
+type FrameWriter struct {
 	mu    sync.Mutex // Write (the library, under its frame lock) and batches (the connection's writer)
 	c     net.Conn
 	close bool    // guarded by mu: a close frame went out; no data may follow
-	out   []byte  // guarded by mu, held from beginBatch to endBatch: the batch's frames
+	Out   []byte  // guarded by mu, held from BeginBatch to EndBatch: the batch's frames
 	outp  *[]byte // the pooled buffer out came from
 	err   error   // guarded by mu: the batch's first write error
 
-	// Non-blocking batches (netconn_nonblock.go), for the flushers.
+	// Non-blocking batches (nonblock.go), for the flushers.
 	raw     syscall.RawConn       // static: the socket; nil when it cannot be written without blocking (TLS)
 	rawFn   func(fd uintptr) bool // static: rawWrite, bound once
 	rawP    []byte                // guarded by mu: what rawWrite writes
@@ -147,12 +140,12 @@ const batchLimit = 64 << 10
 
 var batchBufPool = sync.Pool{New: func() any { b := make([]byte, 0, batchLimit+4096); return &b }}
 
-// beginBatch takes the writer for a batch of messages: appendText adds
-// them, endBatch writes what is left and releases the writer. The library's
+// BeginBatch takes the writer for a batch of messages: AppendText adds
+// them, EndBatch writes what is left and releases the writer. The library's
 // frames wait meanwhile. It reports false (and takes nothing) after a close
 // frame, or while a library frame is partway through; the caller then
 // writes through the library.
-func (w *frameWriter) beginBatch() bool {
+func (w *FrameWriter) BeginBatch() bool {
 	w.mu.Lock()
 	if w.close || w.need != 0 || w.nh != 0 {
 		w.mu.Unlock()
@@ -160,15 +153,15 @@ func (w *frameWriter) beginBatch() bool {
 	}
 	perr := w.flushPendingLocked()
 	w.outp = batchBufPool.Get().(*[]byte)
-	w.out, w.err = (*w.outp)[:0], perr
+	w.Out, w.err = (*w.outp)[:0], perr
 	return true
 }
 
-// appendHeader appends the header of an unfragmented text frame with an
+// AppendHeader appends the header of an unfragmented text frame with an
 // n-byte payload; the caller appends the payload to w.out, then calls
-// flushIfFull. Between beginBatch and endBatch only.
-func (w *frameWriter) appendHeader(n int) {
-	h := append(w.out, 0x81) // FIN, text
+// FlushIfFull. Between BeginBatch and EndBatch only.
+func (w *FrameWriter) AppendHeader(n int) {
+	h := append(w.Out, 0x81) // FIN, text
 	switch {
 	case n < 126:
 		h = append(h, byte(n))
@@ -179,31 +172,31 @@ func (w *frameWriter) appendHeader(n int) {
 		h = append(h, 127)
 		h = binary.BigEndian.AppendUint64(h, uint64(n))
 	}
-	w.out = h
+	w.Out = h
 }
 
-// appendText appends p as one message. Between beginBatch and endBatch only.
-func (w *frameWriter) appendText(p []byte) error {
-	w.appendHeader(len(p))
-	w.out = append(w.out, p...)
-	return w.flushIfFull()
+// AppendText appends p as one message. Between BeginBatch and EndBatch only.
+func (w *FrameWriter) AppendText(p []byte) error {
+	w.AppendHeader(len(p))
+	w.Out = append(w.Out, p...)
+	return w.FlushIfFull()
 }
 
-// flushIfFull writes the batch so far once it holds batchLimit bytes. It
+// FlushIfFull writes the batch so far once it holds batchLimit bytes. It
 // returns the batch's first write error.
-func (w *frameWriter) flushIfFull() error {
-	if len(w.out) >= batchLimit && w.err == nil {
-		_, w.err = w.c.Write(w.out)
-		w.out = w.out[:0]
+func (w *FrameWriter) FlushIfFull() error {
+	if len(w.Out) >= batchLimit && w.err == nil {
+		_, w.err = w.c.Write(w.Out)
+		w.Out = w.Out[:0]
 	}
 	return w.err
 }
 
-// endBatch writes the rest of the batch, releases the writer and returns
+// EndBatch writes the rest of the batch, releases the writer and returns
 // the batch's first write error.
-func (w *frameWriter) endBatch() error {
-	if len(w.out) > 0 && w.err == nil {
-		_, w.err = w.c.Write(w.out)
+func (w *FrameWriter) EndBatch() error {
+	if len(w.Out) > 0 && w.err == nil {
+		_, w.err = w.c.Write(w.Out)
 	}
 	err := w.err
 	w.putOut()
@@ -212,28 +205,28 @@ func (w *frameWriter) endBatch() error {
 }
 
 // putOut returns the batch buffer; w.mu is held.
-func (w *frameWriter) putOut() {
-	if cap(w.out) <= 2*batchLimit { // else one huge message: let it go
-		*w.outp = w.out[:0]
+func (w *FrameWriter) putOut() {
+	if cap(w.Out) <= 2*batchLimit { // else one huge message: let it go
+		*w.outp = w.Out[:0]
 		batchBufPool.Put(w.outp)
 	}
-	w.out, w.outp, w.err = nil, nil, nil
+	w.Out, w.outp, w.err = nil, nil, nil
 	w.sent, w.blocked = 0, false
 }
 
-// writePing writes a ping frame with payload (at most 125 bytes) between
+// WritePing writes a ping frame with payload (at most 125 bytes) between
 // the library's frames. It reports false, writing nothing, after a close
 // frame or while a library frame is partway through.
-func (w *frameWriter) writePing(payload []byte) (bool, error) {
-	if !w.beginBatch() {
+func (w *FrameWriter) WritePing(payload []byte) (bool, error) {
+	if !w.BeginBatch() {
 		return false, nil
 	}
-	w.out = append(w.out, 0x89, byte(len(payload))) // FIN, ping
-	w.out = append(w.out, payload...)
-	return true, w.endBatch()
+	w.Out = append(w.Out, 0x89, byte(len(payload))) // FIN, ping
+	w.Out = append(w.Out, payload...)
+	return true, w.EndBatch()
 }
 
-func (w *frameWriter) Write(p []byte) (int, error) {
+func (w *FrameWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.flushPendingLocked(); err != nil {
@@ -286,7 +279,7 @@ func (w *frameWriter) Write(p []byte) (int, error) {
 
 // flushHeld writes the held bytes followed by p, in one writev when there is
 // something held.
-func (w *frameWriter) flushHeld(p []byte) error {
+func (w *FrameWriter) flushHeld(p []byte) error {
 	if w.nh == 0 {
 		_, err := w.c.Write(p)
 		return err

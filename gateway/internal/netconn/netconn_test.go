@@ -1,4 +1,4 @@
-package gateway
+package netconn
 
 import (
 	"bufio"
@@ -16,7 +16,7 @@ import (
 
 // wsFrame builds a server frame per RFC 6455 §5.2: FIN and opcode text,
 // unmasked, with a hdrLen-byte header (2, 4 or 10; 4 and 10 may encode a
-// length the shorter form could hold, which frameWriter must accept too).
+// length the shorter form could hold, which FrameWriter must accept too).
 func wsFrame(payload []byte, hdrLen int) []byte {
 	n := len(payload)
 	f := []byte{0x81}
@@ -41,7 +41,7 @@ func wsFrame(payload []byte, hdrLen int) []byte {
 	return append(f, payload...)
 }
 
-// testFrames returns frames of the sizes that straddle frameWriter's and the
+// testFrames returns frames of the sizes that straddle FrameWriter's and the
 // 16-byte bufio.Writer's boundaries, each with every header form that can
 // express its length.
 func testFrames() [][]byte {
@@ -150,7 +150,7 @@ func firstDiff(a, b []byte) string {
 	return fmt.Sprintf("one is a prefix of the other at %d", min(len(a), len(b)))
 }
 
-// TestFrameWriterChunking checks frameWriter's reassembly with a recording
+// TestFrameWriterChunking checks FrameWriter's reassembly with a recording
 // conn: every frame reaches the conn whole and in order, never sharing a
 // write with another frame. With a flush per frame (what coder/websocket
 // does for every FIN frame, the only kind the gateway sends), a frame that
@@ -162,20 +162,20 @@ func TestFrameWriterChunking(t *testing.T) {
 	for _, flush := range []bool{true, false} {
 		t.Run(fmt.Sprintf("flush=%v", flush), func(t *testing.T) {
 			rc := &recConn{}
-			fw := &frameWriter{c: rc}
+			fw := &FrameWriter{c: rc}
 			writeFramesLikeWebsocket(t, bufio.NewWriterSize(fw, 16), frames, flush)
 			if fw.nh != 0 || fw.need != 0 {
-				t.Errorf("frameWriter holds %d bytes and needs %d after the last frame", fw.nh, fw.need)
+				t.Errorf("FrameWriter holds %d bytes and needs %d after the last frame", fw.nh, fw.need)
 			}
 			split := 0
 			for i, ws := range writesPerFrame(t, frames, rc.writes) {
 				n := len(frames[i])
 				if !flush {
 					// Frames share bufio chunks, so a header can straddle
-					// two of them; frameWriter then joins more than it can
+					// two of them; FrameWriter then joins more than it can
 					// hold and sends the frame in plain Writes. Only bytes
 					// and frame boundaries are guaranteed (checked above).
-					if len(ws) > 2 || len(ws) == 2 && len(ws[0]) > len(frameWriter{}.held) {
+					if len(ws) > 2 || len(ws) == 2 && len(ws[0]) > len(FrameWriter{}.held) {
 						split++
 					}
 					continue
@@ -203,7 +203,7 @@ func lens(ws [][]byte) []int {
 	return out
 }
 
-// TestFrameWriterArbitraryChunks feeds the frame stream to frameWriter in
+// TestFrameWriterArbitraryChunks feeds the frame stream to FrameWriter in
 // random pieces, including pieces that split a header: the bytes arrive
 // exactly, no write spans two frames, and a frame is never held back once
 // its last byte was written.
@@ -226,7 +226,7 @@ func TestFrameWriterArbitraryChunks(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	for round := range 200 {
 		rc := &recConn{}
-		fw := &frameWriter{c: rc}
+		fw := &FrameWriter{c: rc}
 		for off := 0; off < len(stream); {
 			n := 1 + rng.IntN(20)
 			if rng.IntN(8) == 0 {
@@ -270,7 +270,7 @@ func (c *tcpConn) Write(p []byte) (int, error) {
 }
 
 // TestFrameWriterTCP sends the frames over a real loopback TCP connection
-// through a 16-byte bufio.Writer, as hijackWriter sets it up: the peer
+// through a 16-byte bufio.Writer, as HijackWriter sets it up: the peer
 // receives exactly the frames, and only frames that fit in one 16-byte chunk
 // are written with Write; every longer frame goes out in a single writev.
 func TestFrameWriterTCP(t *testing.T) {
@@ -286,7 +286,7 @@ func TestFrameWriterTCP(t *testing.T) {
 		received <- b
 	}()
 	tc := &tcpConn{TCPConn: srv}
-	writeFramesLikeWebsocket(t, bufio.NewWriterSize(&frameWriter{c: tc}, 16), frames, true)
+	writeFramesLikeWebsocket(t, bufio.NewWriterSize(&FrameWriter{c: tc}, 16), frames, true)
 	srv.Close()
 	got := <-received
 	if want := bytes.Join(frames, nil); !bytes.Equal(got, want) {
@@ -352,14 +352,14 @@ func TestFrameLen(t *testing.T) {
 // a library frame), leaves in one write, and nothing follows a close frame.
 func TestFrameWriterBatches(t *testing.T) {
 	rc := &recConn{}
-	fw := &frameWriter{c: rc}
+	fw := &FrameWriter{c: rc}
 	bw := bufio.NewWriterSize(fw, 16)
 	ping := append([]byte{0x89, 100}, bytes.Repeat([]byte{'p'}, 100)...)
 	// The library's frame is partway through: its first 16 bytes are held.
 	if _, err := bw.Write(ping[:40]); err != nil {
 		t.Fatal(err)
 	}
-	if fw.beginBatch() {
+	if fw.BeginBatch() {
 		t.Fatal("a batch began inside a library frame")
 	}
 	if _, err := bw.Write(ping[40:]); err != nil {
@@ -368,23 +368,23 @@ func TestFrameWriterBatches(t *testing.T) {
 	if err := bw.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if !fw.beginBatch() {
+	if !fw.BeginBatch() {
 		t.Fatal("no batch at a frame boundary")
 	}
 	msgs := [][]byte{[]byte(`{"a":1}`), bytes.Repeat([]byte{'x'}, 300), bytes.Repeat([]byte{'y'}, 70000)}
 	for _, m := range msgs[:2] {
-		if err := fw.appendText(m); err != nil {
+		if err := fw.AppendText(m); err != nil {
 			t.Fatal(err)
 		}
 	}
 	before := len(rc.writes)
-	if err := fw.appendText(msgs[2]); err != nil { // over batchLimit: written at once
+	if err := fw.AppendText(msgs[2]); err != nil { // over batchLimit: written at once
 		t.Fatal(err)
 	}
 	if len(rc.writes) != before+1 {
 		t.Fatalf("a full batch was not written")
 	}
-	if err := fw.endBatch(); err != nil {
+	if err := fw.EndBatch(); err != nil {
 		t.Fatal(err)
 	}
 	want := [][]byte{ping}
@@ -410,7 +410,7 @@ func TestFrameWriterBatches(t *testing.T) {
 	if err := bw.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if fw.beginBatch() {
+	if fw.BeginBatch() {
 		t.Fatal("a batch began after a close frame")
 	}
 }

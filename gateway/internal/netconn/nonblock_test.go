@@ -1,4 +1,4 @@
-package gateway
+package netconn
 
 import (
 	"bufio"
@@ -32,22 +32,22 @@ func tcpPair(t *testing.T) (srv, peer *net.TCPConn) {
 // nbBatch frames msgs as a flusher does, into one non-blocking batch, and
 // reports whether bytes were left pending. 10 messages of 10 KB are far
 // more than the pair's buffers hold.
-func nbBatch(t *testing.T, fw *frameWriter) (want []byte, pending bool) {
+func nbBatch(t *testing.T, fw *FrameWriter) (want []byte, pending bool) {
 	t.Helper()
-	if !fw.tryBeginBatch() {
+	if !fw.TryBeginBatch() {
 		t.Fatal("no batch on an idle writer")
 	}
 	for i := range 10 {
 		msg := bytes.Repeat([]byte{'a' + byte(i%26)}, 10_000)
-		fw.appendHeader(len(msg))
-		fw.out = append(fw.out, msg...)
+		fw.AppendHeader(len(msg))
+		fw.Out = append(fw.Out, msg...)
 		want = append(want, 0x81, 126, byte(len(msg)>>8), byte(len(msg)))
 		want = append(want, msg...)
-		if err := fw.tryFlush(); err != nil {
+		if err := fw.TryFlush(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	pending, err := fw.endBatchNB()
+	pending, err := fw.EndBatchNB()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,23 +69,23 @@ func unstall(t *testing.T, srv, peer *net.TCPConn) {
 // TestFrameWriterNonBlocking: a non-blocking batch that meets a full
 // socket keeps the rest pending instead of waiting; no batch begins while
 // bytes are pending; the rest reaches the peer whole, before any later
-// frame: the library's (Write) or the writer's own (flushPending).
+// frame: the library's (Write) or the writer's own (FlushPending).
 func TestFrameWriterNonBlocking(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
 	}
 	t.Run("library frame after pending bytes", func(t *testing.T) {
 		srv, peer := tcpPair(t)
-		fw := &frameWriter{c: srv}
+		fw := &FrameWriter{c: srv}
 		fw.initRaw()
-		if !fw.nonBlocking() {
+		if !fw.NonBlocking() {
 			t.Fatal("a TCP socket is not written without blocking")
 		}
 		want, pending := nbBatch(t, fw)
 		if !pending {
 			t.Fatal("the batch did not meet a full socket")
 		}
-		if fw.tryBeginBatch() {
+		if fw.TryBeginBatch() {
 			t.Fatal("a batch began while bytes were pending")
 		}
 		unstall(t, srv, peer)
@@ -110,16 +110,16 @@ func TestFrameWriterNonBlocking(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Fatalf("peer received a different stream (%s)", firstDiff(got, want))
 		}
-		if !fw.tryBeginBatch() {
+		if !fw.TryBeginBatch() {
 			t.Fatal("no batch once the pending bytes went out")
 		}
-		if pending, err := fw.endBatchNB(); pending || err != nil {
+		if pending, err := fw.EndBatchNB(); pending || err != nil {
 			t.Fatalf("empty batch: pending %v, %v", pending, err)
 		}
 	})
-	t.Run("flushPending", func(t *testing.T) {
+	t.Run("FlushPending", func(t *testing.T) {
 		srv, peer := tcpPair(t)
-		fw := &frameWriter{c: srv}
+		fw := &FrameWriter{c: srv}
 		fw.initRaw()
 		want, pending := nbBatch(t, fw)
 		if !pending {
@@ -132,7 +132,7 @@ func TestFrameWriterNonBlocking(t *testing.T) {
 			_, _ = io.ReadFull(peer, b)
 			got <- b
 		}()
-		if err := fw.flushPending(); err != nil {
+		if err := fw.FlushPending(); err != nil {
 			t.Fatal(err)
 		}
 		if b := <-got; !bytes.Equal(b, want) {
@@ -141,15 +141,15 @@ func TestFrameWriterNonBlocking(t *testing.T) {
 	})
 	t.Run("closed socket", func(t *testing.T) {
 		srv, _ := tcpPair(t)
-		fw := &frameWriter{c: srv}
+		fw := &FrameWriter{c: srv}
 		fw.initRaw()
 		srv.Close()
-		if !fw.tryBeginBatch() {
+		if !fw.TryBeginBatch() {
 			t.Fatal("no batch")
 		}
-		fw.appendHeader(2)
-		fw.out = append(fw.out, "hi"...)
-		if pending, err := fw.endBatchNB(); pending || err == nil {
+		fw.AppendHeader(2)
+		fw.Out = append(fw.Out, "hi"...)
+		if pending, err := fw.EndBatchNB(); pending || err == nil {
 			t.Fatalf("write to a closed socket: pending %v, err %v", pending, err)
 		}
 	})
