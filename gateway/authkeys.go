@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/reload"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -40,14 +41,14 @@ const DefaultKeyGrace = 10 * time.Minute
 // client could order with tokens naming unknown key ids. A key the new
 // files no longer hold is retired: it still verifies for the grace
 // period, then stops. A file that does not load keeps the keys in force,
-// is logged and counted, and is tried again at every check (reload.go).
+// is logged and counted, and is tried again at every check (package reload).
 type tokenKeys struct {
 	secretFile, jwksFile string        // static
 	every, grace         time.Duration // static
 	log                  *zap.Logger   // static
 	now                  func() time.Time
-	secretCounts         reloadCounts
-	jwksCounts           reloadCounts
+	secretCounts         reload.Counts
+	jwksCounts           reload.Counts
 
 	mu      sync.Mutex
 	secret  []byte         // guarded by mu: the HS256 secret (nil: none)
@@ -67,8 +68,8 @@ type retiredKey struct {
 
 // watchedFile is one key file's reload state.
 type watchedFile struct {
-	loaded []fileStamp // as it was when last loaded
-	failed string      // the last failure logged ("": it loads)
+	loaded []reload.Stamp // as it was when last loaded
+	failed string         // the last failure logged ("": it loads)
 }
 
 // load reads the files for the first time: an error names the file.
@@ -79,7 +80,7 @@ func (k *tokenKeys) load() error {
 			return err
 		}
 		k.secret = s
-		k.watch[0].loaded, _ = statFiles(k.secretFile)
+		k.watch[0].loaded, _ = reload.Stat(k.secretFile)
 	}
 	if k.jwksFile != "" {
 		kids, anyKeys, err := readJWKS(k.jwksFile)
@@ -87,7 +88,7 @@ func (k *tokenKeys) load() error {
 			return err
 		}
 		k.kids, k.anyKeys = kids, anyKeys
-		k.watch[1].loaded, _ = statFiles(k.jwksFile)
+		k.watch[1].loaded, _ = reload.Stat(k.jwksFile)
 	}
 	k.checked = k.now()
 	return nil
@@ -97,10 +98,10 @@ func (k *tokenKeys) load() error {
 func (k *tokenKeys) collectors() []prometheus.Collector {
 	var cs []prometheus.Collector
 	if k.secretFile != "" {
-		cs = append(cs, newReloadCollector("jwt_secret", &k.secretCounts))
+		cs = append(cs, reload.NewCollector("jwt_secret", &k.secretCounts))
 	}
 	if k.jwksFile != "" {
-		cs = append(cs, newReloadCollector("jwks", &k.jwksCounts))
+		cs = append(cs, reload.NewCollector("jwks", &k.jwksCounts))
 	}
 	return cs
 }
@@ -228,9 +229,9 @@ func (k *tokenKeys) reloadLocked(now time.Time) {
 }
 
 // reloadFile runs load when path differs from its last load.
-func (k *tokenKeys) reloadFile(w *watchedFile, path, what string, counts *reloadCounts, load func() error) {
-	stamps, err := statFiles(path)
-	if err == nil && sameStamps(stamps, w.loaded) {
+func (k *tokenKeys) reloadFile(w *watchedFile, path, what string, counts *reload.Counts, load func() error) {
+	stamps, err := reload.Stat(path)
+	if err == nil && reload.Same(stamps, w.loaded) {
 		w.failed = ""
 		return
 	}
@@ -238,15 +239,15 @@ func (k *tokenKeys) reloadFile(w *watchedFile, path, what string, counts *reload
 		err = load()
 	}
 	if err != nil {
-		counts.failed.Add(1)
-		if msg := errString(err); msg != w.failed {
+		counts.Failed.Add(1)
+		if msg := reload.ErrString(err); msg != w.failed {
 			w.failed = msg
 			k.log.Warn(what+" file changed but does not load: keeping the keys in force, trying again at every check", zap.String("file", path), zap.Error(err))
 		}
 		return
 	}
 	w.loaded, w.failed = stamps, ""
-	counts.ok.Add(1)
+	counts.OK.Add(1)
 	k.log.Info(what+" file reloaded", zap.String("file", path), zap.Duration("grace", k.grace))
 }
 

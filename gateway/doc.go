@@ -77,7 +77,7 @@
 //     TLSConfig (tlscert.go): it starts no goroutine; the handshake's own
 //     goroutine looks at the files (at most every check interval) and loads
 //     a changed pair under CertFiles' mutex, again at every check while
-//     it does not load (reload.go). The TLS handshake runs within
+//     it does not load (package reload). The TLS handshake runs within
 //     HandshakeTimeout.
 //   - JWTAuth's key files are looked at the same way, by the goroutine
 //     verifying a token, under its key store's mutex (authkeys.go): no

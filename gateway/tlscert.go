@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/internal/reload"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
@@ -24,7 +25,7 @@ const DefaultCertCheckInterval = 2 * time.Second
 // does not load (a renewal half written, a key that does not match) is
 // logged and counted (fanwire_file_reloads_total{file="tls_certificate",
 // result="failed"}), the previous certificate kept, and it is tried again
-// at every check until it loads (reload.go says why). Connections already
+// at every check until it loads (package reload says why). Connections already
 // open keep the certificate they shook hands with. The served
 // certificate's expiry is exported for alerting
 // (fanwire_tls_certificate_expiry_timestamp_seconds). Safe for concurrent use.
@@ -32,12 +33,12 @@ type CertFiles struct {
 	certFile, keyFile string        // static
 	every             time.Duration // static
 	log               *zap.Logger   // static
-	counts            reloadCounts
+	counts            reload.Counts
 
 	mu      sync.Mutex
 	cert    *tls.Certificate // guarded by mu: served
 	expiry  time.Time        // guarded by mu: cert's leaf's notAfter
-	loaded  []fileStamp      // guarded by mu: the files as they were when cert was loaded
+	loaded  []reload.Stamp   // guarded by mu: the files as they were when cert was loaded
 	failed  string           // guarded by mu: the last failure logged ("": the files load)
 	checked time.Time        // guarded by mu: last look at the files
 }
@@ -69,7 +70,7 @@ func NewCertFiles(certFile, keyFile string, every time.Duration, log *zap.Logger
 // certificate's expiry, fanwire_tls_certificate_expiry_timestamp_seconds:
 // register it on the role's registry.
 func (c *CertFiles) Collector() prometheus.Collector {
-	return &certCollector{c: c, reloads: newReloadCollector("tls_certificate", &c.counts)}
+	return &certCollector{c: c, reloads: reload.NewCollector("tls_certificate", &c.counts)}
 }
 
 var descCertExpiry = prometheus.NewDesc("fanwire_tls_certificate_expiry_timestamp_seconds",
@@ -135,7 +136,7 @@ func (c *CertFiles) checkLocked() {
 // failure (it is tried again at every check).
 func (c *CertFiles) reloadLocked() {
 	stamps, err := c.stamps()
-	if err == nil && sameStamps(stamps, c.loaded) {
+	if err == nil && reload.Same(stamps, c.loaded) {
 		c.failed = ""
 		return
 	}
@@ -145,20 +146,20 @@ func (c *CertFiles) reloadLocked() {
 		cert, expiry, err = c.load()
 	}
 	if err != nil {
-		c.counts.failed.Add(1)
-		if msg := errString(err); msg != c.failed {
+		c.counts.Failed.Add(1)
+		if msg := reload.ErrString(err); msg != c.failed {
 			c.failed = msg
 			c.log.Warn("tls certificate files changed but do not load: serving the previous certificate, trying again at every check", zap.Error(err))
 		}
 		return
 	}
 	c.cert, c.expiry, c.loaded, c.failed = cert, expiry, stamps, ""
-	c.counts.ok.Add(1)
+	c.counts.OK.Add(1)
 	c.log.Info("tls certificate reloaded", zap.String("cert", c.certFile), zap.String("subject", cert.Leaf.Subject.String()), zap.Time("not_after", expiry))
 }
 
-func (c *CertFiles) stamps() ([]fileStamp, error) {
-	s, err := statFiles(c.certFile, c.keyFile)
+func (c *CertFiles) stamps() ([]reload.Stamp, error) {
+	s, err := reload.Stat(c.certFile, c.keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("tls: %w", err)
 	}
