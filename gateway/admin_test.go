@@ -10,6 +10,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -131,7 +132,7 @@ func TestAdminKeyTooShort(t *testing.T) {
 // pages, and closes one connection and all of a sub's with the codes the
 // clients then see.
 func TestAdminAPI(t *testing.T) {
-	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
+	a, err := auth.NewJWTAuth(auth.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
 	if err != nil {
 		t.Fatal(err)
 	}

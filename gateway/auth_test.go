@@ -21,6 +21,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/fanwire/fanwire/subject"
 	"github.com/golang-jwt/jwt/v5"
 )
@@ -76,7 +77,7 @@ func TestJWTAuth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := gateway.NewJWTAuth(gateway.JWTConfig{
+	a, err := auth.NewJWTAuth(auth.JWTConfig{
 		SecretFile: writeFile(t, "secret", testSecret+"\n"),
 		JWKSFile:   jwksFor(t, rk, ek),
 		Issuer:     "https://issuer.example", Audience: "fanwire",
@@ -162,7 +163,7 @@ func TestJWTAuth(t *testing.T) {
 	if _, err := a.Grant(context.Background(), req("", ""), nil); err == nil {
 		t.Error("no token: accepted without AllowAnonymous")
 	}
-	anon, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "s", testSecret), AllowAnonymous: true, AnonymousGrants: []string{"public.>"}})
+	anon, err := auth.NewJWTAuth(auth.JWTConfig{SecretFile: writeFile(t, "s", testSecret), AllowAnonymous: true, AnonymousGrants: []string{"public.>"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +171,7 @@ func TestJWTAuth(t *testing.T) {
 	if err != nil || !g.Allows("public.news") || g.Allows("orders.1") || !g.Anonymous || g.Publish != nil {
 		t.Fatalf("anonymous grants %+v, %v", g, err)
 	}
-	if _, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "short", "short")}); err == nil {
+	if _, err := auth.NewJWTAuth(auth.JWTConfig{SecretFile: writeFile(t, "short", "short")}); err == nil {
 		t.Error("a 5-byte secret accepted")
 	}
 }
@@ -180,7 +181,7 @@ func TestJWTAuth(t *testing.T) {
 // the connection stays; one inside is served; a connection without a token
 // is refused before the upgrade (native) or with 4403 (GraphQL).
 func TestGrantsEnforced(t *testing.T) {
-	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
+	a, err := auth.NewJWTAuth(auth.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +228,7 @@ func TestTokenExpiryAndRefresh(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short (make test-quick) leaves out the slow tests: make test runs them")
 	}
-	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
+	a, err := auth.NewJWTAuth(auth.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +370,7 @@ func FuzzTokenGrant(f *testing.F) {
 	if err := os.WriteFile(secret, []byte(testSecret), 0o600); err != nil {
 		f.Fatal(err)
 	}
-	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: secret})
+	a, err := auth.NewJWTAuth(auth.JWTConfig{SecretFile: secret})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -36,12 +37,11 @@ func TestTokenKeysReloadWithGrace(t *testing.T) {
 	swap(t, jwksFile, jwksOf(map[string]*ecdsa.PrivateKey{"a": keyA}))
 	swap(t, secretFile, secret1+"\n")
 	core, logs := observer.New(zap.InfoLevel)
-	a, err := gateway.NewJWTAuth(gateway.JWTConfig{JWKSFile: jwksFile, SecretFile: secretFile, Logger: zap.New(core)})
+	clock := &testClock{t: time.Now()}
+	a, err := auth.NewJWTAuth(auth.JWTConfig{JWKSFile: jwksFile, SecretFile: secretFile, Logger: zap.New(core), Now: clock.now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := &testClock{t: time.Now()}
-	gateway.SetTokenKeysClock(a, clock.now)
 	reg := prometheus.NewRegistry()
 	for _, c := range a.Collectors() {
 		reg.MustRegister(c)
@@ -68,11 +68,11 @@ func TestTokenKeysReloadWithGrace(t *testing.T) {
 	// check; the old ones are within their grace.
 	swap(t, jwksFile, jwksOf(map[string]*ecdsa.PrivateKey{"b": keyB}))
 	swap(t, secretFile, secret2)
-	clock.add(gateway.DefaultKeyCheckInterval)
+	clock.add(auth.DefaultKeyCheckInterval)
 	check("rotated", map[string]bool{"a": true, "b": true, "secret1": true, "secret2": true}, tokens)
 
 	// Past the grace: the removed keys stop verifying.
-	clock.add(gateway.DefaultKeyGrace)
+	clock.add(auth.DefaultKeyGrace)
 	check("after the grace", map[string]bool{"b": true, "secret2": true}, tokens)
 
 	// Files that do not load: the keys in force stay, and the files are
@@ -80,7 +80,7 @@ func TestTokenKeysReloadWithGrace(t *testing.T) {
 	swap(t, jwksFile, `{"keys": [`)
 	swap(t, secretFile, "short")
 	for range 2 {
-		clock.add(gateway.DefaultKeyCheckInterval)
+		clock.add(auth.DefaultKeyCheckInterval)
 		check("bad files", map[string]bool{"b": true, "secret2": true}, tokens)
 	}
 	if n := logs.FilterMessageSnippet("does not load").Len(); n != 2 {
@@ -88,7 +88,7 @@ func TestTokenKeysReloadWithGrace(t *testing.T) {
 	}
 	// Fixed: key c is added beside b.
 	swap(t, jwksFile, jwksOf(map[string]*ecdsa.PrivateKey{"b": keyB, "c": keyC}))
-	clock.add(gateway.DefaultKeyCheckInterval)
+	clock.add(auth.DefaultKeyCheckInterval)
 	check("fixed", map[string]bool{"b": true, "c": true, "secret2": true}, tokens)
 
 	want := `
@@ -110,16 +110,15 @@ func TestTokenKeyGraceNone(t *testing.T) {
 	jwksFile := filepath.Join(t.TempDir(), "jwks.json")
 	keyA, keyB := ecKey(t), ecKey(t)
 	swap(t, jwksFile, jwksOf(map[string]*ecdsa.PrivateKey{"a": keyA}))
-	a, err := gateway.NewJWTAuth(gateway.JWTConfig{JWKSFile: jwksFile, KeyGrace: -1})
+	clock := &testClock{t: time.Now()}
+	a, err := auth.NewJWTAuth(auth.JWTConfig{JWKSFile: jwksFile, KeyGrace: -1, Now: clock.now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := &testClock{t: time.Now()}
-	gateway.SetTokenKeysClock(a, clock.now)
 	e := newEnv(t, func(c *gateway.Config) { c.Authenticate = a.Grant })
 	tokA := sign(t, jwt.SigningMethodES256, keyA, "a", jwt.MapClaims{"exp": time.Now().Add(time.Hour).Unix()})
 	swap(t, jwksFile, jwksOf(map[string]*ecdsa.PrivateKey{"b": keyB}))
-	clock.add(gateway.DefaultKeyCheckInterval)
+	clock.add(auth.DefaultKeyCheckInterval)
 	if admitted(t, e.wsURL(), tokA) {
 		t.Error("a removed key still verifies without a grace period")
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 	"github.com/fanwire/fanwire/gateway/internal/netconn"
@@ -37,7 +38,7 @@ type conn struct {
 
 	gql    *gqlConn             // static: nil for the native protocol
 	req    *http.Request        // static: the upgrade request (authentication)
-	grants *Grants              // what the connection may subscribe to (nil: everything); set before reading (GraphQL: by connection_init)
+	grants *auth.Grants         // what the connection may subscribe to (nil: everything); set before reading (GraphQL: by connection_init)
 	fw     *netconn.FrameWriter // static: the socket's writer (GraphQL frames its messages into it in batches)
 	remote string               // static: the client's address, as logs show it (trusted-proxy aware)
 	since  time.Time            // static: when the connection was accepted
@@ -122,7 +123,7 @@ func (c *conn) requestCloseReason(code int, reason *string) bool {
 
 // setGrants sets what the connection may do, and its sub for the
 // inspector. Called by the reader (or before the connection reads).
-func (c *conn) setGrants(g *Grants) {
+func (c *conn) setGrants(g *auth.Grants) {
 	c.grants = g
 	sub := ""
 	if g != nil && !g.Anonymous {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 )
@@ -101,7 +102,7 @@ func bareToken(s string) string {
 // connection of its own. And a token that expires is never replaced by
 // one that does not: refused rather than keeping the old expiry, so the
 // client is not told its connection lasts longer than it will.
-func refreshRefusal(old, grants *Grants) string {
+func refreshRefusal(old, grants *auth.Grants) string {
 	wasAnon, isAnon := old == nil || old.Anonymous, grants == nil || grants.Anonymous
 	switch {
 	case wasAnon && !isAnon:
@@ -120,7 +121,7 @@ func refreshRefusal(old, grants *Grants) string {
 // subscriptions that grants do not cover, in the order of their ids. The
 // others go on untouched. Revocations are counted as client errors but are
 // not the client's: they do not count towards MaxClientErrors.
-func (c *conn) revokeUncovered(grants *Grants) {
+func (c *conn) revokeUncovered(grants *auth.Grants) {
 	c.subsMu.Lock()
 	var ids []string
 	for id, st := range c.subs {
@@ -150,13 +151,13 @@ func (c *conn) revokeUncovered(grants *Grants) {
 // grantChanged reports whether new grants filter st's pattern otherwise
 // than the grants it was admitted with: another row filter, or other
 // values of the claims that filter reads. The caller holds subsMu.
-func (c *conn) grantChanged(st *subState, grants *Grants) bool {
+func (c *conn) grantChanged(st *subState, grants *auth.Grants) bool {
 	var old *filter.Expr
 	var oldClaims map[string]any
 	if f := st.filter(); f != nil {
 		old, oldClaims = f.Grant(), f.Claims()
 	}
-	text := grantFilterText(grants, st.pattern)
+	text := auth.FilterText(grants, st.pattern)
 	if old == nil || text == "" {
 		return (old == nil) != (text == "")
 	}
@@ -269,7 +270,7 @@ func (c *conn) subscribe(id, pattern string, from, durable, where *string, prese
 }
 
 // subscriptionFilter is the filter of a subscription to pattern: its
-// grant's row filter (grantFilterText) and its own where, both of which
+// grant's row filter (auth.FilterText) and its own where, both of which
 // must accept an event; nil when neither filters. A where that does not
 // compile is bad_filter, naming the position; a grant's filter that does
 // not is forbidden (the token grants nothing it could check). A where the
@@ -280,7 +281,7 @@ func (c *conn) subscribe(id, pattern string, from, durable, where *string, prese
 // Config.FilterCostRate).
 func (c *conn) subscriptionFilter(pattern string, where *string) (*filter.Filter, string, error) {
 	var grant, own *filter.Expr
-	if text := grantFilterText(c.grants, pattern); text != "" {
+	if text := auth.FilterText(c.grants, pattern); text != "" {
 		ce, err := c.s.exprs.Compile(text) // the operator's text, in a signed token
 		if err != nil {
 			return nil, CodeForbidden, fmt.Errorf("the token's row filter for %q does not compile (%v): it grants nothing", pattern, err)

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
 )
 
@@ -14,7 +15,7 @@ import (
 func TestLateCloseAfterTheConnectionEnded(t *testing.T) {
 	c := &conn{s: &Server{cfg: Config{CloseTimeout: time.Hour}}}
 	c.cl = fanout.NewClient(16, 1<<20, c.overflow)
-	c.grants = &Grants{Expires: time.Now().Add(time.Hour)}
+	c.grants = &auth.Grants{Expires: time.Now().Add(time.Hour)}
 	c.armExpiry()
 	// serve's end, as it marks the connection closed and stops its timers.
 	c.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/fanwire/fanwire/subject"
@@ -133,7 +134,7 @@ type memberPage struct {
 // connection's, or an HTTP request's), after the key after, at most limit
 // (nil: defaultMembersPage) and, past the first member, maxBytes of
 // members and next (presence.page), or why not.
-func (s *Server) membersPage(g *Grants, subject string, after *string, limit *int, maxBytes int) (memberPage, *presenceRefused) {
+func (s *Server) membersPage(g *auth.Grants, subject string, after *string, limit *int, maxBytes int) (memberPage, *presenceRefused) {
 	if code, msg := s.checkPresenceSubject(subject); code != "" {
 		return memberPage{}, &presenceRefused{code, msg}
 	}
@@ -194,7 +195,7 @@ func (s *Server) checkPresenceSubject(subj string) (code, msg string) {
 // presence claim matches it, or (anonymous connections, and gateways
 // without authentication) Config.AllowAnonymousPresence and a subscribe
 // grant.
-func (s *Server) presenceAllowed(g *Grants, subj string) bool {
+func (s *Server) presenceAllowed(g *auth.Grants, subj string) bool {
 	if g == nil || g.Anonymous {
 		return s.cfg.AllowAnonymousPresence && g.Allows(subj) && presenceFiltered(g, subj) == ""
 	}
@@ -206,7 +207,7 @@ func (s *Server) presenceAllowed(g *Grants, subj string) bool {
 	return false
 }
 
-func (s *Server) presenceRefusal(g *Grants, subject string) string {
+func (s *Server) presenceRefusal(g *auth.Grants, subject string) string {
 	if g == nil || g.Anonymous {
 		if !s.cfg.AllowAnonymousPresence {
 			return "anonymous connections may not track presence (--allow-anonymous-presence is off)"
@@ -227,8 +228,8 @@ func (s *Server) presenceRefusal(g *Grants, subject string) string {
 // change and every members page, which the node does not keep; so a
 // filtered grant gives no presence (members, watches), on every
 // protocol.
-func presenceFiltered(g *Grants, pattern string) string {
-	if grantFilterText(g, pattern) == "" {
+func presenceFiltered(g *auth.Grants, pattern string) string {
+	if auth.FilterText(g, pattern) == "" {
 		return ""
 	}
 	return "this credential's subscribe grant on " + strconv.Quote(pattern) + " filters rows (a row-level grant), and presence is not filtered by rows: it needs an unfiltered subscribe grant there"
@@ -236,7 +237,7 @@ func presenceFiltered(g *Grants, pattern string) string {
 
 // revokePresence untracks the subjects grants no longer allow (a
 // refresh), each with an error revoked.
-func (c *conn) revokePresence(grants *Grants) {
+func (c *conn) revokePresence(grants *auth.Grants) {
 	for _, subject := range c.s.pres.tracked(c) {
 		if c.s.presenceAllowed(grants, subject) {
 			continue

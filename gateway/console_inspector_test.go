@@ -10,6 +10,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/fanwire/fanwire/gateway/browsertest"
 )
 
@@ -21,7 +22,7 @@ import (
 // memory: not in the field, the page's markup or storage.
 func TestConsoleInspector(t *testing.T) {
 	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
-	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
+	a, err := auth.NewJWTAuth(auth.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,8 +79,8 @@
 //     a changed pair under CertFiles' mutex, again at every check while
 //     it does not load (package reload). The TLS handshake runs within
 //     HandshakeTimeout.
-//   - JWTAuth's key files are looked at the same way, by the goroutine
-//     verifying a token, under its key store's mutex (authkeys.go): no
+//   - auth.JWTAuth's key files are looked at the same way, by the goroutine
+//     verifying a token, under its key store's mutex (package auth): no
 //     goroutine of its own.
 //   - Shutdown refuses new connections, asks every writer to drain and close
 //     with 1001, and waits for every connection's goroutines. Cancel Run's

@@ -9,6 +9,7 @@ import (
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 )
 
 // TestDurablesArePerPrincipal: a durable's name is the client's within its
@@ -18,7 +19,7 @@ import (
 // filter). Anonymous connections get no durables unless AnonymousDurables;
 // nor do tokens without a sub.
 func TestDurablesArePerPrincipal(t *testing.T) {
-	e := jwtEnv(t, "jetstream", gateway.JWTConfig{AllowAnonymous: true, AnonymousGrants: []string{"orders.>", "app.>"}}, nil)
+	e := jwtEnv(t, "jetstream", auth.JWTConfig{AllowAnonymous: true, AnonymousGrants: []string{"orders.>", "app.>"}}, nil)
 	hour := time.Now().Add(time.Hour)
 	alice := e.dialToken(hsToken(t, "alice", hour, "orders.>", "app.>"))
 	alice.send(`{"type":"subscribe","id":"a","subject":"orders.*","durable":"inbox"}`)
@@ -91,8 +92,8 @@ func TestDurablesArePerPrincipal(t *testing.T) {
 }
 
 // srvAuth is a JWTAuth like jwtEnv's, with anonymous connections.
-func (e *env) srvAuth(t *testing.T) gateway.Authenticator {
-	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret), AllowAnonymous: true, AnonymousGrants: []string{"orders.>", "app.>"}})
+func (e *env) srvAuth(t *testing.T) auth.Authenticator {
+	a, err := auth.NewJWTAuth(auth.JWTConfig{SecretFile: writeFile(t, "secret", testSecret), AllowAnonymous: true, AnonymousGrants: []string{"orders.>", "app.>"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +107,7 @@ func (e *env) srvAuth(t *testing.T) gateway.Authenticator {
 // broker deleted (unsubscribed, expired) frees its slot. Another
 // principal's durables do not count.
 func TestMaxDurablesPerPrincipal(t *testing.T) {
-	e := jwtEnv(t, "jetstream", gateway.JWTConfig{}, func(c *gateway.Config) { c.MaxDurables = 2 })
+	e := jwtEnv(t, "jetstream", auth.JWTConfig{}, func(c *gateway.Config) { c.MaxDurables = 2 })
 	hour := time.Now().Add(time.Hour)
 	aliceTok := hsToken(t, "alice", hour, "orders.>", "app.>")
 	alice := e.dialToken(aliceTok)

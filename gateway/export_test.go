@@ -37,14 +37,6 @@ func CheckCertFiles(c *CertFiles) {
 	c.reloadLocked()
 }
 
-// SetTokenKeysClock makes a's key files checked, and its retired keys
-// expire, by now instead of the wall clock.
-func SetTokenKeysClock(a *JWTAuth, now func() time.Time) {
-	a.keys.mu.Lock()
-	defer a.keys.mu.Unlock()
-	a.keys.now = now
-}
-
 // AdmissionClock is the connect rate's clock in a test: it stands still
 // until Advance, so a test decides when the next token comes.
 type AdmissionClock struct {

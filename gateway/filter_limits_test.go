@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -89,7 +90,7 @@ func TestFilterRegexPricedByItsWork(t *testing.T) {
 // pattern are one filter, evaluated once per event; so are grant filters
 // whose claims they read are equal, whatever the others (exp).
 func TestEqualFiltersShared(t *testing.T) {
-	e := jwtEnv(t, "nats", gateway.JWTConfig{AllowAnonymous: true, AnonymousGrants: []string{"app.>"}}, nil)
+	e := jwtEnv(t, "nats", auth.JWTConfig{AllowAnonymous: true, AnonymousGrants: []string{"app.>"}}, nil)
 	const conns, events = 100, 10
 	var cls []*client
 	for range conns {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -27,7 +28,7 @@ const ownRows = "doc.customer == claims.sub && doc.region == claims.region"
 // filter and the claims it reads keeps the subscriptions, one that changes
 // them revokes them.
 func TestGrantRowFilter(t *testing.T) {
-	e := jwtEnv(t, "jetstream", gateway.JWTConfig{}, func(c *gateway.Config) { c.AnonymousDurables = false })
+	e := jwtEnv(t, "jetstream", auth.JWTConfig{}, func(c *gateway.Config) { c.AnonymousDurables = false })
 	hour := time.Now().Add(time.Hour)
 	cl := e.dialToken(regionToken(t, "c1", "eu", hour, ownRows))
 	cl.keepSynced = true
@@ -102,7 +103,7 @@ func TestGrantRowFilter(t *testing.T) {
 // grants nothing (forbidden, naming the filter's error); an object entry
 // with another key is dropped (forbidden: never widened to its pattern).
 func TestGrantRowFilterRefusals(t *testing.T) {
-	e := jwtEnv(t, "nats", gateway.JWTConfig{}, nil)
+	e := jwtEnv(t, "nats", auth.JWTConfig{}, nil)
 	hour := time.Now().Add(time.Hour)
 	cl := e.dialToken(regionToken(t, "c1", "eu", hour, "doc.customer =="))
 	cl.send(`{"type":"subscribe","id":"a","subject":"orders.*"}`)

@@ -16,6 +16,7 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler"
 	"github.com/99designs/gqlgen/graphql/handler/extension"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/fanwire/fanwire/schema"
 	"github.com/fanwire/fanwire/subject"
 	"github.com/vektah/gqlparser/v2/gqlerror"
@@ -113,14 +114,14 @@ type gqlHTTPRequest struct {
 	aerr *apiError
 
 	grantsOnce sync.Once
-	g          *Grants
+	g          *auth.Grants
 	gerr       error
 }
 
 // grants are the request's grants (members): Config.Authenticate with the
 // request and no payload, as the native protocol's upgrade; nil (every
 // subject) without authentication.
-func (q *gqlHTTPRequest) grants(s *Server) (*Grants, error) {
+func (q *gqlHTTPRequest) grants(s *Server) (*auth.Grants, error) {
 	q.grantsOnce.Do(func() {
 		if auth := s.cfg.Authenticate; auth != nil {
 			q.g, q.gerr = auth(q.r.Context(), q.r, nil)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -378,7 +379,7 @@ func TestGraphQLPublishBatchOverHTTP(t *testing.T) {
 	var auths atomic.Int64
 	e, token := publishTokens(t, func(c *gateway.Config) {
 		grant := c.Authenticate
-		c.Authenticate = func(ctx context.Context, r *http.Request, p json.RawMessage) (*gateway.Grants, error) {
+		c.Authenticate = func(ctx context.Context, r *http.Request, p json.RawMessage) (*auth.Grants, error) {
 			auths.Add(1)
 			return grant(ctx, r, p)
 		}

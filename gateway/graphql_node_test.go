@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -473,7 +474,7 @@ func TestGraphQLNodeQuery(t *testing.T) {
 func TestGraphQLNodeTokenExpiryReconnects(t *testing.T) {
 	t.Parallel() // it mostly waits for its own processes (Node, Chromium, nodes): beside the others
 	requireGraphQLFixture(t)
-	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
+	a, err := auth.NewJWTAuth(auth.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 )
 
 const eventsQuery = `subscription($s: String!, $f: String) { events(subject: $s, from: $f) { subject cursor data } }`
@@ -138,7 +139,7 @@ func TestGraphQLSubscribe(t *testing.T) {
 // TestGraphQLCloseCodes: every protocol violation closes with the code
 // graphql-transport-ws specifies.
 func TestGraphQLCloseCodes(t *testing.T) {
-	auth := func(ctx context.Context, r *http.Request, payload json.RawMessage) (*gateway.Grants, error) {
+	auth := func(ctx context.Context, r *http.Request, payload json.RawMessage) (*auth.Grants, error) {
 		var p struct{ Token string }
 		if err := json.Unmarshal(payload, &p); err != nil || p.Token != "good" {
 			return nil, errors.New("bad token")
@@ -684,7 +685,7 @@ func TestAuthenticateBothProtocols(t *testing.T) {
 	var mu sync.Mutex
 	var seen []string
 	e := newEnv(t, func(c *gateway.Config) {
-		c.Authenticate = func(ctx context.Context, r *http.Request, payload json.RawMessage) (*gateway.Grants, error) {
+		c.Authenticate = func(ctx context.Context, r *http.Request, payload json.RawMessage) (*auth.Grants, error) {
 			tok := r.URL.Query().Get("token")
 			if payload != nil {
 				var p struct{ Token string }

@@ -12,6 +12,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -608,7 +609,7 @@ func TestPresenceChurnCountsAgree(t *testing.T) {
 // state is an update), and one that does not come back leaves when the
 // grace ends. A secret of another sub resumes nothing.
 func TestPresenceResume(t *testing.T) {
-	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
+	a, err := auth.NewJWTAuth(auth.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -251,7 +252,7 @@ func TestPublishKeysAndReservedSubjects(t *testing.T) {
 // publish, and a token maker.
 func publishTokens(t *testing.T, mutate func(*gateway.Config)) (*env, func(claims jwt.MapClaims) string) {
 	t.Helper()
-	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret), AllowAnonymous: true})
+	a, err := auth.NewJWTAuth(auth.JWTConfig{SecretFile: writeFile(t, "secret", testSecret), AllowAnonymous: true})
 	if err != nil {
 		t.Fatal(err)
 	}

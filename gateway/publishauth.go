@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/fanwire/fanwire/subject"
 )
 
@@ -73,7 +74,7 @@ func keyPublisher(k *APIKey) publisher {
 
 // grantsPublisher is the publisher of a connection or a request with
 // grants (nil or anonymous: anonymous, when allowed).
-func (s *Server) grantsPublisher(g *Grants) (publisher, bool) {
+func (s *Server) grantsPublisher(g *auth.Grants) (publisher, bool) {
 	if g == nil || g.Anonymous {
 		return anonymousPublisher, s.cfg.AllowAnonymousPublish
 	}
@@ -179,20 +180,3 @@ func (s *Server) publishCredentials() bool { return len(s.cfg.APIKeys) > 0 || s.
 
 // publishDisabledText names the flags that open POST /api/publish.
 const publishDisabledText = "publishing is off on this gateway: start it with --api-key, --api-keys-file, or a JWT key (--jwt-secret-file, --jwt-jwks-file) whose tokens carry a publish claim; or with --allow-anonymous-publish to let anyone who reaches it publish"
-
-// writtenPattern is a publish pattern as the token wrote it, each token
-// holding a {claim} placeholder made a '*': what the issuer named,
-// whatever a claim later put there. A pattern without placeholders is
-// itself.
-func writtenPattern(p string) string {
-	if !strings.Contains(p, "{") {
-		return p
-	}
-	toks := strings.Split(p, ".")
-	for i, tok := range toks {
-		if placeholderRE.MatchString(tok) {
-			toks[i] = "*"
-		}
-	}
-	return strings.Join(toks, ".")
-}

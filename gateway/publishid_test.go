@@ -8,6 +8,7 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -24,7 +25,7 @@ var idKinds = []string{"jetstream", "redis"}
 // anonymous publishing, and a token maker.
 func scopedEnv(t *testing.T, kind string) (*env, func(claims jwt.MapClaims) string) {
 	t.Helper()
-	a, err := gateway.NewJWTAuth(gateway.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
+	a, err := auth.NewJWTAuth(auth.JWTConfig{SecretFile: writeFile(t, "secret", testSecret)})
 	if err != nil {
 		t.Fatal(err)
 	}

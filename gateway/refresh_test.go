@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -27,10 +28,10 @@ func hsToken(t *testing.T, sub string, exp time.Time, subscribe ...any) string {
 
 // jwtEnv is a gateway on kind whose connections authenticate with HS256
 // tokens (testSecret); mutate adjusts the rest.
-func jwtEnv(t *testing.T, kind string, jcfg gateway.JWTConfig, mutate func(*gateway.Config)) *env {
+func jwtEnv(t *testing.T, kind string, jcfg auth.JWTConfig, mutate func(*gateway.Config)) *env {
 	t.Helper()
 	jcfg.SecretFile = writeFile(t, "secret", testSecret)
-	a, err := gateway.NewJWTAuth(jcfg)
+	a, err := auth.NewJWTAuth(jcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func jwtEnv(t *testing.T, kind string, jcfg gateway.JWTConfig, mutate func(*gate
 // rule, changes nothing (the subscription keeps its events, the expiry
 // stays armed) and is counted.
 func TestRefreshRefusesWhatWouldLiftItsToken(t *testing.T) {
-	e := jwtEnv(t, "nats", gateway.JWTConfig{AllowAnonymous: true, AnonymousGrants: []string{"orders.>"}}, nil)
+	e := jwtEnv(t, "nats", auth.JWTConfig{AllowAnonymous: true, AnonymousGrants: []string{"orders.>"}}, nil)
 	hour := time.Now().Add(time.Hour)
 	cl := e.dialToken(hsToken(t, "u1", hour, "orders.>"))
 	cl.subscribe("s", "orders.*")
@@ -105,7 +106,7 @@ func TestRefreshRefusesWhatWouldLiftItsToken(t *testing.T) {
 // the connection keeps its expiring token.
 func TestRefreshWithoutExpiryIsRefused(t *testing.T) {
 	expires := time.Now().Add(time.Hour)
-	auth := func(_ context.Context, r *http.Request, payload json.RawMessage) (*gateway.Grants, error) {
+	auth := func(_ context.Context, r *http.Request, payload json.RawMessage) (*auth.Grants, error) {
 		var p struct{ Token string }
 		_ = json.Unmarshal(payload, &p)
 		if p.Token == "" {
@@ -113,11 +114,11 @@ func TestRefreshWithoutExpiryIsRefused(t *testing.T) {
 		}
 		switch p.Token {
 		case "expiring":
-			return &gateway.Grants{Subject: "u1", Subscribe: []string{">"}, Expires: expires}, nil
+			return &auth.Grants{Subject: "u1", Subscribe: []string{">"}, Expires: expires}, nil
 		case "forever":
-			return &gateway.Grants{Subject: "u1", Subscribe: []string{">"}}, nil
+			return &auth.Grants{Subject: "u1", Subscribe: []string{">"}}, nil
 		}
-		return nil, gateway.ErrNoToken
+		return nil, auth.ErrNoToken
 	}
 	e := newEnv(t, func(c *gateway.Config) { c.Authenticate = auth })
 	cl := e.dialToken("expiring")
@@ -144,7 +145,7 @@ func TestRefreshWithoutExpiryIsRefused(t *testing.T) {
 // The covered subscription goes on untouched while events are published
 // throughout: every one of them, in order, once.
 func TestRefreshRevokesUncoveredSubscriptions(t *testing.T) {
-	e := jwtEnv(t, "jetstream", gateway.JWTConfig{}, nil)
+	e := jwtEnv(t, "jetstream", auth.JWTConfig{}, nil)
 	hour := time.Now().Add(time.Hour)
 	cl := e.dialToken(hsToken(t, "u1", hour, "orders.>", "app.>"))
 	cl.subscribe("keep", "orders.*")

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 	"github.com/fanwire/fanwire/gateway/internal/netconn"
@@ -375,7 +376,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	default:
 		return // the client went away while it waited
 	}
-	var grants *Grants
+	var grants *auth.Grants
 	var refused error
 	if !gql && s.cfg.Authenticate != nil {
 		// The native protocol has no init message: credentials come with

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fanwire/fanwire/broker"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/fanwire/fanwire/subject"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -224,7 +225,7 @@ type Config struct {
 	// Authenticate, when set, admits or refuses every connection: GraphQL
 	// from its connection_init payload and upgrade request (refused: 4403),
 	// native from its upgrade request (refused: 401 before the upgrade).
-	Authenticate Authenticator
+	Authenticate auth.Authenticator
 
 	// filterClock is the filter budgets' clock (nil: time.Now); tests set
 	// another with SetFilterClock.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/fanwire/fanwire/subject"
 )
 
@@ -35,7 +36,7 @@ func (s *Server) systemAllowed(subj string) bool {
 // pattern of Config.AllowSystemSubjects contains, or that the connection's
 // grants (when it has any) do not name: a grant whose first token is a
 // wildcard does not reach system subjects, as for publishing.
-func (s *Server) checkSystemPattern(pattern string, g *Grants) error {
+func (s *Server) checkSystemPattern(pattern string, g *auth.Grants) error {
 	if !subject.IsSystem(pattern) {
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -194,7 +195,7 @@ func TestGraphQLWhereAndLeave(t *testing.T) {
 // as an event and still holds its documents (a later update out of the
 // filter is a leave); a later snapshot is whole.
 func TestForgedTruncate(t *testing.T) {
-	e := jwtEnv(t, "jetstream", gateway.JWTConfig{}, nil)
+	e := jwtEnv(t, "jetstream", auth.JWTConfig{}, nil)
 	tok := func(sub string) string {
 		return sign(t, jwt.SigningMethodHS256, []byte(testSecret), "", jwt.MapClaims{
 			"sub": sub, "exp": time.Now().Add(time.Hour).Unix(),

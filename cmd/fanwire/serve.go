@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/auth"
 	"github.com/fanwire/fanwire/redact"
 	"github.com/fanwire/fanwire/subject"
 	"github.com/nats-io/nats-server/v2/server"
@@ -109,7 +110,7 @@ func (f *wsFlags) register(fs *flag.FlagSet, dev bool) {
 	fs.StringVar(&f.jwtJWKSFile, "jwt-jwks-file", "", "JSON Web Key Set file with the RS256/ES256 public keys that sign connection tokens")
 	fs.StringVar(&f.jwtIssuer, "jwt-issuer", "", "when set, a token's iss must equal it")
 	fs.StringVar(&f.jwtAudience, "jwt-audience", "", "when set, a token's aud must contain it")
-	fs.DurationVar(&f.jwtKeyGrace, "jwt-key-grace", gateway.DefaultKeyGrace, "--jwt-secret-file and --jwt-jwks-file are loaded again when they change (looked at every 2 s at most): a key they no longer hold still verifies tokens this long (0: it stops at once)")
+	fs.DurationVar(&f.jwtKeyGrace, "jwt-key-grace", auth.DefaultKeyGrace, "--jwt-secret-file and --jwt-jwks-file are loaded again when they change (looked at every 2 s at most): a key they no longer hold still verifies tokens this long (0: it stops at once)")
 	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", dev, "admit connections without a token, with --anonymous-grants; without a JWT key, ws refuses to start unless this is set (every connection would be anonymous)")
 	fs.Var(&f.anonymousGrants, "anonymous-grants", "subject patterns anonymous connections may subscribe to, comma-separated (default: none with a JWT key, every subject without one)")
 	fs.StringVar(&f.apiKeysFile, "api-keys-file", "", "file of POST /api/publish keys, one per line: name key [patterns,comma-separated] (none: publish anywhere); # starts a comment")
@@ -533,14 +534,14 @@ func loadAPIKeys(path string) ([]gateway.APIKey, error) {
 // anonymous, which must be asked for with --allow-anonymous (on in dev):
 // they may subscribe to --anonymous-grants, or without those to every
 // subject the gateway serves.
-func (f *wsFlags) authenticator() (gateway.Authenticator, error) {
+func (f *wsFlags) authenticator() (auth.Authenticator, error) {
 	auth, _, err := f.authenticatorFor(zap.NewNop())
 	return auth, err
 }
 
 // authenticatorFor is authenticator, logging the key files' reloads to
 // log, with the collectors of their metrics.
-func (f *wsFlags) authenticatorFor(log *zap.Logger) (gateway.Authenticator, []prometheus.Collector, error) {
+func (f *wsFlags) authenticatorFor(log *zap.Logger) (auth.Authenticator, []prometheus.Collector, error) {
 	for _, p := range f.anonymousGrants {
 		if err := subject.ValidatePattern(p); err != nil {
 			return nil, nil, fmt.Errorf("--anonymous-grants: %w", err)
@@ -551,7 +552,7 @@ func (f *wsFlags) authenticatorFor(log *zap.Logger) (gateway.Authenticator, []pr
 		if grace <= 0 {
 			grace = -1 // none (the Config's zero means its default)
 		}
-		auth, err := gateway.NewJWTAuth(gateway.JWTConfig{
+		auth, err := auth.NewJWTAuth(auth.JWTConfig{
 			SecretFile: f.jwtSecretFile, JWKSFile: f.jwtJWKSFile, Issuer: f.jwtIssuer, Audience: f.jwtAudience,
 			AllowAnonymous: f.allowAnonymous, AnonymousGrants: f.anonymousGrants,
 			KeyGrace: grace, Logger: log,
@@ -571,6 +572,6 @@ func (f *wsFlags) authenticatorFor(log *zap.Logger) (gateway.Authenticator, []pr
 		return nil, nil, nil // every subject of --subjects
 	}
 
-	grants := &gateway.Grants{Subscribe: f.anonymousGrants, Subject: "anonymous", Anonymous: true}
-	return func(context.Context, *http.Request, json.RawMessage) (*gateway.Grants, error) { return grants, nil }, nil, nil
+	grants := &auth.Grants{Subscribe: f.anonymousGrants, Subject: "anonymous", Anonymous: true}
+	return func(context.Context, *http.Request, json.RawMessage) (*auth.Grants, error) { return grants, nil }, nil, nil
 }

@@ -1,4 +1,4 @@
-package gateway
+package auth
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 // them) and publish to (a subject must match one of them), until Expires
 // (zero: no expiry). A nil *Grants allows every subscription; publishing
 // is never implied: nil or Anonymous grants publish only when
-// Config.AllowAnonymousPublish says so.
+// the gateway's Config.AllowAnonymousPublish says so.
 type Grants struct {
 	Subscribe []string
 	// SubscribeWhere is each Subscribe entry's row filter, a CEL
@@ -46,7 +46,7 @@ type Grants struct {
 	// PublishAsWritten is Publish as the token wrote it, before claims
 	// were substituted: each token holding a {claim} is '*' (same order
 	// and length as Publish; nil: Publish itself). The reserved-subject
-	// rule looks at it (publishauth.go).
+	// rule looks at it (the gateway's publish).
 	PublishAsWritten []string
 }
 
@@ -57,6 +57,9 @@ type JWTConfig struct {
 	Issuer     string // when set, iss must equal it
 	Audience   string // when set, aud must contain it
 	Leeway     time.Duration
+	// Now is the clock key checks and the grace of removed keys run by
+	// (nil: time.Now).
+	Now func() time.Time
 	// KeyGrace is how long a key removed from SecretFile or JWKSFile
 	// still verifies tokens once the change is seen (default
 	// DefaultKeyGrace; negative: none, it stops at once). The files are
@@ -106,8 +109,11 @@ func NewJWTAuth(cfg JWTConfig) (*JWTAuth, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	a := &JWTAuth{cfg: cfg, keys: &tokenKeys{secretFile: cfg.SecretFile, jwksFile: cfg.JWKSFile,
-		every: cfg.KeyCheckInterval, grace: cfg.KeyGrace, log: cfg.Logger, now: time.Now}}
+		every: cfg.KeyCheckInterval, grace: cfg.KeyGrace, log: cfg.Logger, now: cfg.Now}}
 	if err := a.keys.load(); err != nil {
 		return nil, err
 	}
@@ -288,10 +294,10 @@ func (g *Grants) Allows(pattern string) bool {
 // JWTAuth.Grant is one.
 type Authenticator func(ctx context.Context, r *http.Request, initPayload json.RawMessage) (*Grants, error)
 
-// grantFilterText is the filter of the grants covering pattern: "" when
+// FilterText is the row filter of the grants covering pattern: "" when
 // one covering entry has none (the pattern is granted unfiltered), else the
 // disjunction of the covering entries' filters.
-func grantFilterText(g *Grants, pattern string) string {
+func FilterText(g *Grants, pattern string) string {
 	if g == nil {
 		return ""
 	}
@@ -321,4 +327,21 @@ func grantFilterText(g *Grants, pattern string) string {
 		return parts[0]
 	}
 	return "(" + strings.Join(parts, ") || (") + ")"
+}
+
+// writtenPattern is a publish pattern as the token wrote it, each token
+// holding a {claim} placeholder made a '*': what the issuer named,
+// whatever a claim later put there. A pattern without placeholders is
+// itself.
+func writtenPattern(p string) string {
+	if !strings.Contains(p, "{") {
+		return p
+	}
+	toks := strings.Split(p, ".")
+	for i, tok := range toks {
+		if placeholderRE.MatchString(tok) {
+			toks[i] = "*"
+		}
+	}
+	return strings.Join(toks, ".")
 }
