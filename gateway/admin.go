@@ -106,7 +106,7 @@ func (s *Server) adminOnly(h http.HandlerFunc) http.HandlerFunc {
 		a.mu.Lock()
 		if a.logs.allow() {
 			s.log.Warn("admin request refused: missing or wrong admin key (logged at most every 10s)",
-				zap.String("remote", s.proxies.clientAddr(r)), zap.String("method", r.Method), zap.String("path", r.URL.Path),
+				zap.String("remote", s.proxies.ClientAddr(r)), zap.String("method", r.Method), zap.String("path", r.URL.Path),
 				zap.Int64("refused_since_last_log", a.logs.suppressed()))
 		}
 		a.mu.Unlock()
@@ -198,7 +198,7 @@ func (c *conn) inspect(now time.Time) adminConn {
 	}
 	c.subsMu.Unlock()
 	slices.SortFunc(a.Subscriptions, func(x, y adminSub) int { return cmp.Compare(x.ID, y.ID) })
-	a.Tracking = c.s.pres.tracked(c)
+	a.Tracking = c.s.pres.Tracked(c.pc)
 	return a
 }
 
@@ -213,7 +213,7 @@ func (c *conn) matchesSubject(subj string) bool {
 		}
 	}
 	c.subsMu.Unlock()
-	return slices.Contains(c.s.pres.tracked(c), subj)
+	return slices.Contains(c.s.pres.Tracked(c.pc), subj)
 }
 
 // adminList is GET /admin/connections's answer.
@@ -263,7 +263,7 @@ func (s *Server) serveAdminList(w http.ResponseWriter, r *http.Request) {
 		}
 		out.Connections = append(out.Connections, c.inspect(now))
 	}
-	s.log.Info("admin: connections listed", zap.String("by", "admin"), zap.String("remote", s.proxies.clientAddr(r)),
+	s.log.Info("admin: connections listed", zap.String("by", "admin"), zap.String("remote", s.proxies.ClientAddr(r)),
 		zap.String("sub", sub), zap.String("subject", subj), zap.String("after", after), zap.Int("listed", len(out.Connections)))
 	writeJSON(w, http.StatusOK, out)
 }
@@ -322,7 +322,7 @@ func (s *Server) serveAdminClose(w http.ResponseWriter, r *http.Request) {
 			closed = append(closed, c.id)
 		}
 	}
-	remote := s.proxies.clientAddr(r)
+	remote := s.proxies.ClientAddr(r)
 	fields := []zap.Field{zap.String("by", "admin"), zap.String("remote", remote), zap.Int("code", req.Code), zap.String("reason", reason), zap.Strings("closed", closed)}
 	if req.ID != "" {
 		fields = append(fields, zap.String("conn", req.ID))

@@ -16,6 +16,7 @@ import (
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 	"github.com/fanwire/fanwire/gateway/internal/netconn"
+	"github.com/fanwire/fanwire/gateway/internal/presence"
 
 	"github.com/coder/websocket"
 	"go.uber.org/zap"
@@ -34,6 +35,7 @@ type conn struct {
 	ws  *websocket.Conn // static
 	id  string          // static
 	cl  *fanout.Client  // static
+	pc  *presence.Conn  // static: what presence knows of it
 	ctx context.Context // static: cancelled when the server stops hard
 
 	gql    *gqlConn             // static: nil for the native protocol
@@ -279,7 +281,7 @@ func (c *conn) end(err error) {
 		}
 		cancel()
 	}
-	c.s.pres.leaveAll(c) // its memberships and presence watches
+	c.s.pres.LeaveAll(c.pc) // its memberships and presence watches
 	c.cl.Mailbox.Close()
 	reason := c.disconnectReason(err)
 	c.s.metrics.Disconnects.WithLabelValues(reason).Inc()

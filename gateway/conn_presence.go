@@ -5,21 +5,20 @@ import (
 	"errors"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/fanwire/fanwire/gateway/auth"
-	"github.com/fanwire/fanwire/gateway/internal/fanout"
+	"github.com/fanwire/fanwire/gateway/internal/presence"
 	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/fanwire/fanwire/subject"
 )
 
-// The native protocol's presence commands (presence.go): track, untrack
+// The native protocol's presence commands (package internal/presence): track, untrack
 // and members. A subscription with "presence" is subscribe's (conn_commands.go).
 
 // Presence error codes.
 const (
-	CodeTooManyTracks  = "too_many_tracks"  // track: the connection tracks Config.MaxPresenceTracks subjects already
-	CodeTooManyMembers = "too_many_members" // track: the node's replica holds Config.MaxPresenceMembers members (every node's)
+	CodeTooManyTracks  = presence.CodeTooManyTracks  // track: the connection tracks Config.MaxPresenceTracks subjects already
+	CodeTooManyMembers = presence.CodeTooManyMembers // track: the node's replica holds Config.MaxPresenceMembers members (every node's)
 )
 
 // presenceRefused is a presence command's refusal: the error code and the
@@ -57,7 +56,7 @@ func (c *conn) members(id, subject string, after *string, limit *int) {
 		c.clientError(id, r.code, r.msg)
 		return
 	}
-	b := membersMessage(id, subject, pg.members, pg.count, pg.next)
+	b := presence.MembersMessage(id, subject, pg.members, pg.count, pg.next)
 	if c.cl.NeverFits(len(b)) && len(pg.members) > 0 { // one member: a state near --max-presence-state in a tiny mailbox
 		key := splitMember(pg.members[0]).conn
 		c.clientError(id, CodeTooLarge, "members: member "+string(key)+" takes "+strconv.Itoa(len(b))+" bytes with the reply, more than this connection's queue holds (--mailbox-bytes "+
@@ -96,14 +95,18 @@ func (c *conn) trackRefused(subject string, state json.RawMessage, resume string
 	if !c.s.presenceAllowed(c.grants, subject) {
 		return "", "", &presenceRefused{CodeForbidden, c.s.presenceRefusal(c.grants, subject)}
 	}
-	st, err := compactState(state, c.s.cfg.MaxPresenceState)
+	st, err := presence.CompactState(state, c.s.cfg.MaxPresenceState)
 	switch {
-	case errors.Is(err, errStateTooLarge):
+	case errors.Is(err, presence.ErrStateTooLarge):
 		return "", "", &presenceRefused{CodeTooLarge, "track: \"state\" is over " + strconv.Itoa(c.s.cfg.MaxPresenceState) + " bytes compacted (--max-presence-state)"}
 	case err != nil:
 		return "", "", &presenceRefused{CodeBadFrame, "track: \"state\": " + err.Error()}
 	}
-	key, secret, refused := c.s.pres.track(c, subject, st, resume, c.s.cfg.MaxPresenceTracks)
+	sub := "" // the member's sub: its token's, none when anonymous
+	if g := c.grants; g != nil && !g.Anonymous {
+		sub = g.Subject
+	}
+	key, secret, refused := c.s.pres.Track(c.pc, sub, subject, st, resume, c.s.cfg.MaxPresenceTracks)
 	switch refused {
 	case CodeTooManyTracks:
 		return "", "", &presenceRefused{refused, "this connection tracks " + strconv.Itoa(c.s.cfg.MaxPresenceTracks) + " subjects already (--max-presence-tracks): untrack one first"}
@@ -119,7 +122,7 @@ func (c *conn) untrackRefused(subject string) *presenceRefused {
 	if r := c.presenceRate(); r != nil {
 		return r
 	}
-	c.s.pres.untrack(c, subject)
+	c.s.pres.Untrack(c.pc, subject)
 	return nil
 }
 
@@ -152,7 +155,7 @@ func (s *Server) membersPage(g *auth.Grants, subject string, after *string, limi
 		return memberPage{}, &presenceRefused{CodeBadFrame, "members: \"limit\" must be 1 to " + strconv.Itoa(maxMembersPage)}
 	}
 	var pg memberPage
-	pg.members, pg.count, pg.next = s.pres.page(subject, deref(after), n, maxBytes)
+	pg.members, pg.count, pg.next = s.pres.Page(subject, deref(after), n, maxBytes)
 	return pg, nil
 }
 
@@ -238,24 +241,15 @@ func presenceFiltered(g *auth.Grants, pattern string) string {
 // revokePresence untracks the subjects grants no longer allow (a
 // refresh), each with an error revoked.
 func (c *conn) revokePresence(grants *auth.Grants) {
-	for _, subject := range c.s.pres.tracked(c) {
+	for _, subject := range c.s.pres.Tracked(c.pc) {
 		if c.s.presenceAllowed(grants, subject) {
 			continue
 		}
-		c.s.pres.untrack(c, subject)
+		c.s.pres.Untrack(c.pc, subject)
 		c.s.metrics.ClientErrors.WithLabelValues(CodeRevoked).Inc()
 		if c.gql != nil {
 			continue // GraphQL has no error outside an operation; its untrack is the member's leave
 		}
 		c.send(c.errorMsg("", CodeRevoked, "presence on "+strconv.Quote(subject)+" ended: the refreshed token does not grant it"))
 	}
-}
-
-// fixUTF8IfNeeded replaces invalid UTF-8 (which encoding/json lets through
-// inside strings) as events do.
-func fixUTF8IfNeeded(b []byte) []byte {
-	if utf8.Valid(b) {
-		return b
-	}
-	return fanout.FixUTF8(b)
 }

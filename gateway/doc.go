@@ -25,10 +25,12 @@
 // fanout.View: the hub evaluates each filter once per event however many
 // views share it, charging each connection's fanout.FilterBudget, and a
 // view holds the subjects it has delivered, so that a document that stops
-// passing gets a leave. Presence (presence.go, presence_bus.go,
-// presence_watch.go) keeps each node's members and a replica of the other
-// nodes', kept in step over the broker's bus, and sends changes to
-// watchers through the same mailboxes. The inspector
+// passing gets a leave. Presence (package internal/presence, above the
+// core; its commands in conn_presence.go and graphql_presence.go) keeps
+// each node's members and a replica of the other nodes', kept in step
+// over the broker's bus, and sends changes to watchers through the same
+// mailboxes: it knows a connection as a presence.Conn (its id and its
+// fanout.Client). The inspector
 // (admin.go) reads connections, subscriptions and mailboxes from HTTP
 // handler goroutines: the connection set under Server.mu, each
 // connection's subscriptions under conn.subsMu, counters by atomics.

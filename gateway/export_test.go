@@ -1,8 +1,9 @@
 package gateway
 
 import (
-	"sync"
 	"time"
+
+	"github.com/fanwire/fanwire/gateway/internal/admission"
 )
 
 // ForceGraphQLExecutor makes s serve every GraphQL subscription through
@@ -39,81 +40,31 @@ func CheckCertFiles(c *CertFiles) {
 
 // AdmissionClock is the connect rate's clock in a test: it stands still
 // until Advance, so a test decides when the next token comes.
-type AdmissionClock struct {
-	mu     sync.Mutex
-	now    time.Time               // guarded by mu
-	timers map[*fakeTimer]struct{} // guarded by mu: not fired, not stopped
-}
-
-type fakeTimer struct {
-	at time.Time      // static
-	c  chan time.Time // buffered: one value
-}
+type AdmissionClock = admission.ManualClock
 
 // FreezeAdmission gives s's connect rate a clock that stands still. Call it
 // before any upgrade request.
 func FreezeAdmission(s *Server) *AdmissionClock {
-	c := &AdmissionClock{now: time.Unix(1_000_000_000, 0), timers: make(map[*fakeTimer]struct{})}
-	s.admit.mu.Lock()
-	s.admit.clock = c
-	s.admit.mu.Unlock()
+	c := admission.NewManualClock()
+	s.admit.SetClock(c)
 	return c
-}
-
-// Advance moves the clock on by d and fires the timers due by then.
-func (c *AdmissionClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	for t := range c.timers {
-		if !t.at.After(c.now) {
-			t.c <- c.now
-			delete(c.timers, t)
-		}
-	}
-}
-
-func (c *AdmissionClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *AdmissionClock) Timer(at time.Time) (<-chan time.Time, func()) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t := &fakeTimer{at: at, c: make(chan time.Time, 1)}
-	if !at.After(c.now) {
-		t.c <- c.now
-		return t.c, func() {}
-	}
-	c.timers[t] = struct{}{}
-	return t.c, func() {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		delete(c.timers, t)
-	}
 }
 
 // SilencePresence makes s send nothing more on the presence bus, as a
 // node that died: the others learn it only from its missing heart-beats.
-func SilencePresence(s *Server) { s.pres.silent.Store(true) }
+func SilencePresence(s *Server) { s.pres.Silence() }
 
 // DropPresenceSends makes s lose its next n messages on the presence bus
 // (at most once: as a broker may lose them).
-func DropPresenceSends(s *Server, n int) { s.pres.drop.Store(int32(n)) }
+func DropPresenceSends(s *Server, n int) { s.pres.DropSends(n) }
 
 // SweepPresence runs s's sweep of dead nodes and ended graces as at now.
-func SweepPresence(s *Server, now time.Time) { s.pres.sweep(now) }
+func SweepPresence(s *Server, now time.Time) { s.pres.Sweep(now) }
 
 // FlushPresence delivers s's coalesced presence changes now, as its
 // interval's tick does.
-func FlushPresence(s *Server) {
-	s.pres.mu.Lock()
-	s.pres.flushLocked()
-	s.pres.unlock()
-}
+func FlushPresence(s *Server) { s.pres.Flush() }
 
 // DrainPresence starts s's presence drain, as Shutdown does first, without
 // closing its connections: a test can end one and watch the others.
-func DrainPresence(s *Server) { s.pres.drain() }
+func DrainPresence(s *Server) { s.pres.Drain() }

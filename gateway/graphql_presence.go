@@ -8,6 +8,7 @@ import (
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
+	"github.com/fanwire/fanwire/gateway/internal/presence"
 	"github.com/fanwire/fanwire/schema"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 )
@@ -36,17 +37,17 @@ type presMember struct {
 
 // newPresParts builds the GraphQL values of changes to a subject that has
 // count members after them.
-func newPresParts(count int, changes []pendingChange) *presParts {
+func newPresParts(count int, changes []presence.Change) *presParts {
 	p := &presParts{count: strconv.AppendInt(nil, int64(count), 10)}
 	for _, ch := range changes {
 		i := 0
-		switch ch.op {
-		case opLeave:
+		switch ch.Op {
+		case presence.OpLeave:
 			i = 1
-		case opUpdate:
+		case presence.OpUpdate:
 			i = 2
 		}
-		p.lists[i] = append(p.lists[i], splitMember(ch.enc))
+		p.lists[i] = append(p.lists[i], splitMember(ch.Enc))
 	}
 	return p
 }
@@ -304,7 +305,7 @@ func (c *conn) gqlWatchPresence(ctx context.Context, id string, opCtx *graphql.O
 	c.subsMu.Lock()
 	c.subs[id] = &subState{pattern: pattern, live: true, presence: true, watchOnly: true}
 	c.subsMu.Unlock()
-	c.s.pres.watch(c, id, pattern)
+	c.s.pres.Watch(c.pc, id, pattern)
 	c.s.metrics.Subscriptions.Inc()
 }
 

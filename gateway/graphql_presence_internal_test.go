@@ -10,6 +10,7 @@ import (
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
+	"github.com/fanwire/fanwire/gateway/internal/presence"
 )
 
 // presenceOpFor builds the op a connection would for a presence
@@ -30,8 +31,8 @@ func presenceOpFor(t testing.TB, s *Server, id string, legacy bool, query string
 
 // testPresenceEvent is a presence change as deliverLocked builds it for
 // GraphQL watchers.
-func testPresenceEvent(subject string, count int, changes []pendingChange) *fanout.Event {
-	ev := presenceEvent(subject, count, changes)
+func testPresenceEvent(subject string, count int, changes []presence.Change) *fanout.Event {
+	ev := presence.NewEvent(subject, count, changes)
 	ev.Ext = newPresParts(count, changes)
 	return ev
 }
@@ -53,14 +54,14 @@ func TestGraphQLPresenceFastPathMatchesExecutor(t *testing.T) {
 		{q: `subscription($on: Boolean!) { presence(subject: "room.*") { count @skip(if: $on) joins { conn sub @include(if: $on) } } }`, vars: map[string]any{"on": true}},
 		{q: `subscription($on: Boolean!) { presence(subject: "room.*") { count @skip(if: $on) joins { conn sub @include(if: $on) } } }`, vars: map[string]any{"on": false}},
 	}
-	join := func(conn, sub, state string) pendingChange {
-		return pendingChange{op: opJoin, enc: memberJSON(conn, sub, []byte(state), false)}
+	join := func(conn, sub, state string) presence.Change {
+		return presence.Change{Op: presence.OpJoin, Enc: presence.MemberJSON(conn, sub, []byte(state), false)}
 	}
-	changes := [][]pendingChange{
+	changes := [][]presence.Change{
 		{join("c1", "", "null")},
 		{join("c1", "u1", `{"name":"ann","html":"<a href='x'>&amp;</a>"}`), join(`c"2\`, "ü \" \\ \u2028", `[1,2.5e3,null,true,"x"]`)},
-		{{op: opLeave, enc: memberJSON("c3", "u3", nil, true)}, {op: opLeave, enc: memberJSON("c4", "", nil, true)}},
-		{{op: opUpdate, enc: memberJSON("c5", "", []byte(`"typing"`), false)}, join("c6", "s", `{"pad":"`+strings.Repeat("x", 3000)+`"}`), {op: opLeave, enc: memberJSON("c7", "s", nil, true)}},
+		{{Op: presence.OpLeave, Enc: presence.MemberJSON("c3", "u3", nil, true)}, {Op: presence.OpLeave, Enc: presence.MemberJSON("c4", "", nil, true)}},
+		{{Op: presence.OpUpdate, Enc: presence.MemberJSON("c5", "", []byte(`"typing"`), false)}, join("c6", "s", `{"pad":"`+strings.Repeat("x", 3000)+`"}`), {Op: presence.OpLeave, Enc: presence.MemberJSON("c7", "s", nil, true)}},
 		{},
 	}
 	for qi, q := range queries {
@@ -112,9 +113,9 @@ func presenceBenchConn(tb testing.TB, s *Server) (*conn, *fanout.SubsList) {
 // benchPresenceEvent is a typical small-room change: one join with a
 // small state, one leave.
 func benchPresenceEvent() *fanout.Event {
-	return testPresenceEvent("room.42", 12, []pendingChange{
-		{op: opJoin, enc: memberJSON("0123456789abcdef", "user-17", []byte(`{"name":"Ann","status":"online"}`), false)},
-		{op: opLeave, enc: memberJSON("fedcba9876543210", "user-4", nil, true)},
+	return testPresenceEvent("room.42", 12, []presence.Change{
+		{Op: presence.OpJoin, Enc: presence.MemberJSON("0123456789abcdef", "user-17", []byte(`{"name":"Ann","status":"online"}`), false)},
+		{Op: presence.OpLeave, Enc: presence.MemberJSON("fedcba9876543210", "user-4", nil, true)},
 	})
 }
 
@@ -144,9 +145,9 @@ func BenchmarkPresenceDelivery(b *testing.B) {
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/delivery")
 	})
 	b.Run("parts", func(b *testing.B) {
-		changes := []pendingChange{
-			{op: opJoin, enc: memberJSON("0123456789abcdef", "user-17", []byte(`{"name":"Ann","status":"online"}`), false)},
-			{op: opLeave, enc: memberJSON("fedcba9876543210", "user-4", nil, true)},
+		changes := []presence.Change{
+			{Op: presence.OpJoin, Enc: presence.MemberJSON("0123456789abcdef", "user-17", []byte(`{"name":"Ann","status":"online"}`), false)},
+			{Op: presence.OpLeave, Enc: presence.MemberJSON("fedcba9876543210", "user-4", nil, true)},
 		}
 		b.ReportAllocs()
 		for b.Loop() {

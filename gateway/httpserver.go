@@ -55,7 +55,7 @@ func (s *Server) HTTPServer() *http.Server {
 		ConnState:         s.handshakes.connState,
 		ErrorLog:          zap.NewStdLog(s.log.Named("http")),
 	}
-	hs.RegisterOnShutdown(s.admit.close)
+	hs.RegisterOnShutdown(s.admit.Close)
 	return hs
 }
 

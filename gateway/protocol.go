@@ -30,7 +30,7 @@ type clientFrame struct {
 	Token   *string         `json:"token"`   // refresh: a new connection token
 	Data    json.RawMessage `json:"data"`    // publish: the event's data, any JSON value
 
-	// Presence (presence.go).
+	// Presence (package internal/presence).
 	Presence *bool           `json:"presence"` // subscribe: also the presence changes of the subjects it matches
 	State    json.RawMessage `json:"state"`    // track: the member's state, any JSON value
 	Resume   *string         `json:"resume"`   // track: the secret of a member to resume

@@ -190,9 +190,8 @@ func (rs *resumer) reply() bool {
 	return rs.c.queue(rs.c.subscribedMsg(rs.id, cursor))
 }
 
-// enqueue queues one event for this subscription, whose filter's result
-// (nil: evaluate it) is ok; a full mailbox closes the connection with
-// 4008.
+// enqueue queues one event for this subscription (conn.push), whose
+// filter's result (nil: evaluate it) is ok.
 func (rs *resumer) enqueue(ev *fanout.Event, p *filter.Parsed, ok *bool) (wasEmpty bool, err error) {
 	c, vs := rs.c, rs.vs
 	if vs != nil {
@@ -214,8 +213,16 @@ func (rs *resumer) enqueue(ev *fanout.Event, p *filter.Parsed, ok *bool) (wasEmp
 			return false, nil
 		}
 	}
-	it := fanout.Item{Ev: ev, Subs: rs.subs}
-	if c.cl.NeverFits(it.Size()) { // skipped, as live
+	return c.push(fanout.Item{Ev: ev, Subs: rs.subs})
+}
+
+// push queues it outside the dispatcher (a replay, a hand-over) and
+// reports whether the mailbox was empty. A delivery that could never fit
+// the mailbox is skipped and counted, as live (Server.dispatch); a full
+// mailbox closes the connection with 4008.
+func (c *conn) push(it fanout.Item) (wasEmpty bool, err error) {
+	if c.cl.NeverFits(it.Size()) {
+		c.s.metrics.EventsDropped.WithLabelValues(dropTooLarge).Inc()
 		return false, nil
 	}
 	wasEmpty, _, err = c.cl.Mailbox.Push(it, it.Size())
@@ -397,11 +404,6 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, st *subStat
 				continue
 			}
 		}
-		it := fanout.Item{Ev: ev, Subs: subs}
-		if c.cl.NeverFits(it.Size()) { // skipped, as live (Server.dispatch)
-			c.s.metrics.EventsDropped.WithLabelValues(dropTooLarge).Inc()
-			continue
-		}
 		if c.cl.Mailbox.OverHalf() {
 			if wake {
 				c.cl.Signal()
@@ -411,9 +413,8 @@ func (c *conn) queueEvents(ctx context.Context, ms []broker.Message, st *subStat
 				return err
 			}
 		}
-		wasEmpty, _, err := c.cl.Mailbox.Push(it, it.Size())
+		wasEmpty, err := c.push(fanout.Item{Ev: ev, Subs: subs})
 		if err != nil {
-			c.overflow()
 			return err
 		}
 		wake = wake || wasEmpty

@@ -19,9 +19,11 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/gateway/auth"
+	"github.com/fanwire/fanwire/gateway/internal/admission"
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 	"github.com/fanwire/fanwire/gateway/internal/netconn"
+	"github.com/fanwire/fanwire/gateway/internal/presence"
 
 	"github.com/99designs/gqlgen/graphql/executor"
 	"github.com/coder/websocket"
@@ -38,17 +40,17 @@ var consoleFS embed.FS
 // Server is the ws role: it consumes the broker, fans events out to
 // WebSocket clients and serves the HTTP API. See doc.go for its lifecycle.
 type Server struct {
-	cfg          Config           // static after New
-	durable      broker.Durable   // static: the broker, if it keeps history (nil for Core NATS)
-	snapshots    broker.Snapshots // static: the broker, if it reads each subject's newest message (from: "latest")
-	exprs        *filter.Cache    // static: compiled filters
-	filters      *filter.Set      // static: the filters subscriptions hold, one per distinct filter
-	consumers    broker.Consumers // static: the broker, if it keeps per-subscription consumers (JetStream)
-	replayEvents *eventCache      // events shared by replays and feeds; nil without history
-	hub          *fanout.Hub      // static
-	flush        *flushPool       // static: the shared flushers (flusher.go)
-	pres         *presence        // static: presence (presence.go)
-	metrics      *Metrics         // static
+	cfg          Config             // static after New
+	durable      broker.Durable     // static: the broker, if it keeps history (nil for Core NATS)
+	snapshots    broker.Snapshots   // static: the broker, if it reads each subject's newest message (from: "latest")
+	exprs        *filter.Cache      // static: compiled filters
+	filters      *filter.Set        // static: the filters subscriptions hold, one per distinct filter
+	consumers    broker.Consumers   // static: the broker, if it keeps per-subscription consumers (JetStream)
+	replayEvents *eventCache        // events shared by replays and feeds; nil without history
+	hub          *fanout.Hub        // static
+	flush        *flushPool         // static: the shared flushers (flusher.go)
+	pres         *presence.Presence // static: presence (package internal/presence)
+	metrics      *Metrics           // static
 	log          *zap.Logger
 	mux          *http.ServeMux
 
@@ -62,12 +64,12 @@ type Server struct {
 
 	idle       idlePoller // parked readers (idlepark.go)
 	nconns     atomic.Int64
-	perIP      ipCounts
+	perIP      admission.IPCounts
 	handshakes handshakes
-	admit      *admission     // static: the connect rate and its queue
-	admin      *adminAuth     // static: nil without Config.AdminKey (admin.go)
-	adminMux   *http.ServeMux // static: the inspector's own handler; nil unless Config.AdminApart (admin_listener.go)
-	proxies    trustedProxies // static: Config.TrustedProxies
+	admit      *admission.Admission     // static: the connect rate and its queue
+	admin      *adminAuth               // static: nil without Config.AdminKey (admin.go)
+	adminMux   *http.ServeMux           // static: the inspector's own handler; nil unless Config.AdminApart (admin_listener.go)
+	proxies    admission.TrustedProxies // static: Config.TrustedProxies
 	consuming  atomic.Bool
 
 	mu       sync.Mutex
@@ -115,7 +117,13 @@ func New(cfg Config) (*Server, error) {
 	s.exprs = filter.NewCache(uint64(cfg.MaxFilterCost), m.FilterCompiles.Inc)
 	s.filters = filter.NewSet()
 	bus, _ := cfg.Broker.(broker.Bus)
-	s.pres = newPresence(s, bus)
+	s.pres = presence.New(presence.Config{
+		Bus: bus, Registry: cfg.Registry, Log: s.log,
+		MaxMembers: cfg.MaxPresenceMembers, ListLimit: cfg.PresenceListLimit,
+		Heartbeat: cfg.PresenceHeartbeat, Interval: cfg.PresenceInterval, Timeout: cfg.PresenceTimeout,
+		PieceBytes: s.pageBytes(), MailboxBytes: cfg.MailboxBytes,
+		Parts: func(count int, changes []presence.Change) any { return newPresParts(count, changes) },
+	})
 	if cfg.Registry != nil {
 		cfg.Registry.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fanwire_views", Help: "Filtered subscriptions (a where or a row filter) live in the dispatcher's view index."}, func() float64 { return float64(s.hub.Views()) }),
@@ -130,8 +138,9 @@ func New(cfg Config) (*Server, error) {
 	s.invalidLogs = rateLimiter{every: 10 * time.Second}
 	s.tooLargeLogs = rateLimiter{every: 10 * time.Second}
 	s.idle = idlePoller{epfd: -1, wakeFD: -1, parkedGauge: m.ReadersParked.Add}
-	s.admit = newAdmission(&s.cfg, m)
-	s.proxies = trustedProxies(cfg.TrustedProxies)
+	s.admit = admission.New(admission.Config{Rate: cfg.MaxConnectRate, Burst: cfg.ConnectBurst, Queue: cfg.ConnectQueue,
+		QueueWait: cfg.ConnectQueueWait, Queued: m.ConnectQueue, Waited: m.ConnectWait})
+	s.proxies = admission.TrustedProxies(cfg.TrustedProxies)
 	s.handshakes = handshakes{timeout: cfg.HandshakeTimeout, max: cfg.MaxHandshakes, rejected: func(reason string) {
 		m.ConnectionsRejected.WithLabelValues(reason).Inc()
 	}}
@@ -191,7 +200,7 @@ func (s *Server) Run(ctx context.Context) error {
 	presDone := make(chan struct{})
 	go func() {
 		defer close(presDone)
-		s.pres.run(pctx)
+		s.pres.Run(pctx)
 	}()
 	defer func() {
 		stop()
@@ -337,9 +346,9 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		s.refuseUpgrade(w, http.StatusServiceUnavailable, 5, "too many connections", CodeMaxConnections)
 		return
 	}
-	ip := s.proxies.clientAddr(r)
-	group := ipGroup(ip, s.cfg.IPLimitIPv6Prefix)
-	if !s.perIP.acquire(group, s.cfg.MaxConnectionsPerIP) {
+	ip := s.proxies.ClientAddr(r)
+	group := admission.IPGroup(ip, s.cfg.IPLimitIPv6Prefix)
+	if !s.perIP.Acquire(group, s.cfg.MaxConnectionsPerIP) {
 		s.nconns.Add(-1)
 		s.refuseUpgrade(w, http.StatusTooManyRequests, 5, "too many connections from this address", CodeMaxConnectionsPerIP)
 		return
@@ -348,7 +357,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 	defer func() {
 		if !served {
 			s.nconns.Add(-1)
-			s.perIP.release(group)
+			s.perIP.Release(group)
 		}
 	}()
 
@@ -365,12 +374,12 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		return
 	}
 	// The connect rate, before any authentication work (admission.go).
-	switch retry, err := s.admit.wait(r.Context()); {
+	switch retry, err := s.admit.Wait(r.Context()); {
 	case err == nil:
-	case errors.Is(err, errConnectRate):
+	case errors.Is(err, admission.ErrConnectRate):
 		s.refuseUpgrade(w, http.StatusServiceUnavailable, retry, "too many connection attempts: retry later", CodeConnectRate)
 		return
-	case errors.Is(err, errAdmissionClosed):
+	case errors.Is(err, admission.ErrClosed):
 		s.refuseUpgrade(w, http.StatusServiceUnavailable, 5, "server going away", CodeShuttingDown)
 		return
 	default:
@@ -454,6 +463,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		c.gql = &gqlConn{legacy: ws.Subprotocol() == subprotoLegacy, exec: s.gqlExec, ops: make(map[string]*gqlOp)}
 		c.cl.Encode = c.gql.encode
 	}
+	c.pc = &presence.Conn{ID: c.id, Client: c.cl, Parts: gql}
 	// Set before the connection is registered: Shutdown may wake its
 	// writer (a 1001 close) as soon as it is in s.conns.
 	c.cl.OnWake = c.ensureWriter
@@ -490,7 +500,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		delete(s.conns, c)
 		s.mu.Unlock()
 		s.metrics.Connections.Dec()
-		s.perIP.release(group)
+		s.perIP.Release(group)
 		s.nconns.Add(-1)
 		s.wg.Done()
 	}
@@ -517,8 +527,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// Presence first: this node's members stay on the other nodes for
 	// their clients to resume there, instead of leaving as each
 	// connection closes.
-	s.pres.drain()
-	s.admit.close()
+	s.pres.Drain()
+	s.admit.Close()
 	s.mu.Lock()
 	s.draining = true
 	conns := make([]*conn, 0, len(s.conns))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/gateway/auth"
+	"github.com/fanwire/fanwire/gateway/internal/admission"
 	"github.com/fanwire/fanwire/subject"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -39,7 +40,7 @@ type Config struct {
 	// TrustedProxies are the peers (load balancers, reverse proxies of
 	// yours) whose X-Forwarded-For names the client: from one of them, the
 	// client is the first address of that header, read from the right, that
-	// is not a trusted proxy (clientaddr.go). From any other peer the header
+	// is not a trusted proxy. From any other peer the header
 	// is ignored. The client address is what MaxConnectionsPerIP counts
 	// (IPv6 by IPLimitIPv6Prefix) and what logs show. Parse flags with
 	// ParseTrustedProxies.
@@ -141,7 +142,7 @@ type Config struct {
 	// PublishTokens, POST /api/publish answers 403 publish_disabled.
 	AllowAnonymousPublish bool
 
-	// Presence (presence.go). A token tracks where its presence claim
+	// Presence (package internal/presence). A token tracks where its presence claim
 	// matches; AllowAnonymousPresence lets connections without a token
 	// (and gateways without authentication) track where they may
 	// subscribe.
@@ -437,4 +438,10 @@ func (c *Config) maxPublishable() (int64, string) {
 		max, what = int64(l.MaxMessage()), "the broker's message limit, under --max-publish-bytes"
 	}
 	return max, what
+}
+
+// ParseTrustedProxies parses addresses and CIDR prefixes ("10.0.0.0/8",
+// "192.0.2.7", "2001:db8::/32") for Config.TrustedProxies.
+func ParseTrustedProxies(list []string) ([]netip.Prefix, error) {
+	return admission.ParseTrustedProxies(list)
 }

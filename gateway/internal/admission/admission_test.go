@@ -1,4 +1,4 @@
-package gateway
+package admission
 
 import (
 	"context"
@@ -14,11 +14,10 @@ import (
 // those that leave (anywhere in the queue, the head included) are skipped
 // without losing a token, and the queue gauge returns to zero.
 func TestAdmissionFIFO(t *testing.T) {
-	m := newMetrics(prometheus.NewRegistry(), func() bool { return true })
-	a := newAdmission(&Config{MaxConnectRate: 10, ConnectBurst: 1, ConnectQueue: 100, ConnectQueueWait: time.Hour}, m)
-	clk := &AdmissionClock{now: time.Unix(1_000_000_000, 0), timers: make(map[*fakeTimer]struct{})}
-	a.clock = clk
-	if _, err := a.wait(context.Background()); err != nil {
+	a := New(Config{Rate: 10, Burst: 1, Queue: 100, QueueWait: time.Hour, Queued: prometheus.NewGauge(prometheus.GaugeOpts{Name: "q"}), Waited: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "w"})})
+	clk := NewManualClock()
+	a.SetClock(clk)
+	if _, err := a.Wait(context.Background()); err != nil {
 		t.Fatalf("the burst's token: %v", err)
 	}
 	const n = 30
@@ -30,7 +29,7 @@ func TestAdmissionFIFO(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancels[i] = cancel
 		wg.Go(func() {
-			_, err := a.wait(ctx)
+			_, err := a.Wait(ctx)
 			switch {
 			case err == nil:
 				order <- i
@@ -63,7 +62,7 @@ func TestAdmissionFIFO(t *testing.T) {
 	}
 }
 
-func untilQueued(t *testing.T, a *admission, n int) {
+func untilQueued(t *testing.T, a *Admission, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); queued(a) != n; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -72,7 +71,7 @@ func untilQueued(t *testing.T, a *admission, n int) {
 	}
 }
 
-func queued(a *admission) int {
+func queued(a *Admission) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.n
@@ -81,12 +80,11 @@ func queued(a *admission) int {
 // BenchmarkAdmissionFree: an upgrade's way through the admission when a
 // token is free (the common case), from concurrent handlers.
 func BenchmarkAdmissionFree(b *testing.B) {
-	m := newMetrics(prometheus.NewRegistry(), func() bool { return true })
-	a := newAdmission(&Config{MaxConnectRate: 1 << 30, ConnectBurst: 1 << 30, ConnectQueue: 1, ConnectQueueWait: time.Second}, m)
+	a := New(Config{Rate: 1 << 30, Burst: 1 << 30, Queue: 1, QueueWait: time.Second, Queued: prometheus.NewGauge(prometheus.GaugeOpts{Name: "q"}), Waited: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "w"})})
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, err := a.wait(context.Background()); err != nil {
+			if _, err := a.Wait(context.Background()); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -1,4 +1,4 @@
-package gateway
+package admission
 
 import (
 	"net/http"
@@ -50,13 +50,13 @@ func TestClientAddr(t *testing.T) {
 			for _, v := range tc.xff {
 				r.Header.Add("X-Forwarded-For", v)
 			}
-			if got := trustedProxies(trusted).clientAddr(r); got != tc.want {
+			if got := TrustedProxies(trusted).ClientAddr(r); got != tc.want {
 				t.Fatalf("client %q, want %q", got, tc.want)
 			}
 		})
 	}
 	r := &http.Request{RemoteAddr: "10.1.2.3:5000", Header: http.Header{"X-Forwarded-For": {"203.0.113.9"}}}
-	if got := trustedProxies(nil).clientAddr(r); got != "10.1.2.3" {
+	if got := TrustedProxies(nil).ClientAddr(r); got != "10.1.2.3" {
 		t.Fatalf("no trusted proxies: client %q, want the peer", got)
 	}
 }
@@ -90,17 +90,17 @@ func FuzzClientAddr(f *testing.F) {
 		f.Add("10.1.2.3:5000", s)
 		f.Add("198.51.100.1:5000", s)
 	}
-	trusted := trustedProxies{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")}
+	trusted := TrustedProxies{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")}
 	f.Fuzz(func(t *testing.T, remote, xff string) {
 		r := &http.Request{RemoteAddr: remote, Header: http.Header{"X-Forwarded-For": {xff}}}
-		got := trusted.clientAddr(r)
+		got := trusted.ClientAddr(r)
 		bare := &http.Request{RemoteAddr: remote, Header: http.Header{}}
-		peer := trusted.clientAddr(bare)
+		peer := trusted.ClientAddr(bare)
 		if got == peer {
 			return
 		}
 		pa, err := netip.ParseAddr(peer)
-		if err != nil || !trusted.contains(pa) {
+		if err != nil || !trusted.Contains(pa) {
 			t.Fatalf("peer %q is not trusted, yet the client is %q from %q", remote, got, xff)
 		}
 		a, err := netip.ParseAddr(got)
@@ -123,25 +123,25 @@ func TestIPGroup(t *testing.T) {
 	for _, tc := range []struct {
 		addr string
 		bits int
-		want ipKey
+		want IPKey
 	}{
-		{"198.51.100.7", 64, ipKey{p: netip.MustParsePrefix("198.51.100.7/32")}},
-		{"::ffff:198.51.100.7", 64, ipKey{p: netip.MustParsePrefix("198.51.100.7/32")}},
-		{"198.51.100.7", 8, ipKey{p: netip.MustParsePrefix("198.51.100.7/32")}}, // IPv4 stays per address
-		{"2001:db8:1:2:3:4:5:6", 64, ipKey{p: netip.MustParsePrefix("2001:db8:1:2::/64")}},
-		{"2001:db8:1:2:3:4:5:6", 48, ipKey{p: netip.MustParsePrefix("2001:db8:1::/48")}},
-		{"2001:db8:1:2:3:4:5:6", 128, ipKey{p: netip.MustParsePrefix("2001:db8:1:2:3:4:5:6/128")}},
-		{"2001:db8:1:2:3:4:5:6", 1, ipKey{p: netip.MustParsePrefix("::/1")}},
-		{"fe80::1%eth0", 64, ipKey{p: netip.MustParsePrefix("fe80::/64")}},
-		{"::1", 64, ipKey{p: netip.MustParsePrefix("::/64")}},
-		{"pipe", 64, ipKey{raw: "pipe"}},
-		{"", 64, ipKey{raw: ""}},
+		{"198.51.100.7", 64, IPKey{p: netip.MustParsePrefix("198.51.100.7/32")}},
+		{"::ffff:198.51.100.7", 64, IPKey{p: netip.MustParsePrefix("198.51.100.7/32")}},
+		{"198.51.100.7", 8, IPKey{p: netip.MustParsePrefix("198.51.100.7/32")}}, // IPv4 stays per address
+		{"2001:db8:1:2:3:4:5:6", 64, IPKey{p: netip.MustParsePrefix("2001:db8:1:2::/64")}},
+		{"2001:db8:1:2:3:4:5:6", 48, IPKey{p: netip.MustParsePrefix("2001:db8:1::/48")}},
+		{"2001:db8:1:2:3:4:5:6", 128, IPKey{p: netip.MustParsePrefix("2001:db8:1:2:3:4:5:6/128")}},
+		{"2001:db8:1:2:3:4:5:6", 1, IPKey{p: netip.MustParsePrefix("::/1")}},
+		{"fe80::1%eth0", 64, IPKey{p: netip.MustParsePrefix("fe80::/64")}},
+		{"::1", 64, IPKey{p: netip.MustParsePrefix("::/64")}},
+		{"pipe", 64, IPKey{raw: "pipe"}},
+		{"", 64, IPKey{raw: ""}},
 	} {
-		if got := ipGroup(tc.addr, tc.bits); got != tc.want {
+		if got := IPGroup(tc.addr, tc.bits); got != tc.want {
 			t.Errorf("ipGroup(%q, %d) = %v, want %v", tc.addr, tc.bits, got, tc.want)
 		}
 	}
-	if ipGroup("2001:db8:1:2::1", 64) != ipGroup("2001:db8:1:2:ffff:ffff:ffff:ffff", 64) {
+	if IPGroup("2001:db8:1:2::1", 64) != IPGroup("2001:db8:1:2:ffff:ffff:ffff:ffff", 64) {
 		t.Error("two addresses of one /64: two groups")
 	}
 }
@@ -149,16 +149,16 @@ func TestIPGroup(t *testing.T) {
 // TestIPGroupAllocs: grouping a client and counting it on the connect
 // path allocates nothing once the count map has its entry's room.
 func TestIPGroupAllocs(t *testing.T) {
-	var c ipCounts
+	var c IPCounts
 	for _, addr := range []string{"198.51.100.7", "2001:db8:1:2:3:4:5:6", "::ffff:198.51.100.7"} {
-		c.acquire(ipGroup(addr, 64), 0) // the map and its entry's room
-		c.release(ipGroup(addr, 64))
+		c.Acquire(IPGroup(addr, 64), 0) // the map and its entry's room
+		c.Release(IPGroup(addr, 64))
 		if n := testing.AllocsPerRun(1000, func() {
-			k := ipGroup(addr, 64)
-			if !c.acquire(k, 10) {
+			k := IPGroup(addr, 64)
+			if !c.Acquire(k, 10) {
 				t.Fatal("refused")
 			}
-			c.release(k)
+			c.Release(k)
 		}); n != 0 {
 			t.Errorf("%s: %v allocations per connect, want 0", addr, n)
 		}
@@ -166,12 +166,12 @@ func TestIPGroupAllocs(t *testing.T) {
 }
 
 func BenchmarkIPGroup(b *testing.B) {
-	var c ipCounts
+	var c IPCounts
 	addrs := []string{"198.51.100.7", "2001:db8:1:2:3:4:5:6"}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		k := ipGroup(addrs[i&1], 64)
-		c.acquire(k, 0)
-		c.release(k)
+		k := IPGroup(addrs[i&1], 64)
+		c.Acquire(k, 0)
+		c.Release(k)
 	}
 }

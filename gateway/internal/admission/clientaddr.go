@@ -1,4 +1,4 @@
-package gateway
+package admission
 
 import (
 	"fmt"
@@ -8,11 +8,6 @@ import (
 	"strings"
 	"sync"
 )
-
-// A client's address: the socket's peer, or, when that peer is one of
-// Config.TrustedProxies, the address X-Forwarded-For names. It is what
-// logs call "remote"; MaxConnectionsPerIP counts it by its group (ipGroup):
-// an IPv4 address, or an IPv6 address's prefix.
 
 // ParseTrustedProxies parses addresses and CIDR prefixes ("10.0.0.0/8",
 // "192.0.2.7", "2001:db8::/32") for Config.TrustedProxies.
@@ -41,10 +36,10 @@ func ParseTrustedProxies(list []string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// trustedProxies are the peers whose X-Forwarded-For the gateway believes.
-type trustedProxies []netip.Prefix // static after New
+// TrustedProxies are the peers whose X-Forwarded-For the gateway believes.
+type TrustedProxies []netip.Prefix // static after New
 
-func (t trustedProxies) contains(a netip.Addr) bool {
+func (t TrustedProxies) Contains(a netip.Addr) bool {
 	a = a.Unmap().WithZone("") // a link-local peer's zone names our interface, not the proxy
 	for _, p := range t {
 		if p.Contains(a) {
@@ -54,7 +49,7 @@ func (t trustedProxies) contains(a netip.Addr) bool {
 	return false
 }
 
-// clientAddr is r's client address. Without a trusted peer it is the
+// ClientAddr is r's client address. Without a trusted peer it is the
 // socket's peer (RemoteAddr without its port). From a trusted peer,
 // X-Forwarded-For is walked from the right (the entry the peer appended)
 // leftwards past trusted proxies, and the first untrusted address is the
@@ -62,7 +57,7 @@ func (t trustedProxies) contains(a netip.Addr) bool {
 // read. A malformed entry stops the walk: the client is then the last
 // trusted hop reached (the peer itself, when the header's last entry is
 // malformed), as when every entry is a trusted proxy.
-func (t trustedProxies) clientAddr(r *http.Request) string {
+func (t TrustedProxies) ClientAddr(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr
@@ -71,7 +66,7 @@ func (t trustedProxies) clientAddr(r *http.Request) string {
 		return host
 	}
 	peer, err := netip.ParseAddr(host)
-	if err != nil || !t.contains(peer) {
+	if err != nil || !t.Contains(peer) {
 		return host
 	}
 	hop := peer.Unmap()
@@ -94,7 +89,7 @@ func (t trustedProxies) clientAddr(r *http.Request) string {
 			if !ok {
 				return hop.String()
 			}
-			if !t.contains(a) {
+			if !t.Contains(a) {
 				return a.String()
 			}
 			hop = a
@@ -124,18 +119,18 @@ func parseForwarded(s string) (netip.Addr, bool) {
 // ipKey is what MaxConnectionsPerIP counts a client by: its IPv4 address
 // or its IPv6 prefix, or, for a peer address that is not an IP (none over
 // TCP), the address's text.
-type ipKey struct {
+type IPKey struct {
 	p   netip.Prefix
 	raw string // only when the address does not parse
 }
 
-// ipGroup is client address addr's key, IPv6 addresses grouped by their
+// IPGroup is client address addr's key, IPv6 addresses grouped by their
 // first v6bits (Config.IPLimitIPv6Prefix, 1 to 128). IPv4-mapped IPv6
 // addresses are IPv4 ones. It does not allocate: every upgrade calls it.
-func ipGroup(addr string, v6bits int) ipKey {
+func IPGroup(addr string, v6bits int) IPKey {
 	a, err := netip.ParseAddr(addr)
 	if err != nil {
-		return ipKey{raw: addr}
+		return IPKey{raw: addr}
 	}
 	a = a.Unmap()
 	bits := 32
@@ -144,32 +139,32 @@ func ipGroup(addr string, v6bits int) ipKey {
 	}
 	p, err := a.Prefix(bits) // drops a link-local address's zone
 	if err != nil {
-		return ipKey{raw: addr} // bits out of range: validate refuses those
+		return IPKey{raw: addr} // bits out of range: validate refuses those
 	}
-	return ipKey{p: p}
+	return IPKey{p: p}
 }
 
-// ipCounts counts connections per client address group (ipGroup).
-type ipCounts struct {
+// IPCounts counts connections per client address group (IPGroup).
+type IPCounts struct {
 	mu sync.Mutex
-	n  map[ipKey]int // guarded by mu
+	n  map[IPKey]int // guarded by mu
 }
 
 // acquire counts a connection from k unless it has max already (0: no cap).
-func (c *ipCounts) acquire(k ipKey, max int) bool {
+func (c *IPCounts) Acquire(k IPKey, max int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if max > 0 && c.n[k] >= max {
 		return false
 	}
 	if c.n == nil {
-		c.n = make(map[ipKey]int)
+		c.n = make(map[IPKey]int)
 	}
 	c.n[k]++
 	return true
 }
 
-func (c *ipCounts) release(k ipKey) {
+func (c *IPCounts) Release(k IPKey) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n[k]--; c.n[k] <= 0 {

@@ -1,7 +1,9 @@
-package gateway
+package presence
 
 import (
 	"bytes"
+	crand "crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"slices"
 	"sort"
@@ -9,41 +11,21 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fanwire/fanwire/broker"
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/jsonstr"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 )
 
-// Presence: who is here, on a subject, across every node.
-//
-// A connection tracks itself on a concrete subject with a small state
-// (track); it is then a member of that subject until it untracks or its
-// connection ends, for any reason. A member is its connection's id (its
-// key), its token's sub and its state: the server sets the first two, the
-// client only the state.
-//
-// Every node keeps a replica of every subject's members: its own
-// connections' (the authority for them), and every other node's, learnt
-// over the broker's bus (presence_bus.go). A subscription with "presence"
-// gets the changes of the subjects its pattern matches, as "presence"
-// messages in order with its events; "members" pages through a subject's
-// members with their count.
-//
-// Big rooms: a subject with more than Config.PresenceListLimit members
-// has its changes coalesced per Config.PresenceInterval into one message
-// per subscription (a member that joins and leaves within it appears in
-// neither), so a join costs each watcher a few bytes at the next tick,
-// never a list. Messages are cut to fit the watchers' mailboxes, and a
-// tick sends at most half a mailbox of a subject's changes
-// (presence_watch.go).
-//
-// Lock order: the hub's index lock, then presence.mu (a subscription
-// starts watching while its reply is queued under the index); presence.mu
-// is never held while taking the index.
-type presence struct {
-	s         *Server     // static
+// Presence is a node's presence: its replica of every subject's members,
+// its watches, and its side of the bus. Lock order: the hub's index lock,
+// then mu (a subscription starts watching while its reply is queued under
+// the index); mu is never held while taking the index.
+type Presence struct {
+	cfg       Config      // static
 	self      string      // static: this node's id, new at each start
 	bus       broker.Bus  // static: nil when the broker has none (the node is alone)
 	listLimit int         // static: Config.PresenceListLimit
@@ -51,10 +33,10 @@ type presence struct {
 
 	mu      sync.Mutex
 	rooms   map[string]*room            // guarded by mu: subject → members
-	local   map[*conn]map[string]string // guarded by mu: the subjects each local connection tracks, and its member's key on each
+	local   map[*Conn]map[string]string // guarded by mu: the subjects each local connection tracks, and its member's key on each
 	exact   map[string][]*presenceWatch // guarded by mu: watches of a concrete subject
 	wild    []*presenceWatch            // guarded by mu: watches of patterns with wildcards
-	watches map[*conn][]*presenceWatch  // guarded by mu: each connection's watches
+	watches map[*Conn][]*presenceWatch  // guarded by mu: each connection's watches
 	dirty   map[*room]struct{}          // guarded by mu: rooms with coalesced changes to deliver
 	leaving map[memberRef]time.Time     // guarded by mu: members of stopped nodes, until their grace ends (unless resumed)
 	drained bool                        // guarded by mu: this node stops: its members stay elsewhere, for their clients to resume
@@ -69,15 +51,41 @@ type presence struct {
 	silent  atomic.Bool                 // tests: send nothing on the bus, as a dead node (SilencePresence)
 	drop    atomic.Int32                // tests: the next messages to lose on the bus (DropPresenceSends)
 	closed  bool                        // guarded by mu: Run ended: local changes are not sent
-	ovf     []*conn                     // guarded by mu: connections whose mailbox overflowed, for after unlock
-	wakes   []*conn                     // guarded by mu: connections to wake after unlock
-	scratch map[*conn][]*presenceWatch  // guarded by mu: deliver's grouping, reused
+	ovf     []*Conn                     // guarded by mu: connections whose mailbox overflowed, for after unlock
+	wakes   []*Conn                     // guarded by mu: connections to wake after unlock
+	scratch map[*Conn][]*presenceWatch  // guarded by mu: deliver's grouping, reused
 	evs     []*fanout.Event             // guarded by mu: deliver's pieces, reused
 	cuts    []int                       // guarded by mu: where deliver cuts its changes, reused
 
-	// Presence messages fit their watchers' mailboxes (presence_watch.go).
-	pieceBytes int // static: the most one presence message takes (Server.pageBytes)
+	// Presence messages fit their watchers' mailboxes (watch.go).
+	pieceBytes int // static: the most one presence message takes (Config.PieceBytes)
 	flushBytes int // static: the most of a room's coalesced changes one tick delivers: half a mailbox
+}
+
+// Config is what a Presence is made with; the Config fields named in the
+// comments are the gateway's.
+type Config struct {
+	Bus                          broker.Bus // nil: the broker has none (the node is alone)
+	Registry                     prometheus.Registerer
+	Log                          *zap.Logger
+	MaxMembers                   int           // Config.MaxPresenceMembers: in the node's replica
+	ListLimit                    int           // Config.PresenceListLimit
+	Heartbeat, Interval, Timeout time.Duration // Config.PresenceHeartbeat, PresenceInterval, PresenceTimeout
+	PieceBytes                   int           // the most one presence message takes
+	MailboxBytes                 int           // Config.MailboxBytes
+	// parts, if set, is what the events of a change carry for watchers
+	// whose connection asks for it (Conn.Parts): a transport's
+	// encoding, built once per change for all of them.
+	Parts func(count int, changes []Change) any
+}
+
+// Conn is presence's view of a connection: its id (the key of the
+// members it tracks first), its client (the mailbox its watches deliver
+// to) and whether its watches' events carry Config.Parts. Static.
+type Conn struct {
+	ID     string
+	Client *fanout.Client
+	Parts  bool
 }
 
 // room is one subject's members.
@@ -86,7 +94,7 @@ type room struct {
 	members  map[string]*member // by key
 	byResume map[string]string  // resume secret → key
 	sorted   []string           // members' keys in order, for pages: built by the first page, then kept (nil until then)
-	pend     map[string]pendingChange
+	pend     map[string]Change
 	// resumeAfter is the last member a tick that hit presence.flushBytes
 	// delivered: the next starts after it ("" from the first).
 	resumeAfter string
@@ -98,7 +106,7 @@ type room struct {
 // it leave and join.
 type member struct {
 	node   string // the node holding its connection (presence.self: this one)
-	owner  *conn  // that connection, when it is this node's
+	owner  *Conn  // that connection, when it is this node's
 	sub    string
 	resume string // the secret that resumes it, known to its client and the nodes only
 	gen    uint32 // its holders so far, less one: each resume adds one
@@ -118,14 +126,14 @@ type presMetrics struct {
 	dropped   *prometheus.CounterVec
 }
 
-func newPresence(s *Server, bus broker.Bus) *presence {
-	p := &presence{
-		s: s, self: newConnID(), bus: bus, listLimit: s.cfg.PresenceListLimit,
-		rooms: make(map[string]*room), local: make(map[*conn]map[string]string), leaving: make(map[memberRef]time.Time),
-		exact: make(map[string][]*presenceWatch), watches: make(map[*conn][]*presenceWatch),
+func New(cfg Config) *Presence {
+	p := &Presence{
+		cfg: cfg, self: newPresID(), bus: cfg.Bus, listLimit: cfg.ListLimit,
+		rooms: make(map[string]*room), local: make(map[*Conn]map[string]string), leaving: make(map[memberRef]time.Time),
+		exact: make(map[string][]*presenceWatch), watches: make(map[*Conn][]*presenceWatch),
 		dirty: make(map[*room]struct{}), peers: make(map[string]*peer), gone: make(map[string]time.Time),
-		wake: make(chan struct{}, 1), scratch: make(map[*conn][]*presenceWatch),
-		pieceBytes: s.pageBytes(), flushBytes: s.cfg.MailboxBytes / 2,
+		wake: make(chan struct{}, 1), scratch: make(map[*Conn][]*presenceWatch),
+		pieceBytes: cfg.PieceBytes, flushBytes: cfg.MailboxBytes / 2,
 	}
 	p.m = presMetrics{
 		members:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanwire_presence_members", Help: "Presence members this node knows, on every node (its replica)."}),
@@ -138,14 +146,14 @@ func newPresence(s *Server, bus broker.Bus) *presence {
 		lost:      prometheus.NewCounter(prometheus.CounterOpts{Name: "fanwire_presence_bus_errors_total", Help: "Bus messages this node failed to send or could not read."}),
 		dropped:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanwire_presence_messages_dropped_total", Help: "Presence messages not queued to a watcher, by reason (too_large: one member's change is more than the watcher's mailbox holds, --mailbox-bytes)."}, []string{"reason"}),
 	}
-	s.cfg.Registry.MustRegister(p.m.members, p.m.local, p.m.nodes, p.m.changes, p.m.delivered, p.m.syncs, p.m.expired, p.m.lost, p.m.dropped)
-	p.m.dropped.WithLabelValues(dropTooLarge) // exported at 0
+	cfg.Registry.MustRegister(p.m.members, p.m.local, p.m.nodes, p.m.changes, p.m.delivered, p.m.syncs, p.m.expired, p.m.lost, p.m.dropped)
+	p.m.dropped.WithLabelValues(presDropTooLarge) // exported at 0
 	return p
 }
 
-// memberJSON encodes a member: its key, its sub (omitted when anonymous)
+// MemberJSON encodes a member: its key, its sub (omitted when anonymous)
 // and, unless leave, its state.
-func memberJSON(conn, sub string, state []byte, leave bool) []byte {
+func MemberJSON(conn, sub string, state []byte, leave bool) []byte {
 	b := make([]byte, 0, 32+len(conn)+len(sub)+len(state))
 	b = append(b, `{"conn":`...)
 	b = jsonstr.Append(b, conn)
@@ -170,7 +178,7 @@ func memberJSON(conn, sub string, state []byte, leave bool) []byte {
 // gen orders a member's holders: each resume makes it one more. A change
 // from a holder older than the member's (a node that had not yet heard
 // of the resume: its delta or its list) is stale, and ignored.
-func (p *presence) setLocked(subject, node string, owner *conn, key, sub, resume string, gen uint32, state []byte, origin string) (visible, moved bool) {
+func (p *Presence) setLocked(subject, node string, owner *Conn, key, sub, resume string, gen uint32, state []byte, origin string) (visible, moved bool) {
 	r := p.rooms[subject]
 	if r == nil {
 		r = &room{subject: subject, members: make(map[string]*member), byResume: make(map[string]string)}
@@ -206,12 +214,12 @@ func (p *presence) setLocked(subject, node string, owner *conn, key, sub, resume
 		old.node, old.owner, old.resume, old.gen = node, owner, resume, gen
 		return false, moved
 	}
-	enc := memberJSON(key, sub, state, false)
+	enc := MemberJSON(key, sub, state, false)
 	m := &member{node: node, owner: owner, sub: sub, resume: resume, gen: gen, enc: enc, st: enc[len(enc)-1-len(state) : len(enc)-1]}
 	r.members[key] = m
-	op := byte(opUpdate)
+	op := byte(OpUpdate)
 	if old == nil {
-		op = opJoin
+		op = OpJoin
 		if r.sorted != nil {
 			i, _ := slices.BinarySearch(r.sorted, key)
 			r.sorted = slices.Insert(r.sorted, i, key)
@@ -226,7 +234,7 @@ func (p *presence) setLocked(subject, node string, owner *conn, key, sub, resume
 
 // releaseLocked forgets who held m (ref) before it moved: its node's list,
 // or its connection's subjects on this node.
-func (p *presence) releaseLocked(ref memberRef, m *member) {
+func (p *Presence) releaseLocked(ref memberRef, m *member) {
 	if m.node != p.self {
 		if pr := p.peers[m.node]; pr != nil {
 			delete(pr.members, ref)
@@ -244,7 +252,7 @@ func (p *presence) releaseLocked(ref memberRef, m *member) {
 
 // removeLocked removes key from subject's members if node (and, on this
 // node, owner) holds it; it reports whether it did.
-func (p *presence) removeLocked(subject, node string, owner *conn, key, origin string) bool {
+func (p *Presence) removeLocked(subject, node string, owner *Conn, key, origin string) bool {
 	r := p.rooms[subject]
 	if r == nil {
 		return false
@@ -262,27 +270,24 @@ func (p *presence) removeLocked(subject, node string, owner *conn, key, origin s
 	p.m.members.Dec()
 	p.total--
 	p.m.changes.WithLabelValues(origin).Inc()
-	p.emitLocked(r, key, opLeave, memberJSON(key, m.sub, nil, true))
+	p.emitLocked(r, key, OpLeave, MemberJSON(key, m.sub, nil, true))
 	if len(r.members) == 0 && len(r.pend) == 0 {
 		delete(p.rooms, subject)
 	}
 	return true
 }
 
-// track makes c a member of subject with state (compacted JSON), or
+// Track makes c a member of subject with state (compacted JSON) and its
+// token's sub ("" anonymous), or
 // updates its state. resume, when it is the secret of a member of subject
 // with c's sub (on any node, its connection gone or going), makes c that
 // member again: same key, no leave, no join. It returns the member's key
 // and secret, or why it refused: CodeTooManyTracks when c tracks max
 // subjects already, CodeTooManyMembers when the node's replica holds
 // Config.MaxPresenceMembers.
-func (p *presence) track(c *conn, subject string, state []byte, resume string, max int) (key, secret, refused string) {
+func (p *Presence) Track(c *Conn, sub, subject string, state []byte, resume string, max int) (key, secret, refused string) {
 	p.mu.Lock()
 	defer p.unlock()
-	sub := ""
-	if c.grants != nil && !c.grants.Anonymous {
-		sub = c.grants.Subject
-	}
 	subjects := p.local[c]
 	key, ok := subjects[subject]
 	var gen uint32
@@ -293,10 +298,10 @@ func (p *presence) track(c *conn, subject string, state []byte, resume string, m
 		if len(subjects) >= max {
 			return "", "", CodeTooManyTracks
 		}
-		if p.total >= p.s.cfg.MaxPresenceMembers {
+		if p.total >= p.cfg.MaxMembers {
 			return "", "", CodeTooManyMembers
 		}
-		key = c.id
+		key = c.ID
 		if r := p.rooms[subject]; r != nil && resume != "" {
 			if k, found := r.byResume[resume]; found && r.members[k].sub == sub {
 				key, secret, gen = k, resume, r.members[k].gen+1
@@ -317,17 +322,17 @@ func (p *presence) track(c *conn, subject string, state []byte, resume string, m
 	}
 	visible, moved := p.setLocked(subject, p.self, c, key, sub, secret, gen, state, "local")
 	if visible || moved {
-		p.sendLocked(busChange{Op: string(rune(opJoin)), Subject: subject, Conn: key, Sub: sub, State: state, Resume: secret, Gen: gen})
+		p.sendLocked(busChange{Op: string(rune(OpJoin)), Subject: subject, Conn: key, Sub: sub, State: state, Resume: secret, Gen: gen})
 	}
 	return key, secret, ""
 }
 
 // newResumeSecret is a member's resume secret: 128 random bits.
-func newResumeSecret() string { return newConnID() + newConnID() }
+func newResumeSecret() string { return newPresID() + newPresID() }
 
-// untrack ends c's membership of subject; it reports whether c was a
+// Untrack ends c's membership of subject; it reports whether c was a
 // member.
-func (p *presence) untrack(c *conn, subject string) bool {
+func (p *Presence) Untrack(c *Conn, subject string) bool {
 	p.mu.Lock()
 	defer p.unlock()
 	subjects := p.local[c]
@@ -341,16 +346,16 @@ func (p *presence) untrack(c *conn, subject string) bool {
 	}
 	p.m.local.Dec()
 	if p.removeLocked(subject, p.self, c, key, "local") {
-		p.sendLocked(busChange{Op: string(rune(opLeave)), Subject: subject, Conn: key})
+		p.sendLocked(busChange{Op: string(rune(OpLeave)), Subject: subject, Conn: key})
 	}
 	return true
 }
 
-// leaveAll ends every membership and watch of c (its connection ended).
+// LeaveAll ends every membership and watch of c (its connection ended).
 // On a node that stops (drain), its members are left to the other nodes,
 // which keep them for their clients to resume elsewhere until the grace
-// ends (presence_bus.go).
-func (p *presence) leaveAll(c *conn) {
+// ends (bus.go).
+func (p *Presence) LeaveAll(c *Conn) {
 	p.mu.Lock()
 	defer p.unlock()
 	for _, w := range p.watches[c] {
@@ -374,13 +379,13 @@ func (p *presence) leaveAll(c *conn) {
 		}
 		key := subjects[subject]
 		if p.removeLocked(subject, p.self, c, key, "local") {
-			p.sendLocked(busChange{Op: string(rune(opLeave)), Subject: subject, Conn: key})
+			p.sendLocked(busChange{Op: string(rune(OpLeave)), Subject: subject, Conn: key})
 		}
 	}
 }
 
-// tracked is the subjects c tracks, in order.
-func (p *presence) tracked(c *conn) []string {
+// Tracked is the subjects c tracks, in order.
+func (p *Presence) Tracked(c *Conn) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]string, 0, len(p.local[c]))
@@ -391,12 +396,12 @@ func (p *presence) tracked(c *conn) []string {
 	return out
 }
 
-// page is one page of subject's members in key order, after the key
+// Page is one page of subject's members in key order, after the key
 // after ("" from the first), at most limit of them and, past the first,
 // at most maxBytes of the reply's members list and next together (each
 // member and its comma, and the next field: membersMessage): the members'
 // JSON, the count of all, and the key to ask after next ("" at the end).
-func (p *presence) page(subject, after string, limit, maxBytes int) (members [][]byte, count int, next string) {
+func (p *Presence) Page(subject, after string, limit, maxBytes int) (members [][]byte, count int, next string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r := p.rooms[subject]
@@ -442,8 +447,8 @@ func (p *presence) page(subject, after string, limit, maxBytes int) (members [][
 
 const nextField = `,"next":`
 
-// membersMessage is the reply to a members request.
-func membersMessage(id, subject string, members [][]byte, count int, next string) []byte {
+// MembersMessage is the reply to a members request.
+func MembersMessage(id, subject string, members [][]byte, count int, next string) []byte {
 	n := 64 + len(id) + len(subject)
 	for _, m := range members {
 		n += len(m) + 1
@@ -470,9 +475,9 @@ func membersMessage(id, subject string, members [][]byte, count int, next string
 	return append(b, '}')
 }
 
-// compactState checks a member's state: any JSON value, compacted, at
+// CompactState checks a member's state: any JSON value, compacted, at
 // most max bytes.
-func compactState(raw json.RawMessage, max int) ([]byte, error) {
+func CompactState(raw json.RawMessage, max int) ([]byte, error) {
 	if raw == nil {
 		return fanout.NullJSON, nil
 	}
@@ -482,7 +487,35 @@ func compactState(raw json.RawMessage, max int) ([]byte, error) {
 	}
 	b := buf.Bytes()
 	if len(b) > max {
-		return nil, errStateTooLarge
+		return nil, ErrStateTooLarge
 	}
 	return fixUTF8IfNeeded(b), nil
+}
+
+// fixUTF8IfNeeded replaces invalid UTF-8 (which encoding/json lets through
+// inside strings) as events do.
+func fixUTF8IfNeeded(b []byte) []byte {
+	if utf8.Valid(b) {
+		return b
+	}
+	return fanout.FixUTF8(b)
+}
+
+// The codes Track refuses with (the gateway's public codes of the same
+// names).
+const (
+	CodeTooManyTracks  = "too_many_tracks"
+	CodeTooManyMembers = "too_many_members"
+)
+
+// presDropTooLarge is the reason fanwire_presence_messages_dropped_total
+// counts a change too big for a watcher's mailbox under.
+const presDropTooLarge = "too_large"
+
+// newPresID is 64 random bits in hex: a node's id, and half a resume
+// secret.
+func newPresID() string {
+	var b [8]byte
+	_, _ = crand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
 }

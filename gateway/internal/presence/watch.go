@@ -1,4 +1,4 @@
-package gateway
+package presence
 
 import (
 	"math"
@@ -15,23 +15,23 @@ import (
 // subject, coalesced per interval in a big one (presence.go has the
 // replica they come from).
 
-// pendingChange is a member's coalesced change since a room's last
+// Change is a member's coalesced change since a room's last
 // delivery.
-type pendingChange struct {
-	op  byte   // opJoin, opUpdate, opLeave
-	enc []byte // the member (a leave: {"conn":…[,"sub":…]})
+type Change struct {
+	Op  byte   // opJoin, opUpdate, opLeave
+	Enc []byte // the member (a leave: {"conn":…[,"sub":…]})
 }
 
 const (
-	opJoin   = 'j'
-	opUpdate = 'u'
-	opLeave  = 'l'
+	OpJoin   = 'j'
+	OpUpdate = 'u'
+	OpLeave  = 'l'
 )
 
 // presenceWatch is a subscription with "presence": it gets the changes of
 // the subjects pattern matches.
 type presenceWatch struct {
-	c       *conn
+	c       *Conn
 	id      string
 	pattern string
 	subs    *fanout.SubsList // its id alone, encoded for its connection
@@ -40,26 +40,26 @@ type presenceWatch struct {
 // emitLocked delivers a member's change to the room's watchers: at once
 // in a small room, at the next tick (coalesced) in a big one or one with
 // changes already waiting (they keep their order).
-func (p *presence) emitLocked(r *room, conn string, op byte, enc []byte) {
+func (p *Presence) emitLocked(r *room, conn string, op byte, enc []byte) {
 	if len(r.pend) == 0 && len(r.members) <= p.listLimit {
-		p.deliverLocked(r, []pendingChange{{op: op, enc: enc}})
+		p.deliverLocked(r, []Change{{Op: op, Enc: enc}})
 		return
 	}
 	if r.pend == nil {
-		r.pend = make(map[string]pendingChange)
+		r.pend = make(map[string]Change)
 	}
 	prev, had := r.pend[conn]
 	switch {
 	case !had:
-		r.pend[conn] = pendingChange{op: op, enc: enc}
-	case prev.op == opJoin && op == opLeave:
+		r.pend[conn] = Change{Op: op, Enc: enc}
+	case prev.Op == OpJoin && op == OpLeave:
 		delete(r.pend, conn) // came and went within the interval
-	case prev.op == opJoin:
-		r.pend[conn] = pendingChange{op: opJoin, enc: enc}
-	case prev.op == opLeave && op == opJoin:
-		r.pend[conn] = pendingChange{op: opUpdate, enc: enc}
+	case prev.Op == OpJoin:
+		r.pend[conn] = Change{Op: OpJoin, Enc: enc}
+	case prev.Op == OpLeave && op == OpJoin:
+		r.pend[conn] = Change{Op: OpUpdate, Enc: enc}
 	default:
-		r.pend[conn] = pendingChange{op: op, enc: enc}
+		r.pend[conn] = Change{Op: op, Enc: enc}
 	}
 	p.dirty[r] = struct{}{}
 }
@@ -69,7 +69,7 @@ func (p *presence) emitLocked(r *room, conn string, op byte, enc []byte) {
 // them at once); the rest stays coalesced for the next tick, which starts
 // after the last member this one delivered, so that a room whose changes
 // keep passing the cap still delivers every member's in turn.
-func (p *presence) flushLocked() {
+func (p *Presence) flushLocked() {
 	var more []*room
 	for r := range p.dirty {
 		delete(p.dirty, r)
@@ -93,11 +93,11 @@ func (p *presence) flushLocked() {
 		if !p.watchedLocked(r.subject) {
 			limit = math.MaxInt // nobody to pace for: forget them all
 		}
-		changes := make([]pendingChange, 0, len(keys))
+		changes := make([]Change, 0, len(keys))
 		size := 0
 		for i, k := range keys {
 			ch := r.pend[k]
-			if size += len(ch.enc) + 1; i > 0 && size > limit {
+			if size += len(ch.Enc) + 1; i > 0 && size > limit {
 				r.resumeAfter = keys[i-1]
 				break
 			}
@@ -120,7 +120,7 @@ func (p *presence) flushLocked() {
 }
 
 // watchedLocked reports whether a subscription watches subject.
-func (p *presence) watchedLocked(subj string) bool {
+func (p *Presence) watchedLocked(subj string) bool {
 	if len(p.exact[subj]) > 0 {
 		return true
 	}
@@ -132,16 +132,16 @@ func (p *presence) watchedLocked(subj string) bool {
 	return false
 }
 
-// presenceEvent builds the shared message of changes to r:
+// NewEvent builds the shared message of changes to r:
 //
 //	{"type":"presence","subject":…,"subs":[…],"count":N[,"joins":[…]][,"leaves":[…]][,"updates":[…]]}
 //
 // Its data (what GraphQL splices) is the part after "subs", from "count"
 // on, without the closing brace.
-func presenceEvent(subject string, count int, changes []pendingChange) *fanout.Event {
+func NewEvent(subject string, count int, changes []Change) *fanout.Event {
 	n := 48
 	for _, c := range changes {
-		n += len(c.enc) + 1
+		n += len(c.Enc) + 1
 	}
 	return fanout.NewFields(fanout.KindPresence, presencePrefix, subject, n, func(buf []byte) []byte {
 		buf = append(buf, `"count":`...)
@@ -149,10 +149,10 @@ func presenceEvent(subject string, count int, changes []pendingChange) *fanout.E
 		for _, kind := range []struct {
 			op   byte
 			name string
-		}{{opJoin, `,"joins":[`}, {opLeave, `,"leaves":[`}, {opUpdate, `,"updates":[`}} {
+		}{{OpJoin, `,"joins":[`}, {OpLeave, `,"leaves":[`}, {OpUpdate, `,"updates":[`}} {
 			first := true
 			for _, c := range changes {
-				if c.op != kind.op {
+				if c.Op != kind.op {
 					continue
 				}
 				if first {
@@ -161,7 +161,7 @@ func presenceEvent(subject string, count int, changes []pendingChange) *fanout.E
 				} else {
 					buf = append(buf, ',')
 				}
-				buf = append(buf, c.enc...)
+				buf = append(buf, c.Enc...)
 			}
 			if !first {
 				buf = append(buf, ']')
@@ -179,7 +179,7 @@ const presencePrefix = `{"type":"presence","subject":`
 // every watcher. A piece one watcher's mailbox could never hold (a single
 // member's change, --max-presence-state near --mailbox-bytes) is not
 // queued to it and is counted (reason too_large).
-func (p *presence) deliverLocked(r *room, changes []pendingChange) {
+func (p *Presence) deliverLocked(r *room, changes []Change) {
 	group := p.scratch
 	for _, w := range p.exact[r.subject] {
 		group[w.c] = append(group[w.c], w)
@@ -192,10 +192,10 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 	if len(group) == 0 {
 		return
 	}
-	gql := false
+	parts := false
 	for c := range group {
-		if c.gql != nil {
-			gql = true
+		if c.Parts && p.cfg.Parts != nil {
+			parts = true
 			break
 		}
 	}
@@ -203,9 +203,9 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 	p.cuts = presenceCuts(p.cuts[:0], r.subject, changes, p.pieceBytes)
 	start := 0
 	for _, end := range p.cuts {
-		ev := presenceEvent(r.subject, len(r.members), changes[start:end])
-		if gql { // encoded once for every GraphQL watcher
-			ev.Ext = newPresParts(len(r.members), changes[start:end])
+		ev := NewEvent(r.subject, len(r.members), changes[start:end])
+		if parts { // encoded once for every watcher that takes them
+			ev.Ext = p.cfg.Parts(len(r.members), changes[start:end])
 		}
 		evs = append(evs, ev)
 		start = end
@@ -219,19 +219,19 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 			}
 			slices.Sort(ids)
 			ids = slices.Compact(ids)
-			subs = c.cl.SubsFor(ids)
+			subs = c.Client.SubsFor(ids)
 		}
 		clear(ws)
 		delete(group, c)
 		for _, ev := range evs {
 			n := len(ev.Bytes()) + subs.Size
-			if c.cl.NeverFits(n) {
-				p.m.dropped.WithLabelValues(dropTooLarge).Inc()
+			if c.Client.NeverFits(n) {
+				p.m.dropped.WithLabelValues(presDropTooLarge).Inc()
 				continue
 			}
-			wasEmpty, _, err := c.cl.Mailbox.Push(fanout.Item{Ev: ev, Subs: subs}, n)
+			wasEmpty, _, err := c.Client.Mailbox.Push(fanout.Item{Ev: ev, Subs: subs}, n)
 			if err != nil {
-				if c.cl.Overflowed.CompareAndSwap(false, true) {
+				if c.Client.Overflowed.CompareAndSwap(false, true) {
 					p.ovf = append(p.ovf, c)
 				}
 				break
@@ -250,37 +250,37 @@ func (p *presence) deliverLocked(r *room, changes []pendingChange) {
 // presence message (without its subs) takes at most max bytes, one change
 // at least: the end of each run, the last len(changes). Each change is one
 // member's, coalesced, so any cut is sound.
-func presenceCuts(cuts []int, subject string, changes []pendingChange, max int) []int {
+func presenceCuts(cuts []int, subject string, changes []Change, max int) []int {
 	fixed := len(presencePrefix) + jsonstr.Len(subject) + len(fanout.SubsField) + len(`,"count":,"joins":[],"leaves":[],"updates":[]}`) + 20
 	size := fixed
 	for i, c := range changes {
-		if n := len(c.enc) + 1; i > 0 && size+n > max {
+		if n := len(c.Enc) + 1; i > 0 && size+n > max {
 			cuts = append(cuts, i)
 			size = fixed
 		}
-		size += len(c.enc) + 1
+		size += len(c.Enc) + 1
 	}
 	return append(cuts, len(changes))
 }
 
 // unlock releases mu, then wakes the writers of the connections it
 // queued to and closes those that overflowed.
-func (p *presence) unlock() {
+func (p *Presence) unlock() {
 	wakes, ovf := p.wakes, p.ovf
 	p.wakes, p.ovf = nil, nil
 	p.mu.Unlock()
 	for _, c := range wakes {
-		c.cl.Signal()
+		c.Client.Signal()
 	}
 	for _, c := range ovf {
-		c.cl.OnOverflow()
+		c.Client.OnOverflow()
 	}
 }
 
 // watchLocked makes subscription id of c (on pattern) get presence
 // changes. The caller holds mu.
-func (p *presence) watchLocked(c *conn, id, pattern string) {
-	w := &presenceWatch{c: c, id: id, pattern: pattern, subs: c.cl.SubsFor([]string{id})}
+func (p *Presence) watchLocked(c *Conn, id, pattern string) {
+	w := &presenceWatch{c: c, id: id, pattern: pattern, subs: c.Client.SubsFor([]string{id})}
 	p.watches[c] = append(p.watches[c], w)
 	if isConcrete(pattern) {
 		p.exact[pattern] = append(p.exact[pattern], w)
@@ -289,16 +289,16 @@ func (p *presence) watchLocked(c *conn, id, pattern string) {
 	}
 }
 
-// watch is watchLocked taking mu.
-func (p *presence) watch(c *conn, id, pattern string) {
+// Watch is watchLocked taking mu.
+func (p *Presence) Watch(c *Conn, id, pattern string) {
 	p.mu.Lock()
 	p.watchLocked(c, id, pattern)
 	p.mu.Unlock()
 }
 
-// unwatch stops subscription id of c getting presence changes: no
+// Unwatch stops subscription id of c getting presence changes: no
 // message queued after it returns lists id.
-func (p *presence) unwatch(c *conn, id string) {
+func (p *Presence) Unwatch(c *Conn, id string) {
 	p.mu.Lock()
 	ws := p.watches[c]
 	for i, w := range ws {
@@ -316,7 +316,7 @@ func (p *presence) unwatch(c *conn, id string) {
 	p.mu.Unlock()
 }
 
-func (p *presence) unwatchLocked(w *presenceWatch) {
+func (p *Presence) unwatchLocked(w *presenceWatch) {
 	if isConcrete(w.pattern) {
 		ws := p.exact[w.pattern]
 		if i := slices.Index(ws, w); i >= 0 {
@@ -342,4 +342,11 @@ func isConcrete(pattern string) bool {
 		}
 	}
 	return true
+}
+
+// Flush delivers the coalesced changes now, as the interval's tick does.
+func (p *Presence) Flush() {
+	p.mu.Lock()
+	p.flushLocked()
+	p.unlock()
 }

@@ -1,4 +1,4 @@
-package gateway
+package admission
 
 import (
 	"context"
@@ -11,30 +11,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Admission: the node-wide connect rate (Config.MaxConnectRate). An upgrade
-// request takes a token from a bucket refilled at that rate (ConnectBurst
-// deep); when none is free it joins a FIFO of at most ConnectQueue waiters
-// and is admitted when its turn and a token come. A request that would
-// wait longer than ConnectQueueWait, or finds the queue full, is refused at
-// once (503 connect_rate): a storm slows admissions down instead of taking
-// the node's CPU, and what it holds while it waits is bounded by the queue.
-//
-// No goroutine of its own: each waiter is its request's handler goroutine.
-// The waiter at the head of the queue sleeps until the next token is due,
-// takes it and hands the head to the next; a waiter that leaves (its client
-// gave up, its wait passed, the server drains) hands the head on too.
-
 var (
-	// errConnectRate: the queue is full, or the request would wait (or
+	// ErrConnectRate: the queue is full, or the request would wait (or
 	// has waited) longer than ConnectQueueWait.
-	errConnectRate = errors.New("connect rate: queue full")
-	// errAdmissionClosed: the server is draining.
-	errAdmissionClosed = errors.New("admission closed: server draining")
+	ErrConnectRate = errors.New("connect rate: queue full")
+	// ErrClosed: the server is draining.
+	ErrClosed = errors.New("admission closed: server draining")
 )
 
-// clock is the admission's time: the wall clock, or a test's
-// (export_test.go), so that a test decides when a token comes.
-type clock interface {
+// Clock is the admission's time: the wall clock, or a test's
+// (ManualClock), so that a test decides when a token comes.
+type Clock interface {
 	Now() time.Time
 	// Timer returns a channel that receives once the clock reads at or
 	// later, and a function that releases the timer. A time, not a
@@ -51,19 +38,19 @@ func (wallClock) Timer(at time.Time) (<-chan time.Time, func()) {
 	return t.C, func() { t.Stop() }
 }
 
-// admission is the connect rate limiter with its queue of waiting upgrade
+// Admission is the connect rate limiter with its queue of waiting upgrade
 // requests. The zero rate admits every request at once.
-type admission struct {
+type Admission struct {
 	rate     float64       // static: tokens per second; 0: no limit
 	burst    float64       // static: bucket depth, at least 1
 	maxQueue int           // static: most waiters
 	maxWait  time.Duration // static: longest wait in the queue
 	queued   prometheus.Gauge
-	waited   prometheus.Histogram
+	waited   prometheus.Observer
 	closed   chan struct{} // closed by close: the server drains
 
 	mu     sync.Mutex
-	clock  clock     // guarded by mu (a test swaps it before any request)
+	clock  Clock     // guarded by mu (a test swaps it before any request)
 	tokens float64   // guarded by mu: free tokens as of last
 	last   time.Time // guarded by mu
 	head   *waiter   // guarded by mu: the queue, oldest first
@@ -75,38 +62,59 @@ type admission struct {
 // waiter is one upgrade request in the queue.
 type waiter struct {
 	turn       chan struct{} // closed when the waiter reaches the head
-	prev, next *waiter       // guarded by admission.mu
+	prev, next *waiter       // guarded by Admission.mu
 }
 
-func newAdmission(cfg *Config, m *Metrics) *admission {
-	a := &admission{
-		maxQueue: cfg.ConnectQueue,
-		maxWait:  cfg.ConnectQueueWait,
+// Config is what an Admission is made with; the Config fields
+// named are the gateway's.
+type Config struct {
+	Rate      int           // Config.MaxConnectRate: upgrades per second; 0: no limit
+	Burst     int           // Config.ConnectBurst
+	Queue     int           // Config.ConnectQueue: most waiters
+	QueueWait time.Duration // Config.ConnectQueueWait: longest wait in the queue
+	Queued    prometheus.Gauge
+	Waited    prometheus.Observer
+}
+
+// New makes an admission; it admits every request at once when the rate
+// is 0.
+func New(cfg Config) *Admission {
+	a := &Admission{
+		maxQueue: cfg.Queue,
+		maxWait:  cfg.QueueWait,
 		clock:    wallClock{},
-		queued:   m.ConnectQueue,
-		waited:   m.ConnectWait,
+		queued:   cfg.Queued,
+		waited:   cfg.Waited,
 		closed:   make(chan struct{}),
 	}
-	if cfg.MaxConnectRate > 0 {
-		a.rate = float64(cfg.MaxConnectRate)
-		a.burst = float64(max(cfg.ConnectBurst, 1))
+	if cfg.Rate > 0 {
+		a.rate = float64(cfg.Rate)
+		a.burst = float64(max(cfg.Burst, 1))
 		a.tokens = a.burst
 	}
 	return a
 }
 
-// wait admits the request whose context is ctx: at once while tokens are
+// SetClock makes the admission run by c instead of the wall clock. Call
+// it before any request.
+func (a *Admission) SetClock(c Clock) {
+	a.mu.Lock()
+	a.clock = c
+	a.mu.Unlock()
+}
+
+// Wait admits the request whose context is ctx: at once while tokens are
 // free and nobody waits, else in its turn in the queue. It returns nil when
-// admitted; errConnectRate (with the Retry-After to send, in seconds) when
-// the queue is full or the wait would pass maxWait; errAdmissionClosed when
+// admitted; ErrConnectRate (with the Retry-After to send, in seconds) when
+// the queue is full or the wait would pass maxWait; ErrClosed when
 // the server drains; ctx's error when the client gave up.
-func (a *admission) wait(ctx context.Context) (retryAfter int, err error) {
+func (a *Admission) Wait(ctx context.Context) (retryAfter int, err error) {
 	if a.rate == 0 {
 		return 0, nil
 	}
 	select {
 	case <-a.closed:
-		return 0, errAdmissionClosed
+		return 0, ErrClosed
 	default:
 	}
 	a.mu.Lock()
@@ -125,7 +133,7 @@ func (a *admission) wait(ctx context.Context) (retryAfter int, err error) {
 	if a.n >= a.maxQueue || a.etaLocked(a.n) > a.maxWait {
 		retry := a.retryAfterLocked()
 		a.mu.Unlock()
-		return retry, errConnectRate
+		return retry, ErrConnectRate
 	}
 	w := &waiter{turn: make(chan struct{})}
 	a.pushLocked(w)
@@ -156,7 +164,7 @@ func (a *admission) wait(ctx context.Context) (retryAfter int, err error) {
 			return 0, ctx.Err()
 		case <-a.closed:
 			a.leave(w)
-			return 0, errAdmissionClosed
+			return 0, ErrClosed
 		}
 		a.mu.Lock()
 		now := clk.Now()
@@ -175,7 +183,7 @@ func (a *admission) wait(ctx context.Context) (retryAfter int, err error) {
 			a.removeLocked(w)
 			retry := a.retryAfterLocked()
 			a.mu.Unlock()
-			return retry, errConnectRate
+			return retry, ErrConnectRate
 		}
 		if a.head != w {
 			a.mu.Unlock()
@@ -188,12 +196,12 @@ func (a *admission) wait(ctx context.Context) (retryAfter int, err error) {
 	}
 }
 
-// close refuses every waiting and future request (errAdmissionClosed): the
+// Close refuses every waiting and future request (ErrClosed): the
 // server drains. Idempotent.
-func (a *admission) close() { a.once.Do(func() { close(a.closed) }) }
+func (a *Admission) Close() { a.once.Do(func() { close(a.closed) }) }
 
 // refillLocked adds the tokens earned since the last refill.
-func (a *admission) refillLocked(now time.Time) {
+func (a *Admission) refillLocked(now time.Time) {
 	if el := now.Sub(a.last); el > 0 {
 		a.tokens = min(a.burst, a.tokens+el.Seconds()*a.rate)
 		a.last = now
@@ -202,7 +210,7 @@ func (a *admission) refillLocked(now time.Time) {
 
 // etaLocked is how long a request with ahead waiters before it would wait
 // for its token.
-func (a *admission) etaLocked(ahead int) time.Duration {
+func (a *Admission) etaLocked(ahead int) time.Duration {
 	need := float64(ahead) + 1 - a.tokens
 	if need <= 0 {
 		return 0
@@ -214,14 +222,14 @@ func (a *admission) etaLocked(ahead int) time.Duration {
 // the time the queue takes to drain (at least 1 s), plus a random share of
 // that and of the longest wait, so that a burst of refused clients comes
 // back spread over a window instead of all at once.
-func (a *admission) retryAfterLocked() int {
+func (a *Admission) retryAfterLocked() int {
 	drain := int(math.Ceil(float64(a.n) / a.rate))
 	drain = max(drain, 1)
 	spread := drain + int(math.Ceil(a.maxWait.Seconds()))
 	return min(drain+rand.IntN(spread+1), 300)
 }
 
-func (a *admission) pushLocked(w *waiter) {
+func (a *Admission) pushLocked(w *waiter) {
 	a.n++
 	if a.tail == nil {
 		a.head, a.tail = w, w
@@ -235,7 +243,7 @@ func (a *admission) pushLocked(w *waiter) {
 
 // removeLocked takes w out of the queue; when it was the head, the next
 // waiter's turn comes.
-func (a *admission) removeLocked(w *waiter) {
+func (a *Admission) removeLocked(w *waiter) {
 	a.n--
 	if w.prev != nil {
 		w.prev.next = w.next
@@ -253,8 +261,61 @@ func (a *admission) removeLocked(w *waiter) {
 	w.prev, w.next = nil, nil
 }
 
-func (a *admission) leave(w *waiter) {
+func (a *Admission) leave(w *waiter) {
 	a.mu.Lock()
 	a.removeLocked(w)
 	a.mu.Unlock()
+}
+
+// ManualClock is a clock that stands still until Advance, so a test
+// decides when the next token comes.
+type ManualClock struct {
+	mu     sync.Mutex
+	now    time.Time               // guarded by mu
+	timers map[*fakeTimer]struct{} // guarded by mu: not fired, not stopped
+}
+
+type fakeTimer struct {
+	at time.Time      // static
+	c  chan time.Time // buffered: one value
+}
+
+// Advance moves the clock on by d and fires the timers due by then.
+func (c *ManualClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	for t := range c.timers {
+		if !t.at.After(c.now) {
+			t.c <- c.now
+			delete(c.timers, t)
+		}
+	}
+}
+
+func (c *ManualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *ManualClock) Timer(at time.Time) (<-chan time.Time, func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &fakeTimer{at: at, c: make(chan time.Time, 1)}
+	if !at.After(c.now) {
+		t.c <- c.now
+		return t.c, func() {}
+	}
+	c.timers[t] = struct{}{}
+	return t.c, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(c.timers, t)
+	}
+}
+
+// NewManualClock is a ManualClock at a fixed time.
+func NewManualClock() *ManualClock {
+	return &ManualClock{now: time.Unix(1_000_000_000, 0), timers: make(map[*fakeTimer]struct{})}
 }

@@ -1,4 +1,4 @@
-package gateway
+package presence
 
 import (
 	"runtime"
@@ -9,9 +9,9 @@ import (
 	"go.uber.org/zap"
 )
 
-func benchPresence() *presence {
-	s := &Server{cfg: Config{Registry: prometheus.NewRegistry(), PresenceListLimit: 100, MailboxBytes: 4 << 20}, log: zap.NewNop()}
-	return newPresence(s, nil)
+func benchPresence() *Presence {
+	return New(Config{Registry: prometheus.NewRegistry(), Log: zap.NewNop(), ListLimit: 100,
+		MailboxBytes: 4 << 20, PieceBytes: 1 << 20})
 }
 
 // BenchmarkPresenceMemberMemory: the heap one member of a 10,000-member
@@ -27,7 +27,7 @@ func BenchmarkPresenceMemberMemory(b *testing.B) {
 		p.peers["node-b"] = &peer{id: "node-b", members: make(map[memberRef]struct{}), partN: -1}
 		keys := make([]string, n)
 		for i := range keys {
-			keys[i] = newConnID()
+			keys[i] = newPresID()
 		}
 		runtime.GC()
 		var before, after runtime.MemStats
@@ -53,10 +53,10 @@ func BenchmarkPresenceChange(b *testing.B) {
 	state := []byte(`{"name":"member-name","typing":false}`)
 	p.mu.Lock()
 	for i := range 10_000 {
-		p.setLocked("room.1", "node-b", nil, newConnID(), "u"+strconv.Itoa(i), newResumeSecret(), 0, state, "remote")
+		p.setLocked("room.1", "node-b", nil, newPresID(), "u"+strconv.Itoa(i), newResumeSecret(), 0, state, "remote")
 	}
 	p.mu.Unlock()
-	key := newConnID()
+	key := newPresID()
 	b.ReportAllocs()
 	for b.Loop() {
 		p.mu.Lock()
@@ -78,11 +78,11 @@ func BenchmarkPresencePageAfterChange(b *testing.B) {
 	state := []byte(`{"name":"member-name","typing":false}`)
 	p.mu.Lock()
 	for i := range 10_000 {
-		p.setLocked("room.1", "node-b", nil, newConnID(), "u"+strconv.Itoa(i), newResumeSecret(), 0, state, "remote")
+		p.setLocked("room.1", "node-b", nil, newPresID(), "u"+strconv.Itoa(i), newResumeSecret(), 0, state, "remote")
 	}
 	p.flushLocked()
 	p.mu.Unlock()
-	key := newConnID()
+	key := newPresID()
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
@@ -95,7 +95,7 @@ func BenchmarkPresencePageAfterChange(b *testing.B) {
 		p.flushLocked()
 		p.mu.Unlock()
 		i++
-		if _, n, _ := p.page("room.1", "", 100, 1<<20); n < 10_000 {
+		if _, n, _ := p.Page("room.1", "", 100, 1<<20); n < 10_000 {
 			b.Fatalf("count %d", n)
 		}
 	}

@@ -1,4 +1,4 @@
-package gateway
+package presence
 
 import (
 	"cmp"
@@ -95,7 +95,7 @@ const (
 )
 
 // sendLocked queues a local change for the bus.
-func (p *presence) sendLocked(c busChange) {
+func (p *Presence) sendLocked(c busChange) {
 	if p.bus == nil || p.closed {
 		return
 	}
@@ -103,18 +103,18 @@ func (p *presence) sendLocked(c busChange) {
 	p.signal()
 }
 
-func (p *presence) signal() {
+func (p *Presence) signal() {
 	select {
 	case p.wake <- struct{}{}:
 	default:
 	}
 }
 
-// run owns the presence's goroutines: the sender (deltas, heart-beats,
+// Run owns the presence's goroutines: the sender (deltas, heart-beats,
 // snapshots, coalesced deliveries, the dead-peer sweep) and the bus
 // listener. It returns when ctx is done and both have exited, after the
 // node's bye.
-func (p *presence) run(ctx context.Context) {
+func (p *Presence) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	if p.bus != nil {
 		wg.Add(1)
@@ -127,7 +127,7 @@ func (p *presence) run(ctx context.Context) {
 	wg.Wait()
 }
 
-func (p *presence) listen(ctx context.Context) {
+func (p *Presence) listen(ctx context.Context) {
 	for ctx.Err() == nil {
 		err := p.bus.BusListen(ctx, p.receive, func() {
 			// Listening (again): what was sent meanwhile may be lost.
@@ -140,7 +140,7 @@ func (p *presence) listen(ctx context.Context) {
 			return
 		}
 		p.m.lost.Inc()
-		p.s.log.Warn("presence: bus listener stopped; listening again", zap.Error(err))
+		p.cfg.Log.Warn("presence: bus listener stopped; listening again", zap.Error(err))
 		t := time.NewTimer(busListenRetry)
 		select {
 		case <-t.C:
@@ -150,10 +150,10 @@ func (p *presence) listen(ctx context.Context) {
 	}
 }
 
-func (p *presence) loop(ctx context.Context) {
-	hb := time.NewTicker(p.s.cfg.PresenceHeartbeat)
+func (p *Presence) loop(ctx context.Context) {
+	hb := time.NewTicker(p.cfg.Heartbeat)
 	defer hb.Stop()
-	flush := time.NewTicker(p.s.cfg.PresenceInterval)
+	flush := time.NewTicker(p.cfg.Interval)
 	defer flush.Stop()
 	sweep := time.NewTicker(sweepEvery)
 	defer sweep.Stop()
@@ -172,7 +172,7 @@ func (p *presence) loop(ctx context.Context) {
 			p.unlock()
 			continue
 		case <-sweep.C:
-			p.sweep(time.Now())
+			p.Sweep(time.Now())
 		}
 		if p.bus != nil {
 			p.sendPending(ctx, beat)
@@ -180,10 +180,10 @@ func (p *presence) loop(ctx context.Context) {
 	}
 }
 
-// drain starts the node's stop (Server.Shutdown): it says bye now, and
+// Drain starts the node's stop (the gateway's Shutdown): it says bye now, and
 // its connections' ends no longer make their members leave: the other
 // nodes keep them for the grace, for their clients to resume elsewhere.
-func (p *presence) drain() {
+func (p *Presence) Drain() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.drained || p.bus == nil {
@@ -196,7 +196,7 @@ func (p *presence) drain() {
 
 // stop says bye (the node's members leave everywhere at once) and sends
 // nothing after it.
-func (p *presence) stop() {
+func (p *Presence) stop() {
 	p.mu.Lock()
 	p.closed = true
 	p.out = nil
@@ -208,13 +208,13 @@ func (p *presence) stop() {
 	defer cancel()
 	b, _ := json.Marshal(busMsg{T: "bye", N: p.self})
 	if err := p.bus.BusSend(ctx, b); err != nil {
-		p.s.log.Warn("presence: bye not sent: the other nodes remove this node's members when its heart-beats stop", zap.Error(err))
+		p.cfg.Log.Warn("presence: bye not sent: the other nodes remove this node's members when its heart-beats stop", zap.Error(err))
 	}
 }
 
 // sendPending sends, in this order, the local changes as deltas, the sync
 // requests, the node's snapshot if asked for, and a heart-beat if beat.
-func (p *presence) sendPending(ctx context.Context, beat bool) {
+func (p *Presence) sendPending(ctx context.Context, beat bool) {
 	limit := max(p.bus.BusLimit()/2, 4096)
 	var msgs [][]byte
 	p.mu.Lock()
@@ -259,14 +259,14 @@ func (p *presence) sendPending(ctx context.Context, beat bool) {
 			// reaches them, and ask for this node's list.
 			p.m.lost.Inc()
 			if ctx.Err() == nil {
-				p.s.log.Debug("presence: bus send failed", zap.Error(err))
+				p.cfg.Log.Debug("presence: bus send failed", zap.Error(err))
 			}
 		}
 	}
 }
 
 // snapshotLocked encodes this node's members as snapshot parts.
-func (p *presence) snapshotLocked(limit int) [][]byte {
+func (p *Presence) snapshotLocked(limit int) [][]byte {
 	var all []busChange
 	for c, subjects := range p.local {
 		for subject, key := range subjects {
@@ -299,7 +299,7 @@ func (p *presence) snapshotLocked(limit int) [][]byte {
 }
 
 // receive applies one bus message (the listener's handler).
-func (p *presence) receive(data []byte) {
+func (p *Presence) receive(data []byte) {
 	var m busMsg
 	if err := json.Unmarshal(data, &m); err != nil || m.N == "" {
 		p.m.lost.Inc()
@@ -327,7 +327,7 @@ func (p *presence) receive(data []byte) {
 			// clients to resume them on another node; those not resumed
 			// leave then (sweep).
 			for ref := range pr.members {
-				p.leaving[ref] = now.Add(p.s.cfg.PresenceTimeout)
+				p.leaving[ref] = now.Add(p.cfg.Timeout)
 			}
 			delete(p.peers, pr.id)
 			p.m.nodes.Set(float64(len(p.peers)))
@@ -376,14 +376,14 @@ func (p *presence) receive(data []byte) {
 }
 
 // askLocked asks pr for its members.
-func (p *presence) askLocked(pr *peer, now time.Time) {
+func (p *Presence) askLocked(pr *peer, now time.Time) {
 	pr.syncing = true
 	pr.asked = now
 	p.ctrl = append(p.ctrl, busMsg{T: "sync", N: p.self, To: pr.id})
 	p.signal()
 }
 
-func (p *presence) deltaLocked(pr *peer, m busMsg, now time.Time) {
+func (p *Presence) deltaLocked(pr *peer, m busMsg, now time.Time) {
 	if pr.syncing {
 		if len(pr.held) >= maxHeld {
 			pr.held = nil
@@ -403,7 +403,7 @@ func (p *presence) deltaLocked(pr *peer, m busMsg, now time.Time) {
 	p.applyDeltaLocked(pr, m)
 }
 
-func (p *presence) applyDeltaLocked(pr *peer, m busMsg) {
+func (p *Presence) applyDeltaLocked(pr *peer, m busMsg) {
 	pr.seq = m.S
 	for _, c := range m.C {
 		switch c.Op {
@@ -417,7 +417,7 @@ func (p *presence) applyDeltaLocked(pr *peer, m busMsg) {
 	}
 }
 
-func (p *presence) snapPartLocked(pr *peer, m busMsg, now time.Time) {
+func (p *Presence) snapPartLocked(pr *peer, m busMsg, now time.Time) {
 	if !pr.syncing {
 		return
 	}
@@ -477,16 +477,16 @@ func sortRefs(refs []memberRef) {
 	})
 }
 
-// sweep removes the members of peers not heard from for the timeout, and
+// Sweep removes the members of peers not heard from for the timeout, and
 // asks again for lists not received.
-func (p *presence) sweep(now time.Time) {
+func (p *Presence) Sweep(now time.Time) {
 	p.mu.Lock()
 	defer p.unlock()
 	for _, pr := range p.peers {
 		switch {
-		case now.Sub(pr.heard) > p.s.cfg.PresenceTimeout:
+		case now.Sub(pr.heard) > p.cfg.Timeout:
 			p.m.expired.Inc()
-			p.s.log.Info("presence: a node missed its heart-beats: its members leave",
+			p.cfg.Log.Info("presence: a node missed its heart-beats: its members leave",
 				zap.String("node", pr.id), zap.Int("members", len(pr.members)), zap.Duration("silent_for", now.Sub(pr.heard)))
 			p.dropPeerLocked(pr, "expired")
 		case pr.syncing && now.Sub(pr.asked) > syncRetry:
@@ -516,7 +516,7 @@ func (p *presence) sweep(now time.Time) {
 }
 
 // dropPeerLocked removes pr and its members.
-func (p *presence) dropPeerLocked(pr *peer, origin string) {
+func (p *Presence) dropPeerLocked(pr *peer, origin string) {
 	refs := make([]memberRef, 0, len(pr.members))
 	for ref := range pr.members {
 		refs = append(refs, ref)
@@ -529,4 +529,12 @@ func (p *presence) dropPeerLocked(pr *peer, origin string) {
 	p.m.nodes.Set(float64(len(p.peers)))
 }
 
-var errStateTooLarge = errors.New("state too large")
+var ErrStateTooLarge = errors.New("state too large")
+
+// Silence makes the node send nothing more on the bus, as a node that
+// died: the others learn it only from its missing heart-beats. For tests.
+func (p *Presence) Silence() { p.silent.Store(true) }
+
+// DropSends makes the node lose its next n messages on the bus (at most
+// once: as a broker may lose them). For tests.
+func (p *Presence) DropSends(n int) { p.drop.Store(int32(n)) }
