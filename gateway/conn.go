@@ -53,7 +53,7 @@ type conn struct {
 	closeReason   atomic.Pointer[string] // set before closeCode when the winning close request has its own reason
 	writeErr      atomic.Bool            // the writer failed
 	pingFailed    atomic.Bool            // a ping went unanswered
-	writerRunning atomic.Bool            // the writer's role is taken: a writer goroutine exists or a flusher has its turn (see ensureWriter, retire, flushTurn)
+	writerRunning atomic.Bool            // the writer's role is taken: a writer goroutine exists or a flusher has its turn (see ensureWriter, retire, FlushTurn)
 	written       atomic.Uint64          // items written to the socket (compare fanout.Mailbox.Pushes)
 	sent          atomic.Uint64          // payload bytes written in frames: added by the writer's role once per frame or batch, never per delivery (the inspector's bytes_sent)
 	adminCode     atomic.Int32           // the close code an operator asked for (admin.go); 0: none

@@ -4,9 +4,10 @@ import (
 	"sync/atomic"
 
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
+	"github.com/fanwire/fanwire/gateway/internal/flush"
 )
 
-// A connection's turn on its shard's flusher (flusher.go), and the writer
+// A connection's turn on its flusher (package internal/flush), and the writer
 // goroutine it gets when its socket would block.
 //
 // conn.writerRunning is the writer's role: a flusher takes it for a turn
@@ -24,8 +25,12 @@ const (
 	flushHandOff                    // the connection's own writer must go on
 )
 
-// flushTurn is the connection's turn on its flusher.
-func (c *conn) flushTurn() {
+// Queued is the connection's place on its flushers' ready queue
+// (flush.Conn).
+func (c *conn) Queued() *atomic.Bool { return &c.shared.queued }
+
+// FlushTurn is the connection's turn on its flusher (flush.Conn).
+func (c *conn) FlushTurn() {
 	c.shared.queued.Store(false) // from here a wake queues the connection again
 	if !c.writerRunning.CompareAndSwap(false, true) {
 		return // its writer goroutine runs and has the wake
@@ -230,7 +235,7 @@ func (c *conn) catchUp() {
 
 // sharedFlush is a connection's state with the shared flushers.
 type sharedFlush struct {
-	pool         *flushPool  // static: the flushers that write for the connection (nil: its own writer goroutine always; TLS, GraphQL)
+	pool         *flush.Pool // static: the flushers that write for the connection (nil: its own writer goroutine always; TLS, GraphQL)
 	queued       atomic.Bool // on pool's ready queue
 	pendingItems uint64      // owned by the writer's role: items of the bytes a flusher left pending
 }

@@ -27,7 +27,7 @@ func (c *conn) ensureWriter() {
 		return
 	}
 	if c.shared.pool != nil {
-		c.shared.pool.enqueue(c)
+		c.shared.pool.Enqueue(c)
 		return
 	}
 	c.mu.Lock()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
+	"github.com/fanwire/fanwire/gateway/internal/flush"
 )
 
 // BenchmarkDispatch queues one event to 10,000 subscribed clients' mailboxes
@@ -99,7 +100,7 @@ func BenchmarkDispatchUnderChurn(b *testing.B) {
 // clients, each subscribed to patterns (ids s1, s2, ...), one event on
 // bench.hot, and drain, which empties every client's mailbox.
 func dispatchBench(b *testing.B, conns int, patterns ...string) (h *fanout.Hub, evs []*fanout.Event, drain func()) {
-	h = fanout.NewHub(fanout.HubConfig{Wakes: newFlushPool(runtime.GOMAXPROCS(0))})
+	h = fanout.NewHub(fanout.HubConfig{Wakes: flush.New(runtime.GOMAXPROCS(0))})
 	clients := make([]*fanout.Client, conns)
 	for i := range clients {
 		clients[i] = fanout.NewClient(4096, 4<<20, func() { b.Fatal("overflow") })
@@ -141,7 +142,7 @@ func BenchmarkDispatchViews(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			ec := filter.NewCache(10_000, nil)
-			h := fanout.NewHub(fanout.HubConfig{MaxPace: time.Millisecond, Wakes: newFlushPool(runtime.GOMAXPROCS(0))})
+			h := fanout.NewHub(fanout.HubConfig{MaxPace: time.Millisecond, Wakes: flush.New(runtime.GOMAXPROCS(0))})
 			clients := make([]*fanout.Client, tc.conns)
 			for i := range clients {
 				clients[i] = fanout.NewClient(1<<20, 1<<30, func() { b.Fatal("overflow") })

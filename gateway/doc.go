@@ -47,7 +47,7 @@
 //     server's idle poller (idlepark.go: one epoll set, one goroutine) and
 //     exits; the poller starts a new reader when the socket is readable, so
 //     an idle connection holds no goroutine. A plain-TCP native connection
-//     is written by the shared flushers (flusher.go: goroutines owned by the
+//     is written by the shared flushers (internal/flush: goroutines owned by the
 //     pool, running only while connections are queued; Shutdown waits for
 //     them), which never wait for a socket: one that would block hands its
 //     connection to a writer goroutine of its own until its mailbox is

@@ -16,7 +16,7 @@ import (
 	"github.com/fanwire/fanwire/gateway"
 )
 
-// The shared flushers (flusher.go) write plain-TCP native connections
+// The shared flushers (package internal/flush) write plain-TCP native connections
 // without blocking; a socket that would block hands its connection to a
 // writer goroutine of its own. These tests stall clients' sockets for
 // certain: a client with a 4 KiB receive buffer that does not read, sent

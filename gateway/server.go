@@ -22,6 +22,7 @@ import (
 	"github.com/fanwire/fanwire/gateway/internal/admission"
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
+	"github.com/fanwire/fanwire/gateway/internal/flush"
 	"github.com/fanwire/fanwire/gateway/internal/netconn"
 	"github.com/fanwire/fanwire/gateway/internal/presence"
 
@@ -48,7 +49,7 @@ type Server struct {
 	consumers    broker.Consumers   // static: the broker, if it keeps per-subscription consumers (JetStream)
 	replayEvents *eventCache        // events shared by replays and feeds; nil without history
 	hub          *fanout.Hub        // static
-	flush        *flushPool         // static: the shared flushers (flusher.go)
+	flush        *flush.Pool        // static: the shared flushers (package internal/flush)
 	pres         *presence.Presence // static: presence (package internal/presence)
 	metrics      *Metrics           // static
 	log          *zap.Logger
@@ -94,7 +95,7 @@ func New(cfg Config) (*Server, error) {
 	m := newMetrics(cfg.Registry, cfg.Broker.Ready)
 	s := &Server{
 		cfg:     cfg,
-		flush:   newFlushPool(runtime.GOMAXPROCS(0)),
+		flush:   flush.New(runtime.GOMAXPROCS(0)),
 		metrics: m,
 		log:     cfg.Logger,
 		conns:   make(map[*conn]struct{}),
@@ -544,7 +545,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.wg.Wait()
 		close(done)
 	}()
-	defer s.flush.stop() // once every connection has ended
+	defer s.flush.Stop() // once every connection has ended
 	select {
 	case <-done:
 		s.cancel()

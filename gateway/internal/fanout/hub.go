@@ -128,7 +128,8 @@ func (h *Hub) Dispatch(evs []*Event, last string, arrived time.Time) {
 		}
 	}
 	if last != "" {
-		h.last.Store(&last)
+		l := last // only this copy escapes: the parameter stays on the stack
+		h.last.Store(&l)
 	}
 	h.idx.mu.RUnlock()
 	if views {

@@ -5,7 +5,7 @@ import (
 	"syscall"
 )
 
-// Non-blocking batches: how a shared flusher (flusher.go) writes a
+// Non-blocking batches: how a shared flusher (package flush) writes a
 // connection's frames without ever waiting for its socket. Go's sockets are
 // non-blocking underneath; syscall.RawConn.Write with a function that never
 // asks to wait gets EAGAIN instead of parking. Whatever the socket did not
