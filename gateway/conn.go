@@ -196,12 +196,12 @@ func (c *conn) read(parkFirst bool) {
 	c.end(err)
 }
 
-// woken is a reader the idle poller started: the socket is readable.
-// What is there may be only pongs (an idle client answering pings): they
+// Woken is a reader the idle poller started (idlepark.Conn): the socket
+// is readable. What is there may be only pongs (an idle client answering pings): they
 // are taken off the socket here and the reader parks again at once,
 // because the library's Read would take them and then wait, goroutine
 // and all, for a data message that may not come for hours.
-func (c *conn) woken() {
+func (c *conn) Woken() {
 	c.park.gate.Lock()
 	skimmed := !c.park.closing && c.closeCode.Load() == 0 && c.skimPongs()
 	c.park.gate.Unlock()
@@ -222,14 +222,14 @@ func (c *conn) tryPark() bool {
 	if c.park.closing || c.closeCode.Load() != 0 || c.park.br.Buffered() != 0 || c.park.prefix != nil && !c.park.prefix.Reached.Load() {
 		return false
 	}
-	return c.s.idle.park(c)
+	return c.s.idle.Park(c)
 }
 
 // wakeReader starts a reader for c if it is parked: a closer calls it
 // after closing the socket, so that the connection ends and is cleaned up
 // as it would be by a reader that was blocked in a read.
 func (c *conn) wakeReader() {
-	if c.s.idle.unpark(c) {
+	if c.s.idle.Unpark(c) {
 		go c.read(false)
 	}
 }

@@ -44,8 +44,8 @@
 //     state does not live as long as the WebSocket), owned by the server's
 //     WaitGroup; it reads and owns the connection's subscriptions. A reader
 //     that has handled all its client sent parks the socket with the
-//     server's idle poller (idlepark.go: one epoll set, one goroutine) and
-//     exits; the poller starts a new reader when the socket is readable, so
+//     server's idle poller (internal/idlepark: one epoll set, one
+//     goroutine) and exits; the poller starts a new reader when the socket is readable, so
 //     an idle connection holds no goroutine. A plain-TCP native connection
 //     is written by the shared flushers (internal/flush: goroutines owned by the
 //     pool, running only while connections are queued; Shutdown waits for

@@ -23,6 +23,7 @@ import (
 	"github.com/fanwire/fanwire/gateway/internal/fanout"
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 	"github.com/fanwire/fanwire/gateway/internal/flush"
+	"github.com/fanwire/fanwire/gateway/internal/idlepark"
 	"github.com/fanwire/fanwire/gateway/internal/netconn"
 	"github.com/fanwire/fanwire/gateway/internal/presence"
 
@@ -63,7 +64,7 @@ type Server struct {
 	ctx    context.Context // cancelled by Shutdown when its deadline passes
 	cancel context.CancelFunc
 
-	idle       idlePoller // parked readers (idlepark.go)
+	idle       *idlepark.Poller // parked readers (package internal/idlepark)
 	nconns     atomic.Int64
 	perIP      admission.IPCounts
 	handshakes handshakes
@@ -138,7 +139,7 @@ func New(cfg Config) (*Server, error) {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.invalidLogs = rateLimiter{every: 10 * time.Second}
 	s.tooLargeLogs = rateLimiter{every: 10 * time.Second}
-	s.idle = idlePoller{epfd: -1, wakeFD: -1, parkedGauge: m.ReadersParked.Add}
+	s.idle = idlepark.New(m.ReadersParked.Add)
 	s.admit = admission.New(admission.Config{Rate: cfg.MaxConnectRate, Burst: cfg.ConnectBurst, Queue: cfg.ConnectQueue,
 		QueueWait: cfg.ConnectQueueWait, Queued: m.ConnectQueue, Waited: m.ConnectWait})
 	s.proxies = admission.TrustedProxies(cfg.TrustedProxies)
@@ -453,7 +454,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		nc = prefix.Conn
 	}
 	if sc, ok := nc.(syscall.Conn); ok { // plain TCP; a TLS connection keeps its reader goroutine
-		c.park.rc, _ = sc.SyscallConn()
+		c.park.place.RC, _ = sc.SyscallConn()
 	}
 	c.cl = fanout.NewClient(s.cfg.MailboxMessages, s.cfg.MailboxBytes, c.overflow)
 	c.filters = fanout.NewFilterBudget(s.cfg.FilterCostRate)
@@ -549,7 +550,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	select {
 	case <-done:
 		s.cancel()
-		s.idle.stop()
+		s.idle.Stop()
 		return nil
 	case <-ctx.Done():
 		s.cancel()
@@ -560,7 +561,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 		s.mu.Unlock()
 		<-done
-		s.idle.stop()
+		s.idle.Stop()
 		return fmt.Errorf("gateway shutdown: %w", ctx.Err())
 	}
 }
