@@ -25,6 +25,7 @@ import (
 	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/fanwire/fanwire/gateway/gatewaytest"
+	"github.com/fanwire/fanwire/gateway/tlscert"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -54,7 +55,7 @@ func benchGateway(b *testing.B, tlsOn bool, mutate func(*gateway.Config)) *env {
 	if tlsOn {
 		ca := brokertest.NewCA(b)
 		certFile, keyFile := ca.Issue(b, b.TempDir(), "gateway")
-		certs, err := gateway.NewCertFiles(certFile, keyFile, 0, nil)
+		certs, err := tlscert.New(certFile, keyFile, 0, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

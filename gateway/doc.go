@@ -75,10 +75,10 @@
 //     bounded by its timeouts) and shut it down with the node; it starts no
 //     goroutine of its own: its handlers run on net/http's, as the
 //     inspector's do on the client listener.
-//   - For HTTPS and wss://, serve on tls.NewListener with CertFiles'
-//     TLSConfig (tlscert.go): it starts no goroutine; the handshake's own
+//   - For HTTPS and wss://, serve on tls.NewListener with tlscert.Files'
+//     TLSConfig (package tlscert): it starts no goroutine; the handshake's own
 //     goroutine looks at the files (at most every check interval) and loads
-//     a changed pair under CertFiles' mutex, again at every check while
+//     a changed pair under the Files' mutex, again at every check while
 //     it does not load (package reload). The TLS handshake runs within
 //     HandshakeTimeout.
 //   - auth.JWTAuth's key files are looked at the same way, by the goroutine

@@ -30,14 +30,6 @@ func PendingHandshakes(s *Server) int {
 	return len(s.handshakes.pending)
 }
 
-// CheckCertFiles runs c's periodic check now, as a handshake after the
-// check interval does.
-func CheckCertFiles(c *CertFiles) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.reloadLocked()
-}
-
 // AdmissionClock is the connect rate's clock in a test: it stands still
 // until Advance, so a test decides when the next token comes.
 type AdmissionClock = admission.ManualClock

@@ -15,6 +15,7 @@ import (
 	"github.com/fanwire/fanwire/broker/brokertest"
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/fanwire/fanwire/gateway/gatewaytest"
+	"github.com/fanwire/fanwire/gateway/tlscert"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -26,7 +27,7 @@ func TestTLSListenerReloadsItsCertificate(t *testing.T) {
 	ca := brokertest.NewCA(t)
 	dir := t.TempDir()
 	certFile, keyFile := ca.Issue(t, dir, "gateway")
-	certs, err := gateway.NewCertFiles(certFile, keyFile, 20*time.Millisecond, nil)
+	certs, err := tlscert.New(certFile, keyFile, 20*time.Millisecond, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func TestCertFilesErrorsNameTheFiles(t *testing.T) {
 		{cert, missing, missing},
 		{cert, otherKey, otherKey},
 	} {
-		if _, err := gateway.NewCertFiles(tc.cert, tc.key, 0, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := tlscert.New(tc.cert, tc.key, 0, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("NewCertFiles(%s, %s): %v, want an error naming %s", tc.cert, tc.key, err, tc.want)
 		}
 	}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/fanwire/fanwire/broker/brokertest"
-	"github.com/fanwire/fanwire/gateway"
+	"github.com/fanwire/fanwire/gateway/tlscert"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
@@ -29,7 +29,7 @@ func TestCertReloadRetriesAFailedPair(t *testing.T) {
 	certFile, keyFile := ca.Issue(t, dir, "old")
 	core, logs := observer.New(zap.WarnLevel)
 	// An hour between checks: only CheckCertFiles looks at the files.
-	certs, err := gateway.NewCertFiles(certFile, keyFile, time.Hour, zap.New(core))
+	certs, err := tlscert.New(certFile, keyFile, time.Hour, zap.New(core))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,14 +43,14 @@ func TestCertReloadRetriesAFailedPair(t *testing.T) {
 	}
 	newCert, newKey := ca.Issue(t, t.TempDir(), "new")
 	replace(t, newCert, certFile) // the certificate first
-	gateway.CheckCertFiles(certs)
+	certs.Reload()
 	if got := served(); got != "old" {
 		t.Fatalf("with the new certificate and the old key, handshakes see %q, want old", got)
 	}
 	if n := logs.FilterMessageSnippet("do not load").Len(); n != 1 {
 		t.Errorf("%d warnings for a pair that does not load, want 1", n)
 	}
-	gateway.CheckCertFiles(certs) // still half: counted, not logged again
+	certs.Reload() // still half: counted, not logged again
 	if n := logs.FilterMessageSnippet("do not load").Len(); n != 1 {
 		t.Errorf("%d warnings after the same failure twice, want 1", n)
 	}
@@ -66,7 +66,7 @@ func TestCertReloadRetriesAFailedPair(t *testing.T) {
 	if err := os.Chtimes(keyFile, keyInfo.ModTime(), keyInfo.ModTime()); err != nil {
 		t.Fatal(err)
 	}
-	gateway.CheckCertFiles(certs)
+	certs.Reload()
 	if got := served(); got != "new" {
 		t.Fatalf("once the key arrived, handshakes see %q, want new", got)
 	}
@@ -129,7 +129,7 @@ func TestCertExpiryGauge(t *testing.T) {
 	first := time.Now().Add(30 * 24 * time.Hour).Truncate(time.Second)
 	certFile, keyFile := ca.IssueUntil(t, dir, "first", first)
 	// A check at every scrape and handshake.
-	certs, err := gateway.NewCertFiles(certFile, keyFile, time.Nanosecond, nil)
+	certs, err := tlscert.New(certFile, keyFile, time.Nanosecond, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fanwire/fanwire/gateway"
 	"github.com/fanwire/fanwire/gateway/auth"
+	"github.com/fanwire/fanwire/gateway/tlscert"
 	"github.com/fanwire/fanwire/redact"
 	"github.com/fanwire/fanwire/subject"
 	"github.com/nats-io/nats-server/v2/server"
@@ -462,14 +463,14 @@ func serveGateway(ctx context.Context, log *zap.Logger, f *wsFlags, ns *server.S
 // listenerCerts loads --tls-cert and --tls-key (nil when neither is
 // given): the listener serves HTTPS and wss:// with them, loaded again
 // when the files change.
-func (f *wsFlags) listenerCerts(log *zap.Logger) (*gateway.CertFiles, error) {
+func (f *wsFlags) listenerCerts(log *zap.Logger) (*tlscert.Files, error) {
 	if f.tlsCert == "" && f.tlsKey == "" {
 		return nil, nil
 	}
 	if f.tlsCert == "" || f.tlsKey == "" {
 		return nil, errors.New("--tls-cert and --tls-key go together: give both (HTTPS and wss:// on --listen) or neither")
 	}
-	certs, err := gateway.NewCertFiles(f.tlsCert, f.tlsKey, 0, log.Named("tls"))
+	certs, err := tlscert.New(f.tlsCert, f.tlsKey, 0, log.Named("tls"))
 	if err != nil {
 		return nil, fmt.Errorf("--tls-cert, --tls-key: %w", err)
 	}

@@ -24,7 +24,7 @@ import (
 )
 
 // DefaultKeyCheckInterval is how often, at most, JWTAuth looks at its key
-// files: a stat of each on a token's verification, as CertFiles does on a
+// files: a stat of each on a token's verification, as tlscert.Files does on a
 // handshake.
 const DefaultKeyCheckInterval = 2 * time.Second
 

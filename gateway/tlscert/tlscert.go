@@ -1,4 +1,4 @@
-package gateway
+package tlscert
 
 import (
 	"crypto/tls"
@@ -12,12 +12,12 @@ import (
 	"go.uber.org/zap"
 )
 
-// DefaultCertCheckInterval is how often, at most, CertFiles looks at its
+// DefaultCheckInterval is how often, at most, Files looks at its
 // files: one stat of each per interval, on a handshake, costs nothing next
 // to the handshake.
-const DefaultCertCheckInterval = 2 * time.Second
+const DefaultCheckInterval = 2 * time.Second
 
-// CertFiles serves the listener's certificate from a PEM certificate
+// Files serves the listener's certificate from a PEM certificate
 // (chain) file and key file, and loads them again when either changes
 // (size or modification time), so a renewed certificate (certbot,
 // cert-manager) is served to new connections without a restart. It checks
@@ -25,11 +25,11 @@ const DefaultCertCheckInterval = 2 * time.Second
 // does not load (a renewal half written, a key that does not match) is
 // logged and counted (fanwire_file_reloads_total{file="tls_certificate",
 // result="failed"}), the previous certificate kept, and it is tried again
-// at every check until it loads (package reload says why). Connections already
+// at every check until it loads (package gateway/internal/reload says why). Connections already
 // open keep the certificate they shook hands with. The served
 // certificate's expiry is exported for alerting
 // (fanwire_tls_certificate_expiry_timestamp_seconds). Safe for concurrent use.
-type CertFiles struct {
+type Files struct {
 	certFile, keyFile string        // static
 	every             time.Duration // static
 	log               *zap.Logger   // static
@@ -43,17 +43,17 @@ type CertFiles struct {
 	checked time.Time        // guarded by mu: last look at the files
 }
 
-// NewCertFiles loads the certificate and key; a missing, unreadable or
+// New loads the certificate and key; a missing, unreadable or
 // mismatched pair is an error naming the files. every ≤ 0 means
-// DefaultCertCheckInterval.
-func NewCertFiles(certFile, keyFile string, every time.Duration, log *zap.Logger) (*CertFiles, error) {
+// DefaultCheckInterval.
+func New(certFile, keyFile string, every time.Duration, log *zap.Logger) (*Files, error) {
 	if every <= 0 {
-		every = DefaultCertCheckInterval
+		every = DefaultCheckInterval
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
-	c := &CertFiles{certFile: certFile, keyFile: keyFile, every: every, log: log}
+	c := &Files{certFile: certFile, keyFile: keyFile, every: every, log: log}
 	stamps, err := c.stamps()
 	if err == nil {
 		c.cert, c.expiry, err = c.load()
@@ -69,43 +69,43 @@ func NewCertFiles(certFile, keyFile string, every time.Duration, log *zap.Logger
 // fanwire_file_reloads_total{file="tls_certificate",result}, and the served
 // certificate's expiry, fanwire_tls_certificate_expiry_timestamp_seconds:
 // register it on the role's registry.
-func (c *CertFiles) Collector() prometheus.Collector {
-	return &certCollector{c: c, reloads: reload.NewCollector("tls_certificate", &c.counts)}
+func (c *Files) Collector() prometheus.Collector {
+	return &collector{c: c, reloads: reload.NewCollector("tls_certificate", &c.counts)}
 }
 
-var descCertExpiry = prometheus.NewDesc("fanwire_tls_certificate_expiry_timestamp_seconds",
+var descExpiry = prometheus.NewDesc("fanwire_tls_certificate_expiry_timestamp_seconds",
 	"When the certificate served on --listen expires: its notAfter, in Unix seconds. "+
 		"A scrape checks the files first, as a handshake does, so a renewal shows before a client connects.", nil, nil)
 
-// certCollector exports a CertFiles' reloads and its certificate's expiry.
-type certCollector struct {
-	c       *CertFiles           // static
+// collector exports a Files' reloads and its certificate's expiry.
+type collector struct {
+	c       *Files               // static
 	reloads prometheus.Collector // static
 }
 
-func (cc *certCollector) Describe(ch chan<- *prometheus.Desc) {
+func (cc *collector) Describe(ch chan<- *prometheus.Desc) {
 	cc.reloads.Describe(ch)
-	ch <- descCertExpiry
+	ch <- descExpiry
 }
 
 // Collect runs the periodic check first: without it, a node that no
 // client connected to since its certificate was renewed on disk would
 // report the old expiry, and page, though its next handshake serves the
 // new one.
-func (cc *certCollector) Collect(ch chan<- prometheus.Metric) {
+func (cc *collector) Collect(ch chan<- prometheus.Metric) {
 	cc.c.mu.Lock()
 	cc.c.checkLocked()
 	expiry := cc.c.expiry
 	cc.c.mu.Unlock()
 	cc.reloads.Collect(ch)
-	ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(expiry.Unix()))
+	ch <- prometheus.MustNewConstMetric(descExpiry, prometheus.GaugeValue, float64(expiry.Unix()))
 }
 
 // TLSConfig is the listener's configuration: TLS 1.2 or later, the
 // certificate from GetCertificate, and HTTP/1.1 only, since a WebSocket
 // upgrades an HTTP/1.1 request (browsers fall back to it for wss:// when
 // the server offers no WebSockets over HTTP/2).
-func (c *CertFiles) TLSConfig() *tls.Config {
+func (c *Files) TLSConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion:     tls.VersionTLS12,
 		GetCertificate: c.GetCertificate,
@@ -115,16 +115,24 @@ func (c *CertFiles) TLSConfig() *tls.Config {
 
 // GetCertificate is tls.Config.GetCertificate: the current certificate,
 // loaded again first if the files changed since the last check.
-func (c *CertFiles) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+func (c *Files) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.checkLocked()
 	return c.cert, nil
 }
 
+// Reload looks at the files now, as a handshake after the check interval
+// does, and loads them if they changed.
+func (c *Files) Reload() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reloadLocked()
+}
+
 // checkLocked looks at the files if the check interval has passed since
 // the last look.
-func (c *CertFiles) checkLocked() {
+func (c *Files) checkLocked() {
 	if now := time.Now(); now.Sub(c.checked) >= c.every {
 		c.checked = now
 		c.reloadLocked()
@@ -134,7 +142,7 @@ func (c *CertFiles) checkLocked() {
 // reloadLocked loads the files if they differ from the pair last loaded;
 // a failure keeps the served certificate, and is logged once per distinct
 // failure (it is tried again at every check).
-func (c *CertFiles) reloadLocked() {
+func (c *Files) reloadLocked() {
 	stamps, err := c.stamps()
 	if err == nil && reload.Same(stamps, c.loaded) {
 		c.failed = ""
@@ -158,7 +166,7 @@ func (c *CertFiles) reloadLocked() {
 	c.log.Info("tls certificate reloaded", zap.String("cert", c.certFile), zap.String("subject", cert.Leaf.Subject.String()), zap.Time("not_after", expiry))
 }
 
-func (c *CertFiles) stamps() ([]reload.Stamp, error) {
+func (c *Files) stamps() ([]reload.Stamp, error) {
 	s, err := reload.Stat(c.certFile, c.keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("tls: %w", err)
@@ -167,7 +175,7 @@ func (c *CertFiles) stamps() ([]reload.Stamp, error) {
 }
 
 // load reads the pair and returns it with its leaf's notAfter.
-func (c *CertFiles) load() (*tls.Certificate, time.Time, error) {
+func (c *Files) load() (*tls.Certificate, time.Time, error) {
 	cert, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
 	if err == nil && cert.Leaf == nil { // LoadX509KeyPair parses it since Go 1.23, unless GODEBUG x509keypairleaf=0
 		cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0])
