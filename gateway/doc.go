@@ -10,16 +10,25 @@
 // its pre-encoded subscription list into the shared bytes while it builds
 // a frame, so a delivery never copies or re-encodes the event.
 //
-// Layers: the fan-out core is package internal/fanout (events, mailboxes,
+// Layers, top down; each package's arrows point down only. This package:
+// the Server, its HTTP endpoints and the connections, in named groups
+// of files: the native transport (conn*.go, protocol.go), GraphQL
+// (graphql*.go), resumes and feeds (resume*.go, feed.go), publishing
+// (publish*.go, clientpublish.go), the inspector (admin*.go). Below it:
+// internal/presence (members and their watches), auth (tokens and
+// grants), tlscert (the listener's certificate), internal/admission (the
+// connect rate and per-IP counts), internal/netconn (the socket's frame
+// writer), internal/flush (the shared flushers), internal/idlepark (the
+// idle poller); and the fan-out core, internal/fanout (events, mailboxes,
 // the hub: its index, dispatcher, views and recent ring) on
 // internal/trie (the subject trie) and internal/filter (row filters).
-// Connections, GraphQL, presence, publishing, auth and the inspector sit
-// above the core in this package and reach it through a fanout.Client
-// (its mailbox, and the hooks OnOverflow, OnWake, OnBehind and Encode
-// that a transport sets), an Event's or a subscription list's Ext (what a
+// The layers above the core reach it through a fanout.Client (its
+// mailbox, and the hooks OnOverflow, OnWake, OnBehind and Encode that a
+// transport sets), an Event's or a subscription list's Ext (what a
 // transport attaches, which the core never reads), the hub's
 // DispatchMetrics and its WakeBatch (the shared flushers). A new
-// transport adds files above the core; it does not edit the core.
+// transport adds files or a package above the core; it does not edit the
+// core.
 //
 // A subscription with a where (or a row-filtered grant) is a
 // fanout.View: the hub evaluates each filter once per event however many
