@@ -24,7 +24,7 @@ import (
 
 // conn is one WebSocket connection, native or GraphQL (gql set). serve
 // runs on a goroutine the Server owns: it is the reader and the owner of
-// everything else; an idle reader parks the socket and exits (idlepark.go),
+// everything else; an idle reader parks the socket and exits (conn_park.go),
 // so an idle connection holds no goroutine. Only the holder of the
 // writer's role (writerRunning: a writer goroutine, or a flusher's turn)
 // writes to the socket. Pings run on timer goroutines. When reading ends,
@@ -73,7 +73,7 @@ type conn struct {
 	runCtx    context.Context    // static: cancelled when reading ends; resumes stop
 	cancelRun context.CancelFunc // static
 
-	park  parking // parking its reader (idlepark.go)
+	park  parking // parking its reader (conn_park.go)
 	onEnd func()  // static: run last when the connection has ended (the Server's bookkeeping)
 
 	pings pings // one ping at a time (conn_writer.go)
@@ -332,7 +332,7 @@ func (c *conn) disconnectReason(readErr error) string {
 func (c *conn) readLoop(parkFirst bool) error {
 	for park := parkFirst; ; park = true {
 		// All the client sent is handled: park rather than wait in a read
-		// (idlepark.go). The library's reader must be empty: the poller
+		// (conn_park.go). The library's reader must be empty: the poller
 		// sees only the socket. A reader woken by the poller reads first.
 		if park && c.tryPark() {
 			return errParked

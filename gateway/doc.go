@@ -72,7 +72,7 @@
 //     passed: no goroutine per publish, one connection's publishes in order
 //     (clientpublish.go).
 //   - An upgrade request past Config.MaxConnectRate waits for admission
-//     on its own handler goroutine, in a bounded FIFO (admission.go): no
+//     on its own handler goroutine, in a bounded FIFO (internal/admission): no
 //     goroutine of the admission's own; the head waiter sleeps until the
 //     next token and hands the head on. Shutdown, and the HTTPServer's
 //     Shutdown, refuse every waiter at once (503 shutting_down).

@@ -375,7 +375,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		writeJSON(w, http.StatusUpgradeRequired, apiError{Error: "this endpoint speaks WebSocket only: send an upgrade request", Code: "bad_upgrade"})
 		return
 	}
-	// The connect rate, before any authentication work (admission.go).
+	// The connect rate, before any authentication work (package internal/admission).
 	switch retry, err := s.admit.Wait(r.Context()); {
 	case err == nil:
 	case errors.Is(err, admission.ErrConnectRate):

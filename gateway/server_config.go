@@ -49,7 +49,7 @@ type Config struct {
 	// node (GraphQL and native together), in bursts of up to ConnectBurst;
 	// a request past it waits in a FIFO queue of ConnectQueue for at most
 	// ConnectQueueWait, and is refused with 503 connect_rate when the
-	// queue is full or its turn would come later (admission.go). Default
+	// queue is full or its turn would come later (package internal/admission). Default
 	// 1,000; negative: no limit (and no queue).
 	MaxConnectRate int
 	// ConnectBurst is how many upgrades may be admitted at once after a

@@ -16,7 +16,7 @@ type subState struct {
 	waiting   bool         // its replay or hand-over waits for the client to read (waitForClient); guarded by conn.subsMu
 	task      *taskState   // the goroutine of a resume or a feed; static after creation
 	feed      *feedState   // set when the subscription has its own consumer; static after creation
-	presence  bool         // it watches presence too (presence.go); static
+	presence  bool         // it watches presence too (package internal/presence); static
 	watchOnly bool         // a GraphQL presence subscription: a presence watch, in no index (graphql_presence.go); static
 }
 
