@@ -33,8 +33,7 @@ type Hub struct {
 	vseq     uint64             // dispatcher: the event being dispatched to views
 	vscratch []*vnode           // dispatcher
 	ending   []*View            // dispatcher: views past a bound in this batch (endView)
-	views    viewCount          // filtered subscriptions in the index
-	held     atomic.Int64       // documents they hold
+	held     atomic.Int64       // documents the views hold (read without the lock: HeldLimits, the gauge)
 	heldLim  HeldLimits         // static (HubConfig): bounds on held (budget.go)
 	// dispatcher: filter evaluations of this batch, those that were
 	// errors (a missing field, a wrong type, the cost limit), and the cost
@@ -295,9 +294,12 @@ func (h *Hub) HeldLimits() *HeldLimits { return &h.heldLim }
 // Now is the filter budgets' clock.
 func (h *Hub) Now() time.Time { return h.clock() }
 
-// Views is the number of filtered subscriptions in the index; Held, the
-// documents they hold.
-func (h *Hub) Views() int64 { return h.views.Load() }
+// Views is the number of filtered subscriptions in the index.
+func (h *Hub) Views() int {
+	h.idx.mu.RLock()
+	defer h.idx.mu.RUnlock()
+	return h.idx.vsize
+}
 
 // Held is the number of documents the views hold.
 func (h *Hub) Held() int64 { return h.held.Load() }

@@ -69,14 +69,9 @@ func newIndex() *index {
 	return &index{root: &node{}}
 }
 
-// add registers client c's subscription id on pattern. The caller has checked
-// that id is new for c and that pattern is valid.
-func (ix *index) add(c *Client, id, pattern string) { ix.addThen(c, id, pattern, nil) }
-
-// addThen is add, then runs then (if not nil) before releasing the index:
-// no dispatch can happen between the two. The connection queues its
-// "subscribed" reply there, so the reply is never seen before the
-// subscription is live, nor after an event that lists it.
+// addThen registers client c's subscription id on pattern, then runs then
+// (if not nil) before releasing the index (Hub.Subscribe). The caller has
+// checked that id is new for c and that pattern is valid.
 func (ix *index) addThen(c *Client, id, pattern string, then func()) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -108,14 +103,9 @@ func (ix *index) addLocked(c *Client, id, pattern string) {
 	ix.size++
 }
 
-// remove unregisters client c's subscription id on pattern; it reports
-// whether it was there.
-func (ix *index) remove(c *Client, id, pattern string) bool {
-	return ix.removeThen(c, id, pattern, nil)
-}
-
-// removeThen is remove, then runs then (if not nil) before releasing the
-// index, like addThen.
+// removeThen unregisters client c's subscription id on pattern, then runs
+// then (if not nil) before releasing the index, like addThen; it reports
+// whether the subscription was there.
 func (ix *index) removeThen(c *Client, id, pattern string, then func()) bool {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -155,11 +145,4 @@ func (ix *index) removeThen(c *Client, id, pattern string, then func()) bool {
 	v.deliveries = v.deliveries[:last]
 	n.Prune()
 	return true
-}
-
-// len reports the number of subscriptions.
-func (ix *index) len() int {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	return ix.size
 }

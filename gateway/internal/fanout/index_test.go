@@ -505,3 +505,17 @@ func TestHubDispatch(t *testing.T) {
 		t.Errorf("c2 got %d events in the third dispatch, want %d", n, len(evs))
 	}
 }
+
+// add, remove and len are the index's operations without a then, as the
+// tests use them.
+func (ix *index) add(c *Client, id, pattern string) { ix.addThen(c, id, pattern, nil) }
+
+func (ix *index) remove(c *Client, id, pattern string) bool {
+	return ix.removeThen(c, id, pattern, nil)
+}
+
+func (ix *index) len() int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.size
+}

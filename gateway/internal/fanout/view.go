@@ -4,7 +4,6 @@ import (
 	"errors"
 	"slices"
 	"strings"
-	"sync/atomic"
 
 	"github.com/fanwire/fanwire/gateway/internal/filter"
 	"github.com/fanwire/fanwire/gateway/internal/trie"
@@ -149,7 +148,6 @@ func (h *Hub) addViewLocked(vs *View) {
 	for s := range vs.Held {
 		h.holders[s] = append(h.holders[s], vs)
 	}
-	h.views.Add(1)
 	h.heldAdd(vs, int64(len(vs.Held)))
 }
 
@@ -215,7 +213,6 @@ func (h *Hub) RemoveView(vs *View, then func()) bool {
 	n.N--
 	ix.vsize--
 	n.Prune()
-	h.views.Add(-1)
 	return true
 }
 
@@ -411,9 +408,6 @@ func (h *Hub) pushView(vs *View, ev *Event, st *dispatchStats) {
 	it := Item{Ev: ev, Subs: vs.Subs}
 	h.push(vs.Client, it, it.Size(), st)
 }
-
-// viewCount is the number of filtered subscriptions in the index.
-type viewCount = atomic.Int64
 
 // FilteredSnapshotScan bounds the subjects a filtered view's snapshot
 // reads, in multiples of Config.MaxSnapshot: a where that passes one row
