@@ -48,14 +48,7 @@ func BenchmarkPresenceMemberMemory(b *testing.B) {
 // BenchmarkPresenceChange: one remote member's join and leave in a
 // 10,000-member subject nobody watches (the replica's cost per change).
 func BenchmarkPresenceChange(b *testing.B) {
-	p := benchPresence()
-	p.peers["node-b"] = &peer{id: "node-b", members: make(map[memberRef]struct{}), partN: -1}
-	state := []byte(`{"name":"member-name","typing":false}`)
-	p.mu.Lock()
-	for i := range 10_000 {
-		p.setLocked("room.1", "node-b", nil, newPresID(), "u"+strconv.Itoa(i), newResumeSecret(), 0, state, "remote")
-	}
-	p.mu.Unlock()
+	p, state := remoteRoom(10_000)
 	key := newPresID()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -73,15 +66,8 @@ func BenchmarkPresenceChange(b *testing.B) {
 // the whole room again, this took 4-10 ms under the presence lock on
 // this machine; the order is now kept as members join and leave.
 func BenchmarkPresencePageAfterChange(b *testing.B) {
-	p := benchPresence()
-	p.peers["node-b"] = &peer{id: "node-b", members: make(map[memberRef]struct{}), partN: -1}
-	state := []byte(`{"name":"member-name","typing":false}`)
-	p.mu.Lock()
-	for i := range 10_000 {
-		p.setLocked("room.1", "node-b", nil, newPresID(), "u"+strconv.Itoa(i), newResumeSecret(), 0, state, "remote")
-	}
-	p.flushLocked()
-	p.mu.Unlock()
+	p, state := remoteRoom(10_000)
+	p.Flush()
 	key := newPresID()
 	b.ReportAllocs()
 	i := 0
@@ -99,4 +85,18 @@ func BenchmarkPresencePageAfterChange(b *testing.B) {
 			b.Fatalf("count %d", n)
 		}
 	}
+}
+
+// remoteRoom is a presence whose replica holds n members of node-b in
+// room.1, each with state.
+func remoteRoom(n int) (p *Presence, state []byte) {
+	p = benchPresence()
+	p.peers["node-b"] = &peer{id: "node-b", members: make(map[memberRef]struct{}), partN: -1}
+	state = []byte(`{"name":"member-name","typing":false}`)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range n {
+		p.setLocked("room.1", "node-b", nil, newPresID(), "u"+strconv.Itoa(i), newResumeSecret(), 0, state, "remote")
+	}
+	return p, state
 }
