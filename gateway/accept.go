@@ -154,7 +154,7 @@ func (s *Server) serveConn(w http.ResponseWriter, r *http.Request, gql bool) {
 		c.gql = &gqlConn{legacy: ws.Subprotocol() == subprotoLegacy, exec: s.gqlExec, ops: make(map[string]*gqlOp)}
 		c.cl.Encode = c.gql.encode
 	}
-	c.pc = &presence.Conn{ID: c.id, Client: c.cl, Parts: gql}
+	c.pc = presence.Conn{ID: c.id, Client: c.cl, Parts: gql}
 	// Set before the connection is registered: Shutdown may wake its
 	// writer (a 1001 close) as soon as it is in s.conns.
 	c.cl.OnWake = c.ensureWriter

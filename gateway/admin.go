@@ -198,7 +198,7 @@ func (c *conn) inspect(now time.Time) adminConn {
 	}
 	c.subsMu.Unlock()
 	slices.SortFunc(a.Subscriptions, func(x, y adminSub) int { return cmp.Compare(x.ID, y.ID) })
-	a.Tracking = c.s.pres.Tracked(c.pc)
+	a.Tracking = c.s.pres.Tracked(&c.pc)
 	return a
 }
 
@@ -213,7 +213,7 @@ func (c *conn) matchesSubject(subj string) bool {
 		}
 	}
 	c.subsMu.Unlock()
-	return slices.Contains(c.s.pres.Tracked(c.pc), subj)
+	return slices.Contains(c.s.pres.Tracked(&c.pc), subj)
 }
 
 // adminList is GET /admin/connections's answer.

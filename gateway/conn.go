@@ -35,7 +35,7 @@ type conn struct {
 	ws  *websocket.Conn // static
 	id  string          // static
 	cl  *fanout.Client  // static
-	pc  *presence.Conn  // static: what presence knows of it
+	pc  presence.Conn   // static: what presence knows of it (its watches and members key on &pc)
 	ctx context.Context // static: cancelled when the server stops hard
 
 	gql    *gqlConn             // static: nil for the native protocol
@@ -281,7 +281,7 @@ func (c *conn) end(err error) {
 		}
 		cancel()
 	}
-	c.s.pres.LeaveAll(c.pc) // its memberships and presence watches
+	c.s.pres.LeaveAll(&c.pc) // its memberships and presence watches
 	c.cl.Mailbox.Close()
 	reason := c.disconnectReason(err)
 	c.s.metrics.Disconnects.WithLabelValues(reason).Inc()

@@ -260,7 +260,7 @@ func (c *conn) subscribe(id, pattern string, from, durable, where *string, prese
 	c.s.hub.Subscribe(c.cl, id, pattern, func() {
 		wake = c.queue(c.subscribedMsg(id, c.s.hub.LastCursor()))
 		if presence {
-			c.s.pres.Watch(c.pc, id, pattern)
+			c.s.pres.Watch(&c.pc, id, pattern)
 		}
 	})
 	if wake {
@@ -367,7 +367,7 @@ func (c *conn) startLiveView(id, pattern string, f *filter.Filter, presence bool
 		tx.AddView(vs)
 		wake = c.queue(c.subscribedMsg(id, c.s.hub.LastCursor()))
 		if presence {
-			c.s.pres.Watch(c.pc, id, pattern)
+			c.s.pres.Watch(&c.pc, id, pattern)
 		}
 		return true
 	})
@@ -394,7 +394,7 @@ func (c *conn) viewEnded(id string, st *subState, code string) {
 	delete(c.subs, id)
 	c.subsMu.Unlock()
 	if st.presence {
-		c.s.pres.Unwatch(c.pc, id)
+		c.s.pres.Unwatch(&c.pc, id)
 	}
 	msg := c.s.viewTooLargeText(id, st.view.Full)
 	if code == CodeFilterTooCostly {
@@ -457,7 +457,7 @@ func (c *conn) endSubscription(id string, st *subState, revoked bool, reply func
 	}
 	if st.presence {
 		// Before the reply: no presence message queued after it lists id.
-		c.s.pres.Unwatch(c.pc, id)
+		c.s.pres.Unwatch(&c.pc, id)
 	}
 	delete(c.subs, id)
 	live := st.live

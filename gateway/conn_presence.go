@@ -106,7 +106,7 @@ func (c *conn) trackRefused(subject string, state json.RawMessage, resume string
 	if g := c.grants; g != nil && !g.Anonymous {
 		sub = g.Subject
 	}
-	key, secret, refused := c.s.pres.Track(c.pc, sub, subject, st, resume, c.s.cfg.MaxPresenceTracks)
+	key, secret, refused := c.s.pres.Track(&c.pc, sub, subject, st, resume, c.s.cfg.MaxPresenceTracks)
 	switch refused {
 	case CodeTooManyTracks:
 		return "", "", &presenceRefused{refused, "this connection tracks " + strconv.Itoa(c.s.cfg.MaxPresenceTracks) + " subjects already (--max-presence-tracks): untrack one first"}
@@ -122,7 +122,7 @@ func (c *conn) untrackRefused(subject string) *presenceRefused {
 	if r := c.presenceRate(); r != nil {
 		return r
 	}
-	c.s.pres.Untrack(c.pc, subject)
+	c.s.pres.Untrack(&c.pc, subject)
 	return nil
 }
 
@@ -241,11 +241,11 @@ func presenceFiltered(g *auth.Grants, pattern string) string {
 // revokePresence untracks the subjects grants no longer allow (a
 // refresh), each with an error revoked.
 func (c *conn) revokePresence(grants *auth.Grants) {
-	for _, subject := range c.s.pres.Tracked(c.pc) {
+	for _, subject := range c.s.pres.Tracked(&c.pc) {
 		if c.s.presenceAllowed(grants, subject) {
 			continue
 		}
-		c.s.pres.Untrack(c.pc, subject)
+		c.s.pres.Untrack(&c.pc, subject)
 		c.s.metrics.ClientErrors.WithLabelValues(CodeRevoked).Inc()
 		if c.gql != nil {
 			continue // GraphQL has no error outside an operation; its untrack is the member's leave

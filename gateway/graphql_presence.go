@@ -305,7 +305,7 @@ func (c *conn) gqlWatchPresence(ctx context.Context, id string, opCtx *graphql.O
 	c.subsMu.Lock()
 	c.subs[id] = &subState{pattern: pattern, live: true, presence: true, watchOnly: true}
 	c.subsMu.Unlock()
-	c.s.pres.Watch(c.pc, id, pattern)
+	c.s.pres.Watch(&c.pc, id, pattern)
 	c.s.metrics.Subscriptions.Inc()
 }
 
